@@ -1,0 +1,194 @@
+"""Detector base class: hyper-parameters in `__init__`, learning in `fit`, scoring in `score` (higher = more ID)."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator
+
+import numpy as np
+
+from ..chunking import iter_chunks, rows_per_chunk
+from ..errors import DetectorError
+from ..outputs import Head, Outputs
+
+__all__ = ["Detector", "Requirements", "Paper"]
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What a detector needs: arrays of the fit set, of the test set, and whether a head is needed at fit."""
+
+    fit: frozenset[str] = frozenset()
+    score: frozenset[str] = frozenset()
+    head: bool = False
+
+    @staticmethod
+    def of(fit: tuple[str, ...] = (), score: tuple[str, ...] = (), head: bool = False) -> "Requirements":
+        """Build from tuples of array names: features, logits, labels, or extra.<name>."""
+        return Requirements(frozenset(fit), frozenset(score), head)
+
+    def describe(self) -> str:
+        """Human-readable summary, e.g. 'fit: features, labels; score: features'."""
+        parts = []
+        if self.fit:
+            parts.append("fit: " + ", ".join(sorted(self.fit)))
+        if self.head:
+            parts.append("head")
+        if self.score:
+            parts.append("score: " + ", ".join(sorted(self.score)))
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Paper:
+    """Reference for a detector: short citation, venue/year and a URL."""
+
+    citation: str
+    venue: str
+    url: str
+    notes: str = ""
+
+
+def _available_arrays(outputs: Outputs) -> set[str]:
+    names = {"features"}
+    if outputs.logits is not None:
+        names.add("logits")
+    if outputs.labels is not None:
+        names.add("labels")
+    names.update(f"extra.{key}" for key in outputs.extras)
+    return names
+
+
+@dataclass
+class _FitInfo:
+    num_features: int
+    num_classes: int | None
+    extras: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+class Detector:
+    """Base class of every post-hoc detector. Subclasses set `name`, `requires`, `paper`, and implement `_fit`/`_score_chunk`."""
+
+    name: ClassVar[str] = ""
+    requires: ClassVar[Requirements] = Requirements()
+    paper: ClassVar[Paper | None] = None
+    # Bytes of working memory per chunk of test rows; subclasses with wide per-row work keep it bounded.
+    chunk_bytes: ClassVar[int] = 64 * 2**20
+
+    # ----------------------------------------------------------------- parameters (scikit-learn style)
+    @classmethod
+    def param_names(cls) -> list[str]:
+        """Names of the constructor's hyper-parameters."""
+        signature = inspect.signature(cls.__init__)
+        kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return [p.name for p in signature.parameters.values() if p.name != "self" and p.kind in kinds]
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        """Documented default hyper-parameters."""
+        signature = inspect.signature(cls.__init__)
+        return {name: signature.parameters[name].default for name in cls.param_names()}
+
+    def get_params(self) -> dict[str, Any]:
+        """Hyper-parameters as given."""
+        return {name: getattr(self, name) for name in self.param_names()}
+
+    def validate_params(self) -> None:
+        """Raise DetectorError for invalid hyper-parameters (subclasses extend `_validate_params`)."""
+        self._validate_params()
+
+    def _validate_params(self) -> None:
+        """Hook: check hyper-parameter values."""
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({params})"
+
+    # ----------------------------------------------------------------- the protocol
+    def fit(self, fit_set: Outputs, head: Head | None = None) -> "Detector":
+        """Learn from the ID fit set (and the model's head where needed); returns self."""
+        self.validate_params()
+        if not isinstance(fit_set, Outputs):
+            raise DetectorError(f"{self.name}: fit_set must be an Outputs, got {type(fit_set).__name__}")
+        self._check_arrays(fit_set, self.requires.fit, "fit set")
+        if len(fit_set) == 0 and self.requires.fit:
+            raise DetectorError(f"{self.name}: the fit set is empty")
+        if self.requires.head:
+            if head is None:
+                raise DetectorError(f"{self.name} needs the model's head (weight, bias) at fit; pass head=Head(W, b)")
+            if head.num_features != fit_set.num_features:
+                raise DetectorError(
+                    f"{self.name}: head expects D={head.num_features} features but the fit set has D={fit_set.num_features}"
+                )
+        if head is not None and fit_set.logits is not None and fit_set.num_classes != head.num_classes:
+            raise DetectorError(
+                f"{self.name}: fit-set logits have C={fit_set.num_classes} classes but the head has C={head.num_classes}"
+            )
+        self._fit(fit_set, head)
+        self.fit_info_ = _FitInfo(
+            num_features=fit_set.num_features,
+            num_classes=head.num_classes if head is not None else fit_set.num_classes,
+            extras={k: tuple(v.shape[1:]) for k, v in fit_set.extras.items()},
+        )
+        return self
+
+    def score(self, test: Outputs) -> np.ndarray:
+        """Scores of the test set, shape (N,), float64, higher = more in-distribution."""
+        if not hasattr(self, "fit_info_"):
+            raise DetectorError(f"{self.name} is not fitted: call .fit(fit_set, head) first")
+        if not isinstance(test, Outputs):
+            raise DetectorError(f"{self.name}: test must be an Outputs, got {type(test).__name__}")
+        self._check_arrays(test, self.requires.score, "test set")
+        info = self.fit_info_
+        if "features" in self.requires.score and test.num_features != info.num_features:
+            raise DetectorError(f"{self.name}: test features have D={test.num_features} but the detector was fit on D={info.num_features}")
+        if "logits" in self.requires.score and info.num_classes is not None and test.num_classes != info.num_classes:
+            raise DetectorError(f"{self.name}: test logits have C={test.num_classes} classes but the detector was fit with C={info.num_classes}")
+        scores = np.empty(len(test), dtype=np.float64)
+        for rows in self._score_chunks(test):
+            scores[rows] = self._score_chunk(test.subset(rows))
+        if not np.isfinite(scores).all():
+            raise DetectorError(f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale")
+        return scores
+
+    # ----------------------------------------------------------------- hooks
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        """Hook: learn state (attributes with a trailing underscore). Default: nothing to learn."""
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        """Hook: scores of a chunk of test rows (materialised in memory)."""
+        raise NotImplementedError
+
+    def _row_width(self, test: Outputs) -> int:
+        """Float64 values of working memory per test row (sets the chunk size)."""
+        width = test.num_features
+        if test.num_classes is not None:
+            width = max(width, test.num_classes)
+        return 4 * width
+
+    def _score_chunks(self, test: Outputs) -> Iterator[slice]:
+        return iter_chunks(len(test), rows_per_chunk(self._row_width(test), budget_bytes=self.chunk_bytes))
+
+    # ----------------------------------------------------------------- helpers
+    def _check_arrays(self, outputs: Outputs, needed: frozenset[str], where: str) -> None:
+        missing = sorted(needed - _available_arrays(outputs))
+        if missing:
+            raise DetectorError(
+                f"{self.name} needs {', '.join(missing)} in the {where}, which has only "
+                f"{', '.join(sorted(_available_arrays(outputs)))}"
+            )
+
+    def _check_positive(self, **values: float) -> None:
+        for key, value in values.items():
+            if not isinstance(value, (int, float, np.integer, np.floating)) or not np.isfinite(value) or value <= 0:
+                raise DetectorError(f"{self.name}: {key} must be a positive number; got {value!r}")
+
+    def _check_percentile(self, **values: float) -> None:
+        for key, value in values.items():
+            if not isinstance(value, (int, float, np.integer, np.floating)) or not 0 <= value < 100:
+                raise DetectorError(f"{self.name}: {key} must be a percentile in [0, 100); got {value!r}")
+
+    def _check_int(self, minimum: int = 1, **values: int) -> None:
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+                raise DetectorError(f"{self.name}: {key} must be an integer >= {minimum}; got {value!r}")

@@ -1,0 +1,133 @@
+"""OOD detection metrics under one documented convention.
+
+Convention (the seed paper's and most papers'): a score is *higher for more in-distribution* inputs and
+ID is the **positive** class.
+
+- ``fpr_at_tpr``: the threshold t is the largest value such that at least ``tpr`` (95%) of the ID scores
+  are >= t; FPR is the fraction of OOD scores >= t. Ties at the threshold count as accepted (as ID).
+- ``auroc``: probability that a random ID score exceeds a random OOD score, ties counted as one half.
+- ``aupr_in``: average precision with ID as positive; ``aupr_out``: with OOD as positive (scores negated).
+
+OpenOOD and pytorch-ood report FPR@95 with **OOD as the positive class** (threshold detects 95% of the
+OOD set; FPR is the share of ID flagged as OOD). That is a different number; it is available, explicitly
+named, as ``fpr_at_tpr_ood_positive``. All computation is float64.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import MetricError
+
+__all__ = [
+    "as_scores",
+    "threshold_at_tpr",
+    "fpr_at_tpr",
+    "fpr_at_tpr_ood_positive",
+    "auroc",
+    "aupr_in",
+    "aupr_out",
+    "average_precision",
+    "evaluate",
+    "METRIC_NAMES",
+]
+
+METRIC_NAMES = ("fpr95", "auroc", "aupr_in", "aupr_out")
+
+
+def as_scores(name: str, scores: object) -> np.ndarray:
+    """Validate a 1-D, non-empty, finite score array and return it as float64."""
+    array = np.asarray(scores)
+    if array.ndim != 1:
+        raise MetricError(f"{name} must be a 1-D array of scores; got shape {array.shape}")
+    if array.shape[0] == 0:
+        raise MetricError(f"{name} is empty: a metric needs at least one score")
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer) or array.dtype == bool):
+        raise MetricError(f"{name} must be numeric; got dtype {array.dtype}")
+    array = array.astype(np.float64, copy=False)
+    if not np.isfinite(array).all():
+        raise MetricError(f"{name} contains NaN or inf ({int((~np.isfinite(array)).sum())} values)")
+    return array
+
+
+def _check_rate(tpr: float) -> float:
+    if not (0.0 < float(tpr) <= 1.0):
+        raise MetricError(f"tpr must lie in (0, 1]; got {tpr}")
+    return float(tpr)
+
+
+def _required_count(tpr: float, n: int) -> int:
+    """Smallest k with k / n >= tpr; rounding guards 0.95 * 100 = 95.00000000000001-style float noise."""
+    return max(1, math.ceil(round(tpr * n, 9)))
+
+
+def threshold_at_tpr(id_scores: object, tpr: float = 0.95) -> float:
+    """Largest threshold t such that at least `tpr` of the ID scores are >= t (the k-th largest ID score)."""
+    ids = as_scores("id_scores", id_scores)
+    k = _required_count(_check_rate(tpr), ids.shape[0])
+    # k-th largest = element n-k of the ascending order; partition is O(n).
+    return float(np.partition(ids, ids.shape[0] - k)[ids.shape[0] - k])
+
+
+def fpr_at_tpr(id_scores: object, ood_scores: object, tpr: float = 0.95) -> float:
+    """Fraction of OOD scores >= the threshold that accepts at least `tpr` of ID (ID positive, ties accepted)."""
+    threshold = threshold_at_tpr(id_scores, tpr)
+    ood = as_scores("ood_scores", ood_scores)
+    return float(np.count_nonzero(ood >= threshold)) / ood.shape[0]
+
+
+def fpr_at_tpr_ood_positive(id_scores: object, ood_scores: object, tpr: float = 0.95) -> float:
+    """OpenOOD/pytorch-ood convention: share of ID flagged as OOD when `tpr` of OOD is flagged (OOD positive)."""
+    ids = as_scores("id_scores", id_scores)
+    ood = as_scores("ood_scores", ood_scores)
+    return fpr_at_tpr(-ood, -ids, tpr)
+
+
+def auroc(id_scores: object, ood_scores: object) -> float:
+    """Area under the ROC curve with ID positive; ties between an ID and an OOD score count one half."""
+    ids = as_scores("id_scores", id_scores)
+    ood = np.sort(as_scores("ood_scores", ood_scores))
+    below = np.searchsorted(ood, ids, side="left").astype(np.int64)
+    not_above = np.searchsorted(ood, ids, side="right").astype(np.int64)
+    # 2 * (#less + #equal / 2) summed in exact integers, halved only at the end.
+    twice_wins = int(below.sum()) + int(not_above.sum())
+    return twice_wins / (2.0 * ids.shape[0] * ood.shape[0])
+
+
+def average_precision(positive_scores: np.ndarray, negative_scores: np.ndarray) -> float:
+    """Average precision (step-wise, as scikit-learn) for the given positive and negative score sets."""
+    scores = np.concatenate([positive_scores, negative_scores])
+    is_positive = np.concatenate([np.ones(positive_scores.shape[0], bool), np.zeros(negative_scores.shape[0], bool)])
+    order = np.argsort(-scores, kind="stable")
+    scores, is_positive = scores[order], is_positive[order]
+    true_pos = np.cumsum(is_positive, dtype=np.int64)
+    false_pos = np.arange(1, scores.shape[0] + 1, dtype=np.int64) - true_pos
+    # Only the last position of each run of tied scores is an operating point.
+    last_of_run = np.r_[scores[1:] != scores[:-1], True]
+    true_pos, false_pos = true_pos[last_of_run], false_pos[last_of_run]
+    precision = true_pos / (true_pos + false_pos)
+    recall_steps = np.diff(np.r_[0, true_pos]) / positive_scores.shape[0]
+    return float(np.sum(recall_steps * precision))
+
+
+def aupr_in(id_scores: object, ood_scores: object) -> float:
+    """Average precision with ID as the positive class (higher score = more ID)."""
+    return average_precision(as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores))
+
+
+def aupr_out(id_scores: object, ood_scores: object) -> float:
+    """Average precision with OOD as the positive class (scores negated)."""
+    return average_precision(-as_scores("ood_scores", ood_scores), -as_scores("id_scores", id_scores))
+
+
+def evaluate(id_scores: object, ood_scores: object, tpr: float = 0.95) -> dict[str, float]:
+    """All metrics for one (ID, OOD) pair: fpr95, auroc, aupr_in, aupr_out (fractions, not %)."""
+    ids = as_scores("id_scores", id_scores)
+    ood = as_scores("ood_scores", ood_scores)
+    return {
+        "fpr95": fpr_at_tpr(ids, ood, tpr),
+        "auroc": auroc(ids, ood),
+        "aupr_in": aupr_in(ids, ood),
+        "aupr_out": aupr_out(ids, ood),
+    }

@@ -1,0 +1,93 @@
+"""Tidy result rows (model, id_dataset, ood_dataset, detector, metric, value, n_id, n_ood) and their Parquet files."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import AnalysisError
+
+__all__ = ["ResultRow", "SCHEMA", "write_rows", "read_rows", "rows_from_metrics"]
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One metric value of one detector on one (model, ID set, OOD set)."""
+
+    model: str
+    id_dataset: str
+    ood_dataset: str
+    detector: str
+    metric: str
+    value: float
+    n_id: int
+    n_ood: int
+
+
+SCHEMA = pa.schema([
+    ("model", pa.string()),
+    ("id_dataset", pa.string()),
+    ("ood_dataset", pa.string()),
+    ("detector", pa.string()),
+    ("metric", pa.string()),
+    ("value", pa.float64()),
+    ("n_id", pa.int64()),
+    ("n_ood", pa.int64()),
+])
+
+
+def rows_from_metrics(model: str, id_dataset: str, ood_dataset: str, detector: str, metrics: dict[str, float],
+                      n_id: int, n_ood: int) -> list[ResultRow]:
+    """One row per metric of a `metrics.evaluate` result."""
+    return [ResultRow(model, id_dataset, ood_dataset, detector, name, float(value), int(n_id), int(n_ood))
+            for name, value in metrics.items()]
+
+
+def write_rows(rows: Iterable[ResultRow], path: str | os.PathLike[str]) -> Path:
+    """Write rows to a Parquet file atomically (temporary name, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = {f.name: [] for f in fields(ResultRow)}
+    for row in rows:
+        for key, value in asdict(row).items():
+            columns[key].append(value)
+    table = pa.Table.from_pydict(columns, schema=SCHEMA)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_rows(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[ResultRow]:
+    """Rows from one or more Parquet files (or directories of them)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files: list[Path] = []
+    for entry in map(Path, paths):
+        if entry.is_dir():
+            files.extend(sorted(entry.rglob("*.parquet")))
+        elif entry.is_file():
+            files.append(entry)
+        else:
+            raise AnalysisError(f"no result file or directory at {entry}")
+    if not files:
+        raise AnalysisError(f"no .parquet result files found in {', '.join(map(str, paths))}")
+    rows: list[ResultRow] = []
+    for file in files:
+        table = pq.read_table(file)
+        missing = [name for name in SCHEMA.names if name not in table.column_names]
+        if missing:
+            raise AnalysisError(f"{file} is not a result table: missing columns {missing}")
+        data = table.select(SCHEMA.names).to_pydict()
+        rows.extend(ResultRow(*values) for values in zip(*(data[name] for name in SCHEMA.names)))
+    return rows

@@ -1,0 +1,489 @@
+"""On-disk cache of `Outputs` per (model, dataset): sharded, atomic, resumable, memory-mapped, with provenance.
+
+Layout::
+
+    <root>/<model-id>/head/{weight.npy, bias.npy, meta.json}
+    <root>/<model-id>/<dataset-id>/meta.json                 provenance, shapes, dtypes, skipped items
+    <root>/<model-id>/<dataset-id>/shards/<array>.<k>.npy     while writing: one file per array per shard
+    <root>/<model-id>/<dataset-id>/shards/<k>.done.json       marks shard k complete (written last)
+    <root>/<model-id>/<dataset-id>/<array>.npy                after finalize: one contiguous file per array
+
+Shards are the unit of resumable writing: every file is written under a temporary name and renamed, and a
+shard counts only once its ``done`` marker exists and every file it lists has the recorded size, so a
+killed writer never leaves a shard a reader accepts. ``finalize`` streams the shards of each array into
+one contiguous ``.npy`` (bounded memory) so that readers memory-map a single file even for 1.28 M rows.
+Array names: ``features``, ``logits``, ``labels``, ``index`` (the item position of each row, so skipped
+unreadable items leave no silent hole) and ``extra.<name>`` for extras.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .errors import StoreError
+from .outputs import Head, Outputs
+
+__all__ = ["Store", "EntryWriter", "PROVENANCE_KEYS", "hash_items", "library_versions"]
+
+FORMAT_VERSION = 1
+# Provenance fields that must agree between the datasets of one evaluation (same network, same inputs).
+PROVENANCE_KEYS = ("model", "checkpoint", "preprocessing")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=,-]*$")
+_EXTRA = "extra."
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise StoreError(
+            f"invalid {kind} {name!r}: use letters, digits and . _ + @ = , - (no slashes, no '..', not starting with a symbol)"
+        )
+    return name
+
+
+def hash_items(items: Iterable[str]) -> str:
+    """SHA-256 of an ordered item list (e.g. relative image paths), the dataset's identity in provenance."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(str(item).encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of Python and of the numerical libraries already imported (recorded in meta.json)."""
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    from . import __version__
+
+    versions["oodbench"] = __version__
+    for module in ("torch", "torchvision", "timm", "open_clip", "faiss", "sklearn", "scipy"):
+        loaded = sys.modules.get(module)
+        if loaded is not None and hasattr(loaded, "__version__"):
+            versions[module] = str(loaded.__version__)
+    return versions
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    _atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8"))
+
+
+def _atomic_save_npy(path: Path, array: np.ndarray) -> int:
+    """Write `array` as .npy under a temporary name, fsync, rename; return the file size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StoreError(f"missing {path}") from None
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"corrupt JSON in {path}: {exc}") from None
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class EntryKey:
+    """A (model-id, dataset-id) pair naming one store entry."""
+
+    model_id: str
+    dataset_id: str
+
+    def __str__(self) -> str:
+        return f"{self.model_id}/{self.dataset_id}"
+
+
+class Store:
+    """A feature store rooted at a directory; one entry per (model-id, dataset-id)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    # ----------------------------------------------------------------- paths and listing
+    def entry_path(self, model_id: str, dataset_id: str) -> Path:
+        """Directory of one (model, dataset) entry."""
+        return self.root / _check_name("model id", model_id) / _check_name("dataset id", dataset_id)
+
+    def models(self) -> list[str]:
+        """Model ids present in the store."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def datasets(self, model_id: str) -> list[str]:
+        """Dataset ids with a meta.json under a model (complete or not)."""
+        model_dir = self.root / _check_name("model id", model_id)
+        if not model_dir.is_dir():
+            return []
+        return sorted(p.name for p in model_dir.iterdir() if (p / "meta.json").is_file() and p.name != "head")
+
+    def exists(self, model_id: str, dataset_id: str) -> bool:
+        """True when the entry is complete (finalized) and readable."""
+        meta_path = self.entry_path(model_id, dataset_id) / "meta.json"
+        if not meta_path.is_file():
+            return False
+        return bool(_read_json(meta_path).get("complete"))
+
+    def meta(self, model_id: str, dataset_id: str) -> dict[str, Any]:
+        """The entry's meta.json, checked to belong to this (model, dataset)."""
+        path = self.entry_path(model_id, dataset_id)
+        if not (path / "meta.json").is_file():
+            known = self.datasets(model_id)
+            hint = f"; datasets stored for {model_id!r}: {', '.join(known)}" if known else f"; models in store: {', '.join(self.models()) or 'none'}"
+            raise StoreError(f"no store entry {model_id}/{dataset_id} under {self.root}{hint}")
+        meta = _read_json(path / "meta.json")
+        if meta.get("model_id") != model_id or meta.get("dataset_id") != dataset_id:
+            raise StoreError(
+                f"{path} holds {meta.get('model_id')}/{meta.get('dataset_id')}, not {model_id}/{dataset_id}: "
+                "the directory was copied or renamed from another model/dataset; re-extract it"
+            )
+        return meta
+
+    # ----------------------------------------------------------------- writing
+    def writer(
+        self,
+        model_id: str,
+        dataset_id: str,
+        *,
+        provenance: Mapping[str, Any],
+        num_items: int,
+        shard_size: int,
+        item_hash: str | None = None,
+    ) -> "EntryWriter":
+        """Open (or resume) an entry for sharded writing; refuses to mix runs with different provenance."""
+        return EntryWriter(self, model_id, dataset_id, provenance=provenance, num_items=num_items,
+                           shard_size=shard_size, item_hash=item_hash)
+
+    def write_outputs(
+        self,
+        model_id: str,
+        dataset_id: str,
+        outputs: Outputs,
+        *,
+        provenance: Mapping[str, Any],
+        shard_size: int = 65536,
+        item_hash: str | None = None,
+        overwrite: bool = False,
+    ) -> Path:
+        """Write a whole in-memory `Outputs` as a complete entry (sharded, atomic)."""
+        if overwrite:
+            self.delete(model_id, dataset_id)
+        n = len(outputs)
+        writer = self.writer(model_id, dataset_id, provenance=provenance, num_items=n,
+                             shard_size=shard_size, item_hash=item_hash)
+        for shard in writer.pending_shards():
+            rows = writer.shard_rows(shard)
+            arrays: dict[str, np.ndarray] = {"features": outputs.features[rows], "index": np.arange(rows.start, rows.stop)}
+            if outputs.logits is not None:
+                arrays["logits"] = outputs.logits[rows]
+            if outputs.labels is not None:
+                arrays["labels"] = outputs.labels[rows]
+            for name, value in outputs.extras.items():
+                arrays[_EXTRA + name] = value[rows]
+            writer.write_shard(shard, arrays)
+        writer.finalize()
+        return self.entry_path(model_id, dataset_id)
+
+    def delete(self, model_id: str, dataset_id: str) -> None:
+        """Remove an entry if present."""
+        path = self.entry_path(model_id, dataset_id)
+        if path.exists():
+            shutil.rmtree(path)
+
+    # ----------------------------------------------------------------- reading
+    def read(self, model_id: str, dataset_id: str, *, mmap: bool = True, check_finite: bool = True) -> Outputs:
+        """The entry as `Outputs`, memory-mapped; raises StoreError if incomplete or corrupt."""
+        meta = self.meta(model_id, dataset_id)
+        if not meta.get("complete"):
+            done = len(EntryWriter._done_shards(self.entry_path(model_id, dataset_id) / "shards"))
+            raise StoreError(
+                f"store entry {model_id}/{dataset_id} is incomplete ({done} of {meta.get('num_shards')} shards written); "
+                "rerun the extraction to finish it"
+            )
+        arrays = {name: self._load(model_id, dataset_id, name, spec, mmap) for name, spec in meta["arrays"].items()}
+        extras = {name[len(_EXTRA):]: value for name, value in arrays.items() if name.startswith(_EXTRA)}
+        try:
+            return Outputs(
+                features=arrays["features"],
+                logits=arrays.get("logits"),
+                labels=arrays.get("labels"),
+                extras=extras,
+                check_finite=check_finite,
+            )
+        except ValueError as exc:
+            raise StoreError(f"store entry {model_id}/{dataset_id} holds invalid arrays: {exc}") from exc
+
+    def read_array(self, model_id: str, dataset_id: str, name: str, *, mmap: bool = True) -> np.ndarray:
+        """One named array of a complete entry (e.g. ``index``)."""
+        meta = self.meta(model_id, dataset_id)
+        if name not in meta.get("arrays", {}):
+            raise StoreError(f"store entry {model_id}/{dataset_id} has no array {name!r}; it has {sorted(meta.get('arrays', {}))}")
+        return self._load(model_id, dataset_id, name, meta["arrays"][name], mmap)
+
+    def _load(self, model_id: str, dataset_id: str, name: str, spec: Mapping[str, Any], mmap: bool) -> np.ndarray:
+        path = self.entry_path(model_id, dataset_id) / f"{name}.npy"
+        try:
+            array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+        if list(array.shape) != list(spec["shape"]) or str(array.dtype) != spec["dtype"]:
+            raise StoreError(
+                f"{path} has shape {array.shape} dtype {array.dtype} but meta.json records {tuple(spec['shape'])} {spec['dtype']}: corrupt entry"
+            )
+        return array
+
+    # ----------------------------------------------------------------- heads
+    def write_head(self, model_id: str, head: Head, *, provenance: Mapping[str, Any]) -> Path:
+        """Store the model's linear head (weight, bias) with its provenance."""
+        path = self.root / _check_name("model id", model_id) / "head"
+        _atomic_save_npy(path / "weight.npy", np.asarray(head.weight))
+        _atomic_save_npy(path / "bias.npy", np.asarray(head.bias))
+        _atomic_write_json(path / "meta.json", {
+            "format": FORMAT_VERSION, "model_id": model_id, "provenance": dict(provenance),
+            "num_classes": head.num_classes, "num_features": head.num_features, "written": _now(),
+            "versions": library_versions(),
+        })
+        return path
+
+    def has_head(self, model_id: str) -> bool:
+        """True when a head is stored for the model."""
+        return (self.root / _check_name("model id", model_id) / "head" / "meta.json").is_file()
+
+    def read_head(self, model_id: str) -> Head:
+        """The model's stored head."""
+        path = self.root / _check_name("model id", model_id) / "head"
+        meta = _read_json(path / "meta.json")
+        if meta.get("model_id") != model_id:
+            raise StoreError(f"{path} holds the head of {meta.get('model_id')!r}, not {model_id!r}")
+        try:
+            return Head(np.load(path / "weight.npy"), np.load(path / "bias.npy"))
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot read head of {model_id}: {exc}") from exc
+
+    def head_meta(self, model_id: str) -> dict[str, Any]:
+        """The stored head's meta.json."""
+        return _read_json(self.root / _check_name("model id", model_id) / "head" / "meta.json")
+
+    # ----------------------------------------------------------------- provenance
+    def check_compatible(self, *entries: tuple[str, str]) -> None:
+        """Raise StoreError unless all (model-id, dataset-id) entries come from the same checkpoint and preprocessing."""
+        if len(entries) < 2:
+            return
+        reference_key = entries[0]
+        reference = self.meta(*reference_key).get("provenance", {})
+        for key in entries[1:]:
+            other = self.meta(*key).get("provenance", {})
+            for field in PROVENANCE_KEYS:
+                if reference.get(field) != other.get(field):
+                    raise StoreError(
+                        f"mismatched model provenance: {reference_key[0]}/{reference_key[1]} has {field}={reference.get(field)!r} "
+                        f"but {key[0]}/{key[1]} has {field}={other.get(field)!r}; ID and OOD sets of one evaluation must come "
+                        "from the same checkpoint and preprocessing (re-extract one of them)"
+                    )
+
+
+class EntryWriter:
+    """Writes one entry shard by shard; rerunning skips complete shards."""
+
+    def __init__(self, store: Store, model_id: str, dataset_id: str, *, provenance: Mapping[str, Any],
+                 num_items: int, shard_size: int, item_hash: str | None) -> None:
+        if num_items < 0:
+            raise StoreError(f"num_items must be >= 0; got {num_items}")
+        if shard_size <= 0:
+            raise StoreError(f"shard_size must be positive; got {shard_size}")
+        self.store, self.model_id, self.dataset_id = store, model_id, dataset_id
+        self.path = store.entry_path(model_id, dataset_id)
+        self.shard_dir = self.path / "shards"
+        self.num_items, self.shard_size = int(num_items), int(shard_size)
+        self.num_shards = max(1, -(-self.num_items // self.shard_size)) if self.num_items else 0
+        self.meta: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "model_id": model_id,
+            "dataset_id": dataset_id,
+            "provenance": json.loads(json.dumps(dict(provenance), default=str)),
+            "item_hash": item_hash,
+            "num_items": self.num_items,
+            "shard_size": self.shard_size,
+            "num_shards": self.num_shards,
+            "complete": False,
+        }
+        meta_path = self.path / "meta.json"
+        if meta_path.is_file():
+            existing = store.meta(model_id, dataset_id)
+            for key in ("provenance", "item_hash", "num_items", "shard_size"):
+                if existing.get(key) != self.meta[key]:
+                    raise StoreError(
+                        f"store entry {model_id}/{dataset_id} was started with a different {key} "
+                        f"({existing.get(key)!r} vs {self.meta[key]!r}); delete it or use another dataset id"
+                    )
+            self.meta = existing
+        else:
+            self.meta["started"] = _now()
+            _atomic_write_json(meta_path, self.meta)
+
+    @property
+    def complete(self) -> bool:
+        """True once finalized."""
+        return bool(self.meta.get("complete"))
+
+    def shard_rows(self, shard: int) -> slice:
+        """Item positions covered by a shard."""
+        if not 0 <= shard < self.num_shards:
+            raise StoreError(f"shard {shard} out of range [0, {self.num_shards})")
+        return slice(shard * self.shard_size, min(self.num_items, (shard + 1) * self.shard_size))
+
+    @staticmethod
+    def _done_shards(shard_dir: Path) -> dict[int, dict[str, Any]]:
+        done: dict[int, dict[str, Any]] = {}
+        if not shard_dir.is_dir():
+            return done
+        for marker in shard_dir.glob("*.done.json"):
+            try:
+                record = json.loads(marker.read_text(encoding="utf-8"))
+                shard = int(marker.name.split(".")[0])
+            except (ValueError, json.JSONDecodeError):
+                continue
+            files_ok = all(
+                (shard_dir / f"{name}.{shard:05d}.npy").is_file()
+                and (shard_dir / f"{name}.{shard:05d}.npy").stat().st_size == spec["nbytes"]
+                for name, spec in record["arrays"].items()
+            )
+            if files_ok:
+                done[shard] = record
+        return done
+
+    def completed_shards(self) -> set[int]:
+        """Shards whose marker and files are all present and of the recorded size."""
+        if self.complete:
+            return set(range(self.num_shards))
+        return set(self._done_shards(self.shard_dir))
+
+    def pending_shards(self) -> list[int]:
+        """Shards still to write, in order."""
+        done = self.completed_shards()
+        return [k for k in range(self.num_shards) if k not in done]
+
+    def write_shard(self, shard: int, arrays: Mapping[str, np.ndarray], *, skipped: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Atomically write one shard: every array file first, the done marker last."""
+        if self.complete:
+            raise StoreError(f"store entry {self.model_id}/{self.dataset_id} is already finalized")
+        rows = self.shard_rows(shard)
+        if "features" not in arrays:
+            raise StoreError("a shard needs a 'features' array")
+        n = int(np.asarray(arrays["features"]).shape[0])
+        if n > rows.stop - rows.start:
+            raise StoreError(f"shard {shard} covers {rows.stop - rows.start} items but got {n} rows")
+        record: dict[str, Any] = {"rows": n, "arrays": {}, "skipped": list(skipped)}
+        for name, value in arrays.items():
+            if name != "features" and not name.startswith(_EXTRA) and name not in ("logits", "labels", "index"):
+                raise StoreError(f"unknown array name {name!r}: use features, logits, labels, index or extra.<name>")
+            array = np.asarray(value)
+            if array.shape[:1] != (n,):
+                raise StoreError(f"array {name!r} has {array.shape[:1]} rows but features has {n}")
+            nbytes = _atomic_save_npy(self.shard_dir / f"{name}.{shard:05d}.npy", array)
+            record["arrays"][name] = {"shape": list(array.shape), "dtype": str(array.dtype), "nbytes": nbytes}
+        _atomic_write_json(self.shard_dir / f"{shard:05d}.done.json", record)
+
+    def finalize(self, *, extra_meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Merge complete shards into one memory-mappable file per array and mark the entry complete."""
+        if self.complete:
+            return self.meta
+        done = self._done_shards(self.shard_dir)
+        missing = [k for k in range(self.num_shards) if k not in done]
+        if missing:
+            raise StoreError(f"cannot finalize {self.model_id}/{self.dataset_id}: shards {missing[:10]} are not written")
+        names = sorted({name for record in done.values() for name in record["arrays"]}) or ["features"]
+        specs: dict[str, Any] = {}
+        total_rows = sum(record["rows"] for record in done.values())
+        for name in names:
+            shapes = [done[k]["arrays"].get(name) for k in range(self.num_shards)]
+            if any(spec is None for spec in shapes):
+                raise StoreError(f"array {name!r} is missing from some shards of {self.model_id}/{self.dataset_id}")
+            tails = {tuple(spec["shape"][1:]) for spec in shapes}
+            dtypes = {spec["dtype"] for spec in shapes}
+            if len(tails) != 1 or len(dtypes) != 1:
+                raise StoreError(f"array {name!r} changes shape or dtype across shards: {tails} {dtypes}")
+            shape = (total_rows, *tails.pop())
+            dtype = np.dtype(dtypes.pop())
+            self._merge(name, shape, dtype)
+            specs[name] = {"shape": list(shape), "dtype": str(dtype)}
+        if self.num_shards == 0:
+            specs = {}
+        skipped = [item for k in range(self.num_shards) for item in done[k].get("skipped", [])]
+        self.meta.update({
+            "arrays": specs,
+            "num_rows": total_rows,
+            "skipped": skipped,
+            "complete": True,
+            "finished": _now(),
+            "versions": library_versions(),
+        })
+        if extra_meta:
+            self.meta.update(dict(extra_meta))
+        _atomic_write_json(self.path / "meta.json", self.meta)
+        shutil.rmtree(self.shard_dir, ignore_errors=True)
+        return self.meta
+
+    def _merge(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Stream the shards of one array into a contiguous .npy (temporary name, then rename)."""
+        final = self.path / f"{name}.npy"
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)
+        os.close(fd)
+        try:
+            merged = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+            row = 0
+            for shard in range(self.num_shards):
+                part = np.load(self.shard_dir / f"{name}.{shard:05d}.npy", mmap_mode="r")
+                merged[row : row + part.shape[0]] = part
+                row += part.shape[0]
+            merged.flush()
+            del merged
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
