@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -10,6 +9,7 @@ from typing import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .atomic import atomic_path
 from .errors import AnalysisError
 
 __all__ = ["ResultRow", "SCHEMA", "write_rows", "read_rows", "rows_from_metrics"]
@@ -57,14 +57,8 @@ def write_rows(rows: Iterable[ResultRow], path: str | os.PathLike[str]) -> Path:
         for key, value in asdict(row).items():
             columns[key].append(value)
     table = pa.Table.from_pydict(columns, schema=SCHEMA)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

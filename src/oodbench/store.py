@@ -25,13 +25,13 @@ import platform
 import re
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from .atomic import atomic_path, atomic_save_npy, atomic_write_json
 from .errors import StoreError
 from .outputs import Head, Outputs
 
@@ -72,40 +72,6 @@ def library_versions() -> dict[str, str]:
         if loaded is not None and hasattr(loaded, "__version__"):
             versions[module] = str(loaded.__version__)
     return versions
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    _atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8"))
-
-
-def _atomic_save_npy(path: Path, array: np.ndarray) -> int:
-    """Write `array` as .npy under a temporary name, fsync, rename; return the file size."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path.stat().st_size
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -278,9 +244,9 @@ class Store:
     def write_head(self, model_id: str, head: Head, *, provenance: Mapping[str, Any]) -> Path:
         """Store the model's linear head (weight, bias) with its provenance."""
         path = self.root / _check_name("model id", model_id) / "head"
-        _atomic_save_npy(path / "weight.npy", np.asarray(head.weight))
-        _atomic_save_npy(path / "bias.npy", np.asarray(head.bias))
-        _atomic_write_json(path / "meta.json", {
+        atomic_save_npy(path / "weight.npy", np.asarray(head.weight))
+        atomic_save_npy(path / "bias.npy", np.asarray(head.bias))
+        atomic_write_json(path / "meta.json", {
             "format": FORMAT_VERSION, "model_id": model_id, "provenance": dict(provenance),
             "num_classes": head.num_classes, "num_features": head.num_features, "written": _now(),
             "versions": library_versions(),
@@ -361,7 +327,7 @@ class EntryWriter:
             self.meta = existing
         else:
             self.meta["started"] = _now()
-            _atomic_write_json(meta_path, self.meta)
+            atomic_write_json(meta_path, self.meta)
 
     @property
     def complete(self) -> bool:
@@ -422,9 +388,9 @@ class EntryWriter:
             array = np.asarray(value)
             if array.shape[:1] != (n,):
                 raise StoreError(f"array {name!r} has {array.shape[:1]} rows but features has {n}")
-            nbytes = _atomic_save_npy(self.shard_dir / f"{name}.{shard:05d}.npy", array)
+            nbytes = atomic_save_npy(self.shard_dir / f"{name}.{shard:05d}.npy", array)
             record["arrays"][name] = {"shape": list(array.shape), "dtype": str(array.dtype), "nbytes": nbytes}
-        _atomic_write_json(self.shard_dir / f"{shard:05d}.done.json", record)
+        atomic_write_json(self.shard_dir / f"{shard:05d}.done.json", record)
 
     def finalize(self, *, extra_meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Merge complete shards into one memory-mappable file per array and mark the entry complete."""
@@ -462,16 +428,13 @@ class EntryWriter:
         })
         if extra_meta:
             self.meta.update(dict(extra_meta))
-        _atomic_write_json(self.path / "meta.json", self.meta)
+        atomic_write_json(self.path / "meta.json", self.meta)
         shutil.rmtree(self.shard_dir, ignore_errors=True)
         return self.meta
 
     def _merge(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Stream the shards of one array into a contiguous .npy (temporary name, then rename)."""
-        final = self.path / f"{name}.npy"
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)
-        os.close(fd)
-        try:
+        with atomic_path(self.path / f"{name}.npy") as tmp:
             merged = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
             row = 0
             for shard in range(self.num_shards):
@@ -480,10 +443,3 @@ class EntryWriter:
                 row += part.shape[0]
             merged.flush()
             del merged
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-

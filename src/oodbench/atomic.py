@@ -1,0 +1,52 @@
+"""Atomic file writes: write under a temporary name in the same directory, fsync, then rename."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; on success it is fsynced and renamed to `path`, on error removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write bytes atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write UTF-8 text atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], payload: Mapping[str, Any] | list[Any]) -> None:
+    """Write JSON (sorted keys, indented) atomically."""
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def atomic_save_npy(path: str | os.PathLike[str], array: np.ndarray) -> int:
+    """Write an array as .npy atomically; return the file size in bytes."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as handle:
+            np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
+    return Path(path).stat().st_size
