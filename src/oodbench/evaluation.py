@@ -103,6 +103,8 @@ def evaluate_outputs(
     if len(id_test) == 0:
         raise OodbenchError(f"ID test dataset {id_dataset!r} is empty")
     plan = normalize_detectors(detectors)
+    for name, params in plan.items():
+        detector_registry.create(name, **params)  # unknown names and invalid parameters fail before any work
     datasets = {id_dataset: id_test, **ood_sets}
     scores: dict[str, dict[str, np.ndarray]] = {name: {} for name in datasets}
     skipped: dict[str, str] = {}

@@ -1,0 +1,106 @@
+"""Read an evaluation run directory (results.parquet, scores/<model>/<dataset>.npz, run.json) for analysis and reports."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import AnalysisError
+from ..results import ResultRow, read_rows
+from ..scores import load_scores, score_path
+
+__all__ = ["RunData", "load_run", "load_runs"]
+
+
+@dataclass
+class RunData:
+    """The rows, run description and (lazily loaded) per-image scores of one evaluation run."""
+
+    path: Path
+    info: dict[str, Any]
+    rows: list[ResultRow]
+    _scores: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(model, ID dataset) pairs present in the rows, in row order."""
+        return list(dict.fromkeys((r.model, r.id_dataset) for r in self.rows))
+
+    def ood_datasets(self, model: str, id_dataset: str) -> list[str]:
+        """OOD datasets evaluated for (model, ID set), in the run's order."""
+        present = list(dict.fromkeys(r.ood_dataset for r in self.rows if (r.model, r.id_dataset) == (model, id_dataset)))
+        declared = [d for d in self.info.get("ood_datasets", []) if d in present]
+        return declared + [d for d in present if d not in declared]
+
+    def detectors(self, model: str, id_dataset: str) -> list[str]:
+        """Detectors with rows for (model, ID set), in the run's order."""
+        return list(dict.fromkeys(r.detector for r in self.rows if (r.model, r.id_dataset) == (model, id_dataset)))
+
+    def has_scores(self, model: str, dataset: str) -> bool:
+        """Whether per-image scores of (model, dataset) were saved."""
+        return score_path(self.path, model, dataset).is_file()
+
+    def scores(self, model: str, dataset: str) -> dict[str, np.ndarray]:
+        """{detector: per-image scores} of (model, dataset); cached after the first read."""
+        key = (model, dataset)
+        if key not in self._scores:
+            if not self.path.is_dir():
+                raise AnalysisError(f"{self.path} is a result file, not a run directory: it has no per-image scores")
+            self._scores[key] = load_scores(self.path, model, dataset)
+        return self._scores[key]
+
+    def paired_scores(self, model: str, id_dataset: str, ood_dataset: str,
+                      detectors: Sequence[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """ID and OOD scores of the detectors present in both (optionally restricted to `detectors`)."""
+        id_scores = self.scores(model, id_dataset)
+        ood_scores = self.scores(model, ood_dataset)
+        names = [d for d in (detectors or self.detectors(model, id_dataset) or list(id_scores))
+                 if d in id_scores and d in ood_scores]
+        if detectors is not None:
+            missing = [d for d in detectors if d not in names]
+            if missing:
+                raise AnalysisError(f"no saved scores for {', '.join(missing)} on {model}/{id_dataset} vs {ood_dataset}; "
+                                    f"available: {', '.join(sorted(set(id_scores) & set(ood_scores)))}")
+        if not names:
+            raise AnalysisError(f"no detector has scores for both {id_dataset} and {ood_dataset} of {model} in {self.path}")
+        return {d: id_scores[d] for d in names}, {d: ood_scores[d] for d in names}
+
+
+def load_run(path: str | os.PathLike[str]) -> RunData:
+    """A run directory (or a bare results .parquet file, which then has no scores)."""
+    path = Path(path)
+    if path.is_file():
+        return RunData(path=path, info={}, rows=read_rows(path))
+    if not path.is_dir():
+        raise AnalysisError(f"no run directory at {path}")
+    results = path / "results.parquet"
+    if not results.is_file():
+        raise AnalysisError(f"{path} is not an evaluation run directory: it has no results.parquet "
+                            f"(create one with `oodbench evaluate --out {path}`)")
+    info: dict[str, Any] = {}
+    if (path / "run.json").is_file():
+        try:
+            info = json.loads((path / "run.json").read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise AnalysisError(f"{path / 'run.json'} is not valid JSON: {exc}") from exc
+    rows = read_rows(results)
+    if not rows:
+        raise AnalysisError(f"{results} holds no result rows")
+    return RunData(path=path, info=info, rows=rows)
+
+
+def load_runs(paths: Sequence[str | os.PathLike[str]]) -> list[RunData]:
+    """Several runs (e.g. one per model), refusing duplicates of the same (model, ID, OOD, detector, metric)."""
+    runs = [load_run(p) for p in paths]
+    seen: dict[tuple[str, str, str, str, str], Path] = {}
+    for run in runs:
+        for r in run.rows:
+            key = (r.model, r.id_dataset, r.ood_dataset, r.detector, r.metric)
+            if key in seen and seen[key] != run.path:
+                raise AnalysisError(f"{r.model}/{r.ood_dataset}/{r.detector}/{r.metric} appears in both {seen[key]} "
+                                    f"and {run.path}; pass each model's run once")
+            seen[key] = run.path
+    return runs

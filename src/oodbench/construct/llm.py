@@ -1,0 +1,207 @@
+"""Evidence (A): an open-vocabulary description of an image by a multimodal LLM.
+
+Talks to any OpenAI-compatible `/chat/completions` endpoint. The model answers in two formats:
+closed-world (pick one of the candidate ID classes shown, or NONE) and open-world (name the main
+object freely), plus a one-sentence description. Answers are cached on disk per image and prompt,
+so reruns never pay twice; transient failures (timeouts, 429, 5xx) are retried with backoff.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..errors import ConstructError
+from .protocol import normalise_label
+
+PROMPT_VERSION = "closed-open-v1"
+_RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+_MIME = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp", ".gif": "image/gif"}
+
+SYSTEM_PROMPT = (
+    "You help verify out-of-distribution images for an image-classification benchmark. "
+    "Look at the image and answer only with one JSON object."
+)
+USER_PROMPT = """Candidate classes of the in-distribution label set:
+{candidates}
+
+Answer with a JSON object with exactly these keys:
+"description": one sentence describing what the image shows;
+"closed_world": the single candidate class above that best names the main object, copied exactly, or "NONE" if no candidate fits;
+"open_world": a short noun phrase naming the main object in your own words, not restricted to the candidates."""
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """Where and how to reach the chat endpoint."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    timeout: float = 60.0
+    max_retries: int = 3
+    backoff: float = 1.0
+    max_tokens: int = 300
+
+    @classmethod
+    def resolve(
+        cls, base_url: str | None = None, model: str | None = None, api_key: str | None = None, **options: Any
+    ) -> LLMConfig:
+        """Settings from the arguments, else OODBENCH_LLM_BASE_URL/_MODEL/_API_KEY, else OPENAI_BASE_URL/_API_KEY."""
+        env = os.environ
+        base_url = base_url or env.get("OODBENCH_LLM_BASE_URL") or env.get("OPENAI_BASE_URL")
+        model = model or env.get("OODBENCH_LLM_MODEL")
+        api_key = api_key or env.get("OODBENCH_LLM_API_KEY") or env.get("OPENAI_API_KEY")
+        if not base_url:
+            raise ConstructError(
+                "no LLM endpoint: set llm.base_url in project.json, --llm-base-url or OODBENCH_LLM_BASE_URL"
+            )
+        if not model:
+            raise ConstructError("no LLM model: set llm.model in project.json, --llm-model or OODBENCH_LLM_MODEL")
+        if not base_url.startswith(("http://", "https://")):
+            raise ConstructError(f"LLM base URL must be http(s), got {base_url!r}")
+        return cls(base_url=base_url.rstrip("/"), model=model, api_key=api_key, **options)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in a reply (models often wrap it in prose or code fences)."""
+    start = text.find("{")
+    while start != -1:
+        depth = 0
+        for end in range(start, len(text)):
+            if text[end] == "{":
+                depth += 1
+            elif text[end] == "}":
+                depth -= 1
+                if depth == 0:
+                    try:
+                        value = json.loads(text[start : end + 1])
+                    except json.JSONDecodeError:
+                        break
+                    return value if isinstance(value, dict) else None
+        start = text.find("{", start + 1)
+    return None
+
+
+def parse_answer(text: str, candidates: Sequence[str]) -> dict[str, Any]:
+    """Structured closed-/open-world answer from the model's reply text."""
+    data = _json_object(text)
+    if data is None:
+        return {"description": text.strip(), "closed_world": None, "open_world": None, "parse_error": True}
+    closed = str(data.get("closed_world") or "").strip()
+    by_norm = {normalise_label(c): c for c in candidates}
+    closed_match = by_norm.get(normalise_label(closed)) if closed else None
+    return {
+        "description": str(data.get("description") or "").strip(),
+        # None: the model said no candidate fits; a name outside the list is kept but marked.
+        "closed_world": None if normalise_label(closed) in {"none", ""} else (closed_match or closed),
+        "closed_world_in_list": closed_match is not None,
+        "open_world": str(data.get("open_world") or "").strip() or None,
+        "parse_error": False,
+    }
+
+
+class LLMDescriber:
+    """Describes images through a chat endpoint, with an on-disk cache per image and prompt."""
+
+    def __init__(self, config: LLMConfig, cache_dir: str | Path, client: httpx.Client | None = None) -> None:
+        self.config = config
+        self.cache_dir = Path(cache_dir)
+        self._client = client
+
+    def _cache_path(self, image_digest: str, candidates: Sequence[str]) -> Path:
+        setting = json.dumps([PROMPT_VERSION, self.config.model, list(candidates)]).encode()
+        return self.cache_dir / f"{image_digest[:24]}-{hashlib.sha256(setting).hexdigest()[:16]}.json"
+
+    def describe(self, image_path: str | Path, candidates: Sequence[str]) -> dict[str, Any]:
+        """The model's answer for one image, from the cache when present."""
+        image_path = Path(image_path)
+        try:
+            data = image_path.read_bytes()
+        except OSError as exc:
+            raise ConstructError(f"cannot read image {image_path}: {exc}") from None
+        cache = self._cache_path(hashlib.sha256(data).hexdigest(), candidates)
+        if cache.is_file():
+            return json.loads(cache.read_text(encoding="utf-8"))
+        mime = _MIME.get(image_path.suffix.lower(), "image/jpeg")
+        reply = self._complete(self._messages(data, mime, candidates))
+        answer = {
+            **parse_answer(reply, candidates),
+            "model": self.config.model,
+            "prompt": PROMPT_VERSION,
+            "candidates": list(candidates),
+            "raw": reply,
+        }
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(answer, handle)
+        os.replace(tmp, cache)
+        return answer
+
+    @staticmethod
+    def _messages(image: bytes, mime: str, candidates: Sequence[str]) -> list[dict[str, Any]]:
+        listing = "\n".join(f"- {c}" for c in candidates) or "- (none given)"
+        url = f"data:{mime};base64,{base64.b64encode(image).decode('ascii')}"
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": USER_PROMPT.format(candidates=listing)},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            },
+        ]
+
+    def _complete(self, messages: list[dict[str, Any]]) -> str:
+        cfg = self.config
+        headers = {"Content-Type": "application/json"}
+        if cfg.api_key:
+            headers["Authorization"] = f"Bearer {cfg.api_key}"
+        body = {"model": cfg.model, "messages": messages, "temperature": 0, "max_tokens": cfg.max_tokens}
+        url = f"{cfg.base_url}/chat/completions"
+        client = self._client or httpx.Client(timeout=cfg.timeout)
+        problem = ""
+        try:
+            for attempt in range(cfg.max_retries + 1):
+                wait = cfg.backoff * 2**attempt
+                try:
+                    response = client.post(url, json=body, headers=headers, timeout=cfg.timeout)
+                except httpx.TimeoutException:
+                    problem = f"no answer within {cfg.timeout:g} s"
+                except httpx.TransportError as exc:
+                    problem = f"connection failed ({exc.__class__.__name__}: {exc})"
+                else:
+                    if response.status_code == 200:
+                        return self._content(response, url)
+                    problem = f"HTTP {response.status_code}: {response.text[:200]}"
+                    if response.status_code not in _RETRY_STATUS:
+                        break
+                    retry_after = response.headers.get("Retry-After", "")
+                    if re.fullmatch(r"\d+(\.\d+)?", retry_after):
+                        wait = min(float(retry_after), 30.0)
+                if attempt < cfg.max_retries:
+                    time.sleep(wait)
+        finally:
+            if self._client is None:
+                client.close()
+        raise ConstructError(f"LLM endpoint {url} failed after {attempt + 1} attempt(s): {problem}")
+
+    @staticmethod
+    def _content(response: httpx.Response, url: str) -> str:
+        try:
+            return str(response.json()["choices"][0]["message"]["content"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ConstructError(f"LLM endpoint {url} returned an unexpected body: {response.text[:200]}") from None

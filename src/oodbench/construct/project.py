@@ -1,0 +1,391 @@
+"""An annotation project on disk: configuration, class list, secret, database, image roots.
+
+Layout of a project folder::
+
+    project.json    image roots, database URL, example root, public URL template, LLM settings
+    classes.json    the ID class list (names, optional folder ids)
+    secret.key      random key that signs login CSRF cookies (created with mode 0600)
+    annotate.db     SQLite database (unless project.json or OODBENCH_ANNOTATE_DB_URL names another)
+    examples.json   example image paths per ID class (evidence D), when an example root is set
+    llm-cache/      cached LLM answers (evidence A)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConstructError
+from .classes import ClassList
+from .db import AnnotationStore, ImageInfo
+from .evidence import (
+    IMAGE_SUFFIXES,
+    absent,
+    confusion_evidence,
+    example_images,
+    original_evidence,
+    reverse_search_evidence,
+    top_confusions,
+    vlm_evidence,
+    vlm_topk,
+)
+from .importers import Candidate, Import, merge_candidates
+
+PROJECT_FILE = "project.json"
+DB_URL_ENV = "OODBENCH_ANNOTATE_DB_URL"
+DEFAULT_ROOT = "images"
+NOT_YET = {
+    "vlm": absent("no VLM embeddings given yet (oodbench annotate evidence PROJECT --image-embeddings …)"),
+    "llm": absent("no LLM description yet (oodbench annotate describe PROJECT)"),
+}
+
+
+def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+    """Write a text file through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def safe_join(root: Path, relpath: str) -> Path | None:
+    """The file `relpath` inside `root`, or None if it escapes the root (.., absolute, symlinks) or is missing."""
+    if not relpath or "\x00" in relpath or "\\" in relpath:
+        return None
+    pure = PurePosixPath(relpath)
+    if pure.is_absolute() or ".." in pure.parts:
+        return None
+    base = root.resolve()
+    try:
+        target = (base / pure).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    if not target.is_relative_to(base) or not target.is_file():
+        return None
+    return target
+
+
+@dataclass
+class ProjectConfig:
+    """Settings stored in project.json (secrets such as API keys stay in the environment)."""
+
+    image_roots: dict[str, str]
+    db_url: str | None = None
+    example_root: str | None = None
+    public_url_template: str | None = None  # e.g. "https://host/val/{key}"; also {path}
+    llm: dict[str, Any] = field(default_factory=dict)  # base_url, model, timeout, max_retries
+    session_hours: float = 12.0
+    cookie_secure: bool = False
+    title: str = "oodbench annotate"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: Path) -> ProjectConfig:
+        """Validated config from project.json content."""
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConstructError(f"{source}: unknown keys {sorted(unknown)}")
+        if not isinstance(data.get("image_roots"), dict) or not data["image_roots"]:
+            raise ConstructError(f"{source}: 'image_roots' must map root names to folders")
+        return cls(**data)
+
+
+class Project:
+    """A project folder, opened."""
+
+    def __init__(self, directory: Path, config: ProjectConfig, classes: ClassList) -> None:
+        self.dir = directory
+        self.config = config
+        self.classes = classes
+        self._store: AnnotationStore | None = None
+        self._examples: dict[int, list[str]] | None = None
+
+    @classmethod
+    def create(
+        cls,
+        directory: str | Path,
+        image_root: str | Path,
+        classes: ClassList,
+        **settings: Any,
+    ) -> Project:
+        """Create (or update the settings of) a project folder and its database schema."""
+        directory = Path(directory).absolute()
+        root = Path(image_root).absolute()
+        if not root.is_dir():
+            raise ConstructError(f"image root is not a folder: {root}")
+        config_path = directory / PROJECT_FILE
+        if config_path.is_file():
+            config = Project.open(directory).config
+            config.image_roots[DEFAULT_ROOT] = str(root)
+            for key, value in settings.items():
+                if value is not None:
+                    setattr(config, key, value)
+        else:
+            config = ProjectConfig(image_roots={DEFAULT_ROOT: str(root)}, **{k: v for k, v in settings.items() if v is not None})
+        if config.example_root is not None:
+            config.example_root = str(Path(config.example_root).absolute())
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(directory / "classes.json", json.dumps(classes.to_json()))
+        if not (directory / "secret.key").is_file():
+            write_atomic(directory / "secret.key", secrets.token_urlsafe(48), mode=0o600)
+        write_atomic(config_path, json.dumps(asdict(config), indent=2))
+        project = cls(directory, config, classes)
+        project.store().create_schema()
+        if config.example_root is not None:
+            project.index_examples()
+        return project
+
+    @classmethod
+    def open(cls, directory: str | Path) -> Project:
+        """Open an existing project folder."""
+        directory = Path(directory).absolute()
+        config_path = directory / PROJECT_FILE
+        if not config_path.is_file():
+            raise ConstructError(f"{directory} is not an annotation project (no {PROJECT_FILE}); run `oodbench annotate init`")
+        try:
+            config = ProjectConfig.from_json(json.loads(config_path.read_text(encoding="utf-8")), config_path)
+            classes = ClassList.from_json(json.loads((directory / "classes.json").read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, OSError, KeyError) as exc:
+            raise ConstructError(f"{directory}: damaged project files ({exc})") from None
+        return cls(directory, config, classes)
+
+    @property
+    def db_url(self) -> str:
+        """Database URL: the environment, then project.json, then SQLite in the folder."""
+        return os.environ.get(DB_URL_ENV) or self.config.db_url or f"sqlite:///{self.dir / 'annotate.db'}"
+
+    @property
+    def secret(self) -> str:
+        """The project's signing secret."""
+        return (self.dir / "secret.key").read_text(encoding="utf-8").strip()
+
+    @property
+    def llm_cache(self) -> Path:
+        """Where LLM answers are cached."""
+        return self.dir / "llm-cache"
+
+    def store(self) -> AnnotationStore:
+        """The project's database (one engine per opened project)."""
+        if self._store is None:
+            self._store = AnnotationStore(self.db_url, session_hours=self.config.session_hours)
+        return self._store
+
+    def close(self) -> None:
+        """Release the database engine."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    # -- files ----------------------------------------------------------------------------------
+    def root(self, name: str) -> Path:
+        """An image root by name."""
+        try:
+            return Path(self.config.image_roots[name])
+        except KeyError:
+            raise ConstructError(f"unknown image root {name!r}") from None
+
+    def image_file(self, image: ImageInfo) -> Path | None:
+        """The image's file, only if it lies inside its configured root."""
+        if image.root not in self.config.image_roots:
+            return None
+        return safe_join(self.root(image.root), image.path)
+
+    @property
+    def examples(self) -> dict[int, list[str]]:
+        """Example image paths per class, relative to the example root."""
+        if self._examples is None:
+            path = self.dir / "examples.json"
+            self._examples = (
+                {int(k): v for k, v in json.loads(path.read_text(encoding="utf-8")).items()} if path.is_file() else {}
+            )
+        return self._examples
+
+    def example_file(self, class_index: int, number: int) -> Path | None:
+        """An example image of a class, only if it lies inside the example root."""
+        if self.config.example_root is None:
+            return None
+        paths = self.examples.get(class_index, [])
+        if not 0 <= number < len(paths):
+            return None
+        return safe_join(Path(self.config.example_root), paths[number])
+
+    def index_examples(self, per_class: int = 3) -> int:
+        """List example images per class under the example root; returns the number of classes found."""
+        if self.config.example_root is None:
+            raise ConstructError("the project has no example root (init --examples DIR)")
+        found = example_images(self.config.example_root, self.classes, per_class)
+        write_atomic(self.dir / "examples.json", json.dumps({str(k): v for k, v in found.items()}))
+        self._examples = found
+        return len(found)
+
+    def public_url(self, candidate: Candidate, relpath: str) -> str | None:
+        """The public URL of an image: its source's URL, else the project's template."""
+        if candidate.url:
+            return candidate.url
+        template = self.config.public_url_template
+        return template.format(key=candidate.key, path=relpath) if template else None
+
+
+def _file_index(root: Path) -> dict[str, str | None]:
+    """File name -> path relative to root for every image below root (None when a name repeats)."""
+    index: dict[str, str | None] = {}
+    for folder, _dirs, files in os.walk(root, followlinks=False):
+        rel = Path(folder).relative_to(root)
+        for name in files:
+            if name.lower().endswith(IMAGE_SUFFIXES):
+                index[name] = None if name in index else (rel / name).as_posix()
+    return index
+
+
+def import_candidates(
+    project: Project, imports: Sequence[Import], *, skip_missing: bool = False, confusion_k: int = 5
+) -> dict[str, int]:
+    """Add the candidates of several importers to a project, with evidence C, E and B.
+
+    Each candidate's file is found under the image root by its relative path, else by file name.
+    Missing files are an error unless `skip_missing`. Returns counts (added, updated, skipped).
+    """
+    candidates = merge_candidates(imp.candidates for imp in imports)
+    if not candidates:
+        raise ConstructError("the candidate sources selected no images")
+    root = project.root(DEFAULT_ROOT).resolve()
+    index: dict[str, str | None] | None = None
+    rows: list[tuple[Candidate, str, str, dict]] = []
+    missing: list[str] = []
+    with_pairs = [imp for imp in imports if imp.confusion_pairs.size]
+    pairs = np.concatenate([imp.confusion_pairs for imp in with_pairs]) if with_pairs else np.zeros((0, 2), np.int64)
+    labels = [c.original_label for c in candidates if c.original_label is not None]
+    confusions = top_confusions(pairs, labels, confusion_k) if with_pairs else {}
+    source = "+".join(imp.source for imp in with_pairs)
+    for cand in candidates:
+        relpath = cand.path if safe_join(root, cand.path) is not None else None
+        if relpath is None:
+            if index is None:
+                index = _file_index(root)
+            name = PurePosixPath(cand.path).name
+            if name in index and index[name] is None:
+                raise ConstructError(f"{name} occurs more than once under {root}; give candidates relative paths")
+            relpath = index.get(name)
+        if relpath is None:
+            missing.append(cand.path)
+            continue
+        if cand.original_label is not None and cand.original_label >= len(project.classes):
+            raise ConstructError(f"{cand.key}: original label {cand.original_label} is outside the class list")
+        evidence = {
+            "original": original_evidence(cand.original_label, project.classes),
+            "confusions": confusion_evidence(cand.original_label, confusions, project.classes, source),
+            "reverse_search": reverse_search_evidence(project.public_url(cand, relpath)),
+        }
+        rows.append((cand, DEFAULT_ROOT, relpath, evidence))
+    if missing and not skip_missing:
+        shown = ", ".join(missing[:5])
+        raise ConstructError(
+            f"{len(missing)} of {len(candidates)} candidate images are not under {root} (e.g. {shown}); "
+            "pass --skip-missing to import the others"
+        )
+    if not rows:
+        raise ConstructError(f"none of the {len(candidates)} candidate images is under {root}")
+    added, updated = project.store().add_images(rows, defaults=NOT_YET)
+    return {"added": added, "updated": updated, "skipped": len(missing)}
+
+
+def add_vlm_evidence(
+    project: Project,
+    keys: Sequence[str],
+    image_embeddings: np.ndarray | str | Path,
+    text_embeddings: np.ndarray | str | Path,
+    *,
+    k: int = 5,
+    model: str | None = None,
+) -> int:
+    """Evidence (D) from cached embeddings: `keys[i]` names the image of row i. Returns images updated."""
+    from .evidence import _open_matrix
+
+    images = _open_matrix(image_embeddings, "image embeddings")
+    if len(keys) != images.shape[0]:
+        raise ConstructError(f"{len(keys)} keys for {images.shape[0]} embedding rows")
+    row_of: dict[str, int] = {}
+    for row, key in enumerate(keys):
+        row_of.setdefault(str(key), row)
+        row_of.setdefault(PurePosixPath(str(key)).name, row)
+    targets: list[tuple[int, int]] = []
+    for image in project.store().images():
+        row = row_of.get(image.key, row_of.get(image.path, row_of.get(PurePosixPath(image.path).name)))
+        if row is not None:
+            targets.append((image.id, row))
+    if not targets:
+        raise ConstructError("none of the embedding keys matches an image of the project")
+    rows = np.asarray([r for _, r in targets])
+    order = np.argsort(rows, kind="stable")  # memory-maps read fastest in file order
+    top, sims = vlm_topk(images[rows[order]], text_embeddings, k)
+    texts = _open_matrix(text_embeddings, "class-name embeddings")
+    if texts.shape[0] != len(project.classes):
+        raise ConstructError(f"{texts.shape[0]} class-name embeddings for {len(project.classes)} classes")
+    packs = vlm_evidence(top, sims, project.classes, model)
+    project.store().set_evidence({targets[i][0]: {"vlm": packs[j]} for j, i in enumerate(order)})
+    return len(targets)
+
+
+def candidate_names(evidence: dict[str, Any]) -> list[str]:
+    """Class names an image's evidence points at (original, VLM, confusions), for the LLM's closed world."""
+    names: list[str] = []
+    original = evidence.get("original", {})
+    if "name" in original:
+        names.append(original["name"])
+    for source in ("vlm", "confusions"):
+        names += [c["name"] for c in evidence.get(source, {}).get("classes", [])]
+    return list(dict.fromkeys(names))
+
+
+def describe_images(
+    project: Project, describer: Any, *, limit: int | None = None, redo: bool = False, progress: Any = None
+) -> int:
+    """Evidence (A) for images that lack it (all with `redo`); returns how many were described."""
+    store = project.store()
+    todo = [img for img in store.images() if redo or "absent" in img.evidence.get("llm", {"absent": ""})]
+    if limit is not None:
+        todo = todo[:limit]
+    done = 0
+    for image in todo:
+        path = project.image_file(image)
+        if path is None:
+            raise ConstructError(f"image {image.key} is missing from its root")
+        answer = describer.describe(path, candidate_names(image.evidence))
+        store.set_evidence({image.id: {"llm": answer}})
+        done += 1
+        if progress is not None:
+            progress()
+    return done
+
+
+def read_keys(path: str | Path) -> list[str]:
+    """Image keys, one per line (the rows of an embedding file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConstructError(f"keys file not found: {path}")
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def parse_sources(specs: Iterable[str]) -> list[tuple[str, str]]:
+    """`format:path` strings into (format, path) pairs."""
+    out = []
+    for spec in specs:
+        fmt, sep, path = spec.partition(":")
+        if not sep or not path:
+            raise ConstructError(f"candidate source {spec!r} must look like FORMAT:PATH")
+        out.append((fmt, path))
+    return out

@@ -1,0 +1,86 @@
+"""A small CNN for 8x8 digits, trained on the CPU, whose penultimate features and head feed the store."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..outputs import Head
+
+
+class DigitsCNN(nn.Module):
+    """Three conv blocks, global average pooling to a 64-d feature, one linear head."""
+
+    def __init__(self, num_classes: int, width: int = 64) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.fc = nn.Linear(width, num_classes)
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """Penultimate features (input of the final linear layer)."""
+        return self.body(images)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(images))
+
+
+def train_cnn(images: np.ndarray, labels: np.ndarray, num_classes: int, *, epochs: int = 40, seed: int = 0,
+              batch_size: int = 64, lr: float = 3e-3) -> DigitsCNN:
+    """Train the CNN with Adam and light shift augmentation; deterministic for a given seed."""
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model = DigitsCNN(num_classes)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=1e-4)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs)
+    inputs = torch.from_numpy(images)
+    targets = torch.from_numpy(labels)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(inputs), generator=generator)
+        for start in range(0, len(inputs), batch_size):
+            batch = order[start : start + batch_size]
+            x = inputs[batch]
+            # Random 1-pixel shifts: the 8x8 digits are tiny, so this is the augmentation that matters.
+            shift = torch.randint(-1, 2, (2,), generator=generator).tolist()
+            x = torch.roll(x, shifts=shift, dims=(2, 3))
+            loss = nn.functional.cross_entropy(model(x), targets[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        schedule.step()
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def forward_arrays(model: DigitsCNN, images: np.ndarray, batch_size: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """(features, logits) as float32 arrays."""
+    model.eval()
+    features, logits = [], []
+    for start in range(0, len(images), batch_size):
+        z = model.features(torch.from_numpy(images[start : start + batch_size]))
+        features.append(z.numpy())
+        logits.append(model.fc(z).numpy())
+    return np.concatenate(features).astype(np.float32), np.concatenate(logits).astype(np.float32)
+
+
+def head_of(model: DigitsCNN) -> Head:
+    """The model's final linear layer as a Head."""
+    return Head(model.fc.weight.detach().numpy().astype(np.float32), model.fc.bias.detach().numpy().astype(np.float32))
+
+
+def checkpoint_sha256(model: nn.Module) -> str:
+    """SHA-256 over the state dict's names and tensor bytes (stable across pickling details)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

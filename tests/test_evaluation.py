@@ -1,0 +1,127 @@
+"""Evaluation runs, the `oodbench evaluate` CLI and the demo, end to end on real (digits) data."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import oodbench as ob
+from oodbench import Head, Outputs, Store
+from oodbench.cli import app
+from oodbench.errors import DetectorError, OodbenchError, StoreError
+from oodbench.evaluation import evaluate_outputs, evaluate_store
+from oodbench.results import read_rows
+from oodbench.scores import load_scores
+
+PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
+
+
+def toy_store(tmp_path, seed=0):
+    rng = np.random.default_rng(seed)
+    weight, bias = rng.normal(size=(3, 5)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+    store = Store(tmp_path / "store")
+
+    def outputs(n, shift):
+        z = (rng.normal(size=(n, 5)) + shift).astype(np.float32)
+        return Outputs(z, (z @ weight.T + bias).astype(np.float32), rng.integers(0, 3, n))
+
+    for name, n, shift in [("fit", 200, 2.0), ("id", 100, 2.0), ("ood_a", 80, 0.0), ("ood_b", 60, -1.0)]:
+        store.write_outputs("toy", name, outputs(n, shift), provenance=PROV)
+    store.write_head("toy", Head(weight, bias), provenance=PROV)
+    return store
+
+
+def test_evaluate_store_writes_run_directory_and_resumes(tmp_path):
+    store = toy_store(tmp_path)
+    out = tmp_path / "run"
+    result = evaluate_store(store, "toy", "fit", "id", ["ood_a", "ood_b"], ["msp", "energy"], out_dir=out, progress=False)
+    rows = read_rows(out / "results.parquet")
+    assert len(rows) == 2 * 2 * 4 and {r.metric for r in rows} == {"fpr95", "auroc", "aupr_in", "aupr_out"}
+    scores = load_scores(out, "toy", "id")
+    assert set(scores) == {"msp", "energy"} and scores["msp"].shape == (100,)
+    # Metrics recomputed independently from the saved scores agree with the rows.
+    ood = load_scores(out, "toy", "ood_a")
+    row = next(r for r in rows if r.detector == "energy" and r.ood_dataset == "ood_a" and r.metric == "auroc")
+    assert row.value == ob.metrics.auroc(scores["energy"], ood["energy"])
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"] and run["entries"]["fit"]["provenance"] == PROV
+    assert "**" in (out / "table.md").read_text()
+    # A rerun reuses saved scores (no detector is fitted again).
+    calls = []
+    original = ob.detectors.get_class("msp")._fit
+    ob.detectors.get_class("msp")._fit = lambda self, *a: calls.append(1)
+    try:
+        evaluate_store(store, "toy", "fit", "id", ["ood_a", "ood_b"], ["msp", "energy"], out_dir=out, progress=False)
+    finally:
+        ob.detectors.get_class("msp")._fit = original
+    assert calls == []
+    assert result.table_markdown == (out / "table.md").read_text()
+
+
+def test_bad_inputs_give_one_clear_error_each(tmp_path):
+    store = toy_store(tmp_path)
+    with pytest.raises(OodbenchError, match="no OOD datasets"):
+        evaluate_store(store, "toy", "fit", "id", [], ["msp"], progress=False)
+    rng = np.random.default_rng(0)
+    fit = Outputs(rng.normal(size=(10, 5)).astype(np.float32), rng.normal(size=(10, 3)).astype(np.float32))
+    with pytest.raises(OodbenchError, match="OOD dataset 'e' is empty"):
+        evaluate_outputs(fit, None, fit, {"e": fit.subset(slice(0, 0))}, ["msp"], progress=False)
+    # Logits whose class count disagrees with the head.
+    head = Head(np.ones((4, 5), np.float32), np.zeros(4, np.float32))
+    with pytest.raises(DetectorError, match="C=3 classes but the head has C=4"):
+        ob.detectors.create("kl_matching").fit(fit, head)
+    with pytest.raises(DetectorError, match="unknown detector 'nope'"):
+        evaluate_outputs(fit, None, fit, {"o": fit}, ["nope"], progress=False)
+    with pytest.raises(DetectorError, match="has no parameter"):
+        ob.detectors.create("energy", temp=2)
+    with pytest.raises(DetectorError, match="positive"):
+        ob.detectors.create("energy", temperature=-1)
+    # A store entry extracted with another checkpoint cannot be mixed into the evaluation.
+    store.write_outputs("toy", "foreign", fit, provenance={**PROV, "checkpoint": "other"})
+    with pytest.raises(StoreError, match="mismatched model provenance"):
+        evaluate_store(store, "toy", "fit", "id", ["foreign"], ["msp"], progress=False)
+
+
+def test_logit_detectors_protocol():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(30, 4)).astype(np.float32)
+    head = Head(rng.normal(size=(3, 4)).astype(np.float32), np.zeros(3, np.float32))
+    outputs = Outputs(z, head.logits(z).astype(np.float32))
+    scores = ob.detectors.create("energy").fit(outputs, head).score(outputs)
+    assert scores.shape == (30,) and scores.dtype == np.float64
+    with pytest.raises(DetectorError, match="not fitted"):
+        ob.detectors.create("msp").score(outputs)
+    with pytest.raises(DetectorError, match="needs logits"):
+        ob.detectors.create("msp").fit(outputs).score(Outputs(z))
+
+
+def test_cli_evaluate(tmp_path):
+    toy_store(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["evaluate", "--store", str(tmp_path / "store"), "--model", "toy", "--fit", "fit",
+                                 "--id", "id", "--ood", "ood_a", "--ood", "ood_b", "-d", "msp,energy",
+                                 "-p", "energy.temperature=2", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "| energy |" in result.output and (tmp_path / "run" / "results.parquet").is_file()
+    bad = runner.invoke(app, ["evaluate", "--store", str(tmp_path / "store"), "--model", "toy", "--fit", "fit",
+                              "--id", "id", "--ood", "missing", "--out", str(tmp_path / "r2")])
+    assert bad.exit_code == 2 and "no store entry toy/missing" in bad.output
+    assert "Example" in runner.invoke(app, ["evaluate", "--help"]).output
+
+
+@pytest.mark.slow
+def test_demo_end_to_end(tmp_path):
+    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "demo"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    rows = read_rows(tmp_path / "demo" / "run" / "results.parquet")
+    detectors = {r.detector for r in rows}
+    assert detectors == set(ob.detectors.available())
+    assert {r.ood_dataset for r in rows} == {"digits-6to9", "lfw-faces", "noise"}
+    # The CNN really learned the digits and its scores really separate far OOD from ID.
+    info = json.loads((tmp_path / "demo" / "store" / "digits-cnn" / "head" / "meta.json").read_text())
+    assert info["provenance"]["demo"]["test_accuracy"] > 0.95
+    best_noise = max(r.value for r in rows if r.metric == "auroc" and r.ood_dataset == "noise")
+    assert best_noise > 0.9
+    assert "| msp |" in (tmp_path / "demo" / "report.md").read_text()
