@@ -52,10 +52,10 @@ def normalize_detectors(detectors: Sequence[str] | Mapping[str, Mapping[str, Any
     return {name: {} for name in detectors}
 
 
-def _unmet_requirements(name: str, fit_set: Outputs, head: Head | None, tests: Sequence[Outputs]) -> str | None:
+def _unmet_requirements(detector: "detector_registry.Detector", fit_set: Outputs, head: Head | None,
+                        tests: Sequence[Outputs]) -> str | None:
     """Why a detector cannot run on these arrays, or None."""
-    cls = detector_registry.get_class(name)
-    req = cls.requires
+    req = detector.requirements()
     def have(outputs: Outputs) -> set[str]:
         names = {"features"} | {f"extra.{k}" for k in outputs.extras}
         if outputs.logits is not None:
@@ -103,17 +103,17 @@ def evaluate_outputs(
     if len(id_test) == 0:
         raise OodbenchError(f"ID test dataset {id_dataset!r} is empty")
     plan = normalize_detectors(detectors)
-    for name, params in plan.items():
-        detector_registry.create(name, **params)  # unknown names and invalid parameters fail before any work
+    # Unknown names and invalid parameters fail here, before any work.
+    instances = {name: detector_registry.create(name, **params) for name, params in plan.items()}
     datasets = {id_dataset: id_test, **ood_sets}
     scores: dict[str, dict[str, np.ndarray]] = {name: {} for name in datasets}
     skipped: dict[str, str] = {}
     cached = cached or {}
     with progress_bar(progress) as bar:
         task = bar.add_task("detectors", total=len(plan))
-        for name, params in plan.items():
+        for name in plan:
             bar.update(task, description=f"{name}")
-            reason = _unmet_requirements(name, fit_set, head, list(datasets.values()))
+            reason = _unmet_requirements(instances[name], fit_set, head, list(datasets.values()))
             if reason is not None:
                 if strict:
                     raise DetectorError(f"{name} cannot run: {reason}")
@@ -124,7 +124,7 @@ def evaluate_outputs(
                 for ds in datasets:
                     scores[ds][name] = np.asarray(cached[ds][name])
             else:
-                detector = detector_registry.create(name, **params).fit(fit_set, head)
+                detector = instances[name].fit(fit_set, head)
                 for ds, outputs in datasets.items():
                     scores[ds][name] = detector.score(outputs)
                 if on_detector_done is not None:
