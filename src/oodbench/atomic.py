@@ -10,6 +10,9 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
@@ -18,6 +21,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    # mkstemp creates 0600 files; give the result the permissions an ordinary open() would (0666 & ~umask).
+    os.chmod(tmp, 0o666 & ~_UMASK)
     try:
         yield Path(tmp)
         with open(tmp, "rb+") as handle:
