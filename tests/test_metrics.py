@@ -62,10 +62,21 @@ def test_aupr_matches_sklearn(id_list, ood_list):
 def test_ood_positive_convention_matches_openood_recipe(id_list, ood_list):
     ids, ood = np.array(id_list), np.array(ood_list)
     # OpenOOD: OOD indicator as positive label, -conf as the score, first ROC point with TPR >= 0.95.
+    # (OpenOOD keeps roc_curve's default drop_intermediate=True, which can drop the exact operating point
+    # when it is collinear with its neighbours; the definition needs every point.)
     labels = np.r_[np.zeros(len(ids)), np.ones(len(ood))]
-    fpr, tpr, _ = roc_curve(labels, -np.r_[ids, ood])
+    fpr, tpr, _ = roc_curve(labels, -np.r_[ids, ood], drop_intermediate=False)
     expected = fpr[np.argmax(tpr >= 0.95)]
     assert metrics.fpr_at_tpr_ood_positive(ids, ood) == pytest.approx(expected, abs=1e-12)
+
+
+def test_openood_drop_intermediate_pitfall():
+    # 19 of 20 OOD flagged at -conf >= -1 gives FPR 1/2; sklearn's default ROC thinning drops that point.
+    ids, ood = np.array([1.0, 2.0]), np.r_[np.zeros(18), 1.0, 2.0]
+    assert metrics.fpr_at_tpr_ood_positive(ids, ood) == 0.5
+    labels = np.r_[np.zeros(2), np.ones(20)]
+    fpr, tpr, _ = roc_curve(labels, -np.r_[ids, ood])
+    assert fpr[np.argmax(tpr >= 0.95)] == 1.0
 
 
 def test_known_values():

@@ -2,7 +2,9 @@
 
 For one (model, OOD set): every detector's ID threshold is fixed from the full ID test set, so whether an OOD image
 is accepted is one bit per (image, detector), computed once. A draw of n OOD images without replacement then gives
-each detector's FPR as a bit count: R draws are one (R × N) selection mask times the (N × D) bit matrix. The best
+each detector's FPR as a bit count. Images with the same bits across detectors are interchangeable, so a draw is
+fully described by how many images it takes from each group of equal bits (a multivariate hypergeometric draw,
+sampled in O(n) per draw), and R draws are one (R × groups) @ (groups × D) product. The best
 detector on the full set is fixed; we report its full FPR, the mean, bias and standard deviation over draws, the
 closed-form standard error √(p(1−p)/n)·√((N−n)/(N−1)) (hypergeometric sampling), and the mean Spearman ρ between
 the detector ranking on each draw and on the full set.
@@ -60,8 +62,12 @@ class AcceptanceBits:
         return self.accepted.sum(axis=0, dtype=np.int64) / self.n_total
 
 
-def acceptance_bits(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], tpr: float = 0.95) -> AcceptanceBits:
-    """Thresholds from the full ID scores and the OOD acceptance bits of every detector present in both mappings."""
+def acceptance_bits(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], tpr: float = 0.95,
+                    thresholds: dict[str, float] | None = None) -> AcceptanceBits:
+    """Thresholds from the full ID scores and the OOD acceptance bits of every detector present in both mappings.
+
+    `thresholds` is a cache shared across OOD sets of one ID set: missing entries are computed and added.
+    """
     names = [name for name in ood_scores if name in id_scores]
     missing = sorted(set(ood_scores) ^ set(id_scores))
     if missing:
@@ -72,11 +78,15 @@ def acceptance_bits(id_scores: Mapping[str, object], ood_scores: Mapping[str, ob
     sizes = {name: o.shape[0] for name, o in zip(names, oods)}
     if len(set(sizes.values())) != 1:
         raise AnalysisError(f"OOD score arrays of one dataset must have one length; got {sizes}")
-    thresholds = np.array([metrics.threshold_at_tpr(id_scores[name], tpr) for name in names])
+    cache = thresholds if thresholds is not None else {}
+    for name in names:
+        if name not in cache:
+            cache[name] = metrics.threshold_at_tpr(id_scores[name], tpr)
+    values = np.array([cache[name] for name in names])
     accepted = np.empty((oods[0].shape[0], len(names)), dtype=bool)
-    for column, (ood, threshold) in enumerate(zip(oods, thresholds)):
+    for column, (ood, threshold) in enumerate(zip(oods, values)):
         np.greater_equal(ood, threshold, out=accepted[:, column])
-    return AcceptanceBits(tuple(names), thresholds, accepted, {})
+    return AcceptanceBits(tuple(names), values, accepted, {})
 
 
 def closed_form_se(p: float | np.ndarray, n: int, n_total: int) -> float | np.ndarray:
@@ -87,30 +97,36 @@ def closed_form_se(p: float | np.ndarray, n: int, n_total: int) -> float | np.nd
     return np.sqrt(np.asarray(p) * (1 - np.asarray(p)) / n * fpc) if np.ndim(p) else math.sqrt(p * (1 - p) / n * fpc)
 
 
+def _pattern_groups(accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct acceptance patterns (P, D) over the detectors and how many OOD images share each (P,)."""
+    packed = np.ascontiguousarray(np.packbits(accepted, axis=1))
+    keys = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+    _, first, sizes = np.unique(keys, return_index=True, return_counts=True)
+    return accepted[first], sizes.astype(np.int64)
+
+
 def draw_counts(accepted: np.ndarray, n: int, draws: int, rng: np.random.Generator,
                 budget_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
-    """(draws, D) accepted counts, each row a uniform draw of n of the N rows of `accepted` without replacement."""
+    """(draws, D) accepted counts, each row from a uniform draw of n of the N rows of `accepted` without replacement.
+
+    Only how many drawn images share each acceptance pattern matters, and for a uniform n-subset those numbers
+    follow the multivariate hypergeometric law over the pattern groups. numpy's "count" method samples it with a
+    partial Fisher–Yates shuffle, O(min(n, N − n)) per draw after an O(N) set-up per block, and the detectors'
+    counts are then one (R × P) @ (P × D) product over the P distinct patterns.
+    """
     n_total, width = accepted.shape
     if not 1 <= n <= n_total:
         raise AnalysisError(f"cannot draw n={n} of N={n_total} OOD images without replacement")
-    # Counts are sums of 0/1, exact in float32 up to 2**24; the matmul runs on BLAS.
-    dtype = np.float32 if n_total < 2**24 else np.float64
-    bits = accepted.astype(dtype)
+    patterns, sizes = _pattern_groups(np.asarray(accepted, dtype=bool))
+    # Every partial sum is a count <= n, exact in float32 below 2**24; the product runs on BLAS.
+    dtype = np.float32 if n < 2**24 else np.float64
+    weights = patterns.astype(dtype)
     counts = np.empty((draws, width), dtype=np.int64)
-    # Per draw row: uniform keys (8 B), their partitioned copy (8 B), the mask (1 B) and its float copy (4-8 B).
-    rows = max(1, min(draws, budget_bytes // (n_total * 24)))
+    rows = max(1, min(draws, budget_bytes // (12 * sizes.shape[0])))  # int64 counts + their float copy
     for start in range(0, draws, rows):
         stop = min(draws, start + rows)
-        keys = rng.random((stop - start, n_total))
-        # The n smallest of N i.i.d. uniform keys are a uniform n-subset; partition finds the n-th smallest in O(N).
-        kth = np.partition(keys, n - 1, axis=1)[:, n - 1 : n]
-        mask = keys <= kth
-        sizes = mask.sum(axis=1)
-        # Two equal 53-bit keys at the cut are astronomically rare; redraw such rows exactly with argpartition.
-        for row in np.flatnonzero(sizes != n):
-            mask[row] = False
-            mask[row, np.argpartition(rng.random(n_total), n - 1)[:n]] = True
-        counts[start:stop] = np.rint(mask.astype(dtype) @ bits).astype(np.int64)
+        per_group = rng.multivariate_hypergeometric(sizes, n, size=stop - start, method="count")
+        counts[start:stop] = np.rint(per_group.astype(dtype) @ weights).astype(np.int64)
     return counts
 
 
@@ -168,8 +184,8 @@ class SubsampleSummary:
     spearman_defined: int
 
     def as_dict(self) -> dict[str, object]:
-        """Plain dict (for JSON)."""
-        return dict(self.__dict__)
+        """Plain dict for JSON (an undefined ρ becomes null: JSON has no NaN)."""
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -184,12 +200,17 @@ class SubsampleStudy:
     n_total: int
     seed: int
     full_fpr: np.ndarray  # (D,)
-    draw_fpr: np.ndarray  # (R, D)
+    draw_counts: np.ndarray  # (R, D) accepted OOD images per draw and detector
     best: str
 
     @property
     def draws(self) -> int:
-        return int(self.draw_fpr.shape[0])
+        return int(self.draw_counts.shape[0])
+
+    @property
+    def draw_fpr(self) -> np.ndarray:
+        """(R, D) FPR@95 per draw and detector."""
+        return self.draw_counts / float(self.n)
 
     @property
     def best_index(self) -> int:
@@ -202,14 +223,18 @@ class SubsampleStudy:
 
     def summary(self) -> SubsampleSummary:
         """Table A6 row of this study."""
-        column = self.draw_fpr[:, self.best_index]
+        counts = self.draw_counts[:, self.best_index]
         full = float(self.full_fpr[self.best_index])
+        # Moments from exact integer sums, so identical draws give a std of exactly 0 and no rounding bias.
+        total, squares, draws = int(counts.sum()), int((counts * counts).sum()), self.draws
+        mean = total / (draws * self.n)
+        variance = (draws * squares - total * total) / (draws * (draws - 1)) / self.n**2
         rho = self.spearman
         defined = rho[~np.isnan(rho)]
         return SubsampleSummary(
             model=self.model, id_dataset=self.id_dataset, ood_dataset=self.ood_dataset, detector=self.best,
-            n=self.n, n_total=self.n_total, draws=self.draws, full=full, mean=float(column.mean()),
-            bias=float(column.mean() - full), std=float(column.std(ddof=1)),
+            n=self.n, n_total=self.n_total, draws=self.draws, full=full, mean=mean,
+            bias=mean - full, std=math.sqrt(variance),
             se=float(closed_form_se(full, self.n, self.n_total)),
             spearman=float(defined.mean()) if defined.size else float("nan"), spearman_defined=int(defined.size),
         )
@@ -252,7 +277,7 @@ def subsample_fpr(id_scores: Mapping[str, object], ood_scores: Mapping[str, obje
     counts = draw_counts(bits.accepted, int(n), int(draws), _rng(seed, int(n), ood_dataset))
     return SubsampleStudy(model=model, id_dataset=id_dataset, ood_dataset=ood_dataset, detectors=bits.detectors,
                           n=int(n), n_total=bits.n_total, seed=int(seed), full_fpr=bits.full_fpr,
-                          draw_fpr=counts / float(n), best=best)
+                          draw_counts=counts, best=best)
 
 
 def subsample_curve(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], ns: Sequence[int], *,
@@ -301,6 +326,7 @@ def subsample_run(run: RunData, n: int | str | None = "auto", *, draws: int = 10
     size_n = resolve_n(n, sizes)
     studies: list[SubsampleStudy] = []
     notes: list[str] = []
+    thresholds: dict[tuple[str, str], dict[str, float]] = {}  # per (model, ID set): computed once
     with progress_bar(progress) as bar:
         task = bar.add_task("subsampling", total=len(plans))
         for (model, id_dataset, ood), (id_scores, ood_scores) in loaded.items():
@@ -308,8 +334,9 @@ def subsample_run(run: RunData, n: int | str | None = "auto", *, draws: int = 10
             if size_n > total:
                 notes.append(f"{model}/{ood}: skipped, n={size_n} exceeds its {total} OOD images")
             else:
+                bits = acceptance_bits(id_scores, ood_scores, tpr, thresholds.setdefault((model, id_dataset), {}))
                 studies.append(subsample_fpr(id_scores, ood_scores, size_n, draws=draws, seed=seed, tpr=tpr,
-                                             model=model, id_dataset=id_dataset, ood_dataset=ood))
+                                             model=model, id_dataset=id_dataset, ood_dataset=ood, bits=bits))
             bar.advance(task)
     if not studies:
         raise AnalysisError(f"n={size_n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())}); "

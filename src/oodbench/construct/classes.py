@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +47,21 @@ class ClassList:
 
 def imagenet_classes() -> ClassList:
     """The 1,000 ImageNet-1k classes (first synonym as name, WordNet id as folder) from timm's metadata."""
-    from timm.data import ImageNetInfo
+    spec = importlib.util.find_spec("timm")  # locates timm without importing it (and torch with it)
+    info = Path(spec.origin).parent / "data" / "_info" if spec and spec.origin else None
+    if info is not None and (info / "imagenet_synsets.txt").is_file() and (info / "imagenet_synset_to_lemma.txt").is_file():
+        wnids = tuple(info.joinpath("imagenet_synsets.txt").read_text(encoding="utf-8").split())
+        lemma_lines = info.joinpath("imagenet_synset_to_lemma.txt").read_text(encoding="utf-8").splitlines()
+        lemmas = dict(line.split("\t", 1) for line in lemma_lines if "\t" in line)
+    else:  # a timm whose data files moved: ask its API
+        from timm.data import ImageNetInfo
 
-    info = ImageNetInfo("imagenet-1k")
-    names = tuple(info.index_to_description(i).split(",")[0].strip() for i in range(info.num_classes()))
-    return ClassList(names, tuple(info.label_names()))
+        meta = ImageNetInfo("imagenet-1k")
+        wnids = tuple(meta.label_names())
+        lemmas = {w: meta.index_to_description(i) for i, w in enumerate(wnids)}
+    if len(wnids) != 1000:
+        raise ConstructError(f"timm's ImageNet-1k metadata lists {len(wnids)} classes, not 1000")
+    return ClassList(tuple(lemmas[w].split(",")[0].strip() for w in wnids), wnids)
 
 
 def load_classes(spec: str | Path) -> ClassList:

@@ -1,17 +1,18 @@
 """Annotation database: images, annotators, sessions, the append-only event log, queues.
 
-SQLite by default (WAL, writes serialised with BEGIN IMMEDIATE); any SQLAlchemy URL such as
-PostgreSQL works the same, because writes lock the image row (SELECT … FOR UPDATE) and queue
-claims are guarded by unique constraints. Events and label matches are only ever inserted; on
-SQLite triggers make UPDATE and DELETE on them fail.
+SQLite by default (WAL, writes serialised with BEGIN IMMEDIATE); a PostgreSQL URL works the same,
+because writes lock the image row (SELECT … FOR UPDATE) and queue claims are guarded by unique
+constraints. Events and label matches are only ever inserted; on SQLite and PostgreSQL triggers
+make UPDATE and DELETE on them fail.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from ..errors import ConstructError
 from .importers import Candidate
 from .protocol import (
+    STAGE1_ANNOTATORS,
     Event,
     EventKind,
     ImageRecord,
@@ -31,14 +33,18 @@ from .protocol import (
     LabelMatcher,
     Outcome,
     Status,
-    STAGE1_ANNOTATORS,
 )
 from .security import hash_password, needs_rehash, verify_password
 
 
 def utcnow() -> datetime:
-    """The current time in UTC (stored naive-free, compared as aware)."""
+    """The current time in UTC."""
     return datetime.now(UTC)
+
+
+def aware(moment: datetime) -> datetime:
+    """A stored time as an aware UTC datetime (SQLite hands back naive ones)."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 class Base(DeclarativeBase):
@@ -202,13 +208,25 @@ class AnnotationStore:
         options: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}} if is_sqlite else {}
         self.engine = sa.create_engine(url, future=True, **options)
         self.is_sqlite = is_sqlite
+        self._write_lock = threading.Lock() if is_sqlite else nullcontext()
         if is_sqlite:
             _sqlite_setup(self.engine)
 
     # -- schema ---------------------------------------------------------------------------------
     def create_schema(self) -> None:
-        """Create missing tables (and, on SQLite, the append-only triggers)."""
+        """Create missing tables and the triggers that make events and matches append-only."""
         Base.metadata.create_all(self.engine)
+        if self.engine.dialect.name == "postgresql":
+            with self.engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "CREATE OR REPLACE FUNCTION oodbench_append_only() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$"
+                )
+                for table in _APPEND_ONLY:
+                    conn.exec_driver_sql(
+                        f"CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
+                        "FOR EACH ROW EXECUTE FUNCTION oodbench_append_only()"
+                    )
         if self.is_sqlite:
             with self.engine.begin() as conn:
                 for table in _APPEND_ONLY:
@@ -231,16 +249,21 @@ class AnnotationStore:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A session that commits on success; on SQLite it holds the write lock throughout."""
-        with Session(self.engine, expire_on_commit=False) as session:
+        # SQLite lets one writer in at a time and makes the others poll with growing sleeps; queueing
+        # this process's writers on a lock first keeps the wait short and first-come, first-served.
+        with self._write_lock, Session(self.engine, expire_on_commit=False) as session:
             session.connection(execution_options={"write": True})
             yield session
             session.commit()
 
     # -- images ---------------------------------------------------------------------------------
-    def add_images(self, candidates: Iterable[tuple[Candidate, str, str, dict]]) -> tuple[int, int]:
+    def add_images(
+        self, candidates: Iterable[tuple[Candidate, str, str, dict]], defaults: dict | None = None
+    ) -> tuple[int, int]:
         """Insert (candidate, root name, resolved relative path, evidence) rows; existing keys gain new flags.
 
-        Returns (added, updated). Re-importing never touches events, so reruns are safe.
+        New rows start with `defaults` under their evidence. Returns (added, updated). Re-importing
+        never touches events or evidence added later, so reruns are safe.
         """
         added = updated = 0
         with self.write() as session:
@@ -251,7 +274,7 @@ class AnnotationStore:
                     row = ImageRow(
                         key=cand.key, root=root, path=relpath, original_label=cand.original_label,
                         flags=list(cand.flags), url=cand.url, details=dict(cand.details),
-                        evidence=evidence, status=Status.STAGE1.value, n_assigned=0,
+                        evidence={**(defaults or {}), **evidence}, status=Status.STAGE1.value, n_assigned=0,
                     )
                     session.add(row)
                     existing[cand.key] = row
@@ -365,8 +388,7 @@ class AnnotationStore:
         if found is None:
             return None
         sess, user = found
-        expires = sess.expires_at if sess.expires_at.tzinfo else sess.expires_at.replace(tzinfo=UTC)
-        if expires < utcnow() or not user.active:
+        if aware(sess.expires_at) < utcnow() or not user.active:
             return None
         return User(user.id, user.name, user.is_admin), sess.csrf_token
 
@@ -382,13 +404,14 @@ class AnnotationStore:
     def _matcher(self, session: Session) -> LabelMatcher:
         return LabelMatcher(session.execute(sa.select(MatchRow.label_a, MatchRow.label_b).order_by(MatchRow.id)))
 
-    def _record(self, session: Session, image_id: int) -> ImageRecord:
+    def _record(self, session: Session, image_id: int, matcher: LabelMatcher) -> ImageRecord:
         rows = session.execute(
             sa.select(EventRow, UserRow.name).join(UserRow, UserRow.id == EventRow.user_id)
             .where(EventRow.image_id == image_id).order_by(EventRow.id)
         )
         return ImageRecord.from_events(
-            Event(image_id, name, EventKind(ev.kind), _judgement(ev), ev.created_at, ev.id) for ev, name in rows
+            (Event(image_id, name, EventKind(ev.kind), _judgement(ev), ev.created_at, ev.id) for ev, name in rows),
+            matcher,
         )
 
     def _locked_image(self, session: Session, image_id: int) -> ImageRow:
@@ -403,10 +426,10 @@ class AnnotationStore:
         with self.write() as session:
             image = self._locked_image(session, image_id)
             matcher = self._matcher(session)
-            record = self._record(session, image_id)
+            record = self._record(session, image_id, matcher)
             now = utcnow()
             new = Event(image_id, user.name, kind, judgement, now, 0)
-            record.check(new, matcher)
+            record.apply(new, matcher)  # raises if the protocol refuses the event
             j = judgement
             row = EventRow(
                 image_id=image_id, user_id=user.id, kind=kind.value, created_at=now,
@@ -415,7 +438,6 @@ class AnnotationStore:
                 fine_grained=bool(j and j.fine_grained), note=(note or None) and note[:2000],
             )
             session.add(row)
-            record.add(new)
             outcome = record.outcome(matcher)
             image.status = outcome.status.value
             if kind is EventKind.STAGE1:
@@ -455,7 +477,7 @@ class AnnotationStore:
             for image in session.scalars(
                 sa.select(ImageRow).where(ImageRow.status == Status.STAGE3.value).with_for_update()
             ):
-                status = self._record(session, image.id).outcome(matcher).status.value
+                status = self._record(session, image.id, matcher).outcome(matcher).status.value
                 if status != image.status:
                     image.status = status
                     changed += 1
@@ -468,12 +490,13 @@ class AnnotationStore:
                 sa.select(MatchRow.label_a, MatchRow.label_b, UserRow.name, MatchRow.created_at)
                 .join(UserRow, UserRow.id == MatchRow.user_id).order_by(MatchRow.id)
             )
-            return [tuple(r) for r in rows]
+            return [(a, b, who, aware(when)) for a, b, who, when in rows]
 
     def outcome(self, image_id: int) -> Outcome:
         """The protocol state of one image, replayed from its events."""
         with self.read() as session:
-            return self._record(session, image_id).outcome(self._matcher(session))
+            matcher = self._matcher(session)
+            return self._record(session, image_id, matcher).outcome(matcher)
 
     def events(self, image_id: int | None = None) -> list[dict[str, Any]]:
         """The event log (optionally of one image) as plain dicts, in order."""
@@ -489,7 +512,7 @@ class AnnotationStore:
                 {
                     "seq": ev.id, "image_id": ev.image_id, "image": key, "annotator": name, "kind": ev.kind,
                     "verdict": ev.verdict, "label": ev.label, "class_index": ev.class_index, "reason": ev.reason,
-                    "fine_grained": ev.fine_grained, "note": ev.note, "at": ev.created_at.isoformat(),
+                    "fine_grained": ev.fine_grained, "note": ev.note, "at": aware(ev.created_at).isoformat(),
                 }
                 for ev, name, key in session.execute(query)
             ]
@@ -507,7 +530,7 @@ class AnnotationStore:
                     Event(ev.image_id, name, EventKind(ev.kind), _judgement(ev), ev.created_at, ev.id)
                 )
             ids = session.scalars(sa.select(ImageRow.id).order_by(ImageRow.id)).all()
-        return {i: ImageRecord.from_events(per_image.get(i, [])).outcome(matcher) for i in ids}
+        return {i: ImageRecord.from_events(per_image.get(i, []), matcher).outcome(matcher) for i in ids}
 
     # -- queues ---------------------------------------------------------------------------------
     def next_stage1(self, user: User) -> int | None:

@@ -32,7 +32,7 @@ def absent(reason: str) -> dict[str, str]:
     return {"absent": reason}
 
 
-def _open_matrix(source: np.ndarray | str | Path, what: str) -> np.ndarray:
+def open_matrix(source: np.ndarray | str | Path, what: str) -> np.ndarray:
     """A 2-D array from an array or an `.npy` path (memory-mapped), shape checked."""
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -66,8 +66,8 @@ def vlm_topk(
     chunk: int = 4096,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Indices (N, k) and cosine similarities (N, k) of the k closest class-name embeddings per image."""
-    images = _open_matrix(image_embeddings, "image embeddings")
-    texts = _unit_rows(_open_matrix(text_embeddings, "class-name embeddings"), "class-name embeddings")
+    images = open_matrix(image_embeddings, "image embeddings")
+    texts = _unit_rows(open_matrix(text_embeddings, "class-name embeddings"), "class-name embeddings")
     if images.shape[1] != texts.shape[1]:
         raise ConstructError(
             f"image embeddings have {images.shape[1]} dims but class-name embeddings {texts.shape[1]}"

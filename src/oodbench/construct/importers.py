@@ -95,18 +95,18 @@ def _labels_from_val_paths(paths: list[str], source: Path) -> np.ndarray:
     wnids = []
     numbers = []
     for entry in paths:
-        parts = PurePosixPath(entry).parts
+        parts = entry.split("/")
         match = _VAL_NAME.search(entry)
         if len(parts) < 2 or match is None:
             raise ConstructError(f"{source}: {entry!r} is not of the form val/<wnid>/ILSVRC2012_val_<n>.JPEG")
         wnids.append(parts[-2])
         numbers.append(int(match.group(1)))
-    classes = {w: i for i, w in enumerate(sorted(set(wnids)))}
     numbers_arr = np.asarray(numbers)
-    if sorted(numbers) != list(range(1, len(numbers) + 1)):
+    if not np.array_equal(np.sort(numbers_arr), np.arange(1, len(numbers) + 1)):
         raise ConstructError(f"{source}: validation numbers are not exactly 1..{len(numbers)}")
+    _, codes = np.unique(np.asarray(wnids), return_inverse=True)  # sorted WordNet ids = class order
     labels = np.empty(len(numbers), dtype=np.int64)
-    labels[numbers_arr - 1] = [classes[w] for w in wnids]
+    labels[numbers_arr - 1] = codes
     return labels
 
 

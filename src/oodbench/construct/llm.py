@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from ..atomic import atomic_write_text
 from ..errors import ConstructError
 from .protocol import normalise_label
 
@@ -38,7 +38,8 @@ USER_PROMPT = """Candidate classes of the in-distribution label set:
 
 Answer with a JSON object with exactly these keys:
 "description": one sentence describing what the image shows;
-"closed_world": the single candidate class above that best names the main object, copied exactly, or "NONE" if no candidate fits;
+"closed_world": the single candidate class above that best names the main object, copied exactly,
+or "NONE" if no candidate fits;
 "open_world": a short noun phrase naming the main object in your own words, not restricted to the candidates."""
 
 
@@ -143,11 +144,7 @@ class LLMDescriber:
             "candidates": list(candidates),
             "raw": reply,
         }
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(answer, handle)
-        os.replace(tmp, cache)
+        atomic_write_text(cache, json.dumps(answer))
         return answer
 
     @staticmethod

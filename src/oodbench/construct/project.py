@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_path
 from ..errors import ConstructError
 from .classes import ClassList
 from .db import AnnotationStore, ImageInfo
@@ -49,18 +49,11 @@ NOT_YET = {
 
 
 def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
-    """Write a text file through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+    """Write a text file through a temporary file and a rename (optionally with a file mode)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
         if mode is not None:
             os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def safe_join(root: Path, relpath: str) -> Path | None:
@@ -135,7 +128,8 @@ class Project:
                 if value is not None:
                     setattr(config, key, value)
         else:
-            config = ProjectConfig(image_roots={DEFAULT_ROOT: str(root)}, **{k: v for k, v in settings.items() if v is not None})
+            given = {k: v for k, v in settings.items() if v is not None}
+            config = ProjectConfig(image_roots={DEFAULT_ROOT: str(root)}, **given)
         if config.example_root is not None:
             config.example_root = str(Path(config.example_root).absolute())
         directory.mkdir(parents=True, exist_ok=True)
@@ -313,9 +307,9 @@ def add_vlm_evidence(
     model: str | None = None,
 ) -> int:
     """Evidence (D) from cached embeddings: `keys[i]` names the image of row i. Returns images updated."""
-    from .evidence import _open_matrix
+    from .evidence import open_matrix
 
-    images = _open_matrix(image_embeddings, "image embeddings")
+    images = open_matrix(image_embeddings, "image embeddings")
     if len(keys) != images.shape[0]:
         raise ConstructError(f"{len(keys)} keys for {images.shape[0]} embedding rows")
     row_of: dict[str, int] = {}
@@ -329,12 +323,12 @@ def add_vlm_evidence(
             targets.append((image.id, row))
     if not targets:
         raise ConstructError("none of the embedding keys matches an image of the project")
-    rows = np.asarray([r for _, r in targets])
-    order = np.argsort(rows, kind="stable")  # memory-maps read fastest in file order
-    top, sims = vlm_topk(images[rows[order]], text_embeddings, k)
-    texts = _open_matrix(text_embeddings, "class-name embeddings")
+    texts = open_matrix(text_embeddings, "class-name embeddings")
     if texts.shape[0] != len(project.classes):
         raise ConstructError(f"{texts.shape[0]} class-name embeddings for {len(project.classes)} classes")
+    rows = np.asarray([r for _, r in targets])
+    order = np.argsort(rows, kind="stable")  # memory-maps read fastest in file order
+    top, sims = vlm_topk(images[rows[order]], texts, k)
     packs = vlm_evidence(top, sims, project.classes, model)
     project.store().set_evidence({targets[i][0]: {"vlm": packs[j]} for j, i in enumerate(order)})
     return len(targets)
@@ -378,14 +372,3 @@ def read_keys(path: str | Path) -> list[str]:
     if not path.is_file():
         raise ConstructError(f"keys file not found: {path}")
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def parse_sources(specs: Iterable[str]) -> list[tuple[str, str]]:
-    """`format:path` strings into (format, path) pairs."""
-    out = []
-    for spec in specs:
-        fmt, sep, path = spec.partition(":")
-        if not sep or not path:
-            raise ConstructError(f"candidate source {spec!r} must look like FORMAT:PATH")
-        out.append((fmt, path))
-    return out

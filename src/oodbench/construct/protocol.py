@@ -40,6 +40,7 @@ class Status(StrEnum):
 
 AMBIGUITY_REASONS: tuple[str, ...] = ("unresolvable", "corrupted", "no-object", "degraded")
 NO_CONSENSUS = "no-consensus"  # set by the protocol when a Stage 3 panel cannot agree
+MAX_LABEL_LENGTH = 200
 
 
 class EventKind(StrEnum):
@@ -86,6 +87,8 @@ class Judgement:
         if verdict is Verdict.OOD:
             if not self.label or not normalise_label(self.label):
                 raise ConstructError("an OOD verdict needs a proposed label (a word or phrase)")
+            if len(self.label) > MAX_LABEL_LENGTH:
+                raise ConstructError(f"an OOD label has at most {MAX_LABEL_LENGTH} characters")
             if self.class_index is not None or self.reason is not None:
                 raise ConstructError("an OOD verdict takes a label only, not a class or a reason")
         elif verdict is Verdict.ID:
@@ -213,28 +216,25 @@ class ImageRecord:
         self.closed_by: str | None = None
 
     @classmethod
-    def from_events(cls, events: Iterable[Event]) -> ImageRecord:
-        """Replay events in sequence order."""
+    def from_events(cls, events: Iterable[Event], matcher: LabelMatcher | None = None) -> ImageRecord:
+        """Replay events in sequence order, skipping any the protocol would have refused."""
         record = cls()
         for event in sorted(events, key=lambda e: e.seq):
-            record.add(event)
+            try:
+                record.apply(event, matcher)
+            except ConstructError:
+                continue
         return record
 
-    def add(self, event: Event) -> None:
-        """Apply one event; events the protocol would have refused leave the state unchanged."""
+    def apply(self, event: Event, matcher: LabelMatcher | None = None) -> None:
+        """Apply one event, or raise `ConstructError` if the protocol does not allow it now."""
+        self.check(event, matcher)
         if event.kind is EventKind.STAGE1:
-            if event.judgement is None:
-                return
-            if len(self.stage1) < STAGE1_ANNOTATORS and not self.stage3 and self.closed_by is None:
-                self.stage1[event.annotator] = event.judgement
+            self.stage1[event.annotator] = event.judgement  # type: ignore[assignment]
         elif event.kind is EventKind.STAGE3:
-            if event.judgement is None or self.closed_by is not None:
-                return
-            if event.annotator in self.stage3 or len(self.stage3) < PANEL_SIZE:
-                self.stage3[event.annotator] = event.judgement
-        elif event.kind is EventKind.CLOSE:
-            if len(self.stage3) >= PANEL_SIZE and self.closed_by is None:
-                self.closed_by = event.annotator
+            self.stage3[event.annotator] = event.judgement  # type: ignore[assignment]
+        else:
+            self.closed_by = event.annotator
 
     def outcome(self, matcher: LabelMatcher | None = None) -> Outcome:
         """The image's current status and, once final, its verdict."""
@@ -296,4 +296,4 @@ def replay(events: Iterable[Event], matches: Iterable[tuple[str, str]] = ()) -> 
     by_image: dict[int | str, list[Event]] = {}
     for event in events:
         by_image.setdefault(event.image, []).append(event)
-    return {image: ImageRecord.from_events(evs).outcome(matcher) for image, evs in by_image.items()}
+    return {image: ImageRecord.from_events(evs, matcher).outcome(matcher) for image, evs in by_image.items()}

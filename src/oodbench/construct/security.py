@@ -9,9 +9,16 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 from itsdangerous import BadSignature, URLSafeSerializer
 
-_HASHER = PasswordHasher()
-# Verified against when the user does not exist, so a wrong name costs as much as a wrong password.
-_DUMMY_HASH = _HASHER.hash(secrets.token_urlsafe(16))
+_HASHER = PasswordHasher()  # argon2-cffi's defaults (RFC 9106 low-memory profile)
+_DUMMY_HASHES: dict[int, str] = {}
+
+
+def _dummy_hash() -> str:
+    """A hash to verify against when the user does not exist, so a wrong name costs as much as a wrong password."""
+    key = id(_HASHER)
+    if key not in _DUMMY_HASHES:
+        _DUMMY_HASHES[key] = _HASHER.hash(secrets.token_urlsafe(16))
+    return _DUMMY_HASHES[key]
 
 
 def hash_password(password: str) -> str:
@@ -22,7 +29,7 @@ def hash_password(password: str) -> str:
 def verify_password(stored_hash: str | None, password: str) -> bool:
     """Whether the password matches the stored hash (None: never, after the same amount of work)."""
     try:
-        return _HASHER.verify(stored_hash or _DUMMY_HASH, password) and stored_hash is not None
+        return _HASHER.verify(stored_hash or _dummy_hash(), password) and stored_hash is not None
     except (VerifyMismatchError, VerificationError, InvalidHashError):
         return False
 

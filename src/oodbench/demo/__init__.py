@@ -39,17 +39,23 @@ class DemoSetup:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def demo_detector_params(fit_size: int) -> dict[str, dict[str, Any]]:
-    """Hyper-parameters scaled to the demo's small fit set (defaults target ImageNet-size fit sets)."""
+def demo_detector_params(fit_size: int, num_features: int) -> dict[str, dict[str, Any]]:
+    """Hyper-parameters scaled to the demo's small fit set (the defaults target ImageNet-size fit sets)."""
     from .. import detectors
 
-    # k-NN's K=1000 and NNGuide's 1% bank are ImageNet settings; with ~650 fit images they are not defined.
-    scaled: dict[str, dict[str, Any]] = {"knn": {"k": 10}, "nnguide": {"k": 10, "bank_fraction": 0.5}}
+    # k-NN's K = 1000 and NNGuide's 1% bank (K = 100) assume 1.28 M fit images, NECO's 100 principal
+    # directions assume D >= 768; with ~650 fit images of D = 64 they are not defined. K = 10 keeps
+    # k-NN's K/N ratio far below 5% (Sun et al. use K = 50 on CIFAR's 50k), the NNGuide bank is the
+    # whole fit set, and NECO keeps half of the feature dimensions.
+    scaled: dict[str, dict[str, Any]] = {
+        "knn": {"k": min(10, fit_size)},
+        "nnguide": {"k": min(10, fit_size), "alpha": 1.0},
+        "neco": {"dim": max(1, num_features // 2)},
+    }
     plan: dict[str, dict[str, Any]] = {}
     for name in detectors.available():
-        params = scaled.get(name, {})
         cls = detectors.get_class(name)
-        plan[name] = {k: v for k, v in params.items() if k in cls.param_names()}
+        plan[name] = {k: v for k, v in scaled.get(name, {}).items() if k in cls.param_names()}
     return plan
 
 

@@ -26,10 +26,11 @@ def run_demo(out: str | os.PathLike[str] = "oodbench-demo", seed: int = 0, *, pr
     """Run the whole demo under `out`: store, evaluation run directory, Markdown (and HTML) report."""
     out = Path(out)
     setup = prepare(out, seed, verbose=progress)
-    fit_size = setup.store.meta(setup.model_id, setup.fit_dataset)["num_rows"]
+    fit_meta = setup.store.meta(setup.model_id, setup.fit_dataset)
+    fit_size, num_features = fit_meta["num_rows"], fit_meta["arrays"]["features"]["shape"][1]
     run_dir = out / "run"
     evaluation = evaluate_store(setup.store, setup.model_id, setup.fit_dataset, setup.id_dataset,
-                                list(setup.ood_datasets), demo_detector_params(fit_size), out_dir=run_dir,
+                                list(setup.ood_datasets), demo_detector_params(fit_size, num_features), out_dir=run_dir,
                                 progress=progress)
     report_path = out / "report.md"
     atomic_write_text(report_path, _markdown_report(setup, evaluation))

@@ -104,16 +104,21 @@ class Detector:
         params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({params})"
 
+    def requirements(self) -> Requirements:
+        """What this instance needs: the class's `requires`, extended by detectors whose needs depend on parameters."""
+        return self.requires
+
     # ----------------------------------------------------------------- the protocol
     def fit(self, fit_set: Outputs, head: Head | None = None) -> "Detector":
         """Learn from the ID fit set (and the model's head where needed); returns self."""
         self.validate_params()
         if not isinstance(fit_set, Outputs):
             raise DetectorError(f"{self.name}: fit_set must be an Outputs, got {type(fit_set).__name__}")
-        self._check_arrays(fit_set, self.requires.fit, "fit set")
-        if len(fit_set) == 0 and self.requires.fit:
+        requires = self.requirements()
+        self._check_arrays(fit_set, requires.fit, "fit set")
+        if len(fit_set) == 0 and requires.fit:
             raise DetectorError(f"{self.name}: the fit set is empty")
-        if self.requires.head:
+        if requires.head:
             if head is None:
                 raise DetectorError(f"{self.name} needs the model's head (weight, bias) at fit; pass head=Head(W, b)")
             if head.num_features != fit_set.num_features:
@@ -138,11 +143,12 @@ class Detector:
             raise DetectorError(f"{self.name} is not fitted: call .fit(fit_set, head) first")
         if not isinstance(test, Outputs):
             raise DetectorError(f"{self.name}: test must be an Outputs, got {type(test).__name__}")
-        self._check_arrays(test, self.requires.score, "test set")
+        requires = self.requirements()
+        self._check_arrays(test, requires.score, "test set")
         info = self.fit_info_
-        if "features" in self.requires.score and test.num_features != info.num_features:
+        if "features" in requires.score and test.num_features != info.num_features:
             raise DetectorError(f"{self.name}: test features have D={test.num_features} but the detector was fit on D={info.num_features}")
-        if "logits" in self.requires.score and info.num_classes is not None and test.num_classes != info.num_classes:
+        if "logits" in requires.score and info.num_classes is not None and test.num_classes != info.num_classes:
             raise DetectorError(f"{self.name}: test logits have C={test.num_classes} classes but the detector was fit with C={info.num_classes}")
         scores = np.empty(len(test), dtype=np.float64)
         for rows in self._score_chunks(test):

@@ -1,0 +1,461 @@
+"""Benchmark the 21 post-hoc detectors on synthetic ImageNet-shaped arrays.
+
+Reports, per detector: fit time, score time, scoring throughput (rows/s), extra peak memory, and the speed ratio
+against pytorch-ood's implementation of the same detector on the same arrays (where pytorch-ood has one; install
+with `pip install 'oodbench[bench]'`). Measures the machine's GEMM GFLOP/s in the same run and reports the
+Mahalanobis scoring time against the BLAS time for the same FLOPs. A larger-than-RAM mode writes a memory-mapped
+fit set to disk chunk by chunk and fits on it.
+
+Examples:
+    .venv/bin/python benchmarks/detectors.py                                # 200k x 768 fit, C=1000, 50k ID + 50k OOD
+    .venv/bin/python benchmarks/detectors.py --fit 20000 --test 5000 --detectors maha,knn --no-reference
+    .venv/bin/python benchmarks/detectors.py --larger-than-ram --workdir /var/tmp   # 1.28M x 4096 float32 (21 GB)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from oodbench.detectors import available, create
+from oodbench.metrics import auroc
+from oodbench.outputs import Head, Outputs
+
+# ----------------------------------------------------------------------------- measurement helpers
+
+
+def _rss_anon_bytes() -> int:
+    """Anonymous resident memory of this process (excludes file-backed pages of memory maps)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@contextmanager
+def peak_memory() -> Iterator[dict[str, float]]:
+    """Sample anonymous RSS every 5 ms; yields a dict that holds the peak increase (bytes) on exit."""
+    result = {"peak_bytes": 0.0}
+    baseline = _rss_anon_bytes()
+    peak = [baseline]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_anon_bytes())
+            stop.wait(0.005)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield result
+    finally:
+        stop.set()
+        thread.join()
+        peak[0] = max(peak[0], _rss_anon_bytes())
+        result["peak_bytes"] = float(peak[0] - baseline)
+
+
+def gemm_gflops(dim: int, dtype: type, rows: int = 8192, repeats: int = 3) -> float:
+    """Best-of-`repeats` GFLOP/s of a (rows x dim) @ (dim x dim) matrix product in `dtype`."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((rows, dim)).astype(dtype)
+    b = rng.standard_normal((dim, dim)).astype(dtype)
+    a @ b  # warm-up: thread pool start
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * rows * dim * dim / best / 1e9
+
+
+# ----------------------------------------------------------------------------- synthetic data
+
+
+class Synthetic:
+    """ImageNet-shaped features: post-ReLU Gaussian classes, a linear head, and 'between-class' OOD rows."""
+
+    def __init__(self, dim: int, classes: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.dim, self.classes = dim, classes
+        self.centres = (rng.standard_normal((classes, dim)) * 0.6 + 0.4).astype(np.float32)
+        weight = 0.5 * self.centres + 0.1 * rng.standard_normal((classes, dim)).astype(np.float32)
+        self.head = Head(weight.astype(np.float32), (0.1 * rng.standard_normal(classes)).astype(np.float32))
+        self.seed = seed
+
+    def features(self, rows: int, rng: np.random.Generator, ood: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Float32 features (rows x D) and their class labels."""
+        labels = rng.integers(0, self.classes, rows)
+        centre = self.centres[labels]
+        if ood:  # halfway between two classes: uncertain and off the class manifolds
+            centre = (centre + self.centres[rng.integers(0, self.classes, rows)]) / 2
+        noise = rng.standard_normal((rows, self.dim), dtype=np.float32)
+        return np.maximum(centre + noise, 0.0, dtype=np.float32), labels
+
+    def outputs(self, rows: int, seed: int, ood: bool = False, chunk: int = 65536) -> Outputs:
+        """In-memory Outputs with logits = head(features) in float32."""
+        rng = np.random.default_rng(seed)
+        features = np.empty((rows, self.dim), np.float32)
+        logits = np.empty((rows, self.classes), np.float32)
+        labels = np.empty(rows, np.int64)
+        weight_t = self.head.weight.T.copy()
+        for start in range(0, rows, chunk):
+            stop = min(rows, start + chunk)
+            features[start:stop], labels[start:stop] = self.features(stop - start, rng, ood)
+            logits[start:stop] = features[start:stop] @ weight_t + self.head.bias
+        return Outputs(features, logits, labels, check_finite=False)
+
+
+def concat(a: Outputs, b: Outputs) -> Outputs:
+    return Outputs(np.concatenate([a.features, b.features]), np.concatenate([a.logits, b.logits]), check_finite=False)
+
+
+# ----------------------------------------------------------------------------- pytorch-ood counterparts
+
+
+def reference_adapters() -> dict[str, Callable[..., tuple[Callable[[], Any], Callable[[Any], np.ndarray]]]]:
+    """For each detector with a pytorch-ood counterpart: build(fit, head, fit_rows) -> (fit_fn, score_fn(test))."""
+    import torch
+    from pytorch_ood import detector as pod
+
+    def tensors(outputs: Outputs) -> tuple[Any, Any, Any]:
+        labels = None if outputs.labels is None else torch.from_numpy(np.asarray(outputs.labels))
+        return torch.from_numpy(np.asarray(outputs.features)), torch.from_numpy(np.asarray(outputs.logits)), labels
+
+    def linear(head: Head) -> Any:
+        layer = torch.nn.Linear(head.num_features, head.num_classes)
+        with torch.no_grad():
+            layer.weight.copy_(torch.from_numpy(head.weight))
+            layer.bias.copy_(torch.from_numpy(head.bias))
+        return layer.eval()
+
+    def batched(fn: Callable[[Any], Any], x: Any, rows: int) -> np.ndarray:
+        with torch.no_grad():
+            return torch.cat([fn(x[i : i + rows]) for i in range(0, x.shape[0], rows)]).numpy()
+
+    def logit_only(score: Callable[[Any], Any]):
+        def build(fit, head, fit_rows):
+            return (lambda: None), (lambda test: -batched(score, tensors(test)[1], 4096))
+        return build
+
+    def kl_matching(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        det = pod.KLMatching(None)
+        return (lambda: det.fit_logits(f, y)), (lambda test: -batched(det.predict_logits, tensors(test)[1], 4096))
+
+    def react(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        det = pod.ReAct(None, linear(head), percentile=0.9)
+        return (lambda: det.fit_feature_maps(z, y)), (lambda test: -batched(det.predict_feature_maps, tensors(test)[0], 4096))
+
+    def shaped(cls, percentile, **kwargs):
+        def build(fit, head, fit_rows):
+            layer = linear(head)
+            det = cls(None, lambda x: layer(x.flatten(1)), percentile=percentile, **kwargs)
+            # ASH prunes its input in place: hand it a copy, shaped as B x D x 1 x 1 feature maps.
+            score = lambda x: det.predict_feature_maps(x.clone().view(x.shape[0], -1, 1, 1))
+            return (lambda: None), (lambda test: -batched(score, tensors(test)[0], 4096))
+        return build
+
+    def dice(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        det = pod.DICE(None, torch.from_numpy(head.weight), torch.from_numpy(head.bias), p=0.9)
+        # Its scoring forms a B x C x D tensor; small batches keep that under ~200 MB.
+        return (lambda: det.fit_features(z, y)), (lambda test: -batched(det.predict_features, tensors(test)[0], 64))
+
+    def gaussian(cls, normalize):
+        def build(fit, head, fit_rows):
+            z, f, y = tensors(fit)
+            prep = (lambda x: torch.nn.functional.normalize(x, dim=1)) if normalize else (lambda x: x)
+            det = cls(None)
+            return (lambda: det.fit_features(prep(z), y)), (lambda test: -batched(lambda x: det.predict_features(prep(x)), tensors(test)[0], 1024))
+        return build
+
+    def knn(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        det = pod.KNN(None, k=1000)
+        return (lambda: det.fit_features(z, y)), (lambda test: -batched(det.predict_features, tensors(test)[0], 1024))
+
+    def mcm(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        holder = {}
+
+        def fit_fn():
+            sums = torch.zeros(head.num_classes, z.shape[1]).index_add_(0, y, z)
+            holder["det"] = pod.MCM(None, sums / torch.bincount(y, minlength=head.num_classes)[:, None].clamp(min=1))
+        return fit_fn, (lambda test: -batched(holder["det"].predict_features, tensors(test)[0], 4096))
+
+    def fdbd(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        det = pod.fDBD(None, linear(head))
+        return (lambda: det.fit_features(z)), (lambda test: -batched(det.predict_features, tensors(test)[0], 4096))
+
+    def nac(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        rows = torch.from_numpy(np.sort(np.random.default_rng(0).choice(z.shape[0], fit_rows, replace=False)))
+        class Features(torch.nn.Module):  # the hooked "layer": the features, as a tensor autograd can differentiate to
+            def forward(self, x):
+                return x.detach().requires_grad_(True)
+
+        model = torch.nn.Sequential(Features(), linear(head))
+        det = pod.NACUE(model, layers=[model[0]], m_bins=50, alpha=3000.0, o_star=10)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(z[rows], y[rows]), batch_size=256)
+        return (lambda: det.fit(loader)), (lambda test: -np.concatenate(
+            [det.predict(x).numpy() for x in torch.from_numpy(np.asarray(test.features)).split(1024)]))
+
+    def vim(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        from oodbench.detectors.hybrid import vim_default_dim
+
+        det = pod.ViM(None, vim_default_dim(head.num_features), torch.from_numpy(head.weight), torch.from_numpy(head.bias))
+        return (lambda: det.fit_features(z, y)), (lambda test: -batched(det.predict_features, tensors(test)[0], 4096))
+
+    def nnguide(fit, head, fit_rows):
+        z, f, y = tensors(fit)
+        bank = torch.from_numpy(np.sort(np.random.default_rng(0).choice(z.shape[0], int(0.01 * z.shape[0]), replace=False)))
+        det = pod.NNGuide(None, linear(head), k=100)
+        return (lambda: det.fit_features(z[bank], y[bank])), (lambda test: -batched(det.predict_features, tensors(test)[0], 4096))
+
+    return {
+        "msp": logit_only(pod.MaxSoftmax.score), "maxlogit": logit_only(pod.MaxLogit.score),
+        "energy": logit_only(pod.EnergyBased.score), "gen": logit_only(lambda f: pod.GEN.score(f, gamma=0.1, M=100)),
+        "kl_matching": kl_matching, "react": react, "ash_s": shaped(pod.ASH, 0.9, variant="ash-s"),
+        "scale": shaped(pod.SCALE, 0.85), "dice": dice, "maha": gaussian(pod.Mahalanobis, False),
+        "rmaha": gaussian(pod.RMD, False), "maha++": gaussian(pod.Mahalanobis, True), "rmaha++": gaussian(pod.RMD, True),
+        "knn": knn, "mcm": mcm, "fdbd": fdbd, "nac": nac, "vim": vim, "nnguide": nnguide,
+    }
+
+
+# ----------------------------------------------------------------------------- the runs
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def bench_ours(name: str, fit: Outputs, head: Head, test: Outputs, n_id: int) -> dict[str, Any]:
+    """Fit and score one of our detectors; time, throughput, extra peak memory, AUROC."""
+    with peak_memory() as memory:
+        detector, fit_s = timed(lambda: create(name).fit(fit, head))
+        scores, score_s = timed(lambda: detector.score(test))
+    return {"fit_s": fit_s, "score_s": score_s, "rows": len(test), "rows_per_s": len(test) / score_s,
+            "peak_mb": memory["peak_bytes"] / 2**20, "auroc": auroc(scores[:n_id], scores[n_id:]), "detector": detector}
+
+
+def bench_reference(build, fit: Outputs, head: Head, test: Outputs, fit_rows: int) -> dict[str, Any]:
+    """Fit and score pytorch-ood's counterpart on the same arrays."""
+    fit_fn, score_fn = build(fit, head, fit_rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, fit_s = timed(fit_fn)
+        scores, score_s = timed(lambda: score_fn(test))
+    return {"fit_s": fit_s, "score_s": score_s, "rows": len(test), "rows_per_s": len(test) / score_s, "scores": scores}
+
+
+def blas_comparison(detector: Any, test: Outputs, dim: int) -> dict[str, float]:
+    """Mahalanobis scoring time against a float64 GEMM of the same FLOPs, timed back to back (same machine load)."""
+    rank = detector.gaussians_.whitener.shape[1]
+    rows = len(test)
+    flops = 2.0 * rows * dim * rank + 2.0 * rows * rank * detector.means_.shape[0]
+    if detector.relative:
+        flops += 2.0 * rows * dim * detector.background_.whitener.shape[1]
+    # One GEMM (rows x dim) @ (dim x k) with k chosen so that it performs the same number of FLOPs.
+    inner = max(1, int(round(flops / (2.0 * rows * dim))))
+    a = np.asarray(test.features, dtype=np.float64)
+    b = np.random.default_rng(0).standard_normal((dim, inner))
+
+    def gemm() -> None:
+        for start in range(0, rows, 8192):  # in row blocks, as the detector scores, so memory stays bounded
+            a[start : start + 8192] @ b
+
+    ratios = []
+    for _ in range(2):  # alternate, so drifting load affects both sides alike
+        _, gemm_s = timed(gemm)
+        _, score_s = timed(lambda: detector.score(test))
+        ratios.append(score_s / gemm_s)
+    return {"blas_ratio": float(np.median(ratios)), "maha_flops": flops, "gemm_gflops_same_run": flops / gemm_s / 1e9}
+
+
+def subset(outputs: Outputs, rows: int, n_id: int) -> tuple[Outputs, int]:
+    """The first rows/2 ID rows and the first rows/2 OOD rows of a test set (ID rows first)."""
+    half = min(rows // 2, n_id, len(outputs) - n_id)
+    index = np.r_[0:half, n_id : n_id + half]
+    return outputs.subset(index), half
+
+
+def main_default(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    names = available() if args.detectors == "all" else args.detectors.split(",")
+    data = Synthetic(args.dim, args.classes, args.seed)
+    print(f"generating: fit {args.fit} x {args.dim}, C={args.classes}, test {args.test} ID + {args.test} OOD", flush=True)
+    fit = data.outputs(args.fit, args.seed + 1)
+    test = concat(data.outputs(args.test, args.seed + 2), data.outputs(args.test, args.seed + 3, ood=True))
+    machine = {"gflops_f64": gemm_gflops(args.dim, np.float64), "gflops_f32": gemm_gflops(args.dim, np.float32)}
+    print(f"GEMM: {machine['gflops_f64']:.1f} GFLOP/s float64, {machine['gflops_f32']:.1f} GFLOP/s float32", flush=True)
+    references = {} if args.no_reference else reference_adapters()
+    results: dict[str, Any] = {}
+    for name in names:
+        # k-NN search costs N_fit x D per query: its throughput is measured on a subset of the test rows.
+        scored, n_id = subset(test, args.knn_rows, args.test) if name == "knn" else (test, args.test)
+        ours = bench_ours(name, fit, data.head, scored, n_id)
+        detector = ours.pop("detector")
+        row = {"ours": ours}
+        mahalanobis = name in ("maha", "rmaha", "maha++", "rmaha++")
+        if mahalanobis:
+            row.update(blas_comparison(detector, subset(test, args.blas_rows, args.test)[0], args.dim))
+        if name in references:
+            # pytorch-ood's Mahalanobis family loops over the C classes, each a (rows x D) @ (D x D) product.
+            ref_test, ref_id = subset(scored, args.ref_rows_maha if mahalanobis else args.ref_rows, n_id)
+            reference = bench_reference(references[name], fit, data.head, ref_test, fit_rows=1000)
+            ref_scores = reference.pop("scores")
+            # Our detector, already fitted, on exactly the rows pytorch-ood scored.
+            same_scores, same_s = timed(lambda: detector.score(ref_test))
+            row["reference"] = reference
+            row["same_rows"] = {"rows": len(ref_test), "score_s": same_s, "auroc": auroc(same_scores[:ref_id], same_scores[ref_id:]),
+                                "reference_auroc": auroc(ref_scores[:ref_id], ref_scores[ref_id:])}
+            row["speedup_score"] = reference["score_s"] / same_s
+            if reference["fit_s"] > 0.01 and ours["fit_s"] > 0.01:  # detectors without a fit have nothing to compare
+                row["speedup_fit"] = reference["fit_s"] / ours["fit_s"]
+        results[name] = row
+        print(format_row(name, row), flush=True)
+    return {"machine": machine, "results": results}
+
+
+def format_row(name: str, row: dict[str, Any]) -> str:
+    ours = row["ours"]
+    text = (f"{name:10s} fit {ours['fit_s']:7.2f}s  score {ours['score_s']:7.2f}s ({ours['rows']} rows, "
+            f"{ours['rows_per_s']:9.0f} rows/s)  peak +{ours['peak_mb']:6.0f} MB  auroc {ours['auroc']:.3f}")
+    if "blas_ratio" in row:
+        text += f"  {row['blas_ratio']:.2f}x BLAS time"
+    if "reference" in row:
+        same = row["same_rows"]
+        text += (f"  | vs pytorch-ood on {same['rows']} rows: score x{row['speedup_score']:.1f}"
+                 + (f", fit x{row['speedup_fit']:.1f}" if "speedup_fit" in row else "")
+                 + f" (auroc {same['auroc']:.3f} vs {same['reference_auroc']:.3f})")
+    return text
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The default run's figures as a Markdown table."""
+    lines = ["| detector | fit (s) | score (s) | rows/s | peak extra MB | vs BLAS | pytorch-ood score speed-up | pytorch-ood fit speed-up |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, row in report["results"].items():
+        ours = row["ours"]
+        blas = f"{row['blas_ratio']:.2f}x" if "blas_ratio" in row else ""
+        score = f"{row['speedup_score']:.1f}x" if "speedup_score" in row else "n/a"
+        fit = f"{row['speedup_fit']:.1f}x" if "speedup_fit" in row else "n/a"
+        lines.append(f"| {name} | {ours['fit_s']:.2f} | {ours['score_s']:.2f} | {ours['rows_per_s']:,.0f} | "
+                     f"{ours['peak_mb']:.0f} | {blas} | {score} | {fit} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- larger than RAM
+
+
+def main_larger_than_ram(args: argparse.Namespace) -> dict[str, Any]:
+    """Write a memory-mapped fit set bigger than the free RAM chunk by chunk, fit on it, delete it."""
+    rows, dim = args.ram_rows, args.ram_dim
+    size = rows * dim * 4
+    workdir = Path(args.workdir) / "oodbench-larger-than-ram"
+    free = shutil.disk_usage(Path(args.workdir)).free
+    if free < size * 1.05:
+        raise SystemExit(f"need {size / 2**30:.1f} GiB free under {args.workdir}; only {free / 2**30:.1f} GiB")
+    with open("/proc/meminfo") as meminfo:
+        ram = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo}
+    print(f"writing {rows} x {dim} float32 = {size / 2**30:.1f} GiB to {workdir} (RAM {ram['MemTotal'] / 2**30:.1f} GiB, "
+          f"available {ram['MemAvailable'] / 2**30:.1f} GiB)", flush=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = Synthetic(dim, args.classes, args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    report: dict[str, Any] = {"rows": rows, "dim": dim, "bytes": size, "ram_total": ram["MemTotal"],
+                              "ram_available": ram["MemAvailable"]}
+    try:
+        features = np.lib.format.open_memmap(workdir / "features.npy", mode="w+", dtype=np.float32, shape=(rows, dim))
+        labels = np.lib.format.open_memmap(workdir / "labels.npy", mode="w+", dtype=np.int64, shape=(rows,))
+        start_write = time.perf_counter()
+        for start in range(0, rows, 16384):
+            stop = min(rows, start + 16384)
+            features[start:stop], labels[start:stop] = data.features(stop - start, rng)
+            if start % (16384 * 16) == 0:
+                features.flush()
+        features.flush()
+        labels.flush()
+        del features, labels
+        report["write_s"] = time.perf_counter() - start_write
+        fit = Outputs(np.load(workdir / "features.npy", mmap_mode="r"), labels=np.load(workdir / "labels.npy", mmap_mode="r"),
+                      check_finite=False)
+        test = data.outputs(args.ram_test, args.seed + 2)
+        for name in args.ram_detectors.split(","):
+            with peak_memory() as memory:
+                detector, fit_s = timed(lambda: create(name).fit(fit, data.head))
+                _, score_s = timed(lambda: detector.score(test))
+            report[name] = {"fit_s": fit_s, "fit_rows_per_s": rows / fit_s, "fit_gb_per_s": size / fit_s / 1e9,
+                            "score_s": score_s, "peak_mb": memory["peak_bytes"] / 2**20}
+            print(f"{name}: fit {fit_s:.0f}s ({rows / fit_s:,.0f} rows/s, {size / fit_s / 1e9:.2f} GB/s), "
+                  f"peak extra anonymous memory {memory['peak_bytes'] / 2**20:.0f} MB", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fit", type=int, default=200_000, help="fit-set rows (default 200000)")
+    parser.add_argument("--dim", type=int, default=768, help="feature dimension D (default 768)")
+    parser.add_argument("--classes", type=int, default=1000, help="classes C (default 1000)")
+    parser.add_argument("--test", type=int, default=50_000, help="ID test rows, and as many OOD rows (default 50000)")
+    parser.add_argument("--detectors", default="all", help="comma-separated registry names, or 'all'")
+    parser.add_argument("--knn-rows", type=int, default=5000, help="test rows for knn's search (default 5000)")
+    parser.add_argument("--ref-rows", type=int, default=1000, help="test rows for the pytorch-ood comparison (default 1000)")
+    parser.add_argument("--ref-rows-maha", type=int, default=200,
+                        help="test rows for pytorch-ood's Mahalanobis family, which loops over classes (default 200)")
+    parser.add_argument("--blas-rows", type=int, default=20_000, help="test rows timed against BLAS (default 20000)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the pytorch-ood comparison")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the figures as JSON (and Markdown next to it)")
+    parser.add_argument("--larger-than-ram", action="store_true", help="fit on a memory-mapped set written to disk")
+    parser.add_argument("--ram-rows", type=int, default=1_281_167, help="rows of the larger-than-RAM fit set")
+    parser.add_argument("--ram-dim", type=int, default=4096, help="feature dimension of the larger-than-RAM fit set")
+    parser.add_argument("--ram-test", type=int, default=10_000, help="rows scored after the larger-than-RAM fit")
+    parser.add_argument("--ram-detectors", default="maha", help="detectors fit in larger-than-RAM mode (default maha)")
+    parser.add_argument("--workdir", default="/var/tmp", help="where the larger-than-RAM file is written (and deleted)")
+    parser.add_argument("--keep", action="store_true", help="keep the larger-than-RAM file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "cpu_count": os.cpu_count(),
+                              "platform": platform.platform(), "numpy": np.__version__}
+    if args.larger_than_ram:
+        report["larger_than_ram"] = main_larger_than_ram(args)
+    else:
+        report.update(main_default(args))
+        print()
+        print(markdown(report))
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2, default=float))
+        if "results" in report:
+            args.out.with_suffix(".md").write_text(markdown(report) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

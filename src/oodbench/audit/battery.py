@@ -1,0 +1,296 @@
+"""Controlled battery: splits with a known answer (leaked or clean) built from a labelled dataset with cached features,
+audited one by one, summarised as the sensitivity and specificity of the firing rule and of the adjudication.
+
+Families of splits (each class gives one leaked and one clean split):
+
+- ``trained-class``: a class of the fit set (and head) is designated OOD; ID test = the other classes' test rows.
+  Leaked: its training rows stay in the fit set and the original head is used. Clean: its rows are removed from
+  the fit set and a head is retrained without it on cached features (the backbone still saw it; see README).
+- ``fit-only-class``: a class outside the model's label space (``extra_train``/``extra_test``) is designated OOD.
+  Leaked: its training rows are added to the fit set (the head is unchanged). Clean: the fit set is left as is.
+- ``far``: whole OOD sets (e.g. faces, noise) against the untouched fit set; clean only.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import AuditError
+from ..outputs import Head, Outputs
+from ..progress import progress_bar
+from ..store import Store
+from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, VERDICTS
+from .config import AuditConfig
+from .fingerprint import PoolState, prepare_pool, rescore_pool
+from ._rows import select_rows
+from .leave_class_out import balanced_rows, train_probe
+from .split import SplitAudit, audit_split
+
+__all__ = ["BatterySplit", "SplitData", "make_battery", "BatteryResult", "run_battery", "battery_from_store", "LEAKED", "CLEAN_KIND"]
+
+LEAKED, CLEAN_KIND = "leaked", "clean"
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """The arrays of one materialised battery split."""
+
+    fit: Outputs
+    head: Head | None
+    id_test: Outputs
+    ood: Outputs
+
+
+@dataclass
+class BatterySplit:
+    """A split whose answer is known by construction; its arrays are built on demand (one split in memory at a
+    time), and splits with the same `pool_key` share their fit set and head (the pool is fitted once)."""
+
+    name: str
+    kind: str
+    family: str
+    ood_class: int | None
+    build: Callable[[Path | None], SplitData] = field(repr=False)
+    pool_key: tuple[Any, ...] | None = None
+
+    def materialize(self, scratch: Path | None = None) -> SplitData:
+        """Build the split's arrays (large selections go to memory maps under `scratch`)."""
+        return self.build(scratch)
+
+
+def _merge(a: Outputs, b: Outputs) -> Outputs:
+    """Rows of `a` then `b` (features, labels; logits when both have them with the same width)."""
+    logits = None
+    if a.logits is not None and b.logits is not None and a.num_classes == b.num_classes:
+        logits = np.concatenate([np.asarray(a.logits), np.asarray(b.logits)])
+    labels = None if a.labels is None or b.labels is None else np.concatenate([a.labels, b.labels])
+    return Outputs(np.concatenate([np.asarray(a.features), np.asarray(b.features)]), logits, labels, check_finite=False)
+
+
+def _without_logits(outputs: Outputs) -> Outputs:
+    """The same rows without stored logits, so that logit detectors read the split's own (retrained) head."""
+    return Outputs(outputs.features, None, outputs.labels, check_finite=False)
+
+
+def _probe_without(train: Outputs, c: int, config: AuditConfig) -> Head:
+    """A head trained on cached train features without class `c` (only the sampled rows are read)."""
+    kept = np.flatnonzero(train.labels != c)
+    rng = np.random.default_rng(config.seed)
+    picked = kept[balanced_rows(train.labels[kept], config.probe_max_per_class, rng)]
+    return train_probe(np.asarray(train.features[picked]), train.labels[picked], c=config.probe_c, max_per_class=None,
+                       seed=config.seed)
+
+
+def make_battery(train: Outputs, test: Outputs, head: Head | None = None, *, classes: Sequence[int] | None = None,
+                 extra_train: Outputs | None = None, extra_test: Outputs | None = None,
+                 far: Mapping[str, Outputs] | None = None, config: AuditConfig | None = None) -> list[BatterySplit]:
+    """Leaked and clean splits from labelled train/test outputs (see module docstring); arrays are built lazily."""
+    config = config or AuditConfig()
+    if train.labels is None or test.labels is None:
+        raise AuditError("the battery needs labelled train and test outputs")
+    train_classes = np.unique(train.labels)
+    chosen = train_classes if classes is None else np.asarray(sorted(set(int(c) for c in classes)))
+    missing = np.setdiff1d(chosen, train_classes)
+    if missing.size:
+        raise AuditError(f"classes {missing.tolist()} are not in the training labels {train_classes.tolist()}")
+    if train_classes.shape[0] < 3 and chosen.size:
+        raise AuditError("trained-class splits need at least 3 training classes (2 must remain for a clean head)")
+    test_counts = dict(zip(*np.unique(test.labels, return_counts=True)))
+    empty = [int(c) for c in chosen if test_counts.get(c, 0) == 0]
+    if empty:
+        raise AuditError(f"classes {empty} have no test rows to designate as OOD")
+    if (extra_train is None) != (extra_test is None):
+        raise AuditError("give both extra_train and extra_test (the train and test rows of classes outside the model's labels)")
+    extra_classes = np.array([], dtype=np.int64)
+    if extra_train is not None and extra_test is not None:
+        if extra_train.labels is None or extra_test.labels is None:
+            raise AuditError("extra_train and extra_test need labels to add and designate one class at a time")
+        overlap = np.intersect1d(np.unique(extra_train.labels), train_classes)
+        if overlap.size:
+            raise AuditError(f"extra_train shares classes {overlap.tolist()} with train; extra classes must be new")
+        extra_classes = np.unique(extra_train.labels)
+        absent = np.setdiff1d(extra_classes, np.unique(extra_test.labels))
+        if absent.size:
+            raise AuditError(f"extra classes {absent.tolist()} have no test rows")
+
+    def trained_split(c: int, leaked: bool) -> Callable[[Path | None], SplitData]:
+        def build(scratch: Path | None) -> SplitData:
+            id_test = select_rows(test, test.labels != c, scratch=scratch)
+            ood = select_rows(test, test.labels == c, scratch=scratch)
+            if leaked:
+                return SplitData(train, head, id_test, ood)
+            fit = select_rows(train, train.labels != c, scratch=scratch, logits=False)
+            return SplitData(fit, _probe_without(train, c, config), _without_logits(id_test), _without_logits(ood))
+        return build
+
+    def extra_split(e: int, leaked: bool) -> Callable[[Path | None], SplitData]:
+        def build(scratch: Path | None) -> SplitData:
+            ood = select_rows(extra_test, extra_test.labels == e, scratch=scratch)
+            fit = _merge(train, select_rows(extra_train, extra_train.labels == e)) if leaked else train
+            return SplitData(fit, head, test, ood)
+        return build
+
+    def far_split(outputs: Outputs) -> Callable[[Path | None], SplitData]:
+        return lambda scratch: SplitData(train, head, test, outputs)
+
+    untouched = ("train", "head")  # splits that read the train set and the model's head as they are
+    splits: list[BatterySplit] = []
+    for c in map(int, chosen):
+        splits.append(BatterySplit(f"leaked/trained-class-{c}", LEAKED, "trained-class", c, trained_split(c, True),
+                                   pool_key=untouched))
+        splits.append(BatterySplit(f"clean/trained-class-{c}", CLEAN_KIND, "trained-class", c, trained_split(c, False)))
+    for e in map(int, extra_classes):
+        splits.append(BatterySplit(f"leaked/fit-only-class-{e}", LEAKED, "fit-only-class", e, extra_split(e, True)))
+        splits.append(BatterySplit(f"clean/fit-only-class-{e}", CLEAN_KIND, "fit-only-class", e, extra_split(e, False),
+                                   pool_key=untouched))
+    for name, outputs in (far or {}).items():
+        splits.append(BatterySplit(f"clean/far-{name}", CLEAN_KIND, "far", None, far_split(outputs), pool_key=untouched))
+    if not splits:
+        raise AuditError("the battery is empty: give classes, extra sets or far OOD sets")
+    return splits
+
+
+@dataclass
+class BatteryResult:
+    """Audits of every battery split and the rule's and adjudication's sensitivity/specificity."""
+
+    audits: list[SplitAudit]
+    config: AuditConfig
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def _of(self, kind: str) -> list[SplitAudit]:
+        return [a for a in self.audits if a.meta.get("kind") == kind]
+
+    @staticmethod
+    def _rate(hits: int, total: int) -> float:
+        return hits / total if total else float("nan")
+
+    @property
+    def rule_sensitivity(self) -> float:
+        """Share of leaked splits on which the firing rule fires."""
+        leaked = self._of(LEAKED)
+        return self._rate(sum(a.fingerprint.fires for a in leaked), len(leaked))
+
+    @property
+    def rule_specificity(self) -> float:
+        """Share of clean splits on which the firing rule stays silent."""
+        clean = self._of(CLEAN_KIND)
+        return self._rate(sum(not a.fingerprint.fires for a in clean), len(clean))
+
+    @property
+    def sensitivity(self) -> float:
+        """Share of leaked splits adjudicated 'leak' (inconclusive counts as a miss)."""
+        leaked = self._of(LEAKED)
+        return self._rate(sum(a.verdict.label == LEAK for a in leaked), len(leaked))
+
+    @property
+    def specificity(self) -> float:
+        """Share of clean splits not adjudicated 'leak' (clean, hard-clean or inconclusive)."""
+        clean = self._of(CLEAN_KIND)
+        return self._rate(sum(a.verdict.label != LEAK for a in clean), len(clean))
+
+    def misses(self) -> list[tuple[SplitAudit, str]]:
+        """Splits where the rule or the adjudication disagreed with the truth, with a one-line reason."""
+        out = []
+        for audit in self.audits:
+            fp = audit.fingerprint
+            if audit.meta.get("kind") == LEAKED and not fp.fires:
+                why = []
+                if fp.oracle.auroc < fp.oracle_threshold:
+                    why.append(f"OracleLDA {fp.oracle.auroc:.3f} < {fp.oracle_threshold:.2f} (pair not linearly separable in this embedding)")
+                if fp.best_auroc >= fp.collapse_threshold:
+                    why.append(f"pool still detects it ({fp.best_detector} {fp.best_auroc:.3f} >= {fp.collapse_threshold:.2f})")
+                out.append((audit, "rule silent on a leak: " + "; ".join(why)))
+            elif audit.meta.get("kind") == LEAKED and audit.verdict.label != LEAK:
+                out.append((audit, f"rule fired but adjudicated {audit.verdict.label}: {audit.verdict.reasons[-1]}"))
+            elif audit.meta.get("kind") == CLEAN_KIND and fp.fires:
+                out.append((audit, f"rule fired on a clean split, adjudicated {audit.verdict.label}: {audit.verdict.reasons[-1]}"))
+        return out
+
+    def scope_statement(self) -> str:
+        """Where the single-threshold rule held on this battery and where it did not, in plain words."""
+        leaked, clean = self._of(LEAKED), self._of(CLEAN_KIND)
+        fired = sum(a.fingerprint.fires for a in leaked)
+        silent = sum(not a.fingerprint.fires for a in clean)
+        lines = [
+            f"On this battery ({len(leaked)} leaked / {len(clean)} clean splits) the single-threshold rule "
+            f"(OracleLDA >= {self.config.oracle_threshold:.2f} and best unsupervised AUROC < {self.config.collapse_threshold:.2f}) "
+            f"fired on {fired}/{len(leaked)} leaked splits and stayed silent on {silent}/{len(clean)} clean splits; "
+            f"with the exclusion contrast, {sum(a.verdict.label == LEAK for a in leaked)}/{len(leaked)} leaks were confirmed "
+            f"and {sum(a.verdict.label == LEAK for a in clean)}/{len(clean)} clean splits were wrongly called leaks."
+        ]
+        families = sorted({a.meta.get("family", "") for a in self.audits})
+        for family in families:
+            members = [a for a in self.audits if a.meta.get("family") == family]
+            right = sum((a.meta["kind"] == LEAKED) == a.fingerprint.fires for a in members)
+            lines.append(f"- {family}: the rule was right on {right}/{len(members)} splits.")
+        misses = self.misses()
+        if misses:
+            lines.append("Where it did not hold:")
+            lines += [f"- {audit.name}: {reason}" for audit, reason in misses]
+        else:
+            lines.append("It held on every split of this battery; this says nothing about embeddings or pairs unlike these.")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data view (JSON-ready)."""
+        rate = lambda value: None if value != value else value  # noqa: E731 (NaN, no splits of a kind -> null)
+        return {
+            "config": self.config.to_dict(),
+            "rule_sensitivity": rate(self.rule_sensitivity), "rule_specificity": rate(self.rule_specificity),
+            "sensitivity": rate(self.sensitivity), "specificity": rate(self.specificity),
+            "counts": self.counts, "scope": self.scope_statement(),
+            "splits": [a.to_dict() for a in self.audits],
+        }
+
+
+def run_battery(splits: Sequence[BatterySplit], config: AuditConfig | None = None, *, contrast: str = "always",
+                progress: bool = False) -> BatteryResult:
+    """Audit every battery split, one materialised at a time (splits with a `pool_key` share one fitted pool)."""
+    config = config or AuditConfig()
+    shared: dict[tuple[Any, ...], PoolState] = {}
+    audits = []
+    with progress_bar(progress) as bar, tempfile.TemporaryDirectory(prefix="oodbench-battery-") as scratch:
+        task = bar.add_task("battery splits", total=len(splits))
+        for split in splits:
+            data = split.materialize(Path(scratch))
+            cached = shared.get(split.pool_key) if split.pool_key is not None else None
+            if cached is None:
+                state = prepare_pool(data.fit, data.id_test, data.head, config)
+                if split.pool_key is not None:
+                    shared[split.pool_key] = state
+            else:
+                state = rescore_pool(cached, data.id_test)
+            # Suspects are found automatically, as an auditor who does not know the answer would.
+            audits.append(audit_split(data.fit, data.id_test, data.ood, data.head, name=split.name, config=config,
+                                      state=state, contrast=contrast,
+                                      meta={"kind": split.kind, "family": split.family, "ood_class": split.ood_class}))
+            del data
+            bar.advance(task)
+    counts = {kind: {v: sum(a.verdict.label == v for a in audits if a.meta["kind"] == kind) for v in VERDICTS}
+              for kind in (LEAKED, CLEAN_KIND)}
+    return BatteryResult(audits, config, counts)
+
+
+def battery_from_store(store: Store | str | os.PathLike[str], model_id: str, train_dataset: str, test_dataset: str, *,
+                       extra_train: str | None = None, extra_test: str | None = None, far: Sequence[str] = (),
+                       classes: Sequence[int] | None = None, config: AuditConfig | None = None) -> list[BatterySplit]:
+    """Battery splits from stored entries of one model (provenance checked); the stored head is used when present."""
+    store = store if isinstance(store, Store) else Store(store)
+    names = [train_dataset, test_dataset, *(d for d in (extra_train, extra_test) if d), *far]
+    store.check_compatible(*[(model_id, n) for n in names])
+    read = lambda name: store.read(model_id, name)  # noqa: E731
+    head = store.read_head(model_id) if store.has_head(model_id) else None
+    return make_battery(read(train_dataset), read(test_dataset), head, classes=classes,
+                        extra_train=read(extra_train) if extra_train else None,
+                        extra_test=read(extra_test) if extra_test else None,
+                        far={name: read(name) for name in far}, config=config)
+
+
+# Verdict names re-exported for report code that groups battery rows.
+__all__ += ["CLEAN", "HARD_CLEAN", "INCONCLUSIVE", "LEAK"]

@@ -1,0 +1,390 @@
+"""The annotation web app: server-rendered pages over the annotation store.
+
+Pages: login, home, Stage 1 queue (blind), Stage 3 joint review, admin (progress, outcome
+statistics, explicit label matches). Every state-changing request is a POST carrying the
+session's CSRF token; images are served only from the project's configured roots.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote, urlsplit
+
+from fastapi import Depends, FastAPI, Form, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from ..errors import ConstructError
+from .db import User
+from .evidence import SOURCE_TITLES, SOURCES
+from .project import Project
+from .protocol import AMBIGUITY_REASONS, Judgement, Status, Verdict
+from .security import LoginCsrf, tokens_equal
+from .stats import outcome_stats
+
+HERE = Path(__file__).parent
+SESSION_COOKIE = "oodb_session"
+LOGIN_COOKIE = "oodb_login"
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; img-src 'self' data:; script-src 'self'; style-src 'self'; "
+        b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    ),
+]
+
+
+class _Redirect(Exception):
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+class _Denied(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+
+
+class SecurityHeaders:
+    """ASGI middleware adding security headers to every response (cheaper than BaseHTTPMiddleware)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + SECURITY_HEADERS
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class LoginThrottle:
+    """Refuses logins for a name after too many recent failures (in memory, per process)."""
+
+    def __init__(self, max_failures: int = 8, window_s: float = 300.0) -> None:
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self._failures: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def blocked(self, name: str) -> bool:
+        """Whether the name has used up its failures in the window."""
+        now = time.monotonic()
+        with self._lock:
+            recent = [t for t in self._failures.get(name, []) if now - t < self.window_s]
+            self._failures[name] = recent
+            return len(recent) >= self.max_failures
+
+    def failed(self, name: str) -> None:
+        """Count one failure."""
+        with self._lock:
+            self._failures.setdefault(name, []).append(time.monotonic())
+
+
+FormText = Annotated[str, Form()]
+
+
+async def verdict_fields(
+    csrf_token: FormText = "",
+    verdict: FormText = "",
+    label: FormText = "",
+    class_: Annotated[str, Form(alias="class")] = "",
+    reason: FormText = "",
+    fine_grained: FormText = "",
+    note: FormText = "",
+) -> dict[str, str]:
+    """The fields of the verdict form (a FastAPI dependency)."""
+    return {"csrf_token": csrf_token, "verdict": verdict, "label": label, "class": class_, "reason": reason,
+            "fine_grained": fine_grained, "note": note}
+
+
+VerdictForm = Annotated[dict, Depends(verdict_fields)]
+
+
+def parse_class(text: str, names: tuple[str, ...]) -> int:
+    """Class index from a form value: an index, "index: name", or a unique name."""
+    text = (text or "").strip()
+    match = re.match(r"^(\d+)\b", text)
+    if match:
+        index = int(match.group(1))
+        if index >= len(names):
+            raise ConstructError(f"class {index} is outside 0..{len(names) - 1}")
+        return index
+    hits = [i for i, n in enumerate(names) if n.casefold() == text.casefold()]
+    if len(hits) == 1:
+        return hits[0]
+    if not text:
+        raise ConstructError("an ID verdict needs a class: type its index or name")
+    if hits:
+        raise ConstructError(f"{text!r} names several classes ({', '.join(map(str, hits))}); give the index")
+    raise ConstructError(f"unknown class {text!r}; type its index or exact name")
+
+
+def judgement_from_form(form: Any, names: tuple[str, ...]) -> Judgement:
+    """A judgement from the verdict form's fields."""
+    verdict = str(form.get("verdict") or "")
+    fine = form.get("fine_grained") in ("on", "1", "true")
+    if verdict == Verdict.OOD:
+        return Judgement(Verdict.OOD, label=str(form.get("label") or ""), fine_grained=fine)
+    if verdict == Verdict.ID:
+        return Judgement(Verdict.ID, class_index=parse_class(str(form.get("class") or ""), names), fine_grained=fine)
+    if verdict == Verdict.AMBIGUOUS:
+        return Judgement(Verdict.AMBIGUOUS, reason=str(form.get("reason") or "") or None, fine_grained=fine)
+    raise ConstructError("choose a verdict: OOD, ID or ambiguous")
+
+
+def create_app(project: Project) -> FastAPI:
+    """The FastAPI application serving one project."""
+    store = project.store()
+    names = project.classes.names
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.globals.update(
+        title=project.config.title, SOURCES=SOURCES, SOURCE_TITLES=SOURCE_TITLES,
+        REASONS=AMBIGUITY_REASONS, class_name=lambda i: project.classes.name(i),
+    )
+    login_csrf = LoginCsrf(project.secret)
+    throttle = LoginThrottle()
+    secure = project.config.cookie_secure
+    app = FastAPI(title=project.config.title, docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    app.add_middleware(SecurityHeaders)
+
+    @app.exception_handler(_Redirect)
+    async def _redirect(_request: Request, exc: _Redirect) -> Response:
+        return RedirectResponse(exc.url, status_code=303)
+
+    @app.exception_handler(_Denied)
+    async def _denied(request: Request, exc: _Denied) -> Response:
+        return templates.TemplateResponse(
+            request, "error.html", {"message": exc.message, "user": None}, status_code=exc.status
+        )
+
+    def current(request: Request) -> tuple[User, str]:
+        found = store.session_user(request.cookies.get(SESSION_COOKIE))
+        if found is None:
+            raise _Redirect("/login")
+        return found
+
+    def same_origin(request: Request) -> bool:
+        # Browsers send Origin on POSTs; when present it must name this server.
+        origin = request.headers.get("origin")
+        if origin is None:
+            return True
+        return origin != "null" and urlsplit(origin).netloc == request.headers.get("host", "")
+
+    def check_csrf(request: Request, csrf: str, given: str) -> None:
+        if not same_origin(request) or not tokens_equal(csrf, given):
+            raise _Denied(403, "The form's security token is missing or wrong. Reload the page and try again.")
+
+    def page(request: Request, name: str, user: User | None, csrf: str | None, status: int = 200, **context: Any):
+        return templates.TemplateResponse(
+            request, name, {"user": user, "csrf": csrf, **context}, status_code=status,
+            headers={"cache-control": "no-store"},
+        )
+
+    # -- login ----------------------------------------------------------------------------------
+    @app.get("/login", response_class=HTMLResponse)
+    def login_form(request: Request, error: str | None = None) -> Response:
+        token, cookie = login_csrf.issue()
+        response = page(request, "login.html", None, token, error=error)
+        response.set_cookie(LOGIN_COOKIE, cookie, httponly=True, samesite="strict", secure=secure, max_age=3600)
+        return response
+
+    # Handlers are plain functions: FastAPI parses the form, then runs them in its thread pool, so
+    # password hashing and database work never block the event loop.
+    @app.post("/login")
+    def login(request: Request, username: FormText = "", password: FormText = "", csrf_token: FormText = "") -> Response:
+        if not same_origin(request) or not login_csrf.check(request.cookies.get(LOGIN_COOKIE), csrf_token):
+            raise _Denied(403, "The login form expired. Reload the page and try again.")
+        name = username.strip()
+        if throttle.blocked(name):
+            return RedirectResponse("/login?error=Too+many+failed+attempts%3B+wait+a+few+minutes", 303)
+        user = store.authenticate(name, password)
+        if user is None:
+            throttle.failed(name)
+            return RedirectResponse("/login?error=Wrong+name+or+password", 303)
+        token, _csrf = store.open_session(user)
+        response = RedirectResponse("/", 303)
+        response.set_cookie(
+            SESSION_COOKIE, token, httponly=True, samesite="lax", secure=secure,
+            max_age=int(project.config.session_hours * 3600),
+        )
+        response.delete_cookie(LOGIN_COOKIE)
+        return response
+
+    @app.post("/logout")
+    def logout(request: Request, csrf_token: FormText = "") -> Response:
+        _user, csrf = current(request)
+        check_csrf(request, csrf, csrf_token)
+        store.close_session(request.cookies.get(SESSION_COOKIE))
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie(SESSION_COOKIE)
+        return response
+
+    # -- home and Stage 1 -----------------------------------------------------------------------
+    @app.get("/", response_class=HTMLResponse)
+    def home(request: Request) -> Response:
+        user, csrf = current(request)
+        return page(request, "home.html", user, csrf, progress=store.progress(user))
+
+    @app.get("/annotate")
+    def next_item(request: Request) -> Response:
+        user, csrf = current(request)
+        image_id = store.next_stage1(user)
+        if image_id is None:
+            return page(request, "empty.html", user, csrf, progress=store.progress(user))
+        return RedirectResponse(f"/annotate/{image_id}", 303)
+
+    def stage1_page(request: Request, user: User, csrf: str, image_id: int, error: str | None = None,
+                    status: int = 200) -> Response:
+        image = store.image(image_id)
+        if image is None or not store.is_assigned(user, image_id):
+            raise _Denied(404, "This image is not in your queue.")
+        mine = store.own_stage1(user, image_id)
+        return page(
+            request, "annotate.html", user, csrf, status=status, image=image, mine=mine, error=error,
+            open=image.status is Status.STAGE1, examples=project.examples,
+        )
+
+    @app.get("/annotate/{image_id}", response_class=HTMLResponse)
+    def annotate_form(request: Request, image_id: int) -> Response:
+        user, csrf = current(request)
+        return stage1_page(request, user, csrf, image_id)
+
+    @app.post("/annotate/{image_id}")
+    def annotate_submit(request: Request, image_id: int, form: VerdictForm) -> Response:
+        user, csrf = current(request)
+        check_csrf(request, csrf, form["csrf_token"])
+        if not store.is_assigned(user, image_id):
+            raise _Denied(404, "This image is not in your queue.")
+        try:
+            store.submit_stage1(user, image_id, judgement_from_form(form, names))
+        except ConstructError as exc:
+            return stage1_page(request, user, csrf, image_id, error=str(exc), status=400)
+        following = store.next_stage1(user)  # straight to the next item: one round trip fewer
+        return RedirectResponse("/annotate" if following is None else f"/annotate/{following}", 303)
+
+    # -- Stage 3 --------------------------------------------------------------------------------
+    @app.get("/stage3", response_class=HTMLResponse)
+    def stage3_list(request: Request) -> Response:
+        user, csrf = current(request)
+        return page(request, "stage3_list.html", user, csrf, images=store.stage3_images())
+
+    def stage3_page(request: Request, user: User, csrf: str, image_id: int, error: str | None = None,
+                    status: int = 200) -> Response:
+        image = store.image(image_id)
+        # Stage 1 verdicts are shown only once both are in: the page does not exist before that.
+        if image is None or image.status is Status.STAGE1:
+            raise _Denied(404, "This image is not in Stage 3 review.")
+        outcome = store.outcome(image_id)
+        if outcome.decided_in != 3 and outcome.status is not Status.STAGE3:
+            raise _Denied(404, "This image was decided by agreement in Stage 2; it has no joint review.")
+        return page(
+            request, "stage3.html", user, csrf, status=status, image=image, outcome=outcome, error=error,
+            examples=project.examples, panel_size=3, mine=outcome.stage3.get(user.name),
+        )
+
+    @app.get("/stage3/{image_id}", response_class=HTMLResponse)
+    def stage3_form(request: Request, image_id: int) -> Response:
+        user, csrf = current(request)
+        return stage3_page(request, user, csrf, image_id)
+
+    @app.post("/stage3/{image_id}/vote")
+    def stage3_vote(request: Request, image_id: int, form: VerdictForm) -> Response:
+        user, csrf = current(request)
+        check_csrf(request, csrf, form["csrf_token"])
+        try:
+            store.vote_stage3(user, image_id, judgement_from_form(form, names), note=form["note"])
+        except ConstructError as exc:
+            return stage3_page(request, user, csrf, image_id, error=str(exc), status=400)
+        return RedirectResponse(f"/stage3/{image_id}", 303)
+
+    @app.post("/stage3/{image_id}/close")
+    def stage3_close(request: Request, image_id: int, csrf_token: FormText = "") -> Response:
+        user, csrf = current(request)
+        check_csrf(request, csrf, csrf_token)
+        try:
+            store.close_stage3(user, image_id)
+        except ConstructError as exc:
+            return stage3_page(request, user, csrf, image_id, error=str(exc), status=400)
+        return RedirectResponse(f"/stage3/{image_id}", 303)
+
+    # -- admin ----------------------------------------------------------------------------------
+    def admin(request: Request) -> tuple[User, str]:
+        user, csrf = current(request)
+        if not user.is_admin:
+            raise _Denied(403, "This page is for project administrators.")
+        return user, csrf
+
+    @app.get("/admin", response_class=HTMLResponse)
+    def admin_page(request: Request, message: str | None = None) -> Response:
+        user, csrf = admin(request)
+        images = {img.id: img for img in store.images()}
+        outcomes = store.replay_all()
+        stats = outcome_stats(images.values(), outcomes, names)
+        # Stage 3 images whose two verdicts are both OOD differ only in the label: candidates for a match.
+        disputes = [
+            (images[i], [j.label for j in o.stage1.values()]) for i, o in outcomes.items()
+            if o.status is Status.STAGE3 and all(j.verdict is Verdict.OOD for j in o.stage1.values())
+        ]
+        return page(
+            request, "admin.html", user, csrf, progress=store.progress(), stats=stats,
+            users=store.users(), matches=store.matches(), message=message, disputes=disputes,
+        )
+
+    @app.post("/admin/matches")
+    def admin_match(
+        request: Request, csrf_token: FormText = "", label_a: FormText = "", label_b: FormText = ""
+    ) -> Response:
+        user, csrf = admin(request)
+        check_csrf(request, csrf, csrf_token)
+        try:
+            changed = store.add_match(user, label_a, label_b)
+        except ConstructError as exc:
+            return RedirectResponse(f"/admin?message={quote(str(exc))}", 303)
+        return RedirectResponse(f"/admin?message=Match+recorded%3B+{changed}+image(s)+resolved", 303)
+
+    # -- files and data -------------------------------------------------------------------------
+    def image_response(path: Path | None) -> Response:
+        if path is None:
+            return Response("not found", status_code=404, media_type="text/plain")
+        return FileResponse(path, headers={"cache-control": "private, max-age=3600"})
+
+    @app.get("/image/{image_id}")
+    def image_file(request: Request, image_id: int) -> Response:
+        if store.session_user(request.cookies.get(SESSION_COOKIE)) is None:
+            return Response("login required", status_code=401, media_type="text/plain")
+        image = store.image(image_id)
+        return image_response(None if image is None else project.image_file(image))
+
+    @app.get("/example/{class_index}/{number}")
+    def example_file(request: Request, class_index: int, number: int) -> Response:
+        if store.session_user(request.cookies.get(SESSION_COOKIE)) is None:
+            return Response("login required", status_code=401, media_type="text/plain")
+        return image_response(project.example_file(class_index, number))
+
+    @app.get("/api/classes")
+    def classes(request: Request) -> Response:
+        current(request)
+        return JSONResponse(list(names), headers={"cache-control": "private, max-age=86400"})
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

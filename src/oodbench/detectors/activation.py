@@ -1,0 +1,173 @@
+"""Detectors that reshape the penultimate activations before the head: ReAct, ASH-S, SCALE, DICE."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DetectorError
+from ..outputs import Head, Outputs
+from ._math import energy
+from ._streaming import column_mean, exact_percentile
+from .base import Detector, Paper, Requirements
+from .registry import register
+
+
+def _kept_count(num_features: int, percentile: float) -> int:
+    """How many of D activations survive pruning the lowest `percentile` percent (the reference's rounding)."""
+    return num_features - int(np.round(num_features * percentile / 100.0))
+
+
+def _top_k_mask(features: np.ndarray, kept: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: a mask of exactly `kept` largest entries (ties at the cut broken by position), and the cut value."""
+    cut = np.partition(features, features.shape[1] - kept, axis=1)[:, features.shape[1] - kept]
+    above = features > cut[:, None]
+    tied = features == cut[:, None]
+    # Keep every entry above the cut and the first (kept - #above) entries equal to it.
+    room = kept - above.sum(axis=1)
+    mask = above | (tied & (np.cumsum(tied, axis=1) <= room[:, None]))
+    return mask, cut
+
+
+def _shaping_ratio(features: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """s1 / s2 per row: the sum of all activations over the sum of the kept ones (float64 sums)."""
+    total = features.sum(axis=1, dtype=np.float64)
+    kept_sum = np.where(mask, features, 0).sum(axis=1, dtype=np.float64)
+    # An all-zero row has s1 = s2 = 0; any finite ratio leaves its (zero) shaped vector unchanged, so use 0.
+    return np.where(kept_sum != 0.0, total / np.where(kept_sum != 0.0, kept_sum, 1.0), 0.0)
+
+
+def _as_float32(features: np.ndarray) -> np.ndarray:
+    return np.asarray(features, dtype=np.float32)
+
+
+class _HeadDetector(Detector):
+    """Shared by detectors that re-apply the head (W, b) to modified features.
+
+    The products with W run in float32, as the network computes its logits (and at BLAS's float32 speed); the
+    bias, the logits' exponentials and every sum are float64.
+    """
+
+    def _store_head(self, head: Head) -> None:
+        self.weight_ = np.asarray(head.weight, dtype=np.float32)
+        self.bias_ = np.asarray(head.bias, dtype=np.float64)
+
+    def _apply_head(self, features: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+        """(features @ W^T) in float32, returned as float64 without the bias."""
+        return (features @ (self.weight_ if weight is None else weight).T).astype(np.float64)
+
+    def _row_width(self, test: Outputs) -> int:
+        return 3 * (test.num_features + self.weight_.shape[0])
+
+
+@register("react")
+class ReAct(_HeadDetector):
+    """Energy of the logits after clipping activations at the p-th percentile c of all fit-set activations."""
+
+    requires = Requirements.of(fit=("features",), score=("features",), head=True)
+    paper = Paper("Sun, Guo & Li, ReAct: Out-of-distribution Detection With Rectified Activations", "NeurIPS 2021",
+                  "https://arxiv.org/abs/2111.12797",
+                  "percentile=90: the paper's default (Sec. 4) and OpenOOD v1.5's react.yml; the percentile is exact "
+                  "(numpy's linear method) over every activation of the fit set, computed in streamed passes")
+
+    def __init__(self, percentile: float = 90.0) -> None:
+        self.percentile = percentile
+
+    def _validate_params(self) -> None:
+        if not isinstance(self.percentile, (int, float, np.integer, np.floating)) or not 0 <= self.percentile <= 100:
+            raise DetectorError(f"react: percentile must lie in [0, 100]; got {self.percentile!r}")
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        self._store_head(head)
+        self.threshold_ = exact_percentile(fit_set.features, float(self.percentile), "react: activation percentile")
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        clipped = np.minimum(_as_float32(chunk.features), np.float32(self.threshold_))
+        return energy(self._apply_head(clipped) + self.bias_)
+
+
+@register("ash_s")
+class ASHS(_HeadDetector):
+    """ASH-S: keep the top (100 − p)% activations, scale them by exp(s1/s2), energy of the resulting logits."""
+
+    requires = Requirements.of(score=("features",), head=True)
+    paper = Paper("Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection", "ICLR 2023",
+                  "https://arxiv.org/abs/2209.09858",
+                  "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
+                  "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference")
+
+    def __init__(self, percentile: float = 90.0) -> None:
+        self.percentile = percentile
+
+    def _validate_params(self) -> None:
+        self._check_percentile(percentile=self.percentile)
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        self._store_head(head)
+        self.kept_ = _kept_count(fit_set.num_features, float(self.percentile))
+        if self.kept_ < 1:
+            raise DetectorError(f"ash_s: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it")
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        features = _as_float32(chunk.features)
+        mask, _ = _top_k_mask(features, self.kept_)
+        ratio = _shaping_ratio(features, mask)
+        pruned = np.where(mask, features, np.float32(0.0))
+        return energy(np.exp(ratio)[:, None] * self._apply_head(pruned) + self.bias_)
+
+
+@register("scale")
+class SCALE(Detector):
+    """SCALE: the whole feature vector scaled by exp(s1/s2), s2 the sum of its top (100 − p)%; energy of the logits."""
+
+    # W (z e^r) + b = e^r (f - b) + b: the logits of the scaled features follow from the test logits and the bias,
+    # so scoring needs no matmul with the head.
+    requires = Requirements.of(score=("features", "logits"), head=True)
+    paper = Paper("Xu et al., Scaling for Training Time and Post-hoc Out-of-distribution Detection Enhancement", "ICLR 2024",
+                  "https://arxiv.org/abs/2310.00227",
+                  "percentile=85: the paper's ImageNet setting and OpenOOD v1.5's scale.yml; logits of the scaled "
+                  "features computed as e^r (f - b) + b from the test logits f (exact algebra)")
+
+    def __init__(self, percentile: float = 85.0) -> None:
+        self.percentile = percentile
+
+    def _validate_params(self) -> None:
+        self._check_percentile(percentile=self.percentile)
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        self.bias_ = np.asarray(head.bias, dtype=np.float64)
+        self.kept_ = _kept_count(fit_set.num_features, float(self.percentile))
+        if self.kept_ < 1:
+            raise DetectorError(f"scale: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it")
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        features = _as_float32(chunk.features)
+        ratio = _shaping_ratio(features, _top_k_mask(features, self.kept_)[0])
+        logits = np.asarray(chunk.logits, dtype=np.float64)
+        return energy(np.exp(ratio)[:, None] * (logits - self.bias_) + self.bias_)
+
+
+@register("dice")
+class DICE(_HeadDetector):
+    """DICE: keep the head weights whose contribution mean_fit(z) ⊙ W exceeds its p-th percentile; energy of (W⊙M)z + b."""
+
+    requires = Requirements.of(fit=("features",), score=("features",), head=True)
+    paper = Paper("Sun & Li, DICE: Leveraging Sparsification for Out-of-Distribution Detection", "ECCV 2022",
+                  "https://arxiv.org/abs/2111.09805",
+                  "p=90: the default of RouteDICE in the official code and OpenOOD v1.5's dice.yml; the mean "
+                  "activation is taken over the fit set")
+
+    def __init__(self, p: float = 90.0) -> None:
+        self.p = p
+
+    def _validate_params(self) -> None:
+        self._check_percentile(p=self.p)
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        self._store_head(head)
+        self.mean_activation_ = column_mean(fit_set.features, "dice: mean activation")
+        contribution = self.mean_activation_[None, :] * np.asarray(head.weight, dtype=np.float64)
+        self.threshold_ = float(np.percentile(contribution, float(self.p)))
+        self.mask_ = contribution > self.threshold_
+        self.masked_weight_ = np.where(self.mask_, self.weight_, np.float32(0.0))
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        return energy(self._apply_head(_as_float32(chunk.features), self.masked_weight_) + self.bias_)

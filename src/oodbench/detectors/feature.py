@@ -1,0 +1,303 @@
+"""Detectors on the penultimate features: the Mahalanobis family, k-NN, class-centroid cosine and MCM, fDBD, NECO."""
+from __future__ import annotations
+
+import math
+import numpy as np
+
+from ..errors import DetectorError
+from ..outputs import Head, Outputs
+from ._gaussian import ClassGaussians, Gaussian, accumulate, symmetric_eigh
+from ._math import l2_normalize, logsumexp
+from ._streaming import column_mean, fit_chunks, gather_rows, sample_rows
+from .base import Detector, Paper, Requirements
+from .registry import register
+
+_LEE = Paper("Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks",
+             "NeurIPS 2018", "https://arxiv.org/abs/1807.03888",
+             "class means from fit labels, one shared covariance (divide by N), precision by a symmetric pseudo-inverse "
+             "(eigenvalues below D·eps of the largest dropped, as scipy.linalg.pinvh); no input preprocessing")
+_REN = Paper("Ren et al., A Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection", "arXiv 2021",
+             "https://arxiv.org/abs/2106.09022",
+             "background Gaussian: mean and covariance of all fit features; score −min_c [MD_c − MD_0]")
+_MUELLER = Paper("Müller & Hein, Mahalanobis++: Feature Normalization as the Missing Ingredient for Reliable OOD Detection",
+                 "arXiv 2025", "https://arxiv.org/abs/2505.18032",
+                 "ℓ2-normalisation of the features at fit and at test (also for the background Gaussian of rmaha++)")
+
+
+class _MahalanobisFamily(Detector):
+    """Class-conditional Gaussians with a shared covariance; optionally relative and/or on ℓ2-normalised features."""
+
+    requires = Requirements.of(fit=("features", "labels"), score=("features",))
+    normalize: bool = False
+    relative: bool = False
+
+    def _prepare(self, block: np.ndarray) -> np.ndarray:
+        return l2_normalize(block) if self.normalize else block
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        stats = accumulate(fit_set, by_class=True, transform=self._prepare if self.normalize else None,
+                           description=f"{self.name}: class statistics")
+        self.classes_ = stats.present_classes
+        self.means_ = stats.class_means()
+        self.covariance_ = stats.within_class_covariance()
+        self.gaussians_ = ClassGaussians(self.means_, self.covariance_, centre=stats.mean)
+        if self.relative:
+            self.background_ = Gaussian(stats.mean, stats.covariance())
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        block = self._prepare(np.asarray(chunk.features, dtype=np.float64))
+        distance = self.gaussians_.min_sq_distance(block)
+        if self.relative:
+            # min_c [MD_c - MD_0] = min_c MD_c - MD_0, since MD_0 does not depend on c.
+            distance = distance - self.background_.sq_distance(block)
+        return -distance
+
+    def _row_width(self, test: Outputs) -> int:
+        return 4 * test.num_features + 2 * self.means_.shape[0]
+
+
+@register("maha")
+class Mahalanobis(_MahalanobisFamily):
+    """Negative squared Mahalanobis distance to the closest class mean (shared covariance)."""
+
+    paper = _LEE
+
+
+@register("rmaha")
+class RelativeMahalanobis(_MahalanobisFamily):
+    """Relative Mahalanobis: −min_c [MD_c(z) − MD_0(z)], MD_0 under one Gaussian fit to all features."""
+
+    relative = True
+    paper = _REN
+
+
+@register("maha++")
+class MahalanobisPlusPlus(_MahalanobisFamily):
+    """Mahalanobis on ℓ2-normalised features (at fit and at test)."""
+
+    normalize = True
+    paper = _MUELLER
+
+
+@register("rmaha++")
+class RelativeMahalanobisPlusPlus(_MahalanobisFamily):
+    """Relative Mahalanobis on ℓ2-normalised features, background Gaussian included."""
+
+    normalize = True
+    relative = True
+    paper = _MUELLER
+
+
+def _unit_float32(rows: np.ndarray) -> np.ndarray:
+    """ℓ2-normalised rows as contiguous float32, the form faiss indexes (norms summed in float64)."""
+    block = np.array(rows, dtype=np.float32, order="C")
+    norms = np.sqrt(np.einsum("nd,nd->n", block, block, dtype=np.float64))
+    block /= np.maximum(norms, 1e-12).astype(np.float32)[:, None]
+    return block
+
+
+@register("knn")
+class KNN(Detector):
+    """Negative distance to the K-th nearest ℓ2-normalised fit feature (faiss; exact by default, IVF when asked)."""
+
+    requires = Requirements.of(fit=("features",), score=("features",))
+    paper = Paper("Sun, Ming, Zhu & Li, Out-of-Distribution Detection with Deep Nearest Neighbors", "ICML 2022",
+                  "https://arxiv.org/abs/2204.06507",
+                  "k=1000: the paper's ImageNet setting (alpha = 100% of the training set); index='flat' is exact "
+                  "(faiss IndexFlatIP on unit vectors, distance = sqrt(2 - 2 cos)); index='ivf' is approximate "
+                  "(IndexIVFFlat, nlist default 4·sqrt(N) per faiss's guidelines, nprobe=32). The index holds the "
+                  "fit set in RAM as float32 (N x D x 4 bytes)")
+
+    def __init__(self, k: int = 1000, index: str = "flat", nlist: int | None = None, nprobe: int = 32, seed: int = 0) -> None:
+        self.k = k
+        self.index = index
+        self.nlist = nlist
+        self.nprobe = nprobe
+        self.seed = seed
+
+    def _validate_params(self) -> None:
+        self._check_int(k=self.k, nprobe=self.nprobe)
+        self._check_int(minimum=0, seed=self.seed)
+        if self.index not in ("flat", "ivf"):
+            raise DetectorError(f"knn: index must be 'flat' (exact) or 'ivf' (approximate); got {self.index!r}")
+        if self.nlist is not None:
+            self._check_int(nlist=self.nlist)
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        import faiss
+
+        num_rows, dim = len(fit_set), fit_set.num_features
+        if self.k > num_rows:
+            raise DetectorError(f"knn: k={self.k} exceeds the fit set's {num_rows} rows; use k <= {num_rows}")
+        if self.index == "flat":
+            index = faiss.IndexFlatIP(dim)
+        else:
+            nlist = self.nlist if self.nlist is not None else max(1, min(int(round(4 * math.sqrt(num_rows))), num_rows // 39 or 1))
+            if nlist > num_rows:
+                raise DetectorError(f"knn: nlist={nlist} exceeds the fit set's {num_rows} rows")
+            quantizer = faiss.IndexFlatIP(dim)
+            index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+            # faiss's k-means samples at most 256 points per centroid anyway; read only those rows.
+            sample = sample_rows(num_rows, min(num_rows, 256 * nlist), self.seed)
+            index.train(_unit_float32(gather_rows(fit_set.features, sample)))
+            index.nprobe = self.nprobe
+            self.nlist_ = nlist
+        for rows in fit_chunks(num_rows, dim, "knn: index"):
+            index.add(_unit_float32(fit_set.features[rows]))
+        self.index_ = index
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        queries = _unit_float32(chunk.features)
+        similarities, neighbours = self.index_.search(queries, self.k)
+        if (neighbours[:, -1] < 0).any():
+            raise DetectorError(f"knn: the IVF index found fewer than k={self.k} neighbours for some rows; raise nprobe "
+                                f"(now {self.nprobe}) or use index='flat'")
+        kth = similarities[:, -1].astype(np.float64)
+        # Unit vectors: ||a - b||^2 = 2 - 2 cos(a, b); clamp the float32 round-off below zero.
+        return -np.sqrt(np.maximum(2.0 - 2.0 * kth, 0.0))
+
+    def _row_width(self, test: Outputs) -> int:
+        return 2 * test.num_features + 2 * self.k
+
+
+class _CentroidDetector(Detector):
+    """Shared by the class-centroid scores: class means of the fit features (labels), ℓ2-normalised."""
+
+    requires = Requirements.of(fit=("features", "labels"), score=("features",))
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        stats = accumulate(fit_set, by_class=True, with_gram=False, description=f"{self.name}: class means")
+        self.classes_ = stats.present_classes
+        self.centroids_ = l2_normalize(stats.class_means())
+
+    def _cosines(self, chunk: Outputs) -> np.ndarray:
+        return l2_normalize(np.asarray(chunk.features, dtype=np.float64)) @ self.centroids_.T
+
+    def _row_width(self, test: Outputs) -> int:
+        return 2 * test.num_features + 3 * self.centroids_.shape[0]
+
+
+@register("cosine")
+class Cosine(_CentroidDetector):
+    """Maximum cosine similarity to the class means of the fit features."""
+
+    paper = Paper("Class-centroid counterpart of the CLIP cosine score (Müller & Hein's NINCO evaluation code)",
+                  "arXiv 2025", "https://github.com/mueller-mp/maha-norm",
+                  "class means of the raw fit features, then ℓ2-normalised; no hyper-parameters")
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        return self._cosines(chunk).max(axis=1)
+
+
+@register("mcm")
+class MCM(_CentroidDetector):
+    """Maximum softmax over classes of cos(z, μ_c)/τ (MCM with class means in place of text embeddings)."""
+
+    paper = Paper("Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations", "NeurIPS 2022",
+                  "https://arxiv.org/abs/2211.13445",
+                  "temperature=1: the MCM paper's default tau and the class-mean variant in Müller & Hein's evaluation "
+                  "code (github.com/mueller-mp/maha-norm)")
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = temperature
+
+    def _validate_params(self) -> None:
+        self._check_positive(temperature=self.temperature)
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        scaled = self._cosines(chunk) / self.temperature
+        return np.exp(scaled.max(axis=1) - logsumexp(scaled))
+
+
+@register("fdbd")
+class FDBD(Detector):
+    """fDBD: mean over c ≠ ŷ of |f_ŷ − f_c| / ‖w_ŷ − w_c‖, divided by ‖z − mean_fit(z)‖."""
+
+    requires = Requirements.of(fit=("features",), score=("features", "logits"), head=True)
+    paper = Paper("Liu & Qin, Fast Decision Boundary based Out-of-Distribution Detector", "ICML 2024",
+                  "https://arxiv.org/abs/2312.11536",
+                  "the paper's score (feature distance to the fit-set mean as the normaliser, as in its ImageNet "
+                  "results); the mean over the C - 1 other classes; no hyper-parameters")
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        weight = np.asarray(head.weight, dtype=np.float64)
+        self.train_mean_ = column_mean(fit_set.features, "fdbd: mean feature")
+        norms = np.einsum("cd,cd->c", weight, weight)
+        squared = np.maximum(norms[:, None] + norms[None, :] - 2.0 * (weight @ weight.T), 0.0)
+        distances = np.sqrt(squared)
+        np.fill_diagonal(distances, 1.0)  # the c = ŷ term has a zero numerator; any non-zero denominator will do
+        if (distances == 0.0).any():
+            i, j = np.argwhere(distances == 0.0)[0]
+            raise DetectorError(f"fdbd: head rows {i} and {j} are identical, so their decision boundary is undefined")
+        self.inverse_distances_ = 1.0 / distances
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        logits = np.asarray(chunk.logits, dtype=np.float64)
+        predicted = logits.argmax(axis=1)
+        top = logits[np.arange(logits.shape[0]), predicted]
+        boundary = np.einsum("nc,nc->n", top[:, None] - logits, self.inverse_distances_[predicted])
+        distance = np.linalg.norm(np.asarray(chunk.features, dtype=np.float64) - self.train_mean_, axis=1)
+        return boundary / (logits.shape[1] - 1) / distance
+
+    def _row_width(self, test: Outputs) -> int:
+        return 2 * test.num_features + 4 * test.num_classes
+
+
+@register("neco")
+class NECO(Detector):
+    """NECO: ‖PCA_d(x)‖ / ‖x‖ for x the fit-standardised features; optionally times the max logit."""
+
+    requires = Requirements.of(fit=("features",), score=("features",))
+    paper = Paper("Ben Ammar et al., NECO: NEural Collapse Based Out-of-distribution Detection", "ICLR 2024",
+                  "https://arxiv.org/abs/2310.06823",
+                  "dim=100: the reference code's --neco_dim default (an int is a number of components, a float in "
+                  "(0, 1) a fraction of explained variance, as in Müller & Hein's evaluation code with 0.9); "
+                  "use_maxlogit=False as the reference for ResNets (it multiplies by the max logit for ViT/Swin/DeiT)")
+
+    def __init__(self, dim: int | float = 100, use_maxlogit: bool = False) -> None:
+        self.dim = dim
+        self.use_maxlogit = use_maxlogit
+
+    def _validate_params(self) -> None:
+        if isinstance(self.dim, (bool, np.bool_)) or not isinstance(self.dim, (int, float, np.integer, np.floating)):
+            raise DetectorError(f"neco: dim must be an int (components) or a float in (0, 1) (explained variance); got {self.dim!r}")
+        if isinstance(self.dim, (int, np.integer)) and self.dim < 1:
+            raise DetectorError(f"neco: dim must be >= 1; got {self.dim}")
+        if isinstance(self.dim, (float, np.floating)) and not 0 < self.dim < 1:
+            raise DetectorError(f"neco: a float dim is a fraction of explained variance in (0, 1); got {self.dim}")
+        if not isinstance(self.use_maxlogit, (bool, np.bool_)):
+            raise DetectorError(f"neco: use_maxlogit must be True or False; got {self.use_maxlogit!r}")
+
+    def requirements(self) -> Requirements:
+        if self.use_maxlogit:
+            return Requirements.of(fit=("features",), score=("features", "logits"))
+        return self.requires
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        stats = accumulate(fit_set, description="neco: covariance")
+        self.mean_ = stats.mean
+        covariance = stats.covariance()
+        std = np.sqrt(np.maximum(np.diag(covariance), 0.0))
+        # StandardScaler leaves constant features unscaled (scale 1) rather than dividing by zero.
+        self.scale_ = np.where(std > 10 * np.finfo(np.float64).eps * np.maximum(np.abs(self.mean_), 1.0), std, 1.0)
+        standardised = covariance / np.outer(self.scale_, self.scale_)
+        values, vectors = symmetric_eigh(standardised)
+        values = np.maximum(values, 0.0)
+        if isinstance(self.dim, (float, np.floating)):
+            explained = np.cumsum(values) / values.sum()
+            self.dim_ = int(np.searchsorted(explained, self.dim) + 1)
+        else:
+            if self.dim > fit_set.num_features:
+                raise DetectorError(f"neco: dim={self.dim} exceeds the feature dimension D={fit_set.num_features}")
+            self.dim_ = int(self.dim)
+        self.components_ = vectors[:, : self.dim_]
+        self.explained_variance_ = values
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        standardised = (np.asarray(chunk.features, dtype=np.float64) - self.mean_) / self.scale_
+        projected = standardised @ self.components_
+        score = np.linalg.norm(projected, axis=1) / np.linalg.norm(standardised, axis=1)
+        if self.use_maxlogit:
+            score = score * np.asarray(chunk.logits, dtype=np.float64).max(axis=1)
+        return score
+

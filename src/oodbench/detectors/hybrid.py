@@ -1,0 +1,111 @@
+"""Detectors combining a feature-space term with the logits' energy: ViM and NNGuide."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DetectorError
+from ..outputs import Head, Outputs
+from ._gaussian import accumulate, symmetric_eigh
+from ._math import energy, l2_normalize
+from ._streaming import fit_chunks, gather_rows, read_rows, sample_rows
+from .base import Detector, Paper, Requirements
+from .registry import register
+
+
+def vim_default_dim(num_features: int) -> int:
+    """The ViM paper's principal dimension by feature size: 1000 for D >= 2048, 512 for D >= 768, else D/2."""
+    if num_features >= 2048:
+        return 1000
+    if num_features >= 768:
+        return 512
+    return num_features // 2
+
+
+@register("vim")
+class ViM(Detector):
+    """ViM: energy(f) − α‖residual of (z − u) off the fit set's principal subspace‖, u = −pinv(W) b."""
+
+    requires = Requirements.of(fit=("features", "logits"), score=("features", "logits"), head=True)
+    paper = Paper("Wang, Li, Feng & Zhang, ViM: Out-Of-Distribution with Virtual-logit Matching", "CVPR 2022",
+                  "https://arxiv.org/abs/2203.10807",
+                  "dim=None picks the paper's rule (D >= 2048: 1000, D >= 768: 512, else D/2); covariance of z − u about "
+                  "u (divide by N, as EmpiricalCovariance(assume_centered=True)); alpha = mean max-logit / mean "
+                  "residual norm over the fit set")
+
+    def __init__(self, dim: int | None = None) -> None:
+        self.dim = dim
+
+    def _validate_params(self) -> None:
+        if self.dim is not None:
+            self._check_int(dim=self.dim)
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        num_features = fit_set.num_features
+        self.dim_ = vim_default_dim(num_features) if self.dim is None else int(self.dim)
+        if not 1 <= self.dim_ < num_features:
+            raise DetectorError(f"vim: dim={self.dim_} must lie in [1, D) for D={num_features} features")
+        weight = np.asarray(head.weight, dtype=np.float64)
+        self.origin_ = -np.linalg.pinv(weight) @ np.asarray(head.bias, dtype=np.float64)
+        # Accumulating about u gives (1/N) sum (z - u)(z - u)^T directly, with no cancellation.
+        stats = accumulate(fit_set, shift=self.origin_, description="vim: principal subspace")
+        _, vectors = symmetric_eigh(stats.second_moment())
+        self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_:])  # the D − dim least-variance directions
+        residual_sum, max_logit_sum = 0.0, 0.0
+        for rows in fit_chunks(len(fit_set), 2 * num_features + fit_set.num_classes, "vim: alpha"):
+            residual_sum += float(self._residual_norm(read_rows(fit_set.features, rows)).sum())
+            max_logit_sum += float(read_rows(fit_set.logits, rows).max(axis=1).sum())
+        mean_residual = residual_sum / len(fit_set)
+        if mean_residual == 0.0:
+            raise DetectorError("vim: the fit features have no residual off the principal subspace; lower dim")
+        self.alpha_ = (max_logit_sum / len(fit_set)) / mean_residual
+
+    def _residual_norm(self, block: np.ndarray) -> np.ndarray:
+        return np.linalg.norm((block - self.origin_) @ self.residual_basis_, axis=1)
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        residual = self._residual_norm(np.asarray(chunk.features, dtype=np.float64))
+        return energy(chunk.logits) - self.alpha_ * residual
+
+
+@register("nnguide")
+class NNGuide(Detector):
+    """NNGuide: energy(x) · mean of the top-K inner products of ẑ with a bank of energy-scaled ẑ_j (α of the fit set)."""
+
+    requires = Requirements.of(fit=("features", "logits"), score=("features", "logits"))
+    paper = Paper("Park, Jung & Teoh, Nearest Neighbor Guidance for Out-of-Distribution Detection", "ICCV 2023",
+                  "https://arxiv.org/abs/2309.14888",
+                  "k=100, alpha=0.01: OpenOOD v1.5's nnguide.yml (the paper's bank is a 1% subset of the training set); "
+                  "the bank is a seeded uniform random alpha-fraction of the fit set; exact inner-product search (faiss)")
+
+    def __init__(self, k: int = 100, alpha: float = 0.01, seed: int = 0) -> None:
+        self.k = k
+        self.alpha = alpha
+        self.seed = seed
+
+    def _validate_params(self) -> None:
+        self._check_int(k=self.k)
+        self._check_int(minimum=0, seed=self.seed)
+        if not isinstance(self.alpha, (int, float, np.integer, np.floating)) or not 0 < self.alpha <= 1:
+            raise DetectorError(f"nnguide: alpha (bank fraction) must lie in (0, 1]; got {self.alpha!r}")
+
+    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
+        import faiss
+
+        bank_size = int(len(fit_set) * float(self.alpha))
+        if bank_size < self.k:
+            raise DetectorError(f"nnguide: the bank holds {bank_size} rows (alpha={self.alpha} of {len(fit_set)}) but "
+                                f"k={self.k}; raise alpha or lower k")
+        self.bank_rows_ = sample_rows(len(fit_set), bank_size, int(self.seed))
+        features = gather_rows(fit_set.features, self.bank_rows_)
+        confidence = energy(gather_rows(fit_set.logits, self.bank_rows_))
+        bank = l2_normalize(features) * confidence[:, None]
+        self.index_ = faiss.IndexFlatIP(fit_set.num_features)
+        self.index_.add(np.ascontiguousarray(bank, dtype=np.float32))
+
+    def _score_chunk(self, chunk: Outputs) -> np.ndarray:
+        queries = np.ascontiguousarray(l2_normalize(np.asarray(chunk.features, dtype=np.float64)), dtype=np.float32)
+        similarities, _ = self.index_.search(queries, self.k)
+        return energy(chunk.logits) * similarities.astype(np.float64).mean(axis=1)
+
+    def _row_width(self, test: Outputs) -> int:
+        return 2 * test.num_features + 2 * self.k + int(test.num_classes or 0)

@@ -1,0 +1,1 @@
+"""Backbones turning preprocessed image batches into per-image arrays."""

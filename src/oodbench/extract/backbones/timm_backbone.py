@@ -1,0 +1,229 @@
+"""Supervised (and frozen) timm backbones: penultimate features = the input of the last linear map, logits, head.
+
+The features are captured with a pre-hook on the module timm reports as the classifier, during the model's
+own forward pass, so heads with a norm or a pre-logits MLP (ConvNeXt, ViT fc_norm, ...) are handled: the
+features are whatever enters the final linear layer. Every batch is checked: logits must equal
+features·Wᵀ + b, otherwise extraction stops rather than storing a head that does not reproduce them.
+A model without a classifier (num_classes=0, e.g. DINOv2) yields features only, for a linear probe; a distilled
+model's two averaged heads become one linear map of their concatenated inputs.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...errors import ExtractError
+from ...outputs import Head
+from ..nac import NacLayer, capture_outputs, neuron_states
+from .base import Backbone, autocast, safe_id, sha256_file
+
+__all__ = ["TimmBackbone", "load_timm", "MISSING_WEIGHTS_HINT"]
+
+MISSING_WEIGHTS_HINT = (
+    "download them once with network access (timm caches them under $HF_HOME, by default ~/.cache/huggingface/hub), "
+    "point HF_HOME at a cache that already holds them, or pass --checkpoint PATH with a local state dict "
+    "(.pth/.pt/.bin/.safetensors); --no-pretrained gives random weights (tests only)"
+)
+
+
+def _head_tolerance(logits: torch.Tensor, amp: bool) -> float:
+    """Allowed |logits - (zWᵀ + b)|: float32 rounding, or half-precision rounding under autocast."""
+    scale = max(1.0, float(logits.abs().max()))
+    return scale * (2e-2 if amp else 1e-4)
+
+
+class TimmBackbone(Backbone):
+    """A timm image classifier (or feature extractor) with its resolved preprocessing."""
+
+    kind = "timm"
+
+    def __init__(self, model: torch.nn.Module, *, name: str, checkpoint: str, checkpoint_sha256: str | None = None,
+                 nac_layers: Sequence[NacLayer | str] = (), image_size: int | None = None) -> None:
+        import timm.data
+
+        overrides = {} if image_size is None else {"input_size": (3, int(image_size), int(image_size))}
+        config = timm.data.resolve_data_config(overrides, model=model)
+        preprocessing = {key: list(value) if isinstance(value, tuple) else value for key, value in sorted(config.items())}
+        super().__init__(model, name=name, checkpoint=checkpoint, preprocessing=preprocessing,
+                         transform=timm.data.create_transform(**config, is_training=False))
+        self.checkpoint_sha256 = checkpoint_sha256
+        self.nac_layers = tuple(layer if isinstance(layer, NacLayer) else NacLayer.parse(str(layer)) for layer in nac_layers)
+        classifier = model.get_classifier() if hasattr(model, "get_classifier") else None
+        # Distilled models (DeiT) have two heads whose logits are averaged: that is one linear map of the
+        # concatenated head inputs, W = [W1 W2] / 2, b = (b1 + b2) / 2, which the per-batch check verifies.
+        heads = list(classifier) if isinstance(classifier, (tuple, list)) else [classifier]
+        if all(isinstance(h, torch.nn.Identity) or h is None for h in heads):
+            heads = []
+        for head in heads:
+            if not isinstance(head, (torch.nn.Linear, torch.nn.Conv2d)):
+                raise ExtractError(f"{name}'s classifier is a {type(head).__name__}, not a linear layer; cannot define a linear head")
+            if isinstance(head, torch.nn.Conv2d) and head.kernel_size != (1, 1):
+                raise ExtractError(f"{name}'s classifier is a {head.kernel_size} convolution, not a linear map")
+        self._heads: list[torch.nn.Module] = heads
+        if not self._heads and self.nac_layers:
+            raise ExtractError(f"{name} has no classifier (num_classes=0): NAC neuron states need logits")
+
+    def _linear_map(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W, b) of the map from the (concatenated) classifier input(s) to the logits, float32."""
+        weights, biases = [], []
+        for head in self._heads:
+            weight = head.weight.detach().float().reshape(head.weight.shape[0], -1)
+            weights.append(weight)
+            biases.append(torch.zeros(weight.shape[0], device=weight.device) if head.bias is None else head.bias.detach().float())
+        if len(self._heads) == 1:
+            return weights[0], biases[0]  # views of the parameters: no per-batch copy
+        return torch.cat(weights, dim=1) / len(self._heads), torch.stack(biases).mean(dim=0)
+
+    def provenance(self) -> dict[str, Any]:
+        """Model, checkpoint, preprocessing, kind, plus what the features are and any NAC layers."""
+        info = super().provenance()
+        if not self._heads:
+            info["features"] = "pre-logits (no classifier)"
+        elif len(self._heads) == 1:
+            info["features"] = "input of the final linear layer"
+        else:
+            info["features"] = f"concatenated inputs of the {len(self._heads)} classifier heads whose logits are averaged"
+        if self.nac_layers:
+            info["nac"] = [layer.as_dict() for layer in self.nac_layers]
+        return info
+
+    def default_model_id(self) -> str:
+        """The timm name, plus a short checkpoint hash when weights come from a local file."""
+        base = safe_id(self.name)
+        return f"{base}@{self.checkpoint_sha256[:12]}" if self.checkpoint_sha256 else base
+
+    def head(self) -> Head | None:
+        """(W, b) of the final linear layer, as float32 numpy arrays."""
+        if not self._heads:
+            return None
+        weight, bias = self._linear_map()
+        return Head(weight.cpu().numpy().astype(np.float32), bias.cpu().numpy().astype(np.float32))
+
+    def infer(self, pixels: torch.Tensor, *, amp: bool = True) -> dict[str, np.ndarray]:
+        """Features, logits (checked against the head) and NAC states for one preprocessed batch."""
+        pixels = pixels.to(self.device, non_blocking=True)
+        if not self._heads:
+            with torch.no_grad(), autocast(self.device, amp):
+                features = self.model(pixels)
+            if features.ndim != 2:
+                raise ExtractError(f"{self.name} without classifier returns shape {tuple(features.shape)}, not (B, D)")
+            return {"features": features.float().cpu().numpy()}
+        captured: dict[int, torch.Tensor] = {}
+
+        def grabber(position: int):
+            def grab_input(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+                captured[position] = inputs[0]
+            return grab_input
+
+        handles = [head.register_forward_pre_hook(grabber(i)) for i, head in enumerate(self._heads)]
+        layer_names = [layer.name for layer in self.nac_layers]
+        try:
+            with capture_outputs(self.model, layer_names) as layer_outputs:
+                grad_mode = torch.enable_grad() if self.nac_layers else torch.no_grad()
+                with grad_mode, autocast(self.device, amp):
+                    if self.nac_layers:
+                        # Makes every activation part of the graph even if parameters are frozen.
+                        pixels = pixels.requires_grad_(True)
+                    logits = self.model(pixels)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if len(captured) != len(self._heads):
+            raise ExtractError(f"{self.name}'s classifier was not called during forward; cannot capture features")
+        parts = [captured[i].flatten(1) if captured[i].ndim == 4 and captured[i].shape[2:] == (1, 1) else captured[i]
+                 for i in range(len(self._heads))]
+        if not isinstance(logits, torch.Tensor) or any(part.ndim != 2 for part in parts) or logits.ndim != 2:
+            shapes = [tuple(part.shape) for part in parts]
+            raise ExtractError(f"{self.name}: classifier input {shapes} / logits are not (B, D) / (B, C)")
+        features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        weight, bias = self._linear_map()
+        with torch.no_grad():
+            recomputed = F.linear(features.detach().float(), weight, bias)
+            error = float((recomputed - logits.detach().float()).abs().max()) if logits.numel() else 0.0
+        if error > _head_tolerance(logits.detach().float(), amp and self.device.type == "cuda"):
+            raise ExtractError(
+                f"{self.name}: logits are not features·Wᵀ + b (max error {error:.3g}); something after the last linear "
+                "layer changes the logits, so no linear head reproduces them"
+            )
+        arrays = {"features": features.detach().float().cpu().numpy(), "logits": logits.detach().float().cpu().numpy()}
+        if self.nac_layers:
+            arrays.update({f"extra.{k}": v for k, v in neuron_states(layer_outputs, logits, list(self.nac_layers)).items()})
+        return arrays
+
+
+def _classifier_key(model_name: str) -> str | None:
+    import timm
+
+    try:
+        return timm.models.get_pretrained_cfg(model_name).classifier  # type: ignore[union-attr]
+    except Exception:
+        return None
+
+
+def _create(name: str, *, pretrained: bool, image_size: int | None, **kwargs: Any) -> torch.nn.Module:
+    """timm.create_model, passing img_size to models that take it (ViTs) when an input size is forced."""
+    import timm
+
+    if image_size is not None:
+        try:
+            return timm.create_model(name, pretrained=pretrained, img_size=image_size, **kwargs)
+        except TypeError:
+            pass  # CNNs take any input size without an img_size argument
+    return timm.create_model(name, pretrained=pretrained, **kwargs)
+
+
+def load_timm(name: str, *, pretrained: bool = True, checkpoint: str | os.PathLike[str] | None = None,
+              seed: int = 0, nac_layers: Sequence[NacLayer | str] = (), num_classes: int | None = None,
+              image_size: int | None = None) -> TimmBackbone:
+    """Create a timm backbone: hub weights (cache honoured), a local checkpoint file, or seeded random init.
+
+    `image_size` overrides the model's input resolution (preprocessing, and the position embeddings of ViTs).
+    """
+    import timm
+
+    if not timm.is_model(name.split(":", 1)[-1].split("/")[-1].split(".")[0]) and not name.startswith("hf-hub:"):
+        close = timm.list_models(f"*{name.split('.')[0][:12]}*")[:8]
+        raise ExtractError(f"unknown timm model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
+    kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
+    if checkpoint is not None:
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise ExtractError(f"checkpoint {path} does not exist")
+        try:
+            state = timm.models.load_state_dict(str(path))
+        except Exception as exc:
+            raise ExtractError(f"cannot read checkpoint {path}: {exc}") from exc
+        key = _classifier_key(name)
+        if num_classes is None and key and f"{key}.weight" in state:
+            kwargs["num_classes"] = int(state[f"{key}.weight"].shape[0])
+        torch.manual_seed(seed)
+        model = _create(name, pretrained=False, image_size=image_size, **kwargs)
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            raise ExtractError(f"checkpoint {path} does not fit {name}: {str(exc)[:600]}") from exc
+        digest = sha256_file(path)
+        return TimmBackbone(model, name=name, checkpoint=f"sha256:{digest}", checkpoint_sha256=digest,
+                            nac_layers=nac_layers, image_size=image_size)
+    if not pretrained:
+        torch.manual_seed(seed)
+        model = _create(name, pretrained=False, image_size=image_size, **kwargs)
+        return TimmBackbone(model, name=name, checkpoint=f"random-init:seed={seed}", nac_layers=nac_layers,
+                            image_size=image_size)
+    try:
+        model = _create(name, pretrained=True, image_size=image_size, **kwargs)
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "LocalEntryNotFound" in text or "offline" in text.lower()
+        raise ExtractError(
+            f"pretrained weights for {name} are not available{' offline' if offline else ''} ({text[:300]}); "
+            + MISSING_WEIGHTS_HINT
+        ) from exc
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    tag = cfg.get("hf_hub_id") or cfg.get("url") or name
+    return TimmBackbone(model, name=name, checkpoint=f"pretrained:{tag}", nac_layers=nac_layers, image_size=image_size)

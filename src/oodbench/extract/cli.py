@@ -1,0 +1,284 @@
+"""`oodbench extract`, `oodbench probe` and `oodbench datasets …`: thin commands over the extraction library."""
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import OodbenchError
+from ..store import Store
+
+__all__ = ["register", "extract_command", "probe_command", "datasets_app"]
+
+console = Console(stderr=True)
+datasets_app = typer.Typer(help="Datasets the seed compares: list them, check what is under a data root.",
+                           no_args_is_help=True)
+
+
+def _fail(exc: Exception) -> "typer.Exit":
+    console.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(2)
+
+
+def _open_clip_names() -> set[str]:
+    """open_clip architecture names, without importing open_clip (slow) unless it is already loaded."""
+    import importlib.util
+    import sys
+
+    if "open_clip" in sys.modules:
+        return set(sys.modules["open_clip"].list_models())
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        return set()
+    return {path.stem for location in spec.submodule_search_locations for path in Path(location, "model_configs").glob("*.json")}
+
+
+def _kind(model: str, kind: str) -> str:
+    """Which library a model name belongs to (`auto`: the one that knows it; ambiguous names need --kind)."""
+    if kind not in ("auto", "timm", "open_clip"):
+        raise OodbenchError(f"--kind must be auto, timm or open_clip; got {kind!r}")
+    if kind != "auto":
+        return kind
+    import timm
+
+    in_clip = model in _open_clip_names() or model.startswith("local-dir:")
+    base = model.split(".")[0]
+    in_timm = timm.is_model(base) or bool(timm.list_models(base))
+    if in_clip and in_timm:
+        raise OodbenchError(f"{model!r} names both a timm and an open_clip model; pass --kind timm or --kind open_clip")
+    if in_clip:
+        return "open_clip"
+    if in_timm or model.startswith("hf-hub:"):
+        return "timm"
+    raise OodbenchError(f"unknown model {model!r}: neither timm nor open_clip knows it")
+
+
+def _dataset_id_from(path: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9._+@=,-]+", "-", path.stem if path.is_file() else path.name).strip("-._")
+    return name or "dataset"
+
+
+def extract_command(
+    model: str = typer.Option(..., "--model", "-m", help="timm name (resnet50.a1_in1k) or open_clip name (ViT-B-16-quickgelu)."),
+    store: Path = typer.Option(..., "--store", "-s", help="Feature store root."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Image folder, file list (.csv/.txt) or ImageNet root."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Registered dataset name (see `oodbench datasets list`), found under --root."),
+    root: Optional[Path] = typer.Option(None, "--root", help="Data root for --dataset; for file lists, the folder paths are relative to."),
+    data_format: str = typer.Option("auto", "--format", help="auto | folder | list | imagenet."),
+    split: str = typer.Option("val", "--split", help="ImageNet split for --format imagenet: val or train."),
+    no_labels: bool = typer.Option(False, "--no-labels", help="Do not store labels (e.g. class folders of an OOD set)."),
+    dataset_id: Optional[str] = typer.Option(None, "--dataset-id", help="Store dataset id (default: registry name or folder name)."),
+    model_id: Optional[str] = typer.Option(None, "--model-id", help="Store model id (default: derived from the model name and checkpoint)."),
+    kind: str = typer.Option("auto", "--kind", help="auto | timm | open_clip."),
+    pretrained: str = typer.Option("default", "--pretrained", help="timm: 'default' = hub weights; open_clip: a tag (openai, laion2b_s34b_b88k) or a checkpoint path."),
+    no_pretrained: bool = typer.Option(False, "--no-pretrained", help="Random initialisation (seeded; for tests and benchmarks)."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Local state dict file for a timm model (.pth/.safetensors)."),
+    num_classes: Optional[int] = typer.Option(None, "--num-classes", help="timm: classes of the head (default: from the checkpoint)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of random initialisation."),
+    image_size: Optional[int] = typer.Option(None, "--image-size", help="timm: override the input resolution (default: the model's)."),
+    nac: list[str] = typer.Option([], "--nac", help="NAC layer LAYER[:ALPHA[:POOLING]], repeatable (e.g. layer3:300)."),
+    patches: Optional[bool] = typer.Option(None, "--patches/--no-patches", help="open_clip: store fp16 patch embeddings (default: when the tower has patches)."),
+    text_labels: Optional[Path] = typer.Option(None, "--text-labels", help="open_clip: also cache text embeddings of these label names (one per line)."),
+    engine: str = typer.Option("local", "--engine", help="local | ray."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: RAY_ADDRESS or a local instance)."),
+    num_actors: Optional[int] = typer.Option(None, "--num-actors", help="Ray inference actors (default: one per GPU)."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
+    shard_size: int = typer.Option(4096, "--shard-size", help="Images per store shard (the unit of resumption)."),
+    workers: int = typer.Option(4, "--workers", help="DataLoader worker processes (local engine)."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:1 …"),
+    amp: bool = typer.Option(True, "--amp/--no-amp", help="Mixed precision on GPU."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Extract features, logits, labels (and head) of a dataset into the store; reruns finish what is missing.
+
+    Example: oodbench extract --model resnet50.a1_in1k --store store --data /data/imagenet --format imagenet --split val
+    """
+    try:
+        _run_extract(**locals())
+    except OodbenchError as exc:
+        raise _fail(exc) from None
+
+
+def _run_extract(**opts: Any) -> None:
+    from .dataset_registry import get as get_registered, open_registered
+    from .datasets import open_dataset
+    from .nac import NacLayer
+    from .pipeline import extract
+
+    kind = _kind(opts["model"], opts["kind"])
+    nac_layers = [NacLayer.parse(spec) for spec in opts["nac"]]
+    store = Store(opts["store"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        if kind == "timm":
+            from .backbones.timm_backbone import load_timm
+
+            if opts["text_labels"] is not None or opts["patches"]:
+                raise OodbenchError("--text-labels and --patches apply to open_clip models only")
+            if opts["pretrained"] not in ("default", "true", "none", "false"):
+                raise OodbenchError("for timm models --pretrained takes 'default' (hub weights); use --checkpoint PATH for a file")
+            use_hub = not opts["no_pretrained"] and opts["pretrained"] in ("default", "true")
+            backbone = load_timm(opts["model"], pretrained=use_hub, checkpoint=opts["checkpoint"], seed=opts["seed"],
+                                 nac_layers=nac_layers, num_classes=opts["num_classes"], image_size=opts["image_size"])
+            bundle = None
+        else:
+            from .openclip import OpenClipBackbone, load_openclip
+
+            if nac_layers:
+                raise OodbenchError("--nac applies to supervised timm models only")
+            tag = None if opts["no_pretrained"] or opts["pretrained"] in ("none", "false") else opts["pretrained"]
+            if opts["checkpoint"] is not None:
+                tag = str(opts["checkpoint"])
+            if tag == "default":
+                raise OodbenchError("open_clip models need --pretrained TAG (e.g. openai) or --no-pretrained")
+            from .backbones.base import resolve_device
+
+            bundle = load_openclip(opts["model"], tag, device=str(resolve_device(opts["device"])), seed=opts["seed"])
+            backbone = OpenClipBackbone(bundle, patches=opts["patches"])
+    for warning in caught:
+        console.print(f"[yellow]warning:[/yellow] {warning.message}")
+    model_id = opts["model_id"] or backbone.default_model_id()
+    if bundle is not None and opts["text_labels"] is not None:
+        from .openclip import cached_text_embeddings
+
+        labels = [line.strip() for line in Path(opts["text_labels"]).read_text(encoding="utf-8").splitlines() if line.strip()]
+        embeddings = cached_text_embeddings(store, model_id, labels, model_bundle=bundle)
+        from .openclip import text_dataset_id
+
+        console.print(f"text embeddings of {len(labels)} labels: {model_id}/{text_dataset_id(labels)} {embeddings.shape}")
+    if opts["data"] is None and opts["dataset"] is None:
+        if opts["text_labels"] is None:
+            raise OodbenchError("give --data PATH or --dataset NAME --root DIR")
+        return
+    if opts["dataset"] is not None:
+        if opts["root"] is None:
+            raise OodbenchError("--dataset needs --root DIR (the folder holding the datasets)")
+        images = open_registered(opts["dataset"], opts["root"])
+        dataset_id = opts["dataset_id"] or get_registered(opts["dataset"]).name
+    else:
+        images = open_dataset(opts["data"], format=opts["data_format"], split=opts["split"],
+                              labels=not opts["no_labels"], root=opts["root"])
+        default_id = f"imagenet-1k-{opts['split']}" if opts["data_format"] == "imagenet" else _dataset_id_from(Path(opts["data"]))
+        dataset_id = opts["dataset_id"] or default_id
+    if opts["no_labels"] and images.labels is not None:
+        from .datasets import ImageList
+
+        images = ImageList(images.root, images.items, None, None, images.source)
+    engine_options: dict[str, Any] = {}
+    if opts["engine"] == "ray":
+        engine_options = {"address": opts["ray_address"], "num_actors": opts["num_actors"]}
+    report = extract(store, backbone, images, dataset_id=dataset_id, model_id=model_id, engine=opts["engine"],
+                     batch_size=opts["batch_size"], shard_size=opts["shard_size"], num_workers=opts["workers"],
+                     device=opts["device"], amp=opts["amp"], progress=opts["progress"], engine_options=engine_options)
+    rate = f", {report.images_per_second:.1f} images/s" if report.processed else " (already complete)"
+    console.print(f"[green]{report.model_id}/{report.dataset_id}[/green]: {report.num_rows} of {report.num_items} images "
+                  f"stored in {report.path}{rate}" + ("; head stored" if report.head_written else ""))
+    if report.skipped:
+        console.print(f"[yellow]{len(report.skipped)} unreadable image(s) skipped[/yellow] (listed in meta.json):")
+        for item in report.skipped[:10]:
+            console.print(f"  {item['path']}: {item['error']}")
+        if len(report.skipped) > 10:
+            console.print(f"  … and {len(report.skipped) - 10} more")
+
+
+def probe_command(
+    store: Path = typer.Option(..., "--store", "-s", help="Feature store root."),
+    model_id: str = typer.Option(..., "--model-id", help="Model id of the frozen backbone's embeddings."),
+    fit_dataset: str = typer.Option(..., "--fit-dataset", help="Labelled dataset id to train the probe on."),
+    apply_to: list[str] = typer.Option([], "--apply-to", help="Dataset ids to write probe logits for (repeatable)."),
+    probe_id: Optional[str] = typer.Option(None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."),
+    method: str = typer.Option("auto", "--method", help="auto | lbfgs (full batch) | minibatch."),
+    val_fraction: float = typer.Option(0.1, "--val-fraction", help="Held-out share of every class for early stopping."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the split and of mini-batch order."),
+    weight_decay: float = typer.Option(1e-4, "--weight-decay", help="L2 penalty on the (standardised) weights."),
+    max_epochs: int = typer.Option(100, "--max-epochs", help="Upper bound on epochs (L-BFGS: outer steps)."),
+    patience: int = typer.Option(5, "--patience", help="Epochs without validation improvement before stopping."),
+    batch_size: int = typer.Option(4096, "--batch-size", help="Mini-batch size."),
+    lr: float = typer.Option(1e-3, "--lr", help="AdamW learning rate (mini-batch)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda."),
+) -> None:
+    """Train a linear probe on cached embeddings, store it as a head, and write logits for datasets.
+
+    Example: oodbench probe --store store --model-id vit_base_patch14_dinov2.lvd142m --fit-dataset imagenet-1k-train --apply-to imagenet-1k-val --apply-to ninco
+    """
+    from .probe import ProbeConfig, run_probe
+
+    try:
+        config = ProbeConfig(val_fraction=val_fraction, seed=seed, weight_decay=weight_decay, method=method,
+                             max_epochs=max_epochs, patience=patience, batch_size=batch_size, lr=lr)
+        report = run_probe(Store(store), model_id, fit_dataset, apply_to=apply_to, probe_id=probe_id,
+                           config=config, device=device)
+    except OodbenchError as exc:
+        raise _fail(exc) from None
+    if report.result is not None:
+        r = report.result
+        console.print(f"probe trained ({r.method}): {r.train_rows} train / {r.val_rows} held-out rows, best epoch "
+                      f"{r.best_epoch}, held-out loss {r.val_loss:.4f}, accuracy {r.val_accuracy:.4f}")
+    else:
+        console.print(f"reusing the stored probe {report.probe_id}")
+    console.print(f"[green]{report.probe_id}[/green]: head and logits for {', '.join(report.datasets)}")
+
+
+@datasets_app.command("list")
+def datasets_list(json_output: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the registered datasets with expected counts and layouts.
+
+    Example: oodbench datasets list
+    """
+    from .dataset_registry import REGISTRY
+
+    if json_output:
+        typer.echo(json.dumps({name: entry.__dict__ for name, entry in REGISTRY.items()}, indent=2))
+        return
+    table = Table("name", "role", "expected images", "looked for under --root", "source of the count")
+    for entry in REGISTRY.values():
+        expected = f"{entry.expected_count:,}" if entry.expected_count is not None else "—"
+        table.add_row(entry.name, entry.role, expected, ", ".join(entry.folders[:3]), entry.count_source)
+    Console().print(table)
+
+
+@datasets_app.command("check")
+def datasets_check(
+    root: Path = typer.Option(..., "--root", help="Folder holding the datasets."),
+    only: list[str] = typer.Option([], "--only", help="Check only these registered names (repeatable)."),
+    verify: bool = typer.Option(False, "--verify", help="Also decode every image (slow) and list unreadable ones."),
+    json_output: bool = typer.Option(False, "--json", help="Print JSON."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 if anything is missing, mismatched or unreadable."),
+) -> None:
+    """Tell what is present under a data root, what is missing and what does not match its expected count.
+
+    Example: oodbench datasets check --root /data/ood --only ninco --only textures
+    """
+    from .dataset_registry import check
+
+    try:
+        report = check(root, datasets=only or None, verify=verify)
+    except OodbenchError as exc:
+        raise _fail(exc) from None
+    if json_output:
+        typer.echo(json.dumps([status.as_dict() for status in report], indent=2))
+    else:
+        colours = {"ok": "green", "missing": "red", "count mismatch": "yellow", "unreadable": "red"}
+        table = Table("dataset", "status", "found", "expected", "path", "details")
+        for status in report:
+            colour = colours.get(status.status, "cyan")
+            table.add_row(status.name, f"[{colour}]{status.status}[/{colour}]",
+                          "—" if status.found is None else f"{status.found:,}",
+                          "—" if status.expected is None else f"{status.expected:,}", status.path or "—", status.message)
+        Console(width=200).print(table)
+    bad = [s for s in report if s.status in ("missing", "count mismatch", "unreadable") or s.unreadable]
+    if strict and bad:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `extract`, `probe` and the `datasets` group to the main CLI."""
+    app.command("extract")(extract_command)
+    app.command("probe")(probe_command)
+    app.add_typer(datasets_app, name="datasets")

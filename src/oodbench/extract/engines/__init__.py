@@ -1,0 +1,1 @@
+"""Extraction engines: `local` (DataLoader workers) and `ray` (Ray Data + actors); same batches, same arrays."""

@@ -1,0 +1,46 @@
+"""Local engine: DataLoader workers decode and preprocess, the main process runs the backbone batch by batch."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..backbones.base import Backbone
+from .common import BatchResult, BatchTask, load_batch
+
+__all__ = ["iter_results"]
+
+
+class _Batches(torch.utils.data.Dataset):
+    """A dataset whose items are whole planned batches, so a worker loads one batch (and its failures) at a time."""
+
+    def __init__(self, loader: Callable[[int], torch.Tensor], tasks: Sequence[BatchTask]) -> None:
+        self.loader = loader
+        self.tasks = tasks
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor | None, list[int], list[dict[str, Any]]]:
+        pixels, ok, skipped = load_batch(self.loader, self.tasks[index].positions)
+        return index, pixels, ok, skipped
+
+
+def _identity(sample: Any) -> Any:
+    return sample
+
+
+def iter_results(backbone: Backbone, loader: Callable[[int], torch.Tensor], tasks: Sequence[BatchTask], *,
+                 num_workers: int = 4, amp: bool = True) -> Iterator[BatchResult]:
+    """Run every planned batch through the backbone, in order, with `num_workers` loader processes."""
+    if not tasks:
+        return
+    pin = backbone.device.type == "cuda"
+    data = torch.utils.data.DataLoader(
+        _Batches(loader, tasks), batch_size=None, shuffle=False, num_workers=num_workers, collate_fn=_identity,
+        pin_memory=pin, prefetch_factor=2 if num_workers > 0 else None, persistent_workers=False,
+    )
+    for index, pixels, ok, skipped in data:
+        arrays = backbone.infer(pixels, amp=amp) if pixels is not None else {}
+        yield BatchResult(tasks[index], np.asarray(ok, dtype=np.int64), arrays, skipped)

@@ -1,0 +1,330 @@
+"""open_clip vision-language models: image embeddings, value-branch patch embeddings, template-averaged text embeddings.
+
+Image entries hold ``features`` = ℓ2-normalised image embeddings (N, D) float32 and, for ViT towers,
+``extra.patch_embeddings`` = (N, P, D) ℓ2-normalised patch embeddings in the joint space. **We store fp16 patch
+embeddings** (not per-image local similarities), so GL-MCM can be scored against any label list later. They
+follow GL-MCM (Miyai et al. 2023): the last transformer block is run with its attention replaced by the value
+branch — out_proj(v), identical to attention under a diagonal mask — keeping the residuals and the MLP; then
+``ln_post`` and the projection. Text embeddings average the ℓ2-normalised embeddings of every template
+(the seed's eight, `SEED_TEMPLATES`) per label and renormalise; they are cached in the store per
+(model, label list, templates).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ExtractError, ZeroShotError
+from ..store import Store
+from ..zeroshot.templates import SEED_TEMPLATES
+from .backbones.base import Backbone, autocast, resolve_device, safe_id, sha256_file
+
+__all__ = [
+    "OpenClipBundle",
+    "OpenClipBackbone",
+    "TextEmbeddingsMissing",
+    "load_openclip",
+    "quickgelu_mismatch",
+    "text_embeddings",
+    "text_dataset_id",
+    "cached_text_embeddings",
+    "value_branch_block",
+    "image_and_patch_embeddings",
+    "supports_patches",
+]
+
+
+class TextEmbeddingsMissing(ExtractError, ZeroShotError):
+    """Text embeddings are not cached in the store and no model was given to compute them."""
+
+
+@dataclass
+class OpenClipBundle:
+    """A loaded open_clip model with its image preprocessing, tokenizer and names."""
+
+    model: torch.nn.Module
+    preprocess: Callable[[Any], torch.Tensor]
+    tokenizer: Callable[..., torch.Tensor]
+    model_name: str
+    pretrained: str | None
+    checkpoint: str
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def names(self) -> tuple[str, str | None]:
+        """(model name, pretrained tag or path)."""
+        return self.model_name, self.pretrained
+
+    def preprocessing(self) -> dict[str, Any]:
+        """The model's resolved image preprocessing configuration (JSON-friendly)."""
+        from open_clip.model import get_model_preprocess_cfg
+
+        cfg = get_model_preprocess_cfg(self.model)
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in sorted(cfg.items())}
+
+    def provenance(self) -> dict[str, Any]:
+        """Model name, checkpoint (tag or sha256), preprocessing and kind."""
+        return {"model": self.model_name, "checkpoint": self.checkpoint, "preprocessing": self.preprocessing(),
+                "kind": "open_clip"}
+
+    def default_model_id(self) -> str:
+        """Store id: the model name plus the pretrained tag (or a short hash of a local checkpoint)."""
+        base = safe_id(self.model_name)
+        if self.checkpoint.startswith("sha256:"):
+            return f"{base}@{self.checkpoint[7:19]}"
+        if self.pretrained:
+            return f"{base}@{safe_id(self.pretrained)}"
+        return base
+
+
+def quickgelu_mismatch(model_name: str, pretrained: str | None) -> str | None:
+    """A warning text when the weights of tag `pretrained` were trained with a different GELU than the config uses."""
+    import open_clip
+
+    if not pretrained or os.path.isfile(str(pretrained)):
+        return None
+    tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained) or {}
+    model_cfg = open_clip.get_model_config(model_name) or {}
+    if not tag_cfg:
+        return None
+    tag_quick, model_quick = bool(tag_cfg.get("quick_gelu", False)), bool(model_cfg.get("quick_gelu", False))
+    if tag_quick == model_quick:
+        return None
+    fix = f"{model_name}-quickgelu" if tag_quick else model_name.replace("-quickgelu", "")
+    return (f"QuickGELU mismatch: weights '{pretrained}' were trained with "
+            f"{'QuickGELU' if tag_quick else 'GELU'} but config '{model_name}' uses {'QuickGELU' if model_quick else 'GELU'}; "
+            f"embeddings will be degraded. Use --model {fix} --pretrained {pretrained}")
+
+
+def load_openclip(model_name: str, pretrained: str | None = None, device: str | torch.device = "cpu", *,
+                  seed: int = 0, cache_dir: str | None = None) -> OpenClipBundle:
+    """Load an open_clip model (pretrained tag, local checkpoint file, or seeded random init when `pretrained` is None)."""
+    import open_clip
+
+    if model_name not in open_clip.list_models() and not model_name.startswith(("hf-hub:", "local-dir:")):
+        raise ExtractError(f"unknown open_clip model {model_name!r}; see open_clip.list_models()")
+    message = quickgelu_mismatch(model_name, pretrained)
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=2)
+    checkpoint: str
+    if pretrained is None:
+        checkpoint = f"random-init:seed={seed}"
+    elif os.path.isfile(str(pretrained)):
+        checkpoint = f"sha256:{sha256_file(pretrained)}"
+    else:
+        tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained) or {}
+        if not tag_cfg and not model_name.startswith(("hf-hub:", "local-dir:")):
+            known = open_clip.list_pretrained_tags_by_model(model_name)
+            raise ExtractError(f"{pretrained!r} is neither a pretrained tag of {model_name} ({', '.join(known) or 'none'}) "
+                               "nor an existing checkpoint file")
+        if os.environ.get("HF_HUB_OFFLINE") == "1" and tag_cfg and not tag_cfg.get("hf_hub"):
+            target = Path(cache_dir or os.path.expanduser("~/.cache/clip")) / os.path.basename(tag_cfg.get("url", ""))
+            if not target.is_file():
+                raise ExtractError(f"weights '{pretrained}' of {model_name} are not cached at {target} and HF_HUB_OFFLINE=1; "
+                                   "download them once with network access or pass --pretrained PATH to a local checkpoint")
+        checkpoint = f"open_clip:{pretrained}"
+    torch.manual_seed(seed)
+    try:
+        with warnings.catch_warnings():
+            # Our own QuickGELU warning (above) says what to do; silence open_clip's duplicate and its random-init note.
+            warnings.filterwarnings("ignore", message="QuickGELU mismatch")
+            model, _, preprocess = open_clip.create_model_and_transforms(model_name, pretrained=pretrained,
+                                                                         device="cpu", cache_dir=cache_dir)
+    except Exception as exc:
+        raise ExtractError(
+            f"cannot load open_clip {model_name} with pretrained={pretrained!r}: {str(exc)[:400]}. Weights come from the "
+            "Hugging Face cache ($HF_HOME) or ~/.cache/clip; offline, pass a local checkpoint file as --pretrained PATH"
+        ) from exc
+    tokenizer = open_clip.get_tokenizer(model_name)
+    dev = resolve_device(device)
+    model = model.to(dev).eval()
+    return OpenClipBundle(model, preprocess, tokenizer, model_name, pretrained, checkpoint, dev)
+
+
+# ----------------------------------------------------------------------------------------------- image side
+def supports_patches(model: torch.nn.Module) -> bool:
+    """True for open_clip ViT towers with a class token and no attentional pooler (where patches are defined)."""
+    from open_clip.transformer import VisionTransformer
+
+    visual = getattr(model, "visual", None)
+    return isinstance(visual, VisionTransformer) and visual.attn_pool is None and visual.proj is not None
+
+
+def value_branch_block(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """One open_clip residual block with attention replaced by its value path (≡ attention under a diagonal mask)."""
+    from open_clip.transformer import Attention
+
+    y = block.ln_1(x)
+    attention = block.attn
+    if isinstance(attention, torch.nn.MultiheadAttention):
+        if attention._qkv_same_embed_dim:
+            # The full in-projection then a slice, exactly as attention computes v (so results match bit for bit).
+            value = F.linear(y, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)[2]
+        else:
+            bias = None if attention.in_proj_bias is None else attention.in_proj_bias.chunk(3)[2]
+            value = F.linear(y, attention.v_proj_weight, bias)
+        mixed = attention.out_proj(value)
+    elif isinstance(attention, Attention):
+        value = F.linear(y, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)[2]
+        if attention.head_scale is not None:
+            shape = value.shape
+            value = (value.reshape(*shape[:-1], attention.num_heads, -1).transpose(-2, -3) * attention.head_scale)
+            value = value.transpose(-2, -3).reshape(shape)
+        mixed = attention.out_drop(attention.out_proj(attention.ln_inner(value)))
+        mixed = getattr(block, "ln_attn", torch.nn.Identity())(mixed)
+    else:
+        raise ExtractError(f"unsupported attention module {type(attention).__name__} for value-branch patches")
+    x = x + block.ls_1(mixed)
+    return x + block.ls_2(block.mlp(block.ln_2(x)))
+
+
+def image_and_patch_embeddings(model: torch.nn.Module, pixels: torch.Tensor, *, patches: bool = True
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ℓ2-normalised image embeddings (N, D) and value-branch patch embeddings (N, P, D), both float32."""
+    if not patches:
+        return F.normalize(model.encode_image(pixels).float(), dim=-1), None
+    if not supports_patches(model):
+        raise ExtractError("patch embeddings need an open_clip ViT image tower without attentional pooling")
+    visual = model.visual
+    last = visual.transformer.resblocks[-1]
+    captured: dict[str, torch.Tensor] = {}
+
+    def grab(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        captured["x"] = args[0]
+
+    handle = last.register_forward_pre_hook(grab)
+    try:
+        image = model.encode_image(pixels)
+    finally:
+        handle.remove()
+    tokens = value_branch_block(last, captured["x"])
+    if not visual.transformer.batch_first:
+        tokens = tokens.transpose(0, 1)
+    local = visual.ln_post(tokens[:, 1:]) @ visual.proj  # drop the class token
+    return F.normalize(image.float(), dim=-1), F.normalize(local.float(), dim=-1)
+
+
+class OpenClipBackbone(Backbone):
+    """The image tower of an open_clip model: normalised image embeddings and fp16 patch embeddings."""
+
+    kind = "open_clip"
+
+    def __init__(self, bundle: OpenClipBundle, *, patches: bool | None = None) -> None:
+        super().__init__(bundle.model, name=bundle.model_name, checkpoint=bundle.checkpoint,
+                         preprocessing=bundle.preprocessing(), transform=bundle.preprocess)
+        self.bundle = bundle
+        available = supports_patches(bundle.model)
+        if patches and not available:
+            raise ExtractError(f"{bundle.model_name} has no ViT patch tokens; run without --patches")
+        self.patches = available if patches is None else patches
+        self.device = bundle.device
+
+    def provenance(self) -> dict[str, Any]:
+        """Model, checkpoint, preprocessing, kind and what the arrays hold."""
+        info = super().provenance()
+        info["features"] = "l2-normalised image embeddings"
+        if self.patches:
+            info["patch_embeddings"] = "fp16 l2-normalised value-branch patch embeddings (last block), joint space"
+        return info
+
+    def default_model_id(self) -> str:
+        """Model name plus pretrained tag."""
+        return self.bundle.default_model_id()
+
+    def input_size(self) -> tuple[int, int, int]:
+        """(3, H, W) of the preprocessed image."""
+        size = self.preprocessing.get("size", 224)
+        h, w = (size, size) if isinstance(size, int) else size
+        return 3, int(h), int(w)
+
+    def infer(self, pixels: torch.Tensor, *, amp: bool = True) -> dict[str, np.ndarray]:
+        """Image (and patch) embeddings of one preprocessed batch."""
+        pixels = pixels.to(self.device, non_blocking=True)
+        with torch.no_grad(), autocast(self.device, amp):
+            image, local = image_and_patch_embeddings(self.model, pixels, patches=self.patches)
+        arrays = {"features": image.cpu().numpy().astype(np.float32, copy=False)}
+        if local is not None:
+            arrays["extra.patch_embeddings"] = local.cpu().numpy().astype(np.float16)
+        return arrays
+
+
+# ----------------------------------------------------------------------------------------------- text side
+def _check_labels(labels: Sequence[str], templates: Sequence[str]) -> tuple[list[str], list[str]]:
+    labels = list(labels)
+    templates = list(templates)
+    if not labels:
+        raise ExtractError("no labels to embed")
+    bad = [label for label in labels if not isinstance(label, str) or not label.strip()]
+    if bad:
+        raise ExtractError(f"labels must be non-empty strings; got {bad[0]!r}")
+    if not templates:
+        raise ExtractError("no templates given")
+    wrong = [t for t in templates if not isinstance(t, str) or t.count("{}") != 1]
+    if wrong:
+        raise ExtractError(f"each template must contain '{{}}' exactly once; got {wrong[0]!r}")
+    return labels, templates
+
+
+def text_embeddings(model_bundle: OpenClipBundle, labels: Sequence[str], templates: Sequence[str] = SEED_TEMPLATES,
+                    batch_size: int = 256) -> np.ndarray:
+    """(L, D) float32 label embeddings: each template embedding ℓ2-normalised, averaged over templates, renormalised."""
+    labels, templates = _check_labels(labels, templates)
+    if batch_size <= 0:
+        raise ExtractError(f"batch_size must be positive; got {batch_size}")
+    model, tokenizer, device = model_bundle.model, model_bundle.tokenizer, model_bundle.device
+    per_step = max(1, batch_size // len(templates))  # labels per forward pass
+    chunks: list[np.ndarray] = []
+    with torch.no_grad(), autocast(device, True):
+        for start in range(0, len(labels), per_step):
+            block = labels[start : start + per_step]
+            texts = [template.format(label) for label in block for template in templates]
+            encoded = model.encode_text(tokenizer(texts).to(device)).float()
+            encoded = F.normalize(encoded, dim=-1).reshape(len(block), len(templates), -1).mean(dim=1)
+            chunks.append(F.normalize(encoded, dim=-1).cpu().numpy().astype(np.float32))
+    return np.concatenate(chunks, axis=0)
+
+
+def text_dataset_id(labels: Sequence[str], templates: Sequence[str] = SEED_TEMPLATES) -> str:
+    """Store dataset id of cached text embeddings: ``text-`` + first 16 hex of sha256 over labels and templates."""
+    payload = json.dumps({"labels": list(labels), "templates": list(templates)}, ensure_ascii=False, separators=(",", ":"))
+    return "text-" + hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def cached_text_embeddings(store: Store, model_id: str, labels: Sequence[str], templates: Sequence[str] = SEED_TEMPLATES,
+                           model_bundle: OpenClipBundle | None = None, *, batch_size: int = 256) -> np.ndarray:
+    """Template-averaged label embeddings from the store, computing and caching them when a model is given."""
+    from .pipeline import check_model_id  # local import: pipeline imports this module's neighbours
+
+    labels, templates = _check_labels(labels, templates)
+    dataset_id = text_dataset_id(labels, templates)
+    if store.exists(model_id, dataset_id):
+        meta = store.meta(model_id, dataset_id)
+        if meta.get("labels") != labels or meta.get("templates") != templates:
+            raise ExtractError(f"store entry {model_id}/{dataset_id} holds embeddings of other labels/templates "
+                               "(hash collision or edited meta.json); delete it and recompute")
+        return np.asarray(store.read(model_id, dataset_id).features, dtype=np.float32)
+    if model_bundle is None:
+        raise TextEmbeddingsMissing(
+            f"no cached text embeddings for {len(labels)} labels x {len(templates)} templates under model {model_id!r} "
+            f"(dataset id {dataset_id}) in {store.root}; load the model (load_openclip) and pass it as model_bundle, "
+            "or cache them once with `oodbench extract --model M --pretrained TAG --text-labels FILE --model-id ID`"
+        )
+    provenance = model_bundle.provenance()
+    check_model_id(store, model_id, provenance)
+    embeddings = text_embeddings(model_bundle, labels, templates, batch_size=batch_size)
+    writer = store.writer(model_id, dataset_id, provenance=provenance, num_items=len(labels),
+                          shard_size=len(labels), item_hash=dataset_id)
+    if writer.pending_shards():
+        writer.write_shard(0, {"features": embeddings, "index": np.arange(len(labels), dtype=np.int64)})
+    writer.finalize(extra_meta={"labels": labels, "templates": templates,
+                                "text_embeddings": "per-template l2-normalised, averaged, renormalised"})
+    return embeddings

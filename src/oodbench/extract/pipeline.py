@@ -1,0 +1,228 @@
+"""Extraction pipeline: plan shard-aligned batches, run them on an engine, write shards, finalize, store the head."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from ..atomic import atomic_write_text
+from ..errors import ExtractError
+from ..store import PROVENANCE_KEYS, EntryWriter, Store
+from .backbones.base import Backbone
+from .datasets import ImageList
+from .engines.common import BatchResult, ItemLoader, plan_tasks
+
+__all__ = ["ExtractionReport", "extract", "check_model_id", "ENGINES", "INLINE_ITEMS"]
+
+ENGINES = ("local", "ray")
+# Entries up to this many items also list their items inline in meta.json (items.txt is always written).
+INLINE_ITEMS = 1000
+
+
+@dataclass
+class ExtractionReport:
+    """What one extraction call did."""
+
+    model_id: str
+    dataset_id: str
+    num_items: int
+    num_rows: int
+    processed: int
+    seconds: float
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    head_written: bool = False
+    path: Path | None = None
+
+    @property
+    def images_per_second(self) -> float:
+        """Items processed per second in this call (0 when nothing was left to do)."""
+        return self.processed / self.seconds if self.seconds > 0 and self.processed else 0.0
+
+
+def check_model_id(store: Store, model_id: str, provenance: Mapping[str, Any]) -> None:
+    """Refuse to add to a model id whose entries or head come from another model, checkpoint or preprocessing."""
+    others = [(dataset_id, store.meta(model_id, dataset_id).get("provenance", {})) for dataset_id in store.datasets(model_id)]
+    if store.has_head(model_id):
+        others.append(("head", store.head_meta(model_id).get("provenance", {})))
+    for where, other in others:
+        for key in PROVENANCE_KEYS:
+            if other.get(key) != provenance.get(key):
+                raise ExtractError(
+                    f"model id {model_id!r} already holds {where} with {key}={other.get(key)!r}, but this extraction has "
+                    f"{key}={provenance.get(key)!r}; pass another --model-id (or delete the old entries)"
+                )
+
+
+class _ShardAssembler:
+    """Collects batch results per shard and writes a shard once all its batches are in (any arrival order)."""
+
+    def __init__(self, writer: EntryWriter, expected: dict[int, int], labels: np.ndarray | None,
+                 fallback_spec: Callable[[], dict[str, tuple[tuple[int, ...], np.dtype]]]) -> None:
+        self.writer, self.expected, self.labels = writer, expected, labels
+        self.fallback_spec = fallback_spec
+        self.parts: dict[int, dict[int, BatchResult]] = {}
+        self.spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
+        self.deferred: list[int] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.rows = 0
+
+    def add(self, result: BatchResult) -> None:
+        if result.arrays and self.spec is None:
+            self.spec = {name: (value.shape[1:], value.dtype) for name, value in result.arrays.items()}
+        shard_parts = self.parts.setdefault(result.task.shard, {})
+        shard_parts[result.task.seq] = result
+        if len(shard_parts) == self.expected[result.task.shard]:
+            self._write(result.task.shard)
+        if self.spec is not None and self.deferred:
+            for shard in self.deferred[:]:
+                self.deferred.remove(shard)
+                self._write(shard)
+
+    def _write(self, shard: int) -> None:
+        results = [self.parts[shard][seq] for seq in sorted(self.parts[shard])]
+        positions = np.concatenate([r.positions for r in results]) if results else np.zeros(0, np.int64)
+        with_rows = [r for r in results if r.arrays]
+        if not with_rows and self.spec is None:
+            self.deferred.append(shard)  # all items unreadable: shapes come from another shard later
+            return
+        names = with_rows[0].arrays.keys() if with_rows else self.spec.keys()  # type: ignore[union-attr]
+        arrays: dict[str, np.ndarray] = {}
+        for name in names:
+            if with_rows:
+                arrays[name] = np.concatenate([r.arrays[name] for r in with_rows], axis=0)
+            else:
+                tail, dtype = self.spec[name]  # type: ignore[index]
+                arrays[name] = np.zeros((0, *tail), dtype=dtype)
+        arrays["index"] = positions.astype(np.int64)
+        if self.labels is not None:
+            arrays["labels"] = self.labels[positions]
+        skipped = [item for r in results for item in r.skipped]
+        self.writer.write_shard(shard, arrays, skipped=skipped)
+        self.skipped.extend(skipped)
+        self.rows += len(positions)
+        del self.parts[shard]
+
+    def finish(self) -> None:
+        if self.deferred:
+            if self.spec is None:
+                self.spec = self.fallback_spec()
+            for shard in self.deferred[:]:
+                self.deferred.remove(shard)
+                self._write(shard)
+        if self.parts:
+            raise ExtractError(f"engine returned incomplete shards {sorted(self.parts)[:5]}; rerun to finish them")
+
+
+def _progress(total: int, completed: int, enabled: bool, description: str):
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("  -- img/s" if speed is None else f"{speed:7.1f} img/s")
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(),
+                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), disable=not enabled)
+    task = progress.add_task(description, total=total, completed=completed)
+    return progress, task
+
+
+def _engine_results(engine: str, backbone: Backbone, loader: Callable[[int], torch.Tensor], tasks: list,
+                    *, num_workers: int, amp: bool, options: Mapping[str, Any]) -> Iterator[BatchResult]:
+    if engine == "local":
+        from .engines.local import iter_results
+
+        return iter_results(backbone, loader, tasks, num_workers=num_workers, amp=amp, **options)
+    if engine == "ray":
+        from .engines.ray_engine import iter_results as ray_results
+
+        return ray_results(backbone, loader, tasks, amp=amp, **options)
+    raise ExtractError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+
+
+def extract(store: Store, backbone: Backbone, dataset: ImageList, *, dataset_id: str, model_id: str | None = None,
+            engine: str = "local", batch_size: int = 64, shard_size: int = 4096, num_workers: int = 4,
+            device: str = "auto", amp: bool = True, progress: bool = True,
+            loader: Callable[[int], torch.Tensor] | None = None,
+            engine_options: Mapping[str, Any] | None = None) -> ExtractionReport:
+    """Extract `dataset` with `backbone` into `store` as (model_id, dataset_id); resumes whatever is missing."""
+    if engine not in ENGINES:
+        raise ExtractError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    if batch_size <= 0 or shard_size <= 0:
+        raise ExtractError(f"batch size and shard size must be positive; got {batch_size} and {shard_size}")
+    if len(dataset) == 0:
+        raise ExtractError(f"dataset {dataset_id} has no items")
+    model_id = model_id or backbone.default_model_id()
+    provenance = backbone.provenance()
+    check_model_id(store, model_id, provenance)
+    writer = store.writer(model_id, dataset_id, provenance=provenance, num_items=len(dataset),
+                          shard_size=shard_size, item_hash=dataset.item_hash())
+    entry = store.entry_path(model_id, dataset_id)
+    items_file = entry / "items.txt"
+    if not items_file.is_file():
+        atomic_write_text(items_file, "".join(f"{item}\n" for item in dataset.items))
+    started = time.perf_counter()
+    processed = 0
+    assembler: _ShardAssembler | None = None
+    if not writer.complete:
+        pending = writer.pending_shards()
+        tasks = plan_tasks(((k, writer.shard_rows(k)) for k in pending), batch_size)
+        expected: dict[int, int] = {}
+        for task in tasks:
+            expected[task.shard] = expected.get(task.shard, 0) + 1
+        if engine == "local":
+            backbone.to(device)
+
+        def fallback_spec() -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+            dummy = torch.zeros(1, *backbone.input_size())
+            return {name: (value.shape[1:], value.dtype) for name, value in backbone.infer(dummy, amp=amp).items()}
+
+        assembler = _ShardAssembler(writer, expected, dataset.labels, fallback_spec)
+        item_loader = loader or ItemLoader(dataset, backbone.transform)
+        done_items = len(dataset) - sum(len(task.positions) for task in tasks)
+        bar, bar_task = _progress(len(dataset), done_items, progress, f"{model_id}/{dataset_id}")
+        with bar:
+            for result in _engine_results(engine, backbone, item_loader, tasks, num_workers=num_workers, amp=amp,
+                                          options=engine_options or {}):
+                assembler.add(result)
+                processed += len(result.task.positions)
+                bar.update(bar_task, advance=len(result.task.positions))
+        assembler.finish()
+        extra_meta: dict[str, Any] = {"dataset": dataset.describe(), "items_file": "items.txt"}
+        if len(dataset) <= INLINE_ITEMS:
+            extra_meta["items"] = list(dataset.items)
+        writer.finalize(extra_meta=extra_meta)
+    seconds = time.perf_counter() - started
+    head_written = _store_head(store, backbone, model_id, dataset_id, provenance, loose=amp)
+    meta = store.meta(model_id, dataset_id)
+    return ExtractionReport(model_id, dataset_id, len(dataset), int(meta.get("num_rows", 0)), processed, seconds,
+                            list(meta.get("skipped", [])), head_written, entry)
+
+
+def _store_head(store: Store, backbone: Backbone, model_id: str, dataset_id: str, provenance: Mapping[str, Any],
+                *, loose: bool) -> bool:
+    """Store the backbone's head once per model, after checking it reproduces the stored logits."""
+    head = backbone.head()
+    if head is None:
+        return False
+    outputs = store.read(model_id, dataset_id)
+    # Under GPU autocast the logits carry half-precision rounding; the per-batch check already used the strict
+    # float32 tolerance wherever the forward pass ran in float32.
+    tolerance = 2e-2 if loose else 1e-3
+    try:
+        head.check_outputs(outputs, rtol=tolerance, atol=tolerance)
+    except ValueError as exc:
+        raise ExtractError(f"refusing to store the head of {model_id}: {exc}") from exc
+    if store.has_head(model_id):
+        stored = store.read_head(model_id)
+        if not (np.array_equal(stored.weight, head.weight) and np.array_equal(stored.bias, head.bias)):
+            raise ExtractError(f"model id {model_id!r} already has a different head; pass another --model-id")
+        return False
+    store.write_head(model_id, head, provenance=provenance)
+    return True

@@ -1,0 +1,320 @@
+"""Assemble a report from evaluation runs: the tables, the figures (built lazily) and the provenance, in sections.
+
+`build_report` decides *what* goes in; `write_report` renders it as Markdown, LaTeX and HTML files plus PNG/PDF
+figures; `html_report.render_html_document` turns it into one self-contained HTML page.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from ..analysis.rundata import RunData, load_runs
+from ..analysis.runs import IntervalRecord, best_detectors, interval_record
+from ..analysis.delong import DeLongResult, delong_test
+from ..analysis.spread import spread_vs_noise
+from ..analysis.subsample import SubsampleStudy, SubsampleSummary, resolve_n, subsample_curve, subsample_fpr
+from ..errors import AnalysisError
+from ..progress import progress_bar
+from ..results import ResultRow
+from . import figures, tables
+from .table_model import Cell, Table
+
+__all__ = ["ReportOptions", "FigureItem", "Section", "ReportContent", "build_report", "curve_sizes", "provenance_tables"]
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What to compute for a report (subsampling, intervals, figures)."""
+
+    n: int | str = "auto"  # subset size of Table A6 ('auto': 655 capped at half the smallest OOD set)
+    draws: int = 1000
+    seed: int = 0
+    curve_points: int = 8  # subset sizes per Fig. A4 curve (log-spaced up to N)
+    curve_draws: int = 300
+    resamples: int = 1000  # bootstrap resamples for the interval table
+    confidence: float = 0.95
+    tpr: float = 0.95
+    plot_detectors: tuple[str, ...] | None = None  # ROC/histograms; default: the 3 best by mean FPR@95
+    score_figures: bool = True  # ROC curves and score histograms per (model, OOD set)
+    vocabularies: Mapping[str, Any] | None = None
+    title: str = "oodbench report"
+
+
+@dataclass
+class FigureItem:
+    """A figure made on demand (so a report with many figures never holds them all in memory)."""
+
+    stem: str
+    caption: str
+    make: Callable[[], Figure]
+
+
+@dataclass
+class Section:
+    """A titled part of the report: an introduction and tables/figures in order."""
+
+    key: str
+    title: str
+    text: str = ""
+    items: list[Table | FigureItem] = field(default_factory=list)
+
+
+@dataclass
+class ReportContent:
+    """Everything a renderer needs."""
+
+    title: str
+    sections: list[Section]
+    runs: list[str]
+    notes: list[str] = field(default_factory=list)
+    subsample: list[SubsampleSummary] = field(default_factory=list)
+    intervals: list[IntervalRecord] = field(default_factory=list)
+    comparisons: list[tuple[str, str, DeLongResult]] = field(default_factory=list)
+
+    def tables(self) -> list[Table]:
+        return [item for section in self.sections for item in section.items if isinstance(item, Table)]
+
+    def figures(self) -> list[FigureItem]:
+        return [item for section in self.sections for item in section.items if isinstance(item, FigureItem)]
+
+
+def curve_sizes(n_total: int, points: int, extra: Sequence[int] = ()) -> list[int]:
+    """Log-spaced subset sizes from min(10, N) to N (plus `extra` sizes that fit), for Fig. A4."""
+    start = min(10, n_total)
+    sizes = {int(round(v)) for v in np.geomspace(start, n_total, max(2, points))} | {e for e in extra if 1 <= e <= n_total}
+    return sorted(s for s in sizes if s >= 1)
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
+
+
+def _mean_fpr_order(rows: Sequence[ResultRow], pair: tuple[str, str], available: set[str]) -> list[str]:
+    """Detectors of a (model, ID) ordered by mean FPR@95 over its OOD sets (only those with scores)."""
+    sums: dict[str, list[float]] = {}
+    for r in rows:
+        if (r.model, r.id_dataset) == pair and r.metric == "fpr95" and r.detector in available:
+            sums.setdefault(r.detector, []).append(r.value)
+    order = list(sums)
+    return sorted(sums, key=lambda d: (float(np.mean(sums[d])), order.index(d)))
+
+
+def provenance_tables(run: RunData) -> list[Table]:
+    """The run's description (datasets, detectors), its store entries' provenance and the library versions."""
+    info = run.info
+    key = _slug(run.path.name or "run")
+    if not info:
+        return [Table(f"prov-{key}", f"Run {run.path}", ("item", "value"),
+                      ((Cell("run.json"), Cell("absent: no provenance recorded")),))]
+    head = info.get("head") or {}
+    head_prov = head.get("provenance") or {}
+    general = [("model", str(info.get("model", "–"))), ("run directory", str(run.path)),
+               ("store", str(info.get("store", "–"))), ("fit set", str(info.get("fit_dataset", "–"))),
+               ("ID test set", str(info.get("id_dataset", "–"))),
+               ("OOD sets", ", ".join(info.get("ood_datasets", [])) or "–"),
+               ("head", ", ".join(f"{k}={v}" for k, v in head_prov.items()) or "–"),
+               ("complete", str(info.get("complete", "–")))]
+    detectors = info.get("detectors") or {}
+    general.append(("detectors", ", ".join(f"{name}({', '.join(f'{k}={v}' for k, v in (params or {}).items())})"
+                                           if params else name for name, params in detectors.items()) or "–"))
+    for name, reason in (info.get("skipped_detectors") or {}).items():
+        general.append((f"skipped {name}", str(reason)))
+    result = [Table(f"prov-{key}", f"Run: {info.get('model', run.path.name)}", ("item", "value"),
+                    tuple((Cell(k), Cell(v)) for k, v in general))]
+    entries = info.get("entries") or {}
+    if entries:
+        body = []
+        versions: dict[str, set[str]] = {}
+        for dataset, meta in entries.items():
+            meta = meta or {}
+            prov = meta.get("provenance") or {}
+            body.append((Cell(dataset), Cell(str(meta.get("num_rows", "–"))),
+                         Cell(str(meta.get("item_hash") or "–")),
+                         Cell(str(prov.get("model", "–"))), Cell(str(prov.get("checkpoint", "–"))),
+                         Cell(str(prov.get("preprocessing", "–"))), Cell(str(meta.get("finished") or "–"))))
+            for lib, version in (meta.get("versions") or {}).items():
+                versions.setdefault(lib, set()).add(str(version))
+        for lib, version in (head.get("versions") or {}).items():
+            versions.setdefault(lib, set()).add(str(version))
+        result.append(Table(f"entries-{key}", "Store entries (dataset hashes, checkpoints)",
+                            ("dataset", "rows", "item hash (SHA-256)", "model", "checkpoint", "preprocessing", "extracted"),
+                            tuple(body), align=("l", "r", "l", "l", "l", "l", "l")))
+        if versions:
+            result.append(Table(f"versions-{key}", "Library versions at extraction", ("library", "version"),
+                                tuple((Cell(lib), Cell(", ".join(sorted(v)))) for lib, v in sorted(versions.items()))))
+    return result
+
+
+def _report_versions() -> Table:
+    import platform
+
+    import matplotlib
+    import scipy
+
+    from .. import __version__
+
+    items = [("python", platform.python_version()), ("oodbench", __version__), ("numpy", np.__version__),
+             ("scipy", scipy.__version__), ("matplotlib", matplotlib.__version__)]
+    return Table("versions-report", "Library versions of this report", ("library", "version"),
+                 tuple((Cell(k), Cell(v)) for k, v in items))
+
+
+def build_report(run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData], options: ReportOptions | None = None,
+                 *, progress: bool = False) -> ReportContent:
+    """Tables, figures and provenance for one or more evaluation runs (e.g. one per model)."""
+    options = options or ReportOptions()
+    if all(isinstance(r, RunData) for r in run_dirs):
+        runs = list(run_dirs)  # type: ignore[arg-type]
+    elif any(isinstance(r, RunData) for r in run_dirs):
+        raise AnalysisError("pass either run directories or loaded RunData objects, not a mix")
+    else:
+        runs = load_runs(run_dirs)  # type: ignore[arg-type]
+    if not runs:
+        raise AnalysisError("no runs to report on")
+    rows = [row for run in runs for row in run.rows]
+    supervised = tables.supervised_rows(rows)
+    content = ReportContent(options.title, [], [str(run.path) for run in runs])
+    vocabularies: dict[str, Any] = {}
+    for run in runs:
+        vocabularies.update(run.info.get("vocabularies") or {})
+    vocabularies.update(options.vocabularies or {})
+
+    # Which run holds the scores of each (model, ID) pair.
+    scored: dict[tuple[str, str], RunData] = {}
+    for run in runs:
+        for pair in run.pairs():
+            if pair not in scored and run.path.is_dir() and run.has_scores(*pair):
+                scored[pair] = run
+    pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in supervised))
+
+    if supervised:
+        overview = Section("overview", "Overview", "Best detectors per model and OOD set (values in %).")
+        overview.items.append(tables.table1(supervised))
+        overview.items.append(tables.table_a2(supervised))
+        overview.items.append(tables.table_a1(supervised))
+        content.sections.append(overview)
+        for model, id_dataset in pairs:
+            section = Section(f"model-{_slug(model)}-{_slug(id_dataset)}", f"Model {model} (ID: {id_dataset})")
+            section.items.append(tables.table_detectors(supervised, model, id_dataset))
+            section.items.append(FigureItem(
+                f"fig1-{_slug(model)}", f"Fig. 1: best detector per OOD set for {model}",
+                lambda m=model, i=id_dataset: figures.fig_best_detectors(supervised, m, i)))
+            content.sections.append(section)
+
+    if len(supervised) != len(rows):
+        zero = Section("zeroshot", "Zero-shot vocabularies")
+        zero.items.append(tables.table2(rows, vocabularies))
+        if any(tables.Vocabulary.coerce(k, v).size is not None for k, v in vocabularies.items()):
+            zero.items.append(FigureItem("figA1-vocabulary-sweep", "Fig. A1/A2: FPR@95 against vocabulary size",
+                                         lambda: figures.fig_vocab_sweep(rows, vocabularies)))
+        content.sections.append(zero)
+
+    scored_pairs = [p for p in pairs if p in scored]
+    missing = [p for p in pairs if p not in scored]
+    if missing:
+        content.notes.append("No per-image scores for " + ", ".join(f"{m}/{i}" for m, i in missing)
+                             + ": subsampling, intervals and score figures skipped for them.")
+    if scored_pairs:
+        _add_score_sections(content, supervised, scored, scored_pairs, options, progress)
+
+    provenance = Section("provenance", "Provenance", "Models, checkpoints, dataset hashes and library versions.")
+    for run in runs:
+        provenance.items.extend(provenance_tables(run))
+    provenance.items.append(_report_versions())
+    content.sections.append(provenance)
+    _unique_names(content)
+    return content
+
+
+def _unique_names(content: ReportContent) -> None:
+    """Suffix repeated table keys and figure stems (-2, -3, …): they name files and HTML anchors."""
+    seen: dict[str, int] = {}
+    for section in content.sections:
+        for index, item in enumerate(section.items):
+            name = item.key if isinstance(item, Table) else item.stem
+            seen[name] = seen.get(name, 0) + 1
+            if seen[name] > 1:
+                unique = f"{name}-{seen[name]}"
+                if isinstance(item, Table):
+                    section.items[index] = replace(item, key=unique)
+                else:
+                    item.stem = unique
+
+
+def _add_score_sections(content: ReportContent, supervised: Sequence[ResultRow], scored: Mapping[tuple[str, str], RunData],
+                        pairs: Sequence[tuple[str, str]], options: ReportOptions, progress: bool) -> None:
+    """Subsampling (Table A6, Fig. A4), intervals and DeLong, ROC curves and histograms."""
+    plans = [(pair, ood) for pair in pairs for ood in scored[pair].ood_datasets(*pair)]
+    n_ood = {(r.model, r.id_dataset, r.ood_dataset): r.n_ood for run in scored.values() for r in run.rows}
+    sizes = {f"{pair[0]}/{ood}": n_ood[(*pair, ood)] for pair, ood in plans}
+    n = resolve_n(options.n, sizes)
+    if n > max(sizes.values()):
+        raise AnalysisError(f"n={n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())}); "
+                            f"pass a smaller n, e.g. {max(1, min(sizes.values()) // 2)}")
+    sub = Section("subsampling", "Subsampling (Table A6, Fig. A4)",
+                  f"The best detector's FPR@95 over {options.draws} draws of n={n} OOD images without replacement.")
+    stats_section = Section("uncertainty", "Uncertainty",
+                            "Intervals of each OOD set's best detector, and DeLong's test of the two best by AUROC.")
+    score_section = Section("scores", "ROC curves and score distributions")
+    curves: dict[tuple[str, str], dict[str, list[SubsampleStudy]]] = {}
+    with progress_bar(progress) as bar:
+        task = bar.add_task("report statistics", total=len(plans))
+        for pair, ood in plans:
+            run = scored[pair]
+            id_scores, ood_scores = run.paired_scores(pair[0], pair[1], ood)
+            id_scores = {d: s for d, s in id_scores.items() if tables.parse_vocabulary_score(d) is None}
+            ood_scores = {d: ood_scores[d] for d in id_scores}
+            total = len(next(iter(ood_scores.values())))
+            if n <= total:
+                study = subsample_fpr(id_scores, ood_scores, n, draws=options.draws, seed=options.seed, tpr=options.tpr,
+                                      model=pair[0], id_dataset=pair[1], ood_dataset=ood)
+                content.subsample.append(study.summary())
+            else:
+                content.notes.append(f"{pair[0]}/{ood}: not subsampled, n={n} exceeds its {total} OOD images.")
+            curves.setdefault(pair, {})[ood] = subsample_curve(
+                id_scores, ood_scores, curve_sizes(total, options.curve_points, [n]), draws=options.curve_draws,
+                seed=options.seed, tpr=options.tpr, model=pair[0], id_dataset=pair[1], ood_dataset=ood)
+            ranked = [d for d in best_detectors(run, pair[0], pair[1], ood, "fpr95", count=len(id_scores)) if d in id_scores]
+            best = ranked[0] if ranked else curves[pair][ood][0].best
+            content.intervals.append(interval_record(pair[0], pair[1], ood, best, id_scores[best],
+                                                     ood_scores[best], resamples=options.resamples,
+                                                     confidence=options.confidence, seed=options.seed, tpr=options.tpr))
+            top_auroc = [d for d in best_detectors(run, pair[0], pair[1], ood, "auroc", count=len(id_scores)) if d in id_scores][:2]
+            if len(top_auroc) == 2:
+                a, b = top_auroc
+                content.comparisons.append((pair[0], ood, delong_test(id_scores[a], ood_scores[a], id_scores[b],
+                                                                      ood_scores[b], confidence=options.confidence,
+                                                                      names=(a, b))))
+            if options.score_figures:
+                chosen = list(options.plot_detectors or _mean_fpr_order(supervised, pair, set(id_scores))[:3])
+                chosen = [d for d in chosen if d in id_scores]
+                if chosen:
+                    ids_c = {d: id_scores[d] for d in chosen}
+                    oods_c = {d: ood_scores[d] for d in chosen}
+                    label = f"{pair[0]}: {pair[1]} vs {ood}"
+                    score_section.items.append(FigureItem(f"roc-{_slug(pair[0])}-{_slug(ood)}", f"ROC curves, {label}",
+                                                          lambda i=ids_c, o=oods_c, t=label: figures.fig_roc(i, o, t, options.tpr)))
+                    score_section.items.append(FigureItem(
+                        f"hist-{_slug(pair[0])}-{_slug(ood)}", f"Score histograms, {label}",
+                        lambda i=ids_c, o=oods_c, t=label, lab=(pair[1], ood): figures.fig_score_histograms(
+                            i, o, t, options.tpr, labels=lab)))
+            bar.advance(task)
+    if content.subsample:
+        spreads = spread_vs_noise(content.subsample)
+        sub.items.append(tables.table_a6(content.subsample, spreads))
+    for pair, per_ood in curves.items():
+        sub.items.append(FigureItem(f"figA4-{_slug(pair[0])}", f"Fig. A4: FPR@95 over subset size n, {pair[0]} "
+                                    f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE)",
+                                    lambda c=per_ood, m=pair[0]: figures.fig_subsample_curves(c, m)))
+    content.sections.append(sub)
+    if content.intervals:
+        stats_section.items.append(tables.table_intervals(content.intervals, options.confidence))
+    if content.comparisons:
+        stats_section.items.append(tables.table_delong(content.comparisons, options.confidence))
+    content.sections.append(stats_section)
+    if score_section.items:
+        content.sections.append(score_section)

@@ -1,0 +1,251 @@
+"""The seed's figures with matplotlib (object API on the Agg canvas: no pyplot state, no display needed).
+
+Each `fig_*` function returns a `matplotlib.figure.Figure`; `save_figure` writes PNG and PDF atomically and
+`figure_png_base64` embeds one in HTML. Values are shown in %.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import math
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .. import metrics
+from ..analysis.roc import roc_curve
+from ..analysis.subsample import SubsampleStudy
+from ..atomic import atomic_path
+from ..errors import AnalysisError
+from ..results import ResultRow
+from .tables import Vocabulary, ResultGrid, coerce_vocabularies, parse_vocabulary_score, supervised_rows
+
+__all__ = [
+    "save_figure",
+    "figure_png_base64",
+    "fig_best_detectors",
+    "fig_subsample_curves",
+    "fig_roc",
+    "fig_score_histograms",
+    "fig_vocab_sweep",
+]
+
+_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
+
+
+def _figure(width: float, height: float) -> Figure:
+    figure = Figure(figsize=(width, height))
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _finish(figure: Figure) -> Figure:
+    # Lay out once here rather than with a layout engine, which would redo it on every save (PNG, PDF, base64).
+    figure.tight_layout()
+    return figure
+
+
+def save_figure(figure: Figure, directory: str | os.PathLike[str], stem: str,
+                formats: Sequence[str] = ("png", "pdf"), dpi: int = 150) -> list[Path]:
+    """Write the figure as <directory>/<stem>.<format> for each format, atomically; returns the paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        if fmt not in ("png", "pdf", "svg"):
+            raise AnalysisError(f"unsupported figure format {fmt!r}; use png, pdf or svg")
+        path = directory / f"{stem}.{fmt}"
+        # No timestamps in the files, so a rerun on the same results writes the same bytes.
+        metadata = {"CreationDate": None} if fmt == "pdf" else ({"Date": None} if fmt == "svg" else {"Software": None})
+        with atomic_path(path) as tmp:
+            figure.savefig(tmp, format=fmt, dpi=dpi, metadata=metadata)
+        paths.append(path)
+    return paths
+
+
+def figure_png_base64(figure: Figure, dpi: int = 110) -> str:
+    """The figure as a base64-encoded PNG (for a data: URI)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _grid_shape(count: int, max_columns: int = 3) -> tuple[int, int]:
+    columns = min(max_columns, max(1, count))
+    return math.ceil(count / columns), columns
+
+
+def fig_best_detectors(rows: Sequence[ResultRow], model: str, id_dataset: str | None = None,
+                       ood_datasets: Sequence[str] | None = None) -> Figure:
+    """Fig. 1: the best detector's FPR@95 and AUROC on each OOD set (benchmark) for one model, bars labelled by name."""
+    grid = ResultGrid(supervised_rows(rows))
+    pairs = [p for p in grid.pairs if p[0] == model and (id_dataset is None or p[1] == id_dataset)]
+    if len(pairs) != 1:
+        raise AnalysisError(f"expected one (model, ID set) for {model!r}; found {pairs}")
+    pair = pairs[0]
+    oods = [o for o in (ood_datasets or grid.oods) if o in grid.values[pair]]
+    if not oods:
+        raise AnalysisError(f"no OOD results for {model!r}")
+    figure = _figure(max(6.0, 1.1 * len(oods) + 2.5), 3.6)
+    axes = figure.subplots(1, 2)
+    for ax, metric, title in ((axes[0], "fpr95", "FPR@95 (%) ↓"), (axes[1], "auroc", "AUROC (%) ↑")):
+        bests = [grid.best(pair, [o], metric) for o in oods]
+        heights = [100 * b[1] if b else np.nan for b in bests]
+        bars = ax.bar(range(len(oods)), heights, color=_COLORS[0] if metric == "fpr95" else _COLORS[2], width=0.7)
+        for bar, best in zip(bars, bests):
+            if best:
+                # Names go inside tall bars (reading up from the base) and above short ones, never off the axes.
+                inside = bar.get_height() > 50
+                ax.annotate(best[0], (bar.get_x() + bar.get_width() / 2, 0 if inside else bar.get_height()),
+                            xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=7,
+                            rotation=90, color="white" if inside else "black")
+        ax.set_xticks(range(len(oods)), oods, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 105)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    figure.suptitle(f"{grid.label(pair)}: best detector per OOD set", fontsize=11)
+    return _finish(figure)
+
+
+def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: str | None = None) -> Figure:
+    """Fig. A4: the best detector's FPR@95 over n (mean ± 2σ of the draws, full set ± 2·closed-form SE), one panel per OOD set."""
+    if not curves:
+        raise AnalysisError("no subsampling curves to plot")
+    rows, columns = _grid_shape(len(curves))
+    figure = _figure(3.6 * columns, 2.9 * rows)
+    axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False).ravel())
+    for ax, (name, studies) in zip(axes, curves.items()):
+        studies = sorted(studies, key=lambda s: s.n)
+        if not studies:
+            raise AnalysisError(f"curve {name!r} has no points")
+        summaries = [s.summary() for s in studies]
+        ns = np.array([s.n for s in summaries])
+        mean = 100 * np.array([s.mean for s in summaries])
+        std = 100 * np.array([s.std for s in summaries])
+        se = 100 * np.array([s.se for s in summaries])
+        full = 100 * summaries[0].full
+        # A rate lives in [0, 100] %: the ±2σ band and the ±2·SE lines are clipped there.
+        ax.fill_between(ns, np.clip(mean - 2 * std, 0, 100), np.clip(mean + 2 * std, 0, 100), color=_COLORS[0],
+                        alpha=0.25, label="draws: mean ± 2σ")
+        ax.plot(ns, mean, "o-", color=_COLORS[0], markersize=3, label="draws: mean")
+        ax.plot(ns, np.clip(full + 2 * se, 0, 100), "--", color=_COLORS[1], linewidth=1, label="full ± 2·SE (closed form)")
+        ax.plot(ns, np.clip(full - 2 * se, 0, 100), "--", color=_COLORS[1], linewidth=1)
+        ax.axhline(full, color="black", linewidth=0.8, linestyle=":", label="full set")
+        ax.set_xscale("log")
+        ax.set_title(f"{name} ({summaries[0].detector}, N={summaries[0].n_total})", fontsize=9)
+        ax.set_xlabel("n (OOD images drawn)", fontsize=8)
+        ax.set_ylabel("FPR@95 (%)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(curves):]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=7, loc="best")
+    if title:
+        figure.suptitle(title, fontsize=11)
+    return _finish(figure)
+
+
+def _check_detectors(id_scores: Mapping[str, object], ood_scores: Mapping[str, object]) -> list[str]:
+    names = [d for d in id_scores if d in ood_scores]
+    if not names:
+        raise AnalysisError("no detector has both ID and OOD scores to plot")
+    return names
+
+
+def fig_roc(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], title: str = "",
+            tpr: float = 0.95) -> Figure:
+    """ROC curves (ID positive: x = OOD accepted, y = ID accepted) with each detector's FPR@95 point marked."""
+    names = _check_detectors(id_scores, ood_scores)
+    figure = _figure(4.6, 4.2)
+    ax = figure.subplots()
+    for index, name in enumerate(names):
+        fpr, tpr_values, _ = roc_curve(id_scores[name], ood_scores[name])
+        color = _COLORS[index % len(_COLORS)]
+        fpr95 = metrics.fpr_at_tpr(id_scores[name], ood_scores[name], tpr)
+        auc = metrics.auroc(id_scores[name], ood_scores[name])
+        ax.plot(fpr, tpr_values, color=color, linewidth=1.3,
+                label=f"{name}: AUROC {100 * auc:.1f}, FPR@95 {100 * fpr95:.1f}")
+        # The operating point: the first curve point that accepts at least `tpr` of ID.
+        point = int(np.argmax(tpr_values >= tpr - 1e-12))
+        ax.plot([fpr[point]], [tpr_values[point]], "o", color=color, markersize=4)
+    ax.axhline(tpr, color="gray", linewidth=0.7, linestyle="--")
+    ax.plot([0, 1], [0, 1], color="gray", linewidth=0.6, linestyle=":")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.01)
+    ax.set_xlabel("OOD accepted (FPR)", fontsize=9)
+    ax.set_ylabel("ID accepted (TPR)", fontsize=9)
+    ax.set_title(title or "ROC", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    return _finish(figure)
+
+
+def fig_score_histograms(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], title: str = "",
+                         tpr: float = 0.95, bins: int = 40, labels: tuple[str, str] = ("ID", "OOD")) -> Figure:
+    """ID and OOD score histograms per detector (shared bins, densities) with the FPR@95 threshold marked."""
+    names = _check_detectors(id_scores, ood_scores)
+    rows, columns = _grid_shape(len(names))
+    figure = _figure(3.4 * columns, 2.5 * rows)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for ax, name in zip(axes, names):
+        ids = metrics.as_scores(f"id_scores[{name!r}]", id_scores[name])
+        ood = metrics.as_scores(f"ood_scores[{name!r}]", ood_scores[name])
+        low, high = float(min(ids.min(), ood.min())), float(max(ids.max(), ood.max()))
+        edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
+        ax.hist(ids, bins=edges, density=True, histtype="stepfilled", alpha=0.55, color=_COLORS[0], label=labels[0])
+        ax.hist(ood, bins=edges, density=True, histtype="stepfilled", alpha=0.55, color=_COLORS[1], label=labels[1])
+        ax.axvline(metrics.threshold_at_tpr(ids, tpr), color="black", linewidth=0.9, linestyle="--",
+                   label=f"threshold (TPR {100 * tpr:g}%)")
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=7)
+    if title:
+        figure.suptitle(title, fontsize=10)
+    return _finish(figure)
+
+
+def fig_vocab_sweep(rows: Sequence[ResultRow], vocabularies: Mapping[str, Vocabulary | Mapping[str, object] | int],
+                    metric: str = "fpr95", ood_datasets: Sequence[str] | None = None) -> Figure:
+    """Fig. A1/A2: a zero-shot metric (mean over OOD sets) against vocabulary size, a line per (family, method), a panel per model."""
+    if metric not in ("fpr95", "auroc"):
+        raise AnalysisError(f"the vocabulary sweep shows fpr95 or auroc; got {metric!r}")
+    vocabs = {k: v for k, v in coerce_vocabularies(vocabularies).items() if v.size is not None}
+    if not vocabs:
+        raise AnalysisError("the vocabulary sweep needs vocabulary sizes (e.g. {'wn-1000': {'size': 1000, 'family': 'WordNet'}})")
+    lines: dict[tuple[str, str, str], dict[int, list[float]]] = {}
+    for r in rows:
+        parsed = parse_vocabulary_score(r.detector)
+        if r.metric != metric or parsed is None or parsed[1] not in vocabs:
+            continue
+        if ood_datasets is not None and r.ood_dataset not in ood_datasets:
+            continue
+        vocab = vocabs[parsed[1]]
+        key = (r.model, vocab.family or "vocabulary", parsed[0])
+        lines.setdefault(key, {}).setdefault(vocab.size, []).append(r.value)  # type: ignore[arg-type]
+    if not lines:
+        raise AnalysisError("no zero-shot rows use the sized vocabularies given")
+    models = list(dict.fromkeys(k[0] for k in lines))
+    rows_count, columns = _grid_shape(len(models))
+    figure = _figure(4.2 * columns, 3.2 * rows_count)
+    axes = figure.subplots(rows_count, columns, squeeze=False).ravel()
+    for ax, model in zip(axes, models):
+        for index, (key, points) in enumerate((k, v) for k, v in lines.items() if k[0] == model):
+            sizes = sorted(points)
+            values = [100 * float(np.mean(points[s])) for s in sizes]
+            ax.plot(sizes, values, "o-", markersize=3, color=_COLORS[index % len(_COLORS)], label=f"{key[1]} · {key[2]}")
+        ax.set_xscale("log")
+        ax.set_xlabel("vocabulary size", fontsize=8)
+        ax.set_ylabel(("FPR@95" if metric == "fpr95" else "AUROC") + " (%)", fontsize=8)
+        ax.set_title(model, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[len(models):]:
+        ax.set_visible(False)
+    return _finish(figure)

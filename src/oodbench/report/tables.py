@@ -1,0 +1,417 @@
+"""The seed's table layouts, built from tidy result rows (and subsampling summaries) as renderer-neutral `Table`s.
+
+- Table 1: per model, the best FPR@95 and the best AUROC on each OOD set (and their mean), with the detector's name.
+- Table A1: detector × model, mean FPR@95 / AUROC over the OOD sets.
+- Table 3 / A2: OOD dataset (with n) × model, the best detector's FPR@95 / AUROC.
+- Table 2: zero-shot models × vocabularies (scores named ``method[vocabulary]``), best deployable marked.
+- Table A6: the subsampling study, with the between-dataset spread versus sampling noise in the notes.
+
+Values are percentages. Scores bound to a vocabulary (``name[vocab]``) belong to Table 2 and are left out of the
+other tables. "Best" is the lowest FPR@95 (ties: higher AUROC, then first listed) or the highest AUROC (ties:
+lower FPR@95, then first listed).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from ..analysis.delong import DeLongResult
+from ..analysis.runs import IntervalRecord
+from ..analysis.spread import SpreadSummary
+from ..analysis.subsample import SubsampleSummary
+from ..errors import AnalysisError
+from ..results import ResultRow
+from .table_model import MISSING, Cell, Table, percent
+
+__all__ = [
+    "ResultGrid",
+    "Vocabulary",
+    "coerce_vocabularies",
+    "parse_vocabulary_score",
+    "supervised_rows",
+    "table1",
+    "table_a1",
+    "table_a2",
+    "table2",
+    "table_a6",
+    "table_detectors",
+    "table_intervals",
+    "table_delong",
+]
+
+_VOCAB_SCORE = re.compile(r"^(?P<method>[^\[\]]+)\[(?P<vocab>[^\[\]]+)\]$")
+FPR = "FPR@95 ↓"
+AUROC = "AUROC ↑"
+
+
+def parse_vocabulary_score(detector: str) -> tuple[str, str] | None:
+    """('neglabel', 'wordnet') for 'neglabel[wordnet]'; None for a score without a vocabulary."""
+    match = _VOCAB_SCORE.match(detector)
+    return (match["method"], match["vocab"]) if match else None
+
+
+def _split(detector: str) -> tuple[str, str]:
+    """(method, vocabulary) of a score name; the vocabulary is '' for scores without one."""
+    return parse_vocabulary_score(detector) or (detector, "")
+
+
+def supervised_rows(rows: Iterable[ResultRow]) -> list[ResultRow]:
+    """Rows of scores that are not bound to a vocabulary."""
+    return [r for r in rows if parse_vocabulary_score(r.detector) is None]
+
+
+Pair = tuple[str, str]  # (model, id_dataset)
+
+
+class ResultGrid:
+    """Lookup of (model, id) -> ood -> detector -> {metric: value}, with orders of first appearance."""
+
+    def __init__(self, rows: Sequence[ResultRow]) -> None:
+        if not rows:
+            raise AnalysisError("no result rows to tabulate")
+        self.values: dict[Pair, dict[str, dict[str, dict[str, float]]]] = {}
+        self.n_ood: dict[tuple[Pair, str], int] = {}
+        for r in rows:
+            pair = (r.model, r.id_dataset)
+            self.values.setdefault(pair, {}).setdefault(r.ood_dataset, {}).setdefault(r.detector, {})[r.metric] = r.value
+            self.n_ood[(pair, r.ood_dataset)] = r.n_ood
+        self.pairs = list(self.values)
+        self.oods = list(dict.fromkeys(r.ood_dataset for r in rows))
+        self.detectors = list(dict.fromkeys(r.detector for r in rows))
+
+    def label(self, pair: Pair) -> str:
+        """The model name, with the ID set when the table mixes ID sets."""
+        if len({p[1] for p in self.pairs}) > 1:
+            return f"{pair[0]} ({pair[1]})"
+        return pair[0]
+
+    def metric(self, pair: Pair, ood: str, detector: str, metric: str) -> float | None:
+        return self.values.get(pair, {}).get(ood, {}).get(detector, {}).get(metric)
+
+    def best(self, pair: Pair, oods: Sequence[str], metric: str) -> tuple[str, float, float | None] | None:
+        """(detector, value, other metric) of the best detector by `metric`, averaged over `oods` (all required)."""
+        other = "auroc" if metric == "fpr95" else "fpr95"
+        candidates = []
+        for order, detector in enumerate(self.detectors):
+            main = [self.metric(pair, ood, detector, metric) for ood in oods]
+            if any(v is None for v in main):
+                continue
+            second = [self.metric(pair, ood, detector, other) for ood in oods]
+            second_mean = None if any(v is None for v in second) else sum(second) / len(second)
+            candidates.append((detector, sum(main) / len(main), second_mean, order))
+        if not candidates:
+            return None
+        sign = 1.0 if metric == "fpr95" else -1.0
+        # Secondary key: the other metric in its own "better" direction; missing counts as worst.
+        def key(c: tuple[str, float, float | None, int]) -> tuple[float, float, int]:
+            tie = c[2] if c[2] is not None else (float("inf") if metric == "auroc" else float("-inf"))
+            return (sign * c[1], -sign * tie, c[3])
+        detector, value, second_mean, _ = min(candidates, key=key)
+        return detector, value, second_mean
+
+
+def _signed(value: float, digits: int = 2) -> str:
+    """+1.23 / −1.23 with a typographic minus."""
+    return f"{value:+.{digits}f}".replace("-", "−")
+
+
+def _select(items: Sequence[str], wanted: Sequence[str] | None, what: str) -> list[str]:
+    if wanted is None:
+        return list(items)
+    unknown = [w for w in wanted if w not in items]
+    if unknown:
+        raise AnalysisError(f"unknown {what} {unknown}; present: {', '.join(items)}")
+    return list(wanted)
+
+
+def _bold_extreme(values: Sequence[float | None], lowest: bool) -> list[bool]:
+    present = [v for v in values if v is not None]
+    if not present:
+        return [False] * len(values)
+    target = min(present) if lowest else max(present)
+    return [v is not None and v == target for v in values]
+
+
+def table1(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = None,
+           models: Sequence[str] | None = None, mean: bool = True) -> Table:
+    """Table 1: per model, the best FPR@95 and AUROC on each OOD set (and on average), with the detector's name."""
+    grid = ResultGrid(supervised_rows(rows))
+    oods = _select(grid.oods, ood_datasets, "OOD datasets")
+    pairs = [p for p in grid.pairs if models is None or p[0] in models]
+    if not pairs:
+        raise AnalysisError(f"no rows for models {list(models or [])}")
+    blocks = [(ood, [ood]) for ood in oods] + ([("mean", oods)] if mean and len(oods) > 1 else [])
+    body: list[list[Cell]] = [[Cell(grid.label(p))] for p in pairs]
+    for _, block_oods in blocks:
+        for metric in ("fpr95", "auroc"):
+            bests = [grid.best(p, block_oods, metric) for p in pairs]
+            bold = _bold_extreme([b[1] if b else None for b in bests], lowest=metric == "fpr95")
+            for line, best, strong in zip(body, bests, bold):
+                line.append(Cell(percent(best[1]), best[0], strong) if best else Cell(MISSING))
+    groups = [("", 1)] + [(label, 2) for label, _ in blocks]
+    names = ["model"] + [name for _ in blocks for name in (FPR, AUROC)]
+    notes = ["Best detector per model and column (its name in parentheses); best model per column in bold. Values in %."]
+    if mean and len(oods) > 1:
+        notes.append(f"mean: the detector with the best mean over {len(oods)} OOD sets.")
+    return Table("table1", "Table 1: best FPR@95 and AUROC per model", tuple(names), tuple(tuple(r) for r in body),
+                 tuple(groups), notes=tuple(notes))
+
+
+def table_a1(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = None,
+             detectors: Sequence[str] | None = None) -> Table:
+    """Table A1: detector × model, mean FPR@95 / AUROC over the OOD sets, the best detector per model in bold."""
+    grid = ResultGrid(supervised_rows(rows))
+    oods = _select(grid.oods, ood_datasets, "OOD datasets")
+    names = _select(grid.detectors, detectors, "detectors")
+    cells: dict[tuple[str, Pair], tuple[float, float] | None] = {}
+    for pair in grid.pairs:
+        have = [o for o in oods if o in grid.values[pair]]
+        for detector in names:
+            fprs = [grid.metric(pair, o, detector, "fpr95") for o in have]
+            aucs = [grid.metric(pair, o, detector, "auroc") for o in have]
+            ok = have and all(v is not None for v in fprs + aucs)
+            cells[(detector, pair)] = (sum(fprs) / len(fprs), sum(aucs) / len(aucs)) if ok else None
+    bold = {}
+    for pair in grid.pairs:
+        flags = _bold_extreme([cells[(d, pair)][0] if cells[(d, pair)] else None for d in names], lowest=True)
+        bold.update({(d, pair): f for d, f in zip(names, flags)})
+    body = []
+    for detector in names:
+        line = [Cell(detector)]
+        for pair in grid.pairs:
+            value = cells[(detector, pair)]
+            line.append(Cell(f"{percent(value[0])} / {percent(value[1])}", bold=bold[(detector, pair)]) if value else Cell(MISSING))
+        body.append(tuple(line))
+    columns = ("detector",) + tuple(grid.label(p) for p in grid.pairs)
+    note = (f"Cells: FPR@95 / AUROC (%) averaged over the OOD sets of each model ({', '.join(oods)}); "
+            "lowest mean FPR@95 per model in bold.")
+    return Table("tableA1", "Table A1: detectors × models", columns, tuple(body), notes=(note,))
+
+
+def table_a2(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = None) -> Table:
+    """Table 3 / A2: OOD dataset (with n) × model, the best detector's FPR@95 / AUROC, the best model per dataset in bold."""
+    grid = ResultGrid(supervised_rows(rows))
+    oods = _select(grid.oods, ood_datasets, "OOD datasets")
+    body = []
+    for ood in oods:
+        sizes = sorted({grid.n_ood[(p, ood)] for p in grid.pairs if (p, ood) in grid.n_ood})
+        n_text = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+        bests = [grid.best(p, [ood], "fpr95") if ood in grid.values[p] else None for p in grid.pairs]
+        bold = _bold_extreme([b[1] if b else None for b in bests], lowest=True)
+        line = [Cell(ood), Cell(n_text)]
+        for best, strong in zip(bests, bold):
+            line.append(Cell(f"{percent(best[1])} / {percent(best[2])}", best[0], strong) if best else Cell(MISSING))
+        body.append(tuple(line))
+    columns = ("OOD dataset", "n") + tuple(grid.label(p) for p in grid.pairs)
+    note = "Cells: FPR@95 / AUROC (%) of each model's best detector by FPR@95 (in parentheses); best model per dataset in bold."
+    return Table("tableA2", "Table 3 / A2: OOD datasets × models", columns, tuple(body), notes=(note,))
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """How a vocabulary key (the part in brackets of ``neglabel[key]``) is shown in Table 2 and the sweep figure."""
+
+    label: str
+    size: int | None = None
+    deployable: bool = True
+    family: str | None = None  # vocabularies of one family at several sizes form a line in the sweep
+
+    @classmethod
+    def coerce(cls, key: str, value: "Vocabulary | Mapping[str, object] | int | str | None") -> "Vocabulary":
+        """From a Vocabulary, a dict (label/size/deployable/family), a size, a label, or None."""
+        if isinstance(value, Vocabulary):
+            return value
+        if value is None:
+            return cls(key)
+        if isinstance(value, bool):
+            raise AnalysisError(f"vocabulary {key!r}: expected a label, a size or a mapping; got {value!r}")
+        if isinstance(value, int):
+            return cls(key, size=value)
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - {"label", "size", "deployable", "family"})
+            if unknown:
+                raise AnalysisError(f"vocabulary {key!r}: unknown keys {unknown} (use label, size, deployable, family)")
+            size = value.get("size")
+            return cls(str(value.get("label", key)), int(size) if size is not None else None,
+                       bool(value.get("deployable", True)), value.get("family"))  # type: ignore[arg-type]
+        raise AnalysisError(f"vocabulary {key!r}: expected a label, a size or a mapping; got {type(value).__name__}")
+
+
+def coerce_vocabularies(vocabularies: Mapping[str, object] | None) -> dict[str, Vocabulary]:
+    """{key: Vocabulary} from a mapping of Vocabulary objects, dicts, sizes or labels."""
+    return {key: Vocabulary.coerce(key, value) for key, value in (vocabularies or {}).items()}
+
+
+def table2(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None = None, *,
+           ood_datasets: Sequence[str] | None = None, metric: str = "fpr95") -> Table:
+    """Table 2: zero-shot models × (best logit-space score, each vocabulary); best deployable vocabulary per model in bold."""
+    if metric not in ("fpr95", "auroc"):
+        raise AnalysisError(f"Table 2 shows fpr95 or auroc; got {metric!r}")
+    vocab_rows = [r for r in rows if parse_vocabulary_score(r.detector)]
+    if not vocab_rows:
+        raise AnalysisError("no zero-shot rows: Table 2 needs scores named like 'neglabel[wordnet]'")
+    vocabs = coerce_vocabularies(vocabularies)
+    zero_shot_pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in vocab_rows))
+    grid = ResultGrid([r for r in rows if (r.model, r.id_dataset) in zero_shot_pairs])
+    oods = _select(grid.oods, ood_datasets, "OOD datasets")
+    present = list(dict.fromkeys(_split(r.detector)[1] for r in vocab_rows))
+    keys = [k for k in vocabs if k in present] + [k for k in present if k not in vocabs]
+    vocabs = {k: vocabs.get(k, Vocabulary(k)) for k in keys}
+    lowest = metric == "fpr95"
+
+    def best_of(pair: Pair, detectors: list[str]) -> tuple[str, float] | None:
+        selected = [r for r in rows if (r.model, r.id_dataset) == pair and r.detector in detectors]
+        if not selected:
+            return None
+        sub = ResultGrid(selected)
+        found = sub.best(pair, oods, metric)
+        return (found[0], found[1]) if found else None
+
+    body = []
+    for pair in zero_shot_pairs:
+        detectors = grid.detectors
+        logit = [d for d in detectors if parse_vocabulary_score(d) is None]
+        line = [Cell(grid.label(pair))]
+        logit_best = best_of(pair, logit) if logit else None
+        line.append(Cell(percent(logit_best[1]), logit_best[0]) if logit_best else Cell(MISSING))
+        per_vocab = [best_of(pair, [d for d in detectors if _split(d)[1] == k]) for k in keys]
+        deployable_values = [b[1] if b and vocabs[k].deployable else None for k, b in zip(keys, per_vocab)]
+        bold = _bold_extreme(deployable_values, lowest=lowest)
+        for key, best, strong in zip(keys, per_vocab, bold):
+            if best is None:
+                line.append(Cell(MISSING))
+            else:
+                line.append(Cell(percent(best[1]), _split(best[0])[0], strong))
+        body.append(tuple(line))
+    columns = ["model", "best logit score"]
+    for key in keys:
+        vocab = vocabs[key]
+        label = vocab.label + (f" ({vocab.size:,})" if vocab.size is not None else "")
+        columns.append(label + ("†" if not vocab.deployable else ""))
+    name = "FPR@95" if lowest else "AUROC"
+    notes = [f"{name} (%) averaged over {', '.join(oods)}; the scoring method in parentheses; vocabulary sizes in the "
+             "header. The best deployable vocabulary per model is in bold."]
+    if any(not v.deployable for v in vocabs.values()):
+        notes.append("† not deployable (built from the benchmark's own OOD labels): a lower bound, not a method.")
+    return Table("table2", f"Table 2: zero-shot {name} by vocabulary", tuple(columns), tuple(body), notes=tuple(notes))
+
+
+def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSummary] = ()) -> Table:
+    """Table A6: the subsampling study per (model, OOD set), the spread-versus-noise summaries as notes."""
+    if not summaries:
+        raise AnalysisError("no subsampling results to tabulate")
+    multi_model = len({(s.model, s.id_dataset) for s in summaries}) > 1
+    body = []
+    for s in summaries:
+        line = ([Cell(s.model)] if multi_model else []) + [
+            Cell(s.ood_dataset), Cell(f"{s.n_total:,}"), Cell(f"{s.n:,}"), Cell(s.detector),
+            Cell(percent(s.full, 2)), Cell(percent(s.mean, 2)), Cell(_signed(100 * s.bias)),
+            Cell(percent(s.std, 2)), Cell(percent(s.se, 2)),
+            Cell(f"{s.spearman:.3f}" if s.spearman == s.spearman else MISSING),
+        ]
+        body.append(tuple(line))
+    columns = (("model",) if multi_model else ()) + ("OOD dataset", "N", "n", "best detector", "full", "mean", "bias",
+                                                      "std", "SE", "mean ρ")
+    draws = sorted({s.draws for s in summaries})
+    notes = [f"FPR@95 (%) of the best detector on the full set, over {'/'.join(map(str, draws))} draws of n OOD images "
+             "without replacement (ID threshold fixed). SE = √(p(1−p)/n)·√((N−n)/(N−1)); "
+             "mean ρ: Spearman correlation of all detectors' ranking per draw with the full-set ranking."]
+    for sp in spreads:
+        notes.append(f"{sp.model}: spread of the best FPR@95 across {len(sp.datasets)} OOD sets = {100 * sp.spread:.2f} pp "
+                     f"(range {100 * sp.range:.2f} pp) vs mean sampling std {100 * sp.sampling_std:.2f} pp at n={sp.n}: "
+                     f"ratio {sp.ratio:.1f}.")
+    align = ("l",) * (2 if multi_model else 1) + ("r", "r", "l") + ("r",) * 6
+    return Table("tableA6", "Table A6: FPR@95 on subsets of the OOD sets", columns, tuple(body), align=align,
+                 notes=tuple(notes))
+
+
+def table_detectors(rows: Sequence[ResultRow], model: str, id_dataset: str | None = None,
+                    ood_datasets: Sequence[str] | None = None) -> Table:
+    """One model's detectors × OOD sets, cells FPR@95 / AUROC (%), the best FPR@95 per column in bold, and the mean."""
+    grid = ResultGrid(supervised_rows(rows))
+    pairs = [p for p in grid.pairs if p[0] == model and (id_dataset is None or p[1] == id_dataset)]
+    if len(pairs) != 1:
+        raise AnalysisError(f"expected one (model, ID set) for {model!r}; found {pairs}")
+    pair = pairs[0]
+    oods = [o for o in _select(grid.oods, ood_datasets, "OOD datasets") if o in grid.values[pair]]
+    detectors = [d for d in grid.detectors if any(d in grid.values[pair][o] for o in oods)]
+    bold: dict[tuple[str, str], bool] = {}
+    for ood in oods:
+        flags = _bold_extreme([grid.metric(pair, ood, d, "fpr95") for d in detectors], lowest=True)
+        bold.update({(d, ood): f for d, f in zip(detectors, flags)})
+    body = []
+    for detector in detectors:
+        line, fprs, aucs = [Cell(detector)], [], []
+        for ood in oods:
+            fpr, auc = grid.metric(pair, ood, detector, "fpr95"), grid.metric(pair, ood, detector, "auroc")
+            if fpr is None or auc is None:
+                line.append(Cell(MISSING))
+                continue
+            fprs.append(fpr)
+            aucs.append(auc)
+            line.append(Cell(f"{percent(fpr)} / {percent(auc)}", bold=bold[(detector, ood)]))
+        line.append(Cell(f"{percent(sum(fprs) / len(fprs))} / {percent(sum(aucs) / len(aucs))}") if fprs else Cell(MISSING))
+        body.append(tuple(line))
+    columns = ("detector",) + tuple(f"{o} (n={grid.n_ood[(pair, o)]})" for o in oods) + ("mean",)
+    return Table(f"detectors-{model}", f"{grid.label(pair)}: detectors × OOD sets", columns, tuple(body),
+                 notes=("Cells: FPR@95 / AUROC (%); lowest FPR@95 per OOD set in bold.",))
+
+
+def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95) -> Table:
+    """Point estimates with confidence intervals (FPR@95: Wilson, Clopper–Pearson, bootstrap; AUROC: DeLong, bootstrap)."""
+    if not records:
+        raise AnalysisError("no interval records to tabulate")
+    methods = [("fpr95", "wilson", "Wilson"), ("fpr95", "clopper-pearson", "Clopper–Pearson"),
+               ("fpr95", "percentile", "bootstrap"), ("fpr95", "bca", "BCa"),
+               ("auroc", "delong", "DeLong"), ("auroc", "percentile", "bootstrap"), ("auroc", "bca", "BCa")]
+    methods = [m for m in methods if any(f"{m[0]}/{m[1]}" in r.intervals for r in records)]
+    multi_model = len({r.model for r in records}) > 1
+    body = []
+    for r in records:
+        line = ([Cell(r.model)] if multi_model else []) + [Cell(r.ood_dataset), Cell(r.detector)]
+        for metric in ("fpr95", "auroc"):
+            estimate = next((iv.estimate for k, iv in r.intervals.items() if k.startswith(metric + "/")), None)
+            if any(m[0] == metric for m in methods):
+                line.append(Cell(percent(estimate)))
+            for m_metric, method, _ in methods:
+                if m_metric != metric:
+                    continue
+                iv = r.intervals.get(f"{metric}/{method}")
+                line.append(Cell(f"[{percent(iv.low)}, {percent(iv.high)}]") if iv else Cell(MISSING))
+        body.append(tuple(line))
+    lead = (["model"] if multi_model else []) + ["OOD dataset", "detector"]
+    columns, groups = list(lead), [("", len(lead))]
+    for metric, title in (("fpr95", "FPR@95"), ("auroc", "AUROC")):
+        names = [label for m, _, label in methods if m == metric]
+        if names:
+            columns += ["estimate"] + names
+            groups.append((title, len(names) + 1))
+    note = (f"{100 * confidence:g}% intervals (%). Wilson and Clopper–Pearson hold the ID threshold fixed; the bootstrap "
+            "resamples ID and OOD images (percentile and BCa); DeLong is the normal approximation of the AUROC U-statistic.")
+    align = ("l",) * len(lead) + ("r",) * (len(columns) - len(lead))
+    return Table("intervals", "Confidence intervals", tuple(columns), tuple(body), tuple(groups), align, (note,))
+
+
+def table_delong(results: Sequence[tuple[str, str, DeLongResult]], confidence: float = 0.95) -> Table:
+    """Paired DeLong comparisons: (model, OOD set, DeLongResult) per line."""
+    if not results:
+        raise AnalysisError("no comparisons to tabulate")
+    multi_model = len({m for m, _, _ in results}) > 1
+    body = []
+    for model, ood, r in results:
+        significant = r.p_value < 1 - confidence
+        line = ([Cell(model)] if multi_model else []) + [
+            Cell(ood), Cell(r.detector_a), Cell(r.detector_b),
+            Cell(percent(r.auroc_a, 2)), Cell(percent(r.auroc_b, 2)), Cell(_signed(100 * r.difference)),
+            Cell(f"[{_signed(100 * r.low)}, {_signed(100 * r.high)}]"),
+            Cell(f"{r.z:.2f}".replace("-", "−")), Cell(f"{r.p_value:.2g}", bold=significant),
+        ]
+        body.append(tuple(line))
+    columns = (("model",) if multi_model else ()) + ("OOD dataset", "A", "B", "AUROC A", "AUROC B", "A − B",
+                                                      f"{100 * confidence:g}% CI", "z", "p")
+    align = ("l",) * (4 if multi_model else 3) + ("r",) * 6
+    note = f"DeLong's paired test on the same ID and OOD images; p < {1 - confidence:.2g} in bold. AUROC in %."
+    return Table("delong", "Paired AUROC comparisons (DeLong)", columns, tuple(body), align=align, notes=(note,))

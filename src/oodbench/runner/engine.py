@@ -1,0 +1,295 @@
+"""Run a plan: stage by stage, only the units that are not cached, in this process or fanned out on Ray.
+
+Before any work the run checks that every dataset root it will read exists and that every capability the pending
+units need is installed, so a missing piece fails at once with its name. Each stage is re-planned from disk
+when it starts (what the previous stage wrote is then cached), and its pending units run in dependency waves.
+On Ray, extraction runs one task per (model, dataset) — the digits demo, which fills its whole store in one
+go, is one task — and fitting/scoring one task per (model, detector); metrics, analyses and the report are
+cheap and run in the driver. Workers need the work directory and store on a shared filesystem.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ..errors import ConfigError, OodbenchError
+from ..progress import progress_bar
+from .config import ExperimentConfig
+from .plan import STAGES, Plan, Unit, build_plan, report_files
+from .stages import (Context, availability, record_adopted, reset_changed_models, run_analysis_unit, run_combine_unit, run_extract_unit,
+                     run_fit_score, run_metrics_unit, run_report_unit, run_zeroshot_unit)
+
+__all__ = ["ENGINES", "RunReport", "run_experiment", "check_runnable"]
+
+ENGINES = ("local", "ray")
+UnitHook = Callable[[Unit], None]
+
+
+@dataclass
+class RunReport:
+    """What a run did: the units it executed and those it found cached, per stage."""
+
+    executed: dict[str, list[str]] = field(default_factory=lambda: {s: [] for s in STAGES})
+    cached: dict[str, list[str]] = field(default_factory=lambda: {s: [] for s in STAGES})
+    skipped: dict[str, str] = field(default_factory=dict)  # score unit -> reason
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def total_executed(self) -> int:
+        """Units executed over all stages."""
+        return sum(len(v) for v in self.executed.values())
+
+
+def check_runnable(plan: Plan, stages: Sequence[str]) -> None:
+    """Raise before any work when inputs are missing, a needed capability is absent, or --only skips prerequisites."""
+    pending = [u for u in plan.units if u.todo and u.stage in stages]
+    extract_datasets = {u.dataset for u in pending if u.stage == "extract"}
+    zeroshot_pending = any(u.spec.get("zeroshot") for u in pending)
+
+    def relevant(key: str) -> bool:
+        if key.startswith("datasets."):
+            return key.split(".")[1] in extract_datasets
+        return zeroshot_pending if key.startswith("zeroshot") else True
+
+    problems = {k: v for k, v in plan.problems.items() if relevant(k)}
+    if problems:
+        listed = "; ".join(f"{key}: {problem}" for key, problem in problems.items())
+        raise ConfigError(f"{listed} (fix the experiment file or pass --set KEY=VALUE)")
+    missing = availability(pending, plan.config)
+    if missing:
+        raise OodbenchError("cannot run this experiment here: " + "; ".join(missing))
+    if len(stages) == 1:
+        stage = stages[0]
+        for unit in pending:
+            for dep in unit.deps:
+                try:
+                    upstream = plan.get(dep)
+                except KeyError:
+                    continue
+                if upstream.todo and upstream.stage != stage and upstream.stage != "fit":
+                    raise OodbenchError(f"--only {stage}: {unit.id} needs {dep}, which has not run; "
+                                        f"run --only {upstream.stage} first (or run without --only)")
+
+
+def _waves(units: Sequence[Unit]) -> list[list[Unit]]:
+    """Units in dependency waves: each wave needs only units of earlier waves (or units already done)."""
+    remaining = list(units)
+    ids = {u.id for u in remaining}
+    done: set[str] = set()
+    waves: list[list[Unit]] = []
+    while remaining:
+        ready = [u for u in remaining if all(d not in ids or d in done for d in u.deps)]
+        if not ready:
+            raise OodbenchError(f"circular unit dependencies among {[u.id for u in remaining][:5]}")
+        waves.append(ready)
+        done.update(u.id for u in ready)
+        remaining = [u for u in remaining if u.id not in done]
+    return waves
+
+
+def _extract_groups(units: Sequence[Unit]) -> list[list[Unit]]:
+    """Units that must run in one task: the demo's units (one call fills its store), else one unit each."""
+    groups: dict[str, list[Unit]] = {}
+    for unit in units:
+        key = f"demo:{unit.model}" if unit.spec.get("kind") == "demo-digits" else unit.id
+        groups.setdefault(key, []).append(unit)
+    return list(groups.values())
+
+
+def _fit_score_tasks(plan: Plan) -> list[tuple[Unit, list[Unit]]]:
+    """(fit unit, its pending score units) for every classifier detector with scores to compute."""
+    todo: dict[tuple[str | None, str | None], list[Unit]] = {}
+    for unit in plan.stage("score"):
+        if unit.todo and not unit.spec.get("zeroshot"):
+            todo.setdefault((unit.model, unit.detector), []).append(unit)
+    return [(f, todo[(f.model, f.detector)]) for f in plan.stage("fit") if (f.model, f.detector) in todo]
+
+
+# ----------------------------------------------------------------------------------------------- executors
+class UnitFailed(OodbenchError):
+    """A unit raised: the message names the unit, then the cause."""
+
+
+def _failed(unit_id: str, exc: BaseException) -> UnitFailed:
+    return UnitFailed(f"{unit_id}: {exc}")
+
+
+class _Local:
+    """Runs unit groups one after the other in this process."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def extract(self, groups: Sequence[Sequence[Unit]]) -> Iterable[list[Unit]]:
+        for group in groups:
+            for unit in group:
+                try:
+                    run_extract_unit(self.ctx, unit)
+                except OodbenchError as exc:
+                    raise _failed(unit.id, exc) from exc
+            yield list(group)
+
+    def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
+        for fit_unit, todo in tasks:
+            try:
+                run_fit_score(self.ctx, fit_unit.model or "", fit_unit.detector or "", fit_unit.spec["params"],
+                              [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo])
+            except OodbenchError as exc:
+                raise _failed(fit_unit.id, exc) from exc
+            yield fit_unit, todo
+
+    def close(self) -> None:
+        pass
+
+
+def _ray_extract(config: ExperimentConfig, group: list[Unit], device: str) -> list[str]:
+    ctx = Context(config, progress=False, device=device)
+    for unit in group:
+        run_extract_unit(ctx, unit)
+    return [u.id for u in group]
+
+
+def _ray_fit_score(config: ExperimentConfig, model: str, detector: str, params: Mapping[str, Any],
+                   todo: list[dict[str, str]]) -> list[str]:
+    ctx = Context(config, progress=False)
+    return run_fit_score(ctx, model, detector, params, todo)
+
+
+class _Ray:
+    """Fans extraction and fit+score out as Ray tasks on a local or remote cluster."""
+
+    def __init__(self, ctx: Context, address: str | None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise OodbenchError("the Ray engine needs ray: pip install 'oodbench[ray]'") from None
+        self.ray = ray
+        self.ctx = ctx
+        self.started = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if address:
+                kwargs["address"] = address
+            ray.init(**kwargs)
+            self.started = True
+        engine = ctx.config.engine
+        self.extract_task = ray.remote(num_gpus=engine["gpus_per_extract"], max_retries=0)(_ray_extract)
+        self.fit_score_task = ray.remote(num_cpus=engine["cpus_per_score"], max_retries=0)(_ray_fit_score)
+
+    def _as_completed(self, refs: dict[Any, Any], name: Callable[[Any], str]) -> Iterable[Any]:
+        pending = list(refs)
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=1)
+            try:
+                self.ray.get(ready[0])
+            except Exception as exc:  # Ray wraps the task's exception; keep its message, name the unit
+                for ref in pending:
+                    self.ray.cancel(ref)
+                cause = getattr(exc, "cause", None) or exc
+                raise _failed(name(refs[ready[0]]), cause) from exc
+            yield refs[ready[0]]
+
+    def extract(self, groups: Sequence[Sequence[Unit]]) -> Iterable[list[Unit]]:
+        refs = {self.extract_task.remote(self.ctx.config, list(g), self.ctx.device): list(g) for g in groups}
+        yield from self._as_completed(refs, lambda group: group[0].id)
+
+    def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
+        refs = {self.fit_score_task.remote(self.ctx.config, f.model, f.detector, f.spec["params"],
+                                           [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo]):
+                (f, todo) for f, todo in tasks}
+        yield from self._as_completed(refs, lambda task: task[0].id)
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------- the run
+def run_experiment(config: ExperimentConfig, *, engine: str = "local", only: str | None = None,
+                   progress: bool = True, device: str = "auto", ray_address: str | None = None,
+                   on_unit: UnitHook | None = None) -> RunReport:
+    """Run every pending unit of the experiment (or of one stage) and report what ran and what was cached."""
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine: unknown engine {engine!r}; use {' or '.join(ENGINES)}")
+    if only is not None and only not in STAGES:
+        raise ConfigError(f"--only: unknown stage {only!r}; stages: {', '.join(STAGES)}")
+    if only == "fit":
+        raise ConfigError("--only fit: fitted detectors are not stored (k-NN keeps the whole fit set), so fitting runs "
+                          "with the scoring it serves; use --only score")
+    stages = STAGES if only is None else (only,)
+    plan = build_plan(config)
+    check_runnable(plan, stages)
+    ctx = Context(config, progress=progress, device=device)
+    executor: _Local | _Ray = _Local(ctx)
+    report = RunReport()
+    try:
+        if engine == "ray" and any(u.todo for u in plan.units if u.stage in ("extract", "fit", "score")):
+            executor = _Ray(ctx, ray_address or config.engine["ray_address"])
+        for stage in stages:
+            if stage == "fit" and only is None:
+                continue  # run together with the score units it feeds
+            plan = build_plan(config)  # from disk: what earlier stages wrote is now cached
+            _run_stage(stage, plan, ctx, executor, report, progress, on_unit, with_fit=stage == "score")
+    finally:
+        executor.close()
+    report.outputs = [str(p) for p in _outputs(config)]
+    return report
+
+
+def _outputs(config: ExperimentConfig) -> list[Any]:
+    return [f for f in report_files(config) if f.is_file()]
+
+
+def _run_stage(stage: str, plan: Plan, ctx: Context, executor: _Local | _Ray, report: RunReport, progress: bool,
+               on_unit: UnitHook | None, *, with_fit: bool) -> None:
+    stage_units = plan.stage(stage) + (plan.stage("fit") if with_fit else [])
+    for unit in stage_units:
+        if not unit.todo:
+            report.cached[unit.stage].append(unit.id)
+            if unit.status == "skipped" and unit.stage == "score":
+                report.skipped[unit.id] = unit.note
+            if unit.spec.get("adopt") is not None:
+                record_adopted(ctx, unit)
+    pending = [u for u in stage_units if u.todo]
+    if not pending:
+        return
+    with progress_bar(progress) as bar:
+        task = bar.add_task(stage + (" (fit + score)" if with_fit else ""), total=len(pending))
+
+        def finished(unit: Unit) -> None:
+            report.executed[unit.stage].append(unit.id)
+            bar.advance(task)
+            if on_unit is not None:
+                on_unit(unit)
+
+        if stage == "extract":
+            reset_changed_models(ctx, pending)
+            for wave in _waves(pending):
+                for group in executor.extract(_extract_groups(wave)):
+                    for unit in group:
+                        finished(unit)
+            return
+        if stage == "score":
+            for fit_unit, todo in executor.fit_score(_fit_score_tasks(plan)):
+                if fit_unit.todo:
+                    finished(fit_unit)
+                for unit in todo:
+                    record = ctx.ledger.read("score", unit.label)
+                    if record and record.get("skipped"):
+                        report.skipped[unit.id] = record["skipped"]
+                    finished(unit)
+        runners: dict[str, Callable[[Unit], None]] = {
+            "score": lambda u: run_zeroshot_unit(ctx, u),
+            "metrics": lambda u: (run_combine_unit(ctx, u) if u.spec.get("kind") == "combine" else
+                                  run_metrics_unit(ctx, u, [s for s in plan.stage("score") if s.model == u.model])),
+            "analysis": lambda u: run_analysis_unit(ctx, u),
+            "report": lambda u: run_report_unit(ctx, u),
+        }
+        for unit in pending:
+            if unit.stage != stage or (stage == "score" and not unit.spec.get("zeroshot")):
+                continue
+            try:
+                runners[stage](unit)
+            except OodbenchError as exc:
+                raise _failed(unit.id, exc) from exc
+            finished(unit)

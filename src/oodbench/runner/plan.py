@@ -1,0 +1,649 @@
+"""The plan of an experiment: every unit of work per stage, its content key, size and whether it is already done.
+
+Stages, in order: ``extract`` (one unit per (model, dataset): a store entry; plus one ``probe`` unit per probed
+backbone and derived subsets), ``fit`` (one per (classifier, detector)), ``score`` (one per (classifier, detector,
+dataset), and one zero-shot unit per VLM), ``metrics`` (one run directory per model, then the combined results),
+``analysis`` (one unit per analysis and model) and ``report``.
+
+Keys are content addresses of a unit's inputs: a unit's key hashes its own parameters and the keys of the units it
+reads, so changing a model, a dataset definition or a detector's hyper-parameter changes exactly the keys
+downstream of it. A unit is *cached* when the ledger holds a record with its key and its outputs verify.
+
+Fitted detectors are not persisted (k-NN keeps the whole fit set; refitting is cheaper than storing it): a fit
+unit is cached when every score unit it feeds is, and otherwise runs together with its pending score units.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .. import __version__
+from ..errors import StoreError
+from ..store import Store
+from .config import ExperimentConfig, ModelSpec, missing_roots
+from .ledger import Ledger, content_key
+
+__all__ = ["STAGES", "Unit", "Plan", "build_plan", "layout", "Layout", "format_plan"]
+
+STAGES = ("extract", "fit", "score", "metrics", "analysis", "report")
+# Statuses: cached (done, key matches, outputs verify) · pending (never done) · stale (done with another key) ·
+# skipped (done: the detector's requirements are not met by the model's arrays; the reason is recorded).
+DONE = ("cached", "skipped")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an experiment's outputs live under its work directory."""
+
+    workdir: Path
+    store: Path
+
+    @property
+    def ledger(self) -> Path:
+        return self.workdir / "ledger"
+
+    def score_file(self, model: str, detector: str, dataset: str) -> Path:
+        """Per-image scores of one (model, detector, dataset) unit."""
+        return self.workdir / "units" / "scores" / model / detector / f"{dataset}.npy"
+
+    def run_dir(self, model: str) -> Path:
+        """The evaluation run directory of one model (the layout of `oodbench evaluate --out`)."""
+        return self.workdir / "runs" / model
+
+    @property
+    def results(self) -> Path:
+        """All models' tidy result rows."""
+        return self.workdir / "results.parquet"
+
+    @property
+    def analysis(self) -> Path:
+        return self.workdir / "analysis"
+
+    @property
+    def report(self) -> Path:
+        return self.workdir / "report"
+
+    @property
+    def vocabularies(self) -> Path:
+        return self.workdir / "vocab"
+
+
+REPORT_FORMATS = {"markdown": "md", "latex": "tex", "html": "html"}
+
+
+def report_files(config: ExperimentConfig) -> list[Path]:
+    """The report documents a run writes (one per format)."""
+    out = layout(config).report
+    return [out / f"report.{REPORT_FORMATS[f]}" for f in config.report["formats"]]
+
+
+def layout(config: ExperimentConfig) -> Layout:
+    """The output layout of a config."""
+    return Layout(Path(config.workdir), Path(config.store))
+
+
+@dataclass
+class Unit:
+    """One unit of work: stage, label (model/detector/dataset …), content key, status, size, what it reads."""
+
+    stage: str
+    label: str
+    key: str
+    status: str = "pending"
+    model: str | None = None
+    dataset: str | None = None
+    detector: str | None = None
+    deps: tuple[str, ...] = ()
+    items: int | None = None
+    nbytes: int | None = None
+    note: str = ""
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        """Unique id, ``<stage>:<label>``."""
+        return f"{self.stage}:{self.label}"
+
+    @property
+    def todo(self) -> bool:
+        """True when the unit must (re)run."""
+        return self.status not in DONE
+
+
+@dataclass
+class Plan:
+    """All units of an experiment in stage order, with the input problems found while planning."""
+
+    config: ExperimentConfig
+    layout: Layout
+    units: list[Unit]
+    problems: dict[str, str] = field(default_factory=dict)  # config key -> problem (missing roots …)
+    notes: list[str] = field(default_factory=list)
+    _by_id: dict[str, Unit] = field(default_factory=dict, repr=False)
+
+    def stage(self, name: str) -> list[Unit]:
+        """Units of one stage, in plan order."""
+        return [u for u in self.units if u.stage == name]
+
+    def get(self, unit_id: str) -> Unit:
+        """The unit with this id (KeyError if none)."""
+        if len(self._by_id) != len(self.units):
+            self._by_id = {u.id: u for u in self.units}
+        return self._by_id[unit_id]
+
+    def pending(self, stage: str | None = None) -> list[Unit]:
+        """Units that must run (optionally of one stage)."""
+        return [u for u in self.units if u.todo and (stage is None or u.stage == stage)]
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """{stage: {status: count, 'units': n}}."""
+        out: dict[str, dict[str, int]] = {}
+        for stage in STAGES:
+            counts: dict[str, int] = {"units": 0}
+            for unit in self.stage(stage):
+                counts["units"] += 1
+                counts[unit.status] = counts.get(unit.status, 0) + 1
+            out[stage] = counts
+        return out
+
+
+# ----------------------------------------------------------------------------------------------- sizes
+def _demo_counts(seed: int) -> dict[str, int]:
+    """Image counts of the demo's datasets (its data are small and bundled, so they are counted, not guessed)."""
+    from ..demo.data import digits_splits, lfw_faces, uniform_noise
+
+    counts = {name: len(images.labels) for name, images in digits_splits(seed).items()}
+    counts["lfw-faces"] = len(lfw_faces().labels)
+    counts["noise"] = len(uniform_noise(seed=seed).labels)
+    return counts
+
+
+def _registry_count(config: ExperimentConfig, dataset: str) -> int | None:
+    spec = config.datasets[dataset]
+    if "count" in spec.params:
+        return int(spec.params["count"])
+    if spec.kind == "demo":
+        seeds = [m.params["seed"] for m in config.models.values() if m.kind == "demo-digits"]
+        return _demo_counts(seeds[0]).get(dataset) if seeds else None
+    if spec.kind == "imagenet":
+        return 50_000 if spec.params.get("split") == "val" else 1_281_167
+    if spec.kind == "registry":
+        try:
+            from ..extract import dataset_registry
+        except ImportError:
+            return None
+        entry = dataset_registry.REGISTRY.get(spec.params["name"].lower())
+        return entry.expected_count if entry is not None else None
+    return None
+
+
+def _entry_size(store: Store, model: str, dataset: str) -> tuple[int | None, int | None]:
+    """(rows, bytes) of a complete store entry, else (None, None)."""
+    try:
+        if not store.exists(model, dataset):
+            return None, None
+        meta = store.meta(model, dataset)
+    except StoreError:
+        return None, None
+    nbytes = 0
+    for spec in meta.get("arrays", {}).values():
+        count = 1
+        for dim in spec["shape"]:
+            count *= int(dim)
+        nbytes += count * _itemsize(spec["dtype"])
+    return int(meta.get("num_rows", 0)), nbytes
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+
+    return int(np.dtype(dtype).itemsize)
+
+
+def fingerprint(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What identifies a store entry's content (stable across re-extraction with identical inputs)."""
+    return {"item_hash": meta.get("item_hash"), "num_rows": meta.get("num_rows"),
+            "provenance": {k: meta.get("provenance", {}).get(k) for k in ("model", "checkpoint", "preprocessing")}}
+
+
+# ----------------------------------------------------------------------------------------------- extraction
+def _extract_datasets(config: ExperimentConfig, model: ModelSpec) -> list[str]:
+    """Datasets a model needs in its store, parents of subsets first."""
+    wanted = config.datasets_of(model)
+    ordered: list[str] = []
+    for name in wanted:
+        spec = config.datasets[name]
+        if spec.kind == "subset" and spec.params["of"] not in ordered:
+            ordered.append(spec.params["of"])
+        if name not in ordered:
+            ordered.append(name)
+    return ordered
+
+
+def _adoptable(model: ModelSpec, store: Store, meta: Mapping[str, Any]) -> bool:
+    """Whether a store entry made outside this runner is what the model spec would produce."""
+    provenance = meta.get("provenance", {})
+    if model.kind == "demo-digits":
+        if not store.has_head(model.id):
+            return False
+        recorded = store.head_meta(model.id).get("provenance", {})
+        return recorded.get("seed") == model.params["seed"] and recorded.get("epochs") == model.params["epochs"]
+    name = model.params.get("name") or model.params.get("backbone")
+    return provenance.get("model") == name and not model.params.get("checkpoint")
+
+
+def _plan_extract(config: ExperimentConfig, store: Store, ledger: Ledger, units: list[Unit],
+                  keys: dict[tuple[str, str], str]) -> None:
+    for model in config.models.values():
+        sid = model.store_id
+        identity = model.extract_identity()
+        model_key = content_key("model", identity)
+        per_row: int | None = None
+        model_units: list[Unit] = []
+        for dataset in _extract_datasets(config, model):
+            if (sid, dataset) in keys:
+                continue  # a backbone shared by several probes is extracted once
+            spec = config.datasets[dataset]
+            parent_key = keys.get((sid, spec.params["of"])) if spec.kind == "subset" else None
+            key = content_key("extract", identity, spec.identity(), parent_key, _list_files_identity(spec.params))
+            keys[(sid, dataset)] = key
+            label = f"{sid}/{dataset}"
+            unit = Unit("extract", label, key, model=sid, dataset=dataset,
+                        deps=(f"extract:{sid}/{spec.params['of']}",) if parent_key else (),
+                        spec={"kind": "subset" if spec.kind == "subset" else model.kind, "model": model.id,
+                              "model_key": model_key})
+            rows, nbytes = _entry_size(store, sid, dataset)
+            unit.items = rows if rows is not None else _registry_count(config, dataset)
+            unit.nbytes = nbytes
+            if rows:
+                per_row = nbytes // rows if nbytes else per_row
+            record = ledger.read("extract", label)
+            meta = store.meta(sid, dataset) if rows is not None else None
+            if meta is not None and record is not None and record.get("key") == key:
+                unit.status = "cached" if record.get("fingerprint") == fingerprint(meta) else "stale"
+                if unit.status == "stale":
+                    unit.note = "store entry changed since it was recorded"
+            elif meta is not None and record is None and spec.kind != "subset" and _adoptable(model, store, meta):
+                unit.status, unit.note = "cached", "found in store"
+                unit.spec["adopt"] = fingerprint(meta)
+            elif record is not None or meta is not None:
+                unit.status = "stale"
+                unit.note = "recorded with other inputs" if record is not None else "store entry has other provenance"
+                if record is not None and record.get("model_key") != model_key:
+                    unit.spec["model_changed"] = True
+            model_units.append(unit)
+        for unit in model_units:
+            if unit.nbytes is None and per_row and unit.items:
+                unit.nbytes = per_row * unit.items
+                unit.spec["estimated_bytes"] = True
+        units.extend(model_units)
+        if model.kind == "probe":
+            _plan_probe(config, model, store, ledger, units, keys)
+
+
+def _plan_probe(config: ExperimentConfig, model: ModelSpec, store: Store, ledger: Ledger, units: list[Unit],
+                keys: dict[tuple[str, str], str]) -> None:
+    sid = model.store_id
+    datasets = config.datasets_of(model)
+    key = content_key("probe", model.identity(), [keys[(sid, d)] for d in datasets])
+    for dataset in datasets:
+        keys[(model.id, dataset)] = content_key("probe-entry", key, keys[(sid, dataset)])
+    unit = Unit("extract", f"{model.id}/probe", key, model=model.id, dataset=config.fit,
+                deps=tuple(f"extract:{sid}/{d}" for d in datasets),
+                items=next((u.items for u in units if u.id == f"extract:{sid}/{config.fit}"), None),
+                spec={"kind": "probe-train", "model": model.id})
+    record = ledger.done("extract", unit.label, key)
+    complete = store.has_head(model.id) and all(store.exists(model.id, d) for d in datasets)
+    unit.status = "cached" if record is not None and complete else (
+        "stale" if ledger.read("extract", unit.label) is not None else "pending")
+    units.append(unit)
+
+
+def _list_files_identity(params: Mapping[str, Any]) -> dict[str, list[str | None]]:
+    """SHA-256 of each list file's content (None when absent): a subset is addressed by what its lists say."""
+    import hashlib
+
+    identity: dict[str, list[str | None]] = {}
+    for which in ("include", "exclude"):
+        hashes: list[str | None] = []
+        for file in params.get(which, []):
+            path = Path(file)
+            hashes.append(hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None)
+        if hashes:
+            identity[which] = hashes
+    return identity
+
+
+# ----------------------------------------------------------------------------------------------- fit and score
+def _model_arrays(store: Store, model: str, datasets: Iterable[str]) -> dict[str, set[str]] | None:
+    """Array names (features, logits, labels, extra.*) of each entry, when all are extracted."""
+    arrays: dict[str, set[str]] = {}
+    for dataset in datasets:
+        try:
+            if not store.exists(model, dataset):
+                return None
+            arrays[dataset] = set(store.meta(model, dataset).get("arrays", {})) - {"index"}
+        except StoreError:
+            return None
+    return arrays
+
+
+def unmet_requirements(detector: str, params: Mapping[str, Any], arrays: Mapping[str, set[str]], fit: str,
+                       has_head: bool) -> str | None:
+    """Why a detector (with these hyper-parameters) cannot run on a model's arrays, or None."""
+    from .. import detectors as registry
+
+    requires = registry.create(detector, **params).requirements()
+    missing_fit = sorted(requires.fit - arrays[fit])
+    if missing_fit:
+        return f"fit set lacks {', '.join(missing_fit)}"
+    if requires.head and not has_head:
+        return "no head stored for the model"
+    for dataset, names in arrays.items():
+        if dataset == fit:
+            continue
+        missing = sorted(requires.score - names)
+        if missing:
+            return f"{dataset} lacks {', '.join(missing)}"
+    return None
+
+
+def _plan_fit_score(config: ExperimentConfig, lay: Layout, store: Store, ledger: Ledger, units: list[Unit],
+                    keys: dict[tuple[str, str], str]) -> None:
+    fit_units: list[Unit] = []
+    score_units: list[Unit] = []
+    test_sets = [config.id_test, *config.ood]
+    extract_units = {u.id: u for u in units if u.stage == "extract"}
+    for model in config.classifiers:
+        sid = model.store_id
+        probe = (f"extract:{model.id}/probe",) if model.kind == "probe" else ()
+        extract_ids = {f"extract:{sid}/{d}" for d in (config.fit, *test_sets)} | set(probe)
+        extract_done = all(extract_units[i].status in DONE for i in extract_ids if i in extract_units)
+        arrays = _model_arrays(store, model.id, [config.fit, *test_sets]) if extract_done else None
+        has_head = store.has_head(model.id) if arrays is not None else False
+        fit_items = extract_units[f"extract:{sid}/{config.fit}"].items
+        for detector, params in config.detectors.items():
+            fit_key = content_key("fit", keys[(model.id, config.fit)], detector, params, __version__)
+            fit_label = f"{model.id}/{detector}"
+            fit_unit = Unit("fit", fit_label, fit_key, model=model.id, detector=detector, items=fit_items,
+                            deps=(f"extract:{sid}/{config.fit}",) + probe, spec={"params": params})
+            reason = unmet_requirements(detector, params, arrays, config.fit, has_head) if arrays is not None else None
+            mine: list[Unit] = []
+            for dataset in test_sets:
+                key = content_key("score", fit_key, keys[(model.id, dataset)], config.tpr)
+                label = f"{model.id}/{detector}/{dataset}"
+                unit = Unit("score", label, key, model=model.id, detector=detector, dataset=dataset,
+                            deps=fit_unit.deps + (f"extract:{sid}/{dataset}",),
+                            items=extract_units[f"extract:{sid}/{dataset}"].items)
+                record = ledger.read("score", label)
+                if record is not None and record.get("key") != key:
+                    unit.status = "stale"
+                elif record is not None and record.get("skipped"):
+                    unit.status, unit.note = "skipped", record["skipped"]
+                elif record is not None and _scores_verify(lay.score_file(model.id, detector, dataset), record):
+                    unit.status = "cached"
+                    unit.nbytes = lay.score_file(model.id, detector, dataset).stat().st_size
+                if unit.todo and reason is not None:
+                    unit.note = f"will be skipped: {reason}"
+                mine.append(unit)
+            if all(u.status == "skipped" for u in mine):
+                fit_unit.status, fit_unit.note = "skipped", mine[0].note
+            elif all(u.status in DONE for u in mine):
+                fit_unit.status = "cached"
+            elif reason is not None:
+                fit_unit.note = f"will be skipped: {reason}"
+            fit_units.append(fit_unit)
+            score_units.extend(mine)
+            keys[(model.id, f"<fit:{detector}>")] = fit_key
+    units.extend(fit_units)
+    units.extend(score_units)
+
+
+def _scores_verify(path: Path, record: Mapping[str, Any]) -> bool:
+    """The recorded per-image scores file exists and has the recorded length."""
+    if not path.is_file():
+        return False
+    try:
+        import numpy as np
+
+        return int(np.load(path, mmap_mode="r").shape[0]) == int(record.get("rows", -1))
+    except (OSError, ValueError):
+        return False
+
+
+def vocab_store_root(config: ExperimentConfig) -> Path:
+    """Where `ref` vocabularies are looked up."""
+    spec = config.zeroshot
+    return Path(spec.vocab_store) if spec is not None and spec.vocab_store else layout(config).vocabularies
+
+
+def load_ref_vocabularies(config: ExperimentConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """({name: Vocabulary} for the `ref` vocabularies found, {config key: problem} for those that are not)."""
+    spec = config.zeroshot
+    found: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    if spec is None or not any("ref" in v for v in spec.vocabularies.values()):
+        return found, problems
+    try:
+        from ..zeroshot.vocab.artefact import VocabStore
+    except ImportError:
+        return found, {"zeroshot": "zero-shot scoring is not available in this build (no oodbench.zeroshot.vocab)"}
+    from ..errors import ZeroShotError
+
+    store = VocabStore(vocab_store_root(config))
+    for name, vocab in spec.vocabularies.items():
+        if "ref" in vocab:
+            try:
+                found[name] = store.load(vocab["ref"])
+            except ZeroShotError as exc:
+                problems[f"zeroshot.vocabularies.{name}.ref"] = str(exc)
+                continue
+            if vocab.get("kind") not in (None, found[name].kind):
+                problems[f"zeroshot.vocabularies.{name}.kind"] = (
+                    f"declared {vocab['kind']!r} but the stored vocabulary {vocab['ref']!r} is a {found[name].kind!r} list")
+    return found, problems
+
+
+def zeroshot_columns(config: ExperimentConfig, refs: Mapping[str, Any]) -> list[str]:
+    """The detector columns a VLM's zero-shot run will have (names as in its result rows)."""
+    spec = config.zeroshot
+    if spec is None:
+        return []
+    try:
+        from ..zeroshot.scores import SCORES
+    except ImportError:
+        return list(spec.scores)
+    columns = [name for name in spec.scores if SCORES[name].vocabulary is None]
+    for name, vocab in spec.vocabularies.items():
+        kind = refs[name].kind if name in refs else vocab.get("build") or vocab.get("kind", "custom")
+        vocab_name = refs[name].name if name in refs else name
+        score = "eoe" if kind == "eoe" else "neglabel"
+        if score not in spec.scores:
+            continue
+        columns.append(f"{score}@{vocab_name}")
+        per_class = kind in ("siblings", "union") if name not in refs else refs[name].per_class is not None
+        ranked = kind in ("wordnet", "union") if name not in refs else refs[name].ranked is not None
+        if per_class:
+            columns.extend(f"{score}@{vocab_name}[k={k}]" for k in spec.sweep_k)
+        if ranked:
+            columns.extend(f"{score}@{vocab_name}[m={m}]" for m in spec.sweep_m)
+    return columns
+
+
+def _plan_zeroshot(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit],
+                   keys: dict[tuple[str, str], str], problems: dict[str, str]) -> None:
+    spec = config.zeroshot
+    if spec is None:
+        return
+    refs, missing = load_ref_vocabularies(config)
+    problems.update(missing)
+    ref_hashes = {name: vocab.hash for name, vocab in refs.items()}
+    columns = zeroshot_columns(config, refs)
+    datasets = [config.id_test, *config.ood]
+    for model_id in spec.models:
+        sid = config.models[model_id].store_id
+        key = content_key("zeroshot", [keys[(sid, d)] for d in datasets], spec.classes,
+                          _list_files_identity({"include": [spec.classes]}), spec.scores, spec.params,
+                          spec.vocabularies, ref_hashes, spec.templates, spec.sweep_k, spec.sweep_m, config.tpr,
+                          __version__)
+        keys[(model_id, "<zeroshot>")] = key
+        unit = Unit("score", f"{model_id}/zeroshot", key, model=model_id,
+                    deps=tuple(f"extract:{sid}/{d}" for d in datasets),
+                    items=sum(u.items or 0 for u in units if u.stage == "extract" and u.model == sid
+                              and u.dataset in datasets) or None,
+                    spec={"zeroshot": True, "columns": columns, "datasets": datasets})
+        unit.status = _status_with_file(ledger, unit, lay.run_dir(model_id) / "results.parquet")
+        units.append(unit)
+
+
+# ----------------------------------------------------------------------------------------------- metrics, analysis, report
+def _plan_metrics(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit],
+                  keys: dict[tuple[str, str], str]) -> None:
+    metric_keys: list[str] = []
+    for model in config.classifiers:
+        score_keys = sorted(u.key for u in units if u.stage == "score" and u.model == model.id)
+        key = content_key("metrics", score_keys, config.tpr)
+        keys[(model.id, "<metrics>")] = key
+        metric_keys.append(key)
+        unit = Unit("metrics", model.id, key, model=model.id,
+                    deps=tuple(u.id for u in units if u.stage == "score" and u.model == model.id),
+                    spec={"kind": "run"})
+        unit.status = _status_with_file(ledger, unit, lay.run_dir(model.id) / "results.parquet")
+        units.append(unit)
+    for model_id in (config.zeroshot.models if config.zeroshot else ()):
+        metric_keys.append(keys[(model_id, "<zeroshot>")])
+        keys[(model_id, "<metrics>")] = keys[(model_id, "<zeroshot>")]
+    key = content_key("results", metric_keys)
+    keys[("", "<results>")] = key
+    unit = Unit("metrics", "all", key, deps=tuple(u.id for u in units if u.stage == "metrics")
+                + tuple(f"score:{m}/zeroshot" for m in (config.zeroshot.models if config.zeroshot else ())),
+                spec={"kind": "combine"})
+    unit.status = _status_with_file(ledger, unit, lay.results)
+    units.append(unit)
+
+
+def _status_with_file(ledger: Ledger, unit: Unit, output: Path) -> str:
+    if ledger.done(unit.stage, unit.label, unit.key) is not None and output.exists():
+        return "cached"
+    return "stale" if ledger.read(unit.stage, unit.label) is not None else "pending"
+
+
+def _plan_analysis(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit],
+                   keys: dict[tuple[str, str], str]) -> None:
+    model_ids = [m.id for m in config.classifiers] + list(config.zeroshot.models if config.zeroshot else ())
+    for analysis, params in config.analysis.items():
+        for model_id in model_ids:
+            key = content_key("analysis", analysis, params, keys[(model_id, "<metrics>")], config.seed)
+            label = f"{analysis}/{model_id}"
+            keys[(model_id, f"<analysis:{analysis}>")] = key
+            unit = Unit("analysis", label, key, model=model_id, spec={"analysis": analysis, "params": params},
+                        deps=(f"metrics:{model_id}" if model_id in config.models and config.models[model_id].is_classifier
+                              else f"score:{model_id}/zeroshot",))
+            unit.status = _status_with_file(ledger, unit, lay.analysis / analysis / f"{model_id}.json")
+            units.append(unit)
+
+
+def _plan_report(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit],
+                 keys: dict[tuple[str, str], str]) -> None:
+    inputs = sorted(k for (m, name), k in keys.items() if name in ("<results>",) or name.startswith("<analysis:"))
+    key = content_key("report", inputs, config.report, config.name, __version__)
+    unit = Unit("report", "report", key, deps=tuple(u.id for u in units if u.stage in ("metrics", "analysis")),
+                spec=dict(config.report))
+    files = report_files(config)
+    unit.status = _status_with_file(ledger, unit, files[0]) if all(f.is_file() for f in files) else (
+        "stale" if ledger.read("report", unit.label) is not None else "pending")
+    units.append(unit)
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+def build_plan(config: ExperimentConfig) -> Plan:
+    """Plan every unit of the experiment and mark what is cached (reads the store and ledger, writes nothing)."""
+    lay = layout(config)
+    store = Store(lay.store)
+    ledger = Ledger(lay.ledger)
+    units: list[Unit] = []
+    keys: dict[tuple[str, str], str] = {}
+    _plan_extract(config, store, ledger, units, keys)
+    _plan_fit_score(config, lay, store, ledger, units, keys)
+    problems: dict[str, str] = {}
+    _plan_zeroshot(config, lay, ledger, units, keys, problems)
+    _plan_metrics(config, lay, ledger, units, keys)
+    _plan_analysis(config, lay, ledger, units, keys)
+    _plan_report(config, lay, ledger, units, keys)
+    _propagate(units)
+    pending_extract = {u.dataset for u in units if u.stage == "extract" and u.todo and u.spec.get("kind") != "probe-train"}
+    problems.update(missing_roots(config, sorted(d for d in pending_extract if d is not None)))
+    return Plan(config, lay, units, problems)
+
+
+def _propagate(units: list[Unit]) -> None:
+    """A unit whose input must be redone is not cached either (its outputs were made from the old input)."""
+    by_id = {u.id: u for u in units}
+    for unit in units:  # plan order is topological: deps come first
+        if unit.status in DONE:
+            redo = [d for d in unit.deps if d in by_id and by_id[d].todo]
+            if redo:
+                unit.status, unit.note = "pending", f"after {redo[0]}"
+
+
+# ----------------------------------------------------------------------------------------------- printing
+def _human_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def format_plan(plan: Plan, *, units: bool = True) -> str:
+    """The plan as text: per-stage totals, input problems, then one line per unit with size and status."""
+    config = plan.config
+    lines = [f"experiment {config.name!r}: {len(config.models)} models, {len(config.datasets)} datasets, "
+             f"{len(config.detectors)} detectors" + (f", {len(config.zeroshot.models)} zero-shot VLMs" if config.zeroshot else ""),
+             f"work directory {plan.layout.workdir}   store {plan.layout.store}", ""]
+    lines.append(f"{'stage':<9} {'units':>7} {'cached':>7} {'skipped':>7} {'to run':>7} {'images':>14} {'size':>12}")
+    for stage in STAGES:
+        stage_units = plan.stage(stage)
+        todo = [u for u in stage_units if u.todo]
+        items = sum(u.items or 0 for u in todo)
+        nbytes = sum(u.nbytes or 0 for u in stage_units)
+        lines.append(f"{stage:<9} {len(stage_units):>7} {sum(u.status == 'cached' for u in stage_units):>7} "
+                     f"{sum(u.status == 'skipped' for u in stage_units):>7} {len(todo):>7} "
+                     f"{(f'{items:,}' if items else '-'):>14} {(_human_bytes(nbytes) if nbytes else '-'):>12}")
+    if plan.problems:
+        lines += ["", "input problems (extraction of these fails until they are fixed):"]
+        lines += [f"  {key}: {problem}" for key, problem in plan.problems.items()]
+    if plan.notes:
+        lines += [""] + [f"note: {n}" for n in plan.notes]
+    if units:
+        for stage in STAGES:
+            stage_units = plan.stage(stage)
+            if not stage_units:
+                continue
+            lines += ["", f"[{stage}]"]
+            for unit in stage_units:
+                size = f"{unit.items:,} images" if unit.items else "? images" if stage in ("extract", "fit", "score") else ""
+                if unit.nbytes:
+                    size += f", {'~' if unit.spec.get('estimated_bytes') else ''}{_human_bytes(unit.nbytes)}"
+                note = f"  ({unit.note})" if unit.note else ""
+                lines.append(f"  {unit.status:<8} {unit.label:<60} {size}{note}")
+                if unit.spec.get("zeroshot"):
+                    for column in unit.spec["columns"]:
+                        for dataset in unit.spec["datasets"]:
+                            lines.append(f"  {'':<8}   {unit.model}/{column}/{dataset}")
+    return "\n".join(lines) + "\n"
+
+
+def plan_json(plan: Plan) -> str:
+    """The plan as JSON (for tools): summary, problems and every unit."""
+    return json.dumps({
+        "experiment": plan.config.name, "summary": plan.summary(), "problems": plan.problems,
+        "units": [{"id": u.id, "stage": u.stage, "status": u.status, "key": u.key, "model": u.model,
+                   "dataset": u.dataset, "detector": u.detector, "items": u.items, "bytes": u.nbytes, "note": u.note}
+                  for u in plan.units],
+    }, indent=1)

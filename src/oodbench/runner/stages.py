@@ -1,0 +1,609 @@
+"""The work of each unit: extraction, subsets, probes, fit+score, zero-shot, metrics, analyses and the report.
+
+Every function here writes its outputs first and its ledger record last, so it can run in this process or in a
+Ray worker (which shares the work directory), and an interrupted run redoes only units without a record. The
+pieces come from the other packages (`extract`, `detectors`, `zeroshot`, `analysis`, `report`); when one is
+missing from the installed build, the unit fails with an error that says which capability is not available.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .. import metrics
+from ..atomic import atomic_save_npy, atomic_write_json, atomic_write_text
+from ..errors import ExtractError, OodbenchError, StoreError
+from ..results import ResultRow, read_rows, rows_from_metrics, write_rows
+from ..scores import save_scores, score_path
+from ..store import Store, hash_items
+from .config import DatasetSpec, ExperimentConfig, ModelSpec
+from .ledger import Ledger
+from .plan import (REPORT_FORMATS, Layout, Unit, fingerprint, layout, load_ref_vocabularies, unmet_requirements)
+
+__all__ = ["Context", "require", "reset_changed_models", "run_extract_unit", "run_fit_score", "run_zeroshot_unit", "run_metrics_unit",
+           "run_combine_unit", "run_analysis_unit", "run_report_unit", "availability", "record_adopted"]
+
+
+@dataclass
+class Context:
+    """What every unit needs: the config, where things go, and how to show progress and run models."""
+
+    config: ExperimentConfig
+    progress: bool = True
+    device: str = "auto"
+    _backbone: tuple[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def layout(self) -> Layout:
+        return layout(self.config)
+
+    @property
+    def store(self) -> Store:
+        return Store(self.layout.store)
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.layout.ledger)
+
+
+# ----------------------------------------------------------------------------------------------- availability
+# (capability, module, attribute) needed per kind of unit; checked before a run starts so that a missing piece
+# stops the run at once with its name, not hours into it.
+_NEEDS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "timm": (("timm extraction", "oodbench.extract.backbones.timm_backbone", "load_timm"),
+             ("the extraction pipeline", "oodbench.extract.pipeline", "extract")),
+    "probe": (("timm extraction", "oodbench.extract.backbones.timm_backbone", "load_timm"),
+              ("the extraction pipeline", "oodbench.extract.pipeline", "extract")),
+    "probe-train": (("linear-probe training", "oodbench.extract.probe", "run_probe"),),
+    "open_clip": (("open_clip extraction", "oodbench.extract.openclip", "OpenClipBackbone"),
+                  ("the extraction pipeline", "oodbench.extract.pipeline", "extract")),
+    "datasets": (("dataset reading", "oodbench.extract.datasets", "open_dataset"),
+                 ("the dataset registry", "oodbench.extract.dataset_registry", "open_registered")),
+    "zeroshot": (("zero-shot evaluation", "oodbench.zeroshot.evaluate", "evaluate_zeroshot_store"),
+                 ("zero-shot class lists", "oodbench.zeroshot.classes", "load_classes"),
+                 ("label embeddings", "oodbench.zeroshot.text", "store_embedder")),
+    "wordnet": (("NegMining vocabularies", "oodbench.zeroshot.vocab.wordnet_negmining", "mine_wordnet_negatives"),),
+    "union": (("vocabulary unions", "oodbench.zeroshot.vocab.builders", "build_union"),),
+    "subsample": (("the subsampling study", "oodbench.analysis.subsample", "subsample_run"),),
+    "intervals": (("confidence intervals", "oodbench.analysis.runs", "intervals_for_run"),),
+    "report": (("the report builder", "oodbench.report.build", "build_report"),
+               ("the report writer", "oodbench.report.output", "write_report")),
+}
+
+
+def require(kind: str) -> None:
+    """Raise a clear 'not available' error when a capability a unit needs is missing from this build."""
+    for capability, module_name, attribute in _NEEDS.get(kind, ()):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise OodbenchError(f"{capability} is not available in this build of oodbench "
+                                f"({module_name} cannot be imported: {exc})") from None
+        if not hasattr(module, attribute):
+            raise OodbenchError(f"{capability} is not available in this build of oodbench ({module_name} has no {attribute})")
+
+
+def availability(units: Iterable[Unit], config: ExperimentConfig) -> list[str]:
+    """Problems (one line each) with the capabilities the given units need; empty when all are there."""
+    kinds: set[str] = set()
+    for unit in units:
+        if unit.stage == "extract":
+            kind = unit.spec.get("kind")
+            if kind == "probe-train":
+                kinds.add(kind)
+            elif kind in ("timm", "open_clip", "probe"):
+                kinds.update((kind, "datasets"))
+        elif unit.stage == "score" and unit.spec.get("zeroshot"):
+            kinds.add("zeroshot")
+            for vocab in (config.zeroshot.vocabularies.values() if config.zeroshot else ()):
+                if "build" in vocab:
+                    kinds.add(vocab["build"])
+        elif unit.stage == "analysis":
+            kinds.add(unit.spec["analysis"])
+        elif unit.stage == "report":
+            kinds.add("report")
+    problems = []
+    for kind in sorted(kinds):
+        try:
+            require(kind)
+        except OodbenchError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+# ----------------------------------------------------------------------------------------------- extraction
+def record_adopted(ctx: Context, unit: Unit) -> None:
+    """Record a store entry made outside the runner that the plan accepted as this unit's output."""
+    ctx.ledger.write("extract", unit.label, unit.key, fingerprint=unit.spec["adopt"], adopted=True,
+                     model_key=unit.spec.get("model_key"))
+
+
+def reset_changed_models(ctx: Context, units: Iterable[Unit]) -> list[str]:
+    """Delete the store entries and head of models whose definition changed (name, checkpoint, …) since extraction.
+
+    The extractor refuses to mix checkpoints under one model id, so a changed model is re-extracted from scratch.
+    """
+    store = ctx.store
+    reset = sorted({u.model for u in units if u.spec.get("model_changed") and u.spec.get("kind") not in ("demo-digits", "subset")
+                    and u.model is not None})
+    for model_id in reset:
+        import shutil
+
+        path = store.root / model_id
+        if path.is_dir():
+            shutil.rmtree(path)
+    return reset
+
+
+def _open_images(spec: DatasetSpec) -> Any:
+    """The dataset's images as an extraction ImageList."""
+    require("datasets")
+    from ..extract import dataset_registry
+    from ..extract.datasets import file_list, image_folder, imagenet
+
+    params = spec.params
+    root = Path(params["root"])
+    if not root.exists():
+        raise ExtractError(f"{spec.key_path}.root: {root} does not exist")
+    if spec.kind == "registry":
+        return dataset_registry.open_registered(params["name"], root)
+    if spec.kind == "folder":
+        return image_folder(root, labels=params.get("labels", False))
+    if spec.kind == "list":
+        return file_list(root, root=params.get("images"))
+    if spec.kind == "imagenet":
+        return imagenet(root, split=params.get("split", "val"))
+    raise ExtractError(f"{spec.key_path}: datasets of kind {spec.kind!r} have no images to extract")
+
+
+def _backbone(ctx: Context, model: ModelSpec) -> Any:
+    """The model's backbone, loaded once per model for consecutive units (models can be GBs)."""
+    if ctx._backbone is not None and ctx._backbone[0] == model.store_id:
+        return ctx._backbone[1]
+    ctx._backbone = None
+    params = model.params
+    if model.kind in ("timm", "probe"):
+        from ..extract.backbones.timm_backbone import load_timm
+
+        name = params["name"] if model.kind == "timm" else params["backbone"]
+        kwargs: dict[str, Any] = {"checkpoint": params.get("checkpoint")}
+        if params.get("nac_layers"):
+            from ..extract.nac import NacLayer
+
+            kwargs["nac_layers"] = [NacLayer.parse(spec) for spec in params["nac_layers"]]
+        backbone = load_timm(name, pretrained=not params.get("checkpoint"), **kwargs)
+    elif model.kind == "open_clip":
+        from ..extract.openclip import OpenClipBackbone, load_openclip
+        from .config import register_open_clip_config
+
+        if params.get("config_file"):  # a Ray worker has not seen the driver's registration
+            register_open_clip_config(params["config_file"], params["name"], f"{model.key_path}.config_file")
+        device = "cpu" if ctx.device == "auto" else ctx.device
+        if ctx.device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        bundle = load_openclip(params["name"], params.get("checkpoint") or params.get("pretrained"), device)
+        backbone = OpenClipBackbone(bundle, patches=params.get("patches", False))
+    else:
+        raise ExtractError(f"{model.key_path}: no backbone for model kind {model.kind!r}")
+    ctx._backbone = (model.store_id, backbone)
+    return backbone
+
+
+def run_extract_unit(ctx: Context, unit: Unit) -> None:
+    """Fill one store entry (or train a probe), then record it."""
+    config, store = ctx.config, ctx.store
+    model = config.models[unit.spec["model"]]
+    kind = unit.spec["kind"]
+    if kind == "probe-train":
+        _train_probe(ctx, model, unit)
+        return
+    sid, dataset_id = model.store_id, unit.dataset
+    assert dataset_id is not None
+    if unit.status == "stale" and kind != "demo-digits":
+        store.delete(sid, dataset_id)  # made from other inputs: the store's writer would refuse to mix them
+    if kind == "demo-digits":
+        from ..demo import prepare
+
+        root = Path(config.store).parent
+        prepare(root, model.params["seed"], epochs=model.params["epochs"], verbose=ctx.progress)
+    elif kind == "subset":
+        derive_subset(store, sid, config.datasets[dataset_id], config.datasets[config.datasets[dataset_id].params["of"]])
+    else:
+        require(kind)
+        from ..extract.pipeline import extract
+
+        images = _open_images(config.datasets[dataset_id])
+        extract(store, _backbone(ctx, model), images, dataset_id=dataset_id, model_id=sid,
+                batch_size=model.params.get("batch_size", 64), num_workers=config.engine["workers"],
+                device=ctx.device, progress=ctx.progress)
+    if not store.exists(sid, dataset_id):
+        raise StoreError(f"extraction of {sid}/{dataset_id} finished without a complete store entry")
+    ctx.ledger.write("extract", unit.label, unit.key, fingerprint=fingerprint(store.meta(sid, dataset_id)),
+                     model_key=unit.spec.get("model_key"))
+
+
+def _train_probe(ctx: Context, model: ModelSpec, unit: Unit) -> None:
+    require("probe-train")
+    from ..extract.probe import ProbeConfig, run_probe
+
+    config, store = ctx.config, ctx.store
+    datasets = config.datasets_of(model)
+    if unit.status == "stale":
+        for dataset in datasets:
+            store.delete(model.id, dataset)
+        head_dir = store.root / model.id / "head"
+        if head_dir.exists():
+            import shutil
+
+            shutil.rmtree(head_dir)
+    device = "cpu" if ctx.device == "auto" else ctx.device
+    run_probe(store, model.store_id, config.fit, apply_to=[d for d in datasets if d != config.fit], probe_id=model.id,
+              config=ProbeConfig(**model.params.get("probe", {})), device=device)
+    ctx.ledger.write("extract", unit.label, unit.key, head=store.head_meta(model.id).get("provenance", {}).get("checkpoint"))
+
+
+# ----------------------------------------------------------------------------------------------- subsets
+_VAL_ID = re.compile(r"ILSVRC2012_val_\d{8}")
+_SUFFIX_DEPTH = 3  # path components compared from the end (e.g. "n01440764/ILSVRC2012_val_00000293.JPEG")
+
+
+def _components(text: str) -> list[str]:
+    return [p for p in text.strip().replace("\\", "/").split("/") if p not in ("", ".")]
+
+
+def _read_list(path: Path) -> list[str]:
+    """Entries of a list file (TXT or CSV: the first field per line; '#' comments and a header line are ignored)."""
+    entries: list[str] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        first = re.split(r"[,\t]", line, maxsplit=1)[0].strip().strip('"')
+        if number == 0 and not _VAL_ID.search(first) and "." not in first and "/" not in first:
+            continue  # a CSV header such as "path,label"
+        entries.append(first)
+    return entries
+
+
+class _ItemIndex:
+    """Finds list entries among a dataset's items: by ImageNet val id, else by the longest matching path suffix."""
+
+    def __init__(self, items: Sequence[str]) -> None:
+        self.by_suffix: dict[str, list[int]] = {}
+        self.by_val_id: dict[str, list[int]] = {}
+        for position, item in enumerate(items):
+            parts = _components(item)
+            for depth in range(1, min(_SUFFIX_DEPTH, len(parts)) + 1):
+                self.by_suffix.setdefault("/".join(parts[-depth:]), []).append(position)
+            found = _VAL_ID.search(item)
+            if found:
+                self.by_val_id.setdefault(found.group(0), []).append(position)
+
+    def find(self, entry: str) -> list[int]:
+        """Positions matching an entry (several means ambiguous, none means absent)."""
+        found = _VAL_ID.search(entry)
+        if found:
+            return self.by_val_id.get(found.group(0), [])
+        parts = _components(entry)
+        for depth in range(min(_SUFFIX_DEPTH, len(parts)), 0, -1):
+            hits = self.by_suffix.get("/".join(parts[-depth:]))
+            if hits:
+                return hits
+        return []
+
+
+def _entry_items(store: Store, model_id: str, dataset_id: str) -> list[str]:
+    entry = store.entry_path(model_id, dataset_id)
+    meta = store.meta(model_id, dataset_id)
+    if (entry / "items.txt").is_file():
+        return (entry / "items.txt").read_text(encoding="utf-8").splitlines()
+    if "items" in meta:
+        return list(meta["items"])
+    raise ExtractError(f"{model_id}/{dataset_id} records no item list (items.txt), so a subset cannot be selected "
+                       "from it; re-extract it with `oodbench extract`")
+
+
+def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: DatasetSpec) -> None:
+    """Write the rows of `parent`'s entry that the subset's include/exclude lists select, as a new entry."""
+    items = _entry_items(store, model_id, parent.id)
+    index_of = _ItemIndex(items)
+    keep = np.ones(len(items), dtype=bool)
+    notes: dict[str, Any] = {}
+    for which in ("include", "exclude"):
+        for file in spec.params.get(which, []):
+            wanted = _read_list(Path(file))
+            hits = [index_of.find(entry) for entry in wanted]
+            ambiguous = [entry for entry, h in zip(wanted, hits) if len(h) > 1]
+            if ambiguous:
+                raise ExtractError(f"{spec.key_path}.{which}: {len(ambiguous)} entries of {file} match several items of "
+                                   f"{parent.id} (e.g. {ambiguous[0]!r}); give longer paths")
+            unknown = [entry for entry, h in zip(wanted, hits) if not h]
+            if which == "include" and unknown:
+                raise ExtractError(f"{spec.key_path}.include: {len(unknown)} of {len(wanted)} entries of {file} are not "
+                                   f"items of {parent.id} (e.g. {unknown[0]!r}); is it the right list for this dataset?")
+            selected = np.zeros(len(items), dtype=bool)
+            selected[[h[0] for h in hits if h]] = True
+            keep = keep & selected if which == "include" else keep & ~selected
+            notes[file] = {"entries": len(wanted), "not_in_parent": len(unknown)}
+    kept = np.flatnonzero(keep)
+    new_position = np.full(len(items), -1, dtype=np.int64)
+    new_position[kept] = np.arange(kept.size)
+    parent_meta = store.meta(model_id, parent.id)
+    index = np.asarray(store.read_array(model_id, parent.id, "index")) if "index" in parent_meta["arrays"] \
+        else np.arange(parent_meta["num_rows"])
+    rows = np.flatnonzero(new_position[index] >= 0)
+    rows = rows[np.argsort(new_position[index[rows]], kind="stable")]
+    sub_items = [items[i] for i in kept]
+    source = store.read(model_id, parent.id, check_finite=False)
+    arrays = {"features": source.features, "logits": source.logits, "labels": source.labels,
+              **{f"extra.{k}": v for k, v in source.extras.items()}}
+    arrays = {k: v for k, v in arrays.items() if v is not None}
+    shard_size = int(parent_meta.get("shard_size", 4096))
+    writer = store.writer(model_id, spec.id, provenance=parent_meta["provenance"], num_items=len(sub_items),
+                          shard_size=shard_size, item_hash=hash_items(sub_items))
+    entry = store.entry_path(model_id, spec.id)
+    if not (entry / "items.txt").is_file():
+        atomic_write_text(entry / "items.txt", "".join(f"{item}\n" for item in sub_items))
+    positions = new_position[index[rows]]
+    skipped_parent = {int(s["item"]): s for s in parent_meta.get("skipped", []) if "item" in s}
+    for shard in writer.pending_shards():
+        span = writer.shard_rows(shard)
+        lo, hi = np.searchsorted(positions, [span.start, span.stop])
+        picked = rows[lo:hi]
+        shard_arrays = {name: np.asarray(value[picked]) for name, value in arrays.items()}
+        shard_arrays["index"] = positions[lo:hi]
+        skipped = [{**skipped_parent[int(old)], "item": int(new_position[old])}
+                   for old in kept[span.start:span.stop] if int(old) in skipped_parent]
+        writer.write_shard(shard, shard_arrays, skipped=skipped)
+    writer.finalize(extra_meta={"dataset": {"derived_from": f"{model_id}/{parent.id}", "lists": notes,
+                                            "num_items": len(sub_items)}, "items_file": "items.txt"})
+
+
+# ----------------------------------------------------------------------------------------------- fit and score
+def run_fit_score(ctx: Context, model_id: str, detector: str, params: Mapping[str, Any],
+                  todo: Sequence[Mapping[str, str]]) -> list[str]:
+    """Fit one detector on the model's fit set and score the datasets of `todo` ({label, key, dataset}); record each."""
+    from .. import detectors as registry
+
+    config, store, ledger, lay = ctx.config, ctx.store, ctx.ledger, ctx.layout
+    names = [config.fit, *[item["dataset"] for item in todo]]
+    arrays = {name: set(store.meta(model_id, name).get("arrays", {})) - {"index"} for name in dict.fromkeys(names)}
+    reason = unmet_requirements(detector, params, arrays, config.fit, store.has_head(model_id))
+    if reason is not None:
+        for item in todo:
+            ledger.write("score", item["label"], item["key"], skipped=reason)
+        return []
+    store.check_compatible(*[(model_id, name) for name in dict.fromkeys(names)])
+    head = store.read_head(model_id) if store.has_head(model_id) else None
+    fitted = registry.create(detector, **params).fit(store.read(model_id, config.fit), head)
+    done = []
+    for item in todo:
+        scores = fitted.score(store.read(model_id, item["dataset"]))
+        atomic_save_npy(lay.score_file(model_id, detector, item["dataset"]), scores)
+        ledger.write("score", item["label"], item["key"], rows=int(scores.shape[0]), detector=detector, params=dict(params))
+        done.append(item["label"])
+    return done
+
+
+# ----------------------------------------------------------------------------------------------- zero-shot
+def _vocab_summary(vocab: Any) -> dict[str, Any]:
+    return {"name": vocab.name, "kind": vocab.kind, "version": vocab.version, "hash": vocab.hash, "size": len(vocab),
+            "deployable": vocab.deployable}
+
+
+def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
+    """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
+    require("zeroshot")
+    from ..zeroshot.classes import load_classes
+    from ..zeroshot.evaluate import evaluate_zeroshot_store, make_plan
+    from ..zeroshot.text import bundle_loader, store_embedder
+    from ..zeroshot.vocab.artefact import VocabStore
+
+    config, store, lay = ctx.config, ctx.store, ctx.layout
+    spec = config.zeroshot
+    assert spec is not None and unit.model is not None
+    model = config.models[unit.model]
+    classes = load_classes(spec.classes)
+    device = ctx.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    pretrained = model.params.get("checkpoint") or model.params.get("pretrained")
+    embed = store_embedder(store, model.store_id,
+                           load_bundle=bundle_loader(store, model.store_id, config.id_test, pretrained=pretrained, device=device))
+    refs, problems = load_ref_vocabularies(config)
+    if problems:
+        key, problem = next(iter(problems.items()))
+        raise OodbenchError(f"{key}: {problem}")
+    built = VocabStore(lay.vocabularies / model.id)
+    vocabularies: dict[str, Any] = {}
+    pending = dict(spec.vocabularies)
+    while pending:  # unions after their parts
+        for name, vocab in list(pending.items()):
+            if "ref" in vocab:
+                vocabularies[name] = refs[name]
+            elif vocab["build"] == "wordnet":
+                require("wordnet")
+                from ..zeroshot.vocab.wordnet_negmining import mine_wordnet_negatives
+
+                vocabularies[name] = built.save(mine_wordnet_negatives(classes, embed, m=vocab["m"], percentile=vocab["percentile"],
+                                                                       name=name, model=model.id))
+            elif all(part in vocabularies for part in vocab["of"]):
+                require("union")
+                from ..zeroshot.vocab.builders import build_union
+
+                first, second = (vocabularies[p] for p in vocab["of"])
+                vocabularies[name] = built.save(build_union(first, second, name=name))
+            else:
+                continue
+            del pending[name]
+    plan = make_plan(spec.scores, list(vocabularies.values()), sweep_k=spec.sweep_k, sweep_m=spec.sweep_m,
+                     params=spec.params)
+    evaluate_zeroshot_store(store, model.store_id, config.id_test, list(config.ood), classes, embed, plan,
+                            out_dir=lay.run_dir(model.id), tpr=config.tpr, progress=ctx.progress)
+    ctx.ledger.write("score", unit.label, unit.key, vocabularies={k: _vocab_summary(v) for k, v in vocabularies.items()})
+
+
+# ----------------------------------------------------------------------------------------------- metrics
+def _run_json(ctx: Context, model_id: str, detectors: Mapping[str, Mapping[str, Any]], skipped: Mapping[str, str],
+              score_keys: Mapping[str, str], key: str) -> dict[str, Any]:
+    """The run description, in the layout `oodbench evaluate` writes (so analyses and reports read it)."""
+    config, store = ctx.config, ctx.store
+    entries = {}
+    for name in [config.fit, config.id_test, *config.ood]:
+        meta = store.meta(model_id, name)
+        entries[name] = {k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")}
+    return {
+        "model": model_id, "store": str(store.root.resolve()), "fit_dataset": config.fit, "id_dataset": config.id_test,
+        "ood_datasets": list(config.ood), "detectors": {name: dict(p) for name, p in detectors.items()},
+        "skipped_detectors": dict(skipped), "score_keys": dict(score_keys),
+        "head": store.head_meta(model_id) if store.has_head(model_id) else None, "entries": entries, "complete": True,
+        "runner": {"experiment": config.name, "config": str(config.path) if config.path else None, "key": key},
+    }
+
+
+def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> None:
+    """One model's run directory: per-image scores, tidy rows, the detector table and run.json."""
+    from ..report.detector_table import detector_table_markdown
+
+    config, lay, ledger = ctx.config, ctx.layout, ctx.ledger
+    model_id = unit.model
+    assert model_id is not None
+    scores: dict[str, dict[str, np.ndarray]] = {}
+    skipped: dict[str, str] = {}
+    for score_unit in score_units:
+        record = ledger.done("score", score_unit.label, score_unit.key)
+        if record is None:
+            raise OodbenchError(f"metrics of {model_id}: score unit {score_unit.label} has not run")
+        if record.get("skipped"):
+            skipped[score_unit.detector or ""] = record["skipped"]
+            continue
+        values = np.load(lay.score_file(model_id, score_unit.detector or "", score_unit.dataset or ""))
+        scores.setdefault(score_unit.dataset or "", {})[score_unit.detector or ""] = np.asarray(values)
+    ran = [d for d in config.detectors if d not in skipped]
+    rows: list[ResultRow] = []
+    for detector in ran:
+        id_scores = scores[config.id_test][detector]
+        for ood in config.ood:
+            values = metrics.evaluate(id_scores, scores[ood][detector], config.tpr)
+            rows.extend(rows_from_metrics(model_id, config.id_test, ood, detector, values,
+                                          len(id_scores), len(scores[ood][detector])))
+    run_dir = lay.run_dir(model_id)
+    for dataset, per_detector in scores.items():
+        # Rewritten, not merged: a detector dropped from the config must not linger in the run's score files.
+        score_path(run_dir, model_id, dataset).unlink(missing_ok=True)
+        save_scores(run_dir, model_id, dataset, per_detector)
+    write_rows(rows, run_dir / "results.parquet")
+    atomic_write_text(run_dir / "table.md", detector_table_markdown(rows, ran, list(config.ood)))
+    score_keys = {d: u.key for u in score_units if (d := u.detector or "") in ran and u.dataset == config.id_test}
+    atomic_write_json(run_dir / "run.json", _run_json(ctx, model_id, {d: config.detectors[d] for d in config.detectors},
+                                                      skipped, score_keys, unit.key))
+    ledger.write("metrics", unit.label, unit.key, rows=len(rows), skipped=skipped)
+
+
+def model_run_dirs(ctx: Context) -> list[Path]:
+    """Run directories of every model, in config order."""
+    config = ctx.config
+    model_ids = [m.id for m in config.classifiers] + list(config.zeroshot.models if config.zeroshot else ())
+    return [ctx.layout.run_dir(m) for m in model_ids]
+
+
+def run_combine_unit(ctx: Context, unit: Unit) -> None:
+    """All models' rows in one Parquet file."""
+    rows = read_rows([d / "results.parquet" for d in model_run_dirs(ctx)])
+    write_rows(rows, ctx.layout.results)
+    ctx.ledger.write("metrics", unit.label, unit.key, rows=len(rows))
+
+
+# ----------------------------------------------------------------------------------------------- analysis
+def run_analysis_unit(ctx: Context, unit: Unit) -> None:
+    """One analysis of one model's run: the subsampling study (Table A6 rows) or confidence intervals."""
+    from ..analysis.rundata import load_run
+
+    name, params = unit.spec["analysis"], dict(unit.spec["params"])
+    require(name)
+    assert unit.model is not None
+    run = load_run(ctx.layout.run_dir(unit.model))
+    target = ctx.layout.analysis / name / f"{unit.model}.json"
+    seed = params.get("seed", ctx.config.seed)
+    if name == "subsample":
+        from ..analysis.spread import spread_vs_noise
+        from ..analysis.subsample import subsample_run
+
+        results = []
+        requested = params.get("n", "auto")
+        for n in requested if isinstance(requested, list) else [requested]:
+            studies, notes = subsample_run(run, n, draws=params.get("draws", 1000), seed=seed, tpr=ctx.config.tpr,
+                                           progress=ctx.progress)
+            summaries = [s.summary() for s in studies]
+            results.append({"n": studies[0].n, "requested": str(n), "notes": notes,
+                            "summaries": [s.as_dict() for s in summaries],
+                            "spread": [s.as_dict() for s in spread_vs_noise(summaries)]})
+        payload: dict[str, Any] = {"run": str(run.path), "model": unit.model, "draws": params.get("draws", 1000),
+                                   "seed": seed, "tpr": ctx.config.tpr, "results": results}
+    else:
+        from ..analysis.runs import INTERVAL_METHODS, intervals_for_run
+
+        methods = tuple(params.get("methods", INTERVAL_METHODS))
+        records = intervals_for_run(run, methods=methods, resamples=params.get("resamples", 2000),
+                                    confidence=params.get("confidence", 0.95), seed=seed, tpr=ctx.config.tpr,
+                                    progress=ctx.progress)
+        payload = {"run": str(run.path), "model": unit.model, "resamples": params.get("resamples", 2000), "seed": seed,
+                   "records": [r.as_dict() for r in records]}
+    atomic_write_json(target, payload)
+    ctx.ledger.write("analysis", unit.label, unit.key, output=str(target))
+
+
+# ----------------------------------------------------------------------------------------------- report
+def run_report_unit(ctx: Context, unit: Unit) -> None:
+    """Tables, figures and the self-contained HTML report of every model's run."""
+    require("report")
+    from ..report.build import ReportOptions, build_report
+    from ..report.output import write_report
+
+    config = ctx.config
+    sub = config.analysis.get("subsample", {})
+    intervals = config.analysis.get("intervals", {})
+    requested_n = sub.get("n", "auto")
+    options = ReportOptions(
+        n=requested_n[0] if isinstance(requested_n, list) else requested_n, draws=sub.get("draws", 1000),
+        seed=sub.get("seed", config.seed), curve_draws=config.report["curve_draws"],
+        resamples=intervals.get("resamples", config.report["resamples"]), tpr=config.tpr,
+        score_figures=config.report["score_figures"], title=config.report["title"] or f"oodbench: {config.name}",
+        vocabularies=_report_vocabularies(ctx),
+    )
+    content = build_report([str(d) for d in model_run_dirs(ctx)], options, progress=ctx.progress)
+    formats = [REPORT_FORMATS[f] for f in config.report["formats"]]
+    written = write_report(content, ctx.layout.report, formats, config.report["figure_formats"])
+    ctx.ledger.write("report", unit.label, unit.key, notes=list(content.notes),
+                     files=[str(p) for p in written["reports"]], tables=len(written["tables"]),
+                     figures=len(written["figures"]))
+
+
+def _report_vocabularies(ctx: Context) -> dict[str, Any] | None:
+    """Table 2's vocabulary labels and sizes from the zero-shot runs (kind → the seed's column names)."""
+    if ctx.config.zeroshot is None:
+        return None
+    try:
+        from ..zeroshot.vocab.artefact import KINDS
+    except ImportError:
+        return None
+    found: dict[str, Any] = {}
+    for model_id in ctx.config.zeroshot.models:
+        run_json = ctx.layout.run_dir(model_id) / "run.json"
+        if not run_json.is_file():
+            continue
+        info = json.loads(run_json.read_text(encoding="utf-8")).get("zeroshot", {})
+        for name, vocab in (info.get("vocabularies") or {}).items():
+            found[name] = {"label": KINDS.get(vocab.get("kind"), name), "size": vocab.get("size"),
+                           "deployable": bool(vocab.get("deployable", True)), "family": vocab.get("kind")}
+    return found or None

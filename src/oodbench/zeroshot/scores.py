@@ -1,0 +1,394 @@
+"""Zero-shot OOD scores from cached vision-language embeddings; every score is higher for more in-distribution images.
+
+Notation (seed Eq. 1-3): h is the ℓ2-normalised image embedding, t_c the ID label embeddings, z_c = hᵀt_c / τ the
+scaled cosine logits (τ = 0.01) and a(x, t) = exp(hᵀt / τ).
+
+- ``mcm``: max_c softmax(z)_c; ``maxlogit``: max_c z_c; ``energy``: log Σ_c exp z_c; ``gen``: −Σ_{top-M} p^γ(1−p)^γ;
+  ``entropy``: Σ_c p_c log p_c (negative entropy); ``margin``: top-1 minus top-2 probability.
+- ``glmcm``: MCM + λ · max over patches of the per-patch MCM (patch embeddings in the joint space).
+- ``neglabel``: Σ_ID a / (Σ_ID a + Σ_neg a), averaged over g seeded groups of negatives when g > 1.
+- ``eoe``: max ID probability − β · max outlier probability, both under one softmax over ID ∪ outlier labels.
+
+Everything runs over row chunks of images and column blocks of labels with streaming log-sum-exp, so no more than
+one (rows × label-block) array is ever in memory, whatever the number of images or labels. Similarities are
+computed in float32 (BLAS). The vocabulary scores exponentiate in float32 after subtracting the running maximum
+(values in (0, 1]) and accumulate in float64; the logit-space scores work in float64 on the ID logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from scipy.special import expit, xlogy
+
+from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
+from ..detectors._math import logsumexp
+from ..detectors.base import Paper
+from ..errors import ZeroShotError
+
+__all__ = [
+    "TAU", "LOGIT_SCORES", "ZeroShotScore", "SCORES", "available_scores", "get_score", "compute_score",
+    "logit_scores", "glmcm_scores", "neglabel_scores", "eoe_scores", "neglabel_groups", "unit_rows",
+]
+
+TAU = 0.01
+LOGIT_SCORES = ("mcm", "maxlogit", "energy", "gen", "entropy", "margin")
+# Labels per column block of the streaming reductions; rows per block follow from the memory budget.
+LABEL_BLOCK = 4096
+
+
+def unit_rows(array: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit ℓ2 norm as float32 (a copy); all-zero rows stay zero."""
+    values = np.asarray(array, dtype=np.float32)
+    norms = np.linalg.norm(values, axis=-1, keepdims=True)
+    return values / np.maximum(norms, np.float32(1e-12))
+
+
+def _check_texts(name: str, texts: object, dim: int | None, *, allow_empty: bool = False) -> np.ndarray:
+    array = np.asarray(texts)
+    if array.ndim != 2:
+        raise ZeroShotError(f"{name} must be a 2-D array (labels, D); got shape {array.shape}")
+    if array.shape[0] == 0 and not allow_empty:
+        raise ZeroShotError(f"{name} is empty: at least one label embedding is needed")
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ZeroShotError(f"{name} must be floating point; got {array.dtype}")
+    if dim is not None and array.shape[1] != dim:
+        raise ZeroShotError(f"{name} has D={array.shape[1]} but the image embeddings have D={dim}; "
+                            "were they made by the same model?")
+    if not np.isfinite(array).all():
+        raise ZeroShotError(f"{name} contains NaN or inf")
+    return unit_rows(array)
+
+
+def _check_images(images: object) -> np.ndarray:
+    array = images if isinstance(images, np.ndarray) else np.asarray(images)
+    if array.ndim != 2 or array.shape[0] == 0:
+        raise ZeroShotError(f"image embeddings must be a non-empty 2-D array (N, D); got shape {array.shape}")
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ZeroShotError(f"image embeddings must be floating point; got {array.dtype}")
+    return array
+
+
+def _check_tau(tau: float) -> float:
+    if not isinstance(tau, (int, float, np.floating)) or not np.isfinite(tau) or tau <= 0:
+        raise ZeroShotError(f"tau must be a positive number; got {tau!r}")
+    return float(tau)
+
+
+def _image_chunk(images: np.ndarray, rows: slice) -> np.ndarray:
+    chunk = unit_rows(images[rows])
+    if not np.isfinite(chunk).all():
+        bad = rows.start + int(np.flatnonzero(~np.isfinite(chunk).all(axis=1))[0])
+        raise ZeroShotError(f"image embedding row {bad} contains NaN or inf")
+    return chunk
+
+
+def _logits(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
+    return (h @ texts.T).astype(np.float64) / tau
+
+
+def _scaled_similarities(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
+    """z = hᵀt / τ in float32 (one BLAS call, scaled in place); callers shift and exponentiate it in place."""
+    z = h @ texts.T
+    z *= np.float32(1.0 / tau)
+    return z
+
+
+def _block_rows(num_labels: int, dim: int, chunk_bytes: int) -> int:
+    """Image rows per block so that one (rows × label-block) working set stays within the budget."""
+    return rows_per_chunk(2 * min(max(num_labels, 1), LABEL_BLOCK) + dim, budget_bytes=chunk_bytes)
+
+
+def _streaming_lse(h: np.ndarray, texts: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
+    """(log Σ_l exp z_l, max_l z_l) per row over all labels, one label block at a time.
+
+    Exponentials are taken in float32 after subtracting the running maximum (so they lie in (0, 1] and terms
+    that underflow are below 1e-38 of the largest); sums accumulate in float64.
+    """
+    peak = np.full(h.shape[0], -np.inf)
+    total = np.zeros(h.shape[0])
+    for cols in iter_chunks(texts.shape[0], LABEL_BLOCK):
+        z = _scaled_similarities(h, texts[cols], tau)
+        new_peak = np.maximum(peak, z.max(axis=1))
+        z -= new_peak.astype(np.float32)[:, None]
+        np.exp(z, out=z)
+        total = total * np.exp(peak - new_peak) + z.sum(axis=1, dtype=np.float64)
+        peak = new_peak
+    return peak + np.log(total), peak
+
+
+def _equal_width_runs(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """(width, count) runs of consecutive equal group sizes (array_split gives at most two)."""
+    runs: list[tuple[int, int]] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1] = (size, runs[-1][1] + 1)
+        else:
+            runs.append((int(size), 1))
+    return runs
+
+
+def _group_lse(h: np.ndarray, grouped: np.ndarray, sizes: Sequence[int], tau: float) -> np.ndarray:
+    """log Σ exp z over each group of `grouped`'s consecutive rows (group g has sizes[g] labels): (rows, groups).
+
+    Groups of equal width w are taken LABEL_BLOCK // w at a time as one (rows, q, w) block, so per-group maxima
+    and sums are plain axis reductions; a group wider than a block is streamed on its own.
+    """
+    out = np.empty((h.shape[0], len(sizes)))
+    start = first_group = 0
+    for width, count in _equal_width_runs(sizes):
+        if width > LABEL_BLOCK:
+            for j in range(count):
+                columns = slice(start + j * width, start + (j + 1) * width)
+                out[:, first_group + j] = _streaming_lse(h, grouped[columns], tau)[0]
+        else:
+            per_block = max(1, LABEL_BLOCK // width)
+            for offset in range(0, count, per_block):
+                q = min(per_block, count - offset)
+                columns = slice(start + offset * width, start + (offset + q) * width)
+                z = _scaled_similarities(h, grouped[columns], tau).reshape(h.shape[0], q, width)
+                peak = z.max(axis=2)
+                z -= peak[..., None]
+                np.exp(z, out=z)
+                out[:, first_group + offset: first_group + offset + q] = peak + np.log(z.sum(axis=2, dtype=np.float64))
+        start += width * count
+        first_group += count
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- logit-space scores
+def _gen(probs: np.ndarray, gamma: float, top_m: int) -> np.ndarray:
+    """−Σ_{top-M} p^γ (1 − p)^γ with 1 − p_max summed from the other probabilities.
+
+    At τ = 0.01 the top probability is often within 1e-17 of 1, where 1.0 − p rounds to 0 and would drop the
+    largest term; the sum of the remaining probabilities keeps it exact.
+    """
+    m = min(top_m, probs.shape[1])
+    top = np.partition(probs, probs.shape[1] - m, axis=1)[:, probs.shape[1] - m:]
+    complement = 1.0 - top
+    rows = np.arange(probs.shape[0])
+    winner = probs.argmax(axis=1)
+    rest = probs.copy()
+    rest[rows, winner] = 0.0
+    complement[rows, top.argmax(axis=1)] = rest.sum(axis=1)
+    return -np.sum(top**gamma * complement**gamma, axis=1)
+
+
+def _scores_from_logits(z: np.ndarray, names: Sequence[str], gen_gamma: float, gen_top_m: int) -> dict[str, np.ndarray]:
+    lse = logsumexp(z)
+    probs = np.exp(z - lse[:, None])
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        if name == "mcm":
+            out[name] = np.exp(z.max(axis=1) - lse)
+        elif name == "maxlogit":
+            out[name] = z.max(axis=1)
+        elif name == "energy":
+            out[name] = lse
+        elif name == "gen":
+            out[name] = _gen(probs, gen_gamma, gen_top_m)
+        elif name == "entropy":
+            out[name] = xlogy(probs, probs).sum(axis=1)
+        elif name == "margin":
+            if probs.shape[1] == 1:
+                out[name] = probs[:, 0]
+            else:
+                top2 = np.partition(probs, probs.shape[1] - 2, axis=1)[:, -2:]
+                out[name] = top2[:, 1] - top2[:, 0]
+    return out
+
+
+def logit_scores(images: np.ndarray, id_text: np.ndarray, *, names: Sequence[str] = LOGIT_SCORES, tau: float = TAU,
+                 gen_gamma: float = 0.1, gen_top_m: int = 100,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, np.ndarray]:
+    """Logit-space scores (mcm, maxlogit, energy, gen, entropy, margin) over the ID labels, computed in one pass."""
+    unknown = sorted(set(names) - set(LOGIT_SCORES))
+    if unknown:
+        raise ZeroShotError(f"unknown logit-space score(s) {unknown}; available: {', '.join(LOGIT_SCORES)}")
+    if not (isinstance(gen_top_m, (int, np.integer)) and gen_top_m >= 1) or not gen_gamma > 0:
+        raise ZeroShotError(f"gen needs gamma > 0 and an integer top_m >= 1; got gamma={gen_gamma!r}, top_m={gen_top_m!r}")
+    images = _check_images(images)
+    texts = _check_texts("ID label embeddings", id_text, images.shape[1])
+    tau = _check_tau(tau)
+    out = {name: np.empty(images.shape[0]) for name in names}
+    # Every ID logit of a row is needed at once (top-M, top-2, entropy); rows per chunk keep rows × C bounded.
+    step = rows_per_chunk(4 * texts.shape[0] + images.shape[1], budget_bytes=chunk_bytes)
+    for rows in iter_chunks(images.shape[0], step):
+        z = _logits(_image_chunk(images, rows), texts, tau)
+        for name, values in _scores_from_logits(z, names, gen_gamma, gen_top_m).items():
+            out[name][rows] = values
+    return out
+
+
+def glmcm_scores(images: np.ndarray, patches: np.ndarray, id_text: np.ndarray, *, tau: float = TAU, lam: float = 1.0,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+    """GL-MCM: global MCM plus λ times the largest per-patch MCM over the image's patches."""
+    images = _check_images(images)
+    patches = patches if isinstance(patches, np.ndarray) else np.asarray(patches)
+    if patches.ndim != 3 or patches.shape[0] != images.shape[0] or patches.shape[2] != images.shape[1]:
+        raise ZeroShotError(f"patch embeddings must have shape (N={images.shape[0]}, P, D={images.shape[1]}); "
+                            f"got {patches.shape}")
+    if not np.isfinite(lam):
+        raise ZeroShotError(f"lam must be a finite number; got {lam!r}")
+    texts = _check_texts("ID label embeddings", id_text, images.shape[1])
+    tau = _check_tau(tau)
+    num_patches = patches.shape[1]
+    out = np.empty(images.shape[0])
+    step = rows_per_chunk(3 * num_patches * texts.shape[0] + num_patches * images.shape[1], budget_bytes=chunk_bytes)
+    for rows in iter_chunks(images.shape[0], step):
+        z = _logits(_image_chunk(images, rows), texts, tau)
+        global_mcm = np.exp(z.max(axis=1) - logsumexp(z))
+        local = unit_rows(patches[rows].reshape(-1, patches.shape[2]))
+        if not np.isfinite(local).all():
+            raise ZeroShotError(f"patch embeddings of rows {rows.start}..{rows.stop - 1} contain NaN or inf")
+        zl = _logits(local, texts, tau)
+        local_mcm = np.exp(zl.max(axis=1) - logsumexp(zl)).reshape(-1, num_patches).max(axis=1)
+        out[rows] = global_mcm + lam * local_mcm
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- vocabulary scores
+def neglabel_groups(num_negatives: int, groups: int, seed: int = 0) -> list[np.ndarray]:
+    """Indices of the negatives in each of `groups` near-equal groups of a seeded permutation (platform-independent)."""
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ZeroShotError(f"groups must be an integer >= 1; got {groups!r}")
+    if num_negatives and groups > num_negatives:
+        raise ZeroShotError(f"cannot split {num_negatives} negative labels into {groups} groups")
+    order = np.random.default_rng(seed).permutation(num_negatives) if groups > 1 else np.arange(num_negatives)
+    return np.array_split(order, groups)
+
+
+def neglabel_scores(images: np.ndarray, id_text: np.ndarray, neg_text: np.ndarray, *, tau: float = TAU,
+                    groups: int = 1, seed: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+    """NegLabel: share of Σ a(x, ·) on the ID labels with the negatives in the denominator, averaged over groups."""
+    images = _check_images(images)
+    texts = _check_texts("ID label embeddings", id_text, images.shape[1])
+    negatives = _check_texts("negative label embeddings", neg_text, images.shape[1], allow_empty=True)
+    tau = _check_tau(tau)
+    if negatives.shape[0] == 0:
+        neglabel_groups(0, groups, seed)  # validates `groups`
+        return np.ones(images.shape[0])
+    parts = neglabel_groups(negatives.shape[0], groups, seed)
+    sizes = [len(p) for p in parts]
+    grouped = negatives[np.concatenate(parts)]  # each group becomes a contiguous run of rows
+    out = np.empty(images.shape[0])
+    step = _block_rows(texts.shape[0] + grouped.shape[0], images.shape[1], chunk_bytes)
+    for rows in iter_chunks(images.shape[0], step):
+        h = _image_chunk(images, rows)
+        lse_id, _ = _streaming_lse(h, texts, tau)
+        # Σ_ID a / (Σ_ID a + Σ_g a) = sigmoid(lse_ID − lse_g), exact and overflow-free.
+        out[rows] = expit(lse_id[:, None] - _group_lse(h, grouped, sizes, tau)).mean(axis=1)
+    return out
+
+
+def eoe_scores(images: np.ndarray, id_text: np.ndarray, outlier_text: np.ndarray, *, tau: float = TAU,
+               beta: float = 0.25, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+    """EOE: max ID probability − β · max outlier probability under one softmax over ID and outlier labels."""
+    images = _check_images(images)
+    texts = _check_texts("ID label embeddings", id_text, images.shape[1])
+    outliers = _check_texts("outlier label embeddings", outlier_text, images.shape[1], allow_empty=True)
+    tau = _check_tau(tau)
+    if not np.isfinite(beta):
+        raise ZeroShotError(f"beta must be a finite number; got {beta!r}")
+    out = np.empty(images.shape[0])
+    step = _block_rows(texts.shape[0] + outliers.shape[0], images.shape[1], chunk_bytes)
+    for rows in iter_chunks(images.shape[0], step):
+        h = _image_chunk(images, rows)
+        lse_id, max_id = _streaming_lse(h, texts, tau)
+        if outliers.shape[0] == 0:
+            out[rows] = np.exp(max_id - lse_id)
+            continue
+        lse_out, max_out = _streaming_lse(h, outliers, tau)
+        lse_all = np.logaddexp(lse_id, lse_out)
+        out[rows] = np.exp(max_id - lse_all) - beta * np.exp(max_out - lse_all)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class ZeroShotScore:
+    """A zero-shot score: what it needs (a vocabulary role, patch embeddings), its defaults and its paper."""
+
+    name: str
+    vocabulary: str | None  # None, "negatives" or "outliers"
+    needs_patches: bool
+    defaults: Mapping[str, Any]
+    paper: Paper
+    compute: Callable[..., np.ndarray] = field(repr=False)
+
+    @property
+    def logit_space(self) -> bool:
+        """True for scores that use the ID labels only (no vocabulary)."""
+        return self.vocabulary is None
+
+
+def _logit_compute(name: str) -> Callable[..., np.ndarray]:
+    def compute(images: np.ndarray, id_text: np.ndarray, **params: Any) -> np.ndarray:
+        gen = {k: params.pop(k) for k in ("gamma", "top_m") if k in params}
+        return logit_scores(images, id_text, names=(name,), gen_gamma=gen.get("gamma", 0.1),
+                            gen_top_m=gen.get("top_m", 100), **params)[name]
+    return compute
+
+
+_MCM = Paper("Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations",
+             "NeurIPS 2022", "https://arxiv.org/abs/2211.13445")
+_SCORE_LIST = [
+    ZeroShotScore("mcm", None, False, {"tau": TAU}, _MCM, _logit_compute("mcm")),
+    ZeroShotScore("maxlogit", None, False, {"tau": TAU}, Paper(
+        "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings", "ICML 2022",
+        "https://arxiv.org/abs/1911.11132"), _logit_compute("maxlogit")),
+    ZeroShotScore("energy", None, False, {"tau": TAU}, Paper(
+        "Liu et al., Energy-based Out-of-distribution Detection", "NeurIPS 2020", "https://arxiv.org/abs/2010.03759"),
+        _logit_compute("energy")),
+    ZeroShotScore("gen", None, False, {"tau": TAU, "gamma": 0.1, "top_m": 100}, Paper(
+        "Liu, Lochman & Zach, GEN: Pushing the Limits of Softmax-Based Out-of-Distribution Detection", "CVPR 2023",
+        "https://openaccess.thecvf.com/content/CVPR2023/html/Liu_GEN_Pushing_the_Limits_of_Softmax-Based_Out-of-Distribution_Detection_CVPR_2023_paper.html"),
+        _logit_compute("gen")),
+    ZeroShotScore("entropy", None, False, {"tau": TAU}, Paper(_MCM.citation, _MCM.venue, _MCM.url,
+                  "negative Shannon entropy of MCM's softmax over the ID labels"), _logit_compute("entropy")),
+    ZeroShotScore("margin", None, False, {"tau": TAU}, Paper(_MCM.citation, _MCM.venue, _MCM.url,
+                  "top-1 minus top-2 probability of MCM's softmax"), _logit_compute("margin")),
+    ZeroShotScore("glmcm", None, True, {"tau": TAU, "lam": 1.0}, Paper(
+        "Miyai et al., GL-MCM: Global and Local Maximum Concept Matching for Zero-Shot Out-of-Distribution Detection",
+        "IJCV 2025", "https://arxiv.org/abs/2304.04521"), glmcm_scores),
+    ZeroShotScore("neglabel", "negatives", False, {"tau": TAU, "groups": 1, "seed": 0}, Paper(
+        "Jiang et al., Negative Label Guided OOD Detection with Pretrained Vision-Language Models", "ICLR 2024",
+        "https://arxiv.org/abs/2403.20078"), neglabel_scores),
+    ZeroShotScore("eoe", "outliers", False, {"tau": TAU, "beta": 0.25}, Paper(
+        "Cao et al., Envisioning Outlier Exposure by Large Language Models for Out-of-Distribution Detection",
+        "ICML 2024", "https://arxiv.org/abs/2406.00806"), eoe_scores),
+]
+SCORES: dict[str, ZeroShotScore] = {score.name: score for score in _SCORE_LIST}
+
+
+def available_scores() -> list[str]:
+    """Names of the zero-shot scores, in documentation order."""
+    return list(SCORES)
+
+
+def get_score(name: str) -> ZeroShotScore:
+    """The score registered under `name`."""
+    try:
+        return SCORES[name]
+    except KeyError:
+        raise ZeroShotError(f"unknown zero-shot score {name!r}; available: {', '.join(SCORES)}") from None
+
+
+def compute_score(name: str, images: np.ndarray, id_text: np.ndarray, *, vocab_text: np.ndarray | None = None,
+                  patches: np.ndarray | None = None, **params: Any) -> np.ndarray:
+    """Scores (N,) of one named zero-shot score; `vocab_text` for neglabel/eoe, `patches` for glmcm."""
+    score = get_score(name)
+    unknown = sorted(set(params) - set(score.defaults))
+    if unknown:
+        raise ZeroShotError(f"{name} has no parameter {', '.join(unknown)}; its parameters: {dict(score.defaults)}")
+    merged = {**score.defaults, **params}
+    if score.needs_patches:
+        if patches is None:
+            raise ZeroShotError(f"{name} needs patch embeddings (the store's extra.patch_embeddings)")
+        return score.compute(images, patches, id_text, **merged)
+    if score.vocabulary is not None:
+        if vocab_text is None:
+            raise ZeroShotError(f"{name} needs the embeddings of its {score.vocabulary} vocabulary")
+        return score.compute(images, id_text, vocab_text, **merged)
+    return score.compute(images, id_text, **merged)

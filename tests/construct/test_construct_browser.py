@@ -1,0 +1,117 @@
+"""A full round in a real browser: two annotators disagree, three resolve it in Stage 3, export."""
+
+from __future__ import annotations
+
+import csv
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from construct_helpers import PASSWORD, build_project
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian Chromium (/usr/bin/chromium) is not installed"),
+]
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The app of a one-image project, served by uvicorn on a random loopback port."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from oodbench.construct.web import create_app
+
+    project = build_project(tmp_path, n_images=1)
+    for name in ("ann1", "ann2", "ann3"):
+        project.store().add_user(name, PASSWORD)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(project), log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    yield project, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+    project.close()
+
+
+def test_disagreement_resolved_in_stage3_reaches_the_export(served, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    project, url = served
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        try:
+            pages = {}
+            for name in ("ann1", "ann2", "ann3"):
+                page = browser.new_context().new_page()
+                page.set_default_timeout(15_000)
+                page.goto(f"{url}/login")
+                page.fill("#username", name)
+                page.fill("#password", PASSWORD)
+                page.click("#login")
+                page.wait_for_selector("text=Hello, " + name)
+                pages[name] = page
+
+            # Stage 1, annotator 1: keyboard only. F flags fine-grained, O selects OOD and focuses the label.
+            a = pages["ann1"]
+            a.goto(f"{url}/annotate")
+            a.wait_for_url("**/annotate/*")
+            assert a.eval_on_selector("#subject", "img => img.complete && img.naturalWidth") == 16
+            a.keyboard.press("f")
+            a.keyboard.press("o")
+            assert a.evaluate("document.activeElement.id") == "label"
+            a.keyboard.type("Hot-air balloon")
+            a.keyboard.press("Enter")
+            a.wait_for_selector("#queue-empty")
+
+            # Annotator 2 disagrees: takes the original label from the evidence panel (ID).
+            b = pages["ann2"]
+            b.goto(f"{url}/annotate")
+            b.wait_for_url("**/annotate/*")
+            assert "Hot-air balloon" not in b.content()  # Stage 1 is blind
+            b.click("#evidence-original button.pick")
+            assert b.input_value("#class") == "0: class-0" and b.is_checked("#v-id")
+            b.keyboard.press("Enter")
+            b.wait_for_selector("#queue-empty")
+
+            # Stage 3: all three review together and agree on the OOD label.
+            for name, label in (("ann1", "hot air balloon"), ("ann2", "Hot air balloon"), ("ann3", "hot-air balloon")):
+                page = pages[name]
+                page.goto(f"{url}/stage3")
+                page.click("a.review-link")
+                page.wait_for_selector("text=Stage 1 verdicts")
+                assert "Hot-air balloon" in page.content() and "class-0" in page.content()
+                page.keyboard.press("o")
+                page.keyboard.type(label)
+                page.keyboard.press("Enter")
+                page.wait_for_selector("#panel")
+            pages["ann3"].wait_for_selector("#final")
+            assert "hot air balloon" in pages["ann3"].inner_text("#final").lower()
+        finally:
+            browser.close()
+
+    from oodbench.construct.export import export
+
+    manifest = export(project, tmp_path / "bench")
+    assert manifest["counts"]["ood"] == 1
+    with open(tmp_path / "bench" / "ood_manifest.csv", newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (row["key"], row["ood_concept"], row["decided_in"], row["annotators"]) == (
+        "img000.png", "hot air balloon", "3", "ann1;ann2;ann3")
+    with open(tmp_path / "bench" / "ood.csv", newline="") as handle:
+        assert list(csv.DictReader(handle)) == [{"path": str(project.root("images") / "sub0" / "img000.png"), "label": ""}]
+    # The Stage 1 fine-grained flag of annotator 1 is on record in the event log.
+    first = project.store().events()[0]
+    assert (first["annotator"], first["verdict"], first["label"], first["fine_grained"]) == (
+        "ann1", "ood", "Hot-air balloon", True)

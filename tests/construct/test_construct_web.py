@@ -1,0 +1,227 @@
+"""HTTP-level tests of the annotation app: auth, CSRF, Stage 1 blindness, path traversal, flows."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from construct_helpers import PASSWORD, csrf_of, login
+
+pytest.importorskip("fastapi", reason="the annotation app needs the 'web' extra")
+from fastapi.testclient import TestClient  # noqa: E402
+
+
+def image_id_of(response) -> int:
+    match = re.search(r"/annotate/(\d+)", str(response.url))
+    assert match, f"not an annotation page: {response.url}"
+    return int(match.group(1))
+
+
+def submit(client, image_id, **fields):
+    page = client.get(f"/annotate/{image_id}")
+    return client.post(f"/annotate/{image_id}", data={"csrf_token": csrf_of(page.text), **fields})
+
+
+# -- authentication ----------------------------------------------------------------------------
+def test_pages_need_login(app):
+    with TestClient(app) as anon:
+        for path in ("/", "/annotate", "/annotate/1", "/stage3", "/stage3/1", "/admin", "/api/classes"):
+            response = anon.get(path, follow_redirects=False)
+            assert response.status_code == 303 and response.headers["location"] == "/login", path
+        assert anon.get("/image/1").status_code == 401
+        assert anon.get("/example/0/0").status_code == 401
+        assert anon.post("/annotate/1", data={"verdict": "id", "class": "1"}, follow_redirects=False).status_code == 303
+
+
+def test_login_logout_and_wrong_password(app, project):
+    with TestClient(app) as client:
+        bad = login(client, "ann1", "not the password")
+        assert "Wrong name or password" in bad.text and "oodb_session" not in client.cookies
+        assert "Wrong name or password" in login(client, "nobody").text
+        home = login(client, "ann1")
+        assert home.status_code == 200 and "Hello, ann1" in home.text
+        cookie = home.history[0].headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=lax" in cookie.replace("Lax", "lax")
+        assert home.headers["x-frame-options"] == "DENY" and "script-src 'self'" in home.headers["content-security-policy"]
+        token = client.cookies["oodb_session"]
+        client.post("/logout", data={"csrf_token": csrf_of(home.text)})
+        assert project.store().session_user(token) is None  # the session is gone server-side
+        assert client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_login_throttle(app):
+    with TestClient(app) as client:
+        for _ in range(8):
+            login(client, "ann2", "guess guess")
+        assert "Too many failed attempts" in login(client, "ann2").text  # even the right password waits
+
+
+def test_non_admin_cannot_use_admin_pages(client_for):
+    ann = client_for("ann1")
+    assert ann.get("/admin").status_code == 403
+    page = ann.get("/")
+    data = {"csrf_token": csrf_of(page.text), "label_a": "a", "label_b": "b"}
+    assert ann.post("/admin/matches", data=data).status_code == 403
+
+
+# -- CSRF --------------------------------------------------------------------------------------
+def test_csrf_is_required(app, client_for, project):
+    ann = client_for("ann1")
+    image_id = image_id_of(ann.get("/annotate"))
+    for data in ({}, {"csrf_token": "forged"}):
+        response = ann.post(f"/annotate/{image_id}", data={"verdict": "id", "class": "1", **data})
+        assert response.status_code == 403
+    other = client_for("ann2")
+    other_token = csrf_of(other.get("/").text)  # a valid token, but of another session
+    assert ann.post(f"/annotate/{image_id}", data={"verdict": "id", "class": "1", "csrf_token": other_token}).status_code == 403
+    token = csrf_of(ann.get(f"/annotate/{image_id}").text)
+    cross = ann.post(
+        f"/annotate/{image_id}", data={"verdict": "id", "class": "1", "csrf_token": token},
+        headers={"Origin": "https://evil.example"},
+    )
+    assert cross.status_code == 403
+    assert project.store().events() == []
+    with TestClient(app) as anon:  # the login form has its own double-submit token
+        anon.get("/login")
+        response = anon.post("/login", data={"username": "ann1", "password": PASSWORD, "csrf_token": "x"})
+        assert response.status_code == 403 and "oodb_session" not in anon.cookies
+
+
+# -- Stage 1 blindness -------------------------------------------------------------------------
+SECRET_LABEL = "zanzibar-xylophone-17"
+
+
+def test_stage1_is_blind(client_for, project):
+    first, second, outsider, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
+    image_id = image_id_of(first.get("/annotate"))
+    assert image_id_of(second.get("/annotate")) == image_id
+    probes = ["/", "/annotate", f"/annotate/{image_id}", "/stage3", f"/stage3/{image_id}", "/admin", "/api/classes",
+              f"/annotate/{image_id}?show=all", f"/stage3/{image_id}/vote", f"/image/{image_id}"]
+
+    def snapshot():
+        return {(who, path): (r.status_code, r.content) for who, client in
+                (("second", second), ("outsider", outsider), ("boss", boss))
+                for path in probes for r in [client.get(path)]}
+
+    snapshot()  # the probes' own side effects (the outsider's /annotate claims an image) happen here
+    before = snapshot()
+    assert submit(first, image_id, verdict="ood", label=SECRET_LABEL).status_code == 200
+    assert SECRET_LABEL in first.get(f"/annotate/{image_id}").text  # one's own verdict is shown
+    after = snapshot()
+    # Neither the second annotator, nor anyone else, nor an admin sees any change before the second
+    # verdict: every page and endpoint answers byte for byte as before the first verdict.
+    assert after == before
+    assert all(SECRET_LABEL.encode() not in body for _, body in after.values())
+    assert before[("second", f"/stage3/{image_id}")][0] == 404
+    assert before[("outsider", f"/annotate/{image_id}")][0] == 404
+    # A Stage 3 vote or a close cannot be used to probe the image either.
+    token = csrf_of(outsider.get("/").text)
+    for action in ("vote", "close"):
+        response = outsider.post(f"/stage3/{image_id}/{action}", data={"csrf_token": token, "verdict": "id", "class": "1"})
+        assert response.status_code == 404 and SECRET_LABEL not in response.text
+    # Once the second verdict is in (and disagrees), the joint review shows both.
+    submit(second, image_id, verdict="id", **{"class": "3"})
+    review = outsider.get(f"/stage3/{image_id}")
+    assert review.status_code == 200 and SECRET_LABEL in review.text and "class-3" in review.text
+
+
+# -- path traversal ----------------------------------------------------------------------------
+def test_images_only_from_configured_roots(client_for, project, tmp_path):
+    ann = client_for("ann1")
+    image_id = image_id_of(ann.get("/annotate"))
+    ok = ann.get(f"/image/{image_id}")
+    assert ok.status_code == 200 and ok.headers["content-type"] == "image/png" and ok.content[:4] == b"\x89PNG"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    for path in (
+        "/image/../../secret.txt", "/image/..%2f..%2fsecret.txt", "/image/%2e%2e/%2e%2e/etc/passwd",
+        "/static/../project.json", "/static/..%2f..%2fdb.py", "/static/%2e%2e/web.py", "/example/0/..%2f..%2fsecret.txt",
+        "/image/999999", "/example/0/0", "/example/-1/0",
+    ):
+        response = ann.get(path)
+        assert response.status_code in (404, 422), path
+        assert "top secret" not in response.text and "ConstructError" not in response.text
+    # Rows pointing outside the root (edited database, symlink) are refused at serving time too.
+    store = project.store()
+    link = project.root("images") / "sub0" / "escape.png"
+    link.symlink_to(secret)
+    import sqlalchemy as sa
+
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE images SET path = :p WHERE id = :i"), {"p": "../secret.txt", "i": image_id})
+    assert ann.get(f"/image/{image_id}").status_code == 404
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE images SET path = :p WHERE id = :i"), {"p": "sub0/escape.png", "i": image_id})
+    assert ann.get(f"/image/{image_id}").status_code == 404
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE images SET path = :p WHERE id = :i"), {"p": str(secret), "i": image_id})
+    assert ann.get(f"/image/{image_id}").status_code == 404
+
+
+def test_static_assets_are_served(client_for):
+    ann = client_for("ann1")
+    js = ann.get("/static/annotate.js")
+    assert js.status_code == 200 and "keydown" in js.text
+    assert ann.get("/static/style.css").status_code == 200
+
+
+# -- flows -------------------------------------------------------------------------------------
+def test_full_round_over_http(client_for, project):
+    a, b, c, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
+    image_id = image_id_of(a.get("/annotate"))
+    page = a.get(f"/annotate/{image_id}")
+    # Evidence panels: present ones rendered, absent ones say why.
+    assert 'id="evidence-original"' in page.text and "class-" in page.text
+    assert "no VLM embeddings given yet" in page.text and "no LLM description yet" in page.text
+    assert "no public URL" in page.text
+    bad = submit(a, image_id, verdict="id", **{"class": "zebra"})
+    assert bad.status_code == 400 and "unknown class" in bad.text
+    assert submit(a, image_id, verdict="ood", label="Snow globe", fine_grained="on").status_code == 200
+    assert image_id_of(b.get("/annotate")) == image_id
+    submit(b, image_id, verdict="id", **{"class": "4: class-4"})
+    listing = c.get("/stage3").text
+    assert f"/stage3/{image_id}" in listing
+    for client, fields in ((a, {"verdict": "ood", "label": "snow globe"}), (b, {"verdict": "ood", "label": "snow-globe"})):
+        token = csrf_of(client.get(f"/stage3/{image_id}").text)
+        assert client.post(f"/stage3/{image_id}/vote", data={"csrf_token": token, **fields}).status_code == 200
+    token = csrf_of(c.get(f"/stage3/{image_id}").text)
+    done = c.post(f"/stage3/{image_id}/vote",
+                  data={"csrf_token": token, "verdict": "ood", "label": "The snow globe", "fine_grained": "on"})
+    assert 'id="final"' in done.text and "Snow globe" in done.text
+    outcome = project.store().outcome(image_id)
+    assert outcome.concept == "snow globe" and outcome.decided_in == 3 and outcome.fine_grained
+    admin = boss.get("/admin")
+    assert admin.status_code == 200 and "snow globe (1)" in admin.text
+    token = csrf_of(admin.text)
+    matched = boss.post("/admin/matches", data={"csrf_token": token, "label_a": "snow globe", "label_b": "snowdome"})
+    assert "Match recorded" in matched.text and "“snow globe” ≡ “snowdome”" in matched.text
+
+
+def test_ambiguous_needs_reason_and_queue_ends(client_for, project):
+    a = client_for("ann1")
+    image_id = image_id_of(a.get("/annotate"))
+    bad = submit(a, image_id, verdict="ambiguous")
+    assert bad.status_code == 400 and "needs a reason" in bad.text
+    assert submit(a, image_id, verdict="", label="x").status_code == 400
+    for _ in range(len(project.store().images())):
+        response = a.get("/annotate")
+        if "queue-empty" in response.text:
+            break
+        submit(a, image_id_of(response), verdict="ambiguous", reason="degraded")
+    assert 'id="queue-empty"' in a.get("/annotate").text
+    assert len(project.store().events()) == len(project.store().images())
+
+
+def test_admin_lists_label_disputes_and_matches_them(client_for, project):
+    a, b, boss = client_for("ann1"), client_for("ann2"), client_for("boss")
+    image_id = image_id_of(a.get("/annotate"))
+    assert image_id_of(b.get("/annotate")) == image_id
+    submit(a, image_id, verdict="ood", label="cellphone")
+    submit(b, image_id, verdict="ood", label="mobile phone")
+    admin = boss.get("/admin")
+    assert "“cellphone” vs “mobile phone”" in admin.text
+    form = re.search(r'<ul id="disputes">.*?</ul>', admin.text, re.S).group(0)
+    fields = dict(re.findall(r'name="(label_[ab])" value="([^"]+)"', form))
+    done = boss.post("/admin/matches", data={"csrf_token": csrf_of(admin.text), **fields})
+    assert "1 image(s) resolved" in done.text and 'id="disputes"' not in done.text
+    assert project.store().outcome(image_id).concept == "cellphone"

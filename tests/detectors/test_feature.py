@@ -1,0 +1,296 @@
+"""Mahalanobis family, k-NN, cosine, MCM, fDBD, NECO: hand cases, slow references, invariances, requirements."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.covariance import EmpiricalCovariance
+from sklearn.decomposition import PCA
+from sklearn.preprocessing import StandardScaler
+
+from oodbench.detectors import create
+from oodbench.errors import DetectorError
+from oodbench.outputs import Head, Outputs
+
+
+def _rows(outputs: Outputs) -> np.ndarray:
+    return np.asarray(outputs.features, dtype=np.float64)
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+# ----------------------------------------------------------------------------- slow references
+def slow_mahalanobis(problem, relative=False, normalize=False):
+    """OpenOOD-style: sklearn EmpiricalCovariance on class-centred features, a loop over samples and classes."""
+    features, labels = _rows(problem.fit), problem.fit.labels
+    test = _rows(problem.test)
+    if normalize:
+        features, test = _unit(features), _unit(test)
+    classes = np.unique(labels)
+    means = {c: features[labels == c].mean(axis=0) for c in classes}
+    centred = np.concatenate([features[labels == c] - means[c] for c in classes])
+    precision = EmpiricalCovariance(assume_centered=True).fit(centred).precision_
+    background = EmpiricalCovariance(assume_centered=False).fit(features)
+    scores = []
+    for z in test:
+        distances = [float((z - means[c]) @ precision @ (z - means[c])) for c in classes]
+        if relative:
+            d0 = float((z - background.location_) @ background.precision_ @ (z - background.location_))
+            distances = [d - d0 for d in distances]
+        scores.append(-min(distances))
+    return np.array(scores)
+
+
+def slow_knn(problem, k):
+    bank = _unit(_rows(problem.fit))
+    scores = []
+    for z in _unit(_rows(problem.test)):
+        distances = sorted(float(np.linalg.norm(z - x)) for x in bank)
+        scores.append(-distances[k - 1])
+    return np.array(scores)
+
+
+def slow_centroid_cosines(problem):
+    features, labels = _rows(problem.fit), problem.fit.labels
+    centroids = [features[labels == c].mean(axis=0) for c in np.unique(labels)]
+    return [[float(z @ m / (np.linalg.norm(z) * np.linalg.norm(m))) for m in centroids] for z in _rows(problem.test)]
+
+
+def slow_fdbd(problem):
+    mean = _rows(problem.fit).mean(axis=0)
+    weight = problem.weight
+    scores = []
+    for z, f in zip(_rows(problem.test), np.asarray(problem.test.logits, dtype=np.float64)):
+        top = int(np.argmax(f))
+        terms = [abs(f[top] - f[c]) / np.linalg.norm(weight[top] - weight[c]) for c in range(len(f)) if c != top]
+        scores.append(np.mean(terms) / np.linalg.norm(z - mean))
+    return np.array(scores)
+
+
+def slow_neco(problem, dim, use_maxlogit=False):
+    """The reference's flow: StandardScaler, full PCA, norm of the first `dim` coordinates over the full norm."""
+    scaler = StandardScaler().fit(_rows(problem.fit))
+    pca = PCA(problem.fit.num_features).fit(scaler.transform(_rows(problem.fit)))
+    standardised = scaler.transform(_rows(problem.test))
+    reduced = pca.transform(standardised)[:, :dim]
+    scores = np.array([np.linalg.norm(r) / np.linalg.norm(s) for r, s in zip(reduced, standardised)])
+    if use_maxlogit:
+        scores = scores * np.asarray(problem.test.logits, dtype=np.float64).max(axis=1)
+    return scores
+
+
+# ----------------------------------------------------------------------------- agreement
+@pytest.mark.parametrize("name,relative,normalize", [("maha", False, False), ("rmaha", True, False),
+                                                     ("maha++", False, True), ("rmaha++", True, True)])
+def test_mahalanobis_family_agrees_with_slow_reference(problem, agree, name, relative, normalize):
+    fast = create(name).fit(problem.fit).score(problem.test)
+    agree(fast, slow_mahalanobis(problem, relative, normalize), problem.n_id, rtol=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 7, 50])
+def test_knn_agrees_with_brute_force(problem, agree, k):
+    fast = create("knn", k=k).fit(problem.fit).score(problem.test)
+    agree(fast, slow_knn(problem, k), problem.n_id, rtol=1e-4)  # faiss works in float32
+
+
+def test_knn_ivf_probing_every_list_is_exact(problem):
+    flat = create("knn", k=5).fit(problem.fit).score(problem.test)
+    ivf = create("knn", k=5, index="ivf", nlist=8, nprobe=8).fit(problem.fit).score(problem.test)
+    np.testing.assert_allclose(ivf, flat, atol=1e-5)
+
+
+def test_knn_ivf_with_too_few_probed_neighbours_fails_clearly(make):
+    problem = make(seed=3, fit_rows=200)
+    detector = create("knn", k=150, index="ivf", nlist=5, nprobe=1).fit(problem.fit)
+    with pytest.raises(DetectorError, match="nprobe"):
+        detector.score(problem.test)
+
+
+def test_cosine_and_mcm_agree_with_slow_reference(problem, agree):
+    cosines = slow_centroid_cosines(problem)
+    agree(create("cosine").fit(problem.fit).score(problem.test), np.array([max(row) for row in cosines]), problem.n_id)
+    for tau in (1.0, 0.1):
+        slow = np.array([max(math.exp(c / tau) for c in row) / sum(math.exp(c / tau) for c in row) for row in cosines])
+        agree(create("mcm", temperature=tau).fit(problem.fit).score(problem.test), slow, problem.n_id)
+
+
+def test_fdbd_agrees_with_slow_reference(problem, agree):
+    fast = create("fdbd").fit(problem.fit, problem.head).score(problem.test)
+    agree(fast, slow_fdbd(problem), problem.n_id, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dim,use_maxlogit", [(3, False), (8, True)])
+def test_neco_agrees_with_slow_reference(problem, agree, dim, use_maxlogit):
+    fast = create("neco", dim=dim, use_maxlogit=use_maxlogit).fit(problem.fit).score(problem.test)
+    agree(fast, slow_neco(problem, dim, use_maxlogit), problem.n_id, rtol=1e-6)
+
+
+def test_neco_explained_variance_dimension(problem):
+    detector = create("neco", dim=0.9).fit(problem.fit)
+    ratios = PCA().fit(StandardScaler().fit_transform(_rows(problem.fit))).explained_variance_ratio_
+    assert detector.dim_ == int(np.searchsorted(np.cumsum(ratios), 0.9) + 1)
+
+
+# ----------------------------------------------------------------------------- hand-computed cases
+def _one_d(values, labels=None) -> Outputs:
+    return Outputs(np.array(values, dtype=np.float32).reshape(-1, 1), labels=None if labels is None else np.array(labels))
+
+
+def test_mahalanobis_hand_computed():
+    fit = _one_d([-1.0, 1.0, 9.0, 11.0], [0, 0, 1, 1])  # means 0 and 10, within-class variance 1
+    test = _one_d([3.0])
+    assert create("maha").fit(fit).score(test)[0] == pytest.approx(-9.0)
+    # Background: mean 5, variance (36 + 16 + 16 + 36) / 4 = 26.
+    assert create("rmaha").fit(fit).score(test)[0] == pytest.approx(-(9.0 - 4.0 / 26.0))
+
+
+def test_mahalanobis_ignores_absent_class_indices():
+    fit = _one_d([-1.0, 1.0, 9.0, 11.0], [0, 0, 3, 3])  # classes 1 and 2 never occur
+    detector = create("maha").fit(fit)
+    np.testing.assert_array_equal(detector.classes_, [0, 3])
+    assert detector.score(_one_d([3.0]))[0] == pytest.approx(-9.0)
+
+
+def test_knn_hand_computed():
+    fit = Outputs(np.array([[1.0, 0.0], [0.0, 2.0], [-3.0, 0.0]], dtype=np.float32))
+    test = Outputs(np.array([[5.0, 5.0]], dtype=np.float32))
+    # Unit vectors at 0, 90 and 180 degrees; the query at 45 degrees.
+    assert create("knn", k=1).fit(fit).score(test)[0] == pytest.approx(-math.sqrt(2 - 2 * math.cos(math.pi / 4)), rel=1e-5)
+    assert create("knn", k=3).fit(fit).score(test)[0] == pytest.approx(-math.sqrt(2 - 2 * math.cos(3 * math.pi / 4)), rel=1e-5)
+
+
+def test_cosine_and_mcm_hand_computed():
+    fit = Outputs(np.array([[2.0, 0.0], [4.0, 0.0], [0.0, 1.0]], dtype=np.float32), labels=np.array([0, 0, 1]))
+    test = Outputs(np.array([[3.0, 0.0], [1.0, 1.0]], dtype=np.float32))
+    np.testing.assert_allclose(create("cosine").fit(fit).score(test), [1.0, math.sqrt(0.5)], rtol=1e-6)
+    np.testing.assert_allclose(create("mcm").fit(fit).score(test), [math.e / (math.e + 1.0), 0.5], rtol=1e-6)
+
+
+def test_fdbd_hand_computed():
+    head = Head(np.eye(2, dtype=np.float32), np.zeros(2, dtype=np.float32))
+    fit = Outputs(np.array([[1.0, 0.0], [-1.0, 0.0]], dtype=np.float32))  # mean 0
+    z = np.array([[3.0, 1.0]], dtype=np.float32)
+    score = create("fdbd").fit(fit, head).score(Outputs(z, z.copy()))[0]
+    assert score == pytest.approx((2.0 / math.sqrt(2.0)) / math.sqrt(10.0))
+
+
+def test_neco_full_dimension_scores_one(problem):
+    scores = create("neco", dim=problem.fit.num_features).fit(problem.fit).score(problem.test)
+    np.testing.assert_allclose(scores, 1.0, rtol=1e-10)
+
+
+# ----------------------------------------------------------------------------- invariances
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000))
+def test_mahalanobis_is_affine_invariant(seed):
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(120, 4)) + rng.integers(0, 3, size=(120, 1))
+    labels = rng.integers(0, 3, 120)
+    test = rng.normal(size=(30, 4)) * 2
+    transform = rng.normal(size=(4, 4)) + 3 * np.eye(4)
+    offset = rng.normal(size=4)
+    for name in ("maha", "rmaha"):
+        plain = create(name).fit(Outputs(features, labels=labels)).score(Outputs(test))
+        moved = create(name).fit(Outputs(features @ transform.T + offset, labels=labels)).score(Outputs(test @ transform.T + offset))
+        np.testing.assert_allclose(moved, plain, rtol=1e-6, atol=1e-6 * np.abs(plain).max())
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000))
+def test_normalised_detectors_ignore_per_row_rescaling(seed):
+    rng = np.random.default_rng(seed)
+    features = np.abs(rng.normal(size=(150, 5))) + rng.integers(0, 3, size=(150, 1))
+    labels = rng.integers(0, 3, 150)
+    test = np.abs(rng.normal(size=(25, 5))) * 2
+    fit_scale = rng.uniform(0.1, 10.0, size=(150, 1))
+    test_scale = rng.uniform(0.1, 10.0, size=(25, 1))
+    for name, params, tolerance in [("maha++", {}, 1e-6), ("rmaha++", {}, 1e-6), ("knn", {"k": 3}, 1e-4)]:
+        plain = create(name, **params).fit(Outputs(features, labels=labels)).score(Outputs(test))
+        scaled = create(name, **params).fit(Outputs(features * fit_scale, labels=labels)).score(Outputs(test * test_scale))
+        np.testing.assert_allclose(scaled, plain, rtol=tolerance, atol=tolerance * max(1.0, np.abs(plain).max()))
+    for name in ("cosine", "mcm"):  # class means use raw features: only the test rows may be rescaled
+        fitted = create(name).fit(Outputs(features, labels=labels))
+        np.testing.assert_allclose(fitted.score(Outputs(test * test_scale)), fitted.score(Outputs(test)), rtol=1e-10)
+
+
+def test_knn_with_k1_scores_fit_points_maximally(problem):
+    detector = create("knn", k=1).fit(problem.fit)
+    on_fit = detector.score(problem.fit)
+    elsewhere = detector.score(problem.test)
+    assert np.all(on_fit > -1e-3)  # distance to itself is 0 (up to float32 round-off)
+    assert on_fit.min() >= elsewhere.max() - 1e-3 or np.all(elsewhere <= 0)
+    assert np.all(elsewhere <= 1e-12)
+
+
+def test_fdbd_ignores_a_common_logit_shift(problem):
+    detector = create("fdbd").fit(problem.fit, problem.head)
+    shifted = Outputs(problem.test.features, problem.test.logits + np.float32(7.0))
+    np.testing.assert_allclose(detector.score(shifted), detector.score(problem.test), rtol=1e-4)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10_000))
+def test_neco_ignores_per_feature_affine_maps(seed):
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(200, 6)) @ rng.normal(size=(6, 6))
+    test = rng.normal(size=(20, 6)) * 1.5
+    scale, shift = rng.uniform(0.5, 4.0, size=6), rng.normal(size=6) * 3
+    plain = create("neco", dim=2).fit(Outputs(features)).score(Outputs(test))
+    moved = create("neco", dim=2).fit(Outputs(features * scale + shift)).score(Outputs(test * scale + shift))
+    np.testing.assert_allclose(moved, plain, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- requirements and parameters
+@pytest.mark.parametrize("name", ["maha", "rmaha", "maha++", "rmaha++", "cosine", "mcm"])
+def test_labels_are_required(problem, name):
+    with pytest.raises(DetectorError, match="labels"):
+        create(name).fit(Outputs(problem.fit.features, problem.fit.logits))
+
+
+def test_negative_labels_are_rejected():
+    with pytest.raises(DetectorError, match="non-negative"):
+        create("maha").fit(Outputs(np.ones((3, 2), dtype=np.float32) * [[1], [2], [3]], labels=np.array([0, -1, 1])))
+
+
+def test_knn_k_larger_than_fit_set_is_rejected(problem):
+    with pytest.raises(DetectorError, match="exceeds the fit set"):
+        create("knn").fit(problem.fit)  # default k = 1000 > 400 rows
+
+
+@pytest.mark.parametrize("params", [{"k": 0}, {"index": "hnsw"}, {"nprobe": 0}, {"nlist": -3}])
+def test_knn_bad_parameters(params):
+    with pytest.raises(DetectorError, match="knn"):
+        create("knn", **params)
+
+
+@pytest.mark.parametrize("params", [{"dim": 0}, {"dim": 1.5}, {"dim": True}, {"use_maxlogit": "yes"}])
+def test_neco_bad_parameters(params):
+    with pytest.raises(DetectorError, match="neco"):
+        create("neco", **params)
+
+
+def test_neco_dim_above_feature_size_is_rejected(problem):
+    with pytest.raises(DetectorError, match="exceeds the feature dimension"):
+        create("neco", dim=problem.fit.num_features + 1).fit(problem.fit)
+
+
+def test_neco_with_maxlogit_needs_logits(problem):
+    detector = create("neco", dim=3, use_maxlogit=True).fit(problem.fit)
+    with pytest.raises(DetectorError, match="logits"):
+        detector.score(Outputs(problem.test.features))
+
+
+def test_fdbd_rejects_identical_head_rows():
+    head = Head(np.ones((2, 3), dtype=np.float32), np.zeros(2, dtype=np.float32))
+    with pytest.raises(DetectorError, match="identical"):
+        create("fdbd").fit(Outputs(np.eye(3, dtype=np.float32)), head)
+
+
+def test_mcm_temperature_must_be_positive():
+    with pytest.raises(DetectorError, match="temperature"):
+        create("mcm", temperature=0.0)

@@ -1,0 +1,31 @@
+"""Helpers shared by the extraction tests (generated images, tiny model configs)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+TINY_CLIP = "oodbench-tiny-clip"
+TINY_CLIP_CONFIG = {
+    "embed_dim": 16,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8, "head_width": 16},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+}
+
+
+def write_images(root: Path, classes: dict[str, int], *, size=(24, 30), seed: int = 0, corrupt: list[str] = ()) -> Path:
+    """Random RGB PNGs in class sub-folders, plus corrupt files at the given relative paths."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for name, count in classes.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"img{i:03d}.png")
+    for relative in corrupt:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
+    return root

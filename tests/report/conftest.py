@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from oodbench.results import ResultRow
+from report_fixtures import metric_rows  # this folder is on sys.path in pytest's default import mode
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _load_make_run():
+    # The run factory lives with the analysis tests; load it by path so both folders share one definition.
+    path = Path(__file__).parents[1] / "analysis" / "analysis_run_factory.py"
+    spec = importlib.util.spec_from_file_location("oodbench_tests_synthetic_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.make_run
+
+
+@pytest.fixture(scope="session")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Evaluation runs of two models with the same ID and OOD sets."""
+    make_run = _load_make_run()
+    root = tmp_path_factory.mktemp("report-runs")
+    return [make_run(root, "toy-a", seed=0), make_run(root, "toy-b", seed=1)]
+
+
+@pytest.fixture()
+def supervised_rows() -> list[ResultRow]:
+    """Two models, two OOD sets, three detectors; a tie on FPR (resnet50/ninco) and a missing cell (vit/openimage-o knn)."""
+    return (
+        metric_rows("resnet50", "ninco", 5879, {"msp": (0.80, 0.78), "energy": (0.62, 0.85), "knn": (0.62, 0.88)})
+        + metric_rows("resnet50", "openimage-o", 17632, {"msp": (0.65, 0.84), "energy": (0.55, 0.90), "knn": (0.40, 0.91)})
+        + metric_rows("vit-b16", "ninco", 5879, {"msp": (0.50, 0.90), "energy": (0.58, 0.87), "knn": (0.45, 0.93)})
+        + metric_rows("vit-b16", "openimage-o", 17632, {"msp": (0.30, 0.94), "energy": (0.35, 0.92)})
+    )
+
+
+@pytest.fixture()
+def zeroshot_rows() -> list[ResultRow]:
+    """A CLIP model with logit-space scores and vocabulary scores named method[vocabulary]."""
+    ninco = {"mcm": (0.70, 0.80), "energy": (0.75, 0.78), "neglabel[wordnet]": (0.60, 0.84),
+             "neglabel[llm-siblings]": (0.48, 0.88), "eoe[llm-siblings]": (0.52, 0.87), "neglabel[oracle]": (0.20, 0.97)}
+    openimage = {"mcm": (0.50, 0.88), "energy": (0.55, 0.86), "neglabel[wordnet]": (0.40, 0.91),
+                 "neglabel[llm-siblings]": (0.36, 0.92), "eoe[llm-siblings]": (0.30, 0.93), "neglabel[oracle]": (0.10, 0.99)}
+    second = {"mcm": (0.66, 0.82), "neglabel[wordnet]": (0.50, 0.86), "neglabel[llm-siblings]": (0.50, 0.87)}
+    return (metric_rows("clip-b16", "ninco", 5879, ninco) + metric_rows("clip-b16", "openimage-o", 17632, openimage)
+            + metric_rows("clip-l14", "ninco", 5879, second) + metric_rows("clip-l14", "openimage-o", 17632, second))

@@ -1,0 +1,93 @@
+"""The self-contained HTML report: content, no external resources, and a real render in headless Chromium."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from report_fixtures import VOCABULARIES
+from oodbench.report.html_report import write_html_report
+from oodbench.results import write_rows
+
+FAST = dict(draws=200, curve_draws=40, curve_points=4, resamples=200)
+
+
+@pytest.fixture(scope="module")
+def report(two_runs, tmp_path_factory) -> Path:
+    # One model here (the figures dominate the time); the CLI test covers a two-model report.
+    out = tmp_path_factory.mktemp("html") / "report.html"
+    return write_html_report(two_runs[0], out, **FAST)
+
+
+def test_report_holds_tables_figures_and_provenance(report, two_runs) -> None:
+    html = report.read_text(encoding="utf-8")
+    for key in ("table1", "tableA1", "tableA2", "tableA6", "intervals", "delong", "detectors-toy-a"):
+        assert f'data-table="{key}"' in html, key
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    # Fig. 1 and Fig. A4, then ROC curves and histograms per OOD set.
+    assert len(images) == 2 + 3 * 2
+    for encoded in images[:3]:
+        with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
+            assert image.format == "PNG" and image.size[0] > 200
+    run = json.loads((two_runs[0] / "run.json").read_text())
+    for dataset, entry in run["entries"].items():
+        assert entry["item_hash"] in html
+    assert run["entries"]["far"]["provenance"]["checkpoint"] in html
+    assert "numpy" in html and "matplotlib" in html
+
+
+def test_report_loads_nothing_from_outside(report) -> None:
+    html = report.read_text(encoding="utf-8")
+    assert "<script" not in html.lower() and "<link" not in html.lower()
+    assert not re.search(r"(src|href)=\"(?!data:|#)", html)
+    assert not re.search(r"url\(", html)
+    assert "default-src 'none'" in html
+
+
+def test_zero_shot_rows_give_table2_and_the_vocabulary_sweep(zeroshot_rows, tmp_path) -> None:
+    run = tmp_path / "zs-run"
+    write_rows(zeroshot_rows, run / "results.parquet")
+    (run / "run.json").write_text(json.dumps({"model": "clip-b16", "vocabularies": VOCABULARIES}))
+    html = write_html_report(run, tmp_path / "zs.html", **FAST).read_text(encoding="utf-8")
+    assert 'data-table="table2"' in html and "LLM siblings (20,000)" in html
+    assert 'id="figA1-vocabulary-sweep"' in html
+    assert "No per-image scores" in html  # the rows-only run says what it could not do
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _run_chromium(binary: str, args: list[str], profile: Path) -> subprocess.CompletedProcess:
+    base = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+            f"--user-data-dir={profile}"]
+    return subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed (apt-get install -y chromium)")
+def test_report_renders_in_headless_chromium(report, tmp_path) -> None:
+    binary = _chromium()
+    url = report.resolve().as_uri()
+    dom = _run_chromium(binary, ["--dump-dom", url], tmp_path / "profile-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    for key in ("table1", "tableA6", "intervals"):
+        assert f'data-table="{key}"' in dom.stdout
+    # The DOM holds the parsed table rows, not just the source text.
+    assert len(re.findall(r"<tr", dom.stdout)) > 40
+    shot = tmp_path / "shot.png"
+    result = _run_chromium(binary, [f"--screenshot={shot}", "--window-size=1280,2000", url], tmp_path / "profile-shot")
+    assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
+    with Image.open(shot) as image:
+        pixels = np.asarray(image.convert("L"), dtype=float)
+    assert pixels.shape == (2000, 1280)
+    assert pixels.std() > 20  # not a blank page
+    assert (pixels < 128).mean() > 0.01  # text, rules and plots drawn in dark ink

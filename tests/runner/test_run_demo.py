@@ -1,0 +1,156 @@
+"""`oodbench run configs/demo.toml` end to end: outputs, caching (by instrumentation), resumption, content keys."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from oodbench.detectors.base import Detector
+from oodbench.errors import ConfigError, OodbenchError
+from oodbench.results import read_rows
+from oodbench.runner.engine import run_experiment
+from oodbench.runner.plan import build_plan
+
+from runner_helpers import CONFIGS, FAST_DEMO, demo_config
+
+ALL_DETECTORS = 21
+
+
+def _values(path: Path) -> dict[tuple[str, str, str, str], float]:
+    return {(r.model, r.ood_dataset, r.detector, r.metric): r.value for r in read_rows(path)}
+
+
+def test_first_run_does_every_stage(finished_demo) -> None:
+    workdir, report = finished_demo
+    ran = {stage: len(units) for stage, units in report.executed.items()}
+    assert ran == {"extract": 5, "fit": ALL_DETECTORS, "score": 4 * ALL_DETECTORS, "metrics": 2, "analysis": 2,
+                   "report": 1}
+    rows = read_rows(workdir / "results.parquet")
+    assert len(rows) == ALL_DETECTORS * 3 * 4  # detectors × OOD sets × metrics
+    html = (workdir / "report" / "report.html").read_text(encoding="utf-8")
+    assert "<table" in html and "rmaha++" in html and "digits-6to9" in html
+    assert (workdir / "analysis" / "subsample" / "digits-cnn.json").is_file()
+    assert (workdir / "runs" / "digits-cnn" / "scores" / "digits-cnn" / "noise.npz").is_file()
+
+
+def test_second_run_recomputes_nothing(demo_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args, **kwargs):
+        raise AssertionError("recomputation in a run that should find everything cached")
+
+    # Instrumentation: every expensive step raises if it is reached at all.
+    monkeypatch.setattr("oodbench.demo.model.train_cnn", forbidden)
+    monkeypatch.setattr(Detector, "fit", forbidden)
+    monkeypatch.setattr(Detector, "score", forbidden)
+    monkeypatch.setattr("oodbench.report.output.write_report", forbidden)
+    monkeypatch.setattr("oodbench.analysis.subsample.subsample_run", forbidden)
+    monkeypatch.setattr("oodbench.results.write_rows", forbidden)
+    before = {p: p.stat().st_mtime_ns for p in demo_copy.rglob("*") if p.is_file()}
+    report = run_experiment(demo_config(demo_copy), progress=False)
+    assert report.total_executed == 0
+    assert {stage: len(units) for stage, units in report.cached.items()} == {
+        "extract": 5, "fit": ALL_DETECTORS, "score": 4 * ALL_DETECTORS, "metrics": 2, "analysis": 2, "report": 1}
+    after = {p: p.stat().st_mtime_ns for p in demo_copy.rglob("*") if p.is_file()}
+    assert after == before  # not a single file written
+
+
+def test_results_agree_with_evaluate_store(finished_demo, tmp_path: Path) -> None:
+    """The runner's unit-by-unit path gives the rows of the one-call evaluation (an independent code path)."""
+    from oodbench.evaluation import evaluate_store
+
+    workdir, _ = finished_demo
+    config = demo_config(workdir)
+    result = evaluate_store(workdir / "store", "digits-cnn", config.fit, config.id_test, list(config.ood),
+                            config.detectors, out_dir=tmp_path / "eval", progress=False)
+    expected = {(r.model, r.ood_dataset, r.detector, r.metric): r.value for r in result.rows}
+    assert _values(workdir / "results.parquet") == pytest.approx(expected, abs=1e-12)
+
+
+def test_interrupted_run_resumes_where_it_stopped(finished_demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, _ = finished_demo
+    workdir = tmp_path / "run"
+    shutil.copytree(source / "store", workdir / "store")  # extraction done elsewhere: the run adopts the entries
+    assert all(u.note == "found in store" for u in build_plan(demo_config(workdir)).stage("extract"))
+    calls = {"n": 0}
+    original = Detector.score
+
+    def killed_midway(self, test):
+        calls["n"] += 1
+        if calls["n"] == 40:  # like Ctrl-C in the middle of a unit: its record must not be written
+            raise KeyboardInterrupt
+        return original(self, test)
+
+    monkeypatch.setattr(Detector, "score", killed_midway)
+    done_first: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(demo_config(workdir), progress=False, on_unit=lambda u: done_first.append(u.id))
+    monkeypatch.setattr(Detector, "score", original)
+    plan = build_plan(demo_config(workdir))
+    recorded = {u.id for u in plan.stage("score") if not u.todo}
+    # Every unit reported done was recorded; units of the interrupted (model, detector) task finished before the
+    # interruption are recorded too (their records are written one by one).
+    assert {u for u in done_first if u.startswith("score:")} <= recorded
+    assert 20 < len(recorded) < 4 * ALL_DETECTORS
+    assert all(u.status == "cached" for u in plan.stage("extract"))  # adopted from the copied store and recorded
+
+    report = run_experiment(demo_config(workdir), progress=False)
+    second_scores = set(report.executed["score"])
+    assert second_scores.isdisjoint(recorded)
+    assert second_scores | recorded == {u.id for u in plan.stage("score")}
+    assert report.executed["extract"] == []
+    assert _values(workdir / "results.parquet") == _values(source / "results.parquet")
+
+
+def test_changing_one_parameter_reruns_only_what_depends_on_it(demo_copy: Path) -> None:
+    report = run_experiment(demo_config(demo_copy, "detectors.params.knn.k=5"), progress=False)
+    assert report.executed["extract"] == []
+    assert report.executed["fit"] == ["fit:digits-cnn/knn"]
+    assert sorted(report.executed["score"]) == sorted(f"score:digits-cnn/knn/{d}" for d in
+                                                     ("digits-id-test", "digits-6to9", "lfw-faces", "noise"))
+    assert len(report.executed["metrics"]) == 2 and len(report.executed["report"]) == 1
+    plan = build_plan(demo_config(demo_copy))  # back to k=10: what k=5 replaced is stale now
+    knn_scores = {f"score:digits-cnn/knn/{d}" for d in ("digits-id-test", "digits-6to9", "lfw-faces", "noise")}
+    assert {u.id for u in plan.units if u.status == "stale"} == knn_scores | {
+        "metrics:digits-cnn", "metrics:all", "analysis:subsample/digits-cnn", "analysis:intervals/digits-cnn",
+        "report:report"}
+    assert [u.id for u in plan.units if u.todo and u.status != "stale"] == ["fit:digits-cnn/knn"]
+
+
+def test_only_checks_prerequisites(tmp_path: Path) -> None:
+    config = demo_config(tmp_path / "fresh")
+    with pytest.raises(OodbenchError, match=r"--only metrics: metrics:digits-cnn needs score:digits-cnn/msp/"):
+        run_experiment(config, only="metrics", progress=False)
+    with pytest.raises(ConfigError, match="--only fit"):
+        run_experiment(config, only="fit", progress=False)
+    with pytest.raises(ConfigError, match="--only: unknown stage"):
+        run_experiment(config, only="plot", progress=False)
+    assert not (tmp_path / "fresh").exists()  # nothing started
+
+
+def test_missing_capability_stops_the_run_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "oodbench.report.output", None)  # as if the report package lacked it
+    with pytest.raises(OodbenchError, match="the report writer is not available in this build of oodbench"):
+        run_experiment(demo_config(tmp_path / "fresh"), progress=False)
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_cli_run_and_dry_run(demo_copy: Path) -> None:
+    from oodbench.runner.cli import register
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # a second command keeps `run` a named sub-command
+    sets = [arg for item in FAST_DEMO for arg in ("--set", item)]
+    result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--out", str(demo_copy), "--no-progress", *sets])
+    assert result.exit_code == 0, result.output
+    assert "everything cached" in result.output and "report.html" in result.output
+    result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--out", str(demo_copy), "--dry-run", *sets])
+    assert result.exit_code == 0, result.output
+    assert "cached   digits-cnn/knn/noise" in result.output
+    assert "433 images" in result.output  # the ID test split's size
+    result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--set", "detectors.include=['msp','nope']"])
+    assert result.exit_code == 2
+    assert "detectors.include[1]: unknown detector 'nope'" in result.output

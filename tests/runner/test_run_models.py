@@ -1,0 +1,238 @@
+"""A run with real model kinds on generated images: timm classifier from a checkpoint, a frozen backbone with a
+linear probe, an open_clip VLM scored zero-shot, a subset derived from an extracted entry, and the Ray engine."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oodbench.results import read_rows
+from oodbench.runner.config import load_config
+from oodbench.runner.engine import run_experiment
+from oodbench.runner.plan import build_plan
+from oodbench.store import Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
+from extract_helpers import TINY_CLIP, TINY_CLIP_CONFIG, write_images  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: spinning OpenMP threads on a shared 2-core machine slows small ops a lot."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _checkpoints(folder: Path) -> dict[str, Path]:
+    """Seeded random weights saved as local checkpoint files (the offline stand-in for hub weights)."""
+    import open_clip
+    import timm
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config_file = folder / f"{TINY_CLIP}.json"
+    config_file.write_text(json.dumps(TINY_CLIP_CONFIG))
+    if TINY_CLIP not in open_clip.list_models():
+        open_clip.add_model_config(config_file)
+    paths = {"config": config_file}
+    torch.manual_seed(0)
+    for name in ("test_resnet.r160_in1k", "test_vit.r160_in1k"):
+        paths[name] = folder / f"{name}.pth"
+        torch.save(timm.create_model(name, pretrained=False, num_classes=10).state_dict(), paths[name])
+    paths[TINY_CLIP] = folder / "tiny_clip.pt"
+    torch.save(open_clip.create_model(TINY_CLIP, pretrained=None).state_dict(), paths[TINY_CLIP])
+    return paths
+
+
+EXPERIMENT = """
+[experiment]
+name = "models"
+[engine]
+workers = 0                       # decode images in the main process: tiny sets, 2 shared cores
+[paths]
+data = "{data}"
+[[models]]
+kind = "timm"
+id = "resnet"
+name = "test_resnet.r160_in1k"
+checkpoint = "{resnet}"
+batch_size = 8
+[[models]]
+kind = "probe"
+id = "vit-probe"
+backbone = "test_vit.r160_in1k"
+backbone_id = "vit"
+checkpoint = "{vit}"
+probe = {{ val_fraction = 0.25, max_epochs = 20, method = "lbfgs" }}
+[[models]]
+kind = "open_clip"
+id = "clip"
+name = "{clip}"
+config_file = "{clip_config}"      # a custom architecture: open_clip learns it from this file (in every worker)
+checkpoint = "{clip_weights}"
+[datasets.fit]
+kind = "folder"
+root = "${{data}}/fit"
+labels = true
+[datasets.val]
+kind = "folder"
+root = "${{data}}/val"
+labels = true
+[datasets.val-clean]
+kind = "subset"
+of = "val"
+exclude = ["${{data}}/ambiguous.txt"]
+[datasets.far]
+kind = "folder"
+root = "${{data}}/far"
+[id]
+fit = "fit"
+test = "val-clean"
+[ood]
+datasets = ["far"]
+[detectors]
+include = ["msp", "energy", "maha", "knn"]
+params = {{ knn = {{ k = 2 }} }}
+[zeroshot]
+classes = "${{data}}/classes.txt"
+scores = ["mcm", "energy", "neglabel"]
+[zeroshot.vocabularies.negatives]
+ref = "negatives"
+kind = "custom"
+[report]
+formats = ["markdown"]
+score_figures = false
+"""
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    data = root / "data"
+    write_images(data / "fit", {"cat": 6, "dog": 6}, seed=1)
+    write_images(data / "val", {"cat": 4, "dog": 4}, seed=2)
+    write_images(data / "far", {"x": 5}, seed=3, size=(40, 20))
+    (data / "ambiguous.txt").write_text("path\ncat/img001.png\ndog/img002.png\n")
+    (data / "classes.txt").write_text("cat\ndog\n")
+    weights = _checkpoints(root / "weights")
+    text = EXPERIMENT.format(data=data, resnet=weights["test_resnet.r160_in1k"], vit=weights["test_vit.r160_in1k"],
+                             clip=TINY_CLIP, clip_weights=weights[TINY_CLIP],
+                             clip_config=weights["config"])
+    path = root / "experiment.toml"
+    path.write_text(text)
+    from oodbench.zeroshot.vocab.artefact import Vocabulary, VocabStore
+
+    VocabStore(root / "run" / "vocab").save(Vocabulary("negatives", "custom", ["tree", "car", "cloud", "boat"]))
+    return path
+
+
+def test_models_run_end_to_end_and_then_is_cached(experiment: Path) -> None:
+    workdir = experiment.parent / "run"
+    config = load_config(experiment, workdir=workdir)
+    report = run_experiment(config, progress=False, device="cpu")
+    assert sorted(report.executed["extract"]) == sorted(
+        [f"extract:{m}/{d}" for m in ("resnet", "vit") for d in ("fit", "val", "val-clean", "far")]
+        + ["extract:vit-probe/probe"] + [f"extract:clip/{d}" for d in ("val", "val-clean", "far")])
+    store = Store(workdir / "store")
+
+    # The subset holds the parent's rows minus the two listed images, in order, with its own item list.
+    parent_items = (store.entry_path("resnet", "val") / "items.txt").read_text().splitlines()
+    items = (store.entry_path("resnet", "val-clean") / "items.txt").read_text().splitlines()
+    assert items == [i for i in parent_items if i not in ("cat/img001.png", "dog/img002.png")] and len(items) == 6
+    parent, subset = store.read("resnet", "val"), store.read("resnet", "val-clean")
+    keep = [parent_items.index(i) for i in items]
+    np.testing.assert_array_equal(subset.features, parent.features[keep])
+    np.testing.assert_array_equal(subset.labels, parent.labels[keep])
+    store.check_compatible(("resnet", "val"), ("resnet", "val-clean"))
+
+    # The probe wrote its head and logits under the probe's id; detectors ran on it like on any classifier.
+    assert store.has_head("vit-probe") and store.read("vit-probe", "val-clean").logits.shape == (6, 2)
+    rows = read_rows(workdir / "results.parquet")
+    by_model = {m: {r.detector for r in rows if r.model == m} for m in ("resnet", "vit-probe", "clip")}
+    assert by_model["resnet"] == by_model["vit-probe"] == {"msp", "energy", "maha", "knn"}
+    assert by_model["clip"] == {"mcm", "energy", "neglabel@negatives"}
+    assert all(r.n_id == 6 and r.n_ood == 5 for r in rows)
+    assert (workdir / "report" / "report.md").is_file()
+
+    again = run_experiment(load_config(experiment, workdir=workdir), progress=False, device="cpu")
+    assert again.total_executed == 0
+
+
+def test_missing_root_stops_the_run_before_any_work(experiment: Path, tmp_path: Path) -> None:
+    from oodbench.errors import ConfigError
+
+    config = load_config(experiment, workdir=tmp_path / "w", overrides=[
+        f"datasets.far.root={tmp_path / 'nowhere'}", f"zeroshot.vocab_store={experiment.parent / 'run' / 'vocab'}"])
+    with pytest.raises(ConfigError, match=r"^datasets\.far\.root: .*nowhere does not exist"):
+        run_experiment(config, progress=False, device="cpu")
+    assert not (tmp_path / "w").exists()
+
+
+def test_changed_checkpoint_reextracts_that_model_only(experiment: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import timm
+    import torch
+
+    local = experiment.parent / "run"
+    if not (local / "results.parquet").is_file():
+        pytest.skip("needs the local run of test_models_run_end_to_end_and_then_is_cached")
+    workdir = tmp_path / "run"
+    shutil.copytree(local, workdir)
+    torch.manual_seed(1)
+    other = tmp_path / "other.pth"
+    torch.save(timm.create_model("test_resnet.r160_in1k", pretrained=False, num_classes=10).state_dict(), other)
+    config = load_config(experiment, workdir=workdir, overrides=[f"models[0].checkpoint={other}"])
+    report = run_experiment(config, progress=False, device="cpu")
+    assert sorted(report.executed["extract"]) == sorted(f"extract:resnet/{d}" for d in ("fit", "val", "val-clean", "far"))
+    assert {u.split("/")[0] for u in report.executed["score"]} == {"score:resnet"}
+    old = Store(local / "store").meta("resnet", "far")["provenance"]["checkpoint"]
+    new = Store(workdir / "store").meta("resnet", "far")["provenance"]["checkpoint"]
+    assert old != new and new.endswith(timm_sha(other))
+
+
+def timm_sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_ray_engine_gives_the_local_scores(experiment: Path, tmp_path: Path) -> None:
+    """Extraction and fit+score as Ray tasks on a local Ray instance: same arrays as the local engine."""
+    pytest.importorskip("ray")
+    import shutil
+
+    local = experiment.parent / "run"
+    if not (local / "results.parquet").is_file():
+        pytest.skip("needs the local run of test_models_run_end_to_end_and_then_is_cached")
+    workdir = tmp_path / "ray-run"
+    shutil.copytree(local / "vocab", workdir / "vocab")
+    config = load_config(experiment, workdir=workdir, overrides=["engine.cpus_per_score=0.5"])
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}})
+    try:
+        report = run_experiment(config, engine="ray", progress=False, device="cpu", only="extract")
+        assert len(report.executed["extract"]) == 12
+        report = run_experiment(config, engine="ray", progress=False, device="cpu")
+    finally:
+        ray.shutdown()
+    assert len(report.executed["fit"]) == 2 * 4  # (classifier, detector) Ray tasks
+    assert len(report.executed["score"]) == 2 * 4 * 2 + 1  # their score units, and the zero-shot unit
+    ray_store, local_store = Store(workdir / "store"), Store(local / "store")
+    for model in ("resnet", "vit-probe", "clip"):
+        for dataset in ("val-clean", "far"):
+            np.testing.assert_array_equal(ray_store.read(model, dataset).features, local_store.read(model, dataset).features)
+    ray_rows = {(r.model, r.ood_dataset, r.detector, r.metric): r.value for r in read_rows(workdir / "results.parquet")}
+    local_rows = {(r.model, r.ood_dataset, r.detector, r.metric): r.value for r in read_rows(local / "results.parquet")}
+    assert ray_rows == local_rows
+    assert all(u.status in ("cached", "skipped") for u in build_plan(config).units)

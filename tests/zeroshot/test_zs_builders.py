@@ -1,0 +1,134 @@
+"""Union, oracle and imported vocabularies; ID class lists."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from zeroshot_helpers import shared_or_skip
+
+from oodbench.errors import ZeroShotError
+from oodbench.outputs import Outputs
+from oodbench.store import Store
+from oodbench.zeroshot.classes import ClassList, load_classes
+from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
+from oodbench.zeroshot.vocab.builders import build_oracle, build_union, import_vocabulary, oracle_labels_from_store
+
+
+def _wordnet() -> Vocabulary:
+    vocab = Vocabulary("wn", "wordnet", [], params={"m": 3, "id_classes": "h"},
+                       ranked={NOUN: ["rock", "pear", "lamp", "moss"], ADJECTIVE: ["icy", "wet"]})
+    vocab.labels = vocab.select()
+    return vocab
+
+
+def _siblings() -> Vocabulary:
+    vocab = Vocabulary("llm", "siblings", [], params={"k": 2, "id_classes": "h"},
+                       per_class={"cat": ["lynx", "ocelot", "serval"], "apple": ["pear", "quince", "medlar"]})
+    vocab.labels = vocab.select()
+    return vocab
+
+
+def test_union_combines_prefix_and_per_class_lists():
+    wordnet, siblings = _wordnet(), _siblings()
+    assert wordnet.labels == ["rock", "pear", "icy"]
+    assert siblings.labels == ["lynx", "ocelot", "pear", "quince"]
+    union = build_union(wordnet, siblings, name="wn+llm")
+    assert union.kind == "union" and union.deployable
+    assert union.labels == ["rock", "pear", "icy", "lynx", "ocelot", "quince"]  # 'pear' once
+    assert union.select(m=0, k=1) == ["lynx", "pear"]
+    assert union.select(m=6, k=0) == ["rock", "pear", "lamp", "moss", "icy", "wet"]
+    assert union.provenance["parents"]["wordnet"]["hash"] == wordnet.hash
+    with pytest.raises(ZeroShotError, match="no WordNet ranking"):
+        build_union(siblings, siblings)
+    other = _siblings()
+    other.params["id_classes"] = "other"
+    with pytest.raises(ZeroShotError, match="different ID class lists"):
+        build_union(wordnet, other)
+    with pytest.raises(ZeroShotError, match="k cannot be varied"):
+        wordnet.select(k=2)
+
+
+def test_oracle_is_non_deployable_and_filtered(toy_lexicon, monkeypatch):
+    classes = ClassList(("cat", "dog"), ("n00000001", "n00000002"), "toy")
+    oracle = build_oracle({"inat": ["Oak", "kitty", "moss"], "textures": ["icy", "oak"]}, classes, lexicon=toy_lexicon)
+    assert oracle.labels == ["oak", "moss", "icy"] and oracle.deployable is False
+    assert oracle.provenance["dropped_id_names_or_synonyms"] == ["kitty"]
+    # Even a hand-made 'oracle' vocabulary cannot be marked deployable.
+    assert Vocabulary("o", "oracle", ["x"], deployable=True).deployable is False
+
+
+def test_oracle_labels_from_store_entries(tmp_path):
+    store = Store(tmp_path)
+    outputs = Outputs(features=np.ones((2, 3), dtype=np.float32))
+    provenance = {"model": "m", "checkpoint": "c", "preprocessing": {}}
+    store.write_outputs("m", "places", outputs, provenance=provenance)
+    with pytest.raises(ZeroShotError, match="records no class names"):
+        oracle_labels_from_store(store, "m", "places")
+    meta_path = store.entry_path("m", "places") / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["dataset"] = {"class_names": ["abbey", "bakery"]}
+    meta_path.write_text(json.dumps(meta))
+    assert oracle_labels_from_store(store, "m", "places") == ["abbey", "bakery"]
+
+
+def test_import_neglabel_reference_list_keeps_its_ranking_and_loses_id_names():
+    path = shared_or_skip("vlm", "NegLabel", "selected_neg_labels", "selected_neg_labels_in1k_10k.txt")
+    classes = load_classes("imagenet1k")
+    vocab = import_vocabulary(path, name="neglabel-ref", kind="wordnet", id_classes=classes)
+    lines = path.read_text().splitlines()
+    assert sum(line.startswith("the nice ") for line in lines) == 8578
+    assert len(vocab.ranked[NOUN]) < 8578 - 30 and len(vocab.ranked[ADJECTIVE]) <= 1921 - 5
+    assert "lynx" in vocab.provenance["dropped_id_names_or_synonyms"]
+    assert vocab.ranked[NOUN][:3] == ["yellow clintonia", "yellow adder's tongue", "silvery spleenwort"]
+    assert not any(label.startswith(("the nice", "this is a")) for label in vocab.labels)
+    assert len(vocab.select(m=1000)) == 1000
+
+
+def test_import_json_shapes(tmp_path):
+    classes = ClassList(("cat", "apple"), None, "two")
+    per_class = tmp_path / "near.json"
+    per_class.write_text(json.dumps({"cat": ["Lynx", "ocelot", "apple"], "apple": ["pear", "quince"]}))
+    vocab = import_vocabulary(per_class, name="near", kind="siblings", id_classes=classes, k=1)
+    assert vocab.per_class == {"cat": ["lynx", "ocelot"], "apple": ["pear", "quince"]}
+    assert vocab.labels == ["lynx", "pear"] and vocab.params["k"] == 1
+    far = tmp_path / "far.json"
+    far.write_text(json.dumps({"far": ["galaxy", "Cat", "ocean wave"]}))
+    vocab = import_vocabulary(far, name="eoe-far", kind="eoe", id_classes=classes)
+    assert vocab.per_class is None and vocab.labels == ["galaxy", "ocean wave"]
+    txt = tmp_path / "list.txt"
+    txt.write_text("# my negatives\nrock\nthis is a wet photo\n\nrock\n")
+    assert import_vocabulary(txt, name="t", kind="custom").labels == ["rock", "wet"]
+    assert import_vocabulary(txt, name="t", kind="custom", strip_prompts=False).labels == ["rock", "this is a wet photo"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": 3}')
+    with pytest.raises(ZeroShotError, match="lists of strings"):
+        import_vocabulary(bad, name="b", kind="custom")
+    with pytest.raises(ZeroShotError, match="unknown vocabulary kind"):
+        import_vocabulary(txt, name="b", kind="negatives")
+
+
+def test_class_lists(tmp_path):
+    path = shared_or_skip("vlm", "MCM", "ImageNet10", "class_list.txt")
+    subset = load_classes(f"imagenet1k@{path}")
+    assert len(subset) == 10 and subset.wnids[0] == path.read_text().split()[0]
+    full = load_classes("imagenet1k")
+    assert len(full) == 1000 and full.names[0] == "tench" and full.wnids[0] == "n01440764"
+    assert load_classes("imagenet1k:timm").names[1] == "goldfish"
+    index = shared_or_skip("vlm", "MCM", "ImageNet", "imagenet_class_index.json")
+    from_index = load_classes(str(index))
+    assert from_index.wnids == full.wnids  # same synset order as timm's metadata
+    csv = shared_or_skip("vlm", "MCM", "ImageNet10", "ImageNet-10-classlist.csv")
+    from_csv = load_classes(str(csv))
+    assert from_csv.wnids == subset.wnids and from_csv.names[0] == "warplane"
+    txt = tmp_path / "c.txt"
+    txt.write_text("n01440764\tfish\nbus\n")
+    classes = load_classes(str(txt))
+    assert classes.names == ("fish", "bus") and classes.wnids == ("n01440764", None)
+    assert classes.hash != ClassList(("fish", "bus"), None, "x").hash
+    only_ids = tmp_path / "ids.txt"
+    only_ids.write_text("n01440764\nn01443537\n")
+    with pytest.raises(ZeroShotError, match="imagenet1k@"):
+        load_classes(str(only_ids))
+    with pytest.raises(ZeroShotError, match="empty"):
+        ClassList((), None, "nothing")

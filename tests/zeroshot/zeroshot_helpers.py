@@ -1,0 +1,50 @@
+"""Helpers shared by the zero-shot tests (imported by name: tests are not a package)."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+
+
+def shared_or_skip(*parts: str) -> Path:
+    """A path under ../shared/data, or skip the test when the reference data are absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"reference data {path} not available")
+    return path
+
+
+class HashEmbedder:
+    """Deterministic fake text encoder: each prompt maps to a seeded random unit vector; templates are averaged.
+
+    `fixed` pins the embedding of chosen *labels* (before templates) so a test can place words where it wants.
+    Calls are recorded so tests can check caching.
+    """
+
+    def __init__(self, dim: int = 16, fixed: dict[str, np.ndarray] | None = None) -> None:
+        self.dim = dim
+        self.fixed = {k: np.asarray(v, dtype=np.float64) for k, v in (fixed or {}).items()}
+        self.calls: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+
+    def vector(self, text: str) -> np.ndarray:
+        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+        v = np.random.default_rng(seed).normal(size=self.dim)
+        return v / np.linalg.norm(v)
+
+    def __call__(self, labels: Sequence[str], templates: Sequence[str]) -> np.ndarray:
+        self.calls.append((tuple(labels), tuple(templates)))
+        rows = []
+        for label in labels:
+            if label in self.fixed:
+                rows.append(self.fixed[label] / np.linalg.norm(self.fixed[label]))
+                continue
+            mean = np.mean([self.vector(t.format(label)) for t in templates], axis=0)
+            rows.append(mean / np.linalg.norm(mean))
+        return np.asarray(rows, dtype=np.float32)
