@@ -84,9 +84,11 @@ def test_logit_detectors_are_reported_beside_the_rule_not_in_it():
     fit = world.leaked_fit()
     head = train_probe(fit.features, fit.labels)
     with_logits = lambda o: Outputs(o.features, head.logits(o.features).astype(np.float32), o.labels)  # noqa: E731
-    config = fast_config(logit_detectors=("msp", "energy"))
+    config = fast_config(logit_detectors=("msp", "energy", "kl_matching"))  # KL matching reads fit-set logits
     result = fingerprint(with_logits(fit), with_logits(world.id_test()), with_logits(world.ood()), head, config=config)
-    assert set(result.logit_aurocs) == {"msp", "energy"}
+    assert set(result.logit_aurocs) == {"msp", "energy", "kl_matching"} and not result.logit_skipped
+    recomputed = fingerprint(fit, world.id_test(), world.ood(), head, config=config)  # no stored logits: from the head
+    assert recomputed.logit_aurocs == pytest.approx(result.logit_aurocs, abs=1e-6)
     assert not set(result.logit_aurocs) & set(result.pool_aurocs)
     # The head was trained on the leaked class, so its confidence reads the OOD class as ID too.
     assert max(result.logit_aurocs.values()) < 0.75

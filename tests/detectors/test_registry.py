@@ -41,4 +41,5 @@ def test_every_detector_fits_and_scores_end_to_end(problem, small_params, name):
     assert np.isfinite(scores).all() and np.ptp(scores) > 0
     # Scoring row by row gives the same numbers as scoring the whole set (no cross-row leakage in a chunk).
     single = np.concatenate([detector.score(problem.test.subset(slice(i, i + 1))) for i in range(0, len(problem.test), 37)])
-    np.testing.assert_allclose(single, scores[::37], rtol=1e-12, atol=1e-12)
+    # float32 BLAS products may round differently for one row than for a block: 1e-6, far below any leakage.
+    np.testing.assert_allclose(single, scores[::37], rtol=1e-6, atol=1e-9)

@@ -110,11 +110,11 @@ def test_invalid_demo_configs_name_the_key(change: Callable[[dict[str, Any]], No
 
 def test_valid_real_kind_experiment(tmp_path: Path) -> None:
     config = parse_config(timm_experiment(tmp_path))
-    assert list(config.models) == ["resnet50.tv_in1k", "ViT-B-16.openai"]
+    assert list(config.models) == ["resnet50.tv_in1k", "ViT-B-16@openai"]
     assert config.datasets["fit"].params["root"] == str(tmp_path / "data" / "fit")  # ${data} expanded
     assert config.datasets["val-clean"].params["exclude"] == [str(tmp_path / "data" / "bad.txt")]
-    assert [m.id for m in config.vlms] == ["ViT-B-16.openai"]
-    assert config.datasets_of(config.models["ViT-B-16.openai"]) == ["val-clean", "ninco", "noise"]
+    assert [m.id for m in config.vlms] == ["ViT-B-16@openai"]
+    assert config.datasets_of(config.models["ViT-B-16@openai"]) == ["val-clean", "ninco", "noise"]
 
 
 @pytest.mark.parametrize("change, key", [

@@ -133,10 +133,15 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_models_run_end_to_end_and_then_is_cached(experiment: Path) -> None:
+@pytest.fixture(scope="module")
+def first_run(experiment: Path) -> tuple[Path, object]:
+    """The experiment's first (local) run: its work directory and report."""
     workdir = experiment.parent / "run"
-    config = load_config(experiment, workdir=workdir)
-    report = run_experiment(config, progress=False, device="cpu")
+    return workdir, run_experiment(load_config(experiment, workdir=workdir), progress=False, device="cpu")
+
+
+def test_models_run_end_to_end_and_then_is_cached(experiment: Path, first_run) -> None:
+    workdir, report = first_run
     assert sorted(report.executed["extract"]) == sorted(
         [f"extract:{m}/{d}" for m in ("resnet", "vit") for d in ("fit", "val", "val-clean", "far")]
         + ["extract:vit-probe/probe"] + [f"extract:clip/{d}" for d in ("val", "val-clean", "far")])
@@ -175,15 +180,13 @@ def test_missing_root_stops_the_run_before_any_work(experiment: Path, tmp_path: 
     assert not (tmp_path / "w").exists()
 
 
-def test_changed_checkpoint_reextracts_that_model_only(experiment: Path, tmp_path: Path) -> None:
+def test_changed_checkpoint_reextracts_that_model_only(experiment: Path, first_run, tmp_path: Path) -> None:
     import shutil
 
     import timm
     import torch
 
-    local = experiment.parent / "run"
-    if not (local / "results.parquet").is_file():
-        pytest.skip("needs the local run of test_models_run_end_to_end_and_then_is_cached")
+    local = first_run[0]
     workdir = tmp_path / "run"
     shutil.copytree(local, workdir)
     torch.manual_seed(1)
@@ -205,19 +208,16 @@ def timm_sha(path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_ray_engine_gives_the_local_scores(experiment: Path, tmp_path: Path) -> None:
+def test_ray_engine_gives_the_local_scores(experiment: Path, first_run, tmp_path: Path) -> None:
     """Extraction and fit+score as Ray tasks on a local Ray instance: same arrays as the local engine."""
-    pytest.importorskip("ray")
     import shutil
 
-    local = experiment.parent / "run"
-    if not (local / "results.parquet").is_file():
-        pytest.skip("needs the local run of test_models_run_end_to_end_and_then_is_cached")
+    import ray
+
+    local = first_run[0]
     workdir = tmp_path / "ray-run"
     shutil.copytree(local / "vocab", workdir / "vocab")
     config = load_config(experiment, workdir=workdir, overrides=["engine.cpus_per_score=0.5"])
-    import ray
-
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}})
     try:

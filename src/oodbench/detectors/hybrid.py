@@ -51,9 +51,12 @@ class ViM(Detector):
         _, vectors = symmetric_eigh(stats.second_moment())
         self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_:])  # the D − dim least-variance directions
         residual_sum, max_logit_sum = 0.0, 0.0
+        # alpha is a ratio of means: float32 products (relative error ~1e-6) suffice for its residual norms.
+        origin32, basis32 = self.origin_.astype(np.float32), self.residual_basis_.astype(np.float32)
         for rows in fit_chunks(len(fit_set), 2 * num_features + fit_set.num_classes, "vim: alpha"):
-            residual_sum += float(self._residual_norm(read_rows(fit_set.features, rows)).sum())
-            max_logit_sum += float(read_rows(fit_set.logits, rows).max(axis=1).sum())
+            block = np.asarray(fit_set.features[rows], dtype=np.float32)
+            residual_sum += float(np.linalg.norm((block - origin32) @ basis32, axis=1).sum(dtype=np.float64))
+            max_logit_sum += float(np.asarray(fit_set.logits[rows]).max(axis=1).sum(dtype=np.float64))
         mean_residual = residual_sum / len(fit_set)
         if mean_residual == 0.0:
             raise DetectorError("vim: the fit features have no residual off the principal subspace; lower dim")

@@ -121,6 +121,15 @@ class GEN(Detector):
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         probs = softmax(chunk.logits)
-        m = min(self.top_m, probs.shape[1])
-        top = np.partition(probs, probs.shape[1] - m, axis=1)[:, probs.shape[1] - m:]
-        return -np.sum(top**self.gamma * (1.0 - top) ** self.gamma, axis=1)
+        num_classes = probs.shape[1]
+        m = min(self.top_m, num_classes)
+        top = np.partition(probs, num_classes - m, axis=1)[:, num_classes - m:]
+        complement = 1.0 - top
+        # For the winning class 1 - p rounds to 0 once p is within 1e-16 of 1, although (1 - p)^γ with
+        # γ = 0.1 is still ~1e-2 there; sum the other probabilities instead to keep confident inputs ranked.
+        winner = probs.argmax(axis=1)
+        rows = np.arange(probs.shape[0])
+        others = probs.copy()
+        others[rows, winner] = 0.0
+        complement[rows, top.argmax(axis=1)] = others.sum(axis=1)
+        return -np.sum(top**self.gamma * complement**self.gamma, axis=1)

@@ -456,7 +456,7 @@ def _parse_model(entry: Any, key: str, variables: Mapping[str, str], seed: int) 
         _check_open_clip(name, pretrained, key)
         params.update(name=name, pretrained=pretrained)
         params["patches"] = table.get("patches", bool, False)
-        model_id = table.get("id", str, f"{name}.{pretrained}" if pretrained else name)
+        model_id = table.get("id", str, f"{name}@{pretrained}" if pretrained else name)  # as `oodbench extract` names it
     return ModelSpec(_check_id(model_id, f"{key}.id"), kind, params, key)
 
 
