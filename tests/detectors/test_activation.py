@@ -203,3 +203,17 @@ def test_bad_parameters_are_rejected(name, params):
 def test_ash_s_percentile_that_prunes_everything_is_rejected(problem):
     with pytest.raises(DetectorError, match="prunes all"):
         create("ash_s", percentile=99.9).fit(problem.fit, problem.head)
+
+
+@pytest.mark.parametrize("name", ["react", "ash_s", "scale", "dice"])
+def test_rescaling_features_against_the_head_changes_nothing(problem, name):
+    # z -> s z with W -> W / s keeps the logits; ReAct's threshold, ASH/SCALE's ratios and DICE's mask follow along.
+    scale = 7.5
+    head = Head((problem.weight / scale).astype(np.float32), problem.bias.astype(np.float32))
+
+    def scaled(outputs: Outputs) -> Outputs:
+        return Outputs(np.asarray(outputs.features) * np.float32(scale), outputs.logits, outputs.labels)
+
+    plain = create(name).fit(problem.fit, problem.head).score(problem.test)
+    moved = create(name).fit(scaled(problem.fit), head).score(scaled(problem.test))
+    np.testing.assert_allclose(moved, plain, rtol=1e-5)

@@ -8,7 +8,7 @@ from oodbench.results import ResultRow
 GOLDEN = Path(__file__).parent / "golden"
 
 VOCABULARIES = {
-    "wordnet": {"label": "WN", "size": 5000, "family": "WordNet"},
+    "wordnet": {"label": "WN", "size": 5000, "family": "WordNet", "m": 5000},
     "llm-siblings": {"label": "LLM siblings", "size": 20000, "family": "LLM"},
     "oracle": {"label": "oracle", "size": 370, "deployable": False},
 }

@@ -10,6 +10,8 @@ from oodbench import metrics
 from oodbench.analysis.roc import roc_curve
 from oodbench.analysis.subsample import subsample_curve
 from oodbench.errors import AnalysisError
+from oodbench.report.tables import Vocabulary
+from oodbench.results import ResultRow
 from oodbench.report.figures import (fig_best_detectors, fig_roc, fig_score_histograms, fig_subsample_curves,
                                      fig_vocab_sweep, figure_png_base64, save_figure)
 
@@ -77,18 +79,46 @@ def test_histograms_mark_the_threshold(scores) -> None:
 def test_vocabulary_sweep_plots_means_by_size(zeroshot_rows) -> None:
     vocabularies = dict(VOCABULARIES)
     vocabularies["wordnet-1k"] = {"label": "WN 1k", "size": 1000, "family": "WordNet"}
+    vocabularies["llm-siblings"] = {**VOCABULARIES["llm-siblings"], "classes": 1000, "k": 20}
     rows = list(zeroshot_rows)
-    from oodbench.results import ResultRow
-
-    rows += [ResultRow("clip-b16", "imagenet", ood, "neglabel[wordnet-1k]", "fpr95", v, 50000, 1)
+    rows += [ResultRow("clip-l14", "imagenet", ood, "neglabel@wordnet-1k", "fpr95", v, 50000, 1)
              for ood, v in (("ninco", 0.7), ("openimage-o", 0.5))]
+    # A k sweep of the siblings: k=1 and k=5 siblings for each of the 1000 ID classes; k=0 has no labels.
+    rows += [ResultRow("clip-b16", "imagenet", ood, f"neglabel@llm-siblings[k={k}]", "fpr95", v, 50000, 1)
+             for k, values in ((0, (0.9, 0.9)), (1, (0.8, 0.6)), (5, (0.6, 0.5)))
+             for ood, v in zip(("ninco", "openimage-o"), values)]
     figure = fig_vocab_sweep(rows, vocabularies)
-    ax = figure.axes[0]
-    line = next(l for l in ax.lines if l.get_label() == "WordNet · neglabel")
-    np.testing.assert_allclose(line.get_xdata(), [1000, 5000])
-    np.testing.assert_allclose(line.get_ydata(), [60.0, 50.0])
+    clip_b, clip_l = figure.axes[:2]
+    assert (clip_b.get_title(), clip_l.get_title()) == ("clip-b16", "clip-l14")
+
+    def line(ax, label):
+        found = next(l for l in ax.lines if l.get_label() == label)
+        return list(found.get_xdata()), list(found.get_ydata())
+
+    # The M sweep of clip-b16 (mean of ninco and openimage-o), with the vocabulary at its own M=5000 in between.
+    xs, ys = line(clip_b, "WN · neglabel, M sweep")
+    assert xs == [1000, 5000, 10000] and ys == pytest.approx([40.0, 50.0, 20.0])
+    # The k sweep: size = k × 1000 classes; the vocabulary at its own k=20 (its plain score) closes the line.
+    xs, ys = line(clip_b, "LLM siblings · neglabel, k sweep")
+    assert xs == [1000, 5000, 20000] and ys == pytest.approx([70.0, 55.0, 42.0])
+    # Unswept vocabularies of one family at several sizes form a line (clip-l14: WN 1k and WN 5000).
+    xs, ys = line(clip_l, "WordNet · neglabel")
+    assert xs == [1000, 5000] and ys == pytest.approx([60.0, 50.0])
+    assert "WordNet · neglabel" not in [l.get_label() for l in clip_b.lines]  # clip-b16's WordNet list is swept
+    # Only vocabulary-bound scores are plotted.
+    assert not any(l.get_label().startswith(("mcm", "energy")) for ax in figure.axes for l in ax.lines)
     with pytest.raises(AnalysisError, match="vocabulary sizes"):
-        fig_vocab_sweep(rows, {"wordnet": "WN"})
+        fig_vocab_sweep([r for r in rows if "[" not in r.detector], {"wordnet": "WN"})
+
+
+def test_sweep_sizes_follow_how_zero_shot_vocabularies_select_labels() -> None:
+    union = Vocabulary("WN+LLM", size=5000 + 3 * 1000, classes=1000, k=3, m=5000)
+    assert union.sweep_size("k", 10) == 10 * 1000 + 5000  # the WordNet prefix stays at its own M
+    assert union.sweep_size("m", 2000) == 2000 + 3 * 1000  # the siblings stay at their own k
+    assert Vocabulary("WN", m=5000).sweep_size("m", 2000) == 2000
+    assert Vocabulary("siblings", classes=100).sweep_size("k", 4) == 400
+    assert Vocabulary("siblings").sweep_size("k", 4) is None  # the number of classes is needed
+    assert union.is_default("k", 3) and not union.is_default("m", 3)
 
 
 def test_saved_files_are_valid_and_reproducible(supervised_rows, tmp_path) -> None:

@@ -7,13 +7,14 @@ import re
 
 import pytest
 
-from report_fixtures import GOLDEN, VOCABULARIES
+from report_fixtures import GOLDEN, VOCABULARIES, metric_rows
 from oodbench.analysis.spread import spread_vs_noise
 from oodbench.analysis.subsample import SubsampleSummary
 from oodbench.errors import AnalysisError
 from oodbench.report.latex import render_latex
 from oodbench.report.markdown import render_markdown
-from oodbench.report.tables import table1, table2, table_a1, table_a2, table_a6
+from oodbench.report.tables import VocabScore, parse_vocabulary_score, table1, table2, table_a1, table_a2, table_a6
+from oodbench.report.tables import supervised_rows as supervised_rows_of
 
 
 def _check_golden(name: str, text: str) -> None:
@@ -84,13 +85,79 @@ def test_table2_marks_best_deployable_vocabulary(zeroshot_rows) -> None:
 
 
 def test_table2_needs_vocabulary_rows(supervised_rows, zeroshot_rows) -> None:
-    with pytest.raises(AnalysisError, match="neglabel\\[wordnet\\]"):
+    with pytest.raises(AnalysisError, match="neglabel@wordnet"):
         table2(supervised_rows, VOCABULARIES)
     with pytest.raises(AnalysisError, match="unknown keys"):
         table2(zeroshot_rows, {"wordnet": {"lable": "WN"}})
+    with pytest.raises(AnalysisError, match="non-negative integer"):
+        table2(zeroshot_rows, {"wordnet": {"size": "5000"}})
     # Vocabularies without a mapping still appear, under their key.
     header = _cells(render_markdown(table2(zeroshot_rows)))[0]
     assert header == ["model", "best logit score", "wordnet", "llm-siblings", "oracle"]
+    # Named zero-shot models without any vocabulary score still get their logit-space column.
+    logit_only = [r for r in zeroshot_rows if "@" not in r.detector and r.model == "clip-l14"]
+    assert _cells(render_markdown(table2(logit_only, pairs=[("clip-l14", "imagenet")]))) == [
+        ["model", "best logit score"], ["clip-l14", "66.0 (mcm)"]]
+
+
+@pytest.mark.parametrize("name, parsed", [
+    ("neglabel@wn-vitb16", VocabScore("neglabel", "wn-vitb16", None, None)),
+    ("eoe@eoe-far", VocabScore("eoe", "eoe-far")),
+    ("neglabel@llm[k=5]", VocabScore("neglabel", "llm", "k", 5)),
+    ("neglabel@wn+llm,v2[m=1000]", VocabScore("neglabel", "wn+llm,v2", "m", 1000)),
+    ("mcm", None), ("rmaha++", None), ("ash_s", None),
+])
+def test_parse_vocabulary_score_reads_the_canonical_names(name, parsed) -> None:
+    assert parse_vocabulary_score(name) == parsed
+    if parsed is not None:
+        assert parsed.name == name and parsed.sweep == (parsed.parameter is not None)
+
+
+@pytest.mark.parametrize("name", ["neglabel[wordnet]", "neglabel@wn[x=3]", "neglabel@wn[k=]", "neglabel@", "@wn",
+                                  "neglabel@wn[k=5][m=3]", "neglabel@a@b"])
+def test_parse_vocabulary_score_rejects_other_spellings(name) -> None:
+    with pytest.raises(AnalysisError, match="malformed score name"):
+        parse_vocabulary_score(name)
+
+
+def test_table2_uses_sweep_points_only_for_vocabularies_without_others() -> None:
+    rows = (metric_rows("clip", "ninco", 100, {"mcm": (0.70, 0.80), "neglabel@siblings[k=1]": (0.50, 0.80),
+                                              "neglabel@siblings[k=5]": (0.40, 0.85),
+                                              "neglabel@siblings[k=10]": (0.45, 0.84),
+                                              "neglabel@wn[m=100]": (0.30, 0.90), "neglabel@wn[m=1000]": (0.35, 0.88)})
+            + metric_rows("clip", "far", 200, {"mcm": (0.50, 0.90), "neglabel@siblings[k=1]": (0.30, 0.92),
+                                              "neglabel@siblings[k=5]": (0.20, 0.95),
+                                              "neglabel@siblings[k=10]": (0.25, 0.94),
+                                              "neglabel@wn[m=100]": (0.10, 0.97), "neglabel@wn[m=1000]": (0.15, 0.96)}))
+    # The siblings' own k is known (5): that point stands in; WordNet's own M is not: the largest (M=1000) does.
+    vocabularies = {"siblings": {"label": "LLM", "classes": 100, "k": 5}, "wn": {"label": "WN"}}
+    header, line = _cells(render_markdown(table := table2(rows, vocabularies)))
+    assert header == ["model", "best logit score", "LLM", "WN"]
+    assert line == ["clip", "60.0 (mcm)", "30.0 (neglabel, k=5)", "**25.0** (neglabel, m=1000)"]
+    assert any("sweep points" in note for note in table.notes)
+
+
+def test_table2_joins_vocabularies_shown_alike() -> None:
+    # Each model mined its own WordNet list (different keys, one label): one WN column, sizes as a range.
+    rows = (metric_rows("clip-b", "ninco", 100, {"mcm": (0.7, 0.8), "neglabel@wn-b": (0.4, 0.9)})
+            + metric_rows("clip-l", "ninco", 100, {"mcm": (0.6, 0.8), "neglabel@wn-l": (0.3, 0.9)}))
+    vocabularies = {"wn-b": {"label": "WN", "size": 9990}, "wn-l": {"label": "WN", "size": 10000}}
+    table = table2(rows, vocabularies)
+    header, clip_b, clip_l = _cells(render_markdown(table))
+    assert header == ["model", "best logit score", "WN (9,990–10,000)"]
+    assert clip_b[2] == "**40.0** (neglabel)" and clip_l[2] == "**30.0** (neglabel)"
+    assert any("wn-b, wn-l" in note for note in table.notes)
+
+
+def test_supervised_tables_leave_zero_shot_models_out(supervised_rows, zeroshot_rows) -> None:
+    mixed = supervised_rows + zeroshot_rows
+    assert {r.model for r in supervised_rows_of(mixed)} == {"resnet50", "vit-b16"}
+    for table in (table1(mixed), table_a1(mixed), table_a2(mixed)):
+        text = render_markdown(table)
+        assert not any(name in text for name in ("clip", "mcm", "neglabel", "eoe"))
+    assert render_markdown(table1(mixed)) == render_markdown(table1(supervised_rows))
+    # A zero-shot model named by its run (no vocabulary scores needed) is left out too.
+    assert {r.model for r in supervised_rows_of(mixed, [("resnet50", "imagenet")])} == {"vit-b16"}
 
 
 def test_latex_is_booktabs_with_bold_best(supervised_rows) -> None:

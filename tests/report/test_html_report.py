@@ -59,7 +59,10 @@ def test_zero_shot_rows_give_table2_and_the_vocabulary_sweep(zeroshot_rows, tmp_
     html = write_html_report(run, tmp_path / "zs.html", **FAST).read_text(encoding="utf-8")
     assert 'data-table="table2"' in html and "LLM siblings (20,000)" in html
     assert 'id="figA1-vocabulary-sweep"' in html
-    assert "No per-image scores" in html  # the rows-only run says what it could not do
+    # Zero-shot models feed Table 2 and the sweep only: no supervised tables, no subsampling of their rows.
+    for key in ("table1", "tableA1", "tableA2", "tableA6", "detectors-clip-b16"):
+        assert f'data-table="{key}"' not in html, key
+    assert "appear in Table 2 and the vocabulary-size figure only" in html
 
 
 def _chromium() -> str | None:

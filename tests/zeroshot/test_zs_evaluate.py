@@ -10,6 +10,7 @@ from zeroshot_helpers import HashEmbedder
 
 from oodbench import metrics
 from oodbench.outputs import Outputs
+from oodbench.report.tables import coerce_vocabularies, parse_vocabulary_score
 from oodbench.results import ResultRow, read_rows
 from oodbench.scores import load_scores
 from oodbench.store import Store
@@ -70,6 +71,11 @@ def test_plan_names_columns_and_sweeps():
                               "neglabel@llm[k=1]", "neglabel@llm[k=2]", "neglabel@oracle", "eoe@eoe-far"}
     info = plan.detectors["neglabel@oracle"]
     assert info["deployable"] is False and info["column"] == "oracle"
+    # The report reads these names back: score, vocabulary and sweep point, one canonical spelling.
+    for name, run in plan.runs.items():
+        parameter = "m" if run.m is not None else "k" if run.k is not None else None
+        assert parse_vocabulary_score(name) == (run.score, run.vocab.name, parameter, run.m if run.m is not None else run.k)
+    assert all(parse_vocabulary_score(name) is None for name in plan.detectors if name not in plan.runs)
     assert plan.detectors["neglabel@wn"]["params"] == {"tau": 0.02, "groups": 2, "seed": 0}
     assert plan.detectors["eoe@eoe-far"]["params"] == {"tau": 0.02, "beta": 0.25}
     forced = E.make_plan(["mcm"], _vocabularies()[:1], vocab_scores=["eoe"])
@@ -141,6 +147,15 @@ def test_run_directory_resumes_and_recomputes_only_what_changed(tmp_path, monkey
     assert info["complete"] and info["fit_dataset"] is None and info["ood_datasets"] == ["far", "near"]
     assert info["zeroshot"]["vocabularies"]["oracle"]["deployable"] is False
     assert info["zeroshot"]["detectors"]["neglabel@llm[k=2]"]["k"] == 2
+    # What `oodbench report` reads: the run kind and each vocabulary's label, size, deployability, family, k / M.
+    assert info["kind"] == "zeroshot"
+    assert info["vocabularies"] == {
+        "wn": {"label": "WN", "size": 4, "deployable": True, "family": "wordnet", "m": 4},
+        "llm": {"label": "LLM siblings", "size": 3, "deployable": True, "family": "siblings", "classes": 3, "k": 1},
+        "oracle": {"label": "oracle", "size": 3, "deployable": False, "family": "oracle"},
+        "eoe-far": {"label": "EOE", "size": 3, "deployable": True, "family": "eoe"},
+    }
+    assert coerce_vocabularies(info["vocabularies"])["llm"].sweep_size("k", 2) == 6
     assert set(info["score_keys"]) == set(first.detectors)
     assert len(read_rows(out / "results.parquet")) == len(first.rows)
     assert set(load_scores(out, "tiny@x", "far")) == set(first.detectors)
@@ -209,3 +224,17 @@ def test_sweep_tables_and_run_discovery(tmp_path):
     assert len(lines) == 3  # k=1, m=1, m=4
     with pytest.raises(Exception, match="no zero-shot run"):
         find_runs([tmp_path / "store"])
+
+
+def test_report_vocabularies_labels_are_unique_within_a_run():
+    wordnet, siblings, oracle, eoe = _vocabularies()
+    second = Vocabulary("wn-big", "wordnet", ["rock"], params={"m": 6},
+                        ranked={NOUN: ["rock", "violin", "lamp"], ADJECTIVE: ["shiny", "icy", "red"]})
+    mine = Vocabulary("mine", "custom", ["rock", "galaxy"])
+    described = E.report_vocabularies([wordnet, second, siblings, oracle, mine])
+    # Two WordNet lists: the kind's column name plus the vocabulary name; a custom list goes by its name.
+    assert [d["label"] for d in described.values()] == ["WN: wn", "WN: wn-big", "LLM siblings", "oracle", "mine"]
+    assert described["wn-big"]["m"] == 6 and "k" not in described["wn-big"] and "classes" not in described["wn-big"]
+    assert described["oracle"]["deployable"] is False
+    # Every entry is metadata the report accepts.
+    assert set(coerce_vocabularies(described)) == set(described)

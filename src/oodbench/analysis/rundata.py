@@ -13,7 +13,9 @@ from ..errors import AnalysisError
 from ..results import ResultRow, read_rows
 from ..scores import load_scores, score_path
 
-__all__ = ["RunData", "load_run", "load_runs"]
+__all__ = ["RunData", "RUN_KINDS", "load_run", "load_runs"]
+
+RUN_KINDS = ("supervised", "zeroshot")  # run.json "kind"; absent means supervised (`oodbench evaluate`)
 
 
 @dataclass
@@ -24,6 +26,11 @@ class RunData:
     info: dict[str, Any]
     rows: list[ResultRow]
     _scores: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_zeroshot(self) -> bool:
+        """Whether run.json marks a zero-shot run (``"kind": "zeroshot"``, or its ``zeroshot`` section in older runs)."""
+        return self.info.get("kind") == "zeroshot" or isinstance(self.info.get("zeroshot"), dict)
 
     def pairs(self) -> list[tuple[str, str]]:
         """(model, ID dataset) pairs present in the rows, in row order."""
@@ -86,6 +93,9 @@ def load_run(path: str | os.PathLike[str]) -> RunData:
             info = json.loads((path / "run.json").read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise AnalysisError(f"{path / 'run.json'} is not valid JSON: {exc}") from exc
+    kind = info.get("kind")
+    if kind not in (None, *RUN_KINDS):
+        raise AnalysisError(f"{path / 'run.json'}: unknown run kind {kind!r}; expected one of {', '.join(RUN_KINDS)}")
     rows = read_rows(results)
     if not rows:
         raise AnalysisError(f"{results} holds no result rows")
@@ -93,12 +103,16 @@ def load_run(path: str | os.PathLike[str]) -> RunData:
 
 
 def load_runs(paths: Sequence[str | os.PathLike[str]]) -> list[RunData]:
-    """Several runs (e.g. one per model), refusing duplicates of the same (model, ID, OOD, detector, metric)."""
+    """Several runs (e.g. one per model), refusing duplicates of the same (model, ID, OOD, detector, metric).
+
+    A zero-shot run and a supervised run may share a model id (e.g. CLIP zero-shot and its linear probe): their rows
+    are told apart by the run kind, so only two runs of the same kind clash.
+    """
     runs = [load_run(p) for p in paths]
-    seen: dict[tuple[str, str, str, str, str], Path] = {}
+    seen: dict[tuple[bool, str, str, str, str, str], Path] = {}
     for run in runs:
         for r in run.rows:
-            key = (r.model, r.id_dataset, r.ood_dataset, r.detector, r.metric)
+            key = (run.is_zeroshot, r.model, r.id_dataset, r.ood_dataset, r.detector, r.metric)
             if key in seen and seen[key] != run.path:
                 raise AnalysisError(f"{r.model}/{r.ood_dataset}/{r.detector}/{r.metric} appears in both {seen[key]} "
                                     f"and {run.path}; pass each model's run once")

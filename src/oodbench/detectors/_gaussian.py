@@ -138,8 +138,9 @@ class ClassGaussians:
         """min_c (z - mu_c)^T P (z - mu_c) for every row, without a loop over classes."""
         whitened = self.whiten(block)
         cross = whitened @ self.means.T  # (n, C): the one large product
-        nearest = np.min(self.means_sq[None, :] - 2.0 * cross, axis=1)
-        return np.einsum("nr,nr->n", whitened, whitened) + nearest
+        cross *= -2.0  # in place: ||M_c||^2 - 2 y.M_c without further (n, C) temporaries
+        cross += self.means_sq
+        return np.einsum("nr,nr->n", whitened, whitened) + cross.min(axis=1)
 
 
 class Gaussian:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -15,7 +15,7 @@ _PROGRESS_MIN_ROWS = 250_000
 
 
 @contextmanager
-def _progress_bar(description: str, total_rows: int) -> Iterator["callable"]:
+def _progress_bar(description: str, total_rows: int) -> Iterator[Callable[[int], None]]:
     """Yield an `advance(rows)` callback; draws a rich bar only for long passes on an interactive terminal."""
     if total_rows < _PROGRESS_MIN_ROWS or not sys.stderr.isatty():
         yield lambda rows: None
@@ -137,7 +137,7 @@ def _select_ranks(array: np.ndarray, ranks: list[int], low: float, high: float, 
     raise AssertionError("unreachable: a late level always collects")
 
 
-_SAMPLE_VALUES = 1 << 20  # values drawn to bracket the target ranks before the one exact pass
+_SAMPLE_VALUES = 1 << 22  # values drawn to bracket the target ranks before the one exact pass
 
 
 def _bracketed_ranks(array: np.ndarray, ranks: list[int], seed: int, description: str) -> list[float] | None:

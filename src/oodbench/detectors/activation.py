@@ -36,6 +36,7 @@ def _shaping_ratio(features: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def _as_float32(features: np.ndarray) -> np.ndarray:
+    """Rows as float32 (the dtype the head products run in)."""
     return np.asarray(features, dtype=np.float32)
 
 
@@ -65,7 +66,7 @@ class ReAct(_HeadDetector):
     requires = Requirements.of(fit=("features",), score=("features",), head=True)
     paper = Paper("Sun, Guo & Li, ReAct: Out-of-distribution Detection With Rectified Activations", "NeurIPS 2021",
                   "https://arxiv.org/abs/2111.12797",
-                  "percentile=90: the paper's default (Sec. 4) and OpenOOD v1.5's react.yml; the percentile is exact "
+                  "percentile=90: the paper's default and OpenOOD v1.5's react.yml; the percentile is exact "
                   "(numpy's linear method) over every activation of the fit set, computed in streamed passes")
 
     def __init__(self, percentile: float = 90.0) -> None:

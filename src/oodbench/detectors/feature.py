@@ -169,11 +169,11 @@ class _CentroidDetector(Detector):
         stats = accumulate(fit_set, by_class=True, with_gram=False, description=f"{self.name}: class means")
         self.classes_ = stats.present_classes
         self.centroids_ = l2_normalize(stats.class_means())
-        self._centroids32 = self.centroids_.astype(np.float32)
+        self.centroids_f32_ = self.centroids_.astype(np.float32)
 
     def _cosines(self, chunk: Outputs) -> np.ndarray:
         # Cosines lie in [-1, 1]: a float32 product is accurate to ~1e-7 and runs at twice the float64 speed.
-        return (_unit_float32(chunk.features) @ self._centroids32.T).astype(np.float64)
+        return (_unit_float32(chunk.features) @ self.centroids_f32_.T).astype(np.float64)
 
     def _row_width(self, test: Outputs) -> int:
         return 2 * test.num_features + 3 * self.centroids_.shape[0]

@@ -7,7 +7,7 @@ from ..errors import DetectorError
 from ..outputs import Head, Outputs
 from ._gaussian import accumulate, symmetric_eigh
 from ._math import energy, l2_normalize
-from ._streaming import fit_chunks, gather_rows, read_rows, sample_rows
+from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register
 

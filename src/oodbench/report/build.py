@@ -23,7 +23,8 @@ from ..results import ResultRow
 from . import figures, tables
 from .table_model import Cell, Table
 
-__all__ = ["ReportOptions", "FigureItem", "Section", "ReportContent", "build_report", "curve_sizes", "provenance_tables"]
+__all__ = ["ReportOptions", "FigureItem", "Section", "ReportContent", "build_report", "curve_sizes", "provenance_tables",
+           "split_rows", "merge_vocabularies"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ def provenance_tables(run: RunData) -> list[Table]:
     head = info.get("head") or {}
     head_prov = head.get("provenance") or {}
     general = [("model", str(info.get("model", "–"))), ("run directory", str(run.path)),
-               ("store", str(info.get("store", "–"))), ("fit set", str(info.get("fit_dataset", "–"))),
+               ("kind", "zero-shot" if run.is_zeroshot else "supervised"),
+               ("store", str(info.get("store", "–"))), ("fit set", str(info.get("fit_dataset") or "–")),
                ("ID test set", str(info.get("id_dataset", "–"))),
                ("OOD sets", ", ".join(info.get("ood_datasets", [])) or "–"),
                ("head", ", ".join(f"{k}={v}" for k, v in head_prov.items()) or "–"),
@@ -175,21 +177,20 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData],
         runs = load_runs(run_dirs)  # type: ignore[arg-type]
     if not runs:
         raise AnalysisError("no runs to report on")
-    rows = [row for run in runs for row in run.rows]
-    supervised = tables.supervised_rows(rows)
+    supervised, zeroshot = split_rows(runs)
     content = ReportContent(options.title, [], [str(run.path) for run in runs])
-    vocabularies: dict[str, Any] = {}
-    for run in runs:
-        vocabularies.update(run.info.get("vocabularies") or {})
-    vocabularies.update(options.vocabularies or {})
+    vocabularies, conflicts = merge_vocabularies(runs, options.vocabularies)
+    content.notes.extend(conflicts)
 
-    # Which run holds the scores of each (model, ID) pair.
+    # Which run holds the scores of each supervised (model, ID) pair (never a zero-shot run of the same model id).
+    pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in supervised))
     scored: dict[tuple[str, str], RunData] = {}
     for run in runs:
+        if run.is_zeroshot:
+            continue
         for pair in run.pairs():
-            if pair not in scored and run.path.is_dir() and run.has_scores(*pair):
+            if pair in pairs and pair not in scored and run.path.is_dir() and run.has_scores(*pair):
                 scored[pair] = run
-    pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in supervised))
 
     if supervised:
         overview = Section("overview", "Overview", "Best detectors per model and OOD set (values in %).")
@@ -205,12 +206,15 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData],
                 lambda m=model, i=id_dataset: figures.fig_best_detectors(supervised, m, i)))
             content.sections.append(section)
 
-    if len(supervised) != len(rows):
-        zero = Section("zeroshot", "Zero-shot vocabularies")
-        zero.items.append(tables.table2(rows, vocabularies))
-        if any(tables.Vocabulary.coerce(k, v).size is not None for k, v in vocabularies.items()):
+    if zeroshot:
+        zero_pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in zeroshot))
+        zero = Section("zeroshot", "Zero-shot vocabularies",
+                       "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
+                       "vocabulary-size figure only, not in the supervised tables, subsampling or intervals.")
+        zero.items.append(tables.table2(zeroshot, vocabularies, pairs=zero_pairs))
+        if figures.vocab_sweep_lines(zeroshot, vocabularies):
             zero.items.append(FigureItem("figA1-vocabulary-sweep", "Fig. A1/A2: FPR@95 against vocabulary size",
-                                         lambda: figures.fig_vocab_sweep(rows, vocabularies)))
+                                         lambda: figures.fig_vocab_sweep(zeroshot, vocabularies)))
         content.sections.append(zero)
 
     scored_pairs = [p for p in pairs if p in scored]
@@ -228,6 +232,45 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData],
     content.sections.append(provenance)
     _unique_names(content)
     return content
+
+
+def split_rows(runs: Sequence[RunData]) -> tuple[list[ResultRow], list[ResultRow]]:
+    """(supervised rows, zero-shot rows) of the runs.
+
+    A run whose run.json says ``"kind": "zeroshot"`` is zero-shot as a whole; in other runs (and bare results files)
+    a (model, ID set) with vocabulary-bound scores (``score@vocabulary``) is a zero-shot model.
+    """
+    supervised: list[ResultRow] = []
+    zeroshot: list[ResultRow] = []
+    for run in runs:
+        if run.is_zeroshot:
+            zeroshot.extend(run.rows)
+            continue
+        zero_pairs = set(tables.zeroshot_pairs(run.rows))
+        for row in run.rows:
+            (zeroshot if (row.model, row.id_dataset) in zero_pairs else supervised).append(row)
+    return supervised, zeroshot
+
+
+def merge_vocabularies(runs: Sequence[RunData], given: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """Vocabulary metadata of the runs' run.json ("vocabularies") overlaid field by field with `given`, and notes
+    on keys whose metadata differ between runs."""
+    merged: dict[str, Any] = {}
+    notes: list[str] = []
+    for run in runs:
+        found = run.info.get("vocabularies") or {}
+        if not isinstance(found, Mapping):
+            raise AnalysisError(f"{run.path}/run.json: 'vocabularies' must map keys to {{label, size, ...}}")
+        for key, meta in found.items():
+            if key in merged and merged[key] != meta:
+                notes.append(f"vocabulary {key!r} is described differently by the runs ({merged[key]} vs {meta} "
+                             f"in {run.path}); using the latter")
+            merged[key] = meta
+    for key, meta in (given or {}).items():
+        earlier = merged.get(key)
+        both = isinstance(earlier, Mapping) and isinstance(meta, Mapping)
+        merged[key] = {**earlier, **meta} if both else meta  # type: ignore[dict-item]
+    return merged, notes
 
 
 def _unique_names(content: ReportContent) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "fig_roc",
     "fig_score_histograms",
     "fig_vocab_sweep",
+    "vocab_sweep_lines",
 ]
 
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
@@ -210,42 +211,83 @@ def fig_score_histograms(id_scores: Mapping[str, object], ood_scores: Mapping[st
     return _finish(figure)
 
 
-def fig_vocab_sweep(rows: Sequence[ResultRow], vocabularies: Mapping[str, Vocabulary | Mapping[str, object] | int],
-                    metric: str = "fpr95", ood_datasets: Sequence[str] | None = None) -> Figure:
-    """Fig. A1/A2: a zero-shot metric (mean over OOD sets) against vocabulary size, a line per (family, method), a panel per model."""
+def _sweep_line(vocab: Vocabulary, method: str, parameter: str) -> str:
+    return f"{vocab.label} · {method}, {'k' if parameter == 'k' else 'M'} sweep"
+
+
+def vocab_sweep_lines(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None = None,
+                      metric: str = "fpr95", ood_datasets: Sequence[str] | None = None
+                      ) -> dict[str, dict[str, dict[int, float]]]:
+    """{panel (model): {line: {vocabulary size: metric averaged over the OOD sets}}} for Fig. A1/A2.
+
+    A line per swept (score, vocabulary, k or M) through its sweep points ``score@vocab[k=K]`` / ``[m=M]`` and the
+    vocabulary at its own k or M (sizes: see `Vocabulary.sweep_size`), and a line per (family, score) through the
+    sized vocabularies of one family that are not swept. A point needs a value on every OOD set of its model.
+    """
     if metric not in ("fpr95", "auroc"):
         raise AnalysisError(f"the vocabulary sweep shows fpr95 or auroc; got {metric!r}")
-    vocabs = {k: v for k, v in coerce_vocabularies(vocabularies).items() if v.size is not None}
-    if not vocabs:
-        raise AnalysisError("the vocabulary sweep needs vocabulary sizes (e.g. {'wn-1000': {'size': 1000, 'family': 'WordNet'}})")
-    lines: dict[tuple[str, str, str], dict[int, list[float]]] = {}
-    for r in rows:
-        parsed = parse_vocabulary_score(r.detector)
-        if r.metric != metric or parsed is None or parsed[1] not in vocabs:
-            continue
-        if ood_datasets is not None and r.ood_dataset not in ood_datasets:
-            continue
-        vocab = vocabs[parsed[1]]
-        key = (r.model, vocab.family or "vocabulary", parsed[0])
-        lines.setdefault(key, {}).setdefault(vocab.size, []).append(r.value)  # type: ignore[arg-type]
+    vocabs = coerce_vocabularies(vocabularies)
+    bound = [r for r in rows if r.metric == metric and parse_vocabulary_score(r.detector)]
+    if not bound:
+        return {}
+    grid = ResultGrid(bound)
+    lines: dict[str, dict[str, dict[int, list[float]]]] = {}
+    for pair in grid.pairs:
+        oods = [o for o in (ood_datasets or grid.oods) if o in grid.values[pair]]
+        parsed = {d: parse_vocabulary_score(d) for d in grid.detectors if any(d in grid.values[pair][o] for o in oods)}
+        swept = {(p.vocabulary, p.method, p.parameter, p.value) for p in parsed.values() if p and p.sweep}
+        planned: list[tuple[str, int | None, str]] = []  # (line, size, detector)
+        for detector, score in parsed.items():
+            assert score is not None  # only vocabulary-bound rows are in the grid
+            vocab = vocabs.get(score.vocabulary) or Vocabulary(score.vocabulary)
+            if score.sweep:
+                planned.append((_sweep_line(vocab, score.method, score.parameter),  # type: ignore[arg-type]
+                               vocab.sweep_size(score.parameter, score.value), detector))  # type: ignore[arg-type]
+                continue
+            parameters = {s[2] for s in swept if s[:2] == (score.vocabulary, score.method)}
+            if not parameters:
+                planned.append((f"{vocab.family or vocab.label} · {score.method}", vocab.size, detector))
+            # A swept vocabulary at its own size is a point of its sweep line (unless the sweep has that point).
+            for parameter in parameters:
+                own = vocab.k if parameter == "k" else vocab.m
+                if own is not None and (score.vocabulary, score.method, parameter, own) not in swept:
+                    planned.append((_sweep_line(vocab, score.method, parameter), vocab.sweep_size(parameter, own),
+                                    detector))
+        for line, size, detector in planned:
+            values = [grid.metric(pair, o, detector, metric) for o in oods]
+            # Sizes go on a log axis: an empty sweep point (k=0) cannot be shown.
+            if size is None or size <= 0 or not values or any(v is None for v in values):
+                continue
+            mean = sum(values) / len(values)  # type: ignore[arg-type]
+            lines.setdefault(grid.label(pair), {}).setdefault(line, {}).setdefault(size, []).append(mean)
+    return {panel: {line: {size: float(np.mean(points[size])) for size in sorted(points)}
+                    for line, points in per_line.items()} for panel, per_line in lines.items()}
+
+
+def fig_vocab_sweep(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None = None,
+                    metric: str = "fpr95", ood_datasets: Sequence[str] | None = None) -> Figure:
+    """Fig. A1/A2: a zero-shot metric (mean over OOD sets) against vocabulary size, a panel per model.
+
+    The lines are those of `vocab_sweep_lines`.
+    """
+    lines = vocab_sweep_lines(rows, vocabularies, metric, ood_datasets)
     if not lines:
-        raise AnalysisError("no zero-shot rows use the sized vocabularies given")
-    models = list(dict.fromkeys(k[0] for k in lines))
-    rows_count, columns = _grid_shape(len(models))
+        raise AnalysisError("nothing to plot against vocabulary size: no sweep points (score@vocabulary[k=K] or [m=M]) "
+                            "and no vocabulary sizes (e.g. {'wn-1000': {'size': 1000, 'family': 'wordnet'}})")
+    rows_count, columns = _grid_shape(len(lines))
     figure = _figure(4.2 * columns, 3.2 * rows_count)
     axes = figure.subplots(rows_count, columns, squeeze=False).ravel()
-    for ax, model in zip(axes, models):
-        for index, (key, points) in enumerate((k, v) for k, v in lines.items() if k[0] == model):
-            sizes = sorted(points)
-            values = [100 * float(np.mean(points[s])) for s in sizes]
-            ax.plot(sizes, values, "o-", markersize=3, color=_COLORS[index % len(_COLORS)], label=f"{key[1]} · {key[2]}")
+    for ax, (panel, per_line) in zip(axes, lines.items()):
+        for index, (label, points) in enumerate(per_line.items()):
+            ax.plot(list(points), [100 * v for v in points.values()], "o-", markersize=3,
+                    color=_COLORS[index % len(_COLORS)], label=label)
         ax.set_xscale("log")
-        ax.set_xlabel("vocabulary size", fontsize=8)
+        ax.set_xlabel("vocabulary size (labels)", fontsize=8)
         ax.set_ylabel(("FPR@95" if metric == "fpr95" else "AUROC") + " (%)", fontsize=8)
-        ax.set_title(model, fontsize=9)
+        ax.set_title(panel, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in axes[len(models):]:
+    for ax in axes[len(lines):]:
         ax.set_visible(False)
     return _finish(figure)

@@ -3,18 +3,20 @@
 - Table 1: per model, the best FPR@95 and the best AUROC on each OOD set (and their mean), with the detector's name.
 - Table A1: detector × model, mean FPR@95 / AUROC over the OOD sets.
 - Table 3 / A2: OOD dataset (with n) × model, the best detector's FPR@95 / AUROC.
-- Table 2: zero-shot models × vocabularies (scores named ``method[vocabulary]``), best deployable marked.
+- Table 2: zero-shot models × vocabularies, best deployable marked.
 - Table A6: the subsampling study, with the between-dataset spread versus sampling noise in the notes.
 
-Values are percentages. Scores bound to a vocabulary (``name[vocab]``) belong to Table 2 and are left out of the
-other tables. "Best" is the lowest FPR@95 (ties: higher AUROC, then first listed) or the highest AUROC (ties:
-lower FPR@95, then first listed).
+Score names follow `oodbench zeroshot evaluate`: ``<score>`` for scores without a vocabulary (supervised detectors,
+zero-shot logit-space scores), ``<score>@<vocabulary>`` for vocabulary-bound scores and ``<score>@<vocabulary>[k=K]``
+/ ``[m=M]`` for the points of a vocabulary-size sweep (K siblings per ID class, or the WordNet prefix size M). Rows of
+zero-shot models belong to Table 2 (and the sweep figure) and are left out of the other tables. "Best" is the lowest
+FPR@95 (ties: higher AUROC, then first listed) or the highest AUROC (ties: lower FPR@95, then first listed).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from ..analysis.delong import DeLongResult
 from ..analysis.runs import IntervalRecord
@@ -26,9 +28,11 @@ from .table_model import MISSING, Cell, Table, percent
 
 __all__ = [
     "ResultGrid",
+    "VocabScore",
     "Vocabulary",
     "coerce_vocabularies",
     "parse_vocabulary_score",
+    "zeroshot_pairs",
     "supervised_rows",
     "table1",
     "table_a1",
@@ -40,25 +44,55 @@ __all__ = [
     "table_delong",
 ]
 
-_VOCAB_SCORE = re.compile(r"^(?P<method>[^\[\]]+)\[(?P<vocab>[^\[\]]+)\]$")
+_VOCAB_SCORE = re.compile(r"^(?P<method>[^@\[\]\s]+)@(?P<vocab>[^@\[\]\s]+)(?:\[(?P<param>[km])=(?P<value>\d+)\])?$")
 FPR = "FPR@95 ↓"
 AUROC = "AUROC ↑"
+SWEEP_PARAMETERS = {"k": "siblings per ID class", "m": "WordNet prefix size M"}
 
 
-def parse_vocabulary_score(detector: str) -> tuple[str, str] | None:
-    """('neglabel', 'wordnet') for 'neglabel[wordnet]'; None for a score without a vocabulary."""
+class VocabScore(NamedTuple):
+    """A vocabulary-bound score name taken apart: ``neglabel@wn[k=5]`` is ('neglabel', 'wn', 'k', 5)."""
+
+    method: str
+    vocabulary: str
+    parameter: str | None = None  # 'k' or 'm' for a sweep point, None for the vocabulary at its own size
+    value: int | None = None
+
+    @property
+    def sweep(self) -> bool:
+        """Whether this is a point of a k or M sweep."""
+        return self.parameter is not None
+
+    @property
+    def name(self) -> str:
+        """The canonical score name."""
+        suffix = f"[{self.parameter}={self.value}]" if self.parameter is not None else ""
+        return f"{self.method}@{self.vocabulary}{suffix}"
+
+
+def parse_vocabulary_score(detector: str) -> VocabScore | None:
+    """VocabScore('neglabel', 'wn', 'k', 5) for 'neglabel@wn[k=5]'; None for a score without a vocabulary."""
     match = _VOCAB_SCORE.match(detector)
-    return (match["method"], match["vocab"]) if match else None
+    if match:
+        value = match["value"]
+        return VocabScore(match["method"], match["vocab"], match["param"], int(value) if value is not None else None)
+    if any(ch in detector for ch in "@[]"):
+        raise AnalysisError(f"malformed score name {detector!r}: vocabulary-bound scores are named "
+                            "'<score>@<vocabulary>', sweep points '<score>@<vocabulary>[k=K]' or '[m=M]' "
+                            "(e.g. 'neglabel@wordnet', 'neglabel@siblings[k=5]')")
+    return None
 
 
-def _split(detector: str) -> tuple[str, str]:
-    """(method, vocabulary) of a score name; the vocabulary is '' for scores without one."""
-    return parse_vocabulary_score(detector) or (detector, "")
+def zeroshot_pairs(rows: Iterable[ResultRow]) -> list[tuple[str, str]]:
+    """(model, ID set) pairs with a vocabulary-bound score: zero-shot models, when no run.json says so."""
+    return list(dict.fromkeys((r.model, r.id_dataset) for r in rows if parse_vocabulary_score(r.detector)))
 
 
-def supervised_rows(rows: Iterable[ResultRow]) -> list[ResultRow]:
-    """Rows of scores that are not bound to a vocabulary."""
-    return [r for r in rows if parse_vocabulary_score(r.detector) is None]
+def supervised_rows(rows: Iterable[ResultRow], zeroshot: Iterable[tuple[str, str]] = ()) -> list[ResultRow]:
+    """Rows of supervised models: (model, ID set) pairs without vocabulary-bound scores and not in `zeroshot`."""
+    rows = list(rows)
+    excluded = set(zeroshot_pairs(rows)) | set(zeroshot)
+    return [r for r in rows if (r.model, r.id_dataset) not in excluded]
 
 
 Pair = tuple[str, str]  # (model, id_dataset)
@@ -89,11 +123,18 @@ class ResultGrid:
     def metric(self, pair: Pair, ood: str, detector: str, metric: str) -> float | None:
         return self.values.get(pair, {}).get(ood, {}).get(detector, {}).get(metric)
 
-    def best(self, pair: Pair, oods: Sequence[str], metric: str) -> tuple[str, float, float | None] | None:
-        """(detector, value, other metric) of the best detector by `metric`, averaged over `oods` (all required)."""
+    def best(self, pair: Pair, oods: Sequence[str], metric: str,
+             among: Sequence[str] | None = None) -> tuple[str, float, float | None] | None:
+        """(detector, value, other metric) of the best detector by `metric` averaged over `oods` (all required).
+
+        `among` restricts the candidates (default: every detector).
+        """
         other = "auroc" if metric == "fpr95" else "fpr95"
+        allowed = None if among is None else set(among)
         candidates = []
         for order, detector in enumerate(self.detectors):
+            if allowed is not None and detector not in allowed:
+                continue
             main = [self.metric(pair, ood, detector, metric) for ood in oods]
             if any(v is None for v in main):
                 continue
@@ -208,18 +249,33 @@ def table_a2(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = 
     return Table("tableA2", "Table 3 / A2: OOD datasets × models", columns, tuple(body), notes=(note,))
 
 
+_VOCAB_FIELDS = ("label", "size", "deployable", "family", "classes", "k", "m")
+
+
+def _count(key: str, name: str, value: object) -> int | None:
+    """A non-negative integer field of vocabulary metadata (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AnalysisError(f"vocabulary {key!r}: {name} must be a non-negative integer; got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Vocabulary:
-    """How a vocabulary key (the part in brackets of ``neglabel[key]``) is shown in Table 2 and the sweep figure."""
+    """How a vocabulary key (the part after '@' in ``neglabel@key``) is shown in Table 2 and the sweep figure."""
 
     label: str
     size: int | None = None
     deployable: bool = True
     family: str | None = None  # vocabularies of one family at several sizes form a line in the sweep
+    classes: int | None = None  # ID classes with sibling lists: a k sweep point holds k siblings for each
+    k: int | None = None  # the vocabulary's own siblings per class (its default k), when it has per-class lists
+    m: int | None = None  # its own WordNet prefix size (its default M), when it has a WordNet ranking
 
     @classmethod
     def coerce(cls, key: str, value: "Vocabulary | Mapping[str, object] | int | str | None") -> "Vocabulary":
-        """From a Vocabulary, a dict (label/size/deployable/family), a size, a label, or None."""
+        """From a Vocabulary, a dict (label/size/deployable/family/classes/k/m), a size, a label, or None."""
         if isinstance(value, Vocabulary):
             return value
         if value is None:
@@ -227,76 +283,144 @@ class Vocabulary:
         if isinstance(value, bool):
             raise AnalysisError(f"vocabulary {key!r}: expected a label, a size or a mapping; got {value!r}")
         if isinstance(value, int):
-            return cls(key, size=value)
+            return cls(key, size=_count(key, "size", value))
         if isinstance(value, str):
             return cls(value)
         if isinstance(value, Mapping):
-            unknown = sorted(set(value) - {"label", "size", "deployable", "family"})
+            unknown = sorted(set(value) - set(_VOCAB_FIELDS))
             if unknown:
-                raise AnalysisError(f"vocabulary {key!r}: unknown keys {unknown} (use label, size, deployable, family)")
-            size = value.get("size")
-            return cls(str(value.get("label", key)), int(size) if size is not None else None,
-                       bool(value.get("deployable", True)), value.get("family"))  # type: ignore[arg-type]
+                raise AnalysisError(f"vocabulary {key!r}: unknown keys {unknown} (use {', '.join(_VOCAB_FIELDS)})")
+            deployable = value.get("deployable", True)
+            if not isinstance(deployable, bool):
+                raise AnalysisError(f"vocabulary {key!r}: deployable must be true or false; got {deployable!r}")
+            family = value.get("family")
+            return cls(str(value.get("label", key)), _count(key, "size", value.get("size")), deployable,
+                       None if family is None else str(family), _count(key, "classes", value.get("classes")),
+                       _count(key, "k", value.get("k")), _count(key, "m", value.get("m")))
         raise AnalysisError(f"vocabulary {key!r}: expected a label, a size or a mapping; got {type(value).__name__}")
+
+    def sweep_size(self, parameter: str, value: int) -> int | None:
+        """Nominal label count at a sweep point (before de-duplication and ID-name filtering); None if unknown.
+
+        As the zero-shot vocabularies select labels: a k point holds k siblings per ID class (plus, for a union, the
+        WordNet prefix at its own M); an M point holds the top M WordNet labels (plus, for a union, its own k
+        siblings per class).
+        """
+        if parameter == "k":
+            return None if self.classes is None else value * self.classes + (self.m or 0)
+        if parameter == "m":
+            if self.k is None:
+                return value
+            return None if self.classes is None else value + self.k * self.classes
+        raise AnalysisError(f"unknown sweep parameter {parameter!r}; expected k or m")
+
+    def is_default(self, parameter: str, value: int) -> bool:
+        """Whether a sweep point is the vocabulary at its own size (its default k or M, when known)."""
+        own = self.k if parameter == "k" else self.m if parameter == "m" else None
+        return own is not None and own == value
 
 
 def coerce_vocabularies(vocabularies: Mapping[str, object] | None) -> dict[str, Vocabulary]:
     """{key: Vocabulary} from a mapping of Vocabulary objects, dicts, sizes or labels."""
+    if vocabularies is not None and not isinstance(vocabularies, Mapping):
+        raise AnalysisError("vocabularies must be a mapping {key: {label, size, ...}}; "
+                            f"got {type(vocabularies).__name__}")
     return {key: Vocabulary.coerce(key, value) for key, value in (vocabularies or {}).items()}
 
 
+def _table2_candidates(detectors: Iterable[str], vocabs: Mapping[str, Vocabulary]) -> dict[str, dict[str, str]]:
+    """Per vocabulary key, {detector: cell note} of its Table-2 candidates.
+
+    Every score at the vocabulary's own size; for a (score, vocabulary) evaluated only at sweep points, its default
+    point (the vocabulary's own k or M, when the metadata gives them), else its largest.
+    """
+    grouped: dict[str, dict[str, list[VocabScore]]] = {}
+    for detector in detectors:
+        parsed = parse_vocabulary_score(detector)
+        if parsed:
+            grouped.setdefault(parsed.vocabulary, {}).setdefault(parsed.method, []).append(parsed)
+    result: dict[str, dict[str, str]] = {}
+    for key, methods in grouped.items():
+        vocab = vocabs.get(key) or Vocabulary(key)
+        chosen: dict[str, str] = {}
+        for method, points in methods.items():
+            own = [p for p in points if not p.sweep]
+            if own:
+                chosen[own[0].name] = method
+                continue
+            defaults = [p for p in points if vocab.is_default(p.parameter, p.value)]  # type: ignore[arg-type]
+            pick = defaults[0] if defaults else max(
+                points, key=lambda p: (vocab.sweep_size(p.parameter, p.value) or 0, p.value))  # type: ignore[arg-type]
+            chosen[pick.name] = f"{method}, {pick.parameter}={pick.value}"
+        result[key] = chosen
+    return result
+
+
 def table2(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None = None, *,
-           ood_datasets: Sequence[str] | None = None, metric: str = "fpr95") -> Table:
-    """Table 2: zero-shot models × (best logit-space score, each vocabulary); best deployable vocabulary per model in bold."""
+           ood_datasets: Sequence[str] | None = None, metric: str = "fpr95",
+           pairs: Sequence[Pair] | None = None) -> Table:
+    """Table 2: zero-shot models × (best logit-space score, each vocabulary); best deployable one per model in bold.
+
+    `pairs` are the (model, ID set) pairs of the zero-shot models (default: those with vocabulary-bound scores). A
+    vocabulary cell is its best score at the vocabulary's own size; sweep points stand in only for a vocabulary that
+    has no other score. Vocabularies with the same label (e.g. each model's own WordNet list) share a column.
+    """
     if metric not in ("fpr95", "auroc"):
         raise AnalysisError(f"Table 2 shows fpr95 or auroc; got {metric!r}")
-    vocab_rows = [r for r in rows if parse_vocabulary_score(r.detector)]
-    if not vocab_rows:
-        raise AnalysisError("no zero-shot rows: Table 2 needs scores named like 'neglabel[wordnet]'")
-    vocabs = coerce_vocabularies(vocabularies)
-    zero_shot_pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in vocab_rows))
-    grid = ResultGrid([r for r in rows if (r.model, r.id_dataset) in zero_shot_pairs])
+    wanted = list(dict.fromkeys(pairs)) if pairs is not None else zeroshot_pairs(rows)
+    if not wanted:
+        raise AnalysisError("no zero-shot rows: Table 2 needs scores named like 'neglabel@wordnet' "
+                            "(or rows of runs whose run.json says \"kind\": \"zeroshot\")")
+    selected = [r for r in rows if (r.model, r.id_dataset) in set(wanted)]
+    if not selected:
+        raise AnalysisError(f"no result rows for the zero-shot models {wanted}")
+    grid = ResultGrid(selected)
+    row_pairs = [p for p in wanted if p in grid.values]
     oods = _select(grid.oods, ood_datasets, "OOD datasets")
-    present = list(dict.fromkeys(_split(r.detector)[1] for r in vocab_rows))
-    keys = [k for k in vocabs if k in present] + [k for k in present if k not in vocabs]
-    vocabs = {k: vocabs.get(k, Vocabulary(k)) for k in keys}
-    lowest = metric == "fpr95"
-
-    def best_of(pair: Pair, detectors: list[str]) -> tuple[str, float] | None:
-        selected = [r for r in rows if (r.model, r.id_dataset) == pair and r.detector in detectors]
-        if not selected:
-            return None
-        sub = ResultGrid(selected)
-        found = sub.best(pair, oods, metric)
-        return (found[0], found[1]) if found else None
-
-    body = []
-    for pair in zero_shot_pairs:
-        detectors = grid.detectors
-        logit = [d for d in detectors if parse_vocabulary_score(d) is None]
-        line = [Cell(grid.label(pair))]
-        logit_best = best_of(pair, logit) if logit else None
-        line.append(Cell(percent(logit_best[1]), logit_best[0]) if logit_best else Cell(MISSING))
-        per_vocab = [best_of(pair, [d for d in detectors if _split(d)[1] == k]) for k in keys]
-        deployable_values = [b[1] if b and vocabs[k].deployable else None for k, b in zip(keys, per_vocab)]
-        bold = _bold_extreme(deployable_values, lowest=lowest)
-        for key, best, strong in zip(keys, per_vocab, bold):
-            if best is None:
-                line.append(Cell(MISSING))
-            else:
-                line.append(Cell(percent(best[1]), _split(best[0])[0], strong))
-        body.append(tuple(line))
-    columns = ["model", "best logit score"]
+    given = coerce_vocabularies(vocabularies)
+    present = list(dict.fromkeys(p.vocabulary for d in grid.detectors if (p := parse_vocabulary_score(d))))
+    keys = [k for k in given if k in present] + [k for k in present if k not in given]
+    vocabs = {k: given.get(k, Vocabulary(k)) for k in keys}
+    # Non-deployable vocabularies (lower bounds) go last.
+    keys.sort(key=lambda k: not vocabs[k].deployable)
+    columns: dict[tuple[str, bool], list[str]] = {}
     for key in keys:
-        vocab = vocabs[key]
-        label = vocab.label + (f" ({vocab.size:,})" if vocab.size is not None else "")
-        columns.append(label + ("†" if not vocab.deployable else ""))
+        columns.setdefault((vocabs[key].label, vocabs[key].deployable), []).append(key)
+    lowest = metric == "fpr95"
+    stand_ins = False
+    body = []
+    for pair in row_pairs:
+        detectors = [d for d in grid.detectors if any(d in per for per in grid.values[pair].values())]
+        candidates = _table2_candidates(detectors, vocabs)
+        line = [Cell(grid.label(pair))]
+        logit = grid.best(pair, oods, metric, among=[d for d in detectors if parse_vocabulary_score(d) is None])
+        line.append(Cell(percent(logit[1]), logit[0]) if logit else Cell(MISSING))
+        cells: list[tuple[float, str] | None] = []
+        for members in columns.values():
+            notes = {d: note for key in members for d, note in candidates.get(key, {}).items()}
+            best = grid.best(pair, oods, metric, among=list(notes)) if notes else None
+            cells.append((best[1], notes[best[0]]) if best else None)
+            stand_ins = stand_ins or bool(best and parse_vocabulary_score(best[0]).sweep)  # type: ignore[union-attr]
+        deployable = [cell[0] if cell and flag else None for cell, (_, flag) in zip(cells, columns)]
+        for cell, strong in zip(cells, _bold_extreme(deployable, lowest=lowest)):
+            line.append(Cell(percent(cell[0]), cell[1], strong) if cell else Cell(MISSING))
+        body.append(tuple(line))
+    headers = ["model", "best logit score"]
+    for (label, deployable), members in columns.items():
+        sizes = sorted({vocabs[k].size for k in members if vocabs[k].size is not None})  # type: ignore[misc]
+        size = "" if not sizes else f" ({sizes[0]:,})" if len(sizes) == 1 else f" ({sizes[0]:,}–{sizes[-1]:,})"
+        headers.append(label + size + ("" if deployable else "†"))
     name = "FPR@95" if lowest else "AUROC"
     notes = [f"{name} (%) averaged over {', '.join(oods)}; the scoring method in parentheses; vocabulary sizes in the "
              "header. The best deployable vocabulary per model is in bold."]
+    if stand_ins:
+        notes.append("k=…/m=…: a vocabulary scored only at sweep points shows its default point (or its largest).")
+    shared = [f"{label}: {', '.join(members)}" for (label, _), members in columns.items() if len(members) > 1]
+    if shared:
+        notes.append("Columns joining several vocabularies (each model's own): " + "; ".join(shared) + ".")
     if any(not v.deployable for v in vocabs.values()):
         notes.append("† not deployable (built from the benchmark's own OOD labels): a lower bound, not a method.")
-    return Table("table2", f"Table 2: zero-shot {name} by vocabulary", tuple(columns), tuple(body), notes=tuple(notes))
+    return Table("table2", f"Table 2: zero-shot {name} by vocabulary", tuple(headers), tuple(body), notes=tuple(notes))
 
 
 def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSummary] = ()) -> Table:

@@ -268,6 +268,7 @@ def _run_stage(stage: str, plan: Plan, ctx: Context, executor: _Local | _Ray, re
                 for group in executor.extract(_extract_groups(wave)):
                     for unit in group:
                         finished(unit)
+            ctx._backbone = None  # free the last model (GPU memory) before scoring
             return
         if stage == "score":
             for fit_unit, todo in executor.fit_score(_fit_score_tasks(plan)):

@@ -120,7 +120,6 @@ class Plan:
     layout: Layout
     units: list[Unit]
     problems: dict[str, str] = field(default_factory=dict)  # config key -> problem (missing roots …)
-    notes: list[str] = field(default_factory=list)
     _by_id: dict[str, Unit] = field(default_factory=dict, repr=False)
 
     def stage(self, name: str) -> list[Unit]:
@@ -618,8 +617,6 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
     if plan.problems:
         lines += ["", "input problems (extraction of these fails until they are fixed):"]
         lines += [f"  {key}: {problem}" for key, problem in plan.problems.items()]
-    if plan.notes:
-        lines += [""] + [f"note: {n}" for n in plan.notes]
     if units:
         for stage in STAGES:
             stage_units = plan.stage(stage)

@@ -8,7 +8,6 @@ missing from the installed build, the unit fails with an error that says which c
 from __future__ import annotations
 
 import importlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -579,7 +578,6 @@ def run_report_unit(ctx: Context, unit: Unit) -> None:
         seed=sub.get("seed", config.seed), curve_draws=config.report["curve_draws"],
         resamples=intervals.get("resamples", config.report["resamples"]), tpr=config.tpr,
         score_figures=config.report["score_figures"], title=config.report["title"] or f"oodbench: {config.name}",
-        vocabularies=_report_vocabularies(ctx),
     )
     content = build_report([str(d) for d in model_run_dirs(ctx)], options, progress=ctx.progress)
     formats = [REPORT_FORMATS[f] for f in config.report["formats"]]
@@ -589,21 +587,3 @@ def run_report_unit(ctx: Context, unit: Unit) -> None:
                      figures=len(written["figures"]))
 
 
-def _report_vocabularies(ctx: Context) -> dict[str, Any] | None:
-    """Table 2's vocabulary labels and sizes from the zero-shot runs (kind → the seed's column names)."""
-    if ctx.config.zeroshot is None:
-        return None
-    try:
-        from ..zeroshot.vocab.artefact import KINDS
-    except ImportError:
-        return None
-    found: dict[str, Any] = {}
-    for model_id in ctx.config.zeroshot.models:
-        run_json = ctx.layout.run_dir(model_id) / "run.json"
-        if not run_json.is_file():
-            continue
-        info = json.loads(run_json.read_text(encoding="utf-8")).get("zeroshot", {})
-        for name, vocab in (info.get("vocabularies") or {}).items():
-            found[name] = {"label": KINDS.get(vocab.get("kind"), name), "size": vocab.get("size"),
-                           "deployable": bool(vocab.get("deployable", True)), "family": vocab.get("kind")}
-    return found or None

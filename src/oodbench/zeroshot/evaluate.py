@@ -1,16 +1,20 @@
 """Evaluate zero-shot scores (model × score × vocabulary × OOD set) from cached embeddings and write a run directory.
 
 The run directory has the layout of `oodbench evaluate` (``results.parquet``, ``scores/<model>/<dataset>.npz``,
-``table.md``, ``run.json``), with a ``zeroshot`` section in ``run.json`` describing each detector column: its score,
-vocabulary (name, version, hash, kind, deployable), the prefix size M or siblings-per-class k of a sweep, and how
-many labels it used. Detector names are ``<score>`` for logit-space scores and ``<score>@<vocabulary>`` (plus
-``[m=M]`` / ``[k=K]`` for sweep points) for vocabulary scores. A rerun reuses every score whose inputs did not change.
+``table.md``, ``run.json``). Its ``run.json`` says ``"kind": "zeroshot"``, holds the ``vocabularies`` metadata that
+`oodbench report` reads for Table 2 and the vocabulary-size figure ({name: {label, size, deployable, family, classes,
+k, m}}), and a ``zeroshot`` section describing each detector column: its score, vocabulary (name, version, hash,
+kind, deployable), the prefix size M or siblings-per-class k of a sweep, and how many labels it used. Detector names
+are ``<score>`` for logit-space scores and ``<score>@<vocabulary>`` (plus ``[m=M]`` / ``[k=K]`` for sweep points) for
+vocabulary scores, the naming `oodbench.report.tables.parse_vocabulary_score` reads. A rerun reuses every score whose
+inputs did not change.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -33,7 +37,7 @@ from .vocab.artefact import KINDS, Vocabulary
 from .vocab.labels import IdFilter
 
 __all__ = ["VocabRun", "Plan", "ZeroShotResult", "plan_vocab_runs", "make_plan", "evaluate_zeroshot",
-           "evaluate_zeroshot_store", "PATCH_EXTRA", "DEFAULT_SCORES"]
+           "evaluate_zeroshot_store", "report_vocabularies", "PATCH_EXTRA", "DEFAULT_SCORES"]
 
 PATCH_EXTRA = "patch_embeddings"
 DEFAULT_SCORES = ("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm", "neglabel", "eoe")
@@ -349,12 +353,41 @@ def evaluate_zeroshot_store(
     return result
 
 
+def report_vocabularies(vocabularies: Sequence[Vocabulary]) -> dict[str, dict[str, Any]]:
+    """How the report shows each vocabulary: {name: {label, size, deployable, family, classes?, k?, m?}}.
+
+    label: the seed's Table-2 column of its kind (WN, LLM siblings, WN+LLM, EOE, oracle), with the name added when
+    the run has several vocabularies of that kind (a custom list goes by its name); family: its kind; size: its label
+    count; k / m: its own siblings per class / WordNet prefix size, and classes: how many ID classes its per-class
+    lists cover, from which the report sizes the k and M sweep points as `Vocabulary.select` does.
+    """
+    per_kind = Counter(v.kind for v in vocabularies)
+    described: dict[str, dict[str, Any]] = {}
+    for vocab in vocabularies:
+        column = KINDS[vocab.kind]
+        if vocab.kind == "custom":
+            label = vocab.name
+        else:
+            label = column if per_kind[vocab.kind] == 1 else f"{column}: {vocab.name}"
+        entry: dict[str, Any] = {"label": label, "size": len(vocab), "deployable": vocab.deployable,
+                                 "family": vocab.kind}
+        if vocab.per_class is not None:
+            entry["classes"] = len(vocab.per_class)
+            if isinstance(vocab.params.get("k"), int):
+                entry["k"] = vocab.params["k"]
+        if vocab.ranked is not None and isinstance(vocab.params.get("m"), int):
+            entry["m"] = vocab.params["m"]
+        described[vocab.name] = entry
+    return described
+
+
 def _write_run_json(run_dir: Path, store: Store, model_id: str, id_dataset: str, ood_datasets: Sequence[str],
                     entries: Mapping[str, Mapping[str, Any]], id_classes: ClassList, templates: Sequence[str],
                     detectors: Mapping[str, Mapping[str, Any]], score_keys: Mapping[str, str],
                     vocabularies: Sequence[Vocabulary], *, complete: bool,
                     skipped: Mapping[str, str] | None = None) -> dict[str, Any]:
     info = {
+        "kind": "zeroshot",
         "model": model_id,
         "store": str(store.root.resolve()),
         "fit_dataset": None,
@@ -367,6 +400,7 @@ def _write_run_json(run_dir: Path, store: Store, model_id: str, id_dataset: str,
         "entries": {name: {k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped",
                                                       "versions")} for name, meta in entries.items()},
         "complete": complete,
+        "vocabularies": report_vocabularies(vocabularies),
         "zeroshot": {
             "id_classes": id_classes.describe(),
             "templates": list(templates),
