@@ -1,7 +1,6 @@
 """`oodbench …` commands. Thin: parse arguments, call the library, print."""
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -149,24 +148,17 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
             typer.echo(f"  {dataset}: {status}; {shapes}" + (f"; {skipped} skipped items" if skipped else ""))
 
 
-# Area commands (extract, zeroshot, analyze, report, audit, annotate, run) register themselves when present.
-_AREAS = (
-    "oodbench.extract.cli",
-    "oodbench.zeroshot.cli",
-    "oodbench.analysis.cli",
-    "oodbench.report.cli",
-    "oodbench.audit.cli",
-    "oodbench.construct.cli",
-    "oodbench.runner.cli",
-)
-for _module_name in _AREAS:
-    try:
-        _module = importlib.import_module(_module_name)
-    except ModuleNotFoundError as _exc:
-        if _exc.name is None or not _module_name.startswith(_exc.name):
-            raise
-        continue
-    _module.register(app)
+# Each pipeline area owns its commands and adds them here.
+from .analysis import cli as _analysis_cli  # noqa: E402
+from .audit import cli as _audit_cli  # noqa: E402
+from .construct import cli as _construct_cli  # noqa: E402
+from .extract import cli as _extract_cli  # noqa: E402
+from .report import cli as _report_cli  # noqa: E402
+from .runner import cli as _runner_cli  # noqa: E402
+from .zeroshot import cli as _zeroshot_cli  # noqa: E402
+
+for _area in (_extract_cli, _zeroshot_cli, _analysis_cli, _report_cli, _audit_cli, _construct_cli, _runner_cli):
+    _area.register(app)
 
 
 def main() -> None:
