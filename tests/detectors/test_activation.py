@@ -217,3 +217,13 @@ def test_rescaling_features_against_the_head_changes_nothing(problem, name):
     plain = create(name).fit(problem.fit, problem.head).score(problem.test)
     moved = create(name).fit(scaled(problem.fit), head).score(scaled(problem.test))
     np.testing.assert_allclose(moved, plain, rtol=1e-5)
+
+
+def test_ash_s_breaks_ties_at_a_nonzero_cut_by_position():
+    rng = np.random.default_rng(4)
+    head = Head(rng.normal(size=(3, 4)).astype(np.float32), np.zeros(3, dtype=np.float32))
+    detector = create("ash_s", percentile=50).fit(_with_logits(np.ones((1, 4)), head), head)
+    z = np.array([3.0, 2.0, 2.0, 2.0])  # keep 2: the 3 and the first of the tied 2s
+    kept = np.array([3.0, 2.0, 0.0, 0.0]) * math.exp(9.0 / 5.0)
+    expected = _energy(head.weight.astype(np.float64) @ kept)
+    assert detector.score(_with_logits([z], head))[0] == pytest.approx(expected, rel=1e-6)

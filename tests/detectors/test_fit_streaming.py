@@ -75,3 +75,16 @@ def test_memory_mapped_fit_in_small_chunks_matches_in_memory(problem, small_para
     monkeypatch.setattr(Detector, "chunk_bytes", 2048)  # and many score chunks
     streamed = create(name, **params).fit(fit, problem.head).score(problem.test)
     np.testing.assert_allclose(streamed, expected, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(expected).max())))
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-13), (np.float32, 1e-6)])
+def test_logsumexp_in_place(dtype, rtol):
+    from scipy.special import logsumexp
+
+    from oodbench.detectors._inplace import logsumexp_in_place
+
+    rng = np.random.default_rng(3)
+    for spread in (1.0, 50.0, 1e4):  # the last one underflows most terms
+        logits = (rng.standard_normal((40, 300)) * spread).astype(dtype)
+        expected = logsumexp(logits.astype(np.float64), axis=1)
+        np.testing.assert_allclose(logsumexp_in_place(logits.copy()), expected, rtol=rtol)

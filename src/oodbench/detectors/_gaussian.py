@@ -31,13 +31,19 @@ class ScatterAccumulator:
         """Add a float64 block of rows (and their integer labels when accumulating per class)."""
         if block.shape[0] == 0:
             return
-        if self.shift is None:
-            self.shift = block.mean(axis=0)
-        centred = block - self.shift
-        self.count += block.shape[0]
-        self.sum += centred.sum(axis=0)
-        if self.with_gram:
+        if not self.with_gram:
+            # Sums alone need no shift; summing the raw (float32) block into float64 avoids a float64 copy.
+            if self.shift is None:
+                self.shift = np.zeros(self.dim)
+            centred = block if not self.shift.any() else block - self.shift
+        else:
+            if self.shift is None:
+                self.shift = block.mean(axis=0, dtype=np.float64)
+            centred = block.astype(np.float64)  # one float64 copy, centred in place
+            centred -= self.shift
             self.gram += centred.T @ centred  # numpy dispatches A^T A to a symmetric rank-k update
+        self.count += block.shape[0]
+        self.sum += centred.sum(axis=0, dtype=np.float64)
         if self.by_class:
             if labels is None:
                 raise DetectorError("per-class statistics need labels")
@@ -53,6 +59,7 @@ class ScatterAccumulator:
             self.class_sums = np.concatenate([self.class_sums, np.zeros((grown, self.dim))])
         rows = centred.shape[0]
         # A sparse one-hot (classes x rows) times the block sums rows per class in O(rows x D).
+        # float64 ones make the product accumulate in float64 whatever the block's dtype.
         one_hot = scipy.sparse.csr_matrix((np.ones(rows), (labels, np.arange(rows))), shape=(self.class_counts.shape[0], rows))
         self.class_sums += one_hot @ centred
         self.class_counts += np.bincount(labels, minlength=self.class_counts.shape[0])
@@ -96,9 +103,9 @@ def accumulate(fit_set: Outputs, *, by_class: bool = False, shift: np.ndarray | 
     features = fit_set.features
     stats = ScatterAccumulator(fit_set.num_features, shift=shift, by_class=by_class, with_gram=with_gram)
     for rows in fit_chunks(len(fit_set), 3 * fit_set.num_features, description):
-        block = read_rows(features, rows)
+        block = np.asarray(features[rows])
         if transform is not None:
-            block = transform(block)
+            block = transform(read_rows(features, rows))
         stats.update(block, None if not by_class else np.asarray(fit_set.labels[rows]))
     return stats
 

@@ -6,16 +6,23 @@ import numpy as np
 
 def logsumexp(logits: np.ndarray) -> np.ndarray:
     """Row-wise log Σ exp, stable for large logits."""
-    logits = np.asarray(logits, dtype=np.float64)
-    peak = logits.max(axis=1, keepdims=True)
-    return (peak + np.log(np.exp(logits - peak).sum(axis=1, keepdims=True)))[:, 0]
+    # One float64 (rows x C) copy, shifted and exponentiated in place: fresh large temporaries cost page faults.
+    shifted = np.array(logits, dtype=np.float64)
+    peak = shifted.max(axis=1, keepdims=True)
+    shifted -= peak
+    # exp is slow near float64 underflow; terms below exp(-300) cannot change a sum that holds exp(0) = 1.
+    np.maximum(shifted, -300.0, out=shifted)
+    np.exp(shifted, out=shifted)
+    return peak[:, 0] + np.log(shifted.sum(axis=1))
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise softmax in float64."""
-    logits = np.asarray(logits, dtype=np.float64)
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
+    shifted = np.array(logits, dtype=np.float64)
+    shifted -= shifted.max(axis=1, keepdims=True)
+    np.exp(shifted, out=shifted)
+    shifted /= shifted.sum(axis=1, keepdims=True)
+    return shifted
 
 
 def energy(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:

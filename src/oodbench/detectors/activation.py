@@ -5,7 +5,7 @@ import numpy as np
 
 from ..errors import DetectorError
 from ..outputs import Head, Outputs
-from ._math import energy
+from ._inplace import logsumexp_in_place
 from ._streaming import column_mean, exact_percentile
 from .base import Detector, Paper, Requirements
 from .registry import register
@@ -16,23 +16,28 @@ def _kept_count(num_features: int, percentile: float) -> int:
     return num_features - int(np.round(num_features * percentile / 100.0))
 
 
-def _top_k_mask(features: np.ndarray, kept: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: a mask of exactly `kept` largest entries (ties at the cut broken by position), and the cut value."""
-    cut = np.partition(features, features.shape[1] - kept, axis=1)[:, features.shape[1] - kept]
-    above = features > cut[:, None]
-    tied = features == cut[:, None]
-    # Keep every entry above the cut and the first (kept - #above) entries equal to it.
-    room = kept - above.sum(axis=1)
-    mask = above | (tied & (np.cumsum(tied, axis=1) <= room[:, None]))
-    return mask, cut
-
-
-def _shaping_ratio(features: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """s1 / s2 per row: the sum of all activations over the sum of the kept ones (float64 sums)."""
+def _top_k(features: np.ndarray, kept: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the smallest kept value (the cut) and s1 / s2, the sum of all entries over the sum of the top `kept`."""
+    split = features.shape[1] - kept
+    partitioned = np.partition(features, split, axis=1)
     total = features.sum(axis=1, dtype=np.float64)
-    kept_sum = np.where(mask, features, 0).sum(axis=1, dtype=np.float64)
+    kept_sum = partitioned[:, split:].sum(axis=1, dtype=np.float64)
     # An all-zero row has s1 = s2 = 0; any finite ratio leaves its (zero) shaped vector unchanged, so use 0.
-    return np.where(kept_sum != 0.0, total / np.where(kept_sum != 0.0, kept_sum, 1.0), 0.0)
+    ratio = np.where(kept_sum != 0.0, total / np.where(kept_sum != 0.0, kept_sum, 1.0), 0.0)
+    return partitioned[:, split], ratio
+
+
+def _top_k_mask(features: np.ndarray, cut: np.ndarray, kept: int) -> np.ndarray:
+    """Mask of the top `kept` entries per row given the cut; ties at a non-zero cut are broken by position."""
+    mask = features >= cut[:, None]
+    # Extra entries equal to a zero cut contribute nothing; only rows with surplus non-zero ties need fixing.
+    rows = np.flatnonzero((mask.sum(axis=1) > kept) & (cut != 0))
+    if rows.size:
+        block, block_cut = features[rows], cut[rows, None]
+        above, tied = block > block_cut, block == block_cut
+        room = kept - above.sum(axis=1)
+        mask[rows] = above | (tied & (np.cumsum(tied, axis=1) <= room[:, None]))
+    return mask
 
 
 def _as_float32(features: np.ndarray) -> np.ndarray:
@@ -43,17 +48,20 @@ def _as_float32(features: np.ndarray) -> np.ndarray:
 class _HeadDetector(Detector):
     """Shared by detectors that re-apply the head (W, b) to modified features.
 
-    The products with W run in float32, as the network computes its logits (and at BLAS's float32 speed); the
-    bias, the logits' exponentials and every sum are float64.
+    The products with W run in float32, as the network computes its logits (and at BLAS's float32 speed); sums of
+    exponentials accumulate in float64.
     """
 
     def _store_head(self, head: Head) -> None:
         self.weight_ = np.asarray(head.weight, dtype=np.float32)
         self.bias_ = np.asarray(head.bias, dtype=np.float64)
+        self.bias_f32_ = self.bias_.astype(np.float32)
 
-    def _apply_head(self, features: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
-        """(features @ W^T) in float32, returned as float64 without the bias."""
-        return (features @ (self.weight_ if weight is None else weight).T).astype(np.float64)
+    def _head_energy(self, features: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+        """Energy (log-sum-exp) of the float32 logits features @ W^T + b."""
+        logits = features @ (self.weight_ if weight is None else weight).T
+        logits += self.bias_f32_
+        return logsumexp_in_place(logits)
 
     def _row_width(self, test: Outputs) -> int:
         return 3 * (test.num_features + self.weight_.shape[0])
@@ -81,8 +89,7 @@ class ReAct(_HeadDetector):
         self.threshold_ = exact_percentile(fit_set.features, float(self.percentile), "react: activation percentile")
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        clipped = np.minimum(_as_float32(chunk.features), np.float32(self.threshold_))
-        return energy(self._apply_head(clipped) + self.bias_)
+        return self._head_energy(np.minimum(_as_float32(chunk.features), np.float32(self.threshold_)))
 
 
 @register("ash_s")
@@ -109,10 +116,13 @@ class ASHS(_HeadDetector):
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
-        mask, _ = _top_k_mask(features, self.kept_)
-        ratio = _shaping_ratio(features, mask)
-        pruned = np.where(mask, features, np.float32(0.0))
-        return energy(np.exp(ratio)[:, None] * self._apply_head(pruned) + self.bias_)
+        cut, ratio = _top_k(features, self.kept_)
+        pruned = np.where(_top_k_mask(features, cut, self.kept_), features, np.float32(0.0))
+        # The scale e^(s1/s2) can exceed float32's range for sparse features: scale and add the bias in float64.
+        logits = (pruned @ self.weight_.T).astype(np.float64)
+        logits *= np.exp(ratio)[:, None]
+        logits += self.bias_
+        return logsumexp_in_place(logits)
 
 
 @register("scale")
@@ -140,10 +150,12 @@ class SCALE(Detector):
             raise DetectorError(f"scale: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it")
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        features = _as_float32(chunk.features)
-        ratio = _shaping_ratio(features, _top_k_mask(features, self.kept_)[0])
-        logits = np.asarray(chunk.logits, dtype=np.float64)
-        return energy(np.exp(ratio)[:, None] * (logits - self.bias_) + self.bias_)
+        _, ratio = _top_k(_as_float32(chunk.features), self.kept_)
+        logits = np.array(chunk.logits, dtype=np.float64)
+        logits -= self.bias_
+        logits *= np.exp(ratio)[:, None]
+        logits += self.bias_
+        return logsumexp_in_place(logits)
 
 
 @register("dice")
@@ -171,4 +183,4 @@ class DICE(_HeadDetector):
         self.masked_weight_ = np.where(self.mask_, self.weight_, np.float32(0.0))
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        return energy(self._apply_head(_as_float32(chunk.features), self.masked_weight_) + self.bias_)
+        return self._head_energy(_as_float32(chunk.features), self.masked_weight_)

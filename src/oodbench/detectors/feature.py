@@ -7,7 +7,8 @@ import numpy as np
 from ..errors import DetectorError
 from ..outputs import Head, Outputs
 from ._gaussian import ClassGaussians, Gaussian, accumulate, symmetric_eigh
-from ._math import l2_normalize, logsumexp
+from ._inplace import logsumexp_in_place
+from ._math import l2_normalize
 from ._streaming import column_mean, fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register
@@ -88,12 +89,32 @@ class RelativeMahalanobisPlusPlus(_MahalanobisFamily):
     paper = _MUELLER
 
 
-def _unit_float32(rows: np.ndarray) -> np.ndarray:
-    """ℓ2-normalised rows as contiguous float32, the form faiss indexes (norms summed in float64)."""
-    block = np.array(rows, dtype=np.float32, order="C")
+def _normalize_in_place(block: np.ndarray) -> np.ndarray:
+    """Scale float32 rows to unit ℓ2 norm in place (all-zero rows stay zero)."""
     norms = np.sqrt(np.einsum("nd,nd->n", block, block))
     block /= np.maximum(norms, np.float32(1e-12))[:, None]
     return block
+
+
+def _unit_float32(rows: np.ndarray) -> np.ndarray:
+    """ℓ2-normalised rows as a new contiguous float32 array, the form faiss searches."""
+    return _normalize_in_place(np.array(rows, dtype=np.float32, order="C"))
+
+
+def _flat_index(features: np.ndarray) -> Any:
+    """An exact faiss inner-product index (IndexFlatIP) of the normalised rows, filled in place chunk by chunk."""
+    import faiss
+
+    num_rows, dim = features.shape
+    index = faiss.IndexFlatIP(dim)
+    # Size the storage once: growing it add() by add() would briefly hold two copies of an N x D index.
+    index.codes.resize(num_rows * dim * 4)
+    storage = faiss.rev_swig_ptr(index.codes.data(), num_rows * dim * 4).view(np.float32).reshape(num_rows, dim)
+    for rows in fit_chunks(num_rows, dim, "knn: index"):
+        storage[rows] = features[rows]
+        _normalize_in_place(storage[rows])
+    index.ntotal = num_rows
+    return index
 
 
 @register("knn")
@@ -130,7 +151,7 @@ class KNN(Detector):
         if self.k > num_rows:
             raise DetectorError(f"knn: k={self.k} exceeds the fit set's {num_rows} rows; use k <= {num_rows}")
         if self.index == "flat":
-            index = faiss.IndexFlatIP(dim)
+            self.index_ = _flat_index(fit_set.features)
         else:
             nlist = self.nlist if self.nlist is not None else max(1, min(int(round(4 * math.sqrt(num_rows))), num_rows // 39 or 1))
             if nlist > num_rows:
@@ -142,9 +163,9 @@ class KNN(Detector):
             index.train(_unit_float32(gather_rows(fit_set.features, sample)))
             index.nprobe = self.nprobe
             self.nlist_ = nlist
-        for rows in fit_chunks(num_rows, dim, "knn: index"):
-            index.add(_unit_float32(fit_set.features[rows]))
-        self.index_ = index
+            for rows in fit_chunks(num_rows, dim, "knn: index"):
+                index.add(_unit_float32(fit_set.features[rows]))
+            self.index_ = index
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         queries = _unit_float32(chunk.features)
@@ -171,9 +192,14 @@ class _CentroidDetector(Detector):
         self.centroids_ = l2_normalize(stats.class_means())
         self.centroids_f32_ = self.centroids_.astype(np.float32)
 
-    def _cosines(self, chunk: Outputs) -> np.ndarray:
-        # Cosines lie in [-1, 1]: a float32 product is accurate to ~1e-7 and runs at twice the float64 speed.
-        return (_unit_float32(chunk.features) @ self.centroids_f32_.T).astype(np.float64)
+    def _products(self, chunk: Outputs) -> tuple[np.ndarray, np.ndarray]:
+        """z · μ̂_c (float32, rows x classes) and 1/‖z‖: cosines without a normalised copy of the features.
+
+        Cosines lie in [-1, 1], so float32 keeps them to ~1e-7, at twice float64's speed.
+        """
+        features = np.asarray(chunk.features, dtype=np.float32)
+        norms = np.sqrt(np.einsum("nd,nd->n", features, features))
+        return features @ self.centroids_f32_.T, 1.0 / np.maximum(norms, np.float32(1e-12))
 
     def _row_width(self, test: Outputs) -> int:
         return 2 * test.num_features + 3 * self.centroids_.shape[0]
@@ -188,7 +214,8 @@ class Cosine(_CentroidDetector):
                   "class means of the raw fit features, then ℓ2-normalised; no hyper-parameters")
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        return self._cosines(chunk).max(axis=1)
+        products, inverse_norms = self._products(chunk)
+        return products.max(axis=1).astype(np.float64) * inverse_norms
 
 
 @register("mcm")
@@ -207,8 +234,11 @@ class MCM(_CentroidDetector):
         self._check_positive(temperature=self.temperature)
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        scaled = self._cosines(chunk) / self.temperature
-        return np.exp(scaled.max(axis=1) - logsumexp(scaled))
+        scaled, inverse_norms = self._products(chunk)
+        scaled *= (inverse_norms / np.float32(self.temperature))[:, None]  # cos(z, μ_c) / τ
+        peak = scaled.max(axis=1).astype(np.float64)
+        # max_c softmax_c = exp(max - logsumexp): float32 exponentials, float64 sums.
+        return np.exp(peak - logsumexp_in_place(scaled))
 
 
 @register("fdbd")

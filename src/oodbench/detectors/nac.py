@@ -4,12 +4,11 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy.special import expit
 
 from ..errors import DetectorError
 from ..outputs import Head, Outputs
 from ._math import softmax
-from ._streaming import fit_chunks, gather_rows, read_rows, sample_rows
+from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register
 
@@ -28,9 +27,21 @@ def nac_bin_edges(bins: int) -> np.ndarray:
 
 
 def penultimate_states(features: np.ndarray, logits: np.ndarray, weight: np.ndarray, alpha: float) -> np.ndarray:
-    """sigmoid(α · z ⊙ ∂L/∂z) with L the cross-entropy to the uniform distribution: ∂L/∂z = Wᵀ(softmax(f) − 1/C)."""
-    gradient = (softmax(logits) - 1.0 / logits.shape[1]) @ weight
-    return expit(alpha * features * gradient)
+    """sigmoid(α · z ⊙ ∂L/∂z) with L the cross-entropy to the uniform distribution: ∂L/∂z = Wᵀ(softmax(f) − 1/C).
+
+    The softmax is float64; the gradient's product with W and the states are float32, as the reference computes
+    them (on the benchmark's data, 1.6e-6 of the states fall in another bin than with a float64 product).
+    """
+    probs = softmax(logits)
+    probs -= 1.0 / logits.shape[1]
+    states = probs.astype(np.float32) @ np.asarray(weight, dtype=np.float32)
+    states *= features  # in place from here on: (rows x units) temporaries are the cost at ImageNet scale
+    states *= np.float32(-alpha)
+    # sigmoid(x) = 1 / (1 + e^-x) with numpy's vectorised exp (4x faster than scipy's expit); e^-x = inf gives 0.
+    with np.errstate(over="ignore"):
+        np.exp(states, out=states)
+    states += np.float32(1.0)
+    return np.reciprocal(states, out=states)
 
 
 @register("nac")
@@ -92,10 +103,14 @@ class NAC(Detector):
     # ----------------------------------------------------------------- states
     def _states(self, outputs: Outputs, layer: str, rows: slice | np.ndarray) -> np.ndarray:
         """Neuron states of `rows` for one layer (rows: a slice, or sorted indices into a memory map)."""
-        take = (lambda array: read_rows(array, rows)) if isinstance(rows, slice) else (lambda array: gather_rows(array, rows))
+        def take(array: np.ndarray, dtype: type) -> np.ndarray:
+            block = array[rows] if isinstance(rows, slice) else gather_rows(array, rows)
+            return np.asarray(block, dtype=dtype)
+
         if layer == PENULTIMATE:
-            return penultimate_states(take(outputs.features), take(outputs.logits), self.weight_, float(self.alpha))
-        states = take(outputs.extras[EXTRA_PREFIX + layer])
+            return penultimate_states(take(outputs.features, np.float32), take(outputs.logits, np.float64), self.weight_,
+                                      float(self.alpha))
+        states = take(outputs.extras[EXTRA_PREFIX + layer], np.float32)
         return states.reshape(states.shape[0], -1)
 
     def _check_extras(self, outputs: Outputs, where: str) -> None:
@@ -116,7 +131,7 @@ class NAC(Detector):
         self.units_ = {}
         self._check_extras(fit_set, "fit set")
         if PENULTIMATE in self.layers:
-            self.weight_ = np.asarray(head.weight, dtype=np.float64)
+            self.weight_ = np.asarray(head.weight, dtype=np.float32)
         num_rows = len(fit_set)
         subset = None
         if self.fit_rows is not None and self.fit_rows < num_rows:
@@ -125,7 +140,7 @@ class NAC(Detector):
         self.coverage_: dict[str, np.ndarray] = {}
         for layer in self.layers:
             bins, r = self._for_layer(self.bins, layer), self._for_layer(self.r, layer)
-            edges = nac_bin_edges(bins)
+            edges = nac_bin_edges(bins).astype(np.float32)  # states are float32: compare in their dtype
             counts = None
             width = 4 * self._layer_width(fit_set, layer)
             if subset is None:
@@ -142,6 +157,8 @@ class NAC(Detector):
             self.edges_[layer] = edges
             # Coverage of an (interval, neuron) cell: its fit count over r, saturating at 1.
             self.coverage_[layer] = np.minimum(counts.reshape(edges.shape[0] - 1, units) / r, 1.0)
+        # Padded with a zero row on each side, so states outside [0, 1.2) look up zero coverage without masks.
+        self.padded_coverage_ = {layer: np.pad(coverage, ((1, 1), (0, 0))).ravel() for layer, coverage in self.coverage_.items()}
 
     @staticmethod
     def _layer_width(outputs: Outputs, layer: str) -> int:
@@ -166,11 +183,12 @@ class NAC(Detector):
         total = np.zeros(len(chunk))
         for layer in self.layers:
             states = self._states(chunk, layer, slice(0, len(chunk)))
-            edges, coverage = self.edges_[layer], self.coverage_[layer]
-            index = self._bin_of(states, edges)
-            valid = (index >= 0) & (index < coverage.shape[0])
-            covered = coverage[np.clip(index, 0, coverage.shape[0] - 1), np.arange(states.shape[1])[None, :]]
-            total += np.where(valid, covered, 0.0).mean(axis=1)
+            units = states.shape[1]
+            # Interval j in [-1, M-1] maps to padded row j + 1 (rows 0 and M are the zero pads).
+            cell = np.searchsorted(self.edges_[layer], states, side="right")
+            cell *= units
+            cell += np.arange(units)
+            total += self.padded_coverage_[layer].take(cell).mean(axis=1)
         return total / len(self.layers)
 
     def _row_width(self, test: Outputs) -> int:
