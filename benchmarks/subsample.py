@@ -6,7 +6,7 @@ the thresholds, groups OOD images by their acceptance bits and samples the group
 hypergeometric), so a draw costs O(n + groups) instead of O(detectors × (N_id + n)).
 
     python benchmarks/subsample.py                          # synthetic scores, demo-sized and seed-sized
-    python benchmarks/subsample.py --run-dir oodbench-demo/run --figure docs/readme/img/analysis-figA4.png
+    python benchmarks/subsample.py --run-dir oodbench-demo/run --figure docs/img/analysis-figA4.png
 
 Prints a Markdown table (times, draws × detectors per second, speed-up) and, with --json, writes the numbers.
 """

@@ -292,5 +292,24 @@ def battery_from_store(store: Store | str | os.PathLike[str], model_id: str, tra
                         far={name: read(name) for name in far}, config=config)
 
 
+def battery_from_demo(setup: Any, *, classes: Sequence[int] | None = None, far: Sequence[str] | None = None,
+                      config: AuditConfig | None = None) -> list[BatterySplit]:
+    """Battery splits on the digits demo's store: trained digits 0-5, never-learned digits 6-9, far sets."""
+    from ..demo import EXTRA_SETS
+
+    far = list(far) if far else [d for d in setup.ood_datasets if d != "digits-6to9"]
+    return battery_from_store(setup.store, setup.model_id, setup.fit_dataset, setup.id_dataset,
+                              extra_train=EXTRA_SETS[0], extra_test="digits-6to9", far=far, classes=classes,
+                              config=config)
+
+
+def battery_document(result: BatteryResult, config: AuditConfig, subject: str, title: str) -> Any:
+    """The battery's report document (summary, per-split details), ready for `write_document`."""
+    from .report import AuditDocument, battery_sections, split_sections
+
+    return AuditDocument(title, battery_sections(result) + split_sections(result.audits, config, prefix="battery-detail"),
+                         result.to_dict(), subject=subject)
+
+
 # Verdict names re-exported for report code that groups battery rows.
-__all__ += ["CLEAN", "HARD_CLEAN", "INCONCLUSIVE", "LEAK"]
+__all__ += ["CLEAN", "HARD_CLEAN", "INCONCLUSIVE", "LEAK", "battery_from_demo", "battery_document"]

@@ -145,31 +145,28 @@ def battery_command(
     Example (any labelled store):
       oodbench audit battery --store feats --model m --train cifar10-train --test cifar10-test --far svhn
     """
-    from .battery import battery_from_store, run_battery
-    from .report import AuditDocument, battery_sections, split_sections, write_document
+    from .battery import battery_document, battery_from_demo, battery_from_store, run_battery
+    from .report import write_document
 
     try:
+        config = _config(pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed)
+        wanted = [int(c) for c in classes.split(",")] if classes else None
         if demo is not None:
             if store is not None:
                 raise typer.BadParameter("give either --demo or --store, not both")
-            from ..demo import EXTRA_SETS, prepare
+            from ..demo import prepare
 
             setup = prepare(demo, seed)
-            store, model = setup.store.root, setup.model_id
-            train, test = setup.fit_dataset, setup.id_dataset
-            extra_train, extra_test = EXTRA_SETS[0], "digits-6to9"
-            far = far or [d for d in setup.ood_datasets if d != "digits-6to9"]
-        if store is None or model is None or train is None or test is None:
+            store, model, train, test = setup.store.root, setup.model_id, setup.fit_dataset, setup.id_dataset
+            splits = battery_from_demo(setup, classes=wanted, far=far, config=config)
+        elif store is None or model is None or train is None or test is None:
             raise typer.BadParameter("give --demo DIR, or --store, --model, --train and --test")
-        config = _config(pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed)
-        wanted = [int(c) for c in classes.split(",")] if classes else None
-        splits = battery_from_store(store, model, train, test, extra_train=extra_train, extra_test=extra_test,
-                                    far=far or (), classes=wanted, config=config)
+        else:
+            splits = battery_from_store(store, model, train, test, extra_train=extra_train, extra_test=extra_test,
+                                        far=far or (), classes=wanted, config=config)
         result = run_battery(splits, config, progress=progress)
-        document = AuditDocument(f"oodbench audit battery: {model}",
-                                 battery_sections(result) + split_sections(result.audits, config, prefix="battery-detail"),
-                                 result.to_dict(),
-                                 subject=f"store {store}, model {model}, train {train}, test {test}")
+        document = battery_document(result, config, f"store {store}, model {model}, train {train}, test {test}",
+                                    f"oodbench audit battery: {model}")
         paths = write_document(document, out, "battery")
     except OodbenchError as exc:
         _fail(exc)

@@ -38,18 +38,21 @@ class DemoSetup:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def demo_detector_params(fit_size: int, num_features: int) -> dict[str, dict[str, Any]]:
+def demo_detector_params(fit_size: int, num_features: int, num_classes: int) -> dict[str, dict[str, Any]]:
     """Hyper-parameters scaled to the demo's small fit set (the defaults target ImageNet-size fit sets)."""
     from .. import detectors
 
     # k-NN's K = 1000 and NNGuide's 1% bank (K = 100) assume 1.28 M fit images, NECO's 100 principal
     # directions assume D >= 768; with ~650 fit images of D = 64 they are not defined. K = 10 keeps
     # k-NN's K/N ratio far below 5% (Sun et al. use K = 50 on CIFAR's 50k), the NNGuide bank is the
-    # whole fit set, and NECO keeps half of the feature dimensions.
+    # whole fit set, and NECO keeps half of the feature dimensions. NAC's alpha = 3000 is calibrated for
+    # 1000 classes, where the gradient of KL(uniform || p) has entries of order 1/C; with C = 6 it saturates
+    # every sigmoid (AUROC ~0.5), so alpha is scaled by C / 1000 (no OOD data is used to choose it).
     scaled: dict[str, dict[str, Any]] = {
         "knn": {"k": min(10, fit_size)},
         "nnguide": {"k": min(10, fit_size), "alpha": 1.0},
         "neco": {"dim": max(1, num_features // 2)},
+        "nac": {"alpha": 3000.0 * num_classes / 1000},
     }
     plan: dict[str, dict[str, Any]] = {}
     for name in detectors.available():

@@ -5,6 +5,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..atomic import atomic_write_text
 from ..evaluation import EvaluationResult, evaluate_store
@@ -20,6 +21,7 @@ class DemoResult:
     evaluation: EvaluationResult
     report_path: Path
     html_path: Path | None
+    battery: Any = None
 
 
 def run_demo(out: str | os.PathLike[str] = "oodbench-demo", seed: int = 0, *, progress: bool = True) -> DemoResult:
@@ -28,14 +30,30 @@ def run_demo(out: str | os.PathLike[str] = "oodbench-demo", seed: int = 0, *, pr
     setup = prepare(out, seed, verbose=progress)
     fit_meta = setup.store.meta(setup.model_id, setup.fit_dataset)
     fit_size, num_features = fit_meta["num_rows"], fit_meta["arrays"]["features"]["shape"][1]
+    num_classes = fit_meta["arrays"]["logits"]["shape"][1]
     run_dir = out / "run"
     evaluation = evaluate_store(setup.store, setup.model_id, setup.fit_dataset, setup.id_dataset,
-                                list(setup.ood_datasets), demo_detector_params(fit_size, num_features), out_dir=run_dir,
+                                list(setup.ood_datasets), demo_detector_params(fit_size, num_features, num_classes), out_dir=run_dir,
                                 progress=progress)
+    battery = _audit_battery(setup, out / "audit", progress)
     report_path = out / "report.md"
-    atomic_write_text(report_path, _markdown_report(setup, evaluation))
+    atomic_write_text(report_path, _markdown_report(setup, evaluation, battery))
     html_path = _html_report(run_dir, out / "report.html")
-    return DemoResult(setup, evaluation, report_path, html_path)
+    return DemoResult(setup, evaluation, report_path, html_path, battery)
+
+
+def _audit_battery(setup: DemoSetup, out: Path, progress: bool) -> Any:
+    """The controlled leak battery on the demo model (leaked and clean splits with known answers)."""
+    from ..audit.battery import battery_document, battery_from_demo, run_battery
+    from ..audit.config import AuditConfig
+    from ..audit.report import write_document
+
+    config = AuditConfig()
+    result = run_battery(battery_from_demo(setup, config=config), config, progress=progress)
+    document = battery_document(result, config, f"the digits demo ({setup.store.root})",
+                                f"oodbench audit battery: {setup.model_id}")
+    write_document(document, out, "battery")
+    return result
 
 
 def _html_report(run_dir: Path, path: Path) -> Path | None:
@@ -48,7 +66,7 @@ def _html_report(run_dir: Path, path: Path) -> Path | None:
     return path
 
 
-def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult) -> str:
+def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult, battery: Any) -> str:
     info = setup.info
     sizes = info.get("sizes", {})
     lines = [
@@ -73,7 +91,20 @@ def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult) -> str:
         lines += ["Skipped detectors (requirements not met by the demo's arrays):", ""]
         lines += [f"- `{name}`: {reason}" for name, reason in evaluation.skipped.items()]
         lines.append("")
-    lines += ["Results (tidy rows): `run/results.parquet`; per-image scores: `run/scores/`.", ""]
+    leaked = sum(a.meta["kind"] == "leaked" for a in battery.audits)
+    lines += [
+        "## Leak audit battery",
+        "",
+        f"{leaked} leaked and {len(battery.audits) - leaked} clean splits of the digits model with known answers: "
+        f"sensitivity **{battery.sensitivity:.2f}**, specificity **{battery.specificity:.2f}** "
+        f"(the firing rule alone: {battery.rule_sensitivity:.2f} / {battery.rule_specificity:.2f}). "
+        "Per-split verdicts: `audit/battery.md`.",
+        "",
+        battery.scope_statement(),
+        "",
+        "Results (tidy rows): `run/results.parquet`; per-image scores: `run/scores/`; HTML report: `report.html`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -81,4 +112,7 @@ def print_summary(result: DemoResult) -> None:
     """Print the table and where the outputs went."""
     sys.stdout.write(result.evaluation.table_markdown)
     sys.stdout.flush()
+    battery = result.battery
+    console.print(f"leak audit battery: sensitivity {battery.sensitivity:.2f}, specificity {battery.specificity:.2f} "
+                  f"over {len(battery.audits)} splits (details: {result.setup.root / 'audit' / 'battery.md'})")
     console.print(f"report: {result.report_path}" + (f" and {result.html_path}" if result.html_path else ""))

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+from typing import Any
+
 import numpy as np
 
 from ..errors import DetectorError

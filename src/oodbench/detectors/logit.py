@@ -52,7 +52,7 @@ class KLMatching(Detector):
                   "https://arxiv.org/abs/1911.11132",
                   "templates from fit-set predictions (no labels needed); a class never predicted gets its one-hot vector")
 
-    def __init__(self, eps: float = 1e-12) -> None:
+    def __init__(self, eps: float = 1e-300) -> None:
         self.eps = eps
 
     def _validate_params(self) -> None:
@@ -75,7 +75,8 @@ class KLMatching(Detector):
         templates[seen] = sums[seen] / counts[seen, None]
         self.templates_ = templates
         self.class_counts_ = counts
-        # log of templates clipped at eps: one-hot templates would otherwise give infinite divergences.
+        # Clip only (near-)zero template entries: one-hot templates would otherwise give infinite divergences.
+        # A larger eps (e.g. 1e-12) would also distort the legitimately tiny probabilities of real templates.
         self.log_templates_ = np.log(np.maximum(templates, self.eps))
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
