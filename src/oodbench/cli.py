@@ -1,13 +1,13 @@
 """`oodbench …` commands. Thin: parse arguments, call the library, print."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
+from .cli_params import parse_params
 from .errors import OodbenchError
 
 app = typer.Typer(
@@ -22,22 +22,6 @@ app = typer.Typer(
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
-
-
-def parse_params(items: list[str] | None) -> dict[str, dict[str, Any]]:
-    """`detector.key=value` strings to {detector: {key: value}}; values parsed as JSON when possible."""
-    params: dict[str, dict[str, Any]] = {}
-    for item in items or []:
-        target, sep, raw = item.partition("=")
-        detector, dot, key = target.partition(".")
-        if not sep or not dot or not detector or not key:
-            raise typer.BadParameter(f"{item!r}: expected DETECTOR.PARAM=VALUE, e.g. knn.k=50")
-        try:
-            value: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        params.setdefault(detector, {})[key] = value
-    return params
 
 
 @app.command()

@@ -1,12 +1,13 @@
 """`oodbench audit …`: fingerprint stored splits, run the controlled battery, scan suite class lists, L_k."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
+
+from ..cli_params import parse_params
 
 from ..errors import OodbenchError
 
@@ -32,21 +33,6 @@ def _names(text: str | None) -> tuple[str, ...] | None:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def _params(items: list[str] | None) -> dict[str, dict[str, Any]]:
-    params: dict[str, dict[str, Any]] = {}
-    for item in items or []:
-        target, sep, raw = item.partition("=")
-        detector, dot, key = target.partition(".")
-        if not sep or not dot or not detector or not key:
-            raise typer.BadParameter(f"{item!r}: expected DETECTOR.PARAM=VALUE, e.g. knn.k=50")
-        try:
-            value: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        params.setdefault(detector, {})[key] = value
-    return params
-
-
 # Options shared by the commands that run the rule (Typer option markers are plain defaults, safe to reuse).
 POOL = typer.Option(None, "--pool", help="Comma-separated pool (registry names or 'iforest'); default: maha, rmaha, maha++, rmaha++, knn, iforest.")
 PARAM = typer.Option(None, "--param", "-p", help="Pool detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable), e.g. knn.k=50.")
@@ -63,7 +49,7 @@ def _config(pool: str | None, param: list[str] | None, logit: str, oracle: float
             folds: int, identity: float | None, seed: int, **extra: Any) -> Any:
     from .config import AuditConfig
 
-    return AuditConfig(pool=_names(pool), pool_params=_params(param), logit_detectors=_names(logit) or (),
+    return AuditConfig(pool=_names(pool), pool_params=parse_params(param), logit_detectors=_names(logit) or (),
                        oracle_threshold=oracle, collapse_threshold=collapse, recovery_margin=margin, folds=folds,
                        identity_threshold=identity, seed=seed, **extra)
 
