@@ -125,3 +125,12 @@ def test_demo_end_to_end(tmp_path):
     best_noise = max(r.value for r in rows if r.metric == "auroc" and r.ood_dataset == "noise")
     assert best_noise > 0.9
     assert "| msp |" in (tmp_path / "demo" / "report.md").read_text()
+
+
+def test_rerun_with_fewer_detectors_drops_their_saved_scores(tmp_path):
+    store = toy_store(tmp_path)
+    out = tmp_path / "run"
+    evaluate_store(store, "toy", "fit", "id", ["ood_a"], ["msp", "energy"], out_dir=out, progress=False)
+    evaluate_store(store, "toy", "fit", "id", ["ood_a"], ["msp"], out_dir=out, progress=False)
+    assert set(load_scores(out, "toy", "ood_a")) == {"msp"}
+    assert {r.detector for r in read_rows(out / "results.parquet")} == {"msp"}

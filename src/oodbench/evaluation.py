@@ -210,9 +210,11 @@ def evaluate_store(
                               strict=strict, progress=progress, cached=cached, on_detector_done=persist)
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
+        # Rewrite each score file with exactly this run's detectors, so scores of detectors dropped since an
+        # earlier run in the same directory cannot leak into analyses that read every saved score.
         for dataset, per_detector in result.scores.items():
             if per_detector:
-                save_scores(run_dir, model_id, dataset, per_detector)
+                save_scores(run_dir, model_id, dataset, per_detector, replace=True)
         write_rows(result.rows, run_dir / "results.parquet")
         atomic_write_text(run_dir / "table.md", result.table_markdown)
         ran_keys = {name: keys[name] for name in plan if name not in result.skipped}

@@ -19,11 +19,12 @@ def score_path(run_dir: str | os.PathLike[str], model: str, dataset: str) -> Pat
     return Path(run_dir) / "scores" / model / f"{dataset}.npz"
 
 
-def save_scores(run_dir: str | os.PathLike[str], model: str, dataset: str, scores: Mapping[str, np.ndarray]) -> Path:
-    """Write {detector: scores (N,)} atomically, merged with scores already saved for the same (model, dataset)."""
+def save_scores(run_dir: str | os.PathLike[str], model: str, dataset: str, scores: Mapping[str, np.ndarray], *,
+                replace: bool = False) -> Path:
+    """Write {detector: scores (N,)} atomically, merged with the scores already saved (or replacing them)."""
     path = score_path(run_dir, model, dataset)
     path.parent.mkdir(parents=True, exist_ok=True)
-    merged = load_scores(run_dir, model, dataset) if path.is_file() else {}
+    merged = load_scores(run_dir, model, dataset) if path.is_file() and not replace else {}
     merged.update({name: np.asarray(values, dtype=np.float64) for name, values in scores.items()})
     lengths = {name: v.shape for name, v in merged.items()}
     if len({shape for shape in lengths.values()}) > 1:

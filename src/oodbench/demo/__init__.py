@@ -88,10 +88,6 @@ def prepare(root: str | os.PathLike[str], seed: int = 0, *, epochs: int = 40, ve
         console.print(f"training the digits CNN on {len(fit.images)} images of digits 0-5 ({epochs} epochs) …")
     model = train_cnn(fit.images, fit.labels, len(ID_CLASSES), epochs=epochs, seed=seed)
     train_seconds = time.perf_counter() - started
-    features, logits = forward_arrays(model, sets[ID_TEST].images)
-    accuracy = float((logits.argmax(1) == sets[ID_TEST].labels).mean())
-    info = {"test_accuracy": accuracy, "train_seconds": round(train_seconds, 1), "epochs": epochs,
-            "sizes": {name: int(len(s.images)) for name, s in sets.items()}}
     provenance = {
         "model": MODEL_ID,
         "checkpoint": checkpoint_sha256(model),
@@ -101,10 +97,14 @@ def prepare(root: str | os.PathLike[str], seed: int = 0, *, epochs: int = 40, ve
     for name in names:
         image_set = sets[name]
         features, logits = forward_arrays(model, image_set.images)
+        if name == ID_TEST:
+            accuracy = float((logits.argmax(1) == image_set.labels).mean())
         labels = image_set.labels if (image_set.labels >= 0).all() else None
         outputs = Outputs(features, logits, labels)
         item_hash = hash_items(f"{name}:{i}:{image_set.images[i].tobytes().hex()}" for i in range(len(image_set.images)))
         store.write_outputs(MODEL_ID, name, outputs, provenance=provenance, item_hash=item_hash, overwrite=True)
+    info = {"test_accuracy": accuracy, "train_seconds": round(train_seconds, 1), "epochs": epochs,
+            "sizes": {name: int(len(s.images)) for name, s in sets.items()}}
     store.write_head(MODEL_ID, head_of(model), provenance={**provenance, "seed": seed, "epochs": epochs, "demo": info})
     setup.info = info
     if verbose:
