@@ -56,20 +56,13 @@ def _unmet_requirements(detector: "detector_registry.Detector", fit_set: Outputs
                         tests: Sequence[Outputs]) -> str | None:
     """Why a detector cannot run on these arrays, or None."""
     req = detector.requirements()
-    def have(outputs: Outputs) -> set[str]:
-        names = {"features"} | {f"extra.{k}" for k in outputs.extras}
-        if outputs.logits is not None:
-            names.add("logits")
-        if outputs.labels is not None:
-            names.add("labels")
-        return names
-    missing_fit = sorted(req.fit - have(fit_set))
+    missing_fit = sorted(req.fit - fit_set.array_names())
     if missing_fit:
         return f"fit set lacks {', '.join(missing_fit)}"
     if req.head and head is None:
         return "no head stored for the model"
     for test in tests:
-        missing = sorted(req.score - have(test))
+        missing = sorted(req.score - test.array_names())
         if missing:
             return f"test set lacks {', '.join(missing)}"
     return None

@@ -86,6 +86,15 @@ class Outputs:
         """Number of classes C of the logits, or None without logits."""
         return None if self.logits is None else int(self.logits.shape[1])
 
+    def array_names(self) -> set[str]:
+        """Names of the arrays present: features, logits, labels, extra.<name> (as detectors declare needs)."""
+        names = {"features"} | {f"extra.{key}" for key in self.extras}
+        if self.logits is not None:
+            names.add("logits")
+        if self.labels is not None:
+            names.add("labels")
+        return names
+
     def subset(self, index: np.ndarray | slice) -> "Outputs":
         """Rows selected by a boolean mask, an index array or a slice (materialised in memory)."""
         pick = (lambda a: np.asarray(a[index])) if isinstance(index, slice) else (lambda a: np.asarray(a)[index])
