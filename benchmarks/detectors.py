@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from oodbench.atomic import atomic_write_text
 from oodbench.detectors import available, create
 from oodbench.metrics import auroc
 from oodbench.outputs import Head, Outputs
@@ -465,9 +466,9 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(markdown(report))
     if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=2, default=float))
+        atomic_write_text(args.out, json.dumps(report, indent=2, default=float))
         if "results" in report:
-            args.out.with_suffix(".md").write_text(markdown(report) + "\n")
+            atomic_write_text(args.out.with_suffix(".md"), markdown(report) + "\n")
 
 
 if __name__ == "__main__":

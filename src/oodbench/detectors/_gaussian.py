@@ -103,9 +103,8 @@ def accumulate(fit_set: Outputs, *, by_class: bool = False, shift: np.ndarray | 
     features = fit_set.features
     stats = ScatterAccumulator(fit_set.num_features, shift=shift, by_class=by_class, with_gram=with_gram)
     for rows in fit_chunks(len(fit_set), 3 * fit_set.num_features, description):
-        block = np.asarray(features[rows])
-        if transform is not None:
-            block = transform(read_rows(features, rows))
+        # Untransformed rows go in as stored (update() casts once); a transform gets them as float64.
+        block = np.asarray(features[rows]) if transform is None else transform(read_rows(features, rows))
         stats.update(block, None if not by_class else np.asarray(fit_set.labels[rows]))
     return stats
 

@@ -1,19 +1,25 @@
-"""Numerically stable softmax-family helpers shared by detectors (float64, row-wise)."""
+"""Numerically stable softmax-family helpers shared by detectors (row-wise, float64 results)."""
 from __future__ import annotations
 
 import numpy as np
 
+# exp is slow near its underflow threshold; terms below exp(floor) cannot change a float64 sum that holds exp(0) = 1.
+_FLOOR = {np.dtype(np.float32): np.float32(-80.0), np.dtype(np.float64): -300.0}
+
+
+def logsumexp_in_place(logits: np.ndarray) -> np.ndarray:
+    """log Σ_c exp(logits[:, c]) per row (float64); overwrites `logits` (float32 or float64) with scratch values."""
+    # Reusing the input's memory: at (rows x C) chunk sizes, fresh large temporaries cost page faults.
+    peak = logits.max(axis=1, keepdims=True)
+    logits -= peak
+    np.maximum(logits, _FLOOR[logits.dtype], out=logits)
+    np.exp(logits, out=logits)
+    return peak[:, 0].astype(np.float64) + np.log(logits.sum(axis=1, dtype=np.float64))
+
 
 def logsumexp(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log Σ exp, stable for large logits."""
-    # One float64 (rows x C) copy, shifted and exponentiated in place: fresh large temporaries cost page faults.
-    shifted = np.array(logits, dtype=np.float64)
-    peak = shifted.max(axis=1, keepdims=True)
-    shifted -= peak
-    # exp is slow near float64 underflow; terms below exp(-300) cannot change a sum that holds exp(0) = 1.
-    np.maximum(shifted, -300.0, out=shifted)
-    np.exp(shifted, out=shifted)
-    return peak[:, 0] + np.log(shifted.sum(axis=1))
+    """Row-wise log Σ exp in float64, stable for large logits; leaves `logits` unchanged."""
+    return logsumexp_in_place(np.array(logits, dtype=np.float64))
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -27,7 +33,8 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 def energy(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """Negative free energy T · log Σ exp(f / T) (higher = more ID)."""
-    return temperature * logsumexp(np.asarray(logits, dtype=np.float64) / temperature)
+    # The division already makes a fresh float64 array: reduce it in place rather than copying it again.
+    return temperature * logsumexp_in_place(np.asarray(logits, dtype=np.float64) / temperature)
 
 
 def l2_normalize(features: np.ndarray, eps: float = 1e-12) -> np.ndarray:

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..errors import DetectorError
 from ..outputs import Head, Outputs
-from ._inplace import logsumexp_in_place
+from ._math import logsumexp_in_place
 from ._streaming import column_mean, exact_percentile
 from .base import Detector, Paper, Requirements
 from .registry import register

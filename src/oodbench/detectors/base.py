@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
-from ..chunking import iter_chunks, rows_per_chunk
+from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..errors import DetectorError
 from ..outputs import Head, Outputs
 
@@ -49,16 +49,6 @@ class Paper:
     notes: str = ""
 
 
-def _available_arrays(outputs: Outputs) -> set[str]:
-    names = {"features"}
-    if outputs.logits is not None:
-        names.add("logits")
-    if outputs.labels is not None:
-        names.add("labels")
-    names.update(f"extra.{key}" for key in outputs.extras)
-    return names
-
-
 @dataclass
 class _FitInfo:
     num_features: int
@@ -73,7 +63,7 @@ class Detector:
     requires: ClassVar[Requirements] = Requirements()
     paper: ClassVar[Paper | None] = None
     # Bytes of working memory per chunk of test rows; subclasses with wide per-row work keep it bounded.
-    chunk_bytes: ClassVar[int] = 64 * 2**20
+    chunk_bytes: ClassVar[int] = DEFAULT_CHUNK_BYTES
 
     # ----------------------------------------------------------------- parameters (scikit-learn style)
     @classmethod
@@ -177,11 +167,11 @@ class Detector:
 
     # ----------------------------------------------------------------- helpers
     def _check_arrays(self, outputs: Outputs, needed: frozenset[str], where: str) -> None:
-        missing = sorted(needed - _available_arrays(outputs))
+        missing = sorted(needed - outputs.array_names())
         if missing:
             raise DetectorError(
                 f"{self.name} needs {', '.join(missing)} in the {where}, which has only "
-                f"{', '.join(sorted(_available_arrays(outputs)))}"
+                f"{', '.join(sorted(outputs.array_names()))}"
             )
 
     def _check_positive(self, **values: float) -> None:

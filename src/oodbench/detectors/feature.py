@@ -9,8 +9,7 @@ import numpy as np
 from ..errors import DetectorError
 from ..outputs import Head, Outputs
 from ._gaussian import ClassGaussians, Gaussian, accumulate, symmetric_eigh
-from ._inplace import logsumexp_in_place
-from ._math import l2_normalize
+from ._math import l2_normalize, logsumexp_in_place
 from ._streaming import column_mean, fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register

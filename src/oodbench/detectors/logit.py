@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import xlogy
 
-from ..chunking import iter_chunks, rows_per_chunk
 from ..outputs import Head, Outputs
-from ._math import energy, logsumexp, softmax
+from ._math import energy, logsumexp_in_place, softmax
+from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
 from .registry import register
 
@@ -26,9 +26,10 @@ class MSP(Detector):
         self._check_positive(temperature=self.temperature)
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        scaled = np.asarray(chunk.logits, dtype=np.float64) / self.temperature
+        scaled = np.asarray(chunk.logits, dtype=np.float64) / self.temperature  # a fresh array: reduced in place
         # max softmax = exp(max f - logsumexp f), stable without forming the whole softmax.
-        return np.exp(scaled.max(axis=1) - logsumexp(scaled))
+        peak = scaled.max(axis=1)
+        return np.exp(peak - logsumexp_in_place(scaled))
 
 
 @register("maxlogit")
@@ -62,7 +63,7 @@ class KLMatching(Detector):
         num_classes = int(fit_set.num_classes)
         sums = np.zeros((num_classes, num_classes))
         counts = np.zeros(num_classes, dtype=np.int64)
-        for rows in iter_chunks(len(fit_set), rows_per_chunk(2 * num_classes)):
+        for rows in fit_chunks(len(fit_set), 2 * num_classes, "kl_matching: templates"):
             probs = softmax(fit_set.logits[rows])
             predicted = probs.argmax(axis=1)
             # Group rows by predicted class and sum each run: O(rows x C), no per-sample Python work.
