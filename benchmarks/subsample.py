@@ -23,6 +23,7 @@ import numpy as np
 from scipy import stats
 
 from oodbench import metrics
+from oodbench.atomic import atomic_write_text
 from oodbench.analysis.rundata import load_run
 from oodbench.analysis.subsample import acceptance_bits, resolve_n, subsample_curve, subsample_fpr
 
@@ -132,8 +133,7 @@ def main() -> None:
     if not all(r["means_agree"] for r in results):
         print("\nWARNING: the loop's and the vectorised means disagree beyond sampling error")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"load_average": load, "results": results}, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps({"load_average": load, "results": results}, indent=2) + "\n")
     if args.figure:
         from oodbench.report.figures import fig_subsample_curves, save_figure
         from oodbench.report.build import curve_sizes

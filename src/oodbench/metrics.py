@@ -22,6 +22,7 @@ from .errors import MetricError
 
 __all__ = [
     "as_scores",
+    "required_count",
     "threshold_at_tpr",
     "fpr_at_tpr",
     "fpr_at_tpr_ood_positive",
@@ -57,7 +58,7 @@ def _check_rate(tpr: float) -> float:
     return float(tpr)
 
 
-def _required_count(tpr: float, n: int) -> int:
+def required_count(tpr: float, n: int) -> int:
     """Smallest k with k / n >= tpr; rounding guards 0.95 * 100 = 95.00000000000001-style float noise."""
     return max(1, math.ceil(round(tpr * n, 9)))
 
@@ -65,7 +66,7 @@ def _required_count(tpr: float, n: int) -> int:
 def threshold_at_tpr(id_scores: object, tpr: float = 0.95) -> float:
     """Largest threshold t such that at least `tpr` of the ID scores are >= t (the k-th largest ID score)."""
     ids = as_scores("id_scores", id_scores)
-    k = _required_count(_check_rate(tpr), ids.shape[0])
+    k = required_count(_check_rate(tpr), ids.shape[0])
     # k-th largest = element n-k of the ascending order; partition is O(n).
     return float(np.partition(ids, ids.shape[0] - k)[ids.shape[0] - k])
 

@@ -1,6 +1,8 @@
 """DeLong's test against the brute-force U-statistic structural components, and its variance against simulation."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,14 @@ def test_identical_detectors_are_not_different() -> None:
     result = delong_test(ids, ood, ids.copy(), ood.copy())
     assert result.difference == 0.0 and result.se == 0.0 and result.p_value == 1.0
     assert result.correlation == pytest.approx(1.0)
+
+
+def test_perfect_separation_gives_strict_json() -> None:
+    # Both detectors separate perfectly: every component is constant, so the correlation is undefined (NaN).
+    result = delong_test(np.array([5.0, 6.0, 7.0]), np.array([0.0, 1.0]), np.array([5.0, 6.0, 9.0]), np.array([0.0, 2.0]))
+    assert np.isnan(result.correlation)
+    payload = json.loads(json.dumps(result.as_dict(), allow_nan=False))
+    assert payload["correlation"] is None and payload["p_value"] == 1.0 and (payload["n_id"], payload["n_ood"]) == (3, 2)
 
 
 def test_delong_variance_matches_simulated_variance_of_the_difference() -> None:

@@ -194,5 +194,8 @@ def test_curve_shares_the_fixed_best_detector_and_shrinks_std() -> None:
     ids, oods = _scores(rng, detectors=4, n_ood=600)
     studies = subsample_curve(ids, oods, [20, 80, 320, 600], draws=400, seed=2)
     assert len({s.best for s in studies}) == 1
+    shared = subsample_curve(ids, oods, [20, 80], draws=400, seed=2, bits=acceptance_bits(ids, oods))
+    for passed, own in zip(shared, studies):
+        np.testing.assert_array_equal(passed.draw_counts, own.draw_counts)
     stds = [s.summary().std for s in studies]
     assert stds[0] > stds[1] > stds[2] > stds[3] == 0.0

@@ -23,6 +23,11 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(1)
 
 
+def _write_json(target: Path, payload: dict[str, object]) -> None:
+    atomic_write_json(target, payload)
+    typer.echo(f"wrote {target}", err=True)
+
+
 @app.command("subsample")
 def subsample_command(
     run_dir: RunDir,
@@ -66,8 +71,7 @@ def subsample_command(
             results.append({"n": studies[0].n, "requested": str(value), "notes": notes,
                             "summaries": [s.as_dict() for s in summaries], "spread": [s.as_dict() for s in spreads]})
         target = out or run_dir / "analysis" / "subsample.json"
-        atomic_write_json(target, {"run": str(run_dir), "draws": draws, "seed": seed, "tpr": tpr, "results": results})
-        typer.echo(f"wrote {target}", err=True)
+        _write_json(target, {"run": str(run_dir), "draws": draws, "seed": seed, "tpr": tpr, "results": results})
         if figure is not None:
             from ..report.figures import fig_subsample_curves, save_figure
 
@@ -110,9 +114,8 @@ def ci_command(
                                     confidence=confidence, seed=seed, progress=not quiet)
         typer.echo(render_markdown(table_intervals(records, confidence)))
         if out is not None:
-            atomic_write_json(out, {"run": str(run_dir), "resamples": resamples, "seed": seed,
-                                    "records": [r.as_dict() for r in records]})
-            typer.echo(f"wrote {out}", err=True)
+            _write_json(out, {"run": str(run_dir), "resamples": resamples, "seed": seed,
+                              "records": [r.as_dict() for r in records]})
     except OodbenchError as exc:
         _fail(exc)
 
@@ -139,9 +142,8 @@ def compare_command(
         results = compare_in_run(load_run(run_dir), a, b, ood_datasets=dataset, confidence=confidence)
         typer.echo(render_markdown(table_delong(results, confidence)))
         if out is not None:
-            atomic_write_json(out, {"run": str(run_dir), "results": [{"model": m, "ood_dataset": o, **r.as_dict()}
-                                                                      for m, o, r in results]})
-            typer.echo(f"wrote {out}", err=True)
+            _write_json(out, {"run": str(run_dir), "results": [{"model": m, "ood_dataset": o, **r.as_dict()}
+                                                                for m, o, r in results]})
     except OodbenchError as exc:
         _fail(exc)
 

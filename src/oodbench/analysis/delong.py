@@ -17,6 +17,7 @@ from scipy import stats
 from .. import metrics
 from ..errors import AnalysisError
 from .intervals import Interval, normal_interval
+from .records import plain_dict
 
 __all__ = ["structural_components", "delong_covariance", "delong_interval", "DeLongResult", "delong_test"]
 
@@ -85,8 +86,8 @@ class DeLongResult:
     n_ood: int
 
     def as_dict(self) -> dict[str, object]:
-        """Plain dict (for JSON)."""
-        return dict(self.__dict__)
+        """Plain dict for JSON (z may be ±inf and the correlation NaN: they become null)."""
+        return plain_dict(self)
 
 
 def delong_test(id_a: object, ood_a: object, id_b: object, ood_b: object, *, confidence: float = 0.95,
@@ -109,7 +110,7 @@ def delong_test(id_a: object, ood_a: object, id_b: object, ood_b: object, *, con
     interval = normal_interval(difference, se, confidence, "delong", (-1.0, 1.0))
     scale = math.sqrt(max(cov[0, 0], 0.0) * max(cov[1, 1], 0.0))
     correlation = float(cov[0, 1] / scale) if scale > 0 else float("nan")
-    first_id = metrics.as_scores("id_scores", id_a)
-    first_ood = metrics.as_scores("ood_scores", ood_a)
+    # delong_covariance has validated the arrays and checked that both detectors score the same images.
     return DeLongResult(names[0], names[1], float(aurocs[0]), float(aurocs[1]), difference, se, z, p_value,
-                        interval.low, interval.high, float(confidence), correlation, first_id.shape[0], first_ood.shape[0])
+                        interval.low, interval.high, float(confidence), correlation, int(np.shape(id_a)[0]),
+                        int(np.shape(ood_a)[0]))

@@ -21,6 +21,7 @@ from scipy import special, stats
 from .. import metrics
 from ..chunking import DEFAULT_CHUNK_BYTES
 from ..errors import AnalysisError
+from .records import plain_dict
 
 __all__ = [
     "Interval",
@@ -51,7 +52,7 @@ class Interval:
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for JSON)."""
-        return dict(self.__dict__)
+        return plain_dict(self)
 
 
 def _check_confidence(confidence: float) -> float:
@@ -120,8 +121,8 @@ def required_count(tpr: float, n: int) -> int:
     """How many of n ID scores the FPR@95 threshold must accept: the smallest k with k / n >= tpr (as `metrics`)."""
     if not 0.0 < float(tpr) <= 1.0:
         raise AnalysisError(f"tpr must lie in (0, 1]; got {tpr}")
-    # Rounding guards 0.95 * 100 = 95.00000000000001-style noise, exactly as metrics.threshold_at_tpr does.
-    return max(1, math.ceil(round(float(tpr) * n, 9)))
+    # The metric's own rule (with its float-noise rounding), so bootstrap and jackknife thresholds match FPR@95's.
+    return metrics.required_count(float(tpr), n)
 
 
 def _multiplicities(rng: np.random.Generator, rows: int, size: int) -> np.ndarray:

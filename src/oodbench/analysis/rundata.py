@@ -46,6 +46,18 @@ class RunData:
         """Detectors with rows for (model, ID set), in the run's order."""
         return list(dict.fromkeys(r.detector for r in self.rows if (r.model, r.id_dataset) == (model, id_dataset)))
 
+    def ood_plans(self, ood_datasets: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
+        """(model, ID set, OOD set) of every OOD result in the run, or of the named OOD sets (all must be present)."""
+        plans = [(m, i, o) for m, i in self.pairs() for o in self.ood_datasets(m, i)
+                 if ood_datasets is None or o in ood_datasets]
+        if ood_datasets is not None:
+            unknown = sorted(set(ood_datasets) - {p[2] for p in plans})
+            if unknown:
+                raise AnalysisError(f"OOD datasets {unknown} are not in {self.path}")
+        if not plans:
+            raise AnalysisError(f"{self.path} has no OOD results")
+        return plans
+
     def has_scores(self, model: str, dataset: str) -> bool:
         """Whether per-image scores of (model, dataset) were saved."""
         return score_path(self.path, model, dataset).is_file()

@@ -36,18 +36,6 @@ class IntervalRecord:
                 "intervals": {k: v.as_dict() for k, v in self.intervals.items()}}
 
 
-def _plans(run: RunData, ood_datasets: Sequence[str] | None) -> list[tuple[str, str, str]]:
-    plans = [(m, i, o) for m, i in run.pairs() for o in run.ood_datasets(m, i)
-             if ood_datasets is None or o in ood_datasets]
-    if ood_datasets is not None:
-        unknown = sorted(set(ood_datasets) - {p[2] for p in plans})
-        if unknown:
-            raise AnalysisError(f"OOD datasets {unknown} are not in {run.path}")
-    if not plans:
-        raise AnalysisError(f"{run.path} has no OOD results")
-    return plans
-
-
 def best_detectors(run: RunData, model: str, id_dataset: str, ood_dataset: str, metric: str = "fpr95",
                    count: int = 1) -> list[str]:
     """The `count` best detectors of (model, ID, OOD) by the run's rows: lowest FPR@95 or highest AUROC.
@@ -97,7 +85,7 @@ def intervals_for_run(run: RunData, *, detectors: Sequence[str] | None = None, o
                       methods: Sequence[str] = INTERVAL_METHODS, resamples: int = 2000, confidence: float = 0.95,
                       seed: int = 0, tpr: float = 0.95, progress: bool = True) -> list[IntervalRecord]:
     """Intervals of every (detector, OOD set) of a run (or of the given detectors and sets)."""
-    plans = _plans(run, ood_datasets)
+    plans = run.ood_plans(ood_datasets)
     loaded = [(plan, run.paired_scores(*plan, detectors=detectors)) for plan in plans]
     total = sum(len(ids) for _, (ids, _) in loaded)
     records = []
@@ -118,7 +106,7 @@ def compare_in_run(run: RunData, detector_a: str, detector_b: str, *, ood_datase
     if detector_a == detector_b:
         raise AnalysisError("compare two different detectors (--a and --b are the same)")
     results = []
-    for model, id_dataset, ood in _plans(run, ood_datasets):
+    for model, id_dataset, ood in run.ood_plans(ood_datasets):
         id_scores, ood_scores = run.paired_scores(model, id_dataset, ood, detectors=[detector_a, detector_b])
         results.append((model, ood, delong_test(id_scores[detector_a], ood_scores[detector_a], id_scores[detector_b],
                                                 ood_scores[detector_b], confidence=confidence,

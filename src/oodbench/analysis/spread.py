@@ -6,13 +6,13 @@ A ratio well above 1 means the differences between benchmarks are not explained 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from ..errors import AnalysisError
+from .records import plain_dict
 from .subsample import SubsampleSummary
 
 __all__ = ["SpreadSummary", "spread_vs_noise"]
@@ -34,8 +34,7 @@ class SpreadSummary:
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for JSON)."""
-        finite = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
-        return {**finite, "datasets": list(self.datasets)}  # JSON has no NaN or inf: null
+        return {**plain_dict(self), "datasets": list(self.datasets)}  # a NaN or inf ratio becomes null
 
 
 def spread_vs_noise(summaries: Sequence[SubsampleSummary]) -> list[SpreadSummary]:

@@ -22,6 +22,7 @@ from .. import metrics
 from ..chunking import DEFAULT_CHUNK_BYTES
 from ..errors import AnalysisError
 from ..progress import progress_bar
+from .records import plain_dict
 from .rundata import RunData
 
 __all__ = [
@@ -185,7 +186,7 @@ class SubsampleSummary:
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for JSON (an undefined ρ becomes null: JSON has no NaN)."""
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
+        return plain_dict(self)
 
 
 @dataclass(frozen=True)
@@ -282,9 +283,9 @@ def subsample_fpr(id_scores: Mapping[str, object], ood_scores: Mapping[str, obje
 
 def subsample_curve(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], ns: Sequence[int], *,
                     draws: int = 1000, seed: int = 0, tpr: float = 0.95, model: str = "", id_dataset: str = "",
-                    ood_dataset: str = "ood") -> list[SubsampleStudy]:
+                    ood_dataset: str = "ood", bits: AcceptanceBits | None = None) -> list[SubsampleStudy]:
     """One study per n (Fig. A4), sharing thresholds, acceptance bits and the fixed best detector."""
-    bits = acceptance_bits(id_scores, ood_scores, tpr)
+    bits = bits if bits is not None else acceptance_bits(id_scores, ood_scores, tpr)
     best = _best_detector(bits, id_scores, ood_scores)
     return [subsample_fpr(id_scores, ood_scores, n, draws=draws, seed=seed, tpr=tpr, best=best, model=model,
                           id_dataset=id_dataset, ood_dataset=ood_dataset, bits=bits) for n in ns]
@@ -310,17 +311,7 @@ def subsample_run(run: RunData, n: int | str | None = "auto", *, draws: int = 10
                   progress: bool = True) -> tuple[list[SubsampleStudy], list[str]]:
     """Subsampling study of every (model, OOD set) of a run; returns the studies and notes on skipped sets."""
     _check_draws(draws)
-    plans = []
-    for model, id_dataset in run.pairs():
-        for ood in run.ood_datasets(model, id_dataset):
-            if ood_datasets is None or ood in ood_datasets:
-                plans.append((model, id_dataset, ood))
-    if ood_datasets is not None:
-        unknown = sorted(set(ood_datasets) - {p[2] for p in plans})
-        if unknown:
-            raise AnalysisError(f"OOD datasets {unknown} are not in {run.path}")
-    if not plans:
-        raise AnalysisError(f"{run.path} has no OOD results to subsample")
+    plans = run.ood_plans(ood_datasets)
     loaded = {plan: run.paired_scores(*plan, detectors=detectors) for plan in plans}
     sizes = {f"{m}/{o}": len(next(iter(ood.values()))) for (m, _, o), (_, ood) in loaded.items()}
     size_n = resolve_n(n, sizes)

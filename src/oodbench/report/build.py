@@ -16,7 +16,8 @@ from ..analysis.rundata import RunData, load_runs
 from ..analysis.runs import IntervalRecord, best_detectors, interval_record
 from ..analysis.delong import DeLongResult, delong_test
 from ..analysis.spread import spread_vs_noise
-from ..analysis.subsample import SubsampleStudy, SubsampleSummary, resolve_n, subsample_curve, subsample_fpr
+from ..analysis.subsample import (SubsampleStudy, SubsampleSummary, acceptance_bits, resolve_n, subsample_curve,
+                                  subsample_fpr)
 from ..errors import AnalysisError
 from ..progress import progress_bar
 from ..results import ResultRow
@@ -304,6 +305,7 @@ def _add_score_sections(content: ReportContent, supervised: Sequence[ResultRow],
                             "Intervals of each OOD set's best detector, and DeLong's test of the two best by AUROC.")
     score_section = Section("scores", "ROC curves and score distributions")
     curves: dict[tuple[str, str], dict[str, list[SubsampleStudy]]] = {}
+    thresholds: dict[tuple[str, str], dict[str, float]] = {}  # ID thresholds per (model, ID set): computed once
     with progress_bar(progress) as bar:
         task = bar.add_task("report statistics", total=len(plans))
         for pair, ood in plans:
@@ -312,15 +314,17 @@ def _add_score_sections(content: ReportContent, supervised: Sequence[ResultRow],
             id_scores = {d: s for d, s in id_scores.items() if tables.parse_vocabulary_score(d) is None}
             ood_scores = {d: ood_scores[d] for d in id_scores}
             total = len(next(iter(ood_scores.values())))
+            # One set of acceptance bits serves Table A6 and every point of the Fig. A4 curve.
+            bits = acceptance_bits(id_scores, ood_scores, options.tpr, thresholds.setdefault(pair, {}))
             if n <= total:
                 study = subsample_fpr(id_scores, ood_scores, n, draws=options.draws, seed=options.seed, tpr=options.tpr,
-                                      model=pair[0], id_dataset=pair[1], ood_dataset=ood)
+                                      model=pair[0], id_dataset=pair[1], ood_dataset=ood, bits=bits)
                 content.subsample.append(study.summary())
             else:
                 content.notes.append(f"{pair[0]}/{ood}: not subsampled, n={n} exceeds its {total} OOD images.")
             curves.setdefault(pair, {})[ood] = subsample_curve(
                 id_scores, ood_scores, curve_sizes(total, options.curve_points, [n]), draws=options.curve_draws,
-                seed=options.seed, tpr=options.tpr, model=pair[0], id_dataset=pair[1], ood_dataset=ood)
+                seed=options.seed, tpr=options.tpr, model=pair[0], id_dataset=pair[1], ood_dataset=ood, bits=bits)
             ranked = [d for d in best_detectors(run, pair[0], pair[1], ood, "fpr95", count=len(id_scores)) if d in id_scores]
             best = ranked[0] if ranked else curves[pair][ood][0].best
             content.intervals.append(interval_record(pair[0], pair[1], ood, best, id_scores[best],

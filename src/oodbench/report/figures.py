@@ -84,10 +84,7 @@ def fig_best_detectors(rows: Sequence[ResultRow], model: str, id_dataset: str | 
                        ood_datasets: Sequence[str] | None = None) -> Figure:
     """Fig. 1: the best detector's FPR@95 and AUROC on each OOD set (benchmark) for one model, bars labelled by name."""
     grid = ResultGrid(supervised_rows(rows))
-    pairs = [p for p in grid.pairs if p[0] == model and (id_dataset is None or p[1] == id_dataset)]
-    if len(pairs) != 1:
-        raise AnalysisError(f"expected one (model, ID set) for {model!r}; found {pairs}")
-    pair = pairs[0]
+    pair = grid.model_pair(model, id_dataset)
     oods = [o for o in (ood_datasets or grid.oods) if o in grid.values[pair]]
     if not oods:
         raise AnalysisError(f"no OOD results for {model!r}")
@@ -164,14 +161,14 @@ def fig_roc(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], t
     figure = _figure(4.6, 4.2)
     ax = figure.subplots()
     for index, name in enumerate(names):
-        fpr, tpr_values, _ = roc_curve(id_scores[name], ood_scores[name])
+        fpr, tpr_values, thresholds = roc_curve(id_scores[name], ood_scores[name])
         color = _COLORS[index % len(_COLORS)]
         fpr95 = metrics.fpr_at_tpr(id_scores[name], ood_scores[name], tpr)
         auc = metrics.auroc(id_scores[name], ood_scores[name])
         ax.plot(fpr, tpr_values, color=color, linewidth=1.3,
                 label=f"{name}: AUROC {100 * auc:.1f}, FPR@95 {100 * fpr95:.1f}")
-        # The operating point: the first curve point that accepts at least `tpr` of ID.
-        point = int(np.argmax(tpr_values >= tpr - 1e-12))
+        # The operating point: the curve's vertex at the FPR@95 threshold (an ID score, so always a vertex).
+        point = int(np.flatnonzero(thresholds == metrics.threshold_at_tpr(id_scores[name], tpr))[0])
         ax.plot([fpr[point]], [tpr_values[point]], "o", color=color, markersize=4)
     ax.axhline(tpr, color="gray", linewidth=0.7, linestyle="--")
     ax.plot([0, 1], [0, 1], color="gray", linewidth=0.6, linestyle=":")

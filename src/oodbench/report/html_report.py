@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from dataclasses import replace
 from html import escape
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -97,7 +98,7 @@ def write_html_report(run_dirs: str | os.PathLike[str] | Sequence[str | os.PathL
         run_dirs = [run_dirs]
     if option_values:
         base = options or ReportOptions()
-        options = ReportOptions(**{**base.__dict__, **option_values})
+        options = replace(base, **option_values)
     content = build_report(list(run_dirs), options, progress=progress)
     out_path = Path(out_path)
     atomic_write_text(out_path, render_html_document(content))

@@ -120,6 +120,13 @@ class ResultGrid:
             return f"{pair[0]} ({pair[1]})"
         return pair[0]
 
+    def model_pair(self, model: str, id_dataset: str | None = None) -> Pair:
+        """The one (model, ID set) pair of `model` (and `id_dataset`, needed when the model has several ID sets)."""
+        pairs = [p for p in self.pairs if p[0] == model and (id_dataset is None or p[1] == id_dataset)]
+        if len(pairs) != 1:
+            raise AnalysisError(f"expected one (model, ID set) for {model!r}; found {pairs}")
+        return pairs[0]
+
     def metric(self, pair: Pair, ood: str, detector: str, metric: str) -> float | None:
         return self.values.get(pair, {}).get(ood, {}).get(detector, {}).get(metric)
 
@@ -456,10 +463,7 @@ def table_detectors(rows: Sequence[ResultRow], model: str, id_dataset: str | Non
                     ood_datasets: Sequence[str] | None = None) -> Table:
     """One model's detectors × OOD sets, cells FPR@95 / AUROC (%), the best FPR@95 per column in bold, and the mean."""
     grid = ResultGrid(supervised_rows(rows))
-    pairs = [p for p in grid.pairs if p[0] == model and (id_dataset is None or p[1] == id_dataset)]
-    if len(pairs) != 1:
-        raise AnalysisError(f"expected one (model, ID set) for {model!r}; found {pairs}")
-    pair = pairs[0]
+    pair = grid.model_pair(model, id_dataset)
     oods = [o for o in _select(grid.oods, ood_datasets, "OOD datasets") if o in grid.values[pair]]
     detectors = [d for d in grid.detectors if any(d in grid.values[pair][o] for o in oods)]
     bold: dict[tuple[str, str], bool] = {}
