@@ -119,6 +119,11 @@ def test_stage1_is_blind(client_for, project):
     for action in ("vote", "close"):
         response = outsider.post(f"/stage3/{image_id}/{action}", data={"csrf_token": token, "verdict": "id", "class": "1"})
         assert response.status_code == 404 and SECRET_LABEL not in response.text
+    # Nor can a Stage 1 verdict on an image outside one's queue, and none is recorded.
+    logged = len(project.store().events())
+    response = outsider.post(f"/annotate/{image_id}", data={"csrf_token": token, "verdict": "ood", "label": "kayak"})
+    assert response.status_code == 404 and SECRET_LABEL not in response.text
+    assert len(project.store().events()) == logged
     # Once the second verdict is in (and disagrees), the joint review shows both.
     submit(second, image_id, verdict="id", **{"class": "3"})
     review = outsider.get(f"/stage3/{image_id}")

@@ -28,7 +28,7 @@ from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, VERDICTS
 from .config import AuditConfig
 from .fingerprint import PoolState, prepare_pool, rescore_pool
 from ._rows import select_rows
-from .leave_class_out import balanced_rows, train_probe
+from .leave_class_out import probe_without
 from .split import SplitAudit, audit_split
 
 __all__ = ["BatterySplit", "SplitData", "make_battery", "BatteryResult", "run_battery", "battery_from_store", "LEAKED", "CLEAN_KIND"]
@@ -77,15 +77,6 @@ def _without_logits(outputs: Outputs) -> Outputs:
     return Outputs(outputs.features, None, outputs.labels, check_finite=False)
 
 
-def _probe_without(train: Outputs, c: int, config: AuditConfig) -> Head:
-    """A head trained on cached train features without class `c` (only the sampled rows are read)."""
-    kept = np.flatnonzero(train.labels != c)
-    rng = np.random.default_rng(config.seed)
-    picked = kept[balanced_rows(train.labels[kept], config.probe_max_per_class, rng)]
-    return train_probe(np.asarray(train.features[picked]), train.labels[picked], c=config.probe_c, max_per_class=None,
-                       seed=config.seed)
-
-
 def make_battery(train: Outputs, test: Outputs, head: Head | None = None, *, classes: Sequence[int] | None = None,
                  extra_train: Outputs | None = None, extra_test: Outputs | None = None,
                  far: Mapping[str, Outputs] | None = None, config: AuditConfig | None = None) -> list[BatterySplit]:
@@ -125,7 +116,7 @@ def make_battery(train: Outputs, test: Outputs, head: Head | None = None, *, cla
             if leaked:
                 return SplitData(train, head, id_test, ood)
             fit = select_rows(train, train.labels != c, scratch=scratch, logits=False)
-            return SplitData(fit, _probe_without(train, c, config), _without_logits(id_test), _without_logits(ood))
+            return SplitData(fit, probe_without(train, (c,), config)[0], _without_logits(id_test), _without_logits(ood))
         return build
 
     def extra_split(e: int, leaked: bool) -> Callable[[Path | None], SplitData]:

@@ -8,7 +8,6 @@ from typing import Any, Optional
 import typer
 
 from ..cli_params import parse_params
-
 from ..errors import OodbenchError
 
 app = typer.Typer(help="Benchmark audit: leak fingerprint, exclusion contrast, controlled battery, class-list scan.",
@@ -66,6 +65,15 @@ def _suspects(items: list[str] | None) -> dict[str, list[int]]:
             raise typer.BadParameter(f"{item!r}: expected DATASET=CLASS[,CLASS…], e.g. ssb-hard=3,17")
         suspects[dataset] = values
     return suspects
+
+
+def _classes(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--classes {text!r}: expected comma-separated class indices, e.g. 0,3") from None
 
 
 @app.command("fingerprint")
@@ -136,7 +144,7 @@ def battery_command(
 
     try:
         config = _config(pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed)
-        wanted = [int(c) for c in classes.split(",")] if classes else None
+        wanted = _classes(classes)
         if demo is not None:
             if store is not None:
                 raise typer.BadParameter("give either --demo or --store, not both")

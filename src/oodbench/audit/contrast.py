@@ -18,7 +18,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ._rows import sample_index, select_rows
 from .config import AuditConfig
 from .fingerprint import OracleLDA, PoolState, oracle_lda, prepare_pool
 from .neighbours import class_means, nearest_class_mean, nearest_rows
-from .pool import FittedPool, PoolMember, fit_pool, pool_aurocs
+from .pool import FittedPool, PoolMember, best_of, fit_pool, pool_aurocs
 
 __all__ = ["ContrastResult", "exclusion_contrast", "find_suspects"]
 
@@ -105,30 +105,31 @@ def _recovery(before: float, after: float, config: AuditConfig) -> tuple[bool, b
     return recovered, not recovered and after >= config.collapse_threshold
 
 
-def _best(aurocs: dict[str, float]) -> tuple[str, float]:
-    name = max(aurocs, key=lambda k: (aurocs[k], k))
-    return name, aurocs[name]
-
-
 def exclusion_contrast(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | None = None, *,
                        mode: Mode = "label", suspects: Sequence[int] | None = None,
-                       config: AuditConfig | None = None, state: PoolState | None = None) -> ContrastResult:
-    """Refit the pool on the fit set minus the suspect data and re-score ID test and OOD (see module docstring)."""
+                       config: AuditConfig | None = None, state: PoolState | None = None,
+                       ood_pool_scores: Mapping[str, np.ndarray] | None = None) -> ContrastResult:
+    """Refit the pool on the fit set minus the suspect data and re-score ID test and OOD (see module docstring).
+
+    ``ood_pool_scores``: the scores ``state.pool.score(ood)``, when the caller has them already.
+    """
     config = config or AuditConfig()
+    if mode not in ("label", "nearest"):
+        raise AuditError(f"unknown contrast mode {mode!r}; use 'label' or 'nearest'")
     state = state or prepare_pool(fit_set, id_test, head, config)
     members = _members(state.pool)
+    ood_scores = state.pool.score(ood) if ood_pool_scores is None else ood_pool_scores
     if mode == "label":
-        return _by_label(fit_set, id_test, ood, suspects, config, state, members)
-    if mode == "nearest":
-        return _by_nearest(fit_set, id_test, ood, config, state, members)
-    raise AuditError(f"unknown contrast mode {mode!r}; use 'label' or 'nearest'")
+        return _by_label(fit_set, id_test, ood, suspects, config, state, members, ood_scores)
+    return _by_nearest(fit_set, id_test, ood, config, state, members, ood_scores)
+
 
 
 def _by_label(fit_set: Outputs, id_test: Outputs, ood: Outputs, suspects: Sequence[int] | None, config: AuditConfig,
-              state: PoolState, members: list[PoolMember]) -> ContrastResult:
+              state: PoolState, members: list[PoolMember], ood_scores: Mapping[str, np.ndarray]) -> ContrastResult:
     if fit_set.labels is None:
         raise AuditError("the label contrast needs fit-set labels; use mode='nearest' for an unlabelled fit set")
-    before = pool_aurocs(state.id_pool_scores, state.pool.score(ood))
+    before = pool_aurocs(state.id_pool_scores, ood_scores)
     auto = suspects is None
     if auto:
         chosen, shares = find_suspects(fit_set, ood, mass=config.suspect_mass, max_suspects=config.max_suspects)
@@ -139,18 +140,17 @@ def _by_label(fit_set: Outputs, id_test: Outputs, ood: Outputs, suspects: Sequen
     labels = np.asarray(fit_set.labels)
     drop = np.isin(labels, chosen)
     removed = int(drop.sum())
-    best_before = _best(before)[1]
+    before_name, best_before = best_of(before)
     if removed == 0:
-        name, value = _best(before)
-        return ContrastResult("label", chosen, shares, auto, 0, len(fit_set), before, dict(before), best_before, value,
-                              name, config.recovery_threshold, False, False, None,
+        return ContrastResult("label", chosen, shares, auto, 0, len(fit_set), before, dict(before), best_before, best_before,
+                              before_name, config.recovery_threshold, False, False, None,
                               note="the suspect classes are absent from the fit set: nothing to exclude, the pool is unchanged")
     if removed == len(fit_set):
         raise AuditError("excluding the suspect classes would empty the fit set")
     with tempfile.TemporaryDirectory(prefix="oodbench-contrast-") as scratch:
         refit = _refit(fit_set, ~drop, members, Path(scratch))
         after = pool_aurocs(refit.score(id_test), refit.score(ood))
-    name, best_after = _best(after)
+    name, best_after = best_of(after)
     rng = np.random.default_rng(config.seed)
     suspect_rows = np.flatnonzero(drop)
     identity = None
@@ -165,13 +165,12 @@ def _by_label(fit_set: Outputs, id_test: Outputs, ood: Outputs, suspects: Sequen
 
 
 def _by_nearest(fit_set: Outputs, id_test: Outputs, ood: Outputs, config: AuditConfig, state: PoolState,
-                members: list[PoolMember]) -> ContrastResult:
+                members: list[PoolMember], ood_scores: Mapping[str, np.ndarray]) -> ContrastResult:
     if len(ood) < 4:
         raise AuditError(f"the cross-fitted nearest contrast needs at least 4 OOD images; got {len(ood)}")
     rng = np.random.default_rng(config.seed)
     order = rng.permutation(len(ood))
     halves = (np.sort(order[: len(ood) // 2]), np.sort(order[len(ood) // 2:]))
-    ood_scores = state.pool.score(ood)
     before_by_half, after_by_half, removed_by_half, skipped = [], [], [], {}
     with tempfile.TemporaryDirectory(prefix="oodbench-contrast-") as scratch:
         for excluded_half, scored_half in (halves, halves[::-1]):
@@ -192,8 +191,8 @@ def _by_nearest(fit_set: Outputs, id_test: Outputs, ood: Outputs, config: AuditC
     after = {k: float(np.mean([half[k] for half in after_by_half])) for k in sorted(common)}
     if not after:
         raise AuditError("no pool detector could be refitted on both halves of the nearest contrast")
-    name, best_after = _best(after)
-    best_before = _best(before)[1]
+    name, best_after = best_of(after)
+    best_before = best_of(before)[1]
     recovered, partial = _recovery(best_before, best_after, config)
     removed = int(round(float(np.mean(removed_by_half))))
     return ContrastResult("nearest", (), {}, False, removed, len(fit_set) - removed, before, after, best_before,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
@@ -20,9 +20,9 @@ from ..metrics import auroc
 from ..outputs import Head, Outputs
 from ._rows import sample_index
 from .config import AuditConfig
-from .pool import FittedPool, LogitScores, fit_logit_detectors, fit_pool, pool_aurocs, resolve_pool
+from .pool import FittedPool, LogitScores, best_of, fit_logit_detectors, fit_pool, pool_aurocs, resolve_pool
 
-__all__ = ["OracleLDA", "oracle_lda", "Fingerprint", "fingerprint", "PoolState", "prepare_pool", "rescore_pool"]
+__all__ = ["OracleLDA", "oracle_lda", "Fingerprint", "fingerprint", "PoolState", "prepare_pool", "rescore_pool", "check_split"]
 
 
 @dataclass(frozen=True)
@@ -148,10 +148,8 @@ class Fingerprint:
         return data
 
 
-def fingerprint(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | None = None, *,
-                config: AuditConfig | None = None, state: PoolState | None = None) -> Fingerprint:
-    """OracleLDA (out-of-fold), the best unsupervised pool AUROC, flagged logit AUROCs, and the firing rule."""
-    config = config or AuditConfig()
+def check_split(fit_set: Outputs, id_test: Outputs, ood: Outputs) -> None:
+    """Raise AuditError unless the three sets are non-empty and share one feature width."""
     for name, outputs in (("fit set", fit_set), ("ID test set", id_test), ("OOD set", ood)):
         if len(outputs) == 0:
             raise AuditError(f"the {name} is empty")
@@ -160,15 +158,25 @@ def fingerprint(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | N
             f"feature widths differ: fit D={fit_set.num_features}, ID test D={id_test.num_features}, OOD D={ood.num_features}; "
             "all three must come from the same model"
         )
+
+
+def fingerprint(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | None = None, *,
+                config: AuditConfig | None = None, state: PoolState | None = None,
+                ood_pool_scores: Mapping[str, np.ndarray] | None = None) -> Fingerprint:
+    """OracleLDA (out-of-fold), the best unsupervised pool AUROC, flagged logit AUROCs, and the firing rule.
+
+    ``ood_pool_scores``: the scores ``state.pool.score(ood)``, when the caller has them already.
+    """
+    config = config or AuditConfig()
+    check_split(fit_set, id_test, ood)
     state = state or prepare_pool(fit_set, id_test, head, config)
     if any(len(scores) != len(id_test) for scores in state.id_pool_scores.values()):
         raise AuditError("the pool state was prepared for another ID test set (row counts differ); use prepare_pool or rescore_pool")
     oracle = oracle_lda(id_test.features, ood.features, folds=config.folds, seed=config.seed,
                         max_rows_per_side=config.max_rows_per_side)
-    pool = pool_aurocs(state.id_pool_scores, state.pool.score(ood))
+    pool = pool_aurocs(state.id_pool_scores, state.pool.score(ood) if ood_pool_scores is None else ood_pool_scores)
     logit = pool_aurocs(state.id_logit_scores, state.logits.score(ood)) if state.logits.detectors else {}
-    best_detector = max(pool, key=lambda name: (pool[name], name))
-    best = pool[best_detector]
+    best_detector, best = best_of(pool)
     fires = oracle.auroc >= config.oracle_threshold and best < config.collapse_threshold
     skipped = {**state.missing_defaults, **state.pool.skipped}
     return Fingerprint(oracle, pool, logit, best_detector, best, bool(fires), config.oracle_threshold,

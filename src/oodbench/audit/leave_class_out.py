@@ -21,7 +21,7 @@ from ._rows import relabel, with_head
 from .config import AuditConfig
 from .pool import fit_logit_detectors, pool_aurocs
 
-__all__ = ["train_probe", "LeaveClassOutResult", "leave_class_out", "balanced_rows"]
+__all__ = ["train_probe", "probe_without", "LeaveClassOutResult", "leave_class_out", "balanced_rows"]
 
 
 def balanced_rows(labels: np.ndarray, max_per_class: int, rng: np.random.Generator) -> np.ndarray:
@@ -70,6 +70,25 @@ def train_probe(features: np.ndarray, labels: np.ndarray, *, c: float = 1.0, max
     return Head(weight.astype(np.float64), bias.astype(np.float64))
 
 
+def probe_without(fit_set: Outputs, exclude: Sequence[int], config: AuditConfig) -> tuple[Head, np.ndarray, np.ndarray]:
+    """A probe head trained on a class-balanced sample of the fit rows outside `exclude`: (head, sampled rows, kept classes).
+
+    Only the sampled rows' features are read, so a memory-mapped ImageNet-size fit set is never loaded whole.
+    """
+    labels = np.asarray(fit_set.labels)
+    keep = ~np.isin(labels, exclude)
+    if not keep.any():
+        raise AuditError("excluding these classes leaves no fit rows to train a probe on")
+    kept_labels, kept_classes = relabel(labels[keep])
+    if kept_classes.shape[0] < 2:
+        raise AuditError(f"after excluding {tuple(exclude)} only class {kept_classes.tolist()} is left; a head needs two")
+    rng = np.random.default_rng(config.seed)
+    picked = np.flatnonzero(keep)[balanced_rows(kept_labels, config.probe_max_per_class, rng)]
+    probe = train_probe(np.asarray(fit_set.features[picked]), labels[picked], c=config.probe_c, max_per_class=None,
+                        seed=config.seed)
+    return probe, picked, kept_classes
+
+
 @dataclass
 class LeaveClassOutResult:
     """Logit-detector AUROCs with the original head and with a head retrained without the excluded classes."""
@@ -102,17 +121,7 @@ def leave_class_out(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head
         skipped.update({f"{k} (original head)": v for k, v in original.skipped.items()})
         if original.detectors and (id_test.logits is not None or head is not None):
             before = pool_aurocs(original.score(id_test), original.score(ood))
-    keep = ~np.isin(np.asarray(fit_set.labels), exclude)
-    if not keep.any():
-        raise AuditError("excluding these classes leaves no fit rows to train a probe on")
-    kept_labels, kept_classes = relabel(np.asarray(fit_set.labels)[keep])
-    if kept_classes.shape[0] < 2:
-        raise AuditError(f"after excluding {exclude} only class {kept_classes.tolist()} is left; a head needs two")
-    rows = np.flatnonzero(keep)
-    rng = np.random.default_rng(config.seed)
-    picked = rows[balanced_rows(kept_labels, config.probe_max_per_class, rng)]
-    probe = train_probe(np.asarray(fit_set.features[picked]), np.asarray(fit_set.labels)[picked], c=config.probe_c,
-                        max_per_class=None, seed=config.seed)
+    probe, picked, kept_classes = probe_without(fit_set, exclude, config)
     fit_view = Outputs(features=fit_set.features[picked], labels=np.searchsorted(kept_classes, fit_set.labels[picked]),
                        check_finite=False)
     retrained = fit_logit_detectors(names, fit_view, probe, recompute=True)

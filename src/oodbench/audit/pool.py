@@ -15,7 +15,7 @@ from ._rows import features_only, relabel, sample_index, with_head
 from .config import DEFAULT_POOL, ISOLATION_FOREST, AuditConfig
 
 __all__ = ["IsolationForestScorer", "PoolMember", "FittedPool", "resolve_pool", "fit_pool", "LogitScores",
-           "fit_logit_detectors", "pool_aurocs", "knn_k_for"]
+           "fit_logit_detectors", "pool_aurocs", "best_of", "knn_k_for"]
 
 
 class IsolationForestScorer(detectors.Detector):
@@ -148,6 +148,12 @@ def fit_pool(fit_set: Outputs, members: list[PoolMember], *, strict: bool = Fals
 def pool_aurocs(id_scores: Mapping[str, np.ndarray], ood_scores: Mapping[str, np.ndarray]) -> dict[str, float]:
     """AUROC (ID positive) of each scorer present in both mappings."""
     return {name: auroc(id_scores[name], ood_scores[name]) for name in id_scores if name in ood_scores}
+
+
+def best_of(aurocs: Mapping[str, float]) -> tuple[str, float]:
+    """The detector with the highest AUROC and that AUROC (ties: the alphabetically last name, reproducibly)."""
+    name = max(aurocs, key=lambda k: (aurocs[k], k))
+    return name, aurocs[name]
 
 
 @dataclass

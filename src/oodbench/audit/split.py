@@ -14,7 +14,7 @@ from ..store import Store
 from .adjudicate import Verdict, adjudicate
 from .config import AuditConfig
 from .contrast import ContrastResult, exclusion_contrast
-from .fingerprint import Fingerprint, PoolState, fingerprint, prepare_pool
+from .fingerprint import Fingerprint, PoolState, check_split, fingerprint, prepare_pool
 from .leave_class_out import LeaveClassOutResult, leave_class_out
 from .overlap import OverlapIndex, pair_overlap
 
@@ -59,12 +59,15 @@ def audit_split(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | N
         raise AuditError(f"contrast must be 'fired', 'always' or 'never'; got {contrast!r}")
     if mode not in (None, "label", "nearest"):
         raise AuditError(f"unknown contrast mode {mode!r}; use 'label' or 'nearest'")
+    check_split(fit_set, id_test, ood)
     state = state or prepare_pool(fit_set, id_test, head, config)
-    fp = fingerprint(fit_set, id_test, ood, head, config=config, state=state)
+    ood_scores = state.pool.score(ood)  # read by the fingerprint and the contrast alike
+    fp = fingerprint(fit_set, id_test, ood, head, config=config, state=state, ood_pool_scores=ood_scores)
     mode = mode or ("label" if fit_set.labels is not None else "nearest")
     result = None
     if contrast == "always" or (contrast == "fired" and fp.fires):
-        result = exclusion_contrast(fit_set, id_test, ood, head, mode=mode, suspects=suspects, config=config, state=state)
+        result = exclusion_contrast(fit_set, id_test, ood, head, mode=mode, suspects=suspects, config=config, state=state,
+                                    ood_pool_scores=ood_scores)
     lco = None
     if (run_leave_class_out and result is not None and result.mode == "label" and result.removed_rows > 0
             and config.logit_detectors):

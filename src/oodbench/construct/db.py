@@ -9,6 +9,7 @@ make UPDATE and DELETE on them fail.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import threading
 from collections.abc import Iterable, Iterator
@@ -195,6 +196,15 @@ def _judgement(row: EventRow) -> Judgement | None:
     return Judgement(row.verdict, row.label, row.class_index, row.reason, row.fine_grained)
 
 
+def _event(row: EventRow, annotator: str) -> Event:
+    return Event(row.image_id, annotator, EventKind(row.kind), _judgement(row), row.created_at, row.id)
+
+
+def _check_password(password: str) -> None:
+    if len(password) < 8:
+        raise ConstructError("a password needs at least 8 characters")
+
+
 class AnnotationStore:
     """All reads and writes of the annotation database."""
 
@@ -315,12 +325,9 @@ class AnnotationStore:
     # -- users and sessions ---------------------------------------------------------------------
     def add_user(self, name: str, password: str, *, is_admin: bool = False) -> User:
         """Create an annotator account (names: 1-64 letters, digits, . _ -)."""
-        import re
-
         if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name):
             raise ConstructError(f"invalid user name {name!r}: use 1-64 letters, digits, '.', '_' or '-'")
-        if len(password) < 8:
-            raise ConstructError("a password needs at least 8 characters")
+        _check_password(password)
         try:
             with self.write() as session:
                 row = UserRow(name=name, password_hash=hash_password(password), is_admin=is_admin, active=True)
@@ -332,8 +339,7 @@ class AnnotationStore:
 
     def set_password(self, name: str, password: str) -> None:
         """Replace a user's password and end their sessions."""
-        if len(password) < 8:
-            raise ConstructError("a password needs at least 8 characters")
+        _check_password(password)
         with self.write() as session:
             row = session.scalar(sa.select(UserRow).where(UserRow.name == name))
             if row is None:
@@ -410,7 +416,7 @@ class AnnotationStore:
             .where(EventRow.image_id == image_id).order_by(EventRow.id)
         )
         return ImageRecord.from_events(
-            (Event(image_id, name, EventKind(ev.kind), _judgement(ev), ev.created_at, ev.id) for ev, name in rows),
+            (_event(ev, name) for ev, name in rows),
             matcher,
         )
 
@@ -450,11 +456,7 @@ class AnnotationStore:
 
     def submit_stage1(self, user: User, image_id: int, judgement: Judgement) -> Outcome:
         """Record an independent verdict by an annotator the image is assigned to."""
-        with self.read() as session:
-            assigned = session.scalar(
-                sa.select(AssignmentRow.id).where(AssignmentRow.image_id == image_id, AssignmentRow.user_id == user.id)
-            )
-        if assigned is None:
+        if not self.is_assigned(user, image_id):
             raise ConstructError("this image is not in your queue")
         return self._append(user, image_id, EventKind.STAGE1, judgement)
 
@@ -526,9 +528,7 @@ class AnnotationStore:
             )
             per_image: dict[int, list[Event]] = {}
             for ev, name in rows:
-                per_image.setdefault(ev.image_id, []).append(
-                    Event(ev.image_id, name, EventKind(ev.kind), _judgement(ev), ev.created_at, ev.id)
-                )
+                per_image.setdefault(ev.image_id, []).append(_event(ev, name))
             ids = session.scalars(sa.select(ImageRow.id).order_by(ImageRow.id)).all()
         return {i: ImageRecord.from_events(per_image.get(i, []), matcher).outcome(matcher) for i in ids}
 

@@ -23,7 +23,7 @@ from ..errors import ConstructError
 from .db import User
 from .evidence import SOURCE_TITLES, SOURCES
 from .project import Project
-from .protocol import AMBIGUITY_REASONS, Judgement, Status, Verdict
+from .protocol import AMBIGUITY_REASONS, PANEL_SIZE, Judgement, Status, Verdict
 from .security import LoginCsrf, tokens_equal
 from .stats import outcome_stats
 
@@ -270,9 +270,7 @@ def create_app(project: Project) -> FastAPI:
     def annotate_submit(request: Request, image_id: int, form: VerdictForm) -> Response:
         user, csrf = current(request)
         check_csrf(request, csrf, form["csrf_token"])
-        if not store.is_assigned(user, image_id):
-            raise _Denied(404, "This image is not in your queue.")
-        try:
+        try:  # the store refuses images outside the user's queue; stage1_page then answers 404
             store.submit_stage1(user, image_id, judgement_from_form(form, names))
         except ConstructError as exc:
             return stage1_page(request, user, csrf, image_id, error=str(exc), status=400)
@@ -296,7 +294,7 @@ def create_app(project: Project) -> FastAPI:
             raise _Denied(404, "This image was decided by agreement in Stage 2; it has no joint review.")
         return page(
             request, "stage3.html", user, csrf, status=status, image=image, outcome=outcome, error=error,
-            examples=project.examples, panel_size=3, mine=outcome.stage3.get(user.name),
+            examples=project.examples, panel_size=PANEL_SIZE, mine=outcome.stage3.get(user.name),
         )
 
     @app.get("/stage3/{image_id}", response_class=HTMLResponse)
@@ -365,17 +363,23 @@ def create_app(project: Project) -> FastAPI:
             return Response("not found", status_code=404, media_type="text/plain")
         return FileResponse(path, headers={"cache-control": "private, max-age=3600"})
 
-    @app.get("/image/{image_id}")
-    def image_file(request: Request, image_id: int) -> Response:
+    def login_required(request: Request) -> Response | None:
+        # Files answer 401 rather than redirecting: an <img> cannot follow a login page.
         if store.session_user(request.cookies.get(SESSION_COOKIE)) is None:
             return Response("login required", status_code=401, media_type="text/plain")
+        return None
+
+    @app.get("/image/{image_id}")
+    def image_file(request: Request, image_id: int) -> Response:
+        if (denied := login_required(request)) is not None:
+            return denied
         image = store.image(image_id)
         return image_response(None if image is None else project.image_file(image))
 
     @app.get("/example/{class_index}/{number}")
     def example_file(request: Request, class_index: int, number: int) -> Response:
-        if store.session_user(request.cookies.get(SESSION_COOKIE)) is None:
-            return Response("login required", status_code=401, media_type="text/plain")
+        if (denied := login_required(request)) is not None:
+            return denied
         return image_response(project.example_file(class_index, number))
 
     @app.get("/api/classes")
