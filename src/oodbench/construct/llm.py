@@ -3,7 +3,8 @@
 Talks to any OpenAI-compatible `/chat/completions` endpoint. The model answers in two formats:
 closed-world (pick one of the candidate ID classes shown, or NONE) and open-world (name the main
 object freely), plus a one-sentence description. Answers are cached on disk per image and prompt,
-so reruns never pay twice; transient failures (timeouts, 429, 5xx) are retried with backoff.
+so reruns never pay twice; transient failures (timeouts, 429, 5xx) are retried with backoff. The HTTP
+exchange itself is the zero-shot vocabulary client's (`oodbench.zeroshot.llm.post_chat_completion`).
 """
 
 from __future__ import annotations
@@ -12,21 +13,18 @@ import base64
 import hashlib
 import json
 import os
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from ..atomic import atomic_write_text
 from ..errors import ConstructError
+from ..zeroshot.llm import ChatAttemptError, post_chat_completion
 from .protocol import normalise_label
 
 PROMPT_VERSION = "closed-open-v1"
-_RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 _MIME = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp", ".gif": "image/gif"}
 
 SYSTEM_PROMPT = (
@@ -116,10 +114,9 @@ def parse_answer(text: str, candidates: Sequence[str]) -> dict[str, Any]:
 class LLMDescriber:
     """Describes images through a chat endpoint, with an on-disk cache per image and prompt."""
 
-    def __init__(self, config: LLMConfig, cache_dir: str | Path, client: httpx.Client | None = None) -> None:
+    def __init__(self, config: LLMConfig, cache_dir: str | Path) -> None:
         self.config = config
         self.cache_dir = Path(cache_dir)
-        self._client = client
 
     def _cache_path(self, image_digest: str, candidates: Sequence[str]) -> Path:
         setting = json.dumps([PROMPT_VERSION, self.config.model, list(candidates)]).encode()
@@ -164,41 +161,21 @@ class LLMDescriber:
 
     def _complete(self, messages: list[dict[str, Any]]) -> str:
         cfg = self.config
-        headers = {"Content-Type": "application/json"}
-        if cfg.api_key:
-            headers["Authorization"] = f"Bearer {cfg.api_key}"
         body = {"model": cfg.model, "messages": messages, "temperature": 0, "max_tokens": cfg.max_tokens}
         url = f"{cfg.base_url}/chat/completions"
-        client = self._client or httpx.Client(timeout=cfg.timeout)
         problem = ""
-        try:
-            for attempt in range(cfg.max_retries + 1):
-                wait = cfg.backoff * 2**attempt
-                try:
-                    response = client.post(url, json=body, headers=headers, timeout=cfg.timeout)
-                except httpx.TimeoutException:
-                    problem = f"no answer within {cfg.timeout:g} s"
-                except httpx.TransportError as exc:
-                    problem = f"connection failed ({exc.__class__.__name__}: {exc})"
-                else:
-                    if response.status_code == 200:
-                        return self._content(response, url)
-                    problem = f"HTTP {response.status_code}: {response.text[:200]}"
-                    if response.status_code not in _RETRY_STATUS:
-                        break
-                    retry_after = response.headers.get("Retry-After", "")
-                    if re.fullmatch(r"\d+(\.\d+)?", retry_after):
-                        wait = min(float(retry_after), 30.0)
-                if attempt < cfg.max_retries:
-                    time.sleep(wait)
-        finally:
-            if self._client is None:
-                client.close()
+        for attempt in range(cfg.max_retries + 1):
+            wait = cfg.backoff * 2**attempt
+            try:
+                return post_chat_completion(cfg.base_url, body, api_key=cfg.api_key, timeout_s=cfg.timeout)[0]
+            except ChatAttemptError as exc:
+                if exc.kind == "malformed":
+                    raise ConstructError(f"LLM endpoint {url} returned an unexpected body: {exc.detail}") from None
+                problem = exc.problem
+                if not exc.retryable:
+                    break
+                if exc.retry_after is not None:
+                    wait = min(exc.retry_after, 30.0)
+            if attempt < cfg.max_retries:
+                time.sleep(wait)
         raise ConstructError(f"LLM endpoint {url} failed after {attempt + 1} attempt(s): {problem}")
-
-    @staticmethod
-    def _content(response: httpx.Response, url: str) -> str:
-        try:
-            return str(response.json()["choices"][0]["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ConstructError(f"LLM endpoint {url} returned an unexpected body: {response.text[:200]}") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,15 +74,23 @@ def imagenet1k(names: str = "clip") -> ClassList:
     return ClassList(label_names, wnids, f"imagenet1k:{names}")
 
 
-def _read_file(path: Path) -> ClassList:
+def read_list_file(path: str | os.PathLike[str], what: str) -> tuple[Any, bool]:
+    """(parsed value, True) for a `.json` file; (stripped lines without blanks and '#' comments, False) otherwise."""
+    path = Path(path)
     if not path.is_file():
-        raise ZeroShotError(f"class list file {path} does not exist")
+        raise ZeroShotError(f"{what} {path} does not exist")
     text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ZeroShotError(f"{path} is not valid JSON: {exc}") from None
+    if path.suffix.lower() != ".json":
+        return [line for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")], False
+    try:
+        return json.loads(text), True
+    except json.JSONDecodeError as exc:
+        raise ZeroShotError(f"{path} is not valid JSON: {exc}") from None
+
+
+def _read_file(path: Path) -> ClassList:
+    data, from_json = read_list_file(path, "class list file")
+    if from_json:
         if isinstance(data, list) and all(isinstance(x, str) for x in data):
             return ClassList(tuple(data), None, str(path))
         if isinstance(data, dict) and all(isinstance(v, list) and len(v) == 2 for v in data.values()):
@@ -91,10 +100,7 @@ def _read_file(path: Path) -> ClassList:
             return ClassList(tuple(data.values()), tuple(k if _WNID.match(k) else None for k in data), str(path))
         raise ZeroShotError(f"{path}: expected a list of names, a {{wnid: name}} map or an index {{'0': [wnid, name]}}")
     names, wnids = [], []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
+    for line in data:
         match = _WNID_NAME.match(line)
         if match:
             wnids.append(match[1])

@@ -1,11 +1,12 @@
 """`oodbench zeroshot …`: evaluate zero-shot scores from cached embeddings, print Table-2-style tables, build vocabularies."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 
@@ -28,6 +29,15 @@ def register(main: typer.Typer) -> None:
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=2)
+
+
+@contextlib.contextmanager
+def _reported() -> Iterator[None]:
+    """Turn a library error into `error: …` on stderr and exit status 2 (never a traceback)."""
+    try:
+        yield
+    except OodbenchError as exc:
+        _fail(exc)
 
 
 def _default_vocab_dir() -> Path:
@@ -117,14 +127,14 @@ def evaluate_command(
       oodbench zeroshot evaluate --store feats --model ViT-B-16@openai --id imagenet-val --ood ninco \\
           --ood ssb-hard --vocab all --vocab-dir vocab --sweep-k 1,5,10,20 -p neglabel.groups=100 --out runs/zs
     """
-    from ..cli import parse_params
+    from ..cli_params import parse_params
     from ..store import Store
     from .classes import load_classes
     from .evaluate import DEFAULT_SCORES, evaluate_zeroshot_store, make_plan
     from .table import load_run, table2_markdown
     from .vocab.artefact import VocabStore
 
-    try:
+    with _reported():
         id_classes = load_classes(classes)
         vocabularies = VocabStore(vocab_dir or _default_vocab_dir()).load_many(vocab or [])
         names = [s.strip() for s in scores.split(",") if s.strip()] if scores else list(DEFAULT_SCORES)
@@ -145,8 +155,6 @@ def evaluate_command(
                 typer.secho(f"{model_id}: skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
             views.append(load_run(out / model_id))
         sys.stdout.write(table2_markdown(views, metric=metric))
-    except OodbenchError as exc:
-        _fail(exc)
     typer.echo(f"runs: {', '.join(str(out / m) for m in model)}  (per-run table.md, results.parquet, run.json)")
 
 
@@ -164,7 +172,7 @@ def table_command(
     """
     from .table import find_runs, load_run, sweep_markdown, table2_markdown
 
-    try:
+    with _reported():
         views = [load_run(path) for path in find_runs(runs)]
         sys.stdout.write(table2_markdown(views, metric=metric, ood=ood))
         if sweeps:
@@ -172,8 +180,6 @@ def table_command(
                 block = sweep_markdown(view, metric=metric)
                 if block:
                     sys.stdout.write(f"\n### {view.model}\n\n{block}")
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 @app.command("scores")
@@ -231,10 +237,8 @@ def vocab_show(
     """
     from .vocab.artefact import VocabStore
 
-    try:
+    with _reported():
         vocab = VocabStore(vocab_dir or _default_vocab_dir()).load(ref)
-    except OodbenchError as exc:
-        _fail(exc)
     typer.echo(f"{vocab.ref} kind={vocab.kind} deployable={vocab.deployable} size={len(vocab)} hash={vocab.hash}")
     typer.echo("params: " + json.dumps(vocab.params, default=str))
     typer.echo("provenance: " + json.dumps({k: v for k, v in vocab.provenance.items()
@@ -260,12 +264,10 @@ def vocab_import(
     from .classes import load_classes
     from .vocab.builders import import_vocabulary
 
-    try:
+    with _reported():
         vocab = import_vocabulary(path, name=name, kind=kind, id_classes=load_classes(classes), k=k,
                                   strip_prompts=not keep_prompts)
         _save(vocab_dir or _default_vocab_dir(), vocab)
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 @build_app.command("wordnet")
@@ -294,15 +296,13 @@ def build_wordnet(
     from .vocab.lexicon import NEGLABEL_EXCLUDED_LEXNAMES, Lexicon
     from .vocab.wordnet_negmining import mine_wordnet_negatives
 
-    try:
+    with _reported():
         vocab = mine_wordnet_negatives(
             load_classes(classes), _embedder(store, model, openclip_model, pretrained, device), m=m,
             percentile=percentile, exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
             lexicon=Lexicon.read(lexicon) if lexicon is not None else None, name=name or f"wordnet-{model}",
             model=model)
         _save(vocab_dir or _default_vocab_dir(), vocab)
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 @build_app.command("siblings")
@@ -339,7 +339,7 @@ def build_siblings(
     from .vocab.siblings import generate_siblings
 
     directory = vocab_dir or _default_vocab_dir()
-    try:
+    with _reported():
         id_classes = load_classes(classes)
         client = _llm_client(directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout,
                              retries, temperature)
@@ -354,8 +354,6 @@ def build_siblings(
                         "them or raise --retries", fg=typer.colors.YELLOW, err=True)
         _save(directory, vocab)
         typer.echo(f"LLM requests sent {client.stats['requests']}, answered from cache {client.stats['cache_hits']}")
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 @build_app.command("eoe")
@@ -387,14 +385,12 @@ def build_eoe(
     from .vocab.eoe import generate_eoe_outliers
 
     directory = vocab_dir or _default_vocab_dir()
-    try:
+    with _reported():
         client = _llm_client(directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout,
                              retries, None)
         vocab = generate_eoe_outliers(load_classes(classes), client, task=task, size=size, per_class=per_class,
                                       super_class=super_class, max_requests=max_requests, workers=workers, name=name)
         _save(directory, vocab)
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 @build_app.command("union")
@@ -413,11 +409,9 @@ def build_union_command(
     from .vocab.builders import build_union
 
     directory = vocab_dir or _default_vocab_dir()
-    try:
+    with _reported():
         vocabs = VocabStore(directory)
         _save(directory, build_union(vocabs.load(wordnet), vocabs.load(siblings), name=name))
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 @build_app.command("oracle")
@@ -439,7 +433,7 @@ def build_oracle_command(
     from .classes import load_classes
     from .vocab.builders import build_oracle, oracle_labels_from_store, read_label_file
 
-    try:
+    with _reported():
         sources: dict[str, list[str]] = {}
         for path in labels or []:
             content = read_label_file(path)
@@ -450,5 +444,3 @@ def build_oracle_command(
             for dataset_id in dataset:
                 sources[dataset_id] = oracle_labels_from_store(Store(store), model, dataset_id)
         _save(vocab_dir or _default_vocab_dir(), build_oracle(sources, load_classes(classes), name=name))
-    except OodbenchError as exc:
-        _fail(exc)

