@@ -1,12 +1,11 @@
 """Shared fixtures for extraction tests: offline hubs, generated images, a tiny open_clip config."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from extract_helpers import TINY_CLIP, TINY_CLIP_CONFIG, write_images
+from extract_helpers import register_tiny_clip, single_torch_thread, write_images
 
 
 @pytest.fixture(autouse=True)
@@ -18,13 +17,9 @@ def offline_hubs(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """One intra-op thread: on a shared, oversubscribed 2-core machine spinning OpenMP threads slow small ops ~20x."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    """One intra-op thread (see `single_torch_thread`)."""
+    with single_torch_thread():
+        yield
 
 
 @pytest.fixture
@@ -36,10 +31,4 @@ def image_dir(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_clip(tmp_path_factory) -> str:
     """Register a tiny open_clip architecture (32 px, width 32) and return its name."""
-    import open_clip
-
-    folder = tmp_path_factory.mktemp("clip_config")
-    (folder / f"{TINY_CLIP}.json").write_text(json.dumps(TINY_CLIP_CONFIG))
-    if TINY_CLIP not in open_clip.list_models():
-        open_clip.add_model_config(folder / f"{TINY_CLIP}.json")
-    return TINY_CLIP
+    return register_tiny_clip(tmp_path_factory.mktemp("clip_config")).stem

@@ -1,7 +1,10 @@
-"""Helpers shared by the extraction tests (generated images, tiny model configs)."""
+"""Helpers shared by the extraction tests (generated images, tiny model configs); the runner tests use them too."""
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -29,3 +32,28 @@ def write_images(root: Path, classes: dict[str, int], *, size=(24, 30), seed: in
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
     return root
+
+
+def register_tiny_clip(folder: Path) -> Path:
+    """Write the tiny open_clip architecture's config (<TINY_CLIP>.json) into `folder`, register it, return the file."""
+    import open_clip
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config_file = folder / f"{TINY_CLIP}.json"
+    config_file.write_text(json.dumps(TINY_CLIP_CONFIG))
+    if TINY_CLIP not in open_clip.list_models():
+        open_clip.add_model_config(config_file)
+    return config_file
+
+
+@contextlib.contextmanager
+def single_torch_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared, oversubscribed 2-core machine spinning OpenMP threads slow small ops ~20x."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -2,8 +2,6 @@
 linear probe, an open_clip VLM scored zero-shot, a subset derived from an extracted entry, and the Ray engine."""
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +13,14 @@ from oodbench.runner.engine import run_experiment
 from oodbench.runner.plan import build_plan
 from oodbench.store import Store
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
-from extract_helpers import TINY_CLIP, TINY_CLIP_CONFIG, write_images  # noqa: E402
+from extract_helpers import TINY_CLIP, register_tiny_clip, single_torch_thread, write_images  # via conftest.py
 
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """One intra-op thread: spinning OpenMP threads on a shared 2-core machine slows small ops a lot."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    """One intra-op thread (see `single_torch_thread`)."""
+    with single_torch_thread():
+        yield
 
 
 def _checkpoints(folder: Path) -> dict[str, Path]:
@@ -36,12 +29,7 @@ def _checkpoints(folder: Path) -> dict[str, Path]:
     import timm
     import torch
 
-    folder.mkdir(parents=True, exist_ok=True)
-    config_file = folder / f"{TINY_CLIP}.json"
-    config_file.write_text(json.dumps(TINY_CLIP_CONFIG))
-    if TINY_CLIP not in open_clip.list_models():
-        open_clip.add_model_config(config_file)
-    paths = {"config": config_file}
+    paths = {"config": register_tiny_clip(folder)}
     torch.manual_seed(0)
     for name in ("test_resnet.r160_in1k", "test_vit.r160_in1k"):
         paths[name] = folder / f"{name}.pth"

@@ -11,6 +11,7 @@ import torch
 
 from ..atomic import atomic_write_text
 from ..errors import ExtractError
+from ..progress import console
 from ..store import PROVENANCE_KEYS, EntryWriter, Store
 from .backbones.base import Backbone
 from .datasets import ImageList
@@ -128,7 +129,8 @@ def _progress(total: int, completed: int, enabled: bool, description: str):
             return Text("  -- img/s" if speed is None else f"{speed:7.1f} img/s")
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(),
-                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), disable=not enabled)
+                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                        console=console, disable=not enabled)  # stderr, like every progress bar of oodbench
     task = progress.add_task(description, total=total, completed=completed)
     return progress, task
 

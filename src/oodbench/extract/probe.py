@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..atomic import atomic_path
 from ..chunking import iter_chunks, rows_per_chunk
 from ..errors import ExtractError
 from ..outputs import Head
@@ -302,7 +303,6 @@ def _write_probe_entry(store: Store, model_id: str, dataset_id: str, probe_id: s
         if key in source_meta:
             extra[key] = source_meta[key]
     if (source_dir / "items.txt").is_file() and not (target_dir / "items.txt").is_file():
-        tmp = target_dir / ".items.txt.tmp"
-        shutil.copyfile(source_dir / "items.txt", tmp)
-        tmp.replace(target_dir / "items.txt")
+        with atomic_path(target_dir / "items.txt") as tmp:
+            shutil.copyfile(source_dir / "items.txt", tmp)
     writer.finalize(extra_meta=extra)

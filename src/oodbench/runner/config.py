@@ -217,6 +217,14 @@ class _Table:
         return _Table(self.data.get(name, {}), self.key(name), allowed=allowed)
 
 
+def _positive_int(table: _Table, name: str, default: int | None = None) -> int | None:
+    """An integer >= 1 (`default` when the key is absent)."""
+    value = table.get(name, int, default)
+    if value is not None and value < 1:
+        raise ConfigError(f"{table.key(name)}: must be >= 1; got {value}")
+    return value
+
+
 def _check_id(value: str, key: str) -> str:
     if not _ID.match(value) or ".." in value:
         raise ConfigError(f"{key}: {value!r} is not a valid id (letters, digits and . _ + @ = , -; no slashes)")
@@ -417,16 +425,11 @@ def _parse_model(entry: Any, key: str, variables: Mapping[str, str], seed: int) 
     checkpoint = table.get("checkpoint", str)
     if checkpoint:
         params["checkpoint"] = str(Path(checkpoint).expanduser())
-    batch_size = table.get("batch_size", int)
+    batch_size = _positive_int(table, "batch_size")
     if batch_size is not None:
-        if batch_size < 1:
-            raise ConfigError(f"{key}.batch_size: must be >= 1; got {batch_size}")
         params["batch_size"] = batch_size
     if kind == "demo-digits":
-        epochs = table.get("epochs", int, 40)
-        if epochs < 1:
-            raise ConfigError(f"{key}.epochs: must be >= 1; got {epochs}")
-        params.update(epochs=epochs, seed=table.get("seed", int, seed))
+        params.update(epochs=_positive_int(table, "epochs", 40), seed=table.get("seed", int, seed))
         model_id = table.get("id", str, "digits-cnn")
         if model_id != "digits-cnn":
             raise ConfigError(f"{key}.id: the demo model is stored as 'digits-cnn'; got {model_id!r}")
@@ -480,10 +483,8 @@ def _parse_dataset(name: str, entry: Any, variables: Mapping[str, str]) -> Datas
         raise ConfigError(f"{key}.kind: unknown dataset kind {kind!r}{_suggest(kind, DATASET_KINDS)} (kinds: {', '.join(DATASET_KINDS)})")
     table = _Table(_expand_tree(dict(base.data), variables, key), key, allowed=_DATASET_KEYS[kind])
     params: dict[str, Any] = {}
-    count = table.get("count", int)
+    count = _positive_int(table, "count")
     if count is not None:
-        if count < 1:
-            raise ConfigError(f"{key}.count: must be >= 1; got {count}")
         params["count"] = count
     if kind == "demo":
         if name not in DEMO_DATASETS:
@@ -615,9 +616,7 @@ def _parse_vocabulary(name: str, entry: Any, variables: Mapping[str, str]) -> di
                           "Build LLM siblings, EOE and oracle lists with `oodbench zeroshot vocab` and give ref = NAME")
     table = _Table(base.data, key, allowed=_VOCAB_KEYS[build])
     if build == "wordnet":
-        m = table.get("m", int, 5000)
-        if m < 1:
-            raise ConfigError(f"{key}.m: must be >= 1; got {m}")
+        m = _positive_int(table, "m", 5000)
         percentile = table.get("percentile", float, 95.0)
         if not 0.0 < percentile <= 100.0:
             raise ConfigError(f"{key}.percentile: must lie in (0, 100]; got {percentile}")
@@ -695,13 +694,6 @@ _ANALYSES = {
     "intervals": ("methods", "resamples", "confidence", "seed"),
 }
 _INTERVAL_METHODS = ("wilson", "clopper-pearson", "delong", "percentile", "bca")
-
-
-def _positive_int(table: _Table, name: str, default: int) -> int:
-    value = table.get(name, int, default)
-    if value < 1:
-        raise ConfigError(f"{table.key(name)}: must be >= 1; got {value}")
-    return value
 
 
 def _parse_analysis(raw: Any) -> dict[str, dict[str, Any]]:

@@ -178,14 +178,16 @@ def _registry_count(config: ExperimentConfig, dataset: str) -> int | None:
     return None
 
 
-def _entry_size(store: Store, model: str, dataset: str) -> tuple[int | None, int | None]:
-    """(rows, bytes) of a complete store entry, else (None, None)."""
+def _complete_meta(store: Store, model: str, dataset: str) -> dict[str, Any] | None:
+    """The metadata of a complete store entry, else None."""
     try:
-        if not store.exists(model, dataset):
-            return None, None
-        meta = store.meta(model, dataset)
+        return store.meta(model, dataset) if store.exists(model, dataset) else None
     except StoreError:
-        return None, None
+        return None
+
+
+def _entry_size(meta: Mapping[str, Any]) -> tuple[int, int]:
+    """(rows, bytes) of a store entry."""
     nbytes = 0
     for spec in meta.get("arrays", {}).values():
         count = 1
@@ -253,13 +255,13 @@ def _plan_extract(config: ExperimentConfig, store: Store, ledger: Ledger, units:
                         deps=(f"extract:{sid}/{spec.params['of']}",) if parent_key else (),
                         spec={"kind": "subset" if spec.kind == "subset" else model.kind, "model": model.id,
                               "model_key": model_key})
-            rows, nbytes = _entry_size(store, sid, dataset)
+            meta = _complete_meta(store, sid, dataset)
+            rows, nbytes = _entry_size(meta) if meta is not None else (None, None)
             unit.items = rows if rows is not None else _registry_count(config, dataset)
             unit.nbytes = nbytes
             if rows:
                 per_row = nbytes // rows if nbytes else per_row
             record = ledger.read("extract", label)
-            meta = store.meta(sid, dataset) if rows is not None else None
             if meta is not None and record is not None and record.get("key") == key:
                 unit.status = "cached" if record.get("fingerprint") == fingerprint(meta) else "stale"
                 if unit.status == "stale":

@@ -19,7 +19,7 @@ from .. import metrics
 from ..atomic import atomic_save_npy, atomic_write_json, atomic_write_text
 from ..errors import ExtractError, OodbenchError, StoreError
 from ..results import ResultRow, read_rows, rows_from_metrics, write_rows
-from ..scores import save_scores, score_path
+from ..scores import save_scores
 from ..store import Store, hash_items
 from .config import DatasetSpec, ExperimentConfig, ModelSpec
 from .ledger import Ledger
@@ -183,12 +183,9 @@ def _backbone(ctx: Context, model: ModelSpec) -> Any:
 
         if params.get("config_file"):  # a Ray worker has not seen the driver's registration
             register_open_clip_config(params["config_file"], params["name"], f"{model.key_path}.config_file")
-        device = "cpu" if ctx.device == "auto" else ctx.device
-        if ctx.device == "auto":
-            import torch
+        from ..extract.backbones.base import resolve_device
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        bundle = load_openclip(params["name"], params.get("checkpoint") or params.get("pretrained"), device)
+        bundle = load_openclip(params["name"], params.get("checkpoint") or params.get("pretrained"), resolve_device(ctx.device))
         backbone = OpenClipBackbone(bundle, patches=params.get("patches", False))
     else:
         raise ExtractError(f"{model.key_path}: no backbone for model kind {model.kind!r}")
@@ -410,12 +407,10 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     spec = config.zeroshot
     assert spec is not None and unit.model is not None
     model = config.models[unit.model]
-    classes = load_classes(spec.classes)
-    device = ctx.device
-    if device == "auto":
-        import torch
+    from ..extract.backbones.base import resolve_device
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    classes = load_classes(spec.classes)
+    device = str(resolve_device(ctx.device))
     pretrained = model.params.get("checkpoint") or model.params.get("pretrained")
     embed = store_embedder(store, model.store_id,
                            load_bundle=bundle_loader(store, model.store_id, config.id_test, pretrained=pretrained, device=device))
@@ -498,9 +493,8 @@ def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> N
                                           len(id_scores), len(scores[ood][detector])))
     run_dir = lay.run_dir(model_id)
     for dataset, per_detector in scores.items():
-        # Rewritten, not merged: a detector dropped from the config must not linger in the run's score files.
-        score_path(run_dir, model_id, dataset).unlink(missing_ok=True)
-        save_scores(run_dir, model_id, dataset, per_detector)
+        # Replaced, not merged: a detector dropped from the config must not linger in the run's score files.
+        save_scores(run_dir, model_id, dataset, per_detector, replace=True)
     write_rows(rows, run_dir / "results.parquet")
     atomic_write_text(run_dir / "table.md", detector_table_markdown(rows, ran, list(config.ood)))
     score_keys = {d: u.key for u in score_units if (d := u.detector or "") in ran and u.dataset == config.id_test}
