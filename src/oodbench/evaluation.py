@@ -27,7 +27,7 @@ from .scores import load_scores, save_scores, score_path
 from .atomic import atomic_write_json, atomic_write_text
 from .store import Store
 
-__all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors"]
+__all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
 
 log = logging.getLogger(__name__)
 
@@ -217,14 +217,15 @@ def evaluate_store(
     return result
 
 
-def _write_run_json(run_dir: Path, store: Store, model_id: str, fit_dataset: str, id_dataset: str,
-                    ood_datasets: Sequence[str], plan: Mapping[str, Mapping[str, Any]], score_keys: Mapping[str, str],
-                    *, complete: bool, skipped: Mapping[str, str] | None = None) -> None:
+def run_description(store: Store, model_id: str, fit_dataset: str, id_dataset: str, ood_datasets: Sequence[str],
+                    plan: Mapping[str, Mapping[str, Any]], score_keys: Mapping[str, str], *, complete: bool,
+                    skipped: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The content of a run directory's run.json: inputs, parameters and the store entries' provenance."""
     entries = {}
     for name in [fit_dataset, id_dataset, *ood_datasets]:
         meta = store.meta(model_id, name)
         entries[name] = {k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")}
-    atomic_write_json(run_dir / "run.json", {
+    return {
         "model": model_id,
         "store": str(store.root.resolve()),
         "fit_dataset": fit_dataset,
@@ -236,4 +237,11 @@ def _write_run_json(run_dir: Path, store: Store, model_id: str, fit_dataset: str
         "head": store.head_meta(model_id) if store.has_head(model_id) else None,
         "entries": entries,
         "complete": complete,
-    })
+    }
+
+
+def _write_run_json(run_dir: Path, store: Store, model_id: str, fit_dataset: str, id_dataset: str,
+                    ood_datasets: Sequence[str], plan: Mapping[str, Mapping[str, Any]], score_keys: Mapping[str, str],
+                    *, complete: bool, skipped: Mapping[str, str] | None = None) -> None:
+    atomic_write_json(run_dir / "run.json", run_description(store, model_id, fit_dataset, id_dataset, ood_datasets,
+                                                            plan, score_keys, complete=complete, skipped=skipped))

@@ -451,18 +451,13 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
 def _run_json(ctx: Context, model_id: str, detectors: Mapping[str, Mapping[str, Any]], skipped: Mapping[str, str],
               score_keys: Mapping[str, str], key: str) -> dict[str, Any]:
     """The run description, in the layout `oodbench evaluate` writes (so analyses and reports read it)."""
-    config, store = ctx.config, ctx.store
-    entries = {}
-    for name in [config.fit, config.id_test, *config.ood]:
-        meta = store.meta(model_id, name)
-        entries[name] = {k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")}
-    return {
-        "model": model_id, "store": str(store.root.resolve()), "fit_dataset": config.fit, "id_dataset": config.id_test,
-        "ood_datasets": list(config.ood), "detectors": {name: dict(p) for name, p in detectors.items()},
-        "skipped_detectors": dict(skipped), "score_keys": dict(score_keys),
-        "head": store.head_meta(model_id) if store.has_head(model_id) else None, "entries": entries, "complete": True,
-        "runner": {"experiment": config.name, "config": str(config.path) if config.path else None, "key": key},
-    }
+    from ..evaluation import run_description
+
+    config = ctx.config
+    description = run_description(ctx.store, model_id, config.fit, config.id_test, list(config.ood), detectors,
+                                  score_keys, complete=True, skipped=skipped)
+    description["runner"] = {"experiment": config.name, "config": str(config.path) if config.path else None, "key": key}
+    return description
 
 
 def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> None:
