@@ -83,8 +83,13 @@ def answer(image_id: int, annotator: int, seed: int) -> dict[str, str]:
     rng = random.Random(seed * 1_000_003 + image_id * 101 + annotator)
     if rng.random() < 0.75:
         return truth(image_id)
-    return rng.choice([{"verdict": "ood", "label": rng.choice(LABELS)}, {"verdict": "id", "class": str(rng.randrange(10))},
-                       {"verdict": "ambiguous", "reason": rng.choice(REASONS)}])
+    return rng.choice(
+        [
+            {"verdict": "ood", "label": rng.choice(LABELS)},
+            {"verdict": "id", "class": str(rng.randrange(10))},
+            {"verdict": "ambiguous", "reason": rng.choice(REASONS)},
+        ]
+    )
 
 
 class Annotator:
@@ -108,8 +113,12 @@ class Annotator:
 
     async def login(self) -> None:
         page = await self.timed("login page", "GET", "/login")
-        response = await self.timed("login", "POST", "/login", data={
-            "username": self.name, "password": PASSWORD, "csrf_token": CSRF.search(page.text).group(1)})
+        response = await self.timed(
+            "login",
+            "POST",
+            "/login",
+            data={"username": self.name, "password": PASSWORD, "csrf_token": CSRF.search(page.text).group(1)},
+        )
         if response.status_code != 303 or response.headers["location"] != "/":
             raise RuntimeError(f"{self.name} could not log in")
 
@@ -126,8 +135,9 @@ class Annotator:
             page = await self.timed("Stage 1 page", "GET", location)
             await self.timed("image", "GET", f"/image/{image_id}")
             fields = answer(image_id, self.index, self.seed)
-            response = await self.timed("Stage 1 POST", "POST", location,
-                                        data={"csrf_token": CSRF.search(page.text).group(1), **fields})
+            response = await self.timed(
+                "Stage 1 POST", "POST", location, data={"csrf_token": CSRF.search(page.text).group(1), **fields}
+            )
             if response.status_code != 303:
                 raise RuntimeError(f"{self.name}: verdict on {image_id} refused ({response.status_code})")
             self.acks.append(("stage1", image_id, self.name, fields))
@@ -143,15 +153,22 @@ class Annotator:
                 page = await self.timed("Stage 3 page", "GET", f"/stage3/{image_id}")
                 token = CSRF.search(page.text).group(1)
                 if 'id="close-form"' in page.text:
-                    response = await self.timed("Stage 3 POST", "POST", f"/stage3/{image_id}/close",
-                                                data={"csrf_token": token})
+                    response = await self.timed(
+                        "Stage 3 POST", "POST", f"/stage3/{image_id}/close", data={"csrf_token": token}
+                    )
                     kind, fields = "close", {}
-                elif 'id="verdict-form"' in page.text and f"<strong>{self.name}</strong>: " not in page.text.split(
-                        "<h2>Panel")[-1]:
-                    fields = truth(image_id) if random.Random(image_id + self.index).random() < 0.8 else answer(
-                        image_id, self.index, self.seed + 1)
-                    response = await self.timed("Stage 3 POST", "POST", f"/stage3/{image_id}/vote",
-                                                data={"csrf_token": token, **fields})
+                elif (
+                    'id="verdict-form"' in page.text
+                    and f"<strong>{self.name}</strong>: " not in page.text.split("<h2>Panel")[-1]
+                ):
+                    fields = (
+                        truth(image_id)
+                        if random.Random(image_id + self.index).random() < 0.8
+                        else answer(image_id, self.index, self.seed + 1)
+                    )
+                    response = await self.timed(
+                        "Stage 3 POST", "POST", f"/stage3/{image_id}/vote", data={"csrf_token": token, **fields}
+                    )
                     kind = "stage3"
                 else:
                     continue
@@ -172,9 +189,13 @@ class Annotator:
 def percentiles(values: list[float]) -> dict[str, float]:
     """Milliseconds at p50/p95/p99/max."""
     arr = np.asarray(values) * 1000
-    return {"n": len(values), "p50_ms": round(float(np.percentile(arr, 50)), 1),
-            "p95_ms": round(float(np.percentile(arr, 95)), 1), "p99_ms": round(float(np.percentile(arr, 99)), 1),
-            "max_ms": round(float(arr.max()), 1)}
+    return {
+        "n": len(values),
+        "p50_ms": round(float(np.percentile(arr, 50)), 1),
+        "p95_ms": round(float(np.percentile(arr, 95)), 1),
+        "p99_ms": round(float(np.percentile(arr, 99)), 1),
+        "max_ms": round(float(arr.max()), 1),
+    }
 
 
 async def baseline(url: str, n: int = 200) -> dict[str, dict[str, float]]:
@@ -258,9 +279,20 @@ def main() -> int:
         setup_s = time.perf_counter() - t0
         port = free_port()
         server = subprocess.Popen(
-            [sys.executable, "-c", "from oodbench.construct.cli import app; app()", "serve", str(project.dir),
-             "--host", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            [
+                sys.executable,
+                "-c",
+                "from oodbench.construct.cli import app; app()",
+                "serve",
+                str(project.dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
             url = f"http://127.0.0.1:{port}"
@@ -283,8 +315,13 @@ def main() -> int:
     verdict_posts = sum(len(timings[k]) for k in ("Stage 1 POST", "Stage 3 POST"))
     pages = timings["Stage 1 page"] + timings["Stage 3 page"] + timings["Stage 3 list"] + timings["next (claim)"]
     report = {
-        "annotators": args.annotators, "images": args.images, "cpu_count": os.cpu_count(), "setup_s": round(setup_s, 1),
-        "stage1_s": round(phases["stage1_s"], 1), "stage3_s": round(phases["stage3_s"], 1), "requests": requests,
+        "annotators": args.annotators,
+        "images": args.images,
+        "cpu_count": os.cpu_count(),
+        "setup_s": round(setup_s, 1),
+        "stage1_s": round(phases["stage1_s"], 1),
+        "stage3_s": round(phases["stage3_s"], 1),
+        "requests": requests,
         "requests_per_s": round(requests / (phases["stage1_s"] + phases["stage3_s"]), 1),
         "verdicts_per_s_stage1": round(len(timings["Stage 1 POST"]) / phases["stage1_s"], 1),
         "verdict_posts": verdict_posts,
@@ -296,8 +333,12 @@ def main() -> int:
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-    ok = (check["lost"] == 0 and check["unacknowledged_in_log"] == 0 and check["images_with_two_stage1"] == check["images"]
-          and check["final"] == check["images"])
+    ok = (
+        check["lost"] == 0
+        and check["unacknowledged_in_log"] == 0
+        and check["images_with_two_stage1"] == check["images"]
+        and check["final"] == check["images"]
+    )
     print("OK: no verdict lost, every image final" if ok else "FAILED: see check", file=sys.stderr)
     return 0 if ok else 1
 

@@ -11,6 +11,7 @@ Examples:
     .venv/bin/python benchmarks/detectors.py --fit 20000 --test 5000 --detectors maha,knn --no-reference
     .venv/bin/python benchmarks/detectors.py --larger-than-ram --workdir /var/tmp   # 1.28M x 4096 float32 (21 GB)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,10 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -150,6 +152,7 @@ def reference_adapters() -> dict[str, Callable[..., tuple[Callable[[], Any], Cal
     def logit_only(score: Callable[[Any], Any]):
         def build(fit, head, fit_rows):
             return (lambda: None), (lambda test: -batched(score, tensors(test)[1], 4096))
+
         return build
 
     def kl_matching(fit, head, fit_rows):
@@ -160,7 +163,9 @@ def reference_adapters() -> dict[str, Callable[..., tuple[Callable[[], Any], Cal
     def react(fit, head, fit_rows):
         z, f, y = tensors(fit)
         det = pod.ReAct(None, linear(head), percentile=0.9)
-        return (lambda: det.fit_feature_maps(z, y)), (lambda test: -batched(det.predict_feature_maps, tensors(test)[0], 4096))
+        return (lambda: det.fit_feature_maps(z, y)), (
+            lambda test: -batched(det.predict_feature_maps, tensors(test)[0], 4096)
+        )
 
     def shaped(cls, percentile, **kwargs):
         def build(fit, head, fit_rows):
@@ -169,6 +174,7 @@ def reference_adapters() -> dict[str, Callable[..., tuple[Callable[[], Any], Cal
             # ASH prunes its input in place: hand it a copy, shaped as B x D x 1 x 1 feature maps.
             score = lambda x: det.predict_feature_maps(x.clone().view(x.shape[0], -1, 1, 1))
             return (lambda: None), (lambda test: -batched(score, tensors(test)[0], 4096))
+
         return build
 
     def dice(fit, head, fit_rows):
@@ -182,7 +188,10 @@ def reference_adapters() -> dict[str, Callable[..., tuple[Callable[[], Any], Cal
             z, f, y = tensors(fit)
             prep = (lambda x: torch.nn.functional.normalize(x, dim=1)) if normalize else (lambda x: x)
             det = cls(None)
-            return (lambda: det.fit_features(prep(z), y)), (lambda test: -batched(lambda x: det.predict_features(prep(x)), tensors(test)[0], 1024))
+            return (lambda: det.fit_features(prep(z), y)), (
+                lambda test: -batched(lambda x: det.predict_features(prep(x)), tensors(test)[0], 1024)
+            )
+
         return build
 
     def knn(fit, head, fit_rows):
@@ -197,6 +206,7 @@ def reference_adapters() -> dict[str, Callable[..., tuple[Callable[[], Any], Cal
         def fit_fn():
             sums = torch.zeros(head.num_classes, z.shape[1]).index_add_(0, y, z)
             holder["det"] = pod.MCM(None, sums / torch.bincount(y, minlength=head.num_classes)[:, None].clamp(min=1))
+
         return fit_fn, (lambda test: -batched(holder["det"].predict_features, tensors(test)[0], 4096))
 
     def fdbd(fit, head, fit_rows):
@@ -207,6 +217,7 @@ def reference_adapters() -> dict[str, Callable[..., tuple[Callable[[], Any], Cal
     def nac(fit, head, fit_rows):
         z, f, y = tensors(fit)
         rows = torch.from_numpy(np.sort(np.random.default_rng(0).choice(z.shape[0], fit_rows, replace=False)))
+
         class Features(torch.nn.Module):  # the hooked "layer": the features, as a tensor autograd can differentiate to
             def forward(self, x):
                 return x.detach().requires_grad_(True)
@@ -214,29 +225,53 @@ def reference_adapters() -> dict[str, Callable[..., tuple[Callable[[], Any], Cal
         model = torch.nn.Sequential(Features(), linear(head))
         det = pod.NACUE(model, layers=[model[0]], m_bins=50, alpha=3000.0, o_star=10)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(z[rows], y[rows]), batch_size=256)
-        return (lambda: det.fit(loader)), (lambda test: -np.concatenate(
-            [det.predict(x).numpy() for x in torch.from_numpy(np.asarray(test.features)).split(1024)]))
+        return (lambda: det.fit(loader)), (
+            lambda test: (
+                -np.concatenate(
+                    [det.predict(x).numpy() for x in torch.from_numpy(np.asarray(test.features)).split(1024)]
+                )
+            )
+        )
 
     def vim(fit, head, fit_rows):
         z, f, y = tensors(fit)
         from oodbench.detectors.hybrid import vim_default_dim
 
-        det = pod.ViM(None, vim_default_dim(head.num_features), torch.from_numpy(head.weight), torch.from_numpy(head.bias))
+        det = pod.ViM(
+            None, vim_default_dim(head.num_features), torch.from_numpy(head.weight), torch.from_numpy(head.bias)
+        )
         return (lambda: det.fit_features(z, y)), (lambda test: -batched(det.predict_features, tensors(test)[0], 4096))
 
     def nnguide(fit, head, fit_rows):
         z, f, y = tensors(fit)
-        bank = torch.from_numpy(np.sort(np.random.default_rng(0).choice(z.shape[0], int(0.01 * z.shape[0]), replace=False)))
+        bank = torch.from_numpy(
+            np.sort(np.random.default_rng(0).choice(z.shape[0], int(0.01 * z.shape[0]), replace=False))
+        )
         det = pod.NNGuide(None, linear(head), k=100)
-        return (lambda: det.fit_features(z[bank], y[bank])), (lambda test: -batched(det.predict_features, tensors(test)[0], 4096))
+        return (lambda: det.fit_features(z[bank], y[bank])), (
+            lambda test: -batched(det.predict_features, tensors(test)[0], 4096)
+        )
 
     return {
-        "msp": logit_only(pod.MaxSoftmax.score), "maxlogit": logit_only(pod.MaxLogit.score),
-        "energy": logit_only(pod.EnergyBased.score), "gen": logit_only(lambda f: pod.GEN.score(f, gamma=0.1, M=100)),
-        "kl_matching": kl_matching, "react": react, "ash_s": shaped(pod.ASH, 0.9, variant="ash-s"),
-        "scale": shaped(pod.SCALE, 0.85), "dice": dice, "maha": gaussian(pod.Mahalanobis, False),
-        "rmaha": gaussian(pod.RMD, False), "maha++": gaussian(pod.Mahalanobis, True), "rmaha++": gaussian(pod.RMD, True),
-        "knn": knn, "mcm": mcm, "fdbd": fdbd, "nac": nac, "vim": vim, "nnguide": nnguide,
+        "msp": logit_only(pod.MaxSoftmax.score),
+        "maxlogit": logit_only(pod.MaxLogit.score),
+        "energy": logit_only(pod.EnergyBased.score),
+        "gen": logit_only(lambda f: pod.GEN.score(f, gamma=0.1, M=100)),
+        "kl_matching": kl_matching,
+        "react": react,
+        "ash_s": shaped(pod.ASH, 0.9, variant="ash-s"),
+        "scale": shaped(pod.SCALE, 0.85),
+        "dice": dice,
+        "maha": gaussian(pod.Mahalanobis, False),
+        "rmaha": gaussian(pod.RMD, False),
+        "maha++": gaussian(pod.Mahalanobis, True),
+        "rmaha++": gaussian(pod.RMD, True),
+        "knn": knn,
+        "mcm": mcm,
+        "fdbd": fdbd,
+        "nac": nac,
+        "vim": vim,
+        "nnguide": nnguide,
     }
 
 
@@ -260,8 +295,15 @@ def bench_ours(name: str, fit: Outputs, head: Head, test: Outputs, n_id: int) ->
     with peak_memory() as memory:
         detector, fit_s = timed(lambda: create(name).fit(fit, head))
         scores, score_s = timed(lambda: detector.score(test))
-    return {"fit_s": fit_s, "score_s": score_s, "rows": len(test), "rows_per_s": len(test) / score_s,
-            "peak_mb": memory["peak_bytes"] / 2**20, "auroc": auroc(scores[:n_id], scores[n_id:]), "detector": detector}
+    return {
+        "fit_s": fit_s,
+        "score_s": score_s,
+        "rows": len(test),
+        "rows_per_s": len(test) / score_s,
+        "peak_mb": memory["peak_bytes"] / 2**20,
+        "auroc": auroc(scores[:n_id], scores[n_id:]),
+        "detector": detector,
+    }
 
 
 def bench_reference(build, fit: Outputs, head: Head, test: Outputs, fit_rows: int, repeats: int) -> dict[str, Any]:
@@ -311,7 +353,9 @@ def main_default(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(os.cpu_count() or 1)
     names = available() if args.detectors == "all" else args.detectors.split(",")
     data = Synthetic(args.dim, args.classes, args.seed)
-    print(f"generating: fit {args.fit} x {args.dim}, C={args.classes}, test {args.test} ID + {args.test} OOD", flush=True)
+    print(
+        f"generating: fit {args.fit} x {args.dim}, C={args.classes}, test {args.test} ID + {args.test} OOD", flush=True
+    )
     fit = data.outputs(args.fit, args.seed + 1)
     test = concat(data.outputs(args.test, args.seed + 2), data.outputs(args.test, args.seed + 3, ood=True))
     machine = {"gflops_f64": gemm_gflops(args.dim, np.float64), "gflops_f32": gemm_gflops(args.dim, np.float32)}
@@ -340,8 +384,12 @@ def main_default(args: argparse.Namespace) -> dict[str, Any]:
             # Our detector, already fitted, on exactly the rows pytorch-ood scored, timed the same way.
             same_scores, same_s = best_of(lambda: detector.score(ref_test), args.repeats)
             row["reference"] = reference
-            row["same_rows"] = {"rows": len(ref_test), "score_s": same_s, "auroc": auroc(same_scores[:ref_id], same_scores[ref_id:]),
-                                "reference_auroc": auroc(ref_scores[:ref_id], ref_scores[ref_id:])}
+            row["same_rows"] = {
+                "rows": len(ref_test),
+                "score_s": same_s,
+                "auroc": auroc(same_scores[:ref_id], same_scores[ref_id:]),
+                "reference_auroc": auroc(ref_scores[:ref_id], ref_scores[ref_id:]),
+            }
             row["speedup_score"] = reference["score_s"] / same_s
             if reference["fit_s"] > 0.01 and ours["fit_s"] > 0.01:  # detectors without a fit have nothing to compare
                 row["speedup_fit"] = reference["fit_s"] / ours["fit_s"]
@@ -352,29 +400,37 @@ def main_default(args: argparse.Namespace) -> dict[str, Any]:
 
 def format_row(name: str, row: dict[str, Any]) -> str:
     ours = row["ours"]
-    text = (f"{name:10s} fit {ours['fit_s']:7.2f}s  score {ours['score_s']:7.2f}s ({ours['rows']} rows, "
-            f"{ours['rows_per_s']:9.0f} rows/s)  peak +{ours['peak_mb']:6.0f} MB  auroc {ours['auroc']:.3f}")
+    text = (
+        f"{name:10s} fit {ours['fit_s']:7.2f}s  score {ours['score_s']:7.2f}s ({ours['rows']} rows, "
+        f"{ours['rows_per_s']:9.0f} rows/s)  peak +{ours['peak_mb']:6.0f} MB  auroc {ours['auroc']:.3f}"
+    )
     if "blas_ratio" in row:
         text += f"  {row['blas_ratio']:.2f}x BLAS time"
     if "reference" in row:
         same = row["same_rows"]
-        text += (f"  | vs pytorch-ood on {same['rows']} rows: score x{row['speedup_score']:.1f}"
-                 + (f", fit x{row['speedup_fit']:.1f}" if "speedup_fit" in row else "")
-                 + f" (auroc {same['auroc']:.3f} vs {same['reference_auroc']:.3f})")
+        text += (
+            f"  | vs pytorch-ood on {same['rows']} rows: score x{row['speedup_score']:.1f}"
+            + (f", fit x{row['speedup_fit']:.1f}" if "speedup_fit" in row else "")
+            + f" (auroc {same['auroc']:.3f} vs {same['reference_auroc']:.3f})"
+        )
     return text
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The default run's figures as a Markdown table."""
-    lines = ["| detector | fit (s) | score (s) | rows/s | peak extra MB | vs BLAS | pytorch-ood score speed-up | pytorch-ood fit speed-up |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| detector | fit (s) | score (s) | rows/s | peak extra MB | vs BLAS | pytorch-ood score speed-up | pytorch-ood fit speed-up |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, row in report["results"].items():
         ours = row["ours"]
         blas = f"{row['blas_ratio']:.2f}x" if "blas_ratio" in row else ""
         score = f"{row['speedup_score']:.1f}x" if "speedup_score" in row else "n/a"
         fit = f"{row['speedup_fit']:.1f}x" if "speedup_fit" in row else "n/a"
-        lines.append(f"| {name} | {ours['fit_s']:.2f} | {ours['score_s']:.2f} | {ours['rows_per_s']:,.0f} | "
-                     f"{ours['peak_mb']:.0f} | {blas} | {score} | {fit} |")
+        lines.append(
+            f"| {name} | {ours['fit_s']:.2f} | {ours['score_s']:.2f} | {ours['rows_per_s']:,.0f} | "
+            f"{ours['peak_mb']:.0f} | {blas} | {score} | {fit} |"
+        )
     return "\n".join(lines)
 
 
@@ -391,13 +447,21 @@ def main_larger_than_ram(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"need {size / 2**30:.1f} GiB free under {args.workdir}; only {free / 2**30:.1f} GiB")
     with open("/proc/meminfo") as meminfo:
         ram = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo}
-    print(f"writing {rows} x {dim} float32 = {size / 2**30:.1f} GiB to {workdir} (RAM {ram['MemTotal'] / 2**30:.1f} GiB, "
-          f"available {ram['MemAvailable'] / 2**30:.1f} GiB)", flush=True)
+    print(
+        f"writing {rows} x {dim} float32 = {size / 2**30:.1f} GiB to {workdir} (RAM {ram['MemTotal'] / 2**30:.1f} GiB, "
+        f"available {ram['MemAvailable'] / 2**30:.1f} GiB)",
+        flush=True,
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     data = Synthetic(dim, args.classes, args.seed)
     rng = np.random.default_rng(args.seed + 1)
-    report: dict[str, Any] = {"rows": rows, "dim": dim, "bytes": size, "ram_total": ram["MemTotal"],
-                              "ram_available": ram["MemAvailable"]}
+    report: dict[str, Any] = {
+        "rows": rows,
+        "dim": dim,
+        "bytes": size,
+        "ram_total": ram["MemTotal"],
+        "ram_available": ram["MemAvailable"],
+    }
     try:
         features = np.lib.format.open_memmap(workdir / "features.npy", mode="w+", dtype=np.float32, shape=(rows, dim))
         labels = np.lib.format.open_memmap(workdir / "labels.npy", mode="w+", dtype=np.int64, shape=(rows,))
@@ -411,17 +475,28 @@ def main_larger_than_ram(args: argparse.Namespace) -> dict[str, Any]:
         labels.flush()
         del features, labels
         report["write_s"] = time.perf_counter() - start_write
-        fit = Outputs(np.load(workdir / "features.npy", mmap_mode="r"), labels=np.load(workdir / "labels.npy", mmap_mode="r"),
-                      check_finite=False)
+        fit = Outputs(
+            np.load(workdir / "features.npy", mmap_mode="r"),
+            labels=np.load(workdir / "labels.npy", mmap_mode="r"),
+            check_finite=False,
+        )
         test = data.outputs(args.ram_test, args.seed + 2)
         for name in args.ram_detectors.split(","):
             with peak_memory() as memory:
                 detector, fit_s = timed(lambda: create(name).fit(fit, data.head))
                 _, score_s = timed(lambda: detector.score(test))
-            report[name] = {"fit_s": fit_s, "fit_rows_per_s": rows / fit_s, "fit_gb_per_s": size / fit_s / 1e9,
-                            "score_s": score_s, "peak_mb": memory["peak_bytes"] / 2**20}
-            print(f"{name}: fit {fit_s:.0f}s ({rows / fit_s:,.0f} rows/s, {size / fit_s / 1e9:.2f} GB/s), "
-                  f"peak extra anonymous memory {memory['peak_bytes'] / 2**20:.0f} MB", flush=True)
+            report[name] = {
+                "fit_s": fit_s,
+                "fit_rows_per_s": rows / fit_s,
+                "fit_gb_per_s": size / fit_s / 1e9,
+                "score_s": score_s,
+                "peak_mb": memory["peak_bytes"] / 2**20,
+            }
+            print(
+                f"{name}: fit {fit_s:.0f}s ({rows / fit_s:,.0f} rows/s, {size / fit_s / 1e9:.2f} GB/s), "
+                f"peak extra anonymous memory {memory['peak_bytes'] / 2**20:.0f} MB",
+                flush=True,
+            )
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -436,9 +511,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--test", type=int, default=50_000, help="ID test rows, and as many OOD rows (default 50000)")
     parser.add_argument("--detectors", default="all", help="comma-separated registry names, or 'all'")
     parser.add_argument("--knn-rows", type=int, default=5000, help="test rows for knn's search (default 5000)")
-    parser.add_argument("--ref-rows", type=int, default=2000, help="test rows for the pytorch-ood comparison (default 2000)")
-    parser.add_argument("--ref-rows-maha", type=int, default=200,
-                        help="test rows for pytorch-ood's Mahalanobis family, which loops over classes (default 200)")
+    parser.add_argument(
+        "--ref-rows", type=int, default=2000, help="test rows for the pytorch-ood comparison (default 2000)"
+    )
+    parser.add_argument(
+        "--ref-rows-maha",
+        type=int,
+        default=200,
+        help="test rows for pytorch-ood's Mahalanobis family, which loops over classes (default 200)",
+    )
     parser.add_argument("--blas-rows", type=int, default=20_000, help="test rows timed against BLAS (default 20000)")
     parser.add_argument("--repeats", type=int, default=3, help="best-of repeats of the same-rows scoring comparison")
     parser.add_argument("--no-reference", action="store_true", help="skip the pytorch-ood comparison")
@@ -448,8 +529,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ram-rows", type=int, default=1_281_167, help="rows of the larger-than-RAM fit set")
     parser.add_argument("--ram-dim", type=int, default=4096, help="feature dimension of the larger-than-RAM fit set")
     parser.add_argument("--ram-test", type=int, default=10_000, help="rows scored after the larger-than-RAM fit")
-    parser.add_argument("--ram-detectors", default="dice,react,maha",
-                        help="detectors fit in larger-than-RAM mode (default dice,react,maha)")
+    parser.add_argument(
+        "--ram-detectors",
+        default="dice,react,maha",
+        help="detectors fit in larger-than-RAM mode (default dice,react,maha)",
+    )
     parser.add_argument("--workdir", default="/var/tmp", help="where the larger-than-RAM file is written (and deleted)")
     parser.add_argument("--keep", action="store_true", help="keep the larger-than-RAM file")
     return parser.parse_args(argv)
@@ -457,8 +541,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "cpu_count": os.cpu_count(),
-                              "platform": platform.platform(), "numpy": np.__version__}
+    report: dict[str, Any] = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "numpy": np.__version__,
+    }
     if args.larger_than_ram:
         report["larger_than_ram"] = main_larger_than_ram(args)
     else:

@@ -17,6 +17,7 @@ its work is in this process).
 Example:
     .venv/bin/python benchmarks/extract.py --model resnet50 --images 64 --batch-size 16 --repeats 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,14 +72,24 @@ def bare_loop(model: torch.nn.Module, tensors: list[torch.Tensor], batch_size: i
     return len(tensors) / (time.perf_counter() - start), len(tensors) / (time.process_time() - cpu)
 
 
-def pipeline_run(backbone, dataset, tensors, batch_size: int, shard_size: int, workdir: Path, workers: int,
-                 from_files: bool) -> tuple[float, float]:
+def pipeline_run(
+    backbone, dataset, tensors, batch_size: int, shard_size: int, workdir: Path, workers: int, from_files: bool
+) -> tuple[float, float]:
     """(wall, CPU-time of this process) images per second of a full extraction into a fresh store."""
     store_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="store-"))
     try:
         start, cpu = time.perf_counter(), time.process_time()
-        extract(Store(store_dir), backbone, dataset, dataset_id="bench", batch_size=batch_size, shard_size=shard_size,
-                num_workers=workers, progress=False, loader=None if from_files else PreDecoded(tensors))
+        extract(
+            Store(store_dir),
+            backbone,
+            dataset,
+            dataset_id="bench",
+            batch_size=batch_size,
+            shard_size=shard_size,
+            num_workers=workers,
+            progress=False,
+            loader=None if from_files else PreDecoded(tensors),
+        )
         return len(dataset) / (time.perf_counter() - start), len(dataset) / (time.process_time() - cpu)
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)
@@ -112,30 +123,41 @@ def main(argv: list[str] | None = None) -> dict:
             piped.append(pipeline_run(backbone, dataset, tensors, args.batch_size, args.shard_size, workdir, 0, False))
         end_to_end = None
         if not args.skip_end_to_end:
-            end_to_end = pipeline_run(backbone, dataset, tensors, args.batch_size, args.shard_size, workdir,
-                                      args.workers, True)[0]
+            end_to_end = pipeline_run(
+                backbone, dataset, tensors, args.batch_size, args.shard_size, workdir, args.workers, True
+            )[0]
         bare_wall, bare_cpu = max(b[0] for b in bare), max(b[1] for b in bare)
         pipe_wall, pipe_cpu = max(p[0] for p in piped), max(p[1] for p in piped)
         result = {
-            "model": args.model, "images": args.images, "batch_size": args.batch_size,
-            "input_size": list(backbone.input_size()), "threads": torch.get_num_threads(),
-            "bare_images_per_s": bare_wall, "pipeline_images_per_s": pipe_wall,
+            "model": args.model,
+            "images": args.images,
+            "batch_size": args.batch_size,
+            "input_size": list(backbone.input_size()),
+            "threads": torch.get_num_threads(),
+            "bare_images_per_s": bare_wall,
+            "pipeline_images_per_s": pipe_wall,
             "ratio_pipeline_over_bare": pipe_wall / bare_wall,
             # Per CPU-second of this process: robust when other jobs share the machine (wall time is not).
-            "bare_images_per_cpu_s": bare_cpu, "pipeline_images_per_cpu_s": pipe_cpu,
+            "bare_images_per_cpu_s": bare_cpu,
+            "pipeline_images_per_cpu_s": pipe_cpu,
             "cpu_ratio_pipeline_over_bare": pipe_cpu / bare_cpu,
             "end_to_end_images_per_s": end_to_end,
-            "all_bare": bare, "all_pipeline": piped,
-            "load_average_1min": os.getloadavg()[0], "cpus": os.cpu_count(),
+            "all_bare": bare,
+            "all_pipeline": piped,
+            "load_average_1min": os.getloadavg()[0],
+            "cpus": os.cpu_count(),
             "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}",
         }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(result, indent=2))
-    print(f"\n{args.model}: bare {bare_wall:.2f} img/s, pipeline {pipe_wall:.2f} img/s, ratio "
-          f"{result['ratio_pipeline_over_bare']:.3f} (target >= 0.9); per CPU-second ratio "
-          f"{result['cpu_ratio_pipeline_over_bare']:.3f}"
-          + (f", end-to-end from JPEG files {end_to_end:.2f} img/s" if end_to_end else ""), file=sys.stderr)
+    print(
+        f"\n{args.model}: bare {bare_wall:.2f} img/s, pipeline {pipe_wall:.2f} img/s, ratio "
+        f"{result['ratio_pipeline_over_bare']:.3f} (target >= 0.9); per CPU-second ratio "
+        f"{result['cpu_ratio_pipeline_over_bare']:.3f}"
+        + (f", end-to-end from JPEG files {end_to_end:.2f} img/s" if end_to_end else ""),
+        file=sys.stderr,
+    )
     return result
 
 

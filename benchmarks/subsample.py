@@ -10,6 +10,7 @@ hypergeometric), so a draw costs O(n + groups) instead of O(detectors × (N_id +
 
 Prints a Markdown table (times, draws × detectors per second, speed-up) and, with --json, writes the numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,9 @@ import numpy as np
 from scipy import stats
 
 from oodbench import metrics
-from oodbench.atomic import atomic_write_text
 from oodbench.analysis.rundata import load_run
 from oodbench.analysis.subsample import acceptance_bits, resolve_n, subsample_curve, subsample_fpr
+from oodbench.atomic import atomic_write_text
 
 DETECTORS = 21
 # Synthetic stand-in for the seed's 15 OOD sets: sizes from the smallest benchmark (655) to ImageNet scale.
@@ -36,9 +37,11 @@ def synthetic(n_id: int, ood_sizes: list[int], seed: int = 0) -> tuple[dict, dic
     """Correlated scores of 21 detectors (a shared latent "OOD-ness" plus detector noise)."""
     rng = np.random.default_rng(seed)
     strength = np.linspace(0.5, 2.5, DETECTORS)
+
     def scores(n: int, shift: float) -> dict[str, np.ndarray]:
         latent = rng.normal(shift, 1.0, n)
         return {f"det{j:02d}": latent * strength[j] + rng.normal(0, 1.0, n) for j in range(DETECTORS)}
+
     ids = scores(n_id, 1.5)
     return ids, {f"ood{i:02d}-{size}": scores(size, 0.0) for i, size in enumerate(ood_sizes)}
 
@@ -75,20 +78,30 @@ def naive(ids: dict, oods: dict[str, dict], n: int, draws: int, seed: int) -> tu
     return time.perf_counter() - start, results
 
 
-def run_scenario(label: str, ids: dict, oods: dict[str, dict], n: int, draws: int, naive_draws: int,
-                 seed: int) -> dict:
+def run_scenario(label: str, ids: dict, oods: dict[str, dict], n: int, draws: int, naive_draws: int, seed: int) -> dict:
     fast_seconds, summaries = vectorised(ids, oods, n, draws, seed)
     slow_seconds, slow = naive(ids, oods, n, naive_draws, seed)
     slow_full = slow_seconds * draws / naive_draws  # the loop is linear in the number of draws
     # Same study, independent randomness: means agree within sampling error.
-    agree = all(abs(summaries[k].mean - slow[k][0]) <= 5 * max(summaries[k].std, 1e-9) / np.sqrt(naive_draws) + 1e-12
-                for k in oods)
+    agree = all(
+        abs(summaries[k].mean - slow[k][0]) <= 5 * max(summaries[k].std, 1e-9) / np.sqrt(naive_draws) + 1e-12
+        for k in oods
+    )
     work = draws * DETECTORS * len(oods)
-    return {"scenario": label, "ood_sets": len(oods), "detectors": DETECTORS, "draws": draws, "n": n,
-            "ood_sizes": [len(next(iter(o.values()))) for o in oods.values()],
-            "vectorised_s": fast_seconds, "naive_s_extrapolated": slow_full, "naive_draws_timed": naive_draws,
-            "speedup": slow_full / fast_seconds, "draw_detectors_per_s": work / fast_seconds,
-            "means_agree": bool(agree)}
+    return {
+        "scenario": label,
+        "ood_sets": len(oods),
+        "detectors": DETECTORS,
+        "draws": draws,
+        "n": n,
+        "ood_sizes": [len(next(iter(o.values()))) for o in oods.values()],
+        "vectorised_s": fast_seconds,
+        "naive_s_extrapolated": slow_full,
+        "naive_draws_timed": naive_draws,
+        "speedup": slow_full / fast_seconds,
+        "draw_detectors_per_s": work / fast_seconds,
+        "means_agree": bool(agree),
+    }
 
 
 def main() -> None:
@@ -97,15 +110,20 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--naive-draws", type=int, default=50, help="Draws timed for the loop (then extrapolated).")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--figure", type=Path, help="Write Fig. A4 of the demo-sized synthetic scores here (.png/.pdf).")
+    parser.add_argument(
+        "--figure", type=Path, help="Write Fig. A4 of the demo-sized synthetic scores here (.png/.pdf)."
+    )
     parser.add_argument("--json", type=Path, help="Write the measurements as JSON.")
     args = parser.parse_args()
 
     results = []
     demo_ids, demo_oods = synthetic(300, [286, 200, 300], args.seed)
     n_demo = resolve_n("auto", {k: len(next(iter(v.values()))) for k, v in demo_oods.items()})
-    results.append(run_scenario("synthetic, demo-sized (N_id 300)", demo_ids, demo_oods, n_demo, args.draws,
-                                args.naive_draws, args.seed))
+    results.append(
+        run_scenario(
+            "synthetic, demo-sized (N_id 300)", demo_ids, demo_oods, n_demo, args.draws, args.naive_draws, args.seed
+        )
+    )
     if args.run_dir is not None:
         run = load_run(args.run_dir)
         model, id_dataset = run.pairs()[0]
@@ -113,35 +131,67 @@ def main() -> None:
         for ood in run.ood_datasets(model, id_dataset):
             ids, oods[ood] = run.paired_scores(model, id_dataset, ood)
         n_run = resolve_n("auto", {k: len(next(iter(v.values()))) for k, v in oods.items()})
-        result = run_scenario(f"run {args.run_dir} ({model}, {len(ids)} detectors)", ids, oods, n_run, args.draws,
-                              args.naive_draws, args.seed)
+        result = run_scenario(
+            f"run {args.run_dir} ({model}, {len(ids)} detectors)",
+            ids,
+            oods,
+            n_run,
+            args.draws,
+            args.naive_draws,
+            args.seed,
+        )
         result["detectors"] = len(ids)
         results.append(result)
     seed_ids, seed_oods = synthetic(48365, SEED_SCALE_SIZES, args.seed + 1)
-    results.append(run_scenario("synthetic, seed-sized (N_id 48,365, 15 sets of 655–50,000)", seed_ids, seed_oods,
-                                655, args.draws, max(5, args.naive_draws // 10), args.seed))
+    results.append(
+        run_scenario(
+            "synthetic, seed-sized (N_id 48,365, 15 sets of 655–50,000)",
+            seed_ids,
+            seed_oods,
+            655,
+            args.draws,
+            max(5, args.naive_draws // 10),
+            args.seed,
+        )
+    )
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}, "
-          f"numpy {np.__version__}\n")
-    print("| scenario | OOD sets | detectors | draws | n | oodbench (s) | loop (s, extrapolated) | speed-up | draw·detectors/s |")
+    print(
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {load:.1f}, "
+        f"numpy {np.__version__}\n"
+    )
+    print(
+        "| scenario | OOD sets | detectors | draws | n | oodbench (s) | loop (s, extrapolated) | speed-up | draw·detectors/s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['scenario']} | {r['ood_sets']} | {r['detectors']} | {r['draws']} | {r['n']} | "
-              f"{r['vectorised_s']:.2f} | {r['naive_s_extrapolated']:.1f} | {r['speedup']:.0f}× | "
-              f"{r['draw_detectors_per_s']:,.0f} |")
+        print(
+            f"| {r['scenario']} | {r['ood_sets']} | {r['detectors']} | {r['draws']} | {r['n']} | "
+            f"{r['vectorised_s']:.2f} | {r['naive_s_extrapolated']:.1f} | {r['speedup']:.0f}× | "
+            f"{r['draw_detectors_per_s']:,.0f} |"
+        )
     if not all(r["means_agree"] for r in results):
         print("\nWARNING: the loop's and the vectorised means disagree beyond sampling error")
     if args.json:
         atomic_write_text(args.json, json.dumps({"load_average": load, "results": results}, indent=2) + "\n")
     if args.figure:
-        from oodbench.report.figures import fig_subsample_curves, save_figure
         from oodbench.report.build import curve_sizes
+        from oodbench.report.figures import fig_subsample_curves, save_figure
 
-        curves = {name: subsample_curve(demo_ids, ood, curve_sizes(len(next(iter(ood.values()))), 8),
-                                        draws=args.draws, seed=args.seed, ood_dataset=name)
-                  for name, ood in demo_oods.items()}
-        save_figure(fig_subsample_curves(curves), args.figure.parent, args.figure.stem, [args.figure.suffix.lstrip(".")])
+        curves = {
+            name: subsample_curve(
+                demo_ids,
+                ood,
+                curve_sizes(len(next(iter(ood.values()))), 8),
+                draws=args.draws,
+                seed=args.seed,
+                ood_dataset=name,
+            )
+            for name, ood in demo_oods.items()
+        }
+        save_figure(
+            fig_subsample_curves(curves), args.figure.parent, args.figure.stem, [args.figure.suffix.lstrip(".")]
+        )
         print(f"\nwrote {args.figure}")
 
 

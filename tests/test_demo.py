@@ -1,4 +1,5 @@
 """The demo's data and model: real data, seeded and deterministic."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Evaluation runs, the `oodbench evaluate` CLI and the demo, end to end on real (digits) data."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,9 @@ def toy_store(tmp_path, seed=0):
 def test_evaluate_store_writes_run_directory_and_resumes(tmp_path):
     store = toy_store(tmp_path)
     out = tmp_path / "run"
-    result = evaluate_store(store, "toy", "fit", "id", ["ood_a", "ood_b"], ["msp", "energy"], out_dir=out, progress=False)
+    result = evaluate_store(
+        store, "toy", "fit", "id", ["ood_a", "ood_b"], ["msp", "energy"], out_dir=out, progress=False
+    )
     rows = read_rows(out / "results.parquet")
     assert len(rows) == 2 * 2 * 4 and {r.metric for r in rows} == {"fpr95", "auroc", "aupr_in", "aupr_out"}
     scores = load_scores(out, "toy", "id")
@@ -100,13 +103,51 @@ def test_logit_detectors_protocol():
 def test_cli_evaluate(tmp_path):
     toy_store(tmp_path)
     runner = CliRunner()
-    result = runner.invoke(app, ["evaluate", "--store", str(tmp_path / "store"), "--model", "toy", "--fit", "fit",
-                                 "--id", "id", "--ood", "ood_a", "--ood", "ood_b", "-d", "msp,energy",
-                                 "-p", "energy.temperature=2", "--out", str(tmp_path / "run"), "--no-progress"])
+    result = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--store",
+            str(tmp_path / "store"),
+            "--model",
+            "toy",
+            "--fit",
+            "fit",
+            "--id",
+            "id",
+            "--ood",
+            "ood_a",
+            "--ood",
+            "ood_b",
+            "-d",
+            "msp,energy",
+            "-p",
+            "energy.temperature=2",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "| energy |" in result.output and (tmp_path / "run" / "results.parquet").is_file()
-    bad = runner.invoke(app, ["evaluate", "--store", str(tmp_path / "store"), "--model", "toy", "--fit", "fit",
-                              "--id", "id", "--ood", "missing", "--out", str(tmp_path / "r2")])
+    bad = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--store",
+            str(tmp_path / "store"),
+            "--model",
+            "toy",
+            "--fit",
+            "fit",
+            "--id",
+            "id",
+            "--ood",
+            "missing",
+            "--out",
+            str(tmp_path / "r2"),
+        ],
+    )
     assert bad.exit_code == 2 and "no store entry toy/missing" in bad.output
     assert "Example" in runner.invoke(app, ["evaluate", "--help"]).output
 

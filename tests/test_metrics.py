@@ -1,4 +1,5 @@
 """Metrics against scikit-learn and a brute-force threshold sweep, including heavy ties."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -98,13 +99,16 @@ def test_float_noise_in_tpr_times_n():
     assert metrics.threshold_at_tpr(ids, 0.95) == 1.0
 
 
-@pytest.mark.parametrize("bad, message", [
-    (np.array([]), "empty"),
-    (np.array([1.0, np.nan]), "NaN"),
-    (np.array([1.0, np.inf]), "NaN or inf"),
-    (np.ones((3, 2)), "1-D"),
-    (np.array(["a", "b"]), "numeric"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (np.array([]), "empty"),
+        (np.array([1.0, np.nan]), "NaN"),
+        (np.array([1.0, np.inf]), "NaN or inf"),
+        (np.ones((3, 2)), "1-D"),
+        (np.array(["a", "b"]), "numeric"),
+    ],
+)
 def test_bad_inputs_raise(bad, message):
     with pytest.raises(MetricError, match=message):
         metrics.auroc(bad, np.ones(3))

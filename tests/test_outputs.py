@@ -1,4 +1,5 @@
 """Validation of the data model."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,16 +24,19 @@ def test_valid_outputs_and_subset():
     assert "C=3" in repr(out)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"features": np.ones(5)}, "features must be a 2-D"),
-    ({"features": np.ones((5, 2), dtype=np.int64)}, "floating dtype"),
-    ({"features": np.array([[1.0, np.nan]])}, "features contains NaN"),
-    ({"features": np.ones((5, 2)), "logits": np.ones((4, 3))}, "logits has 4 rows"),
-    ({"features": np.ones((5, 2)), "logits": np.array([[np.inf]] * 5)}, "logits contains NaN"),
-    ({"features": np.ones((5, 2)), "labels": np.ones(5)}, "labels must be integers"),
-    ({"features": np.ones((5, 2)), "labels": np.ones(4, int)}, "labels has 4 entries"),
-    ({"features": np.ones((5, 2)), "extras": {"x": np.ones(3)}}, r"extras\['x'\]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"features": np.ones(5)}, "features must be a 2-D"),
+        ({"features": np.ones((5, 2), dtype=np.int64)}, "floating dtype"),
+        ({"features": np.array([[1.0, np.nan]])}, "features contains NaN"),
+        ({"features": np.ones((5, 2)), "logits": np.ones((4, 3))}, "logits has 4 rows"),
+        ({"features": np.ones((5, 2)), "logits": np.array([[np.inf]] * 5)}, "logits contains NaN"),
+        ({"features": np.ones((5, 2)), "labels": np.ones(5)}, "labels must be integers"),
+        ({"features": np.ones((5, 2)), "labels": np.ones(4, int)}, "labels has 4 entries"),
+        ({"features": np.ones((5, 2)), "extras": {"x": np.ones(3)}}, r"extras\['x'\]"),
+    ],
+)
 def test_invalid_outputs_name_the_field(kwargs, message):
     with pytest.raises(DataError, match=message):
         Outputs(**kwargs)

@@ -1,4 +1,5 @@
 """Feature store: round trip, atomic shards, resume after a killed writer, provenance checks."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,12 @@ PROV = {"model": "m", "checkpoint": "abc", "preprocessing": {"size": 8}}
 
 def random_outputs(n=50, d=6, c=4, seed=0):
     rng = np.random.default_rng(seed)
-    return Outputs(rng.normal(size=(n, d)).astype(np.float32), rng.normal(size=(n, c)).astype(np.float32),
-                   rng.integers(0, c, n), {"aux": rng.normal(size=(n, 3)).astype(np.float16)})
+    return Outputs(
+        rng.normal(size=(n, d)).astype(np.float32),
+        rng.normal(size=(n, c)).astype(np.float32),
+        rng.integers(0, c, n),
+        {"aux": rng.normal(size=(n, 3)).astype(np.float16)},
+    )
 
 
 def test_round_trip_is_memory_mapped(tmp_path):

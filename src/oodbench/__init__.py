@@ -1,4 +1,5 @@
 """oodbench: out-of-distribution detection research at ImageNet scale."""
+
 __version__ = "0.1.0"
 
 from . import detectors, metrics  # noqa: E402

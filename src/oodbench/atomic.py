@@ -1,12 +1,14 @@
 """Atomic file writes: write under a temporary name in the same directory, fsync, then rename."""
+
 from __future__ import annotations
 
 import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

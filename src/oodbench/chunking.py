@@ -1,7 +1,8 @@
 """Row chunking, so that work over (possibly memory-mapped) arrays keeps memory bounded."""
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 # Default working-set budget of one chunk; small enough for 24 GB machines running several jobs.
 DEFAULT_CHUNK_BYTES = 64 * 2**20

@@ -1,9 +1,9 @@
 """`oodbench …` commands. Thin: parse arguments, call the library, print."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -31,9 +31,15 @@ def evaluate(
     fit: str = typer.Option(..., "--fit", help="Dataset id of the ID fit set (e.g. the train split)."),
     id_dataset: str = typer.Option(..., "--id", help="Dataset id of the ID test set."),
     ood: list[str] = typer.Option(..., "--ood", help="Dataset id of an OOD set (repeat for several)."),
-    detectors: Optional[str] = typer.Option(None, "--detectors", "-d", help="Comma-separated names; default: all registered."),
-    param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="Detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable)."),
-    out: Path = typer.Option(Path("oodbench-run"), "--out", help="Run directory for results.parquet, scores, table.md, run.json."),
+    detectors: str | None = typer.Option(
+        None, "--detectors", "-d", help="Comma-separated names; default: all registered."
+    ),
+    param: list[str] | None = typer.Option(
+        None, "--param", "-p", help="Detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable)."
+    ),
+    out: Path = typer.Option(
+        Path("oodbench-run"), "--out", help="Run directory for results.parquet, scores, table.md, run.json."
+    ),
     tpr: float = typer.Option(0.95, help="ID acceptance rate of the FPR threshold."),
     strict: bool = typer.Option(False, help="Fail (instead of skip) when a detector's requirements are not met."),
     progress: bool = typer.Option(True, help="Show progress bars."),
@@ -54,8 +60,9 @@ def evaluate(
         if unknown:
             raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
         plan = {name: overrides.get(name, {}) for name in names}
-        result = evaluate_store(store, model, fit, id_dataset, ood, plan, out_dir=out, tpr=tpr, strict=strict,
-                                progress=progress)
+        result = evaluate_store(
+            store, model, fit, id_dataset, ood, plan, out_dir=out, tpr=tpr, strict=strict, progress=progress
+        )
     except OodbenchError as exc:
         _fail(exc)
     sys.stdout.write(result.table_markdown)

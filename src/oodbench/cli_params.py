@@ -1,4 +1,5 @@
 """Parsing of `DETECTOR.PARAM=VALUE` command-line options, shared by every command that takes detector parameters."""
+
 from __future__ import annotations
 
 import json

@@ -4,27 +4,29 @@ An evaluation run directory holds ``results.parquet`` (tidy rows), ``scores/<mod
 scores of every detector), ``table.md`` and ``run.json`` (what was evaluated, with the store entries' provenance).
 A rerun with the same inputs and parameters reuses the saved scores of each finished detector.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import detectors as detector_registry
 from . import metrics
+from .atomic import atomic_write_json, atomic_write_text
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
 from .progress import progress_bar
 from .report.detector_table import detector_table_markdown
 from .results import ResultRow, rows_from_metrics, write_rows
 from .scores import load_scores, save_scores, score_path
-from .atomic import atomic_write_json, atomic_write_text
 from .store import Store
 
 __all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
@@ -52,8 +54,9 @@ def normalize_detectors(detectors: Sequence[str] | Mapping[str, Mapping[str, Any
     return {name: {} for name in detectors}
 
 
-def _unmet_requirements(detector: "detector_registry.Detector", fit_set: Outputs, head: Head | None,
-                        tests: Sequence[Outputs]) -> str | None:
+def _unmet_requirements(
+    detector: detector_registry.Detector, fit_set: Outputs, head: Head | None, tests: Sequence[Outputs]
+) -> str | None:
     """Why a detector cannot run on these arrays, or None."""
     req = detector.requirements()
     missing_fit = sorted(req.fit - fit_set.array_names())
@@ -128,7 +131,9 @@ def evaluate_outputs(
     for name in ran:
         for ood_name in ood_sets:
             values = metrics.evaluate(scores[id_dataset][name], scores[ood_name][name], tpr)
-            rows.extend(rows_from_metrics(model, id_dataset, ood_name, name, values, len(id_test), len(ood_sets[ood_name])))
+            rows.extend(
+                rows_from_metrics(model, id_dataset, ood_name, name, values, len(id_test), len(ood_sets[ood_name]))
+            )
     table = detector_table_markdown(rows, ran, list(ood_sets))
     return EvaluationResult(rows=rows, scores=scores, table_markdown=table, skipped=skipped)
 
@@ -138,8 +143,13 @@ def _fingerprint(store: Store, model_id: str, datasets: Sequence[str], name: str
     digest = hashlib.sha256()
     for dataset in datasets:
         meta = store.meta(model_id, dataset)
-        digest.update(json.dumps([dataset, meta.get("finished"), meta.get("num_rows"), meta.get("provenance")],
-                                 sort_keys=True, default=str).encode())
+        digest.update(
+            json.dumps(
+                [dataset, meta.get("finished"), meta.get("num_rows"), meta.get("provenance")],
+                sort_keys=True,
+                default=str,
+            ).encode()
+        )
     if store.has_head(model_id):
         digest.update(json.dumps(store.head_meta(model_id).get("written")).encode())
     digest.update(json.dumps([name, dict(params)], sort_keys=True, default=str).encode())
@@ -197,10 +207,24 @@ def evaluate_store(
         for dataset, values in per_dataset.items():
             save_scores(run_dir, model_id, dataset, {name: values})
         previous_keys[name] = keys[name]
-        _write_run_json(run_dir, store, model_id, fit_dataset, id_dataset, ood_datasets, plan, previous_keys, complete=False)
+        _write_run_json(
+            run_dir, store, model_id, fit_dataset, id_dataset, ood_datasets, plan, previous_keys, complete=False
+        )
 
-    result = evaluate_outputs(fit_set, head, id_test, oods, plan, model=model_id, id_dataset=id_dataset, tpr=tpr,
-                              strict=strict, progress=progress, cached=cached, on_detector_done=persist)
+    result = evaluate_outputs(
+        fit_set,
+        head,
+        id_test,
+        oods,
+        plan,
+        model=model_id,
+        id_dataset=id_dataset,
+        tpr=tpr,
+        strict=strict,
+        progress=progress,
+        cached=cached,
+        on_detector_done=persist,
+    )
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         # Rewrite each score file with exactly this run's detectors, so scores of detectors dropped since an
@@ -211,20 +235,41 @@ def evaluate_store(
         write_rows(result.rows, run_dir / "results.parquet")
         atomic_write_text(run_dir / "table.md", result.table_markdown)
         ran_keys = {name: keys[name] for name in plan if name not in result.skipped}
-        _write_run_json(run_dir, store, model_id, fit_dataset, id_dataset, ood_datasets, plan, ran_keys,
-                        complete=True, skipped=result.skipped)
+        _write_run_json(
+            run_dir,
+            store,
+            model_id,
+            fit_dataset,
+            id_dataset,
+            ood_datasets,
+            plan,
+            ran_keys,
+            complete=True,
+            skipped=result.skipped,
+        )
         result.run_dir = run_dir
     return result
 
 
-def run_description(store: Store, model_id: str, fit_dataset: str, id_dataset: str, ood_datasets: Sequence[str],
-                    plan: Mapping[str, Mapping[str, Any]], score_keys: Mapping[str, str], *, complete: bool,
-                    skipped: Mapping[str, str] | None = None) -> dict[str, Any]:
+def run_description(
+    store: Store,
+    model_id: str,
+    fit_dataset: str,
+    id_dataset: str,
+    ood_datasets: Sequence[str],
+    plan: Mapping[str, Mapping[str, Any]],
+    score_keys: Mapping[str, str],
+    *,
+    complete: bool,
+    skipped: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The content of a run directory's run.json: inputs, parameters and the store entries' provenance."""
     entries = {}
     for name in [fit_dataset, id_dataset, *ood_datasets]:
         meta = store.meta(model_id, name)
-        entries[name] = {k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")}
+        entries[name] = {
+            k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")
+        }
     return {
         "model": model_id,
         "store": str(store.root.resolve()),
@@ -240,8 +285,22 @@ def run_description(store: Store, model_id: str, fit_dataset: str, id_dataset: s
     }
 
 
-def _write_run_json(run_dir: Path, store: Store, model_id: str, fit_dataset: str, id_dataset: str,
-                    ood_datasets: Sequence[str], plan: Mapping[str, Mapping[str, Any]], score_keys: Mapping[str, str],
-                    *, complete: bool, skipped: Mapping[str, str] | None = None) -> None:
-    atomic_write_json(run_dir / "run.json", run_description(store, model_id, fit_dataset, id_dataset, ood_datasets,
-                                                            plan, score_keys, complete=complete, skipped=skipped))
+def _write_run_json(
+    run_dir: Path,
+    store: Store,
+    model_id: str,
+    fit_dataset: str,
+    id_dataset: str,
+    ood_datasets: Sequence[str],
+    plan: Mapping[str, Mapping[str, Any]],
+    score_keys: Mapping[str, str],
+    *,
+    complete: bool,
+    skipped: Mapping[str, str] | None = None,
+) -> None:
+    atomic_write_json(
+        run_dir / "run.json",
+        run_description(
+            store, model_id, fit_dataset, id_dataset, ood_datasets, plan, score_keys, complete=complete, skipped=skipped
+        ),
+    )

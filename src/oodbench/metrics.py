@@ -12,6 +12,7 @@ OpenOOD and pytorch-ood report FPR@95 with **OOD as the positive class** (thresh
 OOD set; FPR is the share of ID flagged as OOD). That is a different number; it is available, explicitly
 named, as ``fpr_at_tpr_ood_positive``. All computation is float64.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,8 +1,9 @@
 """The data that flows between pipeline stages: `Outputs` (per-image arrays) and `Head` (linear classifier)."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class Outputs:
             names.add("labels")
         return names
 
-    def subset(self, index: np.ndarray | slice) -> "Outputs":
+    def subset(self, index: np.ndarray | slice) -> Outputs:
         """Rows selected by a boolean mask, an index array or a slice (materialised in memory)."""
         pick = (lambda a: np.asarray(a[index])) if isinstance(index, slice) else (lambda a: np.asarray(a)[index])
         return Outputs(
@@ -128,7 +129,9 @@ class Head:
         weight = _as_float_matrix("head weight", self.weight)
         bias = np.asarray(self.bias)
         if bias.ndim != 1 or bias.shape[0] != weight.shape[0]:
-            raise DataError(f"head bias must have shape ({weight.shape[0]},) to match weight {weight.shape}; got {bias.shape}")
+            raise DataError(
+                f"head bias must have shape ({weight.shape[0]},) to match weight {weight.shape}; got {bias.shape}"
+            )
         if not np.issubdtype(bias.dtype, np.floating):
             raise DataError(f"head bias must have a floating dtype; got {bias.dtype}")
         if not np.isfinite(bias).all():

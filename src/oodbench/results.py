@@ -1,10 +1,11 @@
 """Tidy result rows (model, id_dataset, ood_dataset, detector, metric, value, n_id, n_ood) and their Parquet files."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,23 +30,28 @@ class ResultRow:
     n_ood: int
 
 
-SCHEMA = pa.schema([
-    ("model", pa.string()),
-    ("id_dataset", pa.string()),
-    ("ood_dataset", pa.string()),
-    ("detector", pa.string()),
-    ("metric", pa.string()),
-    ("value", pa.float64()),
-    ("n_id", pa.int64()),
-    ("n_ood", pa.int64()),
-])
+SCHEMA = pa.schema(
+    [
+        ("model", pa.string()),
+        ("id_dataset", pa.string()),
+        ("ood_dataset", pa.string()),
+        ("detector", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("n_id", pa.int64()),
+        ("n_ood", pa.int64()),
+    ]
+)
 
 
-def rows_from_metrics(model: str, id_dataset: str, ood_dataset: str, detector: str, metrics: dict[str, float],
-                      n_id: int, n_ood: int) -> list[ResultRow]:
+def rows_from_metrics(
+    model: str, id_dataset: str, ood_dataset: str, detector: str, metrics: dict[str, float], n_id: int, n_ood: int
+) -> list[ResultRow]:
     """One row per metric of a `metrics.evaluate` result."""
-    return [ResultRow(model, id_dataset, ood_dataset, detector, name, float(value), int(n_id), int(n_ood))
-            for name, value in metrics.items()]
+    return [
+        ResultRow(model, id_dataset, ood_dataset, detector, name, float(value), int(n_id), int(n_ood))
+        for name, value in metrics.items()
+    ]
 
 
 def write_rows(rows: Iterable[ResultRow], path: str | os.PathLike[str]) -> Path:

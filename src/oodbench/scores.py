@@ -1,10 +1,11 @@
 """Per-image detector scores of an evaluation run: `<run_dir>/scores/<model>/<dataset>.npz`, one array per detector."""
+
 from __future__ import annotations
 
 import os
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -19,8 +20,14 @@ def score_path(run_dir: str | os.PathLike[str], model: str, dataset: str) -> Pat
     return Path(run_dir) / "scores" / model / f"{dataset}.npz"
 
 
-def save_scores(run_dir: str | os.PathLike[str], model: str, dataset: str, scores: Mapping[str, np.ndarray], *,
-                replace: bool = False) -> Path:
+def save_scores(
+    run_dir: str | os.PathLike[str],
+    model: str,
+    dataset: str,
+    scores: Mapping[str, np.ndarray],
+    *,
+    replace: bool = False,
+) -> Path:
     """Write {detector: scores (N,)} atomically, merged with the scores already saved (or replacing them)."""
     path = score_path(run_dir, model, dataset)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ one contiguous ``.npy`` (bounded memory) so that readers memory-map a single fil
 Array names: ``features``, ``logits``, ``labels``, ``index`` (the item position of each row, so skipped
 unreadable items leave no silent hole) and ``extra.<name>`` for extras.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -25,9 +26,10 @@ import platform
 import re
 import shutil
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +86,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,11 @@ class Store:
         path = self.entry_path(model_id, dataset_id)
         if not (path / "meta.json").is_file():
             known = self.datasets(model_id)
-            hint = f"; datasets stored for {model_id!r}: {', '.join(known)}" if known else f"; models in store: {', '.join(self.models()) or 'none'}"
+            hint = (
+                f"; datasets stored for {model_id!r}: {', '.join(known)}"
+                if known
+                else f"; models in store: {', '.join(self.models()) or 'none'}"
+            )
             raise StoreError(f"no store entry {model_id}/{dataset_id} under {self.root}{hint}")
         meta = _read_json(path / "meta.json")
         if meta.get("model_id") != model_id or meta.get("dataset_id") != dataset_id:
@@ -157,10 +163,17 @@ class Store:
         num_items: int,
         shard_size: int,
         item_hash: str | None = None,
-    ) -> "EntryWriter":
+    ) -> EntryWriter:
         """Open (or resume) an entry for sharded writing; refuses to mix runs with different provenance."""
-        return EntryWriter(self, model_id, dataset_id, provenance=provenance, num_items=num_items,
-                           shard_size=shard_size, item_hash=item_hash)
+        return EntryWriter(
+            self,
+            model_id,
+            dataset_id,
+            provenance=provenance,
+            num_items=num_items,
+            shard_size=shard_size,
+            item_hash=item_hash,
+        )
 
     def write_outputs(
         self,
@@ -177,11 +190,15 @@ class Store:
         if overwrite:
             self.delete(model_id, dataset_id)
         n = len(outputs)
-        writer = self.writer(model_id, dataset_id, provenance=provenance, num_items=n,
-                             shard_size=shard_size, item_hash=item_hash)
+        writer = self.writer(
+            model_id, dataset_id, provenance=provenance, num_items=n, shard_size=shard_size, item_hash=item_hash
+        )
         for shard in writer.pending_shards():
             rows = writer.shard_rows(shard)
-            arrays: dict[str, np.ndarray] = {"features": outputs.features[rows], "index": np.arange(rows.start, rows.stop)}
+            arrays: dict[str, np.ndarray] = {
+                "features": outputs.features[rows],
+                "index": np.arange(rows.start, rows.stop),
+            }
             if outputs.logits is not None:
                 arrays["logits"] = outputs.logits[rows]
             if outputs.labels is not None:
@@ -209,7 +226,7 @@ class Store:
                 "rerun the extraction to finish it"
             )
         arrays = {name: self._load(model_id, dataset_id, name, spec, mmap) for name, spec in meta["arrays"].items()}
-        extras = {name[len(_EXTRA):]: value for name, value in arrays.items() if name.startswith(_EXTRA)}
+        extras = {name[len(_EXTRA) :]: value for name, value in arrays.items() if name.startswith(_EXTRA)}
         try:
             return Outputs(
                 features=arrays["features"],
@@ -225,7 +242,9 @@ class Store:
         """One named array of a complete entry (e.g. ``index``)."""
         meta = self.meta(model_id, dataset_id)
         if name not in meta.get("arrays", {}):
-            raise StoreError(f"store entry {model_id}/{dataset_id} has no array {name!r}; it has {sorted(meta.get('arrays', {}))}")
+            raise StoreError(
+                f"store entry {model_id}/{dataset_id} has no array {name!r}; it has {sorted(meta.get('arrays', {}))}"
+            )
         return self._load(model_id, dataset_id, name, meta["arrays"][name], mmap)
 
     def _load(self, model_id: str, dataset_id: str, name: str, spec: Mapping[str, Any], mmap: bool) -> np.ndarray:
@@ -246,11 +265,18 @@ class Store:
         path = self.root / _check_name("model id", model_id) / "head"
         atomic_save_npy(path / "weight.npy", np.asarray(head.weight))
         atomic_save_npy(path / "bias.npy", np.asarray(head.bias))
-        atomic_write_json(path / "meta.json", {
-            "format": FORMAT_VERSION, "model_id": model_id, "provenance": dict(provenance),
-            "num_classes": head.num_classes, "num_features": head.num_features, "written": _now(),
-            "versions": library_versions(),
-        })
+        atomic_write_json(
+            path / "meta.json",
+            {
+                "format": FORMAT_VERSION,
+                "model_id": model_id,
+                "provenance": dict(provenance),
+                "num_classes": head.num_classes,
+                "num_features": head.num_features,
+                "written": _now(),
+                "versions": library_versions(),
+            },
+        )
         return path
 
     def has_head(self, model_id: str) -> bool:
@@ -293,8 +319,17 @@ class Store:
 class EntryWriter:
     """Writes one entry shard by shard; rerunning skips complete shards."""
 
-    def __init__(self, store: Store, model_id: str, dataset_id: str, *, provenance: Mapping[str, Any],
-                 num_items: int, shard_size: int, item_hash: str | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        model_id: str,
+        dataset_id: str,
+        *,
+        provenance: Mapping[str, Any],
+        num_items: int,
+        shard_size: int,
+        item_hash: str | None,
+    ) -> None:
         if num_items < 0:
             raise StoreError(f"num_items must be >= 0; got {num_items}")
         if shard_size <= 0:
@@ -371,7 +406,9 @@ class EntryWriter:
         done = self.completed_shards()
         return [k for k in range(self.num_shards) if k not in done]
 
-    def write_shard(self, shard: int, arrays: Mapping[str, np.ndarray], *, skipped: Iterable[Mapping[str, Any]] = ()) -> None:
+    def write_shard(
+        self, shard: int, arrays: Mapping[str, np.ndarray], *, skipped: Iterable[Mapping[str, Any]] = ()
+    ) -> None:
         """Atomically write one shard: every array file first, the done marker last."""
         if self.complete:
             raise StoreError(f"store entry {self.model_id}/{self.dataset_id} is already finalized")
@@ -399,7 +436,9 @@ class EntryWriter:
         done = self._done_shards(self.shard_dir)
         missing = [k for k in range(self.num_shards) if k not in done]
         if missing:
-            raise StoreError(f"cannot finalize {self.model_id}/{self.dataset_id}: shards {missing[:10]} are not written")
+            raise StoreError(
+                f"cannot finalize {self.model_id}/{self.dataset_id}: shards {missing[:10]} are not written"
+            )
         names = sorted({name for record in done.values() for name in record["arrays"]}) or ["features"]
         specs: dict[str, Any] = {}
         total_rows = sum(record["rows"] for record in done.values())
@@ -418,14 +457,16 @@ class EntryWriter:
         if self.num_shards == 0:
             specs = {}
         skipped = [item for k in range(self.num_shards) for item in done[k].get("skipped", [])]
-        self.meta.update({
-            "arrays": specs,
-            "num_rows": total_rows,
-            "skipped": skipped,
-            "complete": True,
-            "finished": _now(),
-            "versions": library_versions(),
-        })
+        self.meta.update(
+            {
+                "arrays": specs,
+                "num_rows": total_rows,
+                "skipped": skipped,
+                "complete": True,
+                "finished": _now(),
+                "versions": library_versions(),
+            }
+        )
         if extra_meta:
             self.meta.update(dict(extra_meta))
         atomic_write_json(self.path / "meta.json", self.meta)

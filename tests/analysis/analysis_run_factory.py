@@ -1,4 +1,5 @@
 """A small but real evaluation run directory: synthetic Gaussian features, a linear head, `evaluate_store`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,8 +37,13 @@ def make_run(root: Path, model: str = "toy-model", seed: int = 0, shift: float =
         "noise": _outputs(rng, head, np.zeros((1, dim)), OOD_SIZES["noise"], 3.0, False),
     }
     for name, outputs in sets.items():
-        store.write_outputs(model, name, outputs, provenance=provenance,
-                            item_hash=hash_items(f"{name}/{i}.png" for i in range(len(outputs))))
+        store.write_outputs(
+            model,
+            name,
+            outputs,
+            provenance=provenance,
+            item_hash=hash_items(f"{name}/{i}.png" for i in range(len(outputs))),
+        )
     store.write_head(model, head, provenance=provenance)
     run_dir = root / f"run-{model}"
     evaluate_store(store, model, "fit", "id-test", list(OOD_SIZES), LOGIT_DETECTORS, out_dir=run_dir, progress=False)

@@ -1,4 +1,5 @@
 """`oodbench analyze …` end to end on a real (synthetic-feature) evaluation run directory."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,25 @@ def cli() -> typer.Typer:
 
 def test_subsample_writes_table_json_and_figure(cli, synthetic_run, tmp_path) -> None:
     out, figure = tmp_path / "sub.json", tmp_path / "curves.png"
-    result = runner.invoke(cli, ["analyze", "subsample", str(synthetic_run), "--n", "50", "--n", "100", "--draws", "200",
-                                 "--out", str(out), "--figure", str(figure), "--quiet"])
+    result = runner.invoke(
+        cli,
+        [
+            "analyze",
+            "subsample",
+            str(synthetic_run),
+            "--n",
+            "50",
+            "--n",
+            "100",
+            "--draws",
+            "200",
+            "--out",
+            str(out),
+            "--figure",
+            str(figure),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "Table A6" in result.stdout and "| far |" in result.stdout and "ratio" in result.stdout
     payload = json.loads(out.read_text())
@@ -55,8 +73,23 @@ def test_subsample_default_n_is_auto_and_written_into_the_run(cli, synthetic_run
 
 def test_ci_and_compare(cli, synthetic_run, tmp_path) -> None:
     out = tmp_path / "ci.json"
-    result = runner.invoke(cli, ["analyze", "ci", str(synthetic_run), "--detector", "energy", "--dataset", "far",
-                                 "--resamples", "300", "--out", str(out), "--quiet"])
+    result = runner.invoke(
+        cli,
+        [
+            "analyze",
+            "ci",
+            str(synthetic_run),
+            "--detector",
+            "energy",
+            "--dataset",
+            "far",
+            "--resamples",
+            "300",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "Wilson" in result.stdout and "BCa" in result.stdout and "DeLong" in result.stdout
     record = json.loads(out.read_text())["records"][0]
@@ -70,13 +103,16 @@ def test_ci_and_compare(cli, synthetic_run, tmp_path) -> None:
     assert len(lines) == 3  # one per OOD set
 
 
-@pytest.mark.parametrize("args, message", [
-    (["subsample", "{run}", "--n", "5000"], "exceeds every OOD set"),
-    (["subsample", "{missing}"], "no run directory"),
-    (["ci", "{run}", "--method", "jackknife-after-bootstrap"], "unknown interval methods"),
-    (["compare", "{run}", "--a", "energy", "--b", "energy"], "two different detectors"),
-    (["compare", "{run}", "--a", "energy", "--b", "knn"], "no saved scores for knn"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["subsample", "{run}", "--n", "5000"], "exceeds every OOD set"),
+        (["subsample", "{missing}"], "no run directory"),
+        (["ci", "{run}", "--method", "jackknife-after-bootstrap"], "unknown interval methods"),
+        (["compare", "{run}", "--a", "energy", "--b", "energy"], "two different detectors"),
+        (["compare", "{run}", "--a", "energy", "--b", "knn"], "no saved scores for knn"),
+    ],
+)
 def test_errors_are_clear(cli, synthetic_run, tmp_path, args, message) -> None:
     args = [a.format(run=synthetic_run, missing=tmp_path / "nope") for a in args]
     result = runner.invoke(cli, ["analyze", *args, "--quiet"] if args[0] in ("subsample", "ci") else ["analyze", *args])

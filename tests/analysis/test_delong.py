@@ -1,4 +1,5 @@
 """DeLong's test against the brute-force U-statistic structural components, and its variance against simulation."""
+
 from __future__ import annotations
 
 import json
@@ -54,7 +55,9 @@ def test_covariance_matches_brute_force_for_three_correlated_detectors() -> None
     base_id, base_ood = rng.normal(1, 1, 16), rng.normal(0, 1, 13)
     pairs = []
     for noise in (0.0, 0.5, 1.5):
-        pairs.append((np.round(base_id + noise * rng.normal(size=16), 1), np.round(base_ood + noise * rng.normal(size=13), 1)))
+        pairs.append(
+            (np.round(base_id + noise * rng.normal(size=16), 1), np.round(base_ood + noise * rng.normal(size=13), 1))
+        )
     aucs, cov = delong_covariance([p[0] for p in pairs], [p[1] for p in pairs])
     brute_aucs, brute_cov = _brute_covariance(pairs)
     np.testing.assert_allclose(aucs, brute_aucs, atol=1e-14)
@@ -73,6 +76,7 @@ def test_paired_test_statistic_from_brute_force() -> None:
     z = (aucs[0] - aucs[1]) / se
     assert result.z == pytest.approx(z, rel=1e-12)
     from scipy.stats import norm
+
     assert result.p_value == pytest.approx(2 * norm.sf(abs(z)), rel=1e-10)
     assert result.low == pytest.approx(result.difference - norm.ppf(0.975) * se, rel=1e-12)
     swapped = delong_test(ids_b, ood_b, ids_a, ood_a)
@@ -89,10 +93,14 @@ def test_identical_detectors_are_not_different() -> None:
 
 def test_perfect_separation_gives_strict_json() -> None:
     # Both detectors separate perfectly: every component is constant, so the correlation is undefined (NaN).
-    result = delong_test(np.array([5.0, 6.0, 7.0]), np.array([0.0, 1.0]), np.array([5.0, 6.0, 9.0]), np.array([0.0, 2.0]))
+    result = delong_test(
+        np.array([5.0, 6.0, 7.0]), np.array([0.0, 1.0]), np.array([5.0, 6.0, 9.0]), np.array([0.0, 2.0])
+    )
     assert np.isnan(result.correlation)
     payload = json.loads(json.dumps(result.as_dict(), allow_nan=False))
-    assert payload["correlation"] is None and payload["p_value"] == 1.0 and (payload["n_id"], payload["n_ood"]) == (3, 2)
+    assert (
+        payload["correlation"] is None and payload["p_value"] == 1.0 and (payload["n_id"], payload["n_ood"]) == (3, 2)
+    )
 
 
 def test_delong_variance_matches_simulated_variance_of_the_difference() -> None:

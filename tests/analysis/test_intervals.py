@@ -1,5 +1,6 @@
 """Binomial intervals against scipy's beta quantiles and their defining equations; the stratified bootstrap
 against brute-force resamples and scipy.stats.bootstrap; the closed-form jackknife against leave-one-out."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +8,17 @@ import pytest
 from scipy import stats
 
 from oodbench import metrics
-from oodbench.analysis.intervals import (_replicates_from_counts, acceleration, bootstrap, bootstrap_replicates,
-                                         clopper_pearson_interval, fpr_interval, jackknife_values, required_count,
-                                         wilson_interval)
+from oodbench.analysis.intervals import (
+    _replicates_from_counts,
+    acceleration,
+    bootstrap,
+    bootstrap_replicates,
+    clopper_pearson_interval,
+    fpr_interval,
+    jackknife_values,
+    required_count,
+    wilson_interval,
+)
 from oodbench.errors import AnalysisError
 
 GRID = [(0, 1), (1, 1), (0, 20), (3, 20), (20, 20), (17, 655), (640, 655), (5000, 10000)]
@@ -89,8 +98,9 @@ def test_replicates_equal_metrics_on_materialised_resamples() -> None:
     draws = 60
     w = np.stack([np.bincount(rng.integers(0, 37, 37), minlength=37) for _ in range(draws)])
     v = np.stack([np.bincount(rng.integers(0, 29, 29), minlength=29) for _ in range(draws)])
-    got = _replicates_from_counts(ids_desc, ood_asc, 0.95, ("fpr95", "auroc"), draws, None, budget_bytes=4096,
-                                  id_counts=w, ood_counts=v)
+    got = _replicates_from_counts(
+        ids_desc, ood_asc, 0.95, ("fpr95", "auroc"), draws, None, budget_bytes=4096, id_counts=w, ood_counts=v
+    )
     for b in range(draws):
         resampled_ids = np.repeat(ids_desc, w[b])
         resampled_ood = np.repeat(ood_asc, v[b])
@@ -131,8 +141,15 @@ def test_auroc_intervals_agree_with_scipy_bootstrap() -> None:
     ids, ood = rng.normal(0.8, 1, 120), rng.normal(0, 1.3, 90)
     ours = bootstrap(ids, ood, metric_names=("auroc",), resamples=4000, seed=1)["auroc"]
     for method, interval in (("percentile", ours.percentile), ("BCa", ours.bca)):
-        reference = stats.bootstrap((ids, ood), _auroc_statistic, n_resamples=4000, method=method,
-                                    vectorized=True, batch=200, random_state=np.random.default_rng(2))
+        reference = stats.bootstrap(
+            (ids, ood),
+            _auroc_statistic,
+            n_resamples=4000,
+            method=method,
+            vectorized=True,
+            batch=200,
+            random_state=np.random.default_rng(2),
+        )
         # Two independent Monte Carlo runs of 4000 resamples: endpoints agree to well under 0.01 AUROC.
         assert interval.low == pytest.approx(reference.confidence_interval.low, abs=0.01)
         assert interval.high == pytest.approx(reference.confidence_interval.high, abs=0.01)

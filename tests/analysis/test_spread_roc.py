@@ -1,4 +1,5 @@
 """Spread versus sampling noise on hand-made summaries; ROC points against scikit-learn."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,12 @@ def _summary(ood: str, full: float, std: float, model: str = "m", n: int = 100) 
 
 
 def test_spread_is_std_across_datasets_over_mean_sampling_std() -> None:
-    summaries = [_summary("a", 0.10, 0.02), _summary("b", 0.30, 0.04), _summary("c", 0.50, 0.03),
-                 _summary("x", 0.2, 0.01, model="other")]
+    summaries = [
+        _summary("a", 0.10, 0.02),
+        _summary("b", 0.30, 0.04),
+        _summary("c", 0.50, 0.03),
+        _summary("x", 0.2, 0.01, model="other"),
+    ]
     (result,) = spread_vs_noise(summaries)  # "other" has a single OOD set: no spread to speak of
     assert result.model == "m" and result.datasets == ("a", "b", "c")
     assert result.spread == pytest.approx(0.2)  # std of 0.1, 0.3, 0.5 with ddof=1

@@ -1,4 +1,5 @@
 """Subsampling study: known answers, the hypergeometric law of the draws, and vectorised ranks against scipy."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,18 @@ from scipy import stats
 
 from oodbench import metrics
 from oodbench.analysis.rundata import load_run
-from oodbench.analysis.subsample import (SEED_N, acceptance_bits, average_ranks, closed_form_se, draw_counts,
-                                         rank_correlation, resolve_n, subsample_curve, subsample_fpr, subsample_run)
+from oodbench.analysis.subsample import (
+    SEED_N,
+    acceptance_bits,
+    average_ranks,
+    closed_form_se,
+    draw_counts,
+    rank_correlation,
+    resolve_n,
+    subsample_curve,
+    subsample_fpr,
+    subsample_run,
+)
 from oodbench.errors import AnalysisError
 
 
@@ -125,8 +136,10 @@ def test_draws_stay_within_possible_counts(n_ood: int, detectors: int, seed: int
     counts = study.draw_fpr * n
     assert np.all(counts <= np.minimum(n, accepted) + 1e-9)
     assert np.all(counts >= np.maximum(0, n - (n_ood - accepted)) - 1e-9)
-    assert study.best == study.detectors[int(np.argmin(study.full_fpr))] or \
-        study.full_fpr[study.best_index] == study.full_fpr.min()
+    assert (
+        study.best == study.detectors[int(np.argmin(study.full_fpr))]
+        or study.full_fpr[study.best_index] == study.full_fpr.min()
+    )
 
 
 def test_best_detector_ties_break_by_auroc() -> None:

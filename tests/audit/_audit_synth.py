@@ -1,4 +1,5 @@
 """Synthetic splits with a known answer, shared by the audit tests (Gaussians, sklearn digits pixels)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +8,7 @@ from threadpoolctl import threadpool_limits
 
 from oodbench import Outputs
 from oodbench.audit import AuditConfig
+
 
 @pytest.fixture(autouse=True)
 def single_thread_blas():
@@ -33,7 +35,9 @@ def outputs(blocks: list[np.ndarray], labels: list[int] | None) -> Outputs:
     features = np.concatenate(blocks).astype(np.float32)
     if labels is None:
         return Outputs(features)
-    return Outputs(features, labels=np.concatenate([np.full(len(b), l, dtype=np.int64) for b, l in zip(blocks, labels)]))
+    return Outputs(
+        features, labels=np.concatenate([np.full(len(b), l, dtype=np.int64) for b, l in zip(blocks, labels)])
+    )
 
 
 class Pentagon:

@@ -1,27 +1,68 @@
 """Adjudication: every branch on hand-built numbers, and end to end on leaked, clean and hard-clean splits."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from _audit_synth import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
+
 from oodbench import Outputs
-from oodbench.audit import (CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, AuditConfig, ContrastResult, Fingerprint,
-                            OracleLDA, adjudicate, audit_split)
+from oodbench.audit import (
+    CLEAN,
+    HARD_CLEAN,
+    INCONCLUSIVE,
+    LEAK,
+    AuditConfig,
+    ContrastResult,
+    Fingerprint,
+    OracleLDA,
+    adjudicate,
+    audit_split,
+)
 
 
-def _fp(oracle: float, best: float, folds: tuple[float, ...] | None = None, config: AuditConfig = AuditConfig()) -> Fingerprint:
+def _fp(
+    oracle: float, best: float, folds: tuple[float, ...] | None = None, config: AuditConfig = AuditConfig()
+) -> Fingerprint:
     folds = folds or (oracle,) * 5
     fires = oracle >= config.oracle_threshold and best < config.collapse_threshold
-    return Fingerprint(OracleLDA(oracle, folds, 100, 100), {"maha": best}, {}, "maha", best, fires,
-                       config.oracle_threshold, config.collapse_threshold, 500, 100, 100, 8)
+    return Fingerprint(
+        OracleLDA(oracle, folds, 100, 100),
+        {"maha": best},
+        {},
+        "maha",
+        best,
+        fires,
+        config.oracle_threshold,
+        config.collapse_threshold,
+        500,
+        100,
+        100,
+        8,
+    )
 
 
-def _contrast(after: float, removed: int = 50, identity: float | None = None, config: AuditConfig = AuditConfig()) -> ContrastResult:
+def _contrast(
+    after: float, removed: int = 50, identity: float | None = None, config: AuditConfig = AuditConfig()
+) -> ContrastResult:
     recovered = after >= config.recovery_threshold
-    return ContrastResult("label", (3,), {3: 1.0}, True, removed, 450, {"maha": 0.5}, {"maha": after}, 0.5, after,
-                          "maha", config.recovery_threshold, recovered, not recovered and after >= config.collapse_threshold,
-                          None if identity is None else OracleLDA(identity, (identity,) * 5, 100, 100))
+    return ContrastResult(
+        "label",
+        (3,),
+        {3: 1.0},
+        True,
+        removed,
+        450,
+        {"maha": 0.5},
+        {"maha": after},
+        0.5,
+        after,
+        "maha",
+        config.recovery_threshold,
+        recovered,
+        not recovered and after >= config.collapse_threshold,
+        None if identity is None else OracleLDA(identity, (identity,) * 5, 100, 100),
+    )
 
 
 def test_silent_rule_is_clean_with_the_reason():

@@ -1,12 +1,13 @@
 """The controlled battery on a digits feature set built here (raw pixels, a probe head) and its validation."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
-
 from _audit_synth import digits_features, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
+
 from oodbench import Outputs
 from oodbench.audit import LEAK, make_battery, run_battery, train_probe
 from oodbench.audit.battery import CLEAN_KIND, LEAKED
@@ -22,16 +23,28 @@ def digits():
         return Outputs(o.features, head.logits(o.features).astype(np.float32), o.labels)
 
     extra = lambda o: o.subset(np.flatnonzero(np.isin(o.labels, [6, 7])))  # noqa: E731 (two extra classes keep it fast)
-    return {"head": head, "train": with_logits(data["train"]), "test": with_logits(data["test"]),
-            "extra_train": with_logits(extra(data["extra_train"])), "extra_test": with_logits(extra(data["extra_test"])),
-            "noise": with_logits(data["noise"])}
+    return {
+        "head": head,
+        "train": with_logits(data["train"]),
+        "test": with_logits(data["test"]),
+        "extra_train": with_logits(extra(data["extra_train"])),
+        "extra_test": with_logits(extra(data["extra_test"])),
+        "noise": with_logits(data["noise"]),
+    }
 
 
 def test_battery_reports_sensitivity_and_specificity(digits):
     config = fast_config(logit_detectors=("msp",))
-    splits = make_battery(digits["train"], digits["test"], digits["head"], classes=[0, 1, 2],
-                          extra_train=digits["extra_train"], extra_test=digits["extra_test"],
-                          far={"noise": digits["noise"]}, config=config)
+    splits = make_battery(
+        digits["train"],
+        digits["test"],
+        digits["head"],
+        classes=[0, 1, 2],
+        extra_train=digits["extra_train"],
+        extra_test=digits["extra_test"],
+        far={"noise": digits["noise"]},
+        config=config,
+    )
     kinds = [s.kind for s in splits]
     assert kinds.count(LEAKED) == 5 and kinds.count(CLEAN_KIND) == 6
     result = run_battery(splits, config)
@@ -77,4 +90,6 @@ def test_battery_validation(digits):
     with pytest.raises(AuditError, match="both"):
         make_battery(digits["train"], digits["test"], classes=[0], extra_train=digits["extra_train"])
     with pytest.raises(AuditError, match="new"):
-        make_battery(digits["train"], digits["test"], classes=[0], extra_train=digits["train"], extra_test=digits["test"])
+        make_battery(
+            digits["train"], digits["test"], classes=[0], extra_train=digits["train"], extra_test=digits["test"]
+        )

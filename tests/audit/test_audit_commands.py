@@ -1,4 +1,5 @@
 """`oodbench audit …` end to end through Typer's CliRunner on tiny stores written here."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +7,9 @@ import json
 import numpy as np
 import pytest
 import typer
+from _audit_synth import Pentagon, digits_features, single_thread_blas  # noqa: F401 (autouse fixture)
 from typer.testing import CliRunner
 
-from _audit_synth import Pentagon, digits_features, single_thread_blas  # noqa: F401 (autouse fixture)
 from oodbench import Outputs, Store
 from oodbench.audit import train_probe
 from oodbench.audit.cli import register
@@ -36,15 +37,42 @@ def pentagon_store(tmp_path_factory):
     fit = world.leaked_fit()
     head = train_probe(fit.features, fit.labels)
     store.write_head("toy", head, provenance=PROVENANCE)
-    for name, outputs in (("fit", fit), ("id", world.id_test()), ("class4", world.ood()),
-                          ("far", Outputs(np.full((50, 2), 30.0, np.float32) + np.random.default_rng(0).normal(size=(50, 2)).astype(np.float32)))):
+    for name, outputs in (
+        ("fit", fit),
+        ("id", world.id_test()),
+        ("class4", world.ood()),
+        (
+            "far",
+            Outputs(
+                np.full((50, 2), 30.0, np.float32) + np.random.default_rng(0).normal(size=(50, 2)).astype(np.float32)
+            ),
+        ),
+    ):
         _write(store, "toy", name, outputs, head)
     return store
 
 
 def test_fingerprint_command_writes_a_report(cli, pentagon_store, tmp_path):
-    result = cli("fingerprint", "--store", str(pentagon_store.root), "--model", "toy", "--fit", "fit", "--id", "id",
-                 "--ood", "class4", "--ood", "far", "-p", "iforest.n_estimators=20", "--out", str(tmp_path), "--no-progress")
+    result = cli(
+        "fingerprint",
+        "--store",
+        str(pentagon_store.root),
+        "--model",
+        "toy",
+        "--fit",
+        "fit",
+        "--id",
+        "id",
+        "--ood",
+        "class4",
+        "--ood",
+        "far",
+        "-p",
+        "iforest.n_estimators=20",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     assert "| class4 |" in result.output and "leak" in result.output
     payload = json.loads((tmp_path / "audit.json").read_text())
@@ -58,16 +86,44 @@ def test_fingerprint_command_writes_a_report(cli, pentagon_store, tmp_path):
 
 
 def test_fingerprint_command_errors_are_clean(cli, pentagon_store, tmp_path):
-    result = cli("fingerprint", "--store", str(pentagon_store.root), "--model", "toy", "--fit", "fit", "--id", "id",
-                 "--ood", "missing", "--out", str(tmp_path))
+    result = cli(
+        "fingerprint",
+        "--store",
+        str(pentagon_store.root),
+        "--model",
+        "toy",
+        "--fit",
+        "fit",
+        "--id",
+        "id",
+        "--ood",
+        "missing",
+        "--out",
+        str(tmp_path),
+    )
     assert result.exit_code == 2 and "no store entry" in result.output
-    result = cli("fingerprint", "--store", str(pentagon_store.root), "--model", "toy", "--fit", "fit", "--id", "id",
-                 "--ood", "class4", "--suspect", "class4=x")
+    result = cli(
+        "fingerprint",
+        "--store",
+        str(pentagon_store.root),
+        "--model",
+        "toy",
+        "--fit",
+        "fit",
+        "--id",
+        "id",
+        "--ood",
+        "class4",
+        "--suspect",
+        "class4=x",
+    )
     assert result.exit_code != 0 and "DATASET=CLASS" in result.output
 
 
 def test_overlap_and_suites_commands(cli, pentagon_store):
-    result = cli("overlap", "--store", str(pentagon_store.root), "--model", "toy", "--id", "id", "--ood", "class4", "-k", "5")
+    result = cli(
+        "overlap", "--store", str(pentagon_store.root), "--model", "toy", "--id", "id", "--ood", "class4", "-k", "5"
+    )
     assert result.exit_code == 0 and "class4: L_5 = 0.0000" in result.output
     result = cli("suites")
     assert result.exit_code == 0 and "ssb-hard" in result.output and "no class list" in result.output
@@ -93,9 +149,30 @@ def test_battery_command_on_a_store(cli, tmp_path):
     store.write_head("digits", head, provenance=PROVENANCE)
     for name in ("train", "test", "noise"):
         _write(store, "digits", name, data[name], head)
-    result = cli("battery", "--store", str(store.root), "--model", "digits", "--train", "train", "--test", "test",
-                 "--far", "noise", "--classes", "0,3", "--pool", "maha,knn,iforest", "-p", "iforest.n_estimators=20",
-                 "--logit", "msp", "--out", str(tmp_path / "out"), "--no-progress")
+    result = cli(
+        "battery",
+        "--store",
+        str(store.root),
+        "--model",
+        "digits",
+        "--train",
+        "train",
+        "--test",
+        "test",
+        "--far",
+        "noise",
+        "--classes",
+        "0,3",
+        "--pool",
+        "maha,knn,iforest",
+        "-p",
+        "iforest.n_estimators=20",
+        "--logit",
+        "msp",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     assert "sensitivity 1.000  specificity 1.000" in result.output
     assert "leaked/trained-class-3" in result.output and "verdict=leak" in result.output
@@ -104,8 +181,20 @@ def test_battery_command_on_a_store(cli, tmp_path):
 
 @pytest.mark.slow
 def test_battery_command_on_the_demo(cli, tmp_path):
-    result = cli("battery", "--demo", str(tmp_path / "demo"), "--classes", "0,1", "--pool", "maha,rmaha,knn,iforest",
-                 "-p", "iforest.n_estimators=20", "--out", str(tmp_path / "out"), "--no-progress")
+    result = cli(
+        "battery",
+        "--demo",
+        str(tmp_path / "demo"),
+        "--classes",
+        "0,1",
+        "--pool",
+        "maha,rmaha,knn,iforest",
+        "-p",
+        "iforest.n_estimators=20",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     first = result.output.splitlines()[0]
     assert first.startswith("sensitivity ") and "specificity" in first

@@ -1,12 +1,13 @@
 """Fit-set-exclusion contrast (label and cross-fitted nearest modes) and leave-class-out head retraining."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from _audit_synth import Orthogonal, Pentagon, fast_config, outputs, single_thread_blas  # noqa: F401 (autouse fixture)
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from _audit_synth import Orthogonal, Pentagon, fast_config, outputs, single_thread_blas  # noqa: F401 (autouse fixture)
 from oodbench import Outputs
 from oodbench.audit import exclusion_contrast, find_suspects, leave_class_out, train_probe
 from oodbench.audit.leave_class_out import balanced_rows

@@ -1,13 +1,14 @@
 """OracleLDA (out-of-fold) and the fingerprint's firing rule on splits with a known answer."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from _audit_synth import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 
-from _audit_synth import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 from oodbench import Outputs
 from oodbench.audit import AuditConfig, fingerprint, oracle_lda, prepare_pool, train_probe
 from oodbench.errors import AuditError

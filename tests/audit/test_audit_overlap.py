@@ -1,15 +1,15 @@
 """Overlap index L_k, exact neighbours, class means, memory-bounded row selection and the pool helpers."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from _audit_synth import single_thread_blas  # noqa: F401 (autouse fixture)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _audit_synth import single_thread_blas  # noqa: F401 (autouse fixture)
 from oodbench import Outputs
-from oodbench.audit import IsolationForestScorer, overlap_index, pair_overlap
-from oodbench.audit import _rows, neighbours
+from oodbench.audit import IsolationForestScorer, _rows, neighbours, overlap_index, pair_overlap
 from oodbench.audit.config import AuditConfig
 from oodbench.audit.neighbours import class_means, nearest_class_mean, nearest_rows
 from oodbench.audit.pool import knn_k_for, resolve_pool
@@ -98,8 +98,9 @@ def test_class_means_and_nearest_mean():
 
 def test_select_rows_through_a_scratch_memory_map(tmp_path, monkeypatch):
     rng = np.random.default_rng(4)
-    source = Outputs(rng.normal(size=(40, 6)).astype(np.float32), rng.normal(size=(40, 3)).astype(np.float32),
-                     rng.integers(0, 3, 40))
+    source = Outputs(
+        rng.normal(size=(40, 6)).astype(np.float32), rng.normal(size=(40, 3)).astype(np.float32), rng.integers(0, 3, 40)
+    )
     keep = rng.random(40) > 0.5
     monkeypatch.setattr(_rows, "IN_MEMORY_BYTES", 0)
     selected = _rows.select_rows(source, keep, scratch=tmp_path)

@@ -1,11 +1,22 @@
 """Class-list scan: a hand-made WordNet and label spaces with known relations, then the shipped manifests."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from oodbench.audit import LabelSpace, SuiteManifest, label_space, load_suite, load_wordnet, scan_suite, scan_suites, shipped_suites, suite_scope
+from oodbench.audit import (
+    LabelSpace,
+    SuiteManifest,
+    label_space,
+    load_suite,
+    load_wordnet,
+    scan_suite,
+    scan_suites,
+    shipped_suites,
+    suite_scope,
+)
 from oodbench.audit.scan import SuiteScan
 from oodbench.audit.wordnet import normalize_lemma
 from oodbench.errors import AuditError
@@ -35,8 +46,18 @@ def tiny(tmp_path_factory):
 
 def _suite(wnids=(), names=(), annotations=None) -> SuiteManifest:
     kind = "wordnet" if wnids else "names"
-    return SuiteManifest("toy", "toy suite", "", "", kind, "toy", tuple(wnids), tuple(names),
-                         annotations=annotations or {}, source={"repository": "here"})
+    return SuiteManifest(
+        "toy",
+        "toy suite",
+        "",
+        "",
+        kind,
+        "toy",
+        tuple(wnids),
+        tuple(names),
+        annotations=annotations or {},
+        source={"repository": "here"},
+    )
 
 
 def test_parser_reads_lemmas_hypernyms_and_instances(tiny):
@@ -56,11 +77,18 @@ def test_relations_on_hand_made_label_space(tiny):
     scan = scan_suite(_suite(wnids=ood), space, tiny)
     found = {f.ood: f for f in scan.findings}
     assert found["n00000003"].relation == "exact"
-    assert (found["n00000004"].relation, found["n00000004"].matches, found["n00000004"].distance) == ("hyponym", ("n00000003",), 1)
+    assert (found["n00000004"].relation, found["n00000004"].matches, found["n00000004"].distance) == (
+        "hyponym",
+        ("n00000003",),
+        1,
+    )
     assert found["n00000009"].relation == "hyponym"  # an instance of a trained class
     assert (found["n00000002"].relation, found["n00000002"].matches) == ("hypernym", ("n00000003",))
     assert (found["n00000001"].relation, found["n00000001"].matches, found["n00000001"].distance) == (
-        "hypernym", ("n00000003", "n00000008"), 2)
+        "hypernym",
+        ("n00000003", "n00000008"),
+        2,
+    )
     assert (found["n00000006"].relation, found["n00000006"].matches) == ("lemma", ("n00000008",))  # bird vs machine
     assert found["n00000010"].relation == "none"
     assert scan.verdict == "leaks" and scan.count("hyponym") == 2 and scan.count("hypernym") == 2
@@ -71,7 +99,10 @@ def test_relations_on_hand_made_label_space(tiny):
 
 def test_name_only_suites(tiny):
     space = LabelSpace("toy-space", "", ("n00000003",), names=("Tench",))
-    suite = _suite(names=("Beagle", "zebra", "tench (fish)", "mystery"), annotations={"related_21k_wnids": {"mystery": ["n00000004"]}})
+    suite = _suite(
+        names=("Beagle", "zebra", "tench (fish)", "mystery"),
+        annotations={"related_21k_wnids": {"mystery": ["n00000004"]}},
+    )
     found = {f.ood: f for f in scan_suite(suite, space, tiny).findings}
     assert found["Beagle"].relation == "hyponym" and found["Beagle"].via.startswith("name")
     assert found["zebra"].relation == "none"
@@ -87,7 +118,9 @@ def test_unavailable_suites_and_scope():
 
     scans[0].findings = [ClassFinding("n1", "x", "hyponym", ("n2",), 1)]
     scans[1].findings = [ClassFinding("n1", "x", "exact", ("n1",))]
-    assert suite_scope(scans) == {"a": "leaks only for imagenet-21k-pretrained backbones (taxonomic overlap with imagenet-1k)"}
+    assert suite_scope(scans) == {
+        "a": "leaks only for imagenet-21k-pretrained backbones (taxonomic overlap with imagenet-1k)"
+    }
     scans[0].findings = [ClassFinding("n1", "x", "exact", ("n1",))]
     assert suite_scope(scans) == {"a": "leaks for imagenet-1k backbones"}
 
@@ -106,9 +139,18 @@ def test_label_spaces_from_timm_and_files(tmp_path):
 
 def test_shipped_manifests_are_complete_and_sourced():
     names = shipped_suites()
-    expected = {"ssb-easy": 1000, "ssb-hard": 980, "ninco": 64, "imagenet-ood": 637, "imagenet-lt-ood": 1000,
-                "mcm-imagenet10-vs-20": 20, "mcm-imagenet20-vs-10": 10, "mcm-imagenet100-vs-rest": 900,
-                "imagenet200-vs-800": 800, "imagenet-o": 0}
+    expected = {
+        "ssb-easy": 1000,
+        "ssb-hard": 980,
+        "ninco": 64,
+        "imagenet-ood": 637,
+        "imagenet-lt-ood": 1000,
+        "mcm-imagenet10-vs-20": 20,
+        "mcm-imagenet20-vs-10": 10,
+        "mcm-imagenet100-vs-rest": 900,
+        "imagenet200-vs-800": 800,
+        "imagenet-o": 0,
+    }
     assert set(expected) <= set(names)
     for name, count in expected.items():
         suite = load_suite(name)
@@ -138,7 +180,10 @@ def test_manifest_validation(tmp_path):
 def test_real_suites_against_imagenet():
     wordnet = load_wordnet()
     suites = [load_suite("mcm-imagenet10-vs-20"), load_suite("ssb-hard")]
-    scans = {(s.suite, s.label_space): s for s in scan_suites(suites, [label_space("imagenet-1k"), label_space("imagenet-21k")], wordnet)}
+    scans = {
+        (s.suite, s.label_space): s
+        for s in scan_suites(suites, [label_space("imagenet-1k"), label_space("imagenet-21k")], wordnet)
+    }
     assert scans[("mcm-imagenet10-vs-20", "imagenet-1k")].count("exact") == 20
     hard_1k = scans[("ssb-hard", "imagenet-1k")]
     assert hard_1k.count("exact") == 0 and hard_1k.count("hyponym") > 0 and hard_1k.verdict == "may leak"

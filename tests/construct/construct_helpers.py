@@ -74,7 +74,10 @@ def build_project(base: Path, n_images: int = 4, *, examples: bool = False, back
             for j in range(2):
                 write_png(example_root / f"c{c:02d}" / f"ex{j}.png", 100 + 10 * c + j)
     project = Project.create(
-        base / "proj", root, CLASSES, example_root=str(example_root) if example_root else None,
+        base / "proj",
+        root,
+        CLASSES,
+        example_root=str(example_root) if example_root else None,
         db_url=fresh_db_url(backend),
     )
     mapping = TableMapping(original_label="label", flags={"no-class": "no_class", "uncertain": "uncertain"})

@@ -12,8 +12,15 @@ import pytest
 from construct_helpers import PASSWORD, build_project
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-quic"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 pytestmark = [
     pytest.mark.slow,
@@ -108,10 +115,20 @@ def test_disagreement_resolved_in_stage3_reaches_the_export(served, tmp_path):
     with open(tmp_path / "bench" / "ood_manifest.csv", newline="") as handle:
         (row,) = list(csv.DictReader(handle))
     assert (row["key"], row["ood_concept"], row["decided_in"], row["annotators"]) == (
-        "img000.png", "hot air balloon", "3", "ann1;ann2;ann3")
+        "img000.png",
+        "hot air balloon",
+        "3",
+        "ann1;ann2;ann3",
+    )
     with open(tmp_path / "bench" / "ood.csv", newline="") as handle:
-        assert list(csv.DictReader(handle)) == [{"path": str(project.root("images") / "sub0" / "img000.png"), "label": ""}]
+        assert list(csv.DictReader(handle)) == [
+            {"path": str(project.root("images") / "sub0" / "img000.png"), "label": ""}
+        ]
     # The Stage 1 fine-grained flag of annotator 1 is on record in the event log.
     first = project.store().events()[0]
     assert (first["annotator"], first["verdict"], first["label"], first["fine_grained"]) == (
-        "ann1", "ood", "Hot-air balloon", True)
+        "ann1",
+        "ood",
+        "Hot-air balloon",
+        True,
+    )

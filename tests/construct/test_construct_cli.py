@@ -33,14 +33,28 @@ def test_init_on_shipped_real_and_mturk_files(tmp_path):
     for row in neither:  # ... and synset folders for MTurk ones
         write_png(images / "val" / row["url"].split("/")[-2] / f"ILSVRC2012_val_{row['id']:08d}.JPEG", row["id"])
     project = tmp_path / "proj"
-    result = invoke("init", project, "--images", images, "--real", real, "--original-labels", index,
-                    "--mturk", mturk_file)
+    result = invoke(
+        "init", project, "--images", images, "--real", real, "--original-labels", index, "--mturk", mturk_file
+    )
     assert result.exit_code == 2 and "are not under" in result.output and "--skip-missing" in result.output
-    result = invoke("init", project, "--images", images, "--real", real, "--original-labels", index,
-                    "--mturk", mturk_file, "--skip-missing")
+    result = invoke(
+        "init",
+        project,
+        "--images",
+        images,
+        "--real",
+        real,
+        "--original-labels",
+        index,
+        "--mturk",
+        mturk_file,
+        "--skip-missing",
+    )
     assert result.exit_code == 0, result.output
     assert "real: 3163 candidates" in result.output and "mturk: 293 candidates" in result.output
-    overlap = len({f"ILSVRC2012_val_{n:08d}.JPEG" for n in empty} & {f"ILSVRC2012_val_{r['id']:08d}.JPEG" for r in neither})
+    overlap = len(
+        {f"ILSVRC2012_val_{n:08d}.JPEG" for n in empty} & {f"ILSVRC2012_val_{r['id']:08d}.JPEG" for r in neither}
+    )
     assert f"{5 - overlap} images added" in result.output
 
     from oodbench.construct.project import Project
@@ -116,7 +130,9 @@ def test_cli_errors_are_one_line(tmp_path):
     images.mkdir()
     none = invoke("init", tmp_path / "p", "--images", images)
     assert none.exit_code == 2 and "at least one candidate source" in none.output
-    bad_classes = invoke("init", tmp_path / "p", "--images", images, "--real", tmp_path / "x.json", "--classes", "nope.txt")
+    bad_classes = invoke(
+        "init", tmp_path / "p", "--images", images, "--real", tmp_path / "x.json", "--classes", "nope.txt"
+    )
     assert bad_classes.exit_code == 2 and "class list not found" in bad_classes.output
 
 
@@ -131,13 +147,40 @@ def test_evidence_command(tmp_path):
     for c in "abc":
         write_png(train / c / "x.png", ord(c))
     project = tmp_path / "proj"
-    assert invoke("init", project, "--images", images, "--table", tmp_path / "c.csv", "--mapping", tmp_path / "m.json",
-                  "--classes", tmp_path / "classes.txt", "--examples", train).exit_code == 0
+    assert (
+        invoke(
+            "init",
+            project,
+            "--images",
+            images,
+            "--table",
+            tmp_path / "c.csv",
+            "--mapping",
+            tmp_path / "m.json",
+            "--classes",
+            tmp_path / "classes.txt",
+            "--examples",
+            train,
+        ).exit_code
+        == 0
+    )
     np.save(tmp_path / "img.npy", np.array([[1.0, 0, 0], [0, 0, 1.0]], dtype=np.float32))
     np.save(tmp_path / "txt.npy", np.eye(3, dtype=np.float32))
     (tmp_path / "keys.txt").write_text("p0.png\np1.png\n")
-    result = invoke("evidence", project, "--image-embeddings", tmp_path / "img.npy", "--keys", tmp_path / "keys.txt",
-                    "--text-embeddings", tmp_path / "txt.npy", "--k", 2, "--model", "toy")
+    result = invoke(
+        "evidence",
+        project,
+        "--image-embeddings",
+        tmp_path / "img.npy",
+        "--keys",
+        tmp_path / "keys.txt",
+        "--text-embeddings",
+        tmp_path / "txt.npy",
+        "--k",
+        2,
+        "--model",
+        "toy",
+    )
     assert result.exit_code == 0, result.output
     assert "VLM evidence added to 2 images" in result.output and "indexed for 3 classes" in result.output
     from oodbench.construct.project import Project

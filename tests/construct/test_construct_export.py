@@ -32,13 +32,27 @@ def decided(tmp_path, backend):
     users = sorted(store.users(), key=lambda u: u.name)
     ids = {img.key: img.id for img in store.images()}
     OOD, ID, AMB = Verdict.OOD, Verdict.ID, Verdict.AMBIGUOUS
-    decide(store, users, ids["img000.png"], Judgement(OOD, label="Yurt", fine_grained=True), Judgement(OOD, label="yurt"))
-    decide(store, users, ids["img001.png"], Judgement(OOD, label="canoe"), Judgement(ID, class_index=3),
-           [Judgement(OOD, label="canoe")] * 3)
+    decide(
+        store, users, ids["img000.png"], Judgement(OOD, label="Yurt", fine_grained=True), Judgement(OOD, label="yurt")
+    )
+    decide(
+        store,
+        users,
+        ids["img001.png"],
+        Judgement(OOD, label="canoe"),
+        Judgement(ID, class_index=3),
+        [Judgement(OOD, label="canoe")] * 3,
+    )
     decide(store, users, ids["img002.png"], Judgement(ID, class_index=4), Judgement(ID, class_index=4))
     decide(store, users, ids["img003.png"], Judgement(AMB, reason="corrupted"), Judgement(AMB, reason="degraded"))
-    decide(store, users, ids["img004.png"], Judgement(ID, class_index=1), Judgement(ID, class_index=2),
-           [Judgement(ID, class_index=1), Judgement(ID, class_index=2), Judgement(ID, class_index=1)])
+    decide(
+        store,
+        users,
+        ids["img004.png"],
+        Judgement(ID, class_index=1),
+        Judgement(ID, class_index=2),
+        [Judgement(ID, class_index=1), Judgement(ID, class_index=2), Judgement(ID, class_index=1)],
+    )
     store.close_stage3(users[0], ids["img004.png"])
     yield project
     project.close()
@@ -59,28 +73,58 @@ def test_export_files_and_statistics(decided, tmp_path):
     assert all(r["label"] == "" for r in ood)
     assert read_csv(out / "fi-test-id.csv") == [{"path": str(root / "sub0/img002.png"), "label": "4"}]
     rich = read_csv(out / "ood_manifest.csv")
-    assert [(r["key"], r["ood_label"], r["ood_concept"], r["fine_grained"], r["original_label"], r["flags"],
-             r["decided_in"]) for r in rich] == [
+    assert [
+        (
+            r["key"],
+            r["ood_label"],
+            r["ood_concept"],
+            r["fine_grained"],
+            r["original_label"],
+            r["flags"],
+            r["decided_in"],
+        )
+        for r in rich
+    ] == [
         ("img000.png", "Yurt", "yurt", "1", "0", "no-class", "2"),
         ("img001.png", "canoe", "canoe", "0", "1", "no-class;uncertain", "3"),
     ]
     assert rich[0]["original_label_name"] == "class-0" and rich[1]["annotators"] == "a;b;c"
     ambiguous = read_csv(out / "ambiguous.csv")
     assert [(r["key"], r["reason"], r["decided_in"]) for r in ambiguous] == [
-        ("img003.png", "corrupted+degraded", "2"), ("img004.png", "no-consensus", "3")]
+        ("img003.png", "corrupted+degraded", "2"),
+        ("img004.png", "no-consensus", "3"),
+    ]
     everything = read_csv(out / "manifest.csv")
     assert [r["status"] for r in everything] == ["final"] * 5 + ["stage1"]
     # Statistics: percentages of decided images, overall and per flag (odd images are also 'uncertain').
     stats = json.loads((out / "stats.json").read_text())
     overall, no_class, uncertain = stats["groups"]
     assert overall == {
-        "group": "all", "candidates": 6, "decided": 5, "pending": 1, "ood": 2, "ood_pct": 40.0, "id": 1,
-        "id_pct": 20.0, "ambiguous": 2, "ambiguous_pct": 40.0, "concepts": 2, "fine_grained": 1,
-        "fine_grained_pct": 50.0, "by_agreement": 3, "by_review": 2,
+        "group": "all",
+        "candidates": 6,
+        "decided": 5,
+        "pending": 1,
+        "ood": 2,
+        "ood_pct": 40.0,
+        "id": 1,
+        "id_pct": 20.0,
+        "ambiguous": 2,
+        "ambiguous_pct": 40.0,
+        "concepts": 2,
+        "fine_grained": 1,
+        "fine_grained_pct": 50.0,
+        "by_agreement": 3,
+        "by_review": 2,
     }
     assert no_class["group"] == "no-class" and no_class["candidates"] == 6
-    assert (uncertain["group"], uncertain["candidates"], uncertain["ood"], uncertain["ambiguous"], uncertain["id"],
-            uncertain["pending"]) == ("uncertain", 3, 1, 1, 0, 1)
+    assert (
+        uncertain["group"],
+        uncertain["candidates"],
+        uncertain["ood"],
+        uncertain["ambiguous"],
+        uncertain["id"],
+        uncertain["pending"],
+    ) == ("uncertain", 3, 1, 1, 0, 1)
     assert uncertain["ood_pct"] == 50.0
     assert "| all | 6 | 5 | 2 | 40.0 |" in (out / "stats.md").read_text()
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]

@@ -38,7 +38,9 @@ def test_real_empty_entries(val_labels):
     assert all(c.flags == (REAL_FLAG,) for c in imp.candidates)
     assert [c.original_label for c in imp.candidates] == [int(val_labels[i]) for i in empty]
     # Confusion pairs, counted the slow way: every ReaL label that differs from the original.
-    slow = Counter((int(val_labels[i]), int(lab)) for i, labels in enumerate(raw) for lab in labels if lab != val_labels[i])
+    slow = Counter(
+        (int(val_labels[i]), int(lab)) for i, labels in enumerate(raw) for lab in labels if lab != val_labels[i]
+    )
     assert Counter(map(tuple, imp.confusion_pairs.tolist())) == slow
 
 
@@ -91,14 +93,14 @@ def test_merge_rejects_conflicting_labels():
 def test_table_csv_and_jsonl(tmp_path):
     csv_path = tmp_path / "re.csv"
     csv_path.write_text(
-        "file,orig,uncertain,none_fit,relabels\n"
-        "a/1.jpg,2,yes,0,3;4\n"
-        "a/2.jpg,class-1,0,0,1\n"
-        "b/3.jpg,0,0,TRUE,\n"
+        "file,orig,uncertain,none_fit,relabels\na/1.jpg,2,yes,0,3;4\na/2.jpg,class-1,0,0,1\nb/3.jpg,0,0,TRUE,\n"
     )
     mapping = TableMapping(
-        path="file", original_label="orig", flags={"uncertain": "uncertain", "no-class": "none_fit"},
-        reassigned="relabels", flag_prefix="re:",
+        path="file",
+        original_label="orig",
+        flags={"uncertain": "uncertain", "no-class": "none_fit"},
+        reassigned="relabels",
+        flag_prefix="re:",
     )
     imp = read_table(csv_path, mapping, class_names=[f"class-{i}" for i in range(5)])
     assert [(c.key, c.path, c.original_label, c.flags) for c in imp.candidates] == [
@@ -109,11 +111,14 @@ def test_table_csv_and_jsonl(tmp_path):
 
     jsonl = tmp_path / "re.jsonl"
     jsonl.write_text(
-        json.dumps({"file": "x.png", "orig": 1, "flags_nc": True, "relabels": [1, 2]}) + "\n\n"
-        + json.dumps({"file": "y.png", "orig": 3, "flags_nc": False}) + "\n"
+        json.dumps({"file": "x.png", "orig": 1, "flags_nc": True, "relabels": [1, 2]})
+        + "\n\n"
+        + json.dumps({"file": "y.png", "orig": 3, "flags_nc": False})
+        + "\n"
     )
-    imp = read_table(jsonl, TableMapping(path="file", original_label="orig", flags={"no-class": "flags_nc"},
-                                         reassigned="relabels"))
+    imp = read_table(
+        jsonl, TableMapping(path="file", original_label="orig", flags={"no-class": "flags_nc"}, reassigned="relabels")
+    )
     assert [c.key for c in imp.candidates] == ["x.png"] and imp.confusion_pairs.tolist() == [[1, 2]]
     everything = read_table(jsonl, TableMapping(path="file", include_all=True))
     assert [c.flags for c in everything.candidates] == [("listed",), ("listed",)]

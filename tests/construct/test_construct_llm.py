@@ -111,7 +111,10 @@ def test_timeouts_and_client_errors_fail_clearly(tmp_path, fake):
 
 def test_parse_answer_formats():
     assert parse_answer('{"description": "d", "closed_world": "NONE", "open_world": "yurt"}', ["tent"]) == {
-        "description": "d", "closed_world": None, "closed_world_in_list": False, "open_world": "yurt",
+        "description": "d",
+        "closed_world": None,
+        "closed_world_in_list": False,
+        "open_world": "yurt",
         "parse_error": False,
     }
     out = parse_answer('{"closed_world": "igloo", "open_world": ""}', ["tent"])
@@ -120,7 +123,13 @@ def test_parse_answer_formats():
 
 
 def test_config_from_environment(monkeypatch):
-    for var in ("OODBENCH_LLM_BASE_URL", "OODBENCH_LLM_MODEL", "OODBENCH_LLM_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
+    for var in (
+        "OODBENCH_LLM_BASE_URL",
+        "OODBENCH_LLM_MODEL",
+        "OODBENCH_LLM_API_KEY",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+    ):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ConstructError, match="no LLM endpoint"):
         LLMConfig.resolve()
@@ -155,12 +164,15 @@ def test_describe_command(tmp_path, fake, monkeypatch):
     project.close()
     server = fake([(200, ANSWER, 0), (429, "slow down", 0), (200, ANSWER, 0)])
     monkeypatch.setenv("OODBENCH_LLM_API_KEY", "sk-cli")
-    result = CliRunner().invoke(app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy",
-                                      "--no-progress", "--limit", "1"])
+    result = CliRunner().invoke(
+        app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy", "--no-progress", "--limit", "1"]
+    )
     assert result.exit_code == 0, result.output
     assert "described 1 images" in result.output and server.requests[0]["auth"] == "Bearer sk-cli"
-    result = CliRunner().invoke(app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy",
-                                      "--no-progress", "--retries", "0"])
+    result = CliRunner().invoke(
+        app,
+        ["describe", str(project.dir), "--base-url", server.url, "--model", "toy", "--no-progress", "--retries", "0"],
+    )
     assert result.exit_code == 2 and "HTTP 429" in result.output  # a refusal is reported, not hidden
     monkeypatch.delenv("OODBENCH_LLM_BASE_URL", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)

@@ -150,8 +150,13 @@ def test_agreement_on_ambiguous_keeps_both_reasons():
 
 @pytest.mark.parametrize(
     "first, second",
-    [(ood("dog sled"), id_(5)), (id_(5), id_(6)), (ood("kayak"), ood("canoe")), (amb("corrupted"), id_(1)),
-     (ood("kayak"), amb("no-object"))],
+    [
+        (ood("dog sled"), id_(5)),
+        (id_(5), id_(6)),
+        (ood("kayak"), ood("canoe")),
+        (amb("corrupted"), id_(1)),
+        (ood("kayak"), amb("no-object")),
+    ],
 )
 def test_disagreement_goes_to_stage3(first, second):
     out = Log().s1("a", first).s1("b", second).outcome

@@ -42,7 +42,9 @@ def test_login_logout_and_wrong_password(app, project):
         assert home.status_code == 200 and "Hello, ann1" in home.text
         cookie = home.history[0].headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=lax" in cookie.replace("Lax", "lax")
-        assert home.headers["x-frame-options"] == "DENY" and "script-src 'self'" in home.headers["content-security-policy"]
+        assert (
+            home.headers["x-frame-options"] == "DENY" and "script-src 'self'" in home.headers["content-security-policy"]
+        )
         token = client.cookies["oodb_session"]
         client.post("/logout", data={"csrf_token": csrf_of(home.text)})
         assert project.store().session_user(token) is None  # the session is gone server-side
@@ -73,10 +75,14 @@ def test_csrf_is_required(app, client_for, project):
         assert response.status_code == 403
     other = client_for("ann2")
     other_token = csrf_of(other.get("/").text)  # a valid token, but of another session
-    assert ann.post(f"/annotate/{image_id}", data={"verdict": "id", "class": "1", "csrf_token": other_token}).status_code == 403
+    assert (
+        ann.post(f"/annotate/{image_id}", data={"verdict": "id", "class": "1", "csrf_token": other_token}).status_code
+        == 403
+    )
     token = csrf_of(ann.get(f"/annotate/{image_id}").text)
     cross = ann.post(
-        f"/annotate/{image_id}", data={"verdict": "id", "class": "1", "csrf_token": token},
+        f"/annotate/{image_id}",
+        data={"verdict": "id", "class": "1", "csrf_token": token},
         headers={"Origin": "https://evil.example"},
     )
     assert cross.status_code == 403
@@ -95,13 +101,26 @@ def test_stage1_is_blind(client_for, project):
     first, second, outsider, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
     image_id = image_id_of(first.get("/annotate"))
     assert image_id_of(second.get("/annotate")) == image_id
-    probes = ["/", "/annotate", f"/annotate/{image_id}", "/stage3", f"/stage3/{image_id}", "/admin", "/api/classes",
-              f"/annotate/{image_id}?show=all", f"/stage3/{image_id}/vote", f"/image/{image_id}"]
+    probes = [
+        "/",
+        "/annotate",
+        f"/annotate/{image_id}",
+        "/stage3",
+        f"/stage3/{image_id}",
+        "/admin",
+        "/api/classes",
+        f"/annotate/{image_id}?show=all",
+        f"/stage3/{image_id}/vote",
+        f"/image/{image_id}",
+    ]
 
     def snapshot():
-        return {(who, path): (r.status_code, r.content) for who, client in
-                (("second", second), ("outsider", outsider), ("boss", boss))
-                for path in probes for r in [client.get(path)]}
+        return {
+            (who, path): (r.status_code, r.content)
+            for who, client in (("second", second), ("outsider", outsider), ("boss", boss))
+            for path in probes
+            for r in [client.get(path)]
+        }
 
     snapshot()  # the probes' own side effects (the outsider's /annotate claims an image) happen here
     before = snapshot()
@@ -117,7 +136,9 @@ def test_stage1_is_blind(client_for, project):
     # A Stage 3 vote or a close cannot be used to probe the image either.
     token = csrf_of(outsider.get("/").text)
     for action in ("vote", "close"):
-        response = outsider.post(f"/stage3/{image_id}/{action}", data={"csrf_token": token, "verdict": "id", "class": "1"})
+        response = outsider.post(
+            f"/stage3/{image_id}/{action}", data={"csrf_token": token, "verdict": "id", "class": "1"}
+        )
         assert response.status_code == 404 and SECRET_LABEL not in response.text
     # Nor can a Stage 1 verdict on an image outside one's queue, and none is recorded.
     logged = len(project.store().events())
@@ -139,9 +160,16 @@ def test_images_only_from_configured_roots(client_for, project, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("top secret")
     for path in (
-        "/image/../../secret.txt", "/image/..%2f..%2fsecret.txt", "/image/%2e%2e/%2e%2e/etc/passwd",
-        "/static/../project.json", "/static/..%2f..%2fdb.py", "/static/%2e%2e/web.py", "/example/0/..%2f..%2fsecret.txt",
-        "/image/999999", "/example/0/0", "/example/-1/0",
+        "/image/../../secret.txt",
+        "/image/..%2f..%2fsecret.txt",
+        "/image/%2e%2e/%2e%2e/etc/passwd",
+        "/static/../project.json",
+        "/static/..%2f..%2fdb.py",
+        "/static/%2e%2e/web.py",
+        "/example/0/..%2f..%2fsecret.txt",
+        "/image/999999",
+        "/example/0/0",
+        "/example/-1/0",
     ):
         response = ann.get(path)
         assert response.status_code in (404, 422), path
@@ -186,12 +214,17 @@ def test_full_round_over_http(client_for, project):
     submit(b, image_id, verdict="id", **{"class": "4: class-4"})
     listing = c.get("/stage3").text
     assert f"/stage3/{image_id}" in listing
-    for client, fields in ((a, {"verdict": "ood", "label": "snow globe"}), (b, {"verdict": "ood", "label": "snow-globe"})):
+    for client, fields in (
+        (a, {"verdict": "ood", "label": "snow globe"}),
+        (b, {"verdict": "ood", "label": "snow-globe"}),
+    ):
         token = csrf_of(client.get(f"/stage3/{image_id}").text)
         assert client.post(f"/stage3/{image_id}/vote", data={"csrf_token": token, **fields}).status_code == 200
     token = csrf_of(c.get(f"/stage3/{image_id}").text)
-    done = c.post(f"/stage3/{image_id}/vote",
-                  data={"csrf_token": token, "verdict": "ood", "label": "The snow globe", "fine_grained": "on"})
+    done = c.post(
+        f"/stage3/{image_id}/vote",
+        data={"csrf_token": token, "verdict": "ood", "label": "The snow globe", "fine_grained": "on"},
+    )
     assert 'id="final"' in done.text and "Snow globe" in done.text
     outcome = project.store().outcome(image_id)
     assert outcome.concept == "snow globe" and outcome.decided_in == 3 and outcome.fine_grained

@@ -1,4 +1,5 @@
 """Shared test data for the detectors: small synthetic classification problems with a consistent linear head."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ def outputs_of(features: np.ndarray, head: Head, labels: np.ndarray | None = Non
     return Outputs(features, logits, labels, extras=extras)
 
 
-def make_problem(seed: int = 0, num_classes: int = 5, dim: int = 12, fit_rows: int = 400, test_rows: int = 150,
-                 relu: bool = True) -> Problem:
+def make_problem(
+    seed: int = 0, num_classes: int = 5, dim: int = 12, fit_rows: int = 400, test_rows: int = 150, relu: bool = True
+) -> Problem:
     """Gaussian classes (post-ReLU by default); OOD rows sit between two classes, so ID and OOD scores overlap."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(num_classes, dim)) * 1.5 + 1.0
@@ -73,8 +75,15 @@ def assert_agree(fast: np.ndarray, slow: np.ndarray, n_id: int, rtol: float | No
 
 
 # Small parameters so every detector fits the 400-row test problem.
-SMALL_PARAMS = {"knn": {"k": 5}, "nnguide": {"k": 5, "alpha": 0.2}, "neco": {"dim": 4}, "nac": {"alpha": 50.0, "fit_rows": 250},
-                "vim": {"dim": 5}, "ash_s": {"percentile": 80}, "scale": {"percentile": 80}}
+SMALL_PARAMS = {
+    "knn": {"k": 5},
+    "nnguide": {"k": 5, "alpha": 0.2},
+    "neco": {"dim": 4},
+    "nac": {"alpha": 50.0, "fit_rows": 250},
+    "vim": {"dim": 5},
+    "ash_s": {"percentile": 80},
+    "scale": {"percentile": 80},
+}
 
 
 @pytest.fixture(scope="session")

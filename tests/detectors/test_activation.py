@@ -1,4 +1,5 @@
 """ReAct, ASH-S, SCALE, DICE: hand-computed cases, slow per-sample references, invariances, requirements."""
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,10 @@ def slow_dice(problem, p):
     threshold = np.percentile(contribution, p)
     scores = []
     for z in np.asarray(problem.test.features, dtype=np.float64):
-        logits = [sum(z[d] * problem.weight[c, d] for d in range(len(z)) if contribution[c, d] > threshold) + problem.bias[c]
-                  for c in range(problem.weight.shape[0])]
+        logits = [
+            sum(z[d] * problem.weight[c, d] for d in range(len(z)) if contribution[c, d] > threshold) + problem.bias[c]
+            for c in range(problem.weight.shape[0])
+        ]
         scores.append(_energy(np.array(logits)))
     return np.array(scores)
 
@@ -146,8 +149,7 @@ def test_react_at_100th_percentile_is_energy_inside_the_fit_range(problem):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.floats(0.0, 10.0, allow_nan=False, width=32), min_size=3, max_size=12),
-       st.floats(0.0, 99.0))
+@given(st.lists(st.floats(0.0, 10.0, allow_nan=False, width=32), min_size=3, max_size=12), st.floats(0.0, 99.0))
 def test_ash_s_and_scale_follow_their_definition(values, percentile):
     dim = len(values)
     z = np.array(values, dtype=np.float32)
@@ -193,8 +195,15 @@ def test_scale_needs_test_logits(problem):
         detector.score(Outputs(problem.test.features))
 
 
-@pytest.mark.parametrize("name,params", [("react", {"percentile": 101}), ("ash_s", {"percentile": 100}),
-                                         ("scale", {"percentile": -1}), ("dice", {"p": "high"})])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("react", {"percentile": 101}),
+        ("ash_s", {"percentile": 100}),
+        ("scale", {"percentile": -1}),
+        ("dice", {"p": "high"}),
+    ],
+)
 def test_bad_parameters_are_rejected(name, params):
     with pytest.raises(DetectorError, match=name if name != "dice" else "p"):
         create(name, **params)

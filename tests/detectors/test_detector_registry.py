@@ -1,4 +1,5 @@
 """The registry holds the 21 detectors in documentation order, each with paper metadata and documented defaults."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,10 @@ from oodbench.detectors import available, create, get_class
 from oodbench.errors import DetectorError
 from oodbench.outputs import Outputs
 
-NAMES = ("msp maxlogit kl_matching energy gen react ash_s scale dice maha rmaha maha++ rmaha++ knn cosine mcm fdbd "
-         "neco nac vim nnguide").split()
+NAMES = (
+    "msp maxlogit kl_matching energy gen react ash_s scale dice maha rmaha maha++ rmaha++ knn cosine mcm fdbd "
+    "neco nac vim nnguide"
+).split()
 
 
 def test_available_is_exactly_the_21_in_order():
@@ -40,6 +43,8 @@ def test_every_detector_fits_and_scores_end_to_end(problem, small_params, name):
     assert scores.shape == (len(problem.test),) and scores.dtype == np.float64
     assert np.isfinite(scores).all() and np.ptp(scores) > 0
     # Scoring row by row gives the same numbers as scoring the whole set (no cross-row leakage in a chunk).
-    single = np.concatenate([detector.score(problem.test.subset(slice(i, i + 1))) for i in range(0, len(problem.test), 37)])
+    single = np.concatenate(
+        [detector.score(problem.test.subset(slice(i, i + 1))) for i in range(0, len(problem.test), 37)]
+    )
     # float32 BLAS products may round differently for one row than for a block: 1e-6, far below any leakage.
     np.testing.assert_allclose(single, scores[::37], rtol=1e-6, atol=1e-9)

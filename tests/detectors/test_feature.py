@@ -1,4 +1,5 @@
 """Mahalanobis family, k-NN, cosine, MCM, fDBD, NECO: hand cases, slow references, invariances, requirements."""
+
 from __future__ import annotations
 
 import math
@@ -85,8 +86,10 @@ def slow_neco(problem, dim, use_maxlogit=False):
 
 
 # ----------------------------------------------------------------------------- agreement
-@pytest.mark.parametrize("name,relative,normalize", [("maha", False, False), ("rmaha", True, False),
-                                                     ("maha++", False, True), ("rmaha++", True, True)])
+@pytest.mark.parametrize(
+    "name,relative,normalize",
+    [("maha", False, False), ("rmaha", True, False), ("maha++", False, True), ("rmaha++", True, True)],
+)
 def test_mahalanobis_family_agrees_with_slow_reference(problem, agree, name, relative, normalize):
     fast = create(name).fit(problem.fit).score(problem.test)
     agree(fast, slow_mahalanobis(problem, relative, normalize), problem.n_id, rtol=1e-6)
@@ -114,8 +117,12 @@ def test_knn_ivf_with_too_few_probed_neighbours_fails_clearly(make):
 def test_cosine_and_mcm_agree_with_slow_reference(problem, agree):
     cosines = slow_centroid_cosines(problem)
     # The cosines come from a float32 product (|cos| <= 1, so ~1e-7 absolute).
-    agree(create("cosine").fit(problem.fit).score(problem.test), np.array([max(row) for row in cosines]), problem.n_id,
-          rtol=1e-6)
+    agree(
+        create("cosine").fit(problem.fit).score(problem.test),
+        np.array([max(row) for row in cosines]),
+        problem.n_id,
+        rtol=1e-6,
+    )
     for tau in (1.0, 0.1):
         slow = np.array([max(math.exp(c / tau) for c in row) / sum(math.exp(c / tau) for c in row) for row in cosines])
         agree(create("mcm", temperature=tau).fit(problem.fit).score(problem.test), slow, problem.n_id, rtol=1e-5)
@@ -140,7 +147,9 @@ def test_neco_explained_variance_dimension(problem):
 
 # ----------------------------------------------------------------------------- hand-computed cases
 def _one_d(values, labels=None) -> Outputs:
-    return Outputs(np.array(values, dtype=np.float32).reshape(-1, 1), labels=None if labels is None else np.array(labels))
+    return Outputs(
+        np.array(values, dtype=np.float32).reshape(-1, 1), labels=None if labels is None else np.array(labels)
+    )
 
 
 def test_mahalanobis_hand_computed():
@@ -162,8 +171,12 @@ def test_knn_hand_computed():
     fit = Outputs(np.array([[1.0, 0.0], [0.0, 2.0], [-3.0, 0.0]], dtype=np.float32))
     test = Outputs(np.array([[5.0, 5.0]], dtype=np.float32))
     # Unit vectors at 0, 90 and 180 degrees; the query at 45 degrees.
-    assert create("knn", k=1).fit(fit).score(test)[0] == pytest.approx(-math.sqrt(2 - 2 * math.cos(math.pi / 4)), rel=1e-5)
-    assert create("knn", k=3).fit(fit).score(test)[0] == pytest.approx(-math.sqrt(2 - 2 * math.cos(3 * math.pi / 4)), rel=1e-5)
+    assert create("knn", k=1).fit(fit).score(test)[0] == pytest.approx(
+        -math.sqrt(2 - 2 * math.cos(math.pi / 4)), rel=1e-5
+    )
+    assert create("knn", k=3).fit(fit).score(test)[0] == pytest.approx(
+        -math.sqrt(2 - 2 * math.cos(3 * math.pi / 4)), rel=1e-5
+    )
 
 
 def test_cosine_and_mcm_hand_computed():
@@ -198,7 +211,11 @@ def test_mahalanobis_is_affine_invariant(seed):
     offset = rng.normal(size=4)
     for name in ("maha", "rmaha"):
         plain = create(name).fit(Outputs(features, labels=labels)).score(Outputs(test))
-        moved = create(name).fit(Outputs(features @ transform.T + offset, labels=labels)).score(Outputs(test @ transform.T + offset))
+        moved = (
+            create(name)
+            .fit(Outputs(features @ transform.T + offset, labels=labels))
+            .score(Outputs(test @ transform.T + offset))
+        )
         np.testing.assert_allclose(moved, plain, rtol=1e-6, atol=1e-6 * np.abs(plain).max())
 
 
@@ -213,7 +230,9 @@ def test_normalised_detectors_ignore_per_row_rescaling(seed):
     test_scale = rng.uniform(0.1, 10.0, size=(25, 1))
     for name, params, tolerance in [("maha++", {}, 1e-6), ("rmaha++", {}, 1e-6), ("knn", {"k": 3}, 1e-4)]:
         plain = create(name, **params).fit(Outputs(features, labels=labels)).score(Outputs(test))
-        scaled = create(name, **params).fit(Outputs(features * fit_scale, labels=labels)).score(Outputs(test * test_scale))
+        scaled = (
+            create(name, **params).fit(Outputs(features * fit_scale, labels=labels)).score(Outputs(test * test_scale))
+        )
         np.testing.assert_allclose(scaled, plain, rtol=tolerance, atol=tolerance * max(1.0, np.abs(plain).max()))
     for name in ("cosine", "mcm"):  # class means use raw features: only the test rows may be rescaled
         fitted = create(name).fit(Outputs(features, labels=labels))

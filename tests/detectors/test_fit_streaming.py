@@ -1,4 +1,5 @@
 """Streaming fits: exact percentiles, Gaussian statistics, and memory-mapped fit sets read in many small chunks."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,16 +8,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from oodbench.detectors import Detector, available, create
-from oodbench.detectors import _streaming
+from oodbench.detectors import Detector, _streaming, available, create
 from oodbench.detectors._gaussian import ScatterAccumulator, pinv_sqrt
 from oodbench.outputs import Outputs
 
 
 @settings(max_examples=40, deadline=None)
-@given(arrays(np.float32, st.tuples(st.integers(1, 40), st.integers(1, 6)),
-              elements=st.one_of(st.sampled_from([0.0, 1.0, -2.5]), st.floats(-1e6, 1e6, width=32))),
-       st.floats(0.0, 100.0))
+@given(
+    arrays(
+        np.float32,
+        st.tuples(st.integers(1, 40), st.integers(1, 6)),
+        elements=st.one_of(st.sampled_from([0.0, 1.0, -2.5]), st.floats(-1e6, 1e6, width=32)),
+    ),
+    st.floats(0.0, 100.0),
+)
 def test_exact_percentile_equals_numpy(values, q):
     expected = np.percentile(values.astype(np.float64), q)
     assert _streaming.exact_percentile(values, q) == pytest.approx(expected, rel=1e-12, abs=1e-12)
@@ -33,7 +38,9 @@ def test_exact_percentile_on_large_arrays(monkeypatch, path):
     values = np.maximum(rng.normal(size=(3000, 7)), 0).astype(np.float32)  # a mass of exact zeros, then a tail
     values[5, 3] = 1e30  # a huge outlier stretches the first level's range
     for q in (10.0, 50.0, 85.0, 90.0, 99.99):
-        assert _streaming.exact_percentile(values, q) == pytest.approx(np.percentile(values.astype(np.float64), q), rel=1e-12)
+        assert _streaming.exact_percentile(values, q) == pytest.approx(
+            np.percentile(values.astype(np.float64), q), rel=1e-12
+        )
 
 
 def test_scatter_accumulator_matches_direct_statistics():
@@ -66,7 +73,9 @@ def test_memory_mapped_fit_in_small_chunks_matches_in_memory(problem, small_para
     expected = create(name, **params).fit(problem.fit, problem.head).score(problem.test)
     mapped = {}
     for key in ("features", "logits"):
-        array = np.lib.format.open_memmap(tmp_path / f"{key}.npy", mode="w+", dtype=np.float32, shape=getattr(problem.fit, key).shape)
+        array = np.lib.format.open_memmap(
+            tmp_path / f"{key}.npy", mode="w+", dtype=np.float32, shape=getattr(problem.fit, key).shape
+        )
         array[:] = getattr(problem.fit, key)
         array.flush()
         mapped[key] = np.load(tmp_path / f"{key}.npy", mmap_mode="r")

@@ -1,4 +1,5 @@
 """ViM and NNGuide: hand cases, slow references (the papers' code flow), invariances, requirements."""
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,9 @@ def slow_vim(problem, dim):
     fit_logits = np.asarray(problem.fit.logits, dtype=np.float64)
     alpha = fit_logits.max(axis=1).mean() / np.linalg.norm((fit - u) @ null_space, axis=1).mean()
     scores = []
-    for z, f in zip(np.asarray(problem.test.features, dtype=np.float64), np.asarray(problem.test.logits, dtype=np.float64)):
+    for z, f in zip(
+        np.asarray(problem.test.features, dtype=np.float64), np.asarray(problem.test.logits, dtype=np.float64)
+    ):
         scores.append(logsumexp(f) - alpha * np.linalg.norm((z - u) @ null_space))
     return np.array(scores)
 
@@ -33,9 +36,15 @@ def slow_vim(problem, dim):
 def slow_nnguide(problem, k):
     """NNGuide with the whole fit set as the bank (alpha = 1): brute-force top-k inner products."""
     fit = np.asarray(problem.fit.features, dtype=np.float64)
-    bank = fit / np.linalg.norm(fit, axis=1, keepdims=True) * logsumexp(np.asarray(problem.fit.logits, dtype=np.float64), axis=1)[:, None]
+    bank = (
+        fit
+        / np.linalg.norm(fit, axis=1, keepdims=True)
+        * logsumexp(np.asarray(problem.fit.logits, dtype=np.float64), axis=1)[:, None]
+    )
     scores = []
-    for z, f in zip(np.asarray(problem.test.features, dtype=np.float64), np.asarray(problem.test.logits, dtype=np.float64)):
+    for z, f in zip(
+        np.asarray(problem.test.features, dtype=np.float64), np.asarray(problem.test.logits, dtype=np.float64)
+    ):
         products = sorted((float(z @ b) / np.linalg.norm(z) for b in bank), reverse=True)
         scores.append(logsumexp(f) * np.mean(products[:k]))
     return np.array(scores)

@@ -1,4 +1,5 @@
 """MSP, MaxLogit, KL-Matching, Energy, GEN: closed forms, slow references and properties."""
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ def _slow_gen(row, top_m, gamma):
     total = 0.0
     for c in order:
         complement = sum(probs[j] for j in range(len(probs)) if j != c) if c == order[0] else 1.0 - probs[c]
-        total += probs[c] ** gamma * complement ** gamma
+        total += probs[c] ** gamma * complement**gamma
     return -total
 
 
@@ -43,8 +44,10 @@ def test_closed_forms():
     np.testing.assert_allclose(create("msp").fit(logits).score(logits), [0.5, 0.75])
     np.testing.assert_allclose(create("maxlogit").fit(logits).score(logits), [0.0, math.log(3.0)])
     np.testing.assert_allclose(create("energy").fit(logits).score(logits), [math.log(2.0), math.log(4.0)])
-    np.testing.assert_allclose(create("energy", temperature=2.0).fit(logits).score(logits),
-                               [2 * math.log(2.0), 2 * math.log(math.sqrt(3.0) + 1.0)])
+    np.testing.assert_allclose(
+        create("energy", temperature=2.0).fit(logits).score(logits),
+        [2 * math.log(2.0), 2 * math.log(math.sqrt(3.0) + 1.0)],
+    )
     # GEN with gamma = 1 over all classes: -sum p (1 - p).
     np.testing.assert_allclose(create("gen", gamma=1.0, top_m=2).fit(logits).score(logits), [-0.5, -2 * 0.75 * 0.25])
 
@@ -67,10 +70,15 @@ def test_against_slow_references(logits):
 def test_softmax_scores_ignore_a_common_logit_shift(logits, shift):
     plain, shifted = _outputs(logits), _outputs(logits + shift)
     for name in ("msp", "gen"):
-        np.testing.assert_allclose(create(name).fit(plain).score(shifted), create(name).fit(plain).score(plain),
-                                   rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(create("energy").fit(plain).score(shifted), create("energy").fit(plain).score(plain) + shift,
-                               rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(
+            create(name).fit(plain).score(shifted), create(name).fit(plain).score(plain), rtol=1e-9, atol=1e-12
+        )
+    np.testing.assert_allclose(
+        create("energy").fit(plain).score(shifted),
+        create("energy").fit(plain).score(plain) + shift,
+        rtol=1e-9,
+        atol=1e-9,
+    )
 
 
 def test_kl_matching_against_slow_reference():

@@ -1,4 +1,5 @@
 """NAC: bin edges, hand-computed coverage, autograd reference for the penultimate states, deeper-layer extras."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,7 @@ from oodbench.outputs import Outputs
 def slow_edges(bins: int) -> list[float]:
     """The reference's edge list written out: log_1000 of an even grid on [1, sqrt 1000], mirrored, then 1.2."""
     half = bins // 2
-    grid = [1.0 + i * (1000 ** 0.5 - 1.0) / (half - 1) for i in range(half)]
+    grid = [1.0 + i * (1000**0.5 - 1.0) / (half - 1) for i in range(half)]
     left = [np.log(g) / np.log(1000.0) for g in grid]
     edges = left[:-1] + [1.0 - v for v in reversed(left)]
     edges[-1] += 0.01
@@ -73,10 +74,14 @@ def test_bin_edges():
 def test_coverage_hand_computed():
     # M = 4: intervals [0, .5), [.5, 1.01), [1.01, 1.2). Unit 0 fills [0, .5) twice and [.5, 1.01) once;
     # unit 1 fills [.5, 1.01) three times. With r = 2 the coverages are unit 0: [1, .5, 0], unit 1: [0, 1, 0].
-    fit = Outputs(np.zeros((3, 1), dtype=np.float32), extras={"nac.block": np.array([[0.1, 0.9], [0.2, 0.8], [0.7, 0.6]])})
+    fit = Outputs(
+        np.zeros((3, 1), dtype=np.float32), extras={"nac.block": np.array([[0.1, 0.9], [0.2, 0.8], [0.7, 0.6]])}
+    )
     detector = create("nac", layers=("block",), bins=4, r=2, fit_rows=None).fit(fit)
     np.testing.assert_allclose(detector.coverage_["block"], [[1.0, 0.0], [0.5, 1.0], [0.0, 0.0]])
-    test = Outputs(np.zeros((3, 1), dtype=np.float32), extras={"nac.block": np.array([[0.3, 0.3], [0.6, 0.6], [1.3, 0.6]])})
+    test = Outputs(
+        np.zeros((3, 1), dtype=np.float32), extras={"nac.block": np.array([[0.3, 0.3], [0.6, 0.6], [1.3, 0.6]])}
+    )
     np.testing.assert_allclose(detector.score(test), [0.5, 0.75, 0.5])
 
 
@@ -103,8 +108,14 @@ def test_layers_average_and_fit_subset(problem, agree):
     deep_test = 1.0 / (1.0 + np.exp(-1.5 * rng.normal(size=(len(problem.test), 6))))
     fit = Outputs(problem.fit.features, problem.fit.logits, problem.fit.labels, extras={"nac.layer3": deep_fit})
     test = Outputs(problem.test.features, problem.test.logits, extras={"nac.layer3": deep_test})
-    params = dict(layers=("penultimate", "layer3"), alpha=50.0, bins={"penultimate": 50, "layer3": 10},
-                  r={"penultimate": 5, "layer3": 4}, fit_rows=300, seed=7)
+    params = dict(
+        layers=("penultimate", "layer3"),
+        alpha=50.0,
+        bins={"penultimate": 50, "layer3": 10},
+        r={"penultimate": 5, "layer3": 4},
+        fit_rows=300,
+        seed=7,
+    )
     detector = create("nac", **params).fit(fit, problem.head)
     rows = np.sort(np.random.default_rng(7).choice(len(problem.fit), size=300, replace=False))
     fit_states = slow_states(np.asarray(problem.fit.features, dtype=np.float64)[rows], problem.head, 50.0)
@@ -132,10 +143,20 @@ def test_penultimate_needs_head_and_logits(problem):
         create("nac").fit(Outputs(problem.fit.features), problem.head)
 
 
-@pytest.mark.parametrize("params,match", [({"layers": ()}, "layers"), ({"layers": "penultimate"}, "layers"),
-                                          ({"layers": ("a", "a")}, "distinct"), ({"bins": 5}, "even"),
-                                          ({"bins": 2}, "bins"), ({"r": 0}, "r must"), ({"alpha": -1.0}, "alpha"),
-                                          ({"bins": {"other": 50}}, "per layer"), ({"fit_rows": 0}, "fit_rows")])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        ({"layers": ()}, "layers"),
+        ({"layers": "penultimate"}, "layers"),
+        ({"layers": ("a", "a")}, "distinct"),
+        ({"bins": 5}, "even"),
+        ({"bins": 2}, "bins"),
+        ({"r": 0}, "r must"),
+        ({"alpha": -1.0}, "alpha"),
+        ({"bins": {"other": 50}}, "per layer"),
+        ({"fit_rows": 0}, "fit_rows"),
+    ],
+)
 def test_bad_parameters(params, match):
     with pytest.raises(DetectorError, match=match):
         create("nac", **params)

@@ -1,4 +1,5 @@
 """The tune helper: grid expansion, every point reported, the best point, metric direction, errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,14 @@ def test_expand_grid():
 
 def test_tune_reports_every_point_with_the_direct_metrics(problem):
     id_val, ood_val = _split(problem)
-    result = tune("react", {"percentile": [50.0, 80.0, 95.0]}, problem.fit, problem.head, id_val, ood_val, metric="auroc")
-    assert [point.params for point in result.points] == [{"percentile": 50.0}, {"percentile": 80.0}, {"percentile": 95.0}]
+    result = tune(
+        "react", {"percentile": [50.0, 80.0, 95.0]}, problem.fit, problem.head, id_val, ood_val, metric="auroc"
+    )
+    assert [point.params for point in result.points] == [
+        {"percentile": 50.0},
+        {"percentile": 80.0},
+        {"percentile": 95.0},
+    ]
     for point in result.points:
         detector = create("react", **point.params).fit(problem.fit, problem.head)
         direct = evaluate(detector.score(id_val), detector.score(ood_val))

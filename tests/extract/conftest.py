@@ -1,10 +1,10 @@
 """Shared fixtures for extraction tests: offline hubs, generated images, a tiny open_clip config."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
 from extract_helpers import register_tiny_clip, single_torch_thread, write_images
 
 

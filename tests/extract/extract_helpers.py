@@ -1,10 +1,11 @@
 """Helpers shared by the extraction tests (generated images, tiny model configs); the runner tests use them too."""
+
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 

@@ -1,18 +1,18 @@
 """Datasets: image folders, file lists, ImageNet layouts, the dataset registry and `oodbench datasets check`."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import typer
+from extract_helpers import write_images
 from typer.testing import CliRunner
 
 from oodbench.errors import DataError
 from oodbench.extract import dataset_registry
 from oodbench.extract.cli import register
 from oodbench.extract.datasets import UnreadableImage, file_list, image_folder, imagenet, imagenet_synsets, load_rgb
-
-from extract_helpers import write_images
 
 
 def test_image_folder_labels_follow_sorted_class_folders(tmp_path):
@@ -96,7 +96,8 @@ def test_imagenet_flat_val_with_solution_file(tmp_path):
     for number in (2, 1):
         Image.new("RGB", (8, 8)).save(val / f"ILSVRC2012_val_{number:08d}.JPEG")
     (tmp_path / "LOC_val_solution.csv").write_text(
-        "ImageId,PredictionString\nILSVRC2012_val_00000001,n01443537 1 2 3 4\nILSVRC2012_val_00000002,n01440764 1 2 3 4\n")
+        "ImageId,PredictionString\nILSVRC2012_val_00000001,n01443537 1 2 3 4\nILSVRC2012_val_00000002,n01440764 1 2 3 4\n"
+    )
     data = imagenet(tmp_path, split="val")
     assert data.items == ("ILSVRC2012_val_00000001.JPEG", "ILSVRC2012_val_00000002.JPEG")
     assert data.labels.tolist() == [1, 0]
@@ -120,8 +121,23 @@ def test_load_rgb_reports_corrupt_and_converts_modes(tmp_path):
 
 def test_registry_lists_the_seed_sets():
     names = dataset_registry.names("ood")
-    for expected in ("inat-ood-plants", "openimage-o", "360openset", "cood", "imagenet-o", "textures", "places",
-                     "ssb-easy", "ssb-hard", "species", "in1k-ood", "ninco", "clean-ood", "imagenet-ood", "fi-imagenet-1k"):
+    for expected in (
+        "inat-ood-plants",
+        "openimage-o",
+        "360openset",
+        "cood",
+        "imagenet-o",
+        "textures",
+        "places",
+        "ssb-easy",
+        "ssb-hard",
+        "species",
+        "in1k-ood",
+        "ninco",
+        "clean-ood",
+        "imagenet-ood",
+        "fi-imagenet-1k",
+    ):
         assert expected in names
     assert dataset_registry.get("NINCO").expected_count == 5879
     with pytest.raises(DataError, match="unknown dataset"):
@@ -161,11 +177,16 @@ def test_datasets_cli(tmp_path):
     app = typer.Typer()
     register(app)
     runner = CliRunner()
-    result = runner.invoke(app, ["datasets", "check", "--root", str(root), "--json", "--only", "ninco", "--only", "imagenet-o"])
+    result = runner.invoke(
+        app, ["datasets", "check", "--root", str(root), "--json", "--only", "ninco", "--only", "imagenet-o"]
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [r["status"] for r in rows] == ["count mismatch", "ok"]
-    assert runner.invoke(app, ["datasets", "check", "--root", str(root), "--only", "imagenet-o", "--strict"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["datasets", "check", "--root", str(root), "--only", "imagenet-o", "--strict"]).exit_code
+        == 0
+    )
     assert runner.invoke(app, ["datasets", "check", "--root", str(root), "--strict"]).exit_code == 1
     listing = runner.invoke(app, ["datasets", "list"])
     assert listing.exit_code == 0 and "ninco" in listing.stdout
@@ -176,15 +197,45 @@ def test_extract_a_registered_dataset(tmp_path):
     root = _fake_root(tmp_path)
     app = typer.Typer()
     register(app)
-    result = CliRunner().invoke(app, ["extract", "--model", "test_resnet", "--no-pretrained", "--image-size", "32",
-                                      "--store", str(tmp_path / "store"), "--dataset", "ninco", "--root", str(root),
-                                      "--workers", "0", "--no-progress"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "extract",
+            "--model",
+            "test_resnet",
+            "--no-pretrained",
+            "--image-size",
+            "32",
+            "--store",
+            str(tmp_path / "store"),
+            "--dataset",
+            "ninco",
+            "--root",
+            str(root),
+            "--workers",
+            "0",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     from oodbench import Store
 
     meta = Store(tmp_path / "store").meta("test_resnet", "ninco")
     assert meta["num_rows"] == 3 and "labels" not in meta["arrays"]
     assert meta["dataset"]["registry"] == "ninco" and meta["dataset"]["root"].endswith("NINCO_OOD_classes")
-    missing = CliRunner().invoke(app, ["extract", "--model", "test_resnet", "--no-pretrained", "--store",
-                                       str(tmp_path / "store"), "--dataset", "textures", "--root", str(root)])
+    missing = CliRunner().invoke(
+        app,
+        [
+            "extract",
+            "--model",
+            "test_resnet",
+            "--no-pretrained",
+            "--store",
+            str(tmp_path / "store"),
+            "--dataset",
+            "textures",
+            "--root",
+            str(root),
+        ],
+    )
     assert missing.exit_code == 2 and "not found under" in missing.output

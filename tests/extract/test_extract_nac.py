@@ -1,4 +1,5 @@
 """NAC neuron states against a per-image computation written from the definition."""
+
 from __future__ import annotations
 
 import math
@@ -35,15 +36,22 @@ def _reference_states(model, image, layer, alpha, pool):
     return torch.sigmoid(alpha * o * g).numpy()
 
 
-@pytest.mark.parametrize("model_name,layer,alpha,pool,spec", [
-    ("test_resnet", "layer3", 50.0, "spatial", "layer3:50"),
-    ("test_resnet", "global_pool", 3000.0, "none", "global_pool:3000"),
-    ("test_vit", "blocks.5.norm2", 10.0, "tokens", "blocks.5.norm2:10"),
-    ("test_vit", "norm", 100.0, "first", "norm:100:first"),
-])
+@pytest.mark.parametrize(
+    "model_name,layer,alpha,pool,spec",
+    [
+        ("test_resnet", "layer3", 50.0, "spatial", "layer3:50"),
+        ("test_resnet", "global_pool", 3000.0, "none", "global_pool:3000"),
+        ("test_vit", "blocks.5.norm2", 10.0, "tokens", "blocks.5.norm2:10"),
+        ("test_vit", "norm", 100.0, "first", "norm:100:first"),
+    ],
+)
 def test_states_match_the_per_image_definition(model_name, layer, alpha, pool, spec):
-    backbone = load_timm(model_name, pretrained=False, nac_layers=[NacLayer.parse(spec)],
-                         image_size=48 if model_name == "test_resnet" else None)
+    backbone = load_timm(
+        model_name,
+        pretrained=False,
+        nac_layers=[NacLayer.parse(spec)],
+        image_size=48 if model_name == "test_resnet" else None,
+    )
     torch.manual_seed(0)
     pixels = torch.randn(3, *backbone.input_size())
     arrays = backbone.infer(pixels)
@@ -86,18 +94,30 @@ def test_unknown_layer_is_named():
 
 
 def test_extracted_states_feed_the_nac_detector(tmp_path):
+    from extract_helpers import write_images
+
     from oodbench import Store, detectors
     from oodbench.extract.datasets import image_folder
     from oodbench.extract.pipeline import extract
 
-    from extract_helpers import write_images
-
     store = Store(tmp_path / "store")
     backbone = load_timm("test_resnet", pretrained=False, image_size=32, nac_layers=["layer3:50"])
-    extract(store, backbone, image_folder(write_images(tmp_path / "fit", {"a": 6, "b": 6})), dataset_id="fit",
-            num_workers=0, progress=False)
-    extract(store, backbone, image_folder(write_images(tmp_path / "ood", {"x": 4}, seed=9)), dataset_id="ood",
-            num_workers=0, progress=False)
+    extract(
+        store,
+        backbone,
+        image_folder(write_images(tmp_path / "fit", {"a": 6, "b": 6})),
+        dataset_id="fit",
+        num_workers=0,
+        progress=False,
+    )
+    extract(
+        store,
+        backbone,
+        image_folder(write_images(tmp_path / "ood", {"x": 4}, seed=9)),
+        dataset_id="ood",
+        num_workers=0,
+        progress=False,
+    )
     fit = store.read("test_resnet", "fit")
     assert fit.extras["nac.layer3"].shape == (12, 192)
     detector = detectors.create("nac", layers=["layer3"]).fit(fit, store.read_head("test_resnet"))

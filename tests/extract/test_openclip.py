@@ -1,4 +1,5 @@
 """open_clip: image embeddings, value-branch patch embeddings (= diagonal attention mask), text templates, caching."""
+
 from __future__ import annotations
 
 import warnings
@@ -88,8 +89,9 @@ def test_text_embeddings_average_normalised_templates(bundle):
     tokenizer, model = bundle.tokenizer, bundle.model
     for row, label in enumerate(labels):
         with torch.no_grad():
-            per_template = [F.normalize(model.encode_text(tokenizer([t.format(label)])).float(), dim=-1)[0]
-                            for t in SEED_TEMPLATES]
+            per_template = [
+                F.normalize(model.encode_text(tokenizer([t.format(label)])).float(), dim=-1)[0] for t in SEED_TEMPLATES
+            ]
         mean = torch.stack(per_template).mean(dim=0)
         np.testing.assert_allclose(embeddings[row], (mean / mean.norm()).numpy(), rtol=1e-5, atol=1e-6)
     single = text_embeddings(bundle, labels, templates=["a photo of a {}."])
@@ -134,10 +136,28 @@ def test_cli_extracts_images_and_text(tiny_clip, image_dir, tmp_path):
     labels.write_text("cat\ndog\n")
     app = typer.Typer()
     register(app)
-    result = CliRunner().invoke(app, [
-        "extract", "--model", tiny_clip, "--no-pretrained", "--store", str(tmp_path / "store"), "--data", str(image_dir),
-        "--dataset-id", "pets", "--workers", "0", "--batch-size", "4", "--no-progress", "--text-labels", str(labels),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "extract",
+            "--model",
+            tiny_clip,
+            "--no-pretrained",
+            "--store",
+            str(tmp_path / "store"),
+            "--data",
+            str(image_dir),
+            "--dataset-id",
+            "pets",
+            "--workers",
+            "0",
+            "--batch-size",
+            "4",
+            "--no-progress",
+            "--text-labels",
+            str(labels),
+        ],
+    )
     assert result.exit_code == 0, result.output
     store = Store(tmp_path / "store")
     out = store.read(tiny_clip, "pets")

@@ -1,4 +1,5 @@
 """Extraction end to end: store round trip, corrupt images, resumption after SIGKILL, detectors consuming entries."""
+
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from extract_helpers import write_images
 from typer.testing import CliRunner
 
 from oodbench import Store, detectors, metrics
@@ -20,8 +22,6 @@ from oodbench.extract.cli import register
 from oodbench.extract.datasets import image_folder
 from oodbench.extract.engines.common import plan_tasks
 from oodbench.extract.pipeline import extract
-
-from extract_helpers import write_images
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,13 +39,35 @@ def _cli(*args: str):
 def test_plan_restarts_batches_at_every_shard():
     tasks = plan_tasks([(0, slice(0, 5)), (2, slice(10, 13))], 2)
     assert [(t.shard, t.seq, t.positions) for t in tasks] == [
-        (0, 0, (0, 1)), (0, 1, (2, 3)), (0, 2, (4,)), (2, 0, (10, 11)), (2, 1, (12,))]
+        (0, 0, (0, 1)),
+        (0, 1, (2, 3)),
+        (0, 2, (4,)),
+        (2, 0, (10, 11)),
+        (2, 1, (12,)),
+    ]
 
 
 def test_cli_extract_round_trip_with_corrupt_file(image_dir, tmp_path):
     store_dir = tmp_path / "store"
-    result = _cli("extract", "--model", "test_resnet", "--no-pretrained", "--image-size", "32", "--store", str(store_dir),
-                  "--data", str(image_dir), "--batch-size", "3", "--shard-size", "4", "--workers", "2", "--no-progress")
+    result = _cli(
+        "extract",
+        "--model",
+        "test_resnet",
+        "--no-pretrained",
+        "--image-size",
+        "32",
+        "--store",
+        str(store_dir),
+        "--data",
+        str(image_dir),
+        "--batch-size",
+        "3",
+        "--shard-size",
+        "4",
+        "--workers",
+        "2",
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     assert "1 unreadable image(s) skipped" in result.output and "dog/broken.png" in result.output
     store = Store(store_dir)
@@ -67,14 +89,32 @@ def test_cli_extract_round_trip_with_corrupt_file(image_dir, tmp_path):
     # The same arrays as a direct forward pass over the same images.
     backbone = load_timm("test_resnet", pretrained=False, image_size=32)
     import torch
+
     from oodbench.extract.datasets import load_rgb
 
     dataset = image_folder(image_dir)
     pixels = torch.stack([backbone.transform(load_rgb(dataset.path(i))) for i in index.tolist()])
     np.testing.assert_allclose(out.features, backbone.infer(pixels)["features"], rtol=1e-5, atol=1e-6)
     # A rerun finds the entry complete and does nothing.
-    again = _cli("extract", "--model", "test_resnet", "--no-pretrained", "--image-size", "32", "--store", str(store_dir),
-                 "--data", str(image_dir), "--batch-size", "3", "--shard-size", "4", "--workers", "0", "--no-progress")
+    again = _cli(
+        "extract",
+        "--model",
+        "test_resnet",
+        "--no-pretrained",
+        "--image-size",
+        "32",
+        "--store",
+        str(store_dir),
+        "--data",
+        str(image_dir),
+        "--batch-size",
+        "3",
+        "--shard-size",
+        "4",
+        "--workers",
+        "0",
+        "--no-progress",
+    )
     assert again.exit_code == 0 and "already complete" in again.output
 
 
@@ -99,8 +139,9 @@ def test_all_corrupt_shard_and_model_id_conflicts(tmp_path):
     root = write_images(tmp_path / "d", {"a": 3}, corrupt=["b/1.png", "b/2.png", "b/3.png"])
     store = Store(tmp_path / "store")
     backbone = load_timm("test_resnet", pretrained=False, image_size=32)
-    report = extract(store, backbone, image_folder(root), dataset_id="d", shard_size=3, batch_size=2,
-                     num_workers=0, progress=False)
+    report = extract(
+        store, backbone, image_folder(root), dataset_id="d", shard_size=3, batch_size=2, num_workers=0, progress=False
+    )
     assert report.num_rows == 3 and len(report.skipped) == 3
     out = store.read("test_resnet", "d")
     assert out.features.shape == (3, 96) and out.labels.tolist() == [0, 0, 0]
@@ -142,15 +183,37 @@ KILLER = textwrap.dedent("""
 
 def test_killed_extraction_resumes_to_identical_bytes(tmp_path):
     images = write_images(tmp_path / "imgs", {"a": 7, "b": 6}, corrupt=["b/zz.png"])
-    args = ["extract", "--model", "test_resnet", "--no-pretrained", "--image-size", "32", "--data", str(images),
-            "--batch-size", "2", "--shard-size", "4", "--workers", "0", "--no-progress", "--nac", "layer3:10"]
+    args = [
+        "extract",
+        "--model",
+        "test_resnet",
+        "--no-pretrained",
+        "--image-size",
+        "32",
+        "--data",
+        str(images),
+        "--batch-size",
+        "2",
+        "--shard-size",
+        "4",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--nac",
+        "layer3:10",
+    ]
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     # Same intra-op thread count as this process (the `one_thread` fixture): CPU kernels round per thread count.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     # 5 arrays per shard (features, logits, index, labels, NAC states): die after 2 shards and 2 files of the third.
-    killed = subprocess.run([sys.executable, str(script), "12", *args, "--store", str(tmp_path / "killed")],
-                            env=env, capture_output=True, text=True, timeout=300)
+    killed = subprocess.run(
+        [sys.executable, str(script), "12", *args, "--store", str(tmp_path / "killed")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -9, killed.stderr
     shard_dir = tmp_path / "killed" / "test_resnet" / "imgs" / "shards"
     assert sorted(p.name for p in shard_dir.glob("*.done.json")) == ["00000.done.json", "00001.done.json"]
@@ -177,15 +240,43 @@ def test_oodbench_evaluate_consumes_extracted_entries(tmp_path):
     test = write_images(tmp_path / "test", {"a": 4, "b": 4}, seed=4)
     ood = write_images(tmp_path / "ood", {"noise": 6}, size=(50, 20), seed=5)
     store = str(tmp_path / "store")
-    common = ["--model", "test_efficientnet", "--no-pretrained", "--image-size", "32", "--store", store,
-              "--workers", "0", "--no-progress"]
+    common = [
+        "--model",
+        "test_efficientnet",
+        "--no-pretrained",
+        "--image-size",
+        "32",
+        "--store",
+        store,
+        "--workers",
+        "0",
+        "--no-progress",
+    ]
     runner = CliRunner()
     for path, extra in [(fit, []), (test, []), (ood, ["--no-labels"])]:
         result = runner.invoke(app, ["extract", *common, "--data", str(path), *extra])
         assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["evaluate", "--store", store, "--model", "test_efficientnet", "--fit", "fit",
-                                 "--id", "test", "--ood", "ood", "-d", "msp,energy,maha", "--out", str(tmp_path / "run"),
-                                 "--no-progress"])
+    result = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--store",
+            store,
+            "--model",
+            "test_efficientnet",
+            "--fit",
+            "fit",
+            "--id",
+            "test",
+            "--ood",
+            "ood",
+            "-d",
+            "msp,energy,maha",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "results.parquet").is_file()
     assert "msp" in result.output and "maha" in result.output

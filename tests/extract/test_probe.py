@@ -1,4 +1,5 @@
 """Linear probes on cached embeddings: accuracy on real digits, determinism, early stopping, store round trip, CLI."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -78,8 +79,12 @@ def test_probe_input_errors(digits):
 def _frozen_store(tmp_path, digits):
     x, y, x_test, y_test = digits
     store = Store(tmp_path / "store")
-    prov = {"model": "vit_small_patch14_dinov2.lvd142m", "checkpoint": "pretrained:timm/x", "preprocessing": {"size": 8},
-            "kind": "timm"}
+    prov = {
+        "model": "vit_small_patch14_dinov2.lvd142m",
+        "checkpoint": "pretrained:timm/x",
+        "preprocessing": {"size": 8},
+        "kind": "timm",
+    }
     store.write_outputs("dino", "fit", Outputs(x, labels=y), provenance=prov, shard_size=500)
     store.write_outputs("dino", "test", Outputs(x_test, labels=y_test), provenance=prov)
     store.write_outputs("dino", "ood", Outputs(x_test[:50] * 0.5 + 3), provenance=prov)
@@ -97,7 +102,9 @@ def test_run_probe_writes_head_and_logits(tmp_path, digits):
         np.testing.assert_array_equal(out.features, source.features)
         np.testing.assert_allclose(out.logits, head.logits(np.asarray(out.features)), rtol=1e-5, atol=1e-5)
         assert (out.labels is None) == (source.labels is None)
-        assert np.array_equal(store.read_array("dino+probe", dataset, "index"), store.read_array("dino", dataset, "index"))
+        assert np.array_equal(
+            store.read_array("dino+probe", dataset, "index"), store.read_array("dino", dataset, "index")
+        )
     prov = store.meta("dino+probe", "test")["provenance"]
     assert prov["kind"] == "probe" and prov["backbone"]["model"] == "vit_small_patch14_dinov2.lvd142m"
     assert prov["probe"]["fit_dataset"] == "fit" and prov["checkpoint"].startswith("pretrained:timm/x+probe:")
@@ -116,8 +123,24 @@ def test_probe_cli(tmp_path, digits):
     store = _frozen_store(tmp_path, digits)
     app = typer.Typer()
     register(app)
-    result = CliRunner().invoke(app, ["probe", "--store", str(store.root), "--model-id", "dino", "--fit-dataset", "fit",
-                                      "--apply-to", "ood", "--probe-id", "dino-lin", "--max-epochs", "30"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "probe",
+            "--store",
+            str(store.root),
+            "--model-id",
+            "dino",
+            "--fit-dataset",
+            "fit",
+            "--apply-to",
+            "ood",
+            "--probe-id",
+            "dino-lin",
+            "--max-epochs",
+            "30",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "probe trained (lbfgs)" in result.output
     assert store.exists("dino-lin", "ood") and store.has_head("dino-lin")

@@ -1,16 +1,16 @@
 """The Ray engine on a local Ray instance writes the same arrays as the local engine."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from extract_helpers import write_images
 
 from oodbench import Store
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.datasets import image_folder
 from oodbench.extract.nac import NacLayer
 from oodbench.extract.pipeline import extract
-
-from extract_helpers import write_images
 
 ray = pytest.importorskip("ray")
 
@@ -24,8 +24,17 @@ def test_ray_engine_matches_local_engine(tmp_path):
         for engine in ("local", "ray"):
             backbone = load_timm("test_resnet", pretrained=False, image_size=32, nac_layers=[NacLayer("layer4", 5.0)])
             stores[engine] = Store(tmp_path / engine)
-            report = extract(stores[engine], backbone, images, dataset_id="imgs", engine=engine, batch_size=3,
-                             shard_size=4, num_workers=0, progress=False)
+            report = extract(
+                stores[engine],
+                backbone,
+                images,
+                dataset_id="imgs",
+                engine=engine,
+                batch_size=3,
+                shard_size=4,
+                num_workers=0,
+                progress=False,
+            )
             assert report.num_rows == 10 and len(report.skipped) == 1
     finally:
         ray.shutdown()

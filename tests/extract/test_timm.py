@@ -1,4 +1,5 @@
 """timm backbones: penultimate features, logits = features·Wᵀ + b, heads, weights loading and its errors."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,9 +5,9 @@ import os
 from pathlib import Path
 
 import pytest
+from report_fixtures import metric_rows  # this folder is on sys.path in pytest's default import mode
 
 from oodbench.results import ResultRow
-from report_fixtures import metric_rows  # this folder is on sys.path in pytest's default import mode
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -34,7 +34,9 @@ def supervised_rows() -> list[ResultRow]:
     """Two models, two OOD sets, three detectors; a tie on FPR (resnet50/ninco) and a missing cell (vit/openimage-o knn)."""
     return (
         metric_rows("resnet50", "ninco", 5879, {"msp": (0.80, 0.78), "energy": (0.62, 0.85), "knn": (0.62, 0.88)})
-        + metric_rows("resnet50", "openimage-o", 17632, {"msp": (0.65, 0.84), "energy": (0.55, 0.90), "knn": (0.40, 0.91)})
+        + metric_rows(
+            "resnet50", "openimage-o", 17632, {"msp": (0.65, 0.84), "energy": (0.55, 0.90), "knn": (0.40, 0.91)}
+        )
         + metric_rows("vit-b16", "ninco", 5879, {"msp": (0.50, 0.90), "energy": (0.58, 0.87), "knn": (0.45, 0.93)})
         + metric_rows("vit-b16", "openimage-o", 17632, {"msp": (0.30, 0.94), "energy": (0.35, 0.92)})
     )
@@ -46,12 +48,30 @@ def zeroshot_rows() -> list[ResultRow]:
 
     The sweep points of clip-b16 beat every vocabulary at its own size: Table 2 must not pick them.
     """
-    ninco = {"mcm": (0.70, 0.80), "energy": (0.75, 0.78), "neglabel@wordnet": (0.60, 0.84),
-             "neglabel@llm-siblings": (0.48, 0.88), "eoe@llm-siblings": (0.52, 0.87), "neglabel@oracle": (0.20, 0.97),
-             "neglabel@wordnet[m=1000]": (0.45, 0.89), "neglabel@wordnet[m=10000]": (0.25, 0.95)}
-    openimage = {"mcm": (0.50, 0.88), "energy": (0.55, 0.86), "neglabel@wordnet": (0.40, 0.91),
-                 "neglabel@llm-siblings": (0.36, 0.92), "eoe@llm-siblings": (0.30, 0.93), "neglabel@oracle": (0.10, 0.99),
-                 "neglabel@wordnet[m=1000]": (0.35, 0.93), "neglabel@wordnet[m=10000]": (0.15, 0.97)}
+    ninco = {
+        "mcm": (0.70, 0.80),
+        "energy": (0.75, 0.78),
+        "neglabel@wordnet": (0.60, 0.84),
+        "neglabel@llm-siblings": (0.48, 0.88),
+        "eoe@llm-siblings": (0.52, 0.87),
+        "neglabel@oracle": (0.20, 0.97),
+        "neglabel@wordnet[m=1000]": (0.45, 0.89),
+        "neglabel@wordnet[m=10000]": (0.25, 0.95),
+    }
+    openimage = {
+        "mcm": (0.50, 0.88),
+        "energy": (0.55, 0.86),
+        "neglabel@wordnet": (0.40, 0.91),
+        "neglabel@llm-siblings": (0.36, 0.92),
+        "eoe@llm-siblings": (0.30, 0.93),
+        "neglabel@oracle": (0.10, 0.99),
+        "neglabel@wordnet[m=1000]": (0.35, 0.93),
+        "neglabel@wordnet[m=10000]": (0.15, 0.97),
+    }
     second = {"mcm": (0.66, 0.82), "neglabel@wordnet": (0.50, 0.86), "neglabel@llm-siblings": (0.50, 0.87)}
-    return (metric_rows("clip-b16", "ninco", 5879, ninco) + metric_rows("clip-b16", "openimage-o", 17632, openimage)
-            + metric_rows("clip-l14", "ninco", 5879, second) + metric_rows("clip-l14", "openimage-o", 17632, second))
+    return (
+        metric_rows("clip-b16", "ninco", 5879, ninco)
+        + metric_rows("clip-b16", "openimage-o", 17632, openimage)
+        + metric_rows("clip-l14", "ninco", 5879, second)
+        + metric_rows("clip-l14", "openimage-o", 17632, second)
+    )

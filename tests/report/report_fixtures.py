@@ -1,4 +1,5 @@
 """Hand-made result rows and vocabulary mapping shared by the report tests (a uniquely named module, not conftest)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,9 @@ VOCABULARIES = {
 }
 
 
-def metric_rows(model: str, ood: str, n_ood: int, values: dict[str, tuple[float, float]],
-                id_dataset: str = "imagenet") -> list[ResultRow]:
+def metric_rows(
+    model: str, ood: str, n_ood: int, values: dict[str, tuple[float, float]], id_dataset: str = "imagenet"
+) -> list[ResultRow]:
     """fpr95 and auroc rows of several detectors on one (model, OOD set)."""
     rows = []
     for detector, (fpr, auroc) in values.items():

@@ -1,19 +1,27 @@
 """Figures plot the numbers they claim to: bar heights, curve points, ROC vertices, thresholds; files are valid."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from PIL import Image
-
 from report_fixtures import VOCABULARIES
+
 from oodbench import metrics
 from oodbench.analysis.roc import roc_curve
 from oodbench.analysis.subsample import subsample_curve
 from oodbench.errors import AnalysisError
+from oodbench.report.figures import (
+    fig_best_detectors,
+    fig_roc,
+    fig_score_histograms,
+    fig_subsample_curves,
+    fig_vocab_sweep,
+    figure_png_base64,
+    save_figure,
+)
 from oodbench.report.tables import Vocabulary
 from oodbench.results import ResultRow
-from oodbench.report.figures import (fig_best_detectors, fig_roc, fig_score_histograms, fig_subsample_curves,
-                                     fig_vocab_sweep, figure_png_base64, save_figure)
 
 
 def test_fig1_bars_are_the_best_values_with_detector_names(supervised_rows) -> None:
@@ -81,12 +89,16 @@ def test_vocabulary_sweep_plots_means_by_size(zeroshot_rows) -> None:
     vocabularies["wordnet-1k"] = {"label": "WN 1k", "size": 1000, "family": "WordNet"}
     vocabularies["llm-siblings"] = {**VOCABULARIES["llm-siblings"], "classes": 1000, "k": 20}
     rows = list(zeroshot_rows)
-    rows += [ResultRow("clip-l14", "imagenet", ood, "neglabel@wordnet-1k", "fpr95", v, 50000, 1)
-             for ood, v in (("ninco", 0.7), ("openimage-o", 0.5))]
+    rows += [
+        ResultRow("clip-l14", "imagenet", ood, "neglabel@wordnet-1k", "fpr95", v, 50000, 1)
+        for ood, v in (("ninco", 0.7), ("openimage-o", 0.5))
+    ]
     # A k sweep of the siblings: k=1 and k=5 siblings for each of the 1000 ID classes; k=0 has no labels.
-    rows += [ResultRow("clip-b16", "imagenet", ood, f"neglabel@llm-siblings[k={k}]", "fpr95", v, 50000, 1)
-             for k, values in ((0, (0.9, 0.9)), (1, (0.8, 0.6)), (5, (0.6, 0.5)))
-             for ood, v in zip(("ninco", "openimage-o"), values)]
+    rows += [
+        ResultRow("clip-b16", "imagenet", ood, f"neglabel@llm-siblings[k={k}]", "fpr95", v, 50000, 1)
+        for k, values in ((0, (0.9, 0.9)), (1, (0.8, 0.6)), (5, (0.6, 0.5)))
+        for ood, v in zip(("ninco", "openimage-o"), values)
+    ]
     figure = fig_vocab_sweep(rows, vocabularies)
     clip_b, clip_l = figure.axes[:2]
     assert (clip_b.get_title(), clip_l.get_title()) == ("clip-b16", "clip-l14")

@@ -1,13 +1,14 @@
 """Golden files for the Markdown and LaTeX tables (set OODBENCH_UPDATE_GOLDEN=1 to rewrite them after a reviewed change),
 plus checks of what the layouts mean: which cell is best, which detector is named, which value is averaged."""
+
 from __future__ import annotations
 
 import os
 import re
 
 import pytest
-
 from report_fixtures import GOLDEN, VOCABULARIES, metric_rows
+
 from oodbench.analysis.spread import spread_vs_noise
 from oodbench.analysis.subsample import SubsampleSummary
 from oodbench.errors import AnalysisError
@@ -27,10 +28,44 @@ def _check_golden(name: str, text: str) -> None:
 
 def _summaries() -> list[SubsampleSummary]:
     return [
-        SubsampleSummary("resnet50", "imagenet", "ninco", "knn", 655, 5879, 1000, 0.62, 0.6205, 0.0005, 0.0180, 0.0179, 0.912, 1000),
-        SubsampleSummary("resnet50", "imagenet", "openimage-o", "knn", 655, 17632, 1000, 0.40, 0.3991, -0.0009, 0.0190, 0.0188, 0.954, 1000),
-        SubsampleSummary("vit-b16", "imagenet", "ninco", "knn", 655, 5879, 1000, 0.45, 0.4496, -0.0004, 0.0185, 0.0183, 0.870, 998),
-        SubsampleSummary("vit-b16", "imagenet", "openimage-o", "msp", 655, 17632, 1000, 0.30, 0.3002, 0.0002, 0.0177, 0.0176, float("nan"), 0),
+        SubsampleSummary(
+            "resnet50", "imagenet", "ninco", "knn", 655, 5879, 1000, 0.62, 0.6205, 0.0005, 0.0180, 0.0179, 0.912, 1000
+        ),
+        SubsampleSummary(
+            "resnet50",
+            "imagenet",
+            "openimage-o",
+            "knn",
+            655,
+            17632,
+            1000,
+            0.40,
+            0.3991,
+            -0.0009,
+            0.0190,
+            0.0188,
+            0.954,
+            1000,
+        ),
+        SubsampleSummary(
+            "vit-b16", "imagenet", "ninco", "knn", 655, 5879, 1000, 0.45, 0.4496, -0.0004, 0.0185, 0.0183, 0.870, 998
+        ),
+        SubsampleSummary(
+            "vit-b16",
+            "imagenet",
+            "openimage-o",
+            "msp",
+            655,
+            17632,
+            1000,
+            0.30,
+            0.3002,
+            0.0002,
+            0.0177,
+            0.0176,
+            float("nan"),
+            0,
+        ),
     ]
 
 
@@ -97,38 +132,72 @@ def test_table2_needs_vocabulary_rows(supervised_rows, zeroshot_rows) -> None:
     # Named zero-shot models without any vocabulary score still get their logit-space column.
     logit_only = [r for r in zeroshot_rows if "@" not in r.detector and r.model == "clip-l14"]
     assert _cells(render_markdown(table2(logit_only, pairs=[("clip-l14", "imagenet")]))) == [
-        ["model", "best logit score"], ["clip-l14", "66.0 (mcm)"]]
+        ["model", "best logit score"],
+        ["clip-l14", "66.0 (mcm)"],
+    ]
 
 
-@pytest.mark.parametrize("name, parsed", [
-    ("neglabel@wn-vitb16", VocabScore("neglabel", "wn-vitb16", None, None)),
-    ("eoe@eoe-far", VocabScore("eoe", "eoe-far")),
-    ("neglabel@llm[k=5]", VocabScore("neglabel", "llm", "k", 5)),
-    ("neglabel@wn+llm,v2[m=1000]", VocabScore("neglabel", "wn+llm,v2", "m", 1000)),
-    ("mcm", None), ("rmaha++", None), ("ash_s", None),
-])
+@pytest.mark.parametrize(
+    "name, parsed",
+    [
+        ("neglabel@wn-vitb16", VocabScore("neglabel", "wn-vitb16", None, None)),
+        ("eoe@eoe-far", VocabScore("eoe", "eoe-far")),
+        ("neglabel@llm[k=5]", VocabScore("neglabel", "llm", "k", 5)),
+        ("neglabel@wn+llm,v2[m=1000]", VocabScore("neglabel", "wn+llm,v2", "m", 1000)),
+        ("mcm", None),
+        ("rmaha++", None),
+        ("ash_s", None),
+    ],
+)
 def test_parse_vocabulary_score_reads_the_canonical_names(name, parsed) -> None:
     assert parse_vocabulary_score(name) == parsed
     if parsed is not None:
         assert parsed.name == name and parsed.sweep == (parsed.parameter is not None)
 
 
-@pytest.mark.parametrize("name", ["neglabel[wordnet]", "neglabel@wn[x=3]", "neglabel@wn[k=]", "neglabel@", "@wn",
-                                  "neglabel@wn[k=5][m=3]", "neglabel@a@b"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "neglabel[wordnet]",
+        "neglabel@wn[x=3]",
+        "neglabel@wn[k=]",
+        "neglabel@",
+        "@wn",
+        "neglabel@wn[k=5][m=3]",
+        "neglabel@a@b",
+    ],
+)
 def test_parse_vocabulary_score_rejects_other_spellings(name) -> None:
     with pytest.raises(AnalysisError, match="malformed score name"):
         parse_vocabulary_score(name)
 
 
 def test_table2_uses_sweep_points_only_for_vocabularies_without_others() -> None:
-    rows = (metric_rows("clip", "ninco", 100, {"mcm": (0.70, 0.80), "neglabel@siblings[k=1]": (0.50, 0.80),
-                                              "neglabel@siblings[k=5]": (0.40, 0.85),
-                                              "neglabel@siblings[k=10]": (0.45, 0.84),
-                                              "neglabel@wn[m=100]": (0.30, 0.90), "neglabel@wn[m=1000]": (0.35, 0.88)})
-            + metric_rows("clip", "far", 200, {"mcm": (0.50, 0.90), "neglabel@siblings[k=1]": (0.30, 0.92),
-                                              "neglabel@siblings[k=5]": (0.20, 0.95),
-                                              "neglabel@siblings[k=10]": (0.25, 0.94),
-                                              "neglabel@wn[m=100]": (0.10, 0.97), "neglabel@wn[m=1000]": (0.15, 0.96)}))
+    rows = metric_rows(
+        "clip",
+        "ninco",
+        100,
+        {
+            "mcm": (0.70, 0.80),
+            "neglabel@siblings[k=1]": (0.50, 0.80),
+            "neglabel@siblings[k=5]": (0.40, 0.85),
+            "neglabel@siblings[k=10]": (0.45, 0.84),
+            "neglabel@wn[m=100]": (0.30, 0.90),
+            "neglabel@wn[m=1000]": (0.35, 0.88),
+        },
+    ) + metric_rows(
+        "clip",
+        "far",
+        200,
+        {
+            "mcm": (0.50, 0.90),
+            "neglabel@siblings[k=1]": (0.30, 0.92),
+            "neglabel@siblings[k=5]": (0.20, 0.95),
+            "neglabel@siblings[k=10]": (0.25, 0.94),
+            "neglabel@wn[m=100]": (0.10, 0.97),
+            "neglabel@wn[m=1000]": (0.15, 0.96),
+        },
+    )
     # The siblings' own k is known (5): that point stands in; WordNet's own M is not: the largest (M=1000) does.
     vocabularies = {"siblings": {"label": "LLM", "classes": 100, "k": 5}, "wn": {"label": "WN"}}
     header, line = _cells(render_markdown(table := table2(rows, vocabularies)))
@@ -139,8 +208,9 @@ def test_table2_uses_sweep_points_only_for_vocabularies_without_others() -> None
 
 def test_table2_joins_vocabularies_shown_alike() -> None:
     # Each model mined its own WordNet list (different keys, one label): one WN column, sizes as a range.
-    rows = (metric_rows("clip-b", "ninco", 100, {"mcm": (0.7, 0.8), "neglabel@wn-b": (0.4, 0.9)})
-            + metric_rows("clip-l", "ninco", 100, {"mcm": (0.6, 0.8), "neglabel@wn-l": (0.3, 0.9)}))
+    rows = metric_rows("clip-b", "ninco", 100, {"mcm": (0.7, 0.8), "neglabel@wn-b": (0.4, 0.9)}) + metric_rows(
+        "clip-l", "ninco", 100, {"mcm": (0.6, 0.8), "neglabel@wn-l": (0.3, 0.9)}
+    )
     vocabularies = {"wn-b": {"label": "WN", "size": 9990}, "wn-l": {"label": "WN", "size": 10000}}
     table = table2(rows, vocabularies)
     header, clip_b, clip_l = _cells(render_markdown(table))
@@ -162,8 +232,15 @@ def test_supervised_tables_leave_zero_shot_models_out(supervised_rows, zeroshot_
 
 def test_latex_is_booktabs_with_bold_best(supervised_rows) -> None:
     tex = render_latex(table1(supervised_rows))
-    for needle in (r"\toprule", r"\midrule", r"\bottomrule", r"\cmidrule(lr){2-3}", r"\multicolumn{2}{c}{ninco}",
-                   r"\textbf{45.0}~{\scriptsize (knn)}", r"FPR@95 $\downarrow$"):
+    for needle in (
+        r"\toprule",
+        r"\midrule",
+        r"\bottomrule",
+        r"\cmidrule(lr){2-3}",
+        r"\multicolumn{2}{c}{ninco}",
+        r"\textbf{45.0}~{\scriptsize (knn)}",
+        r"FPR@95 $\downarrow$",
+    ):
         assert needle in tex
     # Every row has as many cells as the column spec declares.
     spec = re.search(r"\\begin\{tabular\}\{([lr]+)\}", tex).group(1)

@@ -1,4 +1,5 @@
 """The self-contained HTML report: content, no external resources, and a real render in headless Chromium."""
+
 from __future__ import annotations
 
 import base64
@@ -12,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-
 from report_fixtures import VOCABULARIES
+
 from oodbench.report.html_report import write_html_report
 from oodbench.results import write_rows
 
@@ -70,9 +71,18 @@ def _chromium() -> str | None:
 
 
 def _run_chromium(binary: str, args: list[str], profile: Path) -> subprocess.CompletedProcess:
-    base = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-            f"--user-data-dir={profile}"]
+    base = [
+        binary,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+        f"--user-data-dir={profile}",
+    ]
     return subprocess.run(base + args, capture_output=True, text=True, timeout=120)
 
 

@@ -1,4 +1,5 @@
 """Renderers: escaping in each format, HTML structure parsed back, header groups."""
+
 from __future__ import annotations
 
 from html.parser import HTMLParser
@@ -11,9 +12,14 @@ from oodbench.report.latex import latex_escape, render_latex
 from oodbench.report.markdown import render_markdown
 from oodbench.report.table_model import Cell, Table
 
-TRICKY = Table("tricky", "A & B: 100% of {x}_1", ("name", "value"),
-               ((Cell("a|b"), Cell("1.0", note="d_1", bold=True)), (Cell("<script>"), Cell("2.0", mark="†"))),
-               groups=(("", 1), ("grp #1", 1)), notes=("ρ ≥ σ ~ 5$",))
+TRICKY = Table(
+    "tricky",
+    "A & B: 100% of {x}_1",
+    ("name", "value"),
+    ((Cell("a|b"), Cell("1.0", note="d_1", bold=True)), (Cell("<script>"), Cell("2.0", mark="†"))),
+    groups=(("", 1), ("grp #1", 1)),
+    notes=("ρ ≥ σ ~ 5$",),
+)
 
 
 class _TableParser(HTMLParser):
@@ -50,7 +56,10 @@ def test_markdown_escapes_pipes_and_shows_notes() -> None:
 
 
 def test_latex_escapes_specials_and_unicode() -> None:
-    assert latex_escape("100% & {x}_1 #2 ~ ^ \\") == r"100\% \& \{x\}\_1 \#2 \textasciitilde{} \textasciicircum{} \textbackslash{}"
+    assert (
+        latex_escape("100% & {x}_1 #2 ~ ^ \\")
+        == r"100\% \& \{x\}\_1 \#2 \textasciitilde{} \textasciicircum{} \textbackslash{}"
+    )
     assert latex_escape("ρ ≥ σ − 1 †") == r"$\rho$ $\geq$ $\sigma$ $-$ 1 $^\dagger$"
     tex = render_latex(TRICKY)
     assert r"\caption{A \& B: 100\% of \{x\}\_1}" in tex

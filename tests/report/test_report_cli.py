@@ -1,4 +1,5 @@
 """`oodbench report RUN_DIR… --out DIR --format md,tex,html` end to end."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +7,9 @@ import re
 
 import pytest
 import typer
+from report_fixtures import VOCABULARIES
 from typer.testing import CliRunner
 
-from report_fixtures import VOCABULARIES
 from oodbench.report.cli import register
 from oodbench.results import write_rows
 
@@ -30,8 +31,21 @@ def cli() -> typer.Typer:
 
 def test_report_writes_tables_figures_and_reports(cli, two_runs, tmp_path) -> None:
     out = tmp_path / "out"
-    result = runner.invoke(cli, ["report", *map(str, two_runs), "--out", str(out), "--format", "md,tex,html",
-                                 "--figure-format", "png", "--no-score-figures", *FAST])
+    result = runner.invoke(
+        cli,
+        [
+            "report",
+            *map(str, two_runs),
+            "--out",
+            str(out),
+            "--format",
+            "md,tex,html",
+            "--figure-format",
+            "png",
+            "--no-score-figures",
+            *FAST,
+        ],
+    )
     assert result.exit_code == 0, result.output
     for key in ("table1", "tableA1", "tableA2", "tableA6", "intervals", "delong"):
         for fmt in ("md", "tex", "html"):
@@ -56,17 +70,21 @@ def test_report_with_vocabulary_file(cli, zeroshot_rows, tmp_path) -> None:
     vocab = tmp_path / "vocab.json"
     vocab.write_text(json.dumps(VOCABULARIES))
     out = tmp_path / "out"
-    result = runner.invoke(cli, ["report", str(tmp_path / "zs.parquet"), "--out", str(out), "--format", "md",
-                                 "--vocab", str(vocab), *FAST])
+    result = runner.invoke(
+        cli, ["report", str(tmp_path / "zs.parquet"), "--out", str(out), "--format", "md", "--vocab", str(vocab), *FAST]
+    )
     assert result.exit_code == 0, result.output
     assert "oracle (370)†" in (out / "tables" / "table2.md").read_text()
     assert (out / "figures" / "figA1-vocabulary-sweep.png").is_file()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--format", "docx"], "unknown report formats"),
-    (["--n", "100000"], "exceeds every OOD set"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--format", "docx"], "unknown report formats"),
+        (["--n", "100000"], "exceeds every OOD set"),
+    ],
+)
 def test_report_errors(cli, two_runs, tmp_path, args, message) -> None:
     result = runner.invoke(cli, ["report", str(two_runs[0]), "--out", str(tmp_path / "o"), *args, *FAST])
     assert result.exit_code == 1 and message in result.stderr

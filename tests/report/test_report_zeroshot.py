@@ -3,6 +3,7 @@
 The zero-shot run's rows feed Table 2 and the vocabulary-size figure only; the supervised tables hold the supervised
 run alone. Table 2's cells are recomputed here from the saved per-image scores, independently of the result rows.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,20 +48,42 @@ def _module(path: Path, name: str):
 def _embedder():
     helpers = _module(TESTS / "zeroshot" / "zeroshot_helpers.py", "oodbench_tests_zeroshot_helpers")
     e = np.eye(DIM)
-    fixed = {"apple": e[0], "bus": e[1], "cloud": e[2], "rock": e[5], "violin": e[6], "lamp": e[7],
-             "pear": 0.9 * e[0] + 0.4 * e[8], "tram": 0.9 * e[1] + 0.4 * e[8]}
+    fixed = {
+        "apple": e[0],
+        "bus": e[1],
+        "cloud": e[2],
+        "rock": e[5],
+        "violin": e[6],
+        "lamp": e[7],
+        "pear": 0.9 * e[0] + 0.4 * e[8],
+        "tram": 0.9 * e[1] + 0.4 * e[8],
+    }
     return helpers.HashEmbedder(dim=DIM, fixed=fixed)
 
 
 def _vocabularies() -> list[Vocabulary]:
-    wordnet = Vocabulary("wn", "wordnet", [], params={"m": 4},
-                         ranked={NOUN: ["rock", "bus", "violin", "lamp"], ADJECTIVE: ["shiny", "icy"]})
+    wordnet = Vocabulary(
+        "wn",
+        "wordnet",
+        [],
+        params={"m": 4},
+        ranked={NOUN: ["rock", "bus", "violin", "lamp"], ADJECTIVE: ["shiny", "icy"]},
+    )
     wordnet.labels = wordnet.select()
-    siblings = Vocabulary("llm", "siblings", [], params={"k": 1},
-                          per_class={"apple": ["pear", "plum"], "bus": ["tram", "coach"], "cloud": ["fog", "smoke"]})
+    siblings = Vocabulary(
+        "llm",
+        "siblings",
+        [],
+        params={"k": 1},
+        per_class={"apple": ["pear", "plum"], "bus": ["tram", "coach"], "cloud": ["fog", "smoke"]},
+    )
     siblings.labels = siblings.select()
-    return [wordnet, siblings, Vocabulary("oracle", "oracle", ["rock", "violin", "lamp"]),
-            Vocabulary("eoe-far", "eoe", ["rock", "lamp", "galaxy"])]
+    return [
+        wordnet,
+        siblings,
+        Vocabulary("oracle", "oracle", ["rock", "violin", "lamp"]),
+        Vocabulary("eoe-far", "eoe", ["rock", "lamp", "galaxy"]),
+    ]
 
 
 def make_zeroshot_run(root: Path, model: str = ZS_MODEL, seed: int = 0, vocabularies: bool = True) -> Path:
@@ -74,14 +97,22 @@ def make_zeroshot_run(root: Path, model: str = ZS_MODEL, seed: int = 0, vocabula
 
     store = Store(root / f"zs-store-{model}")
     provenance = {"model": "tiny-clip", "checkpoint": f"random-init:seed={seed}", "preprocessing": {}}
-    for name, outputs in {"id-test": images([0, 1, 2], 80), "far": images([5, 6, 7], 60),
-                          "near": images([0, 3, 4, 8], 50)}.items():
+    for name, outputs in {
+        "id-test": images([0, 1, 2], 80),
+        "far": images([5, 6, 7], 60),
+        "near": images([0, 3, 4, 8], 50),
+    }.items():
         store.write_outputs(model, name, outputs, provenance=provenance, shard_size=64)
-    plan = make_plan(["mcm", "maxlogit", "energy", "gen", "neglabel", "eoe"], _vocabularies() if vocabularies else [],
-                     sweep_k=[2], sweep_m=[2, 6])
+    plan = make_plan(
+        ["mcm", "maxlogit", "energy", "gen", "neglabel", "eoe"],
+        _vocabularies() if vocabularies else [],
+        sweep_k=[2],
+        sweep_m=[2, 6],
+    )
     out = root / f"zs-run-{model}"
-    evaluate_zeroshot_store(store, model, "id-test", ["far", "near"], CLASSES, _embedder(), plan, out_dir=out,
-                            progress=False)
+    evaluate_zeroshot_store(
+        store, model, "id-test", ["far", "near"], CLASSES, _embedder(), plan, out_dir=out, progress=False
+    )
     return out
 
 
@@ -100,7 +131,9 @@ def _cells(markdown: str) -> list[list[str]]:
 def _mean_fpr_from_scores(run: Path, detector: str) -> float:
     """FPR@95 averaged over the OOD sets, from the per-image scores (not from results.parquet)."""
     ids = load_scores(run, ZS_MODEL, "id-test")[detector]
-    return float(np.mean([metrics.fpr_at_tpr(ids, load_scores(run, ZS_MODEL, ood)[detector]) for ood in ("far", "near")]))
+    return float(
+        np.mean([metrics.fpr_at_tpr(ids, load_scores(run, ZS_MODEL, ood)[detector]) for ood in ("far", "near")])
+    )
 
 
 def test_report_cli_puts_zero_shot_runs_in_table2_only(runs, tmp_path) -> None:
@@ -108,17 +141,40 @@ def test_report_cli_puts_zero_shot_runs_in_table2_only(runs, tmp_path) -> None:
     register(app)
     app.command("noop")(lambda: None)
     out = tmp_path / "report"
-    result = CliRunner().invoke(app, ["report", str(runs["supervised"]), str(runs["zeroshot"]), "--out", str(out),
-                                      "--format", "md", "--figure-format", "png", "--no-score-figures", "--quiet",
-                                      "--draws", "100", "--curve-draws", "30", "--resamples", "100"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "report",
+            str(runs["supervised"]),
+            str(runs["zeroshot"]),
+            "--out",
+            str(out),
+            "--format",
+            "md",
+            "--figure-format",
+            "png",
+            "--no-score-figures",
+            "--quiet",
+            "--draws",
+            "100",
+            "--curve-draws",
+            "30",
+            "--resamples",
+            "100",
+        ],
+    )
     assert result.exit_code == 0, result.output
     header, line = _cells((out / "tables" / "table2.md").read_text())
     # Columns: the vocabularies of run.json, labelled by kind with their sizes; the non-deployable oracle marked, last.
     assert header == ["model", "best logit score", "EOE (3)", "LLM siblings (3)", "WN (4)", "oracle (3)†"]
     assert line[0] == ZS_MODEL
     # Each vocabulary cell recomputed from the saved scores: its score at the vocabulary's own size, not a sweep point.
-    for column, detector in (("WN (4)", "neglabel@wn"), ("LLM siblings (3)", "neglabel@llm"),
-                             ("oracle (3)†", "neglabel@oracle"), ("EOE (3)", "eoe@eoe-far")):
+    for column, detector in (
+        ("WN (4)", "neglabel@wn"),
+        ("LLM siblings (3)", "neglabel@llm"),
+        ("oracle (3)†", "neglabel@oracle"),
+        ("EOE (3)", "eoe@eoe-far"),
+    ):
         method = detector.split("@")[0]
         expected = f"{100 * _mean_fpr_from_scores(runs['zeroshot'], detector):.1f} ({method})"
         assert line[header.index(column)].replace("**", "") == expected, column
@@ -139,8 +195,12 @@ def test_report_content_matches_the_runs_taken_alone(runs) -> None:
     by_key = {t.key: t for t in content.tables()}
     supervised = load_run(runs["supervised"]).rows
     # Supervised tables: exactly those of the supervised run alone.
-    for key, table in (("table1", table1(supervised)), ("tableA1", table_a1(supervised)),
-                       ("tableA2", table_a2(supervised)), ("detectors-toy-a", table_detectors(supervised, "toy-a"))):
+    for key, table in (
+        ("table1", table1(supervised)),
+        ("tableA1", table_a1(supervised)),
+        ("tableA2", table_a2(supervised)),
+        ("detectors-toy-a", table_detectors(supervised, "toy-a")),
+    ):
         assert render_markdown(by_key[key]) == render_markdown(table), key
     assert {s.model for s in content.subsample} == {"toy-a"}
     assert {r.model for r in content.intervals} == {"toy-a"}
@@ -152,9 +212,14 @@ def test_report_content_matches_the_runs_taken_alone(runs) -> None:
     assert list(lines["LLM siblings · neglabel, k sweep"]) == [3, 6]
     fprs = {(r.detector, r.ood_dataset): r.value for r in zs_rows if r.metric == "fpr95"}
     assert lines["WN · neglabel, M sweep"][6] == pytest.approx(
-        (fprs[("neglabel@wn[m=6]", "far")] + fprs[("neglabel@wn[m=6]", "near")]) / 2)
-    assert any(isinstance(item, Table) and item.key == "table2" for s in content.sections if s.key == "zeroshot"
-               for item in s.items)
+        (fprs[("neglabel@wn[m=6]", "far")] + fprs[("neglabel@wn[m=6]", "near")]) / 2
+    )
+    assert any(
+        isinstance(item, Table) and item.key == "table2"
+        for s in content.sections
+        if s.key == "zeroshot"
+        for item in s.items
+    )
 
 
 def test_a_zero_shot_and_a_supervised_run_may_share_a_model_id(runs) -> None:

@@ -1,4 +1,5 @@
 """Shared fixtures of the runner tests: a demo experiment file and one completed demo run to copy from."""
+
 from __future__ import annotations
 
 import shutil
@@ -6,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from runner_helpers import demo_config
 
 # The model runs reuse the extraction tests' generated images and tiny open_clip config (tests/extract/extract_helpers.py).

@@ -1,4 +1,5 @@
 """Helpers of the runner tests (a module of its own: conftest modules are not importable by name)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +7,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 # Few training epochs and draws: these tests check the runner's bookkeeping, not the CNN's accuracy.
-FAST_DEMO = ("models[0].epochs=2", "report.score_figures=false", "analysis.subsample.draws=50", "analysis.intervals.resamples=50",
-             "report.curve_draws=20", "report.resamples=50")
+FAST_DEMO = (
+    "models[0].epochs=2",
+    "report.score_figures=false",
+    "analysis.subsample.draws=50",
+    "analysis.intervals.resamples=50",
+    "report.curve_draws=20",
+    "report.resamples=50",
+)
 
 
 def demo_config(workdir: Path, *extra: str):

@@ -1,17 +1,18 @@
 """Experiment files: invalid ones are rejected with the offending key named; overrides and path variables work."""
+
 from __future__ import annotations
 
 import copy
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from runner_helpers import CONFIGS
 
 from oodbench.errors import ConfigError
 from oodbench.runner.config import apply_overrides, load_config, missing_roots, parse_config
-
-from runner_helpers import CONFIGS
 
 DEMO = tomllib.loads((CONFIGS / "demo.toml").read_text(encoding="utf-8"))
 
@@ -21,8 +22,10 @@ def timm_experiment(tmp_path: Path) -> dict[str, Any]:
     return {
         "experiment": {"name": "t", "workdir": str(tmp_path / "w")},
         "paths": {"data": str(tmp_path / "data")},
-        "models": [{"kind": "timm", "name": "resnet50.tv_in1k"},
-                   {"kind": "open_clip", "name": "ViT-B-16", "pretrained": "openai"}],
+        "models": [
+            {"kind": "timm", "name": "resnet50.tv_in1k"},
+            {"kind": "open_clip", "name": "ViT-B-16", "pretrained": "openai"},
+        ],
         "datasets": {
             "fit": {"kind": "folder", "root": "${data}/fit", "labels": True},
             "val": {"kind": "folder", "root": "${data}/val", "labels": True},
@@ -53,6 +56,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
             node[int(parts[-1])] = value
         else:
             node[parts[-1]] = value
+
     return change
 
 
@@ -63,6 +67,7 @@ def _del(path: str) -> Callable[[dict[str, Any]], None]:
         for part in parts[:-1]:
             node = node[int(part)] if isinstance(node, list) else node[part]
         del node[parts[-1]]
+
     return change
 
 
@@ -77,31 +82,34 @@ def test_shipped_demo_config_is_valid() -> None:
     assert config.detectors["msp"] == detectors.get_class("msp").default_params()
 
 
-@pytest.mark.parametrize("change, key", [
-    (_set("experimnt", {}), "experimnt"),
-    (_set("experiment.seed", "zero"), "experiment.seed"),
-    (_set("experiment.tpr", 1.5), "experiment.tpr"),
-    (_set("models.0.kind", "keras"), "models[0].kind"),
-    (_set("models.0.epochs", 0), "models[0].epochs"),
-    (_set("models.0.colour", "red"), "models[0].colour"),
-    (_set("datasets.noise.kind", "mnist"), "datasets.noise.kind"),
-    (_set("datasets.fancy", {"kind": "demo"}), "datasets.fancy"),
-    (_set("id.test", "digits-test"), "id.test"),
-    (_del("id.fit"), "id.fit"),
-    (_set("ood.datasets", []), "ood.datasets"),
-    (_set("ood.datasets", ["noise", "noise"]), "ood.datasets"),
-    (_set("detectors.include", ["msp", "mahalanobis"]), "detectors.include[1]"),
-    (_set("detectors.exclude", ["knnn"]), "detectors.exclude[0]"),
-    (_set("detectors.params.knn.kk", 3), "detectors.params.knn.kk"),
-    (_set("detectors.params.knn.k", 0), "detectors.params.knn"),
-    (_set("detectors.params.odin", {}), "detectors.params.odin"),
-    (_set("analysis.subsample.n", "half"), "analysis.subsample.n"),
-    (_set("analysis.subsample.draws", 0), "analysis.subsample.draws"),
-    (_set("analysis.bootstrap", {}), "analysis.bootstrap"),
-    (_set("analysis.intervals.methods", ["wald"]), "analysis.intervals.methods[0]"),
-    (_set("report.formats", ["pdf"]), "report.formats[0]"),
-    (_set("experiment.store", "/tmp/elsewhere/features"), "experiment.store"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (_set("experimnt", {}), "experimnt"),
+        (_set("experiment.seed", "zero"), "experiment.seed"),
+        (_set("experiment.tpr", 1.5), "experiment.tpr"),
+        (_set("models.0.kind", "keras"), "models[0].kind"),
+        (_set("models.0.epochs", 0), "models[0].epochs"),
+        (_set("models.0.colour", "red"), "models[0].colour"),
+        (_set("datasets.noise.kind", "mnist"), "datasets.noise.kind"),
+        (_set("datasets.fancy", {"kind": "demo"}), "datasets.fancy"),
+        (_set("id.test", "digits-test"), "id.test"),
+        (_del("id.fit"), "id.fit"),
+        (_set("ood.datasets", []), "ood.datasets"),
+        (_set("ood.datasets", ["noise", "noise"]), "ood.datasets"),
+        (_set("detectors.include", ["msp", "mahalanobis"]), "detectors.include[1]"),
+        (_set("detectors.exclude", ["knnn"]), "detectors.exclude[0]"),
+        (_set("detectors.params.knn.kk", 3), "detectors.params.knn.kk"),
+        (_set("detectors.params.knn.k", 0), "detectors.params.knn"),
+        (_set("detectors.params.odin", {}), "detectors.params.odin"),
+        (_set("analysis.subsample.n", "half"), "analysis.subsample.n"),
+        (_set("analysis.subsample.draws", 0), "analysis.subsample.draws"),
+        (_set("analysis.bootstrap", {}), "analysis.bootstrap"),
+        (_set("analysis.intervals.methods", ["wald"]), "analysis.intervals.methods[0]"),
+        (_set("report.formats", ["pdf"]), "report.formats[0]"),
+        (_set("experiment.store", "/tmp/elsewhere/features"), "experiment.store"),
+    ],
+)
 def test_invalid_demo_configs_name_the_key(change: Callable[[dict[str, Any]], None], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(mutate(DEMO, change))
@@ -117,26 +125,31 @@ def test_valid_real_kind_experiment(tmp_path: Path) -> None:
     assert config.datasets_of(config.models["ViT-B-16@openai"]) == ["val-clean", "ninco", "noise"]
 
 
-@pytest.mark.parametrize("change, key", [
-    (_set("models.0.name", "resnet5000"), "models[0].name"),
-    (_set("models.0.name", "resnet50.no_such_tag"), "models[0].name"),
-    (_set("models.1.name", "ViT-B-17"), "models[1].name"),
-    (_set("models.1.pretrained", "laion9b"), "models[1].pretrained"),
-    (_del("models.1.pretrained"), "models[1].pretrained"),
-    (_set("models.0.id", "a/b"), "models[0].id"),
-    (_set("models.1.id", "resnet50.tv_in1k"), "models[1].id"),
-    (_set("datasets.ninco.name", "ninko"), "datasets.ninco.name"),
-    (_del("datasets.fit.root"), "datasets.fit.root"),
-    (_set("datasets.fit.root", "${nowhere}/fit"), "datasets.fit.root"),
-    (_set("datasets.val-clean.of", "vall"), "datasets.val-clean.of"),
-    (_del("datasets.val-clean.exclude"), "datasets.val-clean"),
-    (_set("zeroshot.scores", ["mcm", "negative-label"]), "zeroshot.scores[1]"),
-    (_set("zeroshot.params", {"mcm": {"temperature": 1}}), "zeroshot.params.mcm.temperature"),
-    (_set("zeroshot.vocabularies.wn", {"build": "llm"}), "zeroshot.vocabularies.wn.build"),
-    (_set("zeroshot.models", ["resnet50.tv_in1k"]), "zeroshot.models[0]"),
-    (_del("zeroshot"), "models[1]"),
-])
-def test_invalid_real_kind_configs_name_the_key(tmp_path: Path, change: Callable[[dict[str, Any]], None], key: str) -> None:
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (_set("models.0.name", "resnet5000"), "models[0].name"),
+        (_set("models.0.name", "resnet50.no_such_tag"), "models[0].name"),
+        (_set("models.1.name", "ViT-B-17"), "models[1].name"),
+        (_set("models.1.pretrained", "laion9b"), "models[1].pretrained"),
+        (_del("models.1.pretrained"), "models[1].pretrained"),
+        (_set("models.0.id", "a/b"), "models[0].id"),
+        (_set("models.1.id", "resnet50.tv_in1k"), "models[1].id"),
+        (_set("datasets.ninco.name", "ninko"), "datasets.ninco.name"),
+        (_del("datasets.fit.root"), "datasets.fit.root"),
+        (_set("datasets.fit.root", "${nowhere}/fit"), "datasets.fit.root"),
+        (_set("datasets.val-clean.of", "vall"), "datasets.val-clean.of"),
+        (_del("datasets.val-clean.exclude"), "datasets.val-clean"),
+        (_set("zeroshot.scores", ["mcm", "negative-label"]), "zeroshot.scores[1]"),
+        (_set("zeroshot.params", {"mcm": {"temperature": 1}}), "zeroshot.params.mcm.temperature"),
+        (_set("zeroshot.vocabularies.wn", {"build": "llm"}), "zeroshot.vocabularies.wn.build"),
+        (_set("zeroshot.models", ["resnet50.tv_in1k"]), "zeroshot.models[0]"),
+        (_del("zeroshot"), "models[1]"),
+    ],
+)
+def test_invalid_real_kind_configs_name_the_key(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], key: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(mutate(timm_experiment(tmp_path), change))
     assert str(info.value).startswith(f"{key}:"), str(info.value)
@@ -153,8 +166,12 @@ def test_missing_roots_are_reported_with_their_keys(tmp_path: Path) -> None:
     config = parse_config(timm_experiment(tmp_path))
     (tmp_path / "data" / "fit").mkdir(parents=True)
     problems = missing_roots(config)
-    assert set(problems) == {"datasets.val.root", "datasets.ninco.root", "datasets.noise.root",
-                             "datasets.val-clean.exclude[0]"}
+    assert set(problems) == {
+        "datasets.val.root",
+        "datasets.ninco.root",
+        "datasets.noise.root",
+        "datasets.val-clean.exclude[0]",
+    }
     assert "does not exist" in problems["datasets.val.root"]
 
 
@@ -168,8 +185,9 @@ def test_toml_syntax_errors_and_missing_files(tmp_path: Path) -> None:
 
 
 def test_overrides() -> None:
-    data = apply_overrides(DEMO, ["models[0].epochs=7", "detectors.params.knn.k=3", "paths.data=/mnt/x",
-                                  "experiment.name=hello world"])
+    data = apply_overrides(
+        DEMO, ["models[0].epochs=7", "detectors.params.knn.k=3", "paths.data=/mnt/x", "experiment.name=hello world"]
+    )
     assert data["models"][0]["epochs"] == 7
     assert data["detectors"]["params"]["knn"]["k"] == 3
     assert data["paths"]["data"] == "/mnt/x"

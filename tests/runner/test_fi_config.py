@@ -1,22 +1,37 @@
 """configs/fi-imagenet-1k.toml validates offline (names resolve in timm/open_clip, no weights) and its dry run lists
 every (model, dataset, detector) unit."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 import typer
+from runner_helpers import CONFIGS
 from typer.testing import CliRunner
 
 from oodbench import detectors
 from oodbench.runner.config import load_config
 from oodbench.runner.plan import build_plan
 
-from runner_helpers import CONFIGS
-
 FI = CONFIGS / "fi-imagenet-1k.toml"
-OOD = ["inat-ood-plants", "openimage-o", "360openset", "cood", "imagenet-o", "textures", "places", "ssb-easy",
-       "ssb-hard", "species", "in1k-ood", "ninco", "clean-ood", "imagenet-ood", "fi-imagenet-1k"]
+OOD = [
+    "inat-ood-plants",
+    "openimage-o",
+    "360openset",
+    "cood",
+    "imagenet-o",
+    "textures",
+    "places",
+    "ssb-easy",
+    "ssb-hard",
+    "species",
+    "in1k-ood",
+    "ninco",
+    "clean-ood",
+    "imagenet-ood",
+    "fi-imagenet-1k",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +42,9 @@ def fi_config(tmp_path_factory: pytest.TempPathFactory):
 def test_fi_config_declares_the_seed_setup(fi_config) -> None:
     kinds = [m.kind for m in fi_config.models.values()]
     assert kinds.count("timm") == 30 and kinds.count("probe") == 4 and kinds.count("open_clip") == 8
-    assert {m.params["backbone"].split("_")[-1].split(".")[0] for m in fi_config.models.values()
-            if m.kind == "probe"} == {"dinov2", "dinov3"}
+    assert {
+        m.params["backbone"].split("_")[-1].split(".")[0] for m in fi_config.models.values() if m.kind == "probe"
+    } == {"dinov2", "dinov3"}
     assert list(fi_config.ood) == OOD
     assert fi_config.id_test == "imagenet-val-fi-id" and fi_config.fit == "imagenet-train"
     id_set = fi_config.datasets["imagenet-val-fi-id"]
@@ -44,7 +60,8 @@ def test_fi_plan_has_every_unit(fi_config) -> None:
     classifiers = [m.id for m in fi_config.classifiers]
     tests = [fi_config.id_test, *OOD]
     assert {u.label for u in plan.stage("score") if not u.spec.get("zeroshot")} == {
-        f"{m}/{d}/{t}" for m in classifiers for d in fi_config.detectors for t in tests}
+        f"{m}/{d}/{t}" for m in classifiers for d in fi_config.detectors for t in tests
+    }
     assert len(plan.stage("fit")) == 34 * 21
     # Every model needs every evaluated dataset (and ImageNet val, the parent of the two subsets) in the store.
     extracted = {u.label for u in plan.stage("extract")}

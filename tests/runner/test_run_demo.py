@@ -1,4 +1,5 @@
 """`oodbench run configs/demo.toml` end to end: outputs, caching (by instrumentation), resumption, content keys."""
+
 from __future__ import annotations
 
 import shutil
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from runner_helpers import CONFIGS, FAST_DEMO, demo_config
 from typer.testing import CliRunner
 
 from oodbench.detectors.base import Detector
@@ -14,8 +16,6 @@ from oodbench.errors import ConfigError, OodbenchError
 from oodbench.results import read_rows
 from oodbench.runner.engine import run_experiment
 from oodbench.runner.plan import build_plan
-
-from runner_helpers import CONFIGS, FAST_DEMO, demo_config
 
 ALL_DETECTORS = 21
 
@@ -27,8 +27,14 @@ def _values(path: Path) -> dict[tuple[str, str, str, str], float]:
 def test_first_run_does_every_stage(finished_demo) -> None:
     workdir, report = finished_demo
     ran = {stage: len(units) for stage, units in report.executed.items()}
-    assert ran == {"extract": 5, "fit": ALL_DETECTORS, "score": 4 * ALL_DETECTORS, "metrics": 2, "analysis": 2,
-                   "report": 1}
+    assert ran == {
+        "extract": 5,
+        "fit": ALL_DETECTORS,
+        "score": 4 * ALL_DETECTORS,
+        "metrics": 2,
+        "analysis": 2,
+        "report": 1,
+    }
     rows = read_rows(workdir / "results.parquet")
     assert len(rows) == ALL_DETECTORS * 3 * 4  # detectors × OOD sets × metrics
     html = (workdir / "report" / "report.html").read_text(encoding="utf-8")
@@ -52,7 +58,13 @@ def test_second_run_recomputes_nothing(demo_copy: Path, monkeypatch: pytest.Monk
     report = run_experiment(demo_config(demo_copy), progress=False)
     assert report.total_executed == 0
     assert {stage: len(units) for stage, units in report.cached.items()} == {
-        "extract": 5, "fit": ALL_DETECTORS, "score": 4 * ALL_DETECTORS, "metrics": 2, "analysis": 2, "report": 1}
+        "extract": 5,
+        "fit": ALL_DETECTORS,
+        "score": 4 * ALL_DETECTORS,
+        "metrics": 2,
+        "analysis": 2,
+        "report": 1,
+    }
     after = {p: p.stat().st_mtime_ns for p in demo_copy.rglob("*") if p.is_file()}
     assert after == before  # not a single file written
 
@@ -63,13 +75,23 @@ def test_results_agree_with_evaluate_store(finished_demo, tmp_path: Path) -> Non
 
     workdir, _ = finished_demo
     config = demo_config(workdir)
-    result = evaluate_store(workdir / "store", "digits-cnn", config.fit, config.id_test, list(config.ood),
-                            config.detectors, out_dir=tmp_path / "eval", progress=False)
+    result = evaluate_store(
+        workdir / "store",
+        "digits-cnn",
+        config.fit,
+        config.id_test,
+        list(config.ood),
+        config.detectors,
+        out_dir=tmp_path / "eval",
+        progress=False,
+    )
     expected = {(r.model, r.ood_dataset, r.detector, r.metric): r.value for r in result.rows}
     assert _values(workdir / "results.parquet") == pytest.approx(expected, abs=1e-12)
 
 
-def test_interrupted_run_resumes_where_it_stopped(finished_demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_run_resumes_where_it_stopped(
+    finished_demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     source, _ = finished_demo
     workdir = tmp_path / "run"
     shutil.copytree(source / "store", workdir / "store")  # extraction done elsewhere: the run adopts the entries
@@ -108,14 +130,19 @@ def test_changing_one_parameter_reruns_only_what_depends_on_it(demo_copy: Path) 
     report = run_experiment(demo_config(demo_copy, "detectors.params.knn.k=5"), progress=False)
     assert report.executed["extract"] == []
     assert report.executed["fit"] == ["fit:digits-cnn/knn"]
-    assert sorted(report.executed["score"]) == sorted(f"score:digits-cnn/knn/{d}" for d in
-                                                     ("digits-id-test", "digits-6to9", "lfw-faces", "noise"))
+    assert sorted(report.executed["score"]) == sorted(
+        f"score:digits-cnn/knn/{d}" for d in ("digits-id-test", "digits-6to9", "lfw-faces", "noise")
+    )
     assert len(report.executed["metrics"]) == 2 and len(report.executed["report"]) == 1
     plan = build_plan(demo_config(demo_copy))  # back to k=10: what k=5 replaced is stale now
     knn_scores = {f"score:digits-cnn/knn/{d}" for d in ("digits-id-test", "digits-6to9", "lfw-faces", "noise")}
     assert {u.id for u in plan.units if u.status == "stale"} == knn_scores | {
-        "metrics:digits-cnn", "metrics:all", "analysis:subsample/digits-cnn", "analysis:intervals/digits-cnn",
-        "report:report"}
+        "metrics:digits-cnn",
+        "metrics:all",
+        "analysis:subsample/digits-cnn",
+        "analysis:intervals/digits-cnn",
+        "report:report",
+    }
     assert [u.id for u in plan.units if u.todo and u.status != "stale"] == ["fit:digits-cnn/knn"]
 
 
@@ -144,7 +171,9 @@ def test_cli_run_and_dry_run(demo_copy: Path) -> None:
     register(app)
     app.command("noop")(lambda: None)  # a second command keeps `run` a named sub-command
     sets = [arg for item in FAST_DEMO for arg in ("--set", item)]
-    result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--out", str(demo_copy), "--no-progress", *sets])
+    result = CliRunner().invoke(
+        app, ["run", str(CONFIGS / "demo.toml"), "--out", str(demo_copy), "--no-progress", *sets]
+    )
     assert result.exit_code == 0, result.output
     assert "everything cached" in result.output and "report.html" in result.output
     result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--out", str(demo_copy), "--dry-run", *sets])

@@ -1,19 +1,19 @@
 """A run with real model kinds on generated images: timm classifier from a checkpoint, a frozen backbone with a
 linear probe, an open_clip VLM scored zero-shot, a subset derived from an extracted entry, and the Ray engine."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 import pytest
+from extract_helpers import TINY_CLIP, register_tiny_clip, single_torch_thread, write_images  # via conftest.py
 
 from oodbench.results import read_rows
 from oodbench.runner.config import load_config
 from oodbench.runner.engine import run_experiment
 from oodbench.runner.plan import build_plan
 from oodbench.store import Store
-
-from extract_helpers import TINY_CLIP, register_tiny_clip, single_torch_thread, write_images  # via conftest.py
 
 
 @pytest.fixture(autouse=True)
@@ -110,12 +110,17 @@ def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (data / "ambiguous.txt").write_text("path\ncat/img001.png\ndog/img002.png\n")
     (data / "classes.txt").write_text("cat\ndog\n")
     weights = _checkpoints(root / "weights")
-    text = EXPERIMENT.format(data=data, resnet=weights["test_resnet.r160_in1k"], vit=weights["test_vit.r160_in1k"],
-                             clip=TINY_CLIP, clip_weights=weights[TINY_CLIP],
-                             clip_config=weights["config"])
+    text = EXPERIMENT.format(
+        data=data,
+        resnet=weights["test_resnet.r160_in1k"],
+        vit=weights["test_vit.r160_in1k"],
+        clip=TINY_CLIP,
+        clip_weights=weights[TINY_CLIP],
+        clip_config=weights["config"],
+    )
     path = root / "experiment.toml"
     path.write_text(text)
-    from oodbench.zeroshot.vocab.artefact import Vocabulary, VocabStore
+    from oodbench.zeroshot.vocab.artefact import VocabStore, Vocabulary
 
     VocabStore(root / "run" / "vocab").save(Vocabulary("negatives", "custom", ["tree", "car", "cloud", "boat"]))
     return path
@@ -132,7 +137,9 @@ def test_models_run_end_to_end_and_then_is_cached(experiment: Path, first_run) -
     workdir, report = first_run
     assert sorted(report.executed["extract"]) == sorted(
         [f"extract:{m}/{d}" for m in ("resnet", "vit") for d in ("fit", "val", "val-clean", "far")]
-        + ["extract:vit-probe/probe"] + [f"extract:clip/{d}" for d in ("val", "val-clean", "far")])
+        + ["extract:vit-probe/probe"]
+        + [f"extract:clip/{d}" for d in ("val", "val-clean", "far")]
+    )
     store = Store(workdir / "store")
 
     # The subset holds the parent's rows minus the two listed images, in order, with its own item list.
@@ -161,8 +168,14 @@ def test_models_run_end_to_end_and_then_is_cached(experiment: Path, first_run) -
 def test_missing_root_stops_the_run_before_any_work(experiment: Path, tmp_path: Path) -> None:
     from oodbench.errors import ConfigError
 
-    config = load_config(experiment, workdir=tmp_path / "w", overrides=[
-        f"datasets.far.root={tmp_path / 'nowhere'}", f"zeroshot.vocab_store={experiment.parent / 'run' / 'vocab'}"])
+    config = load_config(
+        experiment,
+        workdir=tmp_path / "w",
+        overrides=[
+            f"datasets.far.root={tmp_path / 'nowhere'}",
+            f"zeroshot.vocab_store={experiment.parent / 'run' / 'vocab'}",
+        ],
+    )
     with pytest.raises(ConfigError, match=r"^datasets\.far\.root: .*nowhere does not exist"):
         run_experiment(config, progress=False, device="cpu")
     assert not (tmp_path / "w").exists()
@@ -182,7 +195,9 @@ def test_changed_checkpoint_reextracts_that_model_only(experiment: Path, first_r
     torch.save(timm.create_model("test_resnet.r160_in1k", pretrained=False, num_classes=10).state_dict(), other)
     config = load_config(experiment, workdir=workdir, overrides=[f"models[0].checkpoint={other}"])
     report = run_experiment(config, progress=False, device="cpu")
-    assert sorted(report.executed["extract"]) == sorted(f"extract:resnet/{d}" for d in ("fit", "val", "val-clean", "far"))
+    assert sorted(report.executed["extract"]) == sorted(
+        f"extract:resnet/{d}" for d in ("fit", "val", "val-clean", "far")
+    )
     assert {u.split("/")[0] for u in report.executed["score"]} == {"score:resnet"}
     old = Store(local / "store").meta("resnet", "far")["provenance"]["checkpoint"]
     new = Store(workdir / "store").meta("resnet", "far")["provenance"]["checkpoint"]
@@ -208,8 +223,12 @@ def test_ray_engine_gives_the_local_results(experiment: Path, first_run, tmp_pat
     # Same store and extraction records as the local run, nothing else: only fit+score (and later stages) run.
     for part in ("store", "vocab", "ledger/extract"):
         shutil.copytree(local / part, scored / part)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}},
+    )
     try:
         extract_config = load_config(experiment, workdir=extracted)
         report = run_experiment(extract_config, engine="ray", progress=False, device="cpu", only="extract")
@@ -223,8 +242,9 @@ def test_ray_engine_gives_the_local_results(experiment: Path, first_run, tmp_pat
     ray_store, local_store = Store(extracted / "store"), Store(local / "store")
     for model in ("resnet", "vit", "vit-probe", "clip"):
         for dataset in ("val-clean", "far"):
-            np.testing.assert_allclose(ray_store.read(model, dataset).features, local_store.read(model, dataset).features,
-                                       rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                ray_store.read(model, dataset).features, local_store.read(model, dataset).features, rtol=1e-5, atol=1e-6
+            )
             assert ray_store.meta(model, dataset)["item_hash"] == local_store.meta(model, dataset)["item_hash"]
 
     # Fit+score on identical inputs: identical scores and rows.

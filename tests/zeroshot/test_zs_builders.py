@@ -1,4 +1,5 @@
 """Union, oracle and imported vocabularies; ID class lists."""
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,25 @@ from oodbench.zeroshot.vocab.builders import build_oracle, build_union, import_v
 
 
 def _wordnet() -> Vocabulary:
-    vocab = Vocabulary("wn", "wordnet", [], params={"m": 3, "id_classes": "h"},
-                       ranked={NOUN: ["rock", "pear", "lamp", "moss"], ADJECTIVE: ["icy", "wet"]})
+    vocab = Vocabulary(
+        "wn",
+        "wordnet",
+        [],
+        params={"m": 3, "id_classes": "h"},
+        ranked={NOUN: ["rock", "pear", "lamp", "moss"], ADJECTIVE: ["icy", "wet"]},
+    )
     vocab.labels = vocab.select()
     return vocab
 
 
 def _siblings() -> Vocabulary:
-    vocab = Vocabulary("llm", "siblings", [], params={"k": 2, "id_classes": "h"},
-                       per_class={"cat": ["lynx", "ocelot", "serval"], "apple": ["pear", "quince", "medlar"]})
+    vocab = Vocabulary(
+        "llm",
+        "siblings",
+        [],
+        params={"k": 2, "id_classes": "h"},
+        per_class={"cat": ["lynx", "ocelot", "serval"], "apple": ["pear", "quince", "medlar"]},
+    )
     vocab.labels = vocab.select()
     return vocab
 
@@ -99,7 +110,10 @@ def test_import_json_shapes(tmp_path):
     txt = tmp_path / "list.txt"
     txt.write_text("# my negatives\nrock\nthis is a wet photo\n\nrock\n")
     assert import_vocabulary(txt, name="t", kind="custom").labels == ["rock", "wet"]
-    assert import_vocabulary(txt, name="t", kind="custom", strip_prompts=False).labels == ["rock", "this is a wet photo"]
+    assert import_vocabulary(txt, name="t", kind="custom", strip_prompts=False).labels == [
+        "rock",
+        "this is a wet photo",
+    ]
     bad = tmp_path / "bad.json"
     bad.write_text('{"a": 3}')
     with pytest.raises(ZeroShotError, match="lists of strings"):

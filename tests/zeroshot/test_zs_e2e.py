@@ -1,4 +1,5 @@
 """End to end with a tiny random open_clip model: extract, build and import vocabularies, evaluate, tabulate (CLI)."""
+
 from __future__ import annotations
 
 import json
@@ -57,17 +58,33 @@ def workspace(tmp_path_factory, tiny_clip):
     root = tmp_path_factory.mktemp("zs")
     store = Store(root / "store")
     backbone = OpenClipBackbone(tiny_clip, patches=True)
-    for dataset_id, classes, seed in (("id-test", {"red": (150, 255), "blue": (0, 100)}, 0),
-                                      ("ood-textures", {"striped": (0, 255), "dotted": (60, 200)}, 1)):
+    for dataset_id, classes, seed in (
+        ("id-test", {"red": (150, 255), "blue": (0, 100)}, 0),
+        ("ood-textures", {"striped": (0, 255), "dotted": (60, 200)}, 1),
+    ):
         folder = _images(root / dataset_id, classes, seed)
-        extract(store, backbone, image_folder(folder), dataset_id=dataset_id, model_id="tiny", num_workers=0,
-                device="cpu", amp=False, progress=False, batch_size=8)
+        extract(
+            store,
+            backbone,
+            image_folder(folder),
+            dataset_id=dataset_id,
+            model_id="tiny",
+            num_workers=0,
+            device="cpu",
+            amp=False,
+            progress=False,
+            batch_size=8,
+        )
     (root / "classes.txt").write_text("red\nblue\n")
     from oodbench.zeroshot.vocab.lexicon import Lexicon, Synset
 
-    Lexicon([Synset("n", i + 1, "noun.artifact", (w,)) for i, w in enumerate(
-        ["hammer", "violin", "desert", "glacier", "teapot", "red", "crimson"])]
-        + [Synset("a", 20, "adj.all", ("furry",)), Synset("a", 21, "adj.all", ("icy",))]).write(root / "lex.tsv.gz")
+    Lexicon(
+        [
+            Synset("n", i + 1, "noun.artifact", (w,))
+            for i, w in enumerate(["hammer", "violin", "desert", "glacier", "teapot", "red", "crimson"])
+        ]
+        + [Synset("a", 20, "adj.all", ("furry",)), Synset("a", 21, "adj.all", ("icy",))]
+    ).write(root / "lex.tsv.gz")
     (root / "siblings.json").write_text(json.dumps({"red": ["scarlet", "maroon", "blue"], "blue": ["navy", "teal"]}))
     return root
 
@@ -84,15 +101,70 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
     store, vocab = workspace / "store", workspace / "vocab"
     common = ["--vocab-dir", vocab, "--classes", workspace / "classes.txt"]
 
-    out = _run(app, "zeroshot", "vocab", "build", "wordnet", "--store", store, "--model", "tiny", "--m", "4",
-               "--lexicon", workspace / "lex.tsv.gz", "--name", "wn", *common)
+    out = _run(
+        app,
+        "zeroshot",
+        "vocab",
+        "build",
+        "wordnet",
+        "--store",
+        store,
+        "--model",
+        "tiny",
+        "--m",
+        "4",
+        "--lexicon",
+        workspace / "lex.tsv.gz",
+        "--name",
+        "wn",
+        *common,
+    )
     assert "wn@v1: 4 labels, kind wordnet" in out
-    _run(app, "zeroshot", "vocab", "import", workspace / "siblings.json", "--name", "llm", "--kind", "siblings",
-         "--k", "2", *common)
-    _run(app, "zeroshot", "vocab", "build", "union", "--wordnet", "wn", "--siblings", "llm", "--name", "wn+llm",
-         "--vocab-dir", vocab)
-    out = _run(app, "zeroshot", "vocab", "build", "oracle", "--store", store, "--model", "tiny", "--dataset",
-               "ood-textures", "--name", "oracle", *common)
+    _run(
+        app,
+        "zeroshot",
+        "vocab",
+        "import",
+        workspace / "siblings.json",
+        "--name",
+        "llm",
+        "--kind",
+        "siblings",
+        "--k",
+        "2",
+        *common,
+    )
+    _run(
+        app,
+        "zeroshot",
+        "vocab",
+        "build",
+        "union",
+        "--wordnet",
+        "wn",
+        "--siblings",
+        "llm",
+        "--name",
+        "wn+llm",
+        "--vocab-dir",
+        vocab,
+    )
+    out = _run(
+        app,
+        "zeroshot",
+        "vocab",
+        "build",
+        "oracle",
+        "--store",
+        store,
+        "--model",
+        "tiny",
+        "--dataset",
+        "ood-textures",
+        "--name",
+        "oracle",
+        *common,
+    )
     assert "non-deployable" in out
     listing = _run(app, "zeroshot", "vocab", "list", "--vocab-dir", vocab)
     assert {line.split()[0] for line in listing.splitlines()} == {"llm@v1", "oracle@v1", "wn@v1", "wn+llm@v1"}
@@ -102,9 +174,31 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
     text_before = {d for d in Store(store).datasets("tiny") if d.startswith("text-")}
     assert len(text_before) == 3  # mining prompts: ID names, nouns, adjectives
     runs = workspace / "runs"
-    table = _run(app, "zeroshot", "evaluate", "--store", store, "--model", "tiny", "--id", "id-test", "--ood",
-                 "ood-textures", "--vocab", "all", "--sweep-k", "1", "--sweep-m", "2", "-p", "neglabel.groups=2",
-                 "--out", runs, "--no-progress", *common)
+    table = _run(
+        app,
+        "zeroshot",
+        "evaluate",
+        "--store",
+        store,
+        "--model",
+        "tiny",
+        "--id",
+        "id-test",
+        "--ood",
+        "ood-textures",
+        "--vocab",
+        "all",
+        "--sweep-k",
+        "1",
+        "--sweep-m",
+        "2",
+        "-p",
+        "neglabel.groups=2",
+        "--out",
+        runs,
+        "--no-progress",
+        *common,
+    )
     header, _, row = table.splitlines()[:3]
     assert header.startswith("| model | best logit-space | EOE | WN | LLM siblings | WN+LLM | oracle† |")
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -115,8 +209,14 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
     run = runs / "tiny"
     info = json.loads((run / "run.json").read_text())
     detectors = info["zeroshot"]["detectors"]
-    assert {"glmcm", "neglabel@wn", "neglabel@wn[m=2]", "neglabel@llm[k=1]", "neglabel@wn+llm", "neglabel@oracle"} \
-        <= set(detectors)
+    assert {
+        "glmcm",
+        "neglabel@wn",
+        "neglabel@wn[m=2]",
+        "neglabel@llm[k=1]",
+        "neglabel@wn+llm",
+        "neglabel@oracle",
+    } <= set(detectors)
     assert info["zeroshot"]["vocabularies"]["wn"]["provenance"]["model"] == "tiny"
     assert len(info["zeroshot"]["vocabularies"]["wn"]["hash"]) == 64
 
@@ -127,15 +227,38 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
     image = Store(store).read("tiny", "ood-textures")
     id_text = text_embeddings(tiny_clip, ["red", "blue"], SEED_TEMPLATES)
     oracle_labels = json.loads(next((vocab / "oracle").glob("v001-*.json")).read_text())["labels"]
-    expected = S.neglabel_scores(image.features, id_text, text_embeddings(tiny_clip, oracle_labels, SEED_TEMPLATES),
-                                 groups=2)
+    expected = S.neglabel_scores(
+        image.features, id_text, text_embeddings(tiny_clip, oracle_labels, SEED_TEMPLATES), groups=2
+    )
     np.testing.assert_allclose(load_scores(run, "tiny", "ood-textures")["neglabel@oracle"], expected, rtol=1e-5)
 
     # A second run answers from the run directory and the store's text cache.
     text_after = {d for d in Store(store).datasets("tiny") if d.startswith("text-")}
-    again = _run(app, "zeroshot", "evaluate", "--store", store, "--model", "tiny", "--id", "id-test", "--ood",
-                 "ood-textures", "--vocab", "all", "--sweep-k", "1", "--sweep-m", "2", "-p", "neglabel.groups=2",
-                 "--out", runs, "--no-progress", *common)
+    again = _run(
+        app,
+        "zeroshot",
+        "evaluate",
+        "--store",
+        store,
+        "--model",
+        "tiny",
+        "--id",
+        "id-test",
+        "--ood",
+        "ood-textures",
+        "--vocab",
+        "all",
+        "--sweep-k",
+        "1",
+        "--sweep-m",
+        "2",
+        "-p",
+        "neglabel.groups=2",
+        "--out",
+        runs,
+        "--no-progress",
+        *common,
+    )
     assert again.splitlines()[:3] == table.splitlines()[:3]
     assert {d for d in Store(store).datasets("tiny") if d.startswith("text-")} == text_after
 
@@ -150,4 +273,3 @@ def test_missing_text_embeddings_without_a_model_fail_clearly(workspace, tmp_pat
     embed = store_embedder(Store(workspace / "store"), "tiny")
     with pytest.raises(ZeroShotError, match="no cached text embeddings"):
         embed(["never embedded"], SEED_TEMPLATES)
-

@@ -1,4 +1,5 @@
 """Zero-shot evaluation (model × score × vocabulary × OOD set), its run directory, resumption, and the tables."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,16 @@ CLASSES = ClassList(("apple", "bus", "cloud"), None, "three")
 
 def _embedder() -> HashEmbedder:
     e = np.eye(DIM)
-    fixed = {"apple": e[0], "bus": e[1], "cloud": e[2], "rock": e[5], "violin": e[6], "lamp": e[7],
-             "pear": 0.9 * e[0] + 0.4 * e[8], "tram": 0.9 * e[1] + 0.4 * e[8]}
+    fixed = {
+        "apple": e[0],
+        "bus": e[1],
+        "cloud": e[2],
+        "rock": e[5],
+        "violin": e[6],
+        "lamp": e[7],
+        "pear": 0.9 * e[0] + 0.4 * e[8],
+        "tram": 0.9 * e[1] + 0.4 * e[8],
+    }
     return HashEmbedder(dim=DIM, fixed=fixed)
 
 
@@ -47,16 +56,29 @@ def _datasets(with_patches: bool = True) -> dict[str, Outputs]:
             extras["patch_embeddings"] = patches.astype(np.float16)
         return Outputs(features=x, extras=extras)
 
-    return {"id-test": outputs(images([0, 1, 2], 60)), "far": outputs(images([5, 6, 7], 40)),
-            "near": outputs(images([3, 4, 8], 30))}
+    return {
+        "id-test": outputs(images([0, 1, 2], 60)),
+        "far": outputs(images([5, 6, 7], 40)),
+        "near": outputs(images([3, 4, 8], 30)),
+    }
 
 
 def _vocabularies() -> list[Vocabulary]:
-    wordnet = Vocabulary("wn", "wordnet", [], params={"m": 4},
-                         ranked={NOUN: ["rock", "bus", "violin", "lamp"], ADJECTIVE: ["shiny", "icy"]})
+    wordnet = Vocabulary(
+        "wn",
+        "wordnet",
+        [],
+        params={"m": 4},
+        ranked={NOUN: ["rock", "bus", "violin", "lamp"], ADJECTIVE: ["shiny", "icy"]},
+    )
     wordnet.labels = wordnet.select()
-    siblings = Vocabulary("llm", "siblings", [], params={"k": 1},
-                          per_class={"apple": ["pear", "plum"], "bus": ["tram", "coach"], "cloud": ["fog", "smoke"]})
+    siblings = Vocabulary(
+        "llm",
+        "siblings",
+        [],
+        params={"k": 1},
+        per_class={"apple": ["pear", "plum"], "bus": ["tram", "coach"], "cloud": ["fog", "smoke"]},
+    )
     siblings.labels = siblings.select()
     oracle = Vocabulary("oracle", "oracle", ["rock", "violin", "lamp"])
     eoe = Vocabulary("eoe-far", "eoe", ["rock", "lamp", "galaxy"])
@@ -64,17 +86,31 @@ def _vocabularies() -> list[Vocabulary]:
 
 
 def test_plan_names_columns_and_sweeps():
-    plan = E.make_plan(vocabularies=_vocabularies(), sweep_k=[1, 2], sweep_m=[2, 6],
-                       params={"neglabel": {"groups": 2}}, tau=0.02)
+    plan = E.make_plan(
+        vocabularies=_vocabularies(), sweep_k=[1, 2], sweep_m=[2, 6], params={"neglabel": {"groups": 2}}, tau=0.02
+    )
     assert list(plan.detectors)[:7] == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm"]
-    assert set(plan.runs) == {"neglabel@wn", "neglabel@wn[m=2]", "neglabel@wn[m=6]", "neglabel@llm",
-                              "neglabel@llm[k=1]", "neglabel@llm[k=2]", "neglabel@oracle", "eoe@eoe-far"}
+    assert set(plan.runs) == {
+        "neglabel@wn",
+        "neglabel@wn[m=2]",
+        "neglabel@wn[m=6]",
+        "neglabel@llm",
+        "neglabel@llm[k=1]",
+        "neglabel@llm[k=2]",
+        "neglabel@oracle",
+        "eoe@eoe-far",
+    }
     info = plan.detectors["neglabel@oracle"]
     assert info["deployable"] is False and info["column"] == "oracle"
     # The report reads these names back: score, vocabulary and sweep point, one canonical spelling.
     for name, run in plan.runs.items():
         parameter = "m" if run.m is not None else "k" if run.k is not None else None
-        assert parse_vocabulary_score(name) == (run.score, run.vocab.name, parameter, run.m if run.m is not None else run.k)
+        assert parse_vocabulary_score(name) == (
+            run.score,
+            run.vocab.name,
+            parameter,
+            run.m if run.m is not None else run.k,
+        )
     assert all(parse_vocabulary_score(name) is None for name in plan.detectors if name not in plan.runs)
     assert plan.detectors["neglabel@wn"]["params"] == {"tau": 0.02, "groups": 2, "seed": 0}
     assert plan.detectors["eoe@eoe-far"]["params"] == {"tau": 0.02, "beta": 0.25}
@@ -101,14 +137,19 @@ def test_scores_and_rows_match_an_independent_computation():
     outliers = embed(["rock", "lamp", "galaxy"], SEED_TEMPLATES)
     for ds, outputs in datasets.items():
         np.testing.assert_allclose(result.scores[ds]["energy"], S.compute_score("energy", outputs.features, id_text))
-        np.testing.assert_allclose(result.scores[ds]["glmcm"], S.compute_score(
-            "glmcm", outputs.features, id_text, patches=outputs.extras["patch_embeddings"]))
-        np.testing.assert_allclose(result.scores[ds]["neglabel@wn"],
-                                   S.neglabel_scores(outputs.features, id_text, negatives), rtol=1e-12)
-        np.testing.assert_allclose(result.scores[ds]["neglabel@wn[m=2]"],
-                                   S.neglabel_scores(outputs.features, id_text, two), rtol=1e-12)
-        np.testing.assert_allclose(result.scores[ds]["eoe@eoe-far"],
-                                   S.eoe_scores(outputs.features, id_text, outliers), rtol=1e-12)
+        np.testing.assert_allclose(
+            result.scores[ds]["glmcm"],
+            S.compute_score("glmcm", outputs.features, id_text, patches=outputs.extras["patch_embeddings"]),
+        )
+        np.testing.assert_allclose(
+            result.scores[ds]["neglabel@wn"], S.neglabel_scores(outputs.features, id_text, negatives), rtol=1e-12
+        )
+        np.testing.assert_allclose(
+            result.scores[ds]["neglabel@wn[m=2]"], S.neglabel_scores(outputs.features, id_text, two), rtol=1e-12
+        )
+        np.testing.assert_allclose(
+            result.scores[ds]["eoe@eoe-far"], S.eoe_scores(outputs.features, id_text, outliers), rtol=1e-12
+        )
     assert result.detectors["neglabel@wn"]["dropped_id_labels"] == 1
     assert result.detectors["neglabel@wn"]["num_labels"] == 3
     rows = {(r.detector, r.ood_dataset, r.metric): r for r in result.rows}
@@ -122,8 +163,7 @@ def test_scores_and_rows_match_an_independent_computation():
 
 def test_glmcm_is_skipped_without_patches():
     plan = E.make_plan(["mcm", "glmcm"])
-    result = E.evaluate_zeroshot(_datasets(with_patches=False), "id-test", CLASSES, _embedder(), plan,
-                                 progress=False)
+    result = E.evaluate_zeroshot(_datasets(with_patches=False), "id-test", CLASSES, _embedder(), plan, progress=False)
     assert "glmcm" in result.skipped and "patch" in result.skipped["glmcm"]
     assert {r.detector for r in result.rows} == {"mcm"}
 
@@ -141,8 +181,9 @@ def test_run_directory_resumes_and_recomputes_only_what_changed(tmp_path, monkey
     vocabs = _vocabularies()
     plan = E.make_plan(vocabularies=vocabs, sweep_k=[2])
     out = tmp_path / "run"
-    first = E.evaluate_zeroshot_store(store, "tiny@x", "id-test", ["far", "near"], CLASSES, _embedder(), plan,
-                                      out_dir=out, progress=False)
+    first = E.evaluate_zeroshot_store(
+        store, "tiny@x", "id-test", ["far", "near"], CLASSES, _embedder(), plan, out_dir=out, progress=False
+    )
     info = json.loads((out / "run.json").read_text())
     assert info["complete"] and info["fit_dataset"] is None and info["ood_datasets"] == ["far", "near"]
     assert info["zeroshot"]["vocabularies"]["oracle"]["deployable"] is False
@@ -163,39 +204,55 @@ def test_run_directory_resumes_and_recomputes_only_what_changed(tmp_path, monkey
 
     calls = []
     original = S.neglabel_scores
-    monkeypatch.setitem(S.SCORES, "neglabel", dataclasses.replace(
-        S.SCORES["neglabel"], compute=lambda *a, **k: calls.append(1) or original(*a, **k)))
+    monkeypatch.setitem(
+        S.SCORES,
+        "neglabel",
+        dataclasses.replace(S.SCORES["neglabel"], compute=lambda *a, **k: calls.append(1) or original(*a, **k)),
+    )
     embed = _embedder()
-    again = E.evaluate_zeroshot_store(store, "tiny@x", "id-test", ["far", "near"], CLASSES, embed, plan,
-                                      out_dir=out, progress=False)
+    again = E.evaluate_zeroshot_store(
+        store, "tiny@x", "id-test", ["far", "near"], CLASSES, embed, plan, out_dir=out, progress=False
+    )
     assert calls == [] and embed.calls == []  # everything came from the run directory
     assert again.rows == first.rows
 
     changed = E.make_plan(vocabularies=vocabs, sweep_k=[2], params={"neglabel": {"groups": 2}})
-    third = E.evaluate_zeroshot_store(store, "tiny@x", "id-test", ["far", "near"], CLASSES, embed, changed,
-                                      out_dir=out, progress=False)
+    third = E.evaluate_zeroshot_store(
+        store, "tiny@x", "id-test", ["far", "near"], CLASSES, embed, changed, out_dir=out, progress=False
+    )
     assert len(calls) == 4 * 3  # 4 neglabel columns x 3 datasets; logit, glmcm and eoe columns reused
     assert {r.detector for r in third.rows} == set(first.detectors)
     assert [v for v in third.rows if v.detector == "mcm"] == [v for v in first.rows if v.detector == "mcm"]
 
 
 def _view(values: dict[str, float], detectors: dict[str, dict]) -> RunView:
-    rows = [ResultRow("m1", "id", ood, d, "fpr95", v + shift, 10, 10)
-            for d, v in values.items() for ood, shift in (("a", -0.01), ("b", 0.01))]
+    rows = [
+        ResultRow("m1", "id", ood, d, "fpr95", v + shift, 10, 10)
+        for d, v in values.items()
+        for ood, shift in (("a", -0.01), ("b", 0.01))
+    ]
     return RunView("m1", rows, detectors, ["a", "b"])
 
 
 def test_table2_layout_marks_best_deployable_and_never_the_oracle():
     detectors = {
-        "mcm": {"score": "mcm", "column": "logit"}, "glmcm": {"score": "glmcm", "column": "logit"},
+        "mcm": {"score": "mcm", "column": "logit"},
+        "glmcm": {"score": "glmcm", "column": "logit"},
         "eoe@e": {"score": "eoe", "column": "EOE", "vocabulary": "e"},
         "neglabel@wn": {"score": "neglabel", "column": "WN", "vocabulary": "wn"},
         "neglabel@wn[m=10]": {"score": "neglabel", "column": "WN", "vocabulary": "wn", "m": 10},
         "neglabel@llm": {"score": "neglabel", "column": "LLM siblings", "vocabulary": "llm"},
         "neglabel@or": {"score": "neglabel", "column": "oracle", "vocabulary": "or", "deployable": False},
     }
-    values = {"mcm": 0.50, "glmcm": 0.40, "eoe@e": 0.45, "neglabel@wn": 0.30, "neglabel@wn[m=10]": 0.05,
-              "neglabel@llm": 0.20, "neglabel@or": 0.10}
+    values = {
+        "mcm": 0.50,
+        "glmcm": 0.40,
+        "eoe@e": 0.45,
+        "neglabel@wn": 0.30,
+        "neglabel@wn[m=10]": 0.05,
+        "neglabel@llm": 0.20,
+        "neglabel@or": 0.10,
+    }
     table = table2_markdown([_view(values, detectors)])
     header, rule, row = table.splitlines()[:3]
     assert header == "| model | best logit-space | EOE | WN | LLM siblings | WN+LLM | oracle† |"
@@ -213,8 +270,17 @@ def test_sweep_tables_and_run_discovery(tmp_path):
     store = _store(tmp_path)
     vocabs = _vocabularies()
     plan = E.make_plan(["mcm", "neglabel"], vocabs, sweep_k=[1, 2], sweep_m=[1, 4])
-    E.evaluate_zeroshot_store(store, "tiny@x", "id-test", ["far"], CLASSES, _embedder(), plan,
-                              out_dir=tmp_path / "runs" / "tiny@x", progress=False)
+    E.evaluate_zeroshot_store(
+        store,
+        "tiny@x",
+        "id-test",
+        ["far"],
+        CLASSES,
+        _embedder(),
+        plan,
+        out_dir=tmp_path / "runs" / "tiny@x",
+        progress=False,
+    )
     runs = find_runs([tmp_path / "runs"])
     view = load_run(runs[0])
     text = sweep_markdown(view)
@@ -228,8 +294,13 @@ def test_sweep_tables_and_run_discovery(tmp_path):
 
 def test_report_vocabularies_labels_are_unique_within_a_run():
     wordnet, siblings, oracle, eoe = _vocabularies()
-    second = Vocabulary("wn-big", "wordnet", ["rock"], params={"m": 6},
-                        ranked={NOUN: ["rock", "violin", "lamp"], ADJECTIVE: ["shiny", "icy", "red"]})
+    second = Vocabulary(
+        "wn-big",
+        "wordnet",
+        ["rock"],
+        params={"m": 6},
+        ranked={NOUN: ["rock", "violin", "lamp"], ADJECTIVE: ["shiny", "icy", "red"]},
+    )
     mine = Vocabulary("mine", "custom", ["rock", "galaxy"])
     described = E.report_vocabularies([wordnet, second, siblings, oracle, mine])
     # Two WordNet lists: the kind's column name plus the vocabulary name; a custom list goes by its name.

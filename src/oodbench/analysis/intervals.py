@@ -8,12 +8,13 @@
   Intervals: percentile, and BCa (bias-corrected and accelerated) with the two-sample jackknife acceleration
   of Efron & Tibshirani (1993, §14.3), which for these statistics is itself closed-form.
 """
+
 from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import special, stats
@@ -78,7 +79,9 @@ def _unwrap(value: np.ndarray) -> float | np.ndarray:
     return float(value) if np.ndim(value) == 0 else value
 
 
-def wilson_interval(successes: object, trials: object, confidence: float = 0.95) -> tuple[float | np.ndarray, float | np.ndarray]:
+def wilson_interval(
+    successes: object, trials: object, confidence: float = 0.95
+) -> tuple[float | np.ndarray, float | np.ndarray]:
     """Wilson score interval for a binomial proportion (vectorised over arrays of counts)."""
     k, n = _check_counts(successes, trials)
     z = stats.norm.ppf(0.5 + _check_confidence(confidence) / 2)
@@ -90,8 +93,9 @@ def wilson_interval(successes: object, trials: object, confidence: float = 0.95)
     return _unwrap(low), _unwrap(high)
 
 
-def clopper_pearson_interval(successes: object, trials: object,
-                             confidence: float = 0.95) -> tuple[float | np.ndarray, float | np.ndarray]:
+def clopper_pearson_interval(
+    successes: object, trials: object, confidence: float = 0.95
+) -> tuple[float | np.ndarray, float | np.ndarray]:
     """Exact (Clopper–Pearson) interval: beta quantiles, 0 and 1 at the boundaries (vectorised)."""
     k, n = _check_counts(successes, trials)
     alpha = 1 - _check_confidence(confidence)
@@ -101,8 +105,9 @@ def clopper_pearson_interval(successes: object, trials: object,
     return _unwrap(low), _unwrap(high)
 
 
-def fpr_interval(id_scores: object, ood_scores: object, *, tpr: float = 0.95, confidence: float = 0.95,
-                 method: str = "wilson") -> Interval:
+def fpr_interval(
+    id_scores: object, ood_scores: object, *, tpr: float = 0.95, confidence: float = 0.95, method: str = "wilson"
+) -> Interval:
     """FPR@95 with a binomial interval over the OOD set, the threshold held fixed at its full-ID-set value."""
     threshold = metrics.threshold_at_tpr(id_scores, tpr)
     ood = metrics.as_scores("ood_scores", ood_scores)
@@ -131,9 +136,16 @@ def _multiplicities(rng: np.random.Generator, rows: int, size: int) -> np.ndarra
     return np.bincount(picks.ravel(), minlength=rows * size).reshape(rows, size)
 
 
-def bootstrap_replicates(id_scores: object, ood_scores: object, *, resamples: int = 2000, seed: int = 0,
-                         tpr: float = 0.95, metric_names: Sequence[str] = BOOTSTRAP_METRICS,
-                         budget_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, np.ndarray]:
+def bootstrap_replicates(
+    id_scores: object,
+    ood_scores: object,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    tpr: float = 0.95,
+    metric_names: Sequence[str] = BOOTSTRAP_METRICS,
+    budget_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict[str, np.ndarray]:
     """{metric: (resamples,) values} of FPR@95 and/or AUROC on stratified bootstrap resamples of ID and OOD."""
     unknown = sorted(set(metric_names) - set(BOOTSTRAP_METRICS))
     if unknown:
@@ -146,9 +158,17 @@ def bootstrap_replicates(id_scores: object, ood_scores: object, *, resamples: in
     return _replicates_from_counts(ids_desc, ood_asc, tpr, metric_names, int(resamples), rng, budget_bytes)
 
 
-def _replicates_from_counts(ids_desc: np.ndarray, ood_asc: np.ndarray, tpr: float, metric_names: Sequence[str],
-                            resamples: int, rng: np.random.Generator | None, budget_bytes: int = DEFAULT_CHUNK_BYTES,
-                            id_counts: np.ndarray | None = None, ood_counts: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def _replicates_from_counts(
+    ids_desc: np.ndarray,
+    ood_asc: np.ndarray,
+    tpr: float,
+    metric_names: Sequence[str],
+    resamples: int,
+    rng: np.random.Generator | None,
+    budget_bytes: int = DEFAULT_CHUNK_BYTES,
+    id_counts: np.ndarray | None = None,
+    ood_counts: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """Replicates for resamples given as multiplicity counts (drawn here unless passed, for testing)."""
     n, m = ids_desc.shape[0], ood_asc.shape[0]
     k = required_count(tpr, n)
@@ -175,7 +195,9 @@ def _replicates_from_counts(ids_desc: np.ndarray, ood_asc: np.ndarray, tpr: floa
     return out
 
 
-def jackknife_values(id_scores: object, ood_scores: object, metric: str, *, tpr: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+def jackknife_values(
+    id_scores: object, ood_scores: object, metric: str, *, tpr: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
     """Leave-one-out values of the metric: (leaving out each ID score, leaving out each OOD score), closed-form."""
     ids = metrics.as_scores("id_scores", id_scores)
     ood = metrics.as_scores("ood_scores", ood_scores)
@@ -185,8 +207,10 @@ def jackknife_values(id_scores: object, ood_scores: object, metric: str, *, tpr:
     if metric == "fpr95":
         ids_desc = np.sort(ids)[::-1]
         ood_asc = np.sort(ood)
+
         def fpr(threshold: float) -> float:
             return (m - np.searchsorted(ood_asc, threshold, side="left")) / m
+
         # With one ID score removed the threshold is the k'-th largest of the rest (k' for n - 1 scores):
         # removing one of the top k' moves it one place down, removing any other leaves it.
         k_rest = required_count(tpr, n - 1)
@@ -228,8 +252,9 @@ def acceleration(jackknife: Sequence[np.ndarray]) -> float:
     return numerator / (6.0 * denominator**1.5)
 
 
-def bca_interval(replicates: np.ndarray, estimate: float, jackknife: Sequence[np.ndarray],
-                 confidence: float = 0.95) -> tuple[Interval, float, float]:
+def bca_interval(
+    replicates: np.ndarray, estimate: float, jackknife: Sequence[np.ndarray], confidence: float = 0.95
+) -> tuple[Interval, float, float]:
     """BCa interval, with its bias correction z0 and acceleration a."""
     alpha = 1 - _check_confidence(confidence)
     count = replicates.shape[0]
@@ -264,13 +289,28 @@ class BootstrapResult:
 
     def as_dict(self) -> dict[str, object]:
         """Summary without the replicates (for JSON)."""
-        return {"metric": self.metric, "estimate": self.estimate, "std": self.std, "resamples": int(self.replicates.shape[0]),
-                "percentile": self.percentile.as_dict(), "bca": self.bca.as_dict(),
-                "bias_correction": self.bias_correction, "acceleration": self.acceleration}
+        return {
+            "metric": self.metric,
+            "estimate": self.estimate,
+            "std": self.std,
+            "resamples": int(self.replicates.shape[0]),
+            "percentile": self.percentile.as_dict(),
+            "bca": self.bca.as_dict(),
+            "bias_correction": self.bias_correction,
+            "acceleration": self.acceleration,
+        }
 
 
-def bootstrap(id_scores: object, ood_scores: object, *, metric_names: Sequence[str] = BOOTSTRAP_METRICS,
-              resamples: int = 2000, confidence: float = 0.95, seed: int = 0, tpr: float = 0.95) -> dict[str, BootstrapResult]:
+def bootstrap(
+    id_scores: object,
+    ood_scores: object,
+    *,
+    metric_names: Sequence[str] = BOOTSTRAP_METRICS,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    tpr: float = 0.95,
+) -> dict[str, BootstrapResult]:
     """Stratified bootstrap (ID and OOD resampled separately) of FPR@95 and AUROC with percentile and BCa intervals."""
     _check_confidence(confidence)
     ids = metrics.as_scores("id_scores", id_scores)
@@ -281,14 +321,25 @@ def bootstrap(id_scores: object, ood_scores: object, *, metric_names: Sequence[s
         estimate = metrics.fpr_at_tpr(ids, ood, tpr) if name == "fpr95" else metrics.auroc(ids, ood)
         jack = jackknife_values(ids, ood, name, tpr=tpr)
         bca, z0, a = bca_interval(replicates[name], estimate, jack, confidence)
-        results[name] = BootstrapResult(name, estimate, replicates[name],
-                                        percentile_interval(replicates[name], estimate, confidence), bca, z0, a)
+        results[name] = BootstrapResult(
+            name, estimate, replicates[name], percentile_interval(replicates[name], estimate, confidence), bca, z0, a
+        )
     return results
 
 
-def normal_interval(estimate: float, se: float, confidence: float = 0.95, method: str = "normal",
-                    bounds: tuple[float, float] = (-math.inf, math.inf)) -> Interval:
+def normal_interval(
+    estimate: float,
+    se: float,
+    confidence: float = 0.95,
+    method: str = "normal",
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+) -> Interval:
     """estimate ± z·se, clipped to `bounds`."""
     z = float(stats.norm.ppf(0.5 + _check_confidence(confidence) / 2))
-    return Interval(float(estimate), float(max(bounds[0], estimate - z * se)), float(min(bounds[1], estimate + z * se)),
-                    method, float(confidence))
+    return Interval(
+        float(estimate),
+        float(max(bounds[0], estimate - z * se)),
+        float(min(bounds[1], estimate + z * se)),
+        method,
+        float(confidence),
+    )

@@ -1,4 +1,5 @@
 """Plain dicts of the analysis result records, ready for strict JSON."""
+
 from __future__ import annotations
 
 import math

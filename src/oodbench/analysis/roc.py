@@ -1,4 +1,5 @@
 """ROC curve points under the metrics convention (ID positive, higher score = more ID, ties accepted)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,11 +1,13 @@
 """Read an evaluation run directory (results.parquet, scores/<model>/<dataset>.npz, run.json) for analysis and reports."""
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +40,9 @@ class RunData:
 
     def ood_datasets(self, model: str, id_dataset: str) -> list[str]:
         """OOD datasets evaluated for (model, ID set), in the run's order."""
-        present = list(dict.fromkeys(r.ood_dataset for r in self.rows if (r.model, r.id_dataset) == (model, id_dataset)))
+        present = list(
+            dict.fromkeys(r.ood_dataset for r in self.rows if (r.model, r.id_dataset) == (model, id_dataset))
+        )
         declared = [d for d in self.info.get("ood_datasets", []) if d in present]
         return declared + [d for d in present if d not in declared]
 
@@ -48,8 +52,12 @@ class RunData:
 
     def ood_plans(self, ood_datasets: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
         """(model, ID set, OOD set) of every OOD result in the run, or of the named OOD sets (all must be present)."""
-        plans = [(m, i, o) for m, i in self.pairs() for o in self.ood_datasets(m, i)
-                 if ood_datasets is None or o in ood_datasets]
+        plans = [
+            (m, i, o)
+            for m, i in self.pairs()
+            for o in self.ood_datasets(m, i)
+            if ood_datasets is None or o in ood_datasets
+        ]
         if ood_datasets is not None:
             unknown = sorted(set(ood_datasets) - {p[2] for p in plans})
             if unknown:
@@ -71,20 +79,28 @@ class RunData:
             self._scores[key] = load_scores(self.path, model, dataset)
         return self._scores[key]
 
-    def paired_scores(self, model: str, id_dataset: str, ood_dataset: str,
-                      detectors: Sequence[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def paired_scores(
+        self, model: str, id_dataset: str, ood_dataset: str, detectors: Sequence[str] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """ID and OOD scores of the detectors present in both (optionally restricted to `detectors`)."""
         id_scores = self.scores(model, id_dataset)
         ood_scores = self.scores(model, ood_dataset)
-        names = [d for d in (detectors or self.detectors(model, id_dataset) or list(id_scores))
-                 if d in id_scores and d in ood_scores]
+        names = [
+            d
+            for d in (detectors or self.detectors(model, id_dataset) or list(id_scores))
+            if d in id_scores and d in ood_scores
+        ]
         if detectors is not None:
             missing = [d for d in detectors if d not in names]
             if missing:
-                raise AnalysisError(f"no saved scores for {', '.join(missing)} on {model}/{id_dataset} vs {ood_dataset}; "
-                                    f"available: {', '.join(sorted(set(id_scores) & set(ood_scores)))}")
+                raise AnalysisError(
+                    f"no saved scores for {', '.join(missing)} on {model}/{id_dataset} vs {ood_dataset}; "
+                    f"available: {', '.join(sorted(set(id_scores) & set(ood_scores)))}"
+                )
         if not names:
-            raise AnalysisError(f"no detector has scores for both {id_dataset} and {ood_dataset} of {model} in {self.path}")
+            raise AnalysisError(
+                f"no detector has scores for both {id_dataset} and {ood_dataset} of {model} in {self.path}"
+            )
         return {d: id_scores[d] for d in names}, {d: ood_scores[d] for d in names}
 
 
@@ -97,8 +113,10 @@ def load_run(path: str | os.PathLike[str]) -> RunData:
         raise AnalysisError(f"no run directory at {path}")
     results = path / "results.parquet"
     if not results.is_file():
-        raise AnalysisError(f"{path} is not an evaluation run directory: it has no results.parquet "
-                            f"(create one with `oodbench evaluate --out {path}`)")
+        raise AnalysisError(
+            f"{path} is not an evaluation run directory: it has no results.parquet "
+            f"(create one with `oodbench evaluate --out {path}`)"
+        )
     info: dict[str, Any] = {}
     if (path / "run.json").is_file():
         try:
@@ -126,7 +144,9 @@ def load_runs(paths: Sequence[str | os.PathLike[str]]) -> list[RunData]:
         for r in run.rows:
             key = (run.is_zeroshot, r.model, r.id_dataset, r.ood_dataset, r.detector, r.metric)
             if key in seen and seen[key] != run.path:
-                raise AnalysisError(f"{r.model}/{r.ood_dataset}/{r.detector}/{r.metric} appears in both {seen[key]} "
-                                    f"and {run.path}; pass each model's run once")
+                raise AnalysisError(
+                    f"{r.model}/{r.ood_dataset}/{r.detector}/{r.metric} appears in both {seen[key]} "
+                    f"and {run.path}; pass each model's run once"
+                )
             seen[key] = run.path
     return runs

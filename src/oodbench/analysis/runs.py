@@ -1,8 +1,9 @@
 """Statistics over a whole evaluation run: confidence intervals per (detector, OOD set) and paired comparisons."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -12,8 +13,14 @@ from .delong import DeLongResult, delong_interval, delong_test
 from .intervals import Interval, bootstrap, fpr_interval
 from .rundata import RunData
 
-
-__all__ = ["IntervalRecord", "INTERVAL_METHODS", "interval_record", "intervals_for_run", "compare_in_run", "best_detectors"]
+__all__ = [
+    "IntervalRecord",
+    "INTERVAL_METHODS",
+    "interval_record",
+    "intervals_for_run",
+    "compare_in_run",
+    "best_detectors",
+]
 
 INTERVAL_METHODS = ("wilson", "clopper-pearson", "delong", "percentile", "bca")
 
@@ -32,12 +39,15 @@ class IntervalRecord:
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for JSON)."""
-        return {**{k: v for k, v in self.__dict__.items() if k != "intervals"},
-                "intervals": {k: v.as_dict() for k, v in self.intervals.items()}}
+        return {
+            **{k: v for k, v in self.__dict__.items() if k != "intervals"},
+            "intervals": {k: v.as_dict() for k, v in self.intervals.items()},
+        }
 
 
-def best_detectors(run: RunData, model: str, id_dataset: str, ood_dataset: str, metric: str = "fpr95",
-                   count: int = 1) -> list[str]:
+def best_detectors(
+    run: RunData, model: str, id_dataset: str, ood_dataset: str, metric: str = "fpr95", count: int = 1
+) -> list[str]:
     """The `count` best detectors of (model, ID, OOD) by the run's rows: lowest FPR@95 or highest AUROC.
 
     Ties are broken by the other of the two metrics, then by the run's order (as the tables and Table A6 do).
@@ -52,13 +62,25 @@ def best_detectors(run: RunData, model: str, id_dataset: str, ood_dataset: str, 
     order = [d for d in values if metric in values[d]]
     sign = 1.0 if metric == "fpr95" else -1.0
     missing = float("-inf") if metric == "auroc" else float("inf")
-    return sorted(order, key=lambda d: (sign * values[d][metric], -sign * values[d].get(other, -missing),
-                                        order.index(d)))[:count]
+    return sorted(
+        order, key=lambda d: (sign * values[d][metric], -sign * values[d].get(other, -missing), order.index(d))
+    )[:count]
 
 
-def interval_record(model: str, id_dataset: str, ood_dataset: str, detector: str, id_scores: object,
-                    ood_scores: object, *, methods: Sequence[str] = INTERVAL_METHODS, resamples: int = 2000,
-                    confidence: float = 0.95, seed: int = 0, tpr: float = 0.95) -> IntervalRecord:
+def interval_record(
+    model: str,
+    id_dataset: str,
+    ood_dataset: str,
+    detector: str,
+    id_scores: object,
+    ood_scores: object,
+    *,
+    methods: Sequence[str] = INTERVAL_METHODS,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    tpr: float = 0.95,
+) -> IntervalRecord:
     """Intervals of one detector's FPR@95 and AUROC on one (ID, OOD) pair of score arrays."""
     unknown = sorted(set(methods) - set(INTERVAL_METHODS))
     if unknown:
@@ -66,7 +88,9 @@ def interval_record(model: str, id_dataset: str, ood_dataset: str, detector: str
     found: dict[str, Interval] = {}
     for method in ("wilson", "clopper-pearson"):
         if method in methods:
-            found[f"fpr95/{method}"] = fpr_interval(id_scores, ood_scores, tpr=tpr, confidence=confidence, method=method)
+            found[f"fpr95/{method}"] = fpr_interval(
+                id_scores, ood_scores, tpr=tpr, confidence=confidence, method=method
+            )
     boot_methods = [m for m in ("percentile", "bca") if m in methods]
     if boot_methods:
         boot = bootstrap(id_scores, ood_scores, resamples=resamples, confidence=confidence, seed=seed, tpr=tpr)
@@ -77,13 +101,29 @@ def interval_record(model: str, id_dataset: str, ood_dataset: str, detector: str
     if boot_methods:
         for method in boot_methods:
             found[f"auroc/{method}"] = getattr(boot["auroc"], method)
-    return IntervalRecord(model, id_dataset, ood_dataset, detector, int(np.asarray(id_scores).shape[0]),
-                          int(np.asarray(ood_scores).shape[0]), found)
+    return IntervalRecord(
+        model,
+        id_dataset,
+        ood_dataset,
+        detector,
+        int(np.asarray(id_scores).shape[0]),
+        int(np.asarray(ood_scores).shape[0]),
+        found,
+    )
 
 
-def intervals_for_run(run: RunData, *, detectors: Sequence[str] | None = None, ood_datasets: Sequence[str] | None = None,
-                      methods: Sequence[str] = INTERVAL_METHODS, resamples: int = 2000, confidence: float = 0.95,
-                      seed: int = 0, tpr: float = 0.95, progress: bool = True) -> list[IntervalRecord]:
+def intervals_for_run(
+    run: RunData,
+    *,
+    detectors: Sequence[str] | None = None,
+    ood_datasets: Sequence[str] | None = None,
+    methods: Sequence[str] = INTERVAL_METHODS,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    tpr: float = 0.95,
+    progress: bool = True,
+) -> list[IntervalRecord]:
     """Intervals of every (detector, OOD set) of a run (or of the given detectors and sets)."""
     plans = run.ood_plans(ood_datasets)
     loaded = [(plan, run.paired_scores(*plan, detectors=detectors)) for plan in plans]
@@ -93,23 +133,51 @@ def intervals_for_run(run: RunData, *, detectors: Sequence[str] | None = None, o
         task = bar.add_task("intervals", total=total)
         for (model, id_dataset, ood), (id_scores, ood_scores) in loaded:
             for name in id_scores:
-                records.append(interval_record(model, id_dataset, ood, name, id_scores[name], ood_scores[name],
-                                               methods=methods, resamples=resamples, confidence=confidence,
-                                               seed=seed, tpr=tpr))
+                records.append(
+                    interval_record(
+                        model,
+                        id_dataset,
+                        ood,
+                        name,
+                        id_scores[name],
+                        ood_scores[name],
+                        methods=methods,
+                        resamples=resamples,
+                        confidence=confidence,
+                        seed=seed,
+                        tpr=tpr,
+                    )
+                )
                 bar.advance(task)
     return records
 
 
-def compare_in_run(run: RunData, detector_a: str, detector_b: str, *, ood_datasets: Sequence[str] | None = None,
-                   confidence: float = 0.95) -> list[tuple[str, str, DeLongResult]]:
+def compare_in_run(
+    run: RunData,
+    detector_a: str,
+    detector_b: str,
+    *,
+    ood_datasets: Sequence[str] | None = None,
+    confidence: float = 0.95,
+) -> list[tuple[str, str, DeLongResult]]:
     """DeLong's paired test of two detectors on every (model, OOD set) of a run: (model, OOD set, result)."""
     if detector_a == detector_b:
         raise AnalysisError("compare two different detectors (--a and --b are the same)")
     results = []
     for model, id_dataset, ood in run.ood_plans(ood_datasets):
         id_scores, ood_scores = run.paired_scores(model, id_dataset, ood, detectors=[detector_a, detector_b])
-        results.append((model, ood, delong_test(id_scores[detector_a], ood_scores[detector_a], id_scores[detector_b],
-                                                ood_scores[detector_b], confidence=confidence,
-                                                names=(detector_a, detector_b))))
+        results.append(
+            (
+                model,
+                ood,
+                delong_test(
+                    id_scores[detector_a],
+                    ood_scores[detector_a],
+                    id_scores[detector_b],
+                    ood_scores[detector_b],
+                    confidence=confidence,
+                    names=(detector_a, detector_b),
+                ),
+            )
+        )
     return results
-

@@ -4,10 +4,11 @@ Per (model, ID set): the spread is the standard deviation, across OOD sets, of t
 the sampling noise is the mean, across the same sets, of the FPR@95 standard deviation over subsets of n images.
 A ratio well above 1 means the differences between benchmarks are not explained by their size.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -53,7 +54,17 @@ def spread_vs_noise(summaries: Sequence[SubsampleSummary]) -> list[SpreadSummary
         sampling_std = float(np.mean([m.std for m in members]))
         spread = float(full.std(ddof=1))
         ratio = spread / sampling_std if sampling_std > 0 else (float("inf") if spread > 0 else float("nan"))
-        results.append(SpreadSummary(model, id_dataset, tuple(m.ood_dataset for m in members), sizes.pop(), spread,
-                                     float(full.max() - full.min()), sampling_std,
-                                     float(np.mean([m.se for m in members])), ratio))
+        results.append(
+            SpreadSummary(
+                model,
+                id_dataset,
+                tuple(m.ood_dataset for m in members),
+                sizes.pop(),
+                spread,
+                float(full.max() - full.min()),
+                sampling_std,
+                float(np.mean([m.se for m in members])),
+                ratio,
+            )
+        )
     return results

@@ -9,12 +9,13 @@ detector on the full set is fixed; we report its full FPR, the mean, bias and st
 closed-form standard error √(p(1−p)/n)·√((N−n)/(N−1)) (hypergeometric sampling), and the mean Spearman ρ between
 the detector ranking on each draw and on the full set.
 """
+
 from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -63,8 +64,12 @@ class AcceptanceBits:
         return self.accepted.sum(axis=0, dtype=np.int64) / self.n_total
 
 
-def acceptance_bits(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], tpr: float = 0.95,
-                    thresholds: dict[str, float] | None = None) -> AcceptanceBits:
+def acceptance_bits(
+    id_scores: Mapping[str, object],
+    ood_scores: Mapping[str, object],
+    tpr: float = 0.95,
+    thresholds: dict[str, float] | None = None,
+) -> AcceptanceBits:
     """Thresholds from the full ID scores and the OOD acceptance bits of every detector present in both mappings.
 
     `thresholds` is a cache shared across OOD sets of one ID set: missing entries are computed and added.
@@ -106,8 +111,9 @@ def _pattern_groups(accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return accepted[first], sizes.astype(np.int64)
 
 
-def draw_counts(accepted: np.ndarray, n: int, draws: int, rng: np.random.Generator,
-                budget_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+def draw_counts(
+    accepted: np.ndarray, n: int, draws: int, rng: np.random.Generator, budget_bytes: int = DEFAULT_CHUNK_BYTES
+) -> np.ndarray:
     """(draws, D) accepted counts, each row from a uniform draw of n of the N rows of `accepted` without replacement.
 
     Only how many drawn images share each acceptance pattern matters, and for a uniform n-subset those numbers
@@ -233,11 +239,20 @@ class SubsampleStudy:
         rho = self.spearman
         defined = rho[~np.isnan(rho)]
         return SubsampleSummary(
-            model=self.model, id_dataset=self.id_dataset, ood_dataset=self.ood_dataset, detector=self.best,
-            n=self.n, n_total=self.n_total, draws=self.draws, full=full, mean=mean,
-            bias=mean - full, std=math.sqrt(variance),
+            model=self.model,
+            id_dataset=self.id_dataset,
+            ood_dataset=self.ood_dataset,
+            detector=self.best,
+            n=self.n,
+            n_total=self.n_total,
+            draws=self.draws,
+            full=full,
+            mean=mean,
+            bias=mean - full,
+            std=math.sqrt(variance),
             se=float(closed_form_se(full, self.n, self.n_total)),
-            spearman=float(defined.mean()) if defined.size else float("nan"), spearman_defined=int(defined.size),
+            spearman=float(defined.mean()) if defined.size else float("nan"),
+            spearman_defined=int(defined.size),
         )
 
 
@@ -263,9 +278,20 @@ def _check_draws(draws: int) -> None:
         raise AnalysisError(f"draws must be at least 2 (a standard deviation needs two); got {draws}")
 
 
-def subsample_fpr(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], n: int, *, draws: int = 1000,
-                  seed: int = 0, tpr: float = 0.95, best: str | None = None, model: str = "",
-                  id_dataset: str = "", ood_dataset: str = "ood", bits: AcceptanceBits | None = None) -> SubsampleStudy:
+def subsample_fpr(
+    id_scores: Mapping[str, object],
+    ood_scores: Mapping[str, object],
+    n: int,
+    *,
+    draws: int = 1000,
+    seed: int = 0,
+    tpr: float = 0.95,
+    best: str | None = None,
+    model: str = "",
+    id_dataset: str = "",
+    ood_dataset: str = "ood",
+    bits: AcceptanceBits | None = None,
+) -> SubsampleStudy:
     """Draw `draws` subsets of n OOD images without replacement and compute every detector's FPR@95 on each."""
     _check_draws(draws)
     bits = bits if bits is not None else acceptance_bits(id_scores, ood_scores, tpr)
@@ -276,19 +302,52 @@ def subsample_fpr(id_scores: Mapping[str, object], ood_scores: Mapping[str, obje
     if not 1 <= int(n) <= bits.n_total:
         raise AnalysisError(f"n={n} must lie in [1, {bits.n_total}] for {ood_dataset!r} ({bits.n_total} OOD images)")
     counts = draw_counts(bits.accepted, int(n), int(draws), _rng(seed, int(n), ood_dataset))
-    return SubsampleStudy(model=model, id_dataset=id_dataset, ood_dataset=ood_dataset, detectors=bits.detectors,
-                          n=int(n), n_total=bits.n_total, seed=int(seed), full_fpr=bits.full_fpr,
-                          draw_counts=counts, best=best)
+    return SubsampleStudy(
+        model=model,
+        id_dataset=id_dataset,
+        ood_dataset=ood_dataset,
+        detectors=bits.detectors,
+        n=int(n),
+        n_total=bits.n_total,
+        seed=int(seed),
+        full_fpr=bits.full_fpr,
+        draw_counts=counts,
+        best=best,
+    )
 
 
-def subsample_curve(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], ns: Sequence[int], *,
-                    draws: int = 1000, seed: int = 0, tpr: float = 0.95, model: str = "", id_dataset: str = "",
-                    ood_dataset: str = "ood", bits: AcceptanceBits | None = None) -> list[SubsampleStudy]:
+def subsample_curve(
+    id_scores: Mapping[str, object],
+    ood_scores: Mapping[str, object],
+    ns: Sequence[int],
+    *,
+    draws: int = 1000,
+    seed: int = 0,
+    tpr: float = 0.95,
+    model: str = "",
+    id_dataset: str = "",
+    ood_dataset: str = "ood",
+    bits: AcceptanceBits | None = None,
+) -> list[SubsampleStudy]:
     """One study per n (Fig. A4), sharing thresholds, acceptance bits and the fixed best detector."""
     bits = bits if bits is not None else acceptance_bits(id_scores, ood_scores, tpr)
     best = _best_detector(bits, id_scores, ood_scores)
-    return [subsample_fpr(id_scores, ood_scores, n, draws=draws, seed=seed, tpr=tpr, best=best, model=model,
-                          id_dataset=id_dataset, ood_dataset=ood_dataset, bits=bits) for n in ns]
+    return [
+        subsample_fpr(
+            id_scores,
+            ood_scores,
+            n,
+            draws=draws,
+            seed=seed,
+            tpr=tpr,
+            best=best,
+            model=model,
+            id_dataset=id_dataset,
+            ood_dataset=ood_dataset,
+            bits=bits,
+        )
+        for n in ns
+    ]
 
 
 def resolve_n(n: int | str | None, sizes: Mapping[str, int]) -> int:
@@ -306,9 +365,17 @@ def resolve_n(n: int | str | None, sizes: Mapping[str, int]) -> int:
     return value
 
 
-def subsample_run(run: RunData, n: int | str | None = "auto", *, draws: int = 1000, seed: int = 0,
-                  tpr: float = 0.95, ood_datasets: Sequence[str] | None = None, detectors: Sequence[str] | None = None,
-                  progress: bool = True) -> tuple[list[SubsampleStudy], list[str]]:
+def subsample_run(
+    run: RunData,
+    n: int | str | None = "auto",
+    *,
+    draws: int = 1000,
+    seed: int = 0,
+    tpr: float = 0.95,
+    ood_datasets: Sequence[str] | None = None,
+    detectors: Sequence[str] | None = None,
+    progress: bool = True,
+) -> tuple[list[SubsampleStudy], list[str]]:
     """Subsampling study of every (model, OOD set) of a run; returns the studies and notes on skipped sets."""
     _check_draws(draws)
     plans = run.ood_plans(ood_datasets)
@@ -326,10 +393,24 @@ def subsample_run(run: RunData, n: int | str | None = "auto", *, draws: int = 10
                 notes.append(f"{model}/{ood}: skipped, n={size_n} exceeds its {total} OOD images")
             else:
                 bits = acceptance_bits(id_scores, ood_scores, tpr, thresholds.setdefault((model, id_dataset), {}))
-                studies.append(subsample_fpr(id_scores, ood_scores, size_n, draws=draws, seed=seed, tpr=tpr,
-                                             model=model, id_dataset=id_dataset, ood_dataset=ood, bits=bits))
+                studies.append(
+                    subsample_fpr(
+                        id_scores,
+                        ood_scores,
+                        size_n,
+                        draws=draws,
+                        seed=seed,
+                        tpr=tpr,
+                        model=model,
+                        id_dataset=id_dataset,
+                        ood_dataset=ood,
+                        bits=bits,
+                    )
+                )
             bar.advance(task)
     if not studies:
-        raise AnalysisError(f"n={size_n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())}); "
-                            f"pass a smaller n, e.g. {max(1, min(sizes.values()) // 2)}")
+        raise AnalysisError(
+            f"n={size_n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())}); "
+            f"pass a smaller n, e.g. {max(1, min(sizes.values()) // 2)}"
+        )
     return studies, notes

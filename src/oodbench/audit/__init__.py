@@ -8,6 +8,7 @@
 - `scan_suites`: published suites' OOD class lists against a training label space (WordNet), no images.
 - `overlap_index`: L_k, a cheap pre-check of how mixed two sets are.
 """
+
 from __future__ import annotations
 
 from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, Verdict, adjudicate
@@ -24,15 +25,47 @@ from .suites import SuiteManifest, load_suite, load_suites, shipped_suites
 from .wordnet import LabelSpace, label_space, load_wordnet
 
 __all__ = [
-    "AuditConfig", "DEFAULT_POOL",
-    "OracleLDA", "oracle_lda", "Fingerprint", "fingerprint", "prepare_pool", "IsolationForestScorer",
-    "ContrastResult", "exclusion_contrast", "find_suspects",
-    "LeaveClassOutResult", "leave_class_out", "train_probe",
-    "Verdict", "adjudicate", "LEAK", "HARD_CLEAN", "CLEAN", "INCONCLUSIVE",
-    "SplitAudit", "audit_split", "audit_store",
-    "BatterySplit", "BatteryResult", "make_battery", "run_battery", "battery_from_store",
-    "OverlapIndex", "overlap_index", "pair_overlap",
-    "SuiteManifest", "load_suite", "load_suites", "shipped_suites",
-    "LabelSpace", "label_space", "load_wordnet",
-    "ClassFinding", "SuiteScan", "scan_suite", "scan_suites", "suite_scope",
+    "AuditConfig",
+    "DEFAULT_POOL",
+    "OracleLDA",
+    "oracle_lda",
+    "Fingerprint",
+    "fingerprint",
+    "prepare_pool",
+    "IsolationForestScorer",
+    "ContrastResult",
+    "exclusion_contrast",
+    "find_suspects",
+    "LeaveClassOutResult",
+    "leave_class_out",
+    "train_probe",
+    "Verdict",
+    "adjudicate",
+    "LEAK",
+    "HARD_CLEAN",
+    "CLEAN",
+    "INCONCLUSIVE",
+    "SplitAudit",
+    "audit_split",
+    "audit_store",
+    "BatterySplit",
+    "BatteryResult",
+    "make_battery",
+    "run_battery",
+    "battery_from_store",
+    "OverlapIndex",
+    "overlap_index",
+    "pair_overlap",
+    "SuiteManifest",
+    "load_suite",
+    "load_suites",
+    "shipped_suites",
+    "LabelSpace",
+    "label_space",
+    "load_wordnet",
+    "ClassFinding",
+    "SuiteScan",
+    "scan_suite",
+    "scan_suites",
+    "suite_scope",
 ]

@@ -1,4 +1,5 @@
 """Row selection and relabelling of `Outputs` with bounded memory (large selections go to temporary memory maps)."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ def _gather(array: np.ndarray, index: np.ndarray, scratch: Path | None, name: st
     nbytes = int(np.prod(shape, dtype=np.int64)) * array.dtype.itemsize
     if scratch is not None and nbytes > IN_MEMORY_BYTES:
         scratch.mkdir(parents=True, exist_ok=True)
-        out = np.lib.format.open_memmap(scratch / f"{name}.{os.getpid()}.{id(index)}.npy", mode="w+",
-                                        dtype=array.dtype, shape=shape)
+        out = np.lib.format.open_memmap(
+            scratch / f"{name}.{os.getpid()}.{id(index)}.npy", mode="w+", dtype=array.dtype, shape=shape
+        )
     else:
         out = np.empty(shape, dtype=array.dtype)
     width = int(np.prod(array.shape[1:], dtype=np.int64)) if array.ndim > 1 else 1
@@ -43,8 +45,9 @@ def _gather(array: np.ndarray, index: np.ndarray, scratch: Path | None, name: st
     return out
 
 
-def select_rows(outputs: Outputs, rows: np.ndarray, *, scratch: Path | None = None, logits: bool = True,
-                extras: bool = False) -> Outputs:
+def select_rows(
+    outputs: Outputs, rows: np.ndarray, *, scratch: Path | None = None, logits: bool = True, extras: bool = False
+) -> Outputs:
     """The selected rows of `outputs` (features, labels, optionally logits and extras), memory-bounded."""
     index = as_index(rows, len(outputs))
     if index.shape[0] == 0:
@@ -91,4 +94,3 @@ def sample_index(num_rows: int, limit: int | None, rng: np.random.Generator) -> 
     if limit is None or num_rows <= limit:
         return np.arange(num_rows)
     return np.sort(rng.choice(num_rows, size=limit, replace=False))
-

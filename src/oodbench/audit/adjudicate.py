@@ -1,4 +1,5 @@
 """Adjudication of one split from its fingerprint and contrast: leak, hard-clean, clean or inconclusive, with reasons."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,30 +41,48 @@ def adjudicate(fp: Fingerprint, contrast: ContrastResult | None, config: AuditCo
     """
     config = config or AuditConfig()
     oracle = fp.oracle
-    rule = (f"OracleLDA {oracle.auroc:.3f} (folds {oracle.low:.3f}-{oracle.high:.3f}) vs {fp.oracle_threshold:.2f}; "
-            f"best unsupervised {fp.best_detector} {fp.best_auroc:.3f} vs collapse {fp.collapse_threshold:.2f}")
+    rule = (
+        f"OracleLDA {oracle.auroc:.3f} (folds {oracle.low:.3f}-{oracle.high:.3f}) vs {fp.oracle_threshold:.2f}; "
+        f"best unsupervised {fp.best_detector} {fp.best_auroc:.3f} vs collapse {fp.collapse_threshold:.2f}"
+    )
     if not fp.fires:
         if fp.best_auroc < fp.collapse_threshold and fp.oracle_straddles:
             return Verdict(INCONCLUSIVE, [f"rule silent only by fold noise: {rule}"])
-        why = ("the pool detects the OOD set" if fp.best_auroc >= fp.collapse_threshold
-               else "the embedding does not separate the pair linearly, so a low unsupervised AUROC is expected")
+        why = (
+            "the pool detects the OOD set"
+            if fp.best_auroc >= fp.collapse_threshold
+            else "the embedding does not separate the pair linearly, so a low unsupervised AUROC is expected"
+        )
         return Verdict(CLEAN, [f"rule does not fire ({why}): {rule}"])
     reasons = [f"rule fires: {rule}"]
     if contrast is None:
         return Verdict(INCONCLUSIVE, reasons + ["no exclusion contrast was run"])
-    excluded = (f"excluding suspect class(es) {list(contrast.suspects)} ({contrast.removed_rows} fit rows)"
-                if contrast.mode == "label" else f"excluding the {contrast.removed_rows} fit rows nearest the OOD images")
-    change = (f"{excluded}: best unsupervised {contrast.best_before:.3f} -> {contrast.best_after_detector} "
-              f"{contrast.best_after:.3f} (recovery needs >= {contrast.recovery_threshold:.2f})")
+    excluded = (
+        f"excluding suspect class(es) {list(contrast.suspects)} ({contrast.removed_rows} fit rows)"
+        if contrast.mode == "label"
+        else f"excluding the {contrast.removed_rows} fit rows nearest the OOD images"
+    )
+    change = (
+        f"{excluded}: best unsupervised {contrast.best_before:.3f} -> {contrast.best_after_detector} "
+        f"{contrast.best_after:.3f} (recovery needs >= {contrast.recovery_threshold:.2f})"
+    )
     if contrast.removed_rows == 0:
         return Verdict(HARD_CLEAN, reasons + [f"{change}; {contrast.note}"])
     if contrast.recovered:
         identity = contrast.identity
-        if (config.identity_threshold is not None and identity is not None
-                and identity.auroc >= config.identity_threshold):
-            return Verdict(INCONCLUSIVE, reasons + [
-                f"{change}, but the OOD images are separable from the excluded class's fit data "
-                f"(OracleLDA {identity.auroc:.3f} >= {config.identity_threshold:.2f}): a close, distinct class"])
+        if (
+            config.identity_threshold is not None
+            and identity is not None
+            and identity.auroc >= config.identity_threshold
+        ):
+            return Verdict(
+                INCONCLUSIVE,
+                reasons
+                + [
+                    f"{change}, but the OOD images are separable from the excluded class's fit data "
+                    f"(OracleLDA {identity.auroc:.3f} >= {config.identity_threshold:.2f}): a close, distinct class"
+                ],
+            )
         extra = f"; OOD vs excluded fit data OracleLDA {identity.auroc:.3f}" if identity is not None else ""
         return Verdict(LEAK, reasons + [f"detection recovers: {change}{extra}"])
     if contrast.partial:

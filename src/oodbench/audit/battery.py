@@ -10,13 +10,15 @@ Families of splits (each class gives one leaked and one clean split):
   Leaked: its training rows are added to the fit set (the head is unchanged). Clean: the fit set is left as is.
 - ``far``: whole OOD sets (e.g. faces, noise) against the untouched fit set; clean only.
 """
+
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,14 +26,23 @@ from ..errors import AuditError
 from ..outputs import Head, Outputs
 from ..progress import progress_bar
 from ..store import Store
+from ._rows import select_rows
 from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, VERDICTS
 from .config import AuditConfig
 from .fingerprint import PoolState, prepare_pool, rescore_pool
-from ._rows import select_rows
 from .leave_class_out import probe_without
 from .split import SplitAudit, audit_split
 
-__all__ = ["BatterySplit", "SplitData", "make_battery", "BatteryResult", "run_battery", "battery_from_store", "LEAKED", "CLEAN_KIND"]
+__all__ = [
+    "BatterySplit",
+    "SplitData",
+    "make_battery",
+    "BatteryResult",
+    "run_battery",
+    "battery_from_store",
+    "LEAKED",
+    "CLEAN_KIND",
+]
 
 LEAKED, CLEAN_KIND = "leaked", "clean"
 
@@ -77,9 +88,17 @@ def _without_logits(outputs: Outputs) -> Outputs:
     return Outputs(outputs.features, None, outputs.labels, check_finite=False)
 
 
-def make_battery(train: Outputs, test: Outputs, head: Head | None = None, *, classes: Sequence[int] | None = None,
-                 extra_train: Outputs | None = None, extra_test: Outputs | None = None,
-                 far: Mapping[str, Outputs] | None = None, config: AuditConfig | None = None) -> list[BatterySplit]:
+def make_battery(
+    train: Outputs,
+    test: Outputs,
+    head: Head | None = None,
+    *,
+    classes: Sequence[int] | None = None,
+    extra_train: Outputs | None = None,
+    extra_test: Outputs | None = None,
+    far: Mapping[str, Outputs] | None = None,
+    config: AuditConfig | None = None,
+) -> list[BatterySplit]:
     """Leaked and clean splits from labelled train/test outputs (see module docstring); arrays are built lazily."""
     config = config or AuditConfig()
     if train.labels is None or test.labels is None:
@@ -96,7 +115,9 @@ def make_battery(train: Outputs, test: Outputs, head: Head | None = None, *, cla
     if empty:
         raise AuditError(f"classes {empty} have no test rows to designate as OOD")
     if (extra_train is None) != (extra_test is None):
-        raise AuditError("give both extra_train and extra_test (the train and test rows of classes outside the model's labels)")
+        raise AuditError(
+            "give both extra_train and extra_test (the train and test rows of classes outside the model's labels)"
+        )
     extra_classes = np.array([], dtype=np.int64)
     if extra_train is not None and extra_test is not None:
         if extra_train.labels is None or extra_test.labels is None:
@@ -117,6 +138,7 @@ def make_battery(train: Outputs, test: Outputs, head: Head | None = None, *, cla
                 return SplitData(train, head, id_test, ood)
             fit = select_rows(train, train.labels != c, scratch=scratch, logits=False)
             return SplitData(fit, probe_without(train, (c,), config)[0], _without_logits(id_test), _without_logits(ood))
+
         return build
 
     def extra_split(e: int, leaked: bool) -> Callable[[Path | None], SplitData]:
@@ -124,6 +146,7 @@ def make_battery(train: Outputs, test: Outputs, head: Head | None = None, *, cla
             ood = select_rows(extra_test, extra_test.labels == e, scratch=scratch)
             fit = _merge(train, select_rows(extra_train, extra_train.labels == e)) if leaked else train
             return SplitData(fit, head, test, ood)
+
         return build
 
     def far_split(outputs: Outputs) -> Callable[[Path | None], SplitData]:
@@ -132,15 +155,23 @@ def make_battery(train: Outputs, test: Outputs, head: Head | None = None, *, cla
     untouched = ("train", "head")  # splits that read the train set and the model's head as they are
     splits: list[BatterySplit] = []
     for c in map(int, chosen):
-        splits.append(BatterySplit(f"leaked/trained-class-{c}", LEAKED, "trained-class", c, trained_split(c, True),
-                                   pool_key=untouched))
+        splits.append(
+            BatterySplit(
+                f"leaked/trained-class-{c}", LEAKED, "trained-class", c, trained_split(c, True), pool_key=untouched
+            )
+        )
         splits.append(BatterySplit(f"clean/trained-class-{c}", CLEAN_KIND, "trained-class", c, trained_split(c, False)))
     for e in map(int, extra_classes):
         splits.append(BatterySplit(f"leaked/fit-only-class-{e}", LEAKED, "fit-only-class", e, extra_split(e, True)))
-        splits.append(BatterySplit(f"clean/fit-only-class-{e}", CLEAN_KIND, "fit-only-class", e, extra_split(e, False),
-                                   pool_key=untouched))
+        splits.append(
+            BatterySplit(
+                f"clean/fit-only-class-{e}", CLEAN_KIND, "fit-only-class", e, extra_split(e, False), pool_key=untouched
+            )
+        )
     for name, outputs in (far or {}).items():
-        splits.append(BatterySplit(f"clean/far-{name}", CLEAN_KIND, "far", None, far_split(outputs), pool_key=untouched))
+        splits.append(
+            BatterySplit(f"clean/far-{name}", CLEAN_KIND, "far", None, far_split(outputs), pool_key=untouched)
+        )
     if not splits:
         raise AuditError("the battery is empty: give classes, extra sets or far OOD sets")
     return splits
@@ -193,14 +224,23 @@ class BatteryResult:
             if audit.meta.get("kind") == LEAKED and not fp.fires:
                 why = []
                 if fp.oracle.auroc < fp.oracle_threshold:
-                    why.append(f"OracleLDA {fp.oracle.auroc:.3f} < {fp.oracle_threshold:.2f} (pair not linearly separable in this embedding)")
+                    why.append(
+                        f"OracleLDA {fp.oracle.auroc:.3f} < {fp.oracle_threshold:.2f} (pair not linearly separable in this embedding)"
+                    )
                 if fp.best_auroc >= fp.collapse_threshold:
-                    why.append(f"pool still detects it ({fp.best_detector} {fp.best_auroc:.3f} >= {fp.collapse_threshold:.2f})")
+                    why.append(
+                        f"pool still detects it ({fp.best_detector} {fp.best_auroc:.3f} >= {fp.collapse_threshold:.2f})"
+                    )
                 out.append((audit, "rule silent on a leak: " + "; ".join(why)))
             elif audit.meta.get("kind") == LEAKED and audit.verdict.label != LEAK:
                 out.append((audit, f"rule fired but adjudicated {audit.verdict.label}: {audit.verdict.reasons[-1]}"))
             elif audit.meta.get("kind") == CLEAN_KIND and fp.fires:
-                out.append((audit, f"rule fired on a clean split, adjudicated {audit.verdict.label}: {audit.verdict.reasons[-1]}"))
+                out.append(
+                    (
+                        audit,
+                        f"rule fired on a clean split, adjudicated {audit.verdict.label}: {audit.verdict.reasons[-1]}",
+                    )
+                )
         return out
 
     def scope_statement(self) -> str:
@@ -225,7 +265,9 @@ class BatteryResult:
             lines.append("Where it did not hold:")
             lines += [f"- {audit.name}: {reason}" for audit, reason in misses]
         else:
-            lines.append("It held on every split of this battery; this says nothing about embeddings or pairs unlike these.")
+            lines.append(
+                "It held on every split of this battery; this says nothing about embeddings or pairs unlike these."
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -233,15 +275,23 @@ class BatteryResult:
         rate = lambda value: None if value != value else value  # noqa: E731 (NaN, no splits of a kind -> null)
         return {
             "config": self.config.to_dict(),
-            "rule_sensitivity": rate(self.rule_sensitivity), "rule_specificity": rate(self.rule_specificity),
-            "sensitivity": rate(self.sensitivity), "specificity": rate(self.specificity),
-            "counts": self.counts, "scope": self.scope_statement(),
+            "rule_sensitivity": rate(self.rule_sensitivity),
+            "rule_specificity": rate(self.rule_specificity),
+            "sensitivity": rate(self.sensitivity),
+            "specificity": rate(self.specificity),
+            "counts": self.counts,
+            "scope": self.scope_statement(),
             "splits": [a.to_dict() for a in self.audits],
         }
 
 
-def run_battery(splits: Sequence[BatterySplit], config: AuditConfig | None = None, *, contrast: str = "always",
-                progress: bool = False) -> BatteryResult:
+def run_battery(
+    splits: Sequence[BatterySplit],
+    config: AuditConfig | None = None,
+    *,
+    contrast: str = "always",
+    progress: bool = False,
+) -> BatteryResult:
     """Audit every battery split, one materialised at a time (splits with a `pool_key` share one fitted pool)."""
     config = config or AuditConfig()
     shared: dict[tuple[Any, ...], PoolState] = {}
@@ -258,48 +308,92 @@ def run_battery(splits: Sequence[BatterySplit], config: AuditConfig | None = Non
             else:
                 state = rescore_pool(cached, data.id_test)
             # Suspects are found automatically, as an auditor who does not know the answer would.
-            audits.append(audit_split(data.fit, data.id_test, data.ood, data.head, name=split.name, config=config,
-                                      state=state, contrast=contrast,
-                                      meta={"kind": split.kind, "family": split.family, "ood_class": split.ood_class}))
+            audits.append(
+                audit_split(
+                    data.fit,
+                    data.id_test,
+                    data.ood,
+                    data.head,
+                    name=split.name,
+                    config=config,
+                    state=state,
+                    contrast=contrast,
+                    meta={"kind": split.kind, "family": split.family, "ood_class": split.ood_class},
+                )
+            )
             del data
             bar.advance(task)
-    counts = {kind: {v: sum(a.verdict.label == v for a in audits if a.meta["kind"] == kind) for v in VERDICTS}
-              for kind in (LEAKED, CLEAN_KIND)}
+    counts = {
+        kind: {v: sum(a.verdict.label == v for a in audits if a.meta["kind"] == kind) for v in VERDICTS}
+        for kind in (LEAKED, CLEAN_KIND)
+    }
     return BatteryResult(audits, config, counts)
 
 
-def battery_from_store(store: Store | str | os.PathLike[str], model_id: str, train_dataset: str, test_dataset: str, *,
-                       extra_train: str | None = None, extra_test: str | None = None, far: Sequence[str] = (),
-                       classes: Sequence[int] | None = None, config: AuditConfig | None = None) -> list[BatterySplit]:
+def battery_from_store(
+    store: Store | str | os.PathLike[str],
+    model_id: str,
+    train_dataset: str,
+    test_dataset: str,
+    *,
+    extra_train: str | None = None,
+    extra_test: str | None = None,
+    far: Sequence[str] = (),
+    classes: Sequence[int] | None = None,
+    config: AuditConfig | None = None,
+) -> list[BatterySplit]:
     """Battery splits from stored entries of one model (provenance checked); the stored head is used when present."""
     store = store if isinstance(store, Store) else Store(store)
     names = [train_dataset, test_dataset, *(d for d in (extra_train, extra_test) if d), *far]
     store.check_compatible(*[(model_id, n) for n in names])
     read = lambda name: store.read(model_id, name)  # noqa: E731
     head = store.read_head(model_id) if store.has_head(model_id) else None
-    return make_battery(read(train_dataset), read(test_dataset), head, classes=classes,
-                        extra_train=read(extra_train) if extra_train else None,
-                        extra_test=read(extra_test) if extra_test else None,
-                        far={name: read(name) for name in far}, config=config)
+    return make_battery(
+        read(train_dataset),
+        read(test_dataset),
+        head,
+        classes=classes,
+        extra_train=read(extra_train) if extra_train else None,
+        extra_test=read(extra_test) if extra_test else None,
+        far={name: read(name) for name in far},
+        config=config,
+    )
 
 
-def battery_from_demo(setup: Any, *, classes: Sequence[int] | None = None, far: Sequence[str] | None = None,
-                      config: AuditConfig | None = None) -> list[BatterySplit]:
+def battery_from_demo(
+    setup: Any,
+    *,
+    classes: Sequence[int] | None = None,
+    far: Sequence[str] | None = None,
+    config: AuditConfig | None = None,
+) -> list[BatterySplit]:
     """Battery splits on the digits demo's store: trained digits 0-5, never-learned digits 6-9, far sets."""
     from ..demo import EXTRA_SETS
 
     far = list(far) if far else [d for d in setup.ood_datasets if d != "digits-6to9"]
-    return battery_from_store(setup.store, setup.model_id, setup.fit_dataset, setup.id_dataset,
-                              extra_train=EXTRA_SETS[0], extra_test="digits-6to9", far=far, classes=classes,
-                              config=config)
+    return battery_from_store(
+        setup.store,
+        setup.model_id,
+        setup.fit_dataset,
+        setup.id_dataset,
+        extra_train=EXTRA_SETS[0],
+        extra_test="digits-6to9",
+        far=far,
+        classes=classes,
+        config=config,
+    )
 
 
 def battery_document(result: BatteryResult, config: AuditConfig, subject: str, title: str) -> Any:
     """The battery's report document (summary, per-split details), ready for `write_document`."""
     from .report import AuditDocument, battery_sections, split_sections
 
-    return AuditDocument(title, battery_sections(result) + split_sections(result.audits, config, prefix="battery-detail"),
-                         result.to_dict(), subject=subject)
+    return AuditDocument(
+        title,
+        battery_sections(result) + split_sections(result.audits, config, prefix="battery-detail"),
+        result.to_dict(),
+        subject=subject,
+    )
 
 
 # Verdict names re-exported for report code that groups battery rows.

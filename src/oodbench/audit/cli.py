@@ -1,17 +1,20 @@
 """`oodbench audit …`: fingerprint stored splits, run the controlled battery, scan suite class lists, L_k."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
 from ..cli_params import parse_params
 from ..errors import OodbenchError
 
-app = typer.Typer(help="Benchmark audit: leak fingerprint, exclusion contrast, controlled battery, class-list scan.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmark audit: leak fingerprint, exclusion contrast, controlled battery, class-list scan.",
+    no_args_is_help=True,
+)
 
 __all__ = ["app", "register"]
 
@@ -33,24 +36,59 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 
 # Options shared by the commands that run the rule (Typer option markers are plain defaults, safe to reuse).
-POOL = typer.Option(None, "--pool", help="Comma-separated pool (registry names or 'iforest'); default: maha, rmaha, maha++, rmaha++, knn, iforest.")
-PARAM = typer.Option(None, "--param", "-p", help="Pool detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable), e.g. knn.k=50.")
-LOGIT = typer.Option("msp,maxlogit,energy", "--logit", help="Head-dependent detectors reported beside the rule ('' for none).")
-ORACLE = typer.Option(0.95, "--oracle-threshold", help="OracleLDA AUROC at or above which the pair counts as separable.")
-COLLAPSE = typer.Option(0.65, "--collapse-threshold", help="Best unsupervised AUROC below which detection counts as collapsed.")
+POOL = typer.Option(
+    None,
+    "--pool",
+    help="Comma-separated pool (registry names or 'iforest'); default: maha, rmaha, maha++, rmaha++, knn, iforest.",
+)
+PARAM = typer.Option(
+    None, "--param", "-p", help="Pool detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable), e.g. knn.k=50."
+)
+LOGIT = typer.Option(
+    "msp,maxlogit,energy", "--logit", help="Head-dependent detectors reported beside the rule ('' for none)."
+)
+ORACLE = typer.Option(
+    0.95, "--oracle-threshold", help="OracleLDA AUROC at or above which the pair counts as separable."
+)
+COLLAPSE = typer.Option(
+    0.65, "--collapse-threshold", help="Best unsupervised AUROC below which detection counts as collapsed."
+)
 MARGIN = typer.Option(0.10, "--margin", help="Recovery: best AUROC after exclusion >= collapse threshold + margin.")
 FOLDS = typer.Option(5, "--folds", help="Stratified folds of the out-of-fold OracleLDA.")
-IDENTITY = typer.Option(None, "--identity-threshold", help="Call a recovery inconclusive when the OOD set is this separable from the excluded fit data (off by default).")
+IDENTITY = typer.Option(
+    None,
+    "--identity-threshold",
+    help="Call a recovery inconclusive when the OOD set is this separable from the excluded fit data (off by default).",
+)
 SEED = typer.Option(0, "--seed", help="Seed of the fold split, subsampling and Isolation Forest.")
 
 
-def _config(pool: str | None, param: list[str] | None, logit: str, oracle: float, collapse: float, margin: float,
-            folds: int, identity: float | None, seed: int, **extra: Any) -> Any:
+def _config(
+    pool: str | None,
+    param: list[str] | None,
+    logit: str,
+    oracle: float,
+    collapse: float,
+    margin: float,
+    folds: int,
+    identity: float | None,
+    seed: int,
+    **extra: Any,
+) -> Any:
     from .config import AuditConfig
 
-    return AuditConfig(pool=_names(pool), pool_params=parse_params(param), logit_detectors=_names(logit) or (),
-                       oracle_threshold=oracle, collapse_threshold=collapse, recovery_margin=margin, folds=folds,
-                       identity_threshold=identity, seed=seed, **extra)
+    return AuditConfig(
+        pool=_names(pool),
+        pool_params=parse_params(param),
+        logit_detectors=_names(logit) or (),
+        oracle_threshold=oracle,
+        collapse_threshold=collapse,
+        recovery_margin=margin,
+        folds=folds,
+        identity_threshold=identity,
+        seed=seed,
+        **extra,
+    )
 
 
 def _suspects(items: list[str] | None) -> dict[str, list[int]]:
@@ -83,13 +121,31 @@ def fingerprint_command(
     fit: str = typer.Option(..., "--fit", help="Dataset id of the detectors' ID fit set."),
     id_dataset: str = typer.Option(..., "--id", help="Dataset id of the ID test set."),
     ood: list[str] = typer.Option(..., "--ood", help="Designated OOD set to audit (repeat for several)."),
-    suspect: Optional[list[str]] = typer.Option(None, "--suspect", help="Fit-set classes to exclude for one OOD set, DATASET=3,17 (default: found automatically)."),
-    mode: Optional[str] = typer.Option(None, "--mode", help="Contrast mode: 'label' (exclude suspect classes) or 'nearest' (exclude the fit rows nearest the OOD images)."),
-    contrast: str = typer.Option("fired", "--contrast", help="Run the exclusion contrast when the rule 'fired', 'always' or 'never'."),
-    pool: Optional[str] = POOL, param: Optional[list[str]] = PARAM, logit: str = LOGIT, oracle_threshold: float = ORACLE,
-    collapse_threshold: float = COLLAPSE, margin: float = MARGIN, folds: int = FOLDS,
-    identity_threshold: Optional[float] = IDENTITY, seed: int = SEED,
-    out: Path = typer.Option(Path("oodbench-audit"), "--out", help="Directory for audit.md, audit.json (and audit.html)."),
+    suspect: list[str] | None = typer.Option(
+        None,
+        "--suspect",
+        help="Fit-set classes to exclude for one OOD set, DATASET=3,17 (default: found automatically).",
+    ),
+    mode: str | None = typer.Option(
+        None,
+        "--mode",
+        help="Contrast mode: 'label' (exclude suspect classes) or 'nearest' (exclude the fit rows nearest the OOD images).",
+    ),
+    contrast: str = typer.Option(
+        "fired", "--contrast", help="Run the exclusion contrast when the rule 'fired', 'always' or 'never'."
+    ),
+    pool: str | None = POOL,
+    param: list[str] | None = PARAM,
+    logit: str = LOGIT,
+    oracle_threshold: float = ORACLE,
+    collapse_threshold: float = COLLAPSE,
+    margin: float = MARGIN,
+    folds: int = FOLDS,
+    identity_threshold: float | None = IDENTITY,
+    seed: int = SEED,
+    out: Path = typer.Option(
+        Path("oodbench-audit"), "--out", help="Directory for audit.md, audit.json (and audit.html)."
+    ),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Fingerprint stored splits for fit-set leakage, run the contrast, adjudicate, write a report.
@@ -102,12 +158,27 @@ def fingerprint_command(
     from .split import audit_store
 
     try:
-        config = _config(pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed)
-        audits = audit_store(store, model, fit, id_dataset, ood, suspects=_suspects(suspect), mode=mode, config=config,
-                             contrast=contrast, progress=progress)
-        document = AuditDocument(f"oodbench audit: {model}", split_sections(audits, config),
-                                 {"config": config.to_dict(), "splits": [a.to_dict() for a in audits]},
-                                 subject=f"store {store}, model {model}, fit {fit}, ID test {id_dataset}")
+        config = _config(
+            pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed
+        )
+        audits = audit_store(
+            store,
+            model,
+            fit,
+            id_dataset,
+            ood,
+            suspects=_suspects(suspect),
+            mode=mode,
+            config=config,
+            contrast=contrast,
+            progress=progress,
+        )
+        document = AuditDocument(
+            f"oodbench audit: {model}",
+            split_sections(audits, config),
+            {"config": config.to_dict(), "splits": [a.to_dict() for a in audits]},
+            subject=f"store {store}, model {model}, fit {fit}, ID test {id_dataset}",
+        )
         paths = write_document(document, out, "audit")
     except OodbenchError as exc:
         _fail(exc)
@@ -117,19 +188,35 @@ def fingerprint_command(
 
 @app.command("battery")
 def battery_command(
-    demo: Optional[Path] = typer.Option(None, "--demo", help="Use the digits demo's store under this directory (prepared if missing)."),
-    store: Optional[Path] = typer.Option(None, "--store", help="Feature store root (instead of --demo)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model id in the store."),
-    train: Optional[str] = typer.Option(None, "--train", help="Labelled train split of the model's classes (the fit set)."),
-    test: Optional[str] = typer.Option(None, "--test", help="Labelled test split of the same classes."),
-    extra_train: Optional[str] = typer.Option(None, "--extra-train", help="Labelled train rows of classes outside the model's labels."),
-    extra_test: Optional[str] = typer.Option(None, "--extra-test", help="Labelled test rows of those classes."),
-    far: Optional[list[str]] = typer.Option(None, "--far", help="Far-OOD set for clean splits (repeatable)."),
-    classes: Optional[str] = typer.Option(None, "--classes", help="Comma-separated trained classes to designate (default: all)."),
-    pool: Optional[str] = POOL, param: Optional[list[str]] = PARAM, logit: str = LOGIT, oracle_threshold: float = ORACLE,
-    collapse_threshold: float = COLLAPSE, margin: float = MARGIN, folds: int = FOLDS,
-    identity_threshold: Optional[float] = IDENTITY, seed: int = SEED,
-    out: Path = typer.Option(Path("oodbench-battery"), "--out", help="Directory for battery.md, battery.json (and battery.html)."),
+    demo: Path | None = typer.Option(
+        None, "--demo", help="Use the digits demo's store under this directory (prepared if missing)."
+    ),
+    store: Path | None = typer.Option(None, "--store", help="Feature store root (instead of --demo)."),
+    model: str | None = typer.Option(None, "--model", help="Model id in the store."),
+    train: str | None = typer.Option(
+        None, "--train", help="Labelled train split of the model's classes (the fit set)."
+    ),
+    test: str | None = typer.Option(None, "--test", help="Labelled test split of the same classes."),
+    extra_train: str | None = typer.Option(
+        None, "--extra-train", help="Labelled train rows of classes outside the model's labels."
+    ),
+    extra_test: str | None = typer.Option(None, "--extra-test", help="Labelled test rows of those classes."),
+    far: list[str] | None = typer.Option(None, "--far", help="Far-OOD set for clean splits (repeatable)."),
+    classes: str | None = typer.Option(
+        None, "--classes", help="Comma-separated trained classes to designate (default: all)."
+    ),
+    pool: str | None = POOL,
+    param: list[str] | None = PARAM,
+    logit: str = LOGIT,
+    oracle_threshold: float = ORACLE,
+    collapse_threshold: float = COLLAPSE,
+    margin: float = MARGIN,
+    folds: int = FOLDS,
+    identity_threshold: float | None = IDENTITY,
+    seed: int = SEED,
+    out: Path = typer.Option(
+        Path("oodbench-battery"), "--out", help="Directory for battery.md, battery.json (and battery.html)."
+    ),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Audit splits with known answers (leaked / clean) and report the rule's sensitivity and specificity.
@@ -143,7 +230,9 @@ def battery_command(
     from .report import write_document
 
     try:
-        config = _config(pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed)
+        config = _config(
+            pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed
+        )
         wanted = _classes(classes)
         if demo is not None:
             if store is not None:
@@ -156,33 +245,56 @@ def battery_command(
         elif store is None or model is None or train is None or test is None:
             raise typer.BadParameter("give --demo DIR, or --store, --model, --train and --test")
         else:
-            splits = battery_from_store(store, model, train, test, extra_train=extra_train, extra_test=extra_test,
-                                        far=far or (), classes=wanted, config=config)
+            splits = battery_from_store(
+                store,
+                model,
+                train,
+                test,
+                extra_train=extra_train,
+                extra_test=extra_test,
+                far=far or (),
+                classes=wanted,
+                config=config,
+            )
         result = run_battery(splits, config, progress=progress)
-        document = battery_document(result, config, f"store {store}, model {model}, train {train}, test {test}",
-                                    f"oodbench audit battery: {model}")
+        document = battery_document(
+            result,
+            config,
+            f"store {store}, model {model}, train {train}, test {test}",
+            f"oodbench audit battery: {model}",
+        )
         paths = write_document(document, out, "battery")
     except OodbenchError as exc:
         _fail(exc)
-    typer.echo(f"sensitivity {result.sensitivity:.3f}  specificity {result.specificity:.3f}  "
-               f"(rule alone: {result.rule_sensitivity:.3f} / {result.rule_specificity:.3f}; "
-               f"{sum(a.meta['kind'] == 'leaked' for a in result.audits)} leaked, "
-               f"{sum(a.meta['kind'] == 'clean' for a in result.audits)} clean splits)")
+    typer.echo(
+        f"sensitivity {result.sensitivity:.3f}  specificity {result.specificity:.3f}  "
+        f"(rule alone: {result.rule_sensitivity:.3f} / {result.rule_specificity:.3f}; "
+        f"{sum(a.meta['kind'] == 'leaked' for a in result.audits)} leaked, "
+        f"{sum(a.meta['kind'] == 'clean' for a in result.audits)} clean splits)"
+    )
     width = max(len(a.name) for a in result.audits)
     for a in result.audits:
         fp = a.fingerprint
-        typer.echo(f"{a.name:<{width}}  truth={a.meta['kind']:<6}  verdict={a.verdict.label:<12}  "
-                   f"OracleLDA={fp.oracle.auroc:.3f}  best={fp.best_auroc:.3f} ({fp.best_detector})")
+        typer.echo(
+            f"{a.name:<{width}}  truth={a.meta['kind']:<6}  verdict={a.verdict.label:<12}  "
+            f"OracleLDA={fp.oracle.auroc:.3f}  best={fp.best_auroc:.3f} ({fp.best_detector})"
+        )
     typer.echo(result.scope_statement())
     typer.echo("report: " + ", ".join(str(p) for p in paths.values()))
 
 
 @app.command("scan")
 def scan_command(
-    suite: Optional[list[str]] = typer.Option(None, "--suite", help="Shipped suite name or manifest .json (repeatable; default: all shipped)."),
-    label_space: Optional[list[str]] = typer.Option(None, "--label-space", help="Training label space: imagenet-1k, imagenet-21k, imagenet-22k, imagenet-21k-p, imagenet-12k, or a file of wnids/names (repeatable; default: imagenet-1k and imagenet-21k)."),
+    suite: list[str] | None = typer.Option(
+        None, "--suite", help="Shipped suite name or manifest .json (repeatable; default: all shipped)."
+    ),
+    label_space: list[str] | None = typer.Option(
+        None,
+        "--label-space",
+        help="Training label space: imagenet-1k, imagenet-21k, imagenet-22k, imagenet-21k-p, imagenet-12k, or a file of wnids/names (repeatable; default: imagenet-1k and imagenet-21k).",
+    ),
     details: bool = typer.Option(False, "--details", help="List every related OOD class in the report."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for scan.md, scan.json (and scan.html)."),
+    out: Path | None = typer.Option(None, "--out", help="Directory for scan.md, scan.json (and scan.html)."),
 ) -> None:
     """Scan published suites' OOD class lists against training label spaces (no images needed).
 
@@ -199,10 +311,15 @@ def scan_command(
         spaces = [load_space(s) for s in (label_space or ["imagenet-1k", "imagenet-21k"])]
         scans = scan_suites(suites, spaces)
         sections = scan_sections(scans, suites, details=details)
-        document = AuditDocument("oodbench audit: suite class-list scan", sections,
-                                 {"scans": [s.to_dict() for s in scans],
-                                  "scope": suite_scope(scans, spaces[0].name, spaces[1].name if len(spaces) > 1 else "imagenet-21k")},
-                                 subject="label spaces: " + ", ".join(f"{s.name} ({len(s)} classes)" for s in spaces))
+        document = AuditDocument(
+            "oodbench audit: suite class-list scan",
+            sections,
+            {
+                "scans": [s.to_dict() for s in scans],
+                "scope": suite_scope(scans, spaces[0].name, spaces[1].name if len(spaces) > 1 else "imagenet-21k"),
+            },
+            subject="label spaces: " + ", ".join(f"{s.name} ({len(s)} classes)" for s in spaces),
+        )
         paths = write_document(document, out, "scan") if out is not None else {}
     except OodbenchError as exc:
         _fail(exc)
@@ -226,7 +343,9 @@ def suites_command() -> None:
         for suite in load_suites():
             count = f"{suite.num_classes} classes" if suite.available else "no class list"
             source = suite.source
-            typer.echo(f"{suite.name:<26} {suite.kind:<11} {count:<14} {source.get('repository', '')} ({source.get('licence', '')})")
+            typer.echo(
+                f"{suite.name:<26} {suite.kind:<11} {count:<14} {source.get('repository', '')} ({source.get('licence', '')})"
+            )
     except OodbenchError as exc:
         _fail(exc)
 
@@ -255,7 +374,9 @@ def overlap_command(
         id_set = root.read(model, id_dataset)
         for dataset in ood:
             value = pair_overlap(id_set, root.read(model, dataset), k=k, max_rows_per_side=max_rows, seed=seed)
-            typer.echo(f"{dataset}: L_{k} = {value.value:.4f}  (chance {value.chance:.4f}, {value.relative:.2f}x chance; "
-                       f"ID {value.per_label[1]:.4f}, OOD {value.per_label[0]:.4f}; n = {value.n})")
+            typer.echo(
+                f"{dataset}: L_{k} = {value.value:.4f}  (chance {value.chance:.4f}, {value.relative:.2f}x chance; "
+                f"ID {value.per_label[1]:.4f}, OOD {value.per_label[0]:.4f}; n = {value.n})"
+            )
     except OodbenchError as exc:
         _fail(exc)

@@ -1,8 +1,10 @@
 """The audit's thresholds and choices in one place; every number the verdicts depend on is configurable here."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import AuditError
 
@@ -52,7 +54,9 @@ class AuditConfig:
         if self.identity_threshold is not None and not 0.5 <= self.identity_threshold <= 1.0:
             raise AuditError(f"identity_threshold must be None or an AUROC in [0.5, 1]; got {self.identity_threshold}")
         if not isinstance(self.folds, int) or self.folds < 2:
-            raise AuditError(f"folds must be an integer >= 2 (out-of-fold reading needs held-out folds); got {self.folds}")
+            raise AuditError(
+                f"folds must be an integer >= 2 (out-of-fold reading needs held-out folds); got {self.folds}"
+            )
         for name in ("max_rows_per_side", "max_suspects", "nearest_per_ood", "probe_max_per_class", "overlap_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -75,7 +79,7 @@ class AuditConfig:
         """AUROC the refit pool must reach for the contrast to count as a recovery."""
         return self.collapse_threshold + self.recovery_margin
 
-    def with_(self, **changes: Any) -> "AuditConfig":
+    def with_(self, **changes: Any) -> AuditConfig:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 

@@ -13,12 +13,14 @@ Two ways to choose what to exclude:
 A leak is confirmed when the pool had collapsed (best AUROC below ``collapse_threshold``) and the best refit-pool
 AUROC reaches ``collapse_threshold + recovery_margin``; a pool that had not collapsed cannot "recover".
 """
+
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -66,7 +68,9 @@ class ContrastResult:
         return data
 
 
-def find_suspects(fit_set: Outputs, ood: Outputs, *, mass: float = 0.5, max_suspects: int = 3) -> tuple[tuple[int, ...], dict[int, float]]:
+def find_suspects(
+    fit_set: Outputs, ood: Outputs, *, mass: float = 0.5, max_suspects: int = 3
+) -> tuple[tuple[int, ...], dict[int, float]]:
     """Fit classes nearest (cosine to class means) to most OOD images: top shares until `mass` is covered."""
     if fit_set.labels is None:
         raise AuditError("finding suspect classes needs fit-set labels; give suspects explicitly or use mode='nearest'")
@@ -105,10 +109,18 @@ def _recovery(before: float, after: float, config: AuditConfig) -> tuple[bool, b
     return recovered, not recovered and after >= config.collapse_threshold
 
 
-def exclusion_contrast(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | None = None, *,
-                       mode: Mode = "label", suspects: Sequence[int] | None = None,
-                       config: AuditConfig | None = None, state: PoolState | None = None,
-                       ood_pool_scores: Mapping[str, np.ndarray] | None = None) -> ContrastResult:
+def exclusion_contrast(
+    fit_set: Outputs,
+    id_test: Outputs,
+    ood: Outputs,
+    head: Head | None = None,
+    *,
+    mode: Mode = "label",
+    suspects: Sequence[int] | None = None,
+    config: AuditConfig | None = None,
+    state: PoolState | None = None,
+    ood_pool_scores: Mapping[str, np.ndarray] | None = None,
+) -> ContrastResult:
     """Refit the pool on the fit set minus the suspect data and re-score ID test and OOD (see module docstring).
 
     ``ood_pool_scores``: the scores ``state.pool.score(ood)``, when the caller has them already.
@@ -124,9 +136,16 @@ def exclusion_contrast(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: H
     return _by_nearest(fit_set, id_test, ood, config, state, members, ood_scores)
 
 
-
-def _by_label(fit_set: Outputs, id_test: Outputs, ood: Outputs, suspects: Sequence[int] | None, config: AuditConfig,
-              state: PoolState, members: list[PoolMember], ood_scores: Mapping[str, np.ndarray]) -> ContrastResult:
+def _by_label(
+    fit_set: Outputs,
+    id_test: Outputs,
+    ood: Outputs,
+    suspects: Sequence[int] | None,
+    config: AuditConfig,
+    state: PoolState,
+    members: list[PoolMember],
+    ood_scores: Mapping[str, np.ndarray],
+) -> ContrastResult:
     if fit_set.labels is None:
         raise AuditError("the label contrast needs fit-set labels; use mode='nearest' for an unlabelled fit set")
     before = pool_aurocs(state.id_pool_scores, ood_scores)
@@ -142,9 +161,24 @@ def _by_label(fit_set: Outputs, id_test: Outputs, ood: Outputs, suspects: Sequen
     removed = int(drop.sum())
     before_name, best_before = best_of(before)
     if removed == 0:
-        return ContrastResult("label", chosen, shares, auto, 0, len(fit_set), before, dict(before), best_before, best_before,
-                              before_name, config.recovery_threshold, False, False, None,
-                              note="the suspect classes are absent from the fit set: nothing to exclude, the pool is unchanged")
+        return ContrastResult(
+            "label",
+            chosen,
+            shares,
+            auto,
+            0,
+            len(fit_set),
+            before,
+            dict(before),
+            best_before,
+            best_before,
+            before_name,
+            config.recovery_threshold,
+            False,
+            False,
+            None,
+            note="the suspect classes are absent from the fit set: nothing to exclude, the pool is unchanged",
+        )
     if removed == len(fit_set):
         raise AuditError("excluding the suspect classes would empty the fit set")
     with tempfile.TemporaryDirectory(prefix="oodbench-contrast-") as scratch:
@@ -156,26 +190,57 @@ def _by_label(fit_set: Outputs, id_test: Outputs, ood: Outputs, suspects: Sequen
     identity = None
     if len(suspect_rows) >= config.folds and len(ood) >= config.folds:
         picked = suspect_rows[sample_index(len(suspect_rows), config.max_rows_per_side, rng)]
-        identity = oracle_lda(np.asarray(fit_set.features[picked]), ood.features, folds=config.folds, seed=config.seed,
-                              max_rows_per_side=config.max_rows_per_side)
+        identity = oracle_lda(
+            np.asarray(fit_set.features[picked]),
+            ood.features,
+            folds=config.folds,
+            seed=config.seed,
+            max_rows_per_side=config.max_rows_per_side,
+        )
     recovered, partial = _recovery(best_before, best_after, config)
-    return ContrastResult("label", chosen, shares, auto, removed, len(fit_set) - removed, before, after, best_before,
-                          best_after, name, config.recovery_threshold, bool(recovered), bool(partial), identity,
-                          skipped=dict(refit.skipped))
+    return ContrastResult(
+        "label",
+        chosen,
+        shares,
+        auto,
+        removed,
+        len(fit_set) - removed,
+        before,
+        after,
+        best_before,
+        best_after,
+        name,
+        config.recovery_threshold,
+        bool(recovered),
+        bool(partial),
+        identity,
+        skipped=dict(refit.skipped),
+    )
 
 
-def _by_nearest(fit_set: Outputs, id_test: Outputs, ood: Outputs, config: AuditConfig, state: PoolState,
-                members: list[PoolMember], ood_scores: Mapping[str, np.ndarray]) -> ContrastResult:
+def _by_nearest(
+    fit_set: Outputs,
+    id_test: Outputs,
+    ood: Outputs,
+    config: AuditConfig,
+    state: PoolState,
+    members: list[PoolMember],
+    ood_scores: Mapping[str, np.ndarray],
+) -> ContrastResult:
     if len(ood) < 4:
         raise AuditError(f"the cross-fitted nearest contrast needs at least 4 OOD images; got {len(ood)}")
     rng = np.random.default_rng(config.seed)
     order = rng.permutation(len(ood))
-    halves = (np.sort(order[: len(ood) // 2]), np.sort(order[len(ood) // 2:]))
+    halves = (np.sort(order[: len(ood) // 2]), np.sort(order[len(ood) // 2 :]))
     before_by_half, after_by_half, removed_by_half, skipped = [], [], [], {}
     with tempfile.TemporaryDirectory(prefix="oodbench-contrast-") as scratch:
         for excluded_half, scored_half in (halves, halves[::-1]):
-            neighbours = nearest_rows(fit_set.features, np.asarray(ood.features[excluded_half]),
-                                      min(config.nearest_per_ood, len(fit_set)), cosine=True)
+            neighbours = nearest_rows(
+                fit_set.features,
+                np.asarray(ood.features[excluded_half]),
+                min(config.nearest_per_ood, len(fit_set)),
+                cosine=True,
+            )
             drop = np.zeros(len(fit_set), dtype=bool)
             drop[np.unique(neighbours)] = True
             if drop.all():
@@ -195,7 +260,22 @@ def _by_nearest(fit_set: Outputs, id_test: Outputs, ood: Outputs, config: AuditC
     best_before = best_of(before)[1]
     recovered, partial = _recovery(best_before, best_after, config)
     removed = int(round(float(np.mean(removed_by_half))))
-    return ContrastResult("nearest", (), {}, False, removed, len(fit_set) - removed, before, after, best_before,
-                          best_after, name, config.recovery_threshold, bool(recovered), bool(partial), None,
-                          note=f"cross-fitted over two OOD halves; fit rows removed per half: {removed_by_half}",
-                          skipped=skipped)
+    return ContrastResult(
+        "nearest",
+        (),
+        {},
+        False,
+        removed,
+        len(fit_set) - removed,
+        before,
+        after,
+        best_before,
+        best_after,
+        name,
+        config.recovery_threshold,
+        bool(recovered),
+        bool(partial),
+        None,
+        note=f"cross-fitted over two OOD halves; fit rows removed per half: {removed_by_half}",
+        skipped=skipped,
+    )

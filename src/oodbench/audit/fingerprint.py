@@ -5,11 +5,13 @@ linear reader separates ID test from OOD almost perfectly (OracleLDA high) while
 set fails (best unsupervised AUROC low), the OOD images look in-distribution *to the fit set* although they are
 separable: the signature of an OOD class whose training data sits inside the fit set.
 """
+
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
@@ -22,7 +24,16 @@ from ._rows import sample_index
 from .config import AuditConfig
 from .pool import FittedPool, LogitScores, best_of, fit_logit_detectors, fit_pool, pool_aurocs, resolve_pool
 
-__all__ = ["OracleLDA", "oracle_lda", "Fingerprint", "fingerprint", "PoolState", "prepare_pool", "rescore_pool", "check_split"]
+__all__ = [
+    "OracleLDA",
+    "oracle_lda",
+    "Fingerprint",
+    "fingerprint",
+    "PoolState",
+    "prepare_pool",
+    "rescore_pool",
+    "check_split",
+]
 
 
 @dataclass(frozen=True)
@@ -51,12 +62,25 @@ class OracleLDA:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view."""
-        return {"auroc": self.auroc, "fold_aurocs": list(self.fold_aurocs), "std": self.std, "low": self.low,
-                "high": self.high, "n_id": self.n_id, "n_ood": self.n_ood}
+        return {
+            "auroc": self.auroc,
+            "fold_aurocs": list(self.fold_aurocs),
+            "std": self.std,
+            "low": self.low,
+            "high": self.high,
+            "n_id": self.n_id,
+            "n_ood": self.n_ood,
+        }
 
 
-def oracle_lda(id_features: np.ndarray, ood_features: np.ndarray, *, folds: int = 5, seed: int = 0,
-               max_rows_per_side: int | None = 20_000) -> OracleLDA:
+def oracle_lda(
+    id_features: np.ndarray,
+    ood_features: np.ndarray,
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    max_rows_per_side: int | None = 20_000,
+) -> OracleLDA:
     """Out-of-fold AUROC of LDA (lsqr, Ledoit-Wolf shrinkage) reading ID (positive) vs OOD; mean over stratified folds.
 
     Every AUROC is computed on rows the reader never saw: with n ≲ D an in-sample linear reader separates
@@ -65,12 +89,17 @@ def oracle_lda(id_features: np.ndarray, ood_features: np.ndarray, *, folds: int 
     rng = np.random.default_rng(seed)
     id_rows = sample_index(len(id_features), max_rows_per_side, rng)
     ood_rows = sample_index(len(ood_features), max_rows_per_side, rng)
-    x_id, x_ood = np.asarray(id_features[id_rows], dtype=np.float64), np.asarray(ood_features[ood_rows], dtype=np.float64)
+    x_id, x_ood = (
+        np.asarray(id_features[id_rows], dtype=np.float64),
+        np.asarray(ood_features[ood_rows], dtype=np.float64),
+    )
     if x_id.ndim != 2 or x_ood.ndim != 2 or x_id.shape[1] != x_ood.shape[1]:
         raise AuditError(f"ID and OOD features must be 2-D with the same width; got {x_id.shape} and {x_ood.shape}")
     smaller = min(len(x_id), len(x_ood))
     if smaller < folds:
-        raise AuditError(f"out-of-fold reading with {folds} folds needs at least {folds} rows per side; the smaller side has {smaller}")
+        raise AuditError(
+            f"out-of-fold reading with {folds} folds needs at least {folds} rows per side; the smaller side has {smaller}"
+        )
     x = np.concatenate([x_id, x_ood])
     y = np.concatenate([np.ones(len(x_id), dtype=np.int64), np.zeros(len(x_ood), dtype=np.int64)])
     splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
@@ -100,8 +129,9 @@ class PoolState:
     missing_defaults: dict[str, str]
 
 
-def prepare_pool(fit_set: Outputs, id_test: Outputs, head: Head | None, config: AuditConfig, *,
-                 recompute_logits: bool = False) -> PoolState:
+def prepare_pool(
+    fit_set: Outputs, id_test: Outputs, head: Head | None, config: AuditConfig, *, recompute_logits: bool = False
+) -> PoolState:
     """Fit the unsupervised pool and the logit detectors on the fit set and score the ID test set once."""
     members, missing = resolve_pool(config)
     pool = fit_pool(fit_set, members, strict=config.pool is not None)
@@ -160,9 +190,16 @@ def check_split(fit_set: Outputs, id_test: Outputs, ood: Outputs) -> None:
         )
 
 
-def fingerprint(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | None = None, *,
-                config: AuditConfig | None = None, state: PoolState | None = None,
-                ood_pool_scores: Mapping[str, np.ndarray] | None = None) -> Fingerprint:
+def fingerprint(
+    fit_set: Outputs,
+    id_test: Outputs,
+    ood: Outputs,
+    head: Head | None = None,
+    *,
+    config: AuditConfig | None = None,
+    state: PoolState | None = None,
+    ood_pool_scores: Mapping[str, np.ndarray] | None = None,
+) -> Fingerprint:
     """OracleLDA (out-of-fold), the best unsupervised pool AUROC, flagged logit AUROCs, and the firing rule.
 
     ``ood_pool_scores``: the scores ``state.pool.score(ood)``, when the caller has them already.
@@ -171,15 +208,30 @@ def fingerprint(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | N
     check_split(fit_set, id_test, ood)
     state = state or prepare_pool(fit_set, id_test, head, config)
     if any(len(scores) != len(id_test) for scores in state.id_pool_scores.values()):
-        raise AuditError("the pool state was prepared for another ID test set (row counts differ); use prepare_pool or rescore_pool")
-    oracle = oracle_lda(id_test.features, ood.features, folds=config.folds, seed=config.seed,
-                        max_rows_per_side=config.max_rows_per_side)
+        raise AuditError(
+            "the pool state was prepared for another ID test set (row counts differ); use prepare_pool or rescore_pool"
+        )
+    oracle = oracle_lda(
+        id_test.features, ood.features, folds=config.folds, seed=config.seed, max_rows_per_side=config.max_rows_per_side
+    )
     pool = pool_aurocs(state.id_pool_scores, state.pool.score(ood) if ood_pool_scores is None else ood_pool_scores)
     logit = pool_aurocs(state.id_logit_scores, state.logits.score(ood)) if state.logits.detectors else {}
     best_detector, best = best_of(pool)
     fires = oracle.auroc >= config.oracle_threshold and best < config.collapse_threshold
     skipped = {**state.missing_defaults, **state.pool.skipped}
-    return Fingerprint(oracle, pool, logit, best_detector, best, bool(fires), config.oracle_threshold,
-                       config.collapse_threshold, len(fit_set), len(id_test), len(ood), fit_set.num_features,
-                       skipped, dict(state.logits.skipped))
-
+    return Fingerprint(
+        oracle,
+        pool,
+        logit,
+        best_detector,
+        best,
+        bool(fires),
+        config.oracle_threshold,
+        config.collapse_threshold,
+        len(fit_set),
+        len(id_test),
+        len(ood),
+        fit_set.num_features,
+        skipped,
+        dict(state.logits.skipped),
+    )

@@ -4,11 +4,13 @@ The backbone is left as it is (it still saw the class during training); only the
 multinomial logistic-regression probe on the fit set minus the suspect class(es), and the logit-based detectors
 are re-scored with the new head's logits.
 """
+
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -39,8 +41,15 @@ def balanced_rows(labels: np.ndarray, max_per_class: int, rng: np.random.Generat
     return np.sort(order[rank < max_per_class])
 
 
-def train_probe(features: np.ndarray, labels: np.ndarray, *, c: float = 1.0, max_per_class: int | None = 500,
-                max_iter: int = 1000, seed: int = 0) -> Head:
+def train_probe(
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    c: float = 1.0,
+    max_per_class: int | None = 500,
+    max_iter: int = 1000,
+    seed: int = 0,
+) -> Head:
     """A multinomial logistic-regression head (C = number of distinct labels, in sorted label order) on features.
 
     Features are standardised for the solver and the scaling is folded back into the returned weights, so the
@@ -81,11 +90,14 @@ def probe_without(fit_set: Outputs, exclude: Sequence[int], config: AuditConfig)
         raise AuditError("excluding these classes leaves no fit rows to train a probe on")
     kept_labels, kept_classes = relabel(labels[keep])
     if kept_classes.shape[0] < 2:
-        raise AuditError(f"after excluding {tuple(exclude)} only class {kept_classes.tolist()} is left; a head needs two")
+        raise AuditError(
+            f"after excluding {tuple(exclude)} only class {kept_classes.tolist()} is left; a head needs two"
+        )
     rng = np.random.default_rng(config.seed)
     picked = np.flatnonzero(keep)[balanced_rows(kept_labels, config.probe_max_per_class, rng)]
-    probe = train_probe(np.asarray(fit_set.features[picked]), labels[picked], c=config.probe_c, max_per_class=None,
-                        seed=config.seed)
+    probe = train_probe(
+        np.asarray(fit_set.features[picked]), labels[picked], c=config.probe_c, max_per_class=None, seed=config.seed
+    )
     return probe, picked, kept_classes
 
 
@@ -106,8 +118,15 @@ class LeaveClassOutResult:
         return asdict(self)
 
 
-def leave_class_out(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | None, exclude: Sequence[int], *,
-                    config: AuditConfig | None = None) -> LeaveClassOutResult:
+def leave_class_out(
+    fit_set: Outputs,
+    id_test: Outputs,
+    ood: Outputs,
+    head: Head | None,
+    exclude: Sequence[int],
+    *,
+    config: AuditConfig | None = None,
+) -> LeaveClassOutResult:
     """Retrain the head without `exclude` on cached fit features and re-score the logit detectors on ID test and OOD."""
     config = config or AuditConfig()
     if fit_set.labels is None:
@@ -122,8 +141,11 @@ def leave_class_out(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head
         if original.detectors and (id_test.logits is not None or head is not None):
             before = pool_aurocs(original.score(id_test), original.score(ood))
     probe, picked, kept_classes = probe_without(fit_set, exclude, config)
-    fit_view = Outputs(features=fit_set.features[picked], labels=np.searchsorted(kept_classes, fit_set.labels[picked]),
-                       check_finite=False)
+    fit_view = Outputs(
+        features=fit_set.features[picked],
+        labels=np.searchsorted(kept_classes, fit_set.labels[picked]),
+        check_finite=False,
+    )
     retrained = fit_logit_detectors(names, fit_view, probe, recompute=True)
     skipped.update({f"{k} (retrained head)": v for k, v in retrained.skipped.items()})
     after = pool_aurocs(retrained.score(id_test), retrained.score(ood)) if retrained.detectors else {}
@@ -133,5 +155,6 @@ def leave_class_out(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head
         if in_kept.any():
             predicted = with_head(id_test.subset(np.flatnonzero(in_kept)), probe).logits.argmax(axis=1)
             accuracy = float(np.mean(kept_classes[predicted] == id_test.labels[in_kept]))
-    return LeaveClassOutResult(exclude, tuple(int(c) for c in kept_classes), before, after, accuracy, int(len(picked)),
-                               skipped)
+    return LeaveClassOutResult(
+        exclude, tuple(int(c) for c in kept_classes), before, after, accuracy, int(len(picked)), skipped
+    )

@@ -1,4 +1,5 @@
 """Exact Euclidean nearest neighbours over (possibly memory-mapped) arrays, streamed over base chunks with faiss."""
+
 from __future__ import annotations
 
 import faiss
@@ -18,8 +19,9 @@ def _unit(block: np.ndarray) -> np.ndarray:
     return block / np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
 
 
-def nearest_rows(base: np.ndarray, queries: np.ndarray, k: int, *, exclude_self: bool = False,
-                 cosine: bool = False) -> np.ndarray:
+def nearest_rows(
+    base: np.ndarray, queries: np.ndarray, k: int, *, exclude_self: bool = False, cosine: bool = False
+) -> np.ndarray:
     """Indices (Q, k) of each query's k nearest base rows (squared L2; on L2-normalised rows with ``cosine``).
 
     With ``exclude_self`` the queries are the base itself (same order) and each row's own index is dropped, so
@@ -30,7 +32,9 @@ def nearest_rows(base: np.ndarray, queries: np.ndarray, k: int, *, exclude_self:
         raise AuditError(f"base {base.shape} and queries {queries.shape} must be 2-D with the same width")
     wanted = k + 1 if exclude_self else k
     if k < 1 or wanted > n:
-        raise AuditError(f"k={k} neighbours requested but the base has {n} rows" + (" (self excluded)" if exclude_self else ""))
+        raise AuditError(
+            f"k={k} neighbours requested but the base has {n} rows" + (" (self excluded)" if exclude_self else "")
+        )
     query32 = np.ascontiguousarray(_unit(queries) if cosine else queries, dtype=np.float32)
     best_dist = np.full((q, wanted), np.inf, dtype=np.float32)
     best_index = np.full((q, wanted), -1, dtype=np.int64)

@@ -5,6 +5,7 @@ Following Ascárate et al. (2026), a cheap pre-check of how mixed two (or more) 
 ``chance = sum_g N_g (N - N_g) / (N (N - 1))``. We report L_k with its k, the per-label means and the ratio
 to chance (1 = as mixed as random labels). Neighbours are exact Euclidean, the point itself excluded.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -61,12 +62,15 @@ def overlap_index(features: np.ndarray, labels: np.ndarray, k: int = 10) -> Over
     return OverlapIndex(int(k), float(other.mean()), per_label, chance, int(n))
 
 
-def pair_overlap(id_set: Outputs, ood: Outputs, *, k: int = 10, max_rows_per_side: int | None = 5000, seed: int = 0) -> OverlapIndex:
+def pair_overlap(
+    id_set: Outputs, ood: Outputs, *, k: int = 10, max_rows_per_side: int | None = 5000, seed: int = 0
+) -> OverlapIndex:
     """L_k of the union of an ID set (label 1) and an OOD set (label 0), each side subsampled to `max_rows_per_side`."""
     rng = np.random.default_rng(seed)
     id_rows = sample_index(len(id_set), max_rows_per_side, rng)
     ood_rows = sample_index(len(ood), max_rows_per_side, rng)
-    features = np.concatenate([np.asarray(id_set.features[id_rows], dtype=np.float32),
-                               np.asarray(ood.features[ood_rows], dtype=np.float32)])
+    features = np.concatenate(
+        [np.asarray(id_set.features[id_rows], dtype=np.float32), np.asarray(ood.features[ood_rows], dtype=np.float32)]
+    )
     labels = np.concatenate([np.ones(len(id_rows), dtype=np.int64), np.zeros(len(ood_rows), dtype=np.int64)])
     return overlap_index(features, labels, k)

@@ -1,8 +1,10 @@
 """The unsupervised detector pool (fit-set-based, head-free) and the head-dependent logit scores reported beside it."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from sklearn.ensemble import IsolationForest
@@ -14,8 +16,18 @@ from ..outputs import Head, Outputs
 from ._rows import features_only, relabel, sample_index, with_head
 from .config import DEFAULT_POOL, ISOLATION_FOREST, AuditConfig
 
-__all__ = ["IsolationForestScorer", "PoolMember", "FittedPool", "resolve_pool", "fit_pool", "LogitScores",
-           "fit_logit_detectors", "pool_aurocs", "best_of", "knn_k_for"]
+__all__ = [
+    "IsolationForestScorer",
+    "PoolMember",
+    "FittedPool",
+    "resolve_pool",
+    "fit_pool",
+    "LogitScores",
+    "fit_logit_detectors",
+    "pool_aurocs",
+    "best_of",
+    "knn_k_for",
+]
 
 
 class IsolationForestScorer(detectors.Detector):
@@ -30,7 +42,9 @@ class IsolationForestScorer(detectors.Detector):
     requires = detectors.Requirements.of(fit=("features",), score=("features",))
     paper = detectors.Paper("Liu, Ting & Zhou, Isolation Forest", "ICDM 2008", "https://doi.org/10.1109/ICDM.2008.17")
 
-    def __init__(self, n_estimators: int = 100, max_samples: int = 256, max_fit_rows: int = 20_000, seed: int = 0) -> None:
+    def __init__(
+        self, n_estimators: int = 100, max_samples: int = 256, max_fit_rows: int = 20_000, seed: int = 0
+    ) -> None:
         self.n_estimators = n_estimators
         self.max_samples = max_samples
         self.max_fit_rows = max_fit_rows
@@ -44,8 +58,12 @@ class IsolationForestScorer(detectors.Detector):
         rng = np.random.default_rng(self.seed)
         rows = sample_index(len(fit_set), self.max_fit_rows, rng)
         features = np.asarray(fit_set.features[rows], dtype=np.float32)
-        self.forest_ = IsolationForest(n_estimators=self.n_estimators, max_samples=min(self.max_samples, len(rows)),
-                                       random_state=self.seed, n_jobs=1).fit(features)
+        self.forest_ = IsolationForest(
+            n_estimators=self.n_estimators,
+            max_samples=min(self.max_samples, len(rows)),
+            random_state=self.seed,
+            n_jobs=1,
+        ).fit(features)
         self.fit_rows_ = int(len(rows))
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
@@ -91,7 +109,9 @@ def resolve_pool(config: AuditConfig) -> tuple[list[PoolMember], dict[str, str]]
     for name in names:
         if name not in registered:
             if config.pool is not None:
-                raise AuditError(f"pool detector {name!r} is not registered; available: {', '.join(sorted(registered))}")
+                raise AuditError(
+                    f"pool detector {name!r} is not registered; available: {', '.join(sorted(registered))}"
+                )
             missing[name] = "not registered in this installation"
             continue
         _check_head_free(name)
@@ -125,7 +145,9 @@ def _with_defaults(member: PoolMember, num_fit_rows: int) -> PoolMember:
     return member
 
 
-def fit_pool(fit_set: Outputs, members: list[PoolMember], *, strict: bool = False, skipped: Mapping[str, str] | None = None) -> FittedPool:
+def fit_pool(
+    fit_set: Outputs, members: list[PoolMember], *, strict: bool = False, skipped: Mapping[str, str] | None = None
+) -> FittedPool:
     """Fit each pool member on the fit set's features (and labels, relabelled 0..C'-1); failures skip unless strict."""
     # Contiguous labels: a fit set with a class removed (or one added) must look like any other labelled fit set.
     view = features_only(fit_set, labels=None if fit_set.labels is None else relabel(fit_set.labels)[0])
@@ -178,7 +200,9 @@ class LogitScores:
         return {name: det.score(view) for name, det in self.detectors.items()}
 
 
-def fit_logit_detectors(names: tuple[str, ...], fit_set: Outputs, head: Head | None, *, recompute: bool = False) -> LogitScores:
+def fit_logit_detectors(
+    names: tuple[str, ...], fit_set: Outputs, head: Head | None, *, recompute: bool = False
+) -> LogitScores:
     """Fit the named logit detectors; with `recompute` (or no stored logits) logits are computed from `head`.
 
     Fit-set logits are materialised only for detectors that read them (e.g. KL matching), so MSP/Energy on an

@@ -15,11 +15,13 @@ Name-only suites (NINCO) are matched by name: a name that is a WordNet lemma is 
 (relations marked 'via name'), and the authors' own ImageNet-21K overlap annotations are checked as synsets
 (marked 'via annotation').
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..errors import AuditError
 from .suites import SuiteManifest
@@ -43,8 +45,14 @@ class ClassFinding:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view."""
-        return {"ood": self.ood, "name": self.name, "relation": self.relation, "matches": list(self.matches),
-                "distance": self.distance, "via": self.via}
+        return {
+            "ood": self.ood,
+            "name": self.name,
+            "relation": self.relation,
+            "matches": list(self.matches),
+            "distance": self.distance,
+            "via": self.via,
+        }
 
 
 @dataclass
@@ -83,10 +91,17 @@ class SuiteScan:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view."""
-        return {"suite": self.suite, "label_space": self.label_space, "available": self.available,
-                "verdict": self.verdict, "counts": {r: self.count(r) for r in RELATIONS},
-                "num_classes": self.num_classes, "unknown": list(self.unknown), "note": self.note,
-                "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "suite": self.suite,
+            "label_space": self.label_space,
+            "available": self.available,
+            "verdict": self.verdict,
+            "counts": {r: self.count(r) for r in RELATIONS},
+            "num_classes": self.num_classes,
+            "unknown": list(self.unknown),
+            "note": self.note,
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
 
 class _SpaceIndex:
@@ -121,7 +136,9 @@ class _SpaceIndex:
         down = self.below.get(wnid, [])
         if down:
             nearest = min(d for _, d in down)
-            return ClassFinding(wnid, name, "hypernym", tuple(sorted({w for w, d in down if d == nearest})), nearest, via)
+            return ClassFinding(
+                wnid, name, "hypernym", tuple(sorted({w for w, d in down if d == nearest})), nearest, via
+            )
         hits = set()
         for lemma in self.wordnet.get(wnid).lemmas:
             hits |= self.lemmas.get(normalize_lemma(lemma), set())
@@ -133,7 +150,9 @@ class _SpaceIndex:
         """Strongest relation of a named class: via its WordNet lemma lookup, the given annotations, or its name."""
         candidates = [self.relate(w, "name") for w in sorted(self._name_synsets(name))]
         candidates += [self.relate(w, "annotation") for w in extra_wnids if w in self.wordnet]
-        candidates = [ClassFinding(name, name, c.relation, c.matches, c.distance, f"{c.via} {c.ood}") for c in candidates]
+        candidates = [
+            ClassFinding(name, name, c.relation, c.matches, c.distance, f"{c.via} {c.ood}") for c in candidates
+        ]
         hits = set()
         for key in self._name_keys(name):
             hits |= self.lemmas.get(key, set())
@@ -155,8 +174,9 @@ class _SpaceIndex:
         return frozenset(found)
 
 
-def scan_suite(suite: SuiteManifest, space: LabelSpace, wordnet: WordNet | None = None, *,
-               _index: _SpaceIndex | None = None) -> SuiteScan:
+def scan_suite(
+    suite: SuiteManifest, space: LabelSpace, wordnet: WordNet | None = None, *, _index: _SpaceIndex | None = None
+) -> SuiteScan:
     """Relate every OOD class of `suite` to the training label space `space`."""
     wordnet = wordnet or load_wordnet()
     if not suite.available:
@@ -173,7 +193,9 @@ def scan_suite(suite: SuiteManifest, space: LabelSpace, wordnet: WordNet | None 
     return SuiteScan(suite.name, space.name, True, findings, unknown, note)
 
 
-def scan_suites(suites: Iterable[SuiteManifest], spaces: Iterable[LabelSpace], wordnet: WordNet | None = None) -> list[SuiteScan]:
+def scan_suites(
+    suites: Iterable[SuiteManifest], spaces: Iterable[LabelSpace], wordnet: WordNet | None = None
+) -> list[SuiteScan]:
     """Every suite against every label space (each space indexed once)."""
     wordnet = wordnet or load_wordnet()
     suites = list(suites)

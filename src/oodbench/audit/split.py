@@ -1,9 +1,11 @@
 """One split's full audit (fingerprint, contrast, leave-class-out, overlap, verdict), from arrays or from a store."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -48,10 +50,22 @@ class SplitAudit:
         }
 
 
-def audit_split(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | None = None, *, name: str = "split",
-                suspects: Sequence[int] | None = None, mode: Literal["label", "nearest"] | None = None,
-                config: AuditConfig | None = None, state: PoolState | None = None, contrast: ContrastWhen = "fired",
-                run_leave_class_out: bool = True, run_overlap: bool = True, meta: Mapping[str, Any] | None = None) -> SplitAudit:
+def audit_split(
+    fit_set: Outputs,
+    id_test: Outputs,
+    ood: Outputs,
+    head: Head | None = None,
+    *,
+    name: str = "split",
+    suspects: Sequence[int] | None = None,
+    mode: Literal["label", "nearest"] | None = None,
+    config: AuditConfig | None = None,
+    state: PoolState | None = None,
+    contrast: ContrastWhen = "fired",
+    run_leave_class_out: bool = True,
+    run_overlap: bool = True,
+    meta: Mapping[str, Any] | None = None,
+) -> SplitAudit:
     """Fingerprint the split, run the exclusion contrast (when the rule fires, or always), retrain the head
     without the suspect classes, compute L_k, and adjudicate. ``mode=None`` picks 'label' when the fit set is labelled."""
     config = config or AuditConfig()
@@ -66,24 +80,49 @@ def audit_split(fit_set: Outputs, id_test: Outputs, ood: Outputs, head: Head | N
     mode = mode or ("label" if fit_set.labels is not None else "nearest")
     result = None
     if contrast == "always" or (contrast == "fired" and fp.fires):
-        result = exclusion_contrast(fit_set, id_test, ood, head, mode=mode, suspects=suspects, config=config, state=state,
-                                    ood_pool_scores=ood_scores)
+        result = exclusion_contrast(
+            fit_set,
+            id_test,
+            ood,
+            head,
+            mode=mode,
+            suspects=suspects,
+            config=config,
+            state=state,
+            ood_pool_scores=ood_scores,
+        )
     lco = None
-    if (run_leave_class_out and result is not None and result.mode == "label" and result.removed_rows > 0
-            and config.logit_detectors):
+    if (
+        run_leave_class_out
+        and result is not None
+        and result.mode == "label"
+        and result.removed_rows > 0
+        and config.logit_detectors
+    ):
         kept_classes = np.setdiff1d(np.unique(fit_set.labels), np.asarray(result.suspects)).shape[0]
         if kept_classes >= 2:
             lco = leave_class_out(fit_set, id_test, ood, head, result.suspects, config=config)
     overlap = None
     if run_overlap and len(id_test) + len(ood) > config.overlap_k:
-        overlap = pair_overlap(id_test, ood, k=config.overlap_k, max_rows_per_side=config.max_rows_per_side, seed=config.seed)
+        overlap = pair_overlap(
+            id_test, ood, k=config.overlap_k, max_rows_per_side=config.max_rows_per_side, seed=config.seed
+        )
     return SplitAudit(name, fp, result, lco, overlap, adjudicate(fp, result, config), dict(meta or {}))
 
 
-def audit_store(store: Store | str | os.PathLike[str], model_id: str, fit_dataset: str, id_dataset: str,
-                ood_datasets: Sequence[str], *, suspects: Mapping[str, Sequence[int]] | None = None,
-                mode: Literal["label", "nearest"] | None = None, config: AuditConfig | None = None,
-                contrast: ContrastWhen = "fired", progress: bool = False) -> list[SplitAudit]:
+def audit_store(
+    store: Store | str | os.PathLike[str],
+    model_id: str,
+    fit_dataset: str,
+    id_dataset: str,
+    ood_datasets: Sequence[str],
+    *,
+    suspects: Mapping[str, Sequence[int]] | None = None,
+    mode: Literal["label", "nearest"] | None = None,
+    config: AuditConfig | None = None,
+    contrast: ContrastWhen = "fired",
+    progress: bool = False,
+) -> list[SplitAudit]:
     """Audit each OOD set of a stored evaluation (same model, fit set and ID test set); the pool is fitted once."""
     config = config or AuditConfig()
     store = store if isinstance(store, Store) else Store(store)
@@ -105,8 +144,20 @@ def audit_store(store: Store | str | os.PathLike[str], model_id: str, fit_datase
         task = bar.add_task("auditing OOD sets", total=len(ood_datasets))
         for dataset in ood_datasets:
             ood = store.read(model_id, dataset)
-            audits.append(audit_split(fit_set, id_test, ood, head, name=dataset, suspects=(suspects or {}).get(dataset),
-                                      mode=mode, config=config, state=state, contrast=contrast,
-                                      meta={"model": model_id, "fit": fit_dataset, "id": id_dataset, "ood": dataset}))
+            audits.append(
+                audit_split(
+                    fit_set,
+                    id_test,
+                    ood,
+                    head,
+                    name=dataset,
+                    suspects=(suspects or {}).get(dataset),
+                    mode=mode,
+                    config=config,
+                    state=state,
+                    contrast=contrast,
+                    meta={"model": model_id, "fit": fit_dataset, "id": id_dataset, "ood": dataset},
+                )
+            )
             bar.advance(task)
     return audits

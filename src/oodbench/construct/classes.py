@@ -49,7 +49,11 @@ def imagenet_classes() -> ClassList:
     """The 1,000 ImageNet-1k classes (first synonym as name, WordNet id as folder) from timm's metadata."""
     spec = importlib.util.find_spec("timm")  # locates timm without importing it (and torch with it)
     info = Path(spec.origin).parent / "data" / "_info" if spec and spec.origin else None
-    if info is not None and (info / "imagenet_synsets.txt").is_file() and (info / "imagenet_synset_to_lemma.txt").is_file():
+    if (
+        info is not None
+        and (info / "imagenet_synsets.txt").is_file()
+        and (info / "imagenet_synset_to_lemma.txt").is_file()
+    ):
         wnids = tuple(info.joinpath("imagenet_synsets.txt").read_text(encoding="utf-8").split())
         lemma_lines = info.joinpath("imagenet_synset_to_lemma.txt").read_text(encoding="utf-8").splitlines()
         lemmas = dict(line.split("\t", 1) for line in lemma_lines if "\t" in line)

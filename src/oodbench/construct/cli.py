@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 import typer
 
@@ -40,7 +40,8 @@ def _friendly(func: F) -> F:
         except ModuleNotFoundError as exc:
             typer.secho(
                 f"error: {exc.name} is not installed; install the web extra: pip install 'oodbench[web]'",
-                fg=typer.colors.RED, err=True,
+                fg=typer.colors.RED,
+                err=True,
             )
             raise typer.Exit(code=2) from None
 
@@ -61,21 +62,26 @@ PROJECT_ARG = typer.Argument(..., help="Project folder (created by `init`).")
 def init(
     project: Path = PROJECT_ARG,
     images: Path = typer.Option(..., "--images", help="Folder holding the candidate images (searched recursively)."),
-    real: Optional[Path] = typer.Option(None, "--real", help="ReaL real.json: images with an empty label list."),
-    mturk: Optional[Path] = typer.Option(None, "--mturk", help="Northcutt et al. imagenet_mturk.json: majority 'neither'."),
-    mturk_min_neither: Optional[int] = typer.Option(None, help="Votes for 'neither' needed (default: a strict majority)."),
-    table: Optional[Path] = typer.Option(None, "--table", help="Generic JSONL/JSON/CSV/TSV re-annotation with flags."),
-    mapping: Optional[Path] = typer.Option(None, "--mapping", help="JSON column mapping for --table (see docs)."),
-    original_labels: Optional[Path] = typer.Option(
-        None, "--original-labels",
+    real: Path | None = typer.Option(None, "--real", help="ReaL real.json: images with an empty label list."),
+    mturk: Path | None = typer.Option(
+        None, "--mturk", help="Northcutt et al. imagenet_mturk.json: majority 'neither'."
+    ),
+    mturk_min_neither: int | None = typer.Option(
+        None, help="Votes for 'neither' needed (default: a strict majority)."
+    ),
+    table: Path | None = typer.Option(None, "--table", help="Generic JSONL/JSON/CSV/TSV re-annotation with flags."),
+    mapping: Path | None = typer.Option(None, "--mapping", help="JSON column mapping for --table (see docs)."),
+    original_labels: Path | None = typer.Option(
+        None,
+        "--original-labels",
         help="Original labels for --real: .npy, one int per line, or imagenet_val_set_index_to_filepath.json.",
     ),
     classes: str = typer.Option("imagenet-1k", help="Class list: 'imagenet-1k' or a .txt/.json file."),
-    examples: Optional[Path] = typer.Option(None, "--examples", help="ImageFolder-style ID root for example images."),
-    public_url: Optional[str] = typer.Option(
+    examples: Path | None = typer.Option(None, "--examples", help="ImageFolder-style ID root for example images."),
+    public_url: str | None = typer.Option(
         None, "--public-url", help="Public URL template of the images for reverse search, e.g. https://host/{path}."
     ),
-    db_url: Optional[str] = typer.Option(None, "--db-url", help="SQLAlchemy URL (default: SQLite in the project)."),
+    db_url: str | None = typer.Option(None, "--db-url", help="SQLAlchemy URL (default: SQLite in the project)."),
     skip_missing: bool = typer.Option(False, help="Import the candidates whose image files exist, skip the rest."),
 ) -> None:
     """Create a project from candidate sources and a folder of images (reruns add new candidates).
@@ -103,15 +109,17 @@ def init(
     if not sources:
         raise typer.BadParameter("give at least one candidate source: --real, --mturk or --table")
     proj = Project.create(
-        project, images, class_list, example_root=str(examples) if examples else None,
-        public_url_template=public_url, db_url=db_url,
+        project,
+        images,
+        class_list,
+        example_root=str(examples) if examples else None,
+        public_url_template=public_url,
+        db_url=db_url,
     )
     counts = import_candidates(proj, sources, skip_missing=skip_missing)
     for imp in sources:
         typer.echo(f"{imp.source}: {len(imp.candidates)} candidates, {len(imp.confusion_pairs)} re-assignments")
-    typer.echo(
-        f"{proj.dir}: {counts['added']} images added, {counts['updated']} updated, {counts['skipped']} skipped"
-    )
+    typer.echo(f"{proj.dir}: {counts['added']} images added, {counts['updated']} updated, {counts['skipped']} skipped")
     if not proj.store().users():
         typer.echo(f"next: oodbench annotate user add {project} NAME --admin")
     proj.close()
@@ -124,7 +132,11 @@ def user_add(
     name: str = typer.Argument(..., help="Login name."),
     admin: bool = typer.Option(False, "--admin", help="May see the admin page and declare label matches."),
     password: str = typer.Option(
-        ..., prompt=True, hide_input=True, confirmation_prompt=True, envvar="OODBENCH_PASSWORD",
+        ...,
+        prompt=True,
+        hide_input=True,
+        confirmation_prompt=True,
+        envvar="OODBENCH_PASSWORD",
         help="Password (prompted; or from OODBENCH_PASSWORD).",
     ),
 ) -> None:
@@ -144,7 +156,11 @@ def user_password(
     project: Path = PROJECT_ARG,
     name: str = typer.Argument(..., help="Login name."),
     password: str = typer.Option(
-        ..., prompt=True, hide_input=True, confirmation_prompt=True, envvar="OODBENCH_PASSWORD",
+        ...,
+        prompt=True,
+        hide_input=True,
+        confirmation_prompt=True,
+        envvar="OODBENCH_PASSWORD",
         help="New password (prompted; or from OODBENCH_PASSWORD).",
     ),
 ) -> None:
@@ -179,7 +195,7 @@ def evidence(
     keys: Path = typer.Option(..., help="Text file naming the image of each embedding row (file name or key)."),
     text_embeddings: Path = typer.Option(..., help="C×D .npy of class-name embeddings, in class order."),
     k: int = typer.Option(5, help="How many nearest ID classes to show."),
-    model: Optional[str] = typer.Option(None, help="Model name to show with the evidence."),
+    model: str | None = typer.Option(None, help="Model name to show with the evidence."),
     per_class: int = typer.Option(3, help="Example images per class (when the project has an example root)."),
 ) -> None:
     """Add evidence D: the k ID classes a VLM ranks closest to each image.
@@ -201,9 +217,9 @@ def evidence(
 @_friendly
 def describe(
     project: Path = PROJECT_ARG,
-    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL (or OODBENCH_LLM_BASE_URL)."),
-    model: Optional[str] = typer.Option(None, help="Multimodal model name (or OODBENCH_LLM_MODEL)."),
-    limit: Optional[int] = typer.Option(None, help="Describe at most this many images."),
+    base_url: str | None = typer.Option(None, help="OpenAI-compatible base URL (or OODBENCH_LLM_BASE_URL)."),
+    model: str | None = typer.Option(None, help="Multimodal model name (or OODBENCH_LLM_MODEL)."),
+    limit: int | None = typer.Option(None, help="Describe at most this many images."),
     redo: bool = typer.Option(False, help="Describe images that already have a description (the cache still applies)."),
     timeout: float = typer.Option(60.0, help="Seconds per request."),
     retries: int = typer.Option(3, help="Retries on timeouts, 429 and 5xx."),
@@ -221,8 +237,10 @@ def describe(
     proj = _open(project)
     settings = dict(proj.config.llm)
     config = LLMConfig.resolve(
-        base_url or settings.pop("base_url", None), model or settings.pop("model", None),
-        timeout=timeout, max_retries=retries,
+        base_url or settings.pop("base_url", None),
+        model or settings.pop("model", None),
+        timeout=timeout,
+        max_retries=retries,
     )
     describer = LLMDescriber(config, proj.llm_cache)
     total = len(proj.store().images())
@@ -252,7 +270,9 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1") and not proj.config.cookie_secure:
         typer.secho(
             "warning: serving beyond loopback without HTTPS; put it behind a TLS proxy and set "
-            '"cookie_secure": true in project.json', fg=typer.colors.YELLOW, err=True,
+            '"cookie_secure": true in project.json',
+            fg=typer.colors.YELLOW,
+            err=True,
         )
     uvicorn.run(create_app(proj), host=host, port=port, log_level="info", access_log=False)
 
@@ -301,7 +321,9 @@ def match(
 
 @app.command()
 @_friendly
-def release(project: Path = PROJECT_ARG, name: str = typer.Argument(..., help="Annotator whose claims to free.")) -> None:
+def release(
+    project: Path = PROJECT_ARG, name: str = typer.Argument(..., help="Annotator whose claims to free.")
+) -> None:
     """Return an annotator's unsubmitted Stage 1 claims to the pool (e.g. someone left the project).
 
     Example: oodbench annotate release proj bob
@@ -316,7 +338,9 @@ def release(project: Path = PROJECT_ARG, name: str = typer.Argument(..., help="A
 def export(
     project: Path = PROJECT_ARG,
     out: Path = typer.Argument(..., help="Output folder."),
-    name: str = typer.Option("ood", help="Stem of the OOD file list, e.g. fi-imagenet-1k (read by extract's registry)."),
+    name: str = typer.Option(
+        "ood", help="Stem of the OOD file list, e.g. fi-imagenet-1k (read by extract's registry)."
+    ),
     relative: bool = typer.Option(False, help="Write file-list paths relative to the output folder."),
 ) -> None:
     """Write the verified benchmark: extract file lists, manifests, ambiguous list, statistics, event log.

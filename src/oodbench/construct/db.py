@@ -185,8 +185,15 @@ class ImageInfo:
 
 def _image_info(row: ImageRow) -> ImageInfo:
     return ImageInfo(
-        row.id, row.key, row.root, row.path, row.original_label, tuple(row.flags or ()),
-        row.url, dict(row.evidence or {}), Status(row.status),
+        row.id,
+        row.key,
+        row.root,
+        row.path,
+        row.original_label,
+        tuple(row.flags or ()),
+        row.url,
+        dict(row.evidence or {}),
+        Status(row.status),
     )
 
 
@@ -282,9 +289,16 @@ class AnnotationStore:
                 row = existing.get(cand.key)
                 if row is None:
                     row = ImageRow(
-                        key=cand.key, root=root, path=relpath, original_label=cand.original_label,
-                        flags=list(cand.flags), url=cand.url, details=dict(cand.details),
-                        evidence={**(defaults or {}), **evidence}, status=Status.STAGE1.value, n_assigned=0,
+                        key=cand.key,
+                        root=root,
+                        path=relpath,
+                        original_label=cand.original_label,
+                        flags=list(cand.flags),
+                        url=cand.url,
+                        details=dict(cand.details),
+                        evidence={**(defaults or {}), **evidence},
+                        status=Status.STAGE1.value,
+                        n_assigned=0,
                     )
                     session.add(row)
                     existing[cand.key] = row
@@ -375,8 +389,11 @@ class AnnotationStore:
             session.execute(sa.delete(SessionRow).where(SessionRow.expires_at < now))
             session.add(
                 SessionRow(
-                    token_hash=hashlib.sha256(token.encode()).hexdigest(), user_id=user.id,
-                    csrf_token=csrf, created_at=now, expires_at=now + self.session_lifetime,
+                    token_hash=hashlib.sha256(token.encode()).hexdigest(),
+                    user_id=user.id,
+                    csrf_token=csrf,
+                    created_at=now,
+                    expires_at=now + self.session_lifetime,
                 )
             )
         return token, csrf
@@ -388,7 +405,8 @@ class AnnotationStore:
         digest = hashlib.sha256(token.encode()).hexdigest()
         with self.read() as session:
             found = session.execute(
-                sa.select(SessionRow, UserRow).join(UserRow, UserRow.id == SessionRow.user_id)
+                sa.select(SessionRow, UserRow)
+                .join(UserRow, UserRow.id == SessionRow.user_id)
                 .where(SessionRow.token_hash == digest)
             ).first()
         if found is None:
@@ -412,8 +430,10 @@ class AnnotationStore:
 
     def _record(self, session: Session, image_id: int, matcher: LabelMatcher) -> ImageRecord:
         rows = session.execute(
-            sa.select(EventRow, UserRow.name).join(UserRow, UserRow.id == EventRow.user_id)
-            .where(EventRow.image_id == image_id).order_by(EventRow.id)
+            sa.select(EventRow, UserRow.name)
+            .join(UserRow, UserRow.id == EventRow.user_id)
+            .where(EventRow.image_id == image_id)
+            .order_by(EventRow.id)
         )
         return ImageRecord.from_events(
             (_event(ev, name) for ev, name in rows),
@@ -438,10 +458,16 @@ class AnnotationStore:
             record.apply(new, matcher)  # raises if the protocol refuses the event
             j = judgement
             row = EventRow(
-                image_id=image_id, user_id=user.id, kind=kind.value, created_at=now,
-                verdict=None if j is None else j.verdict.value, label=None if j is None else j.label,
-                class_index=None if j is None else j.class_index, reason=None if j is None else j.reason,
-                fine_grained=bool(j and j.fine_grained), note=(note or None) and note[:2000],
+                image_id=image_id,
+                user_id=user.id,
+                kind=kind.value,
+                created_at=now,
+                verdict=None if j is None else j.verdict.value,
+                label=None if j is None else j.label,
+                class_index=None if j is None else j.class_index,
+                reason=None if j is None else j.reason,
+                fine_grained=bool(j and j.fine_grained),
+                note=(note or None) and note[:2000],
             )
             session.add(row)
             outcome = record.outcome(matcher)
@@ -490,7 +516,8 @@ class AnnotationStore:
         with self.read() as session:
             rows = session.execute(
                 sa.select(MatchRow.label_a, MatchRow.label_b, UserRow.name, MatchRow.created_at)
-                .join(UserRow, UserRow.id == MatchRow.user_id).order_by(MatchRow.id)
+                .join(UserRow, UserRow.id == MatchRow.user_id)
+                .order_by(MatchRow.id)
             )
             return [(a, b, who, aware(when)) for a, b, who, when in rows]
 
@@ -505,16 +532,26 @@ class AnnotationStore:
         with self.read() as session:
             query = (
                 sa.select(EventRow, UserRow.name, ImageRow.key)
-                .join(UserRow, UserRow.id == EventRow.user_id).join(ImageRow, ImageRow.id == EventRow.image_id)
+                .join(UserRow, UserRow.id == EventRow.user_id)
+                .join(ImageRow, ImageRow.id == EventRow.image_id)
                 .order_by(EventRow.id)
             )
             if image_id is not None:
                 query = query.where(EventRow.image_id == image_id)
             return [
                 {
-                    "seq": ev.id, "image_id": ev.image_id, "image": key, "annotator": name, "kind": ev.kind,
-                    "verdict": ev.verdict, "label": ev.label, "class_index": ev.class_index, "reason": ev.reason,
-                    "fine_grained": ev.fine_grained, "note": ev.note, "at": aware(ev.created_at).isoformat(),
+                    "seq": ev.id,
+                    "image_id": ev.image_id,
+                    "image": key,
+                    "annotator": name,
+                    "kind": ev.kind,
+                    "verdict": ev.verdict,
+                    "label": ev.label,
+                    "class_index": ev.class_index,
+                    "reason": ev.reason,
+                    "fine_grained": ev.fine_grained,
+                    "note": ev.note,
+                    "at": aware(ev.created_at).isoformat(),
                 }
                 for ev, name, key in session.execute(query)
             ]
@@ -595,17 +632,25 @@ class AnnotationStore:
     def is_assigned(self, user: User, image_id: int) -> bool:
         """Whether the image is (or was) in this annotator's Stage 1 queue."""
         with self.read() as session:
-            return session.scalar(
-                sa.select(AssignmentRow.id).where(AssignmentRow.image_id == image_id, AssignmentRow.user_id == user.id)
-            ) is not None
+            return (
+                session.scalar(
+                    sa.select(AssignmentRow.id).where(
+                        AssignmentRow.image_id == image_id, AssignmentRow.user_id == user.id
+                    )
+                )
+                is not None
+            )
 
     def own_stage1(self, user: User, image_id: int) -> Judgement | None:
         """The annotator's own latest Stage 1 verdict on an image (never anyone else's)."""
         with self.read() as session:
             row = session.scalar(
                 sa.select(EventRow)
-                .where(EventRow.image_id == image_id, EventRow.user_id == user.id, EventRow.kind == EventKind.STAGE1.value)
-                .order_by(EventRow.id.desc()).limit(1)
+                .where(
+                    EventRow.image_id == image_id, EventRow.user_id == user.id, EventRow.kind == EventKind.STAGE1.value
+                )
+                .order_by(EventRow.id.desc())
+                .limit(1)
             )
             return None if row is None else _judgement(row)
 
@@ -624,7 +669,9 @@ class AnnotationStore:
                 session.delete(assignment)
                 session.flush()
                 last = session.scalar(
-                    sa.select(AssignmentRow).where(AssignmentRow.image_id == image.id, AssignmentRow.slot > assignment.slot)
+                    sa.select(AssignmentRow).where(
+                        AssignmentRow.image_id == image.id, AssignmentRow.slot > assignment.slot
+                    )
                 )
                 if last is not None:
                     last.slot = assignment.slot
@@ -647,8 +694,11 @@ class AnnotationStore:
             result["total"] = sum(result.values())
             if user is not None:
                 for flag, key in ((True, "mine_done"), (False, "mine_open")):
-                    result[key] = int(session.scalar(
-                        sa.select(sa.func.count()).select_from(AssignmentRow)
-                        .where(AssignmentRow.user_id == user.id, AssignmentRow.submitted.is_(flag))
-                    ))
+                    result[key] = int(
+                        session.scalar(
+                            sa.select(sa.func.count())
+                            .select_from(AssignmentRow)
+                            .where(AssignmentRow.user_id == user.id, AssignmentRow.submitted.is_(flag))
+                        )
+                    )
             return result

@@ -69,9 +69,7 @@ def vlm_topk(
     images = open_matrix(image_embeddings, "image embeddings")
     texts = _unit_rows(open_matrix(text_embeddings, "class-name embeddings"), "class-name embeddings")
     if images.shape[1] != texts.shape[1]:
-        raise ConstructError(
-            f"image embeddings have {images.shape[1]} dims but class-name embeddings {texts.shape[1]}"
-        )
+        raise ConstructError(f"image embeddings have {images.shape[1]} dims but class-name embeddings {texts.shape[1]}")
     if not 1 <= k <= texts.shape[0]:
         raise ConstructError(f"k must be between 1 and the number of classes ({texts.shape[0]}), got {k}")
     n = images.shape[0]
@@ -104,9 +102,7 @@ def vlm_evidence(
     ]
 
 
-def top_confusions(
-    pairs: np.ndarray, labels: Iterable[int], k: int = 5
-) -> dict[int, list[tuple[int, int]]]:
+def top_confusions(pairs: np.ndarray, labels: Iterable[int], k: int = 5) -> dict[int, list[tuple[int, int]]]:
     """For each wanted original label, its k most frequent re-assigned classes with their counts."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     wanted = np.unique(np.fromiter(labels, dtype=np.int64))

@@ -30,12 +30,33 @@ from .stats import outcome_stats, stats_markdown
 
 FORMAT = "oodbench-construct-manifest/1"
 MANIFEST_COLUMNS = (
-    "key", "path", "status", "verdict", "ood_label", "ood_concept", "class_index", "class_name", "reason",
-    "fine_grained", "original_label", "original_label_name", "flags", "decided_in", "annotators",
+    "key",
+    "path",
+    "status",
+    "verdict",
+    "ood_label",
+    "ood_concept",
+    "class_index",
+    "class_name",
+    "reason",
+    "fine_grained",
+    "original_label",
+    "original_label_name",
+    "flags",
+    "decided_in",
+    "annotators",
 )
 OOD_COLUMNS = (
-    "key", "path", "ood_label", "ood_concept", "fine_grained", "original_label", "original_label_name",
-    "flags", "decided_in", "annotators",
+    "key",
+    "path",
+    "ood_label",
+    "ood_concept",
+    "fine_grained",
+    "original_label",
+    "original_label_name",
+    "flags",
+    "decided_in",
+    "annotators",
 )
 AMBIGUOUS_COLUMNS = ("key", "path", "reason", "original_label", "original_label_name", "flags", "decided_in")
 
@@ -113,9 +134,12 @@ def export(project: Project, out_dir: str | Path, *, name: str = "ood", relative
         "events": "events.jsonl",
     }
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / files["ood_list"], _csv([{"path": r["path"], "label": None} for r in ood], ("path", "label")))
     atomic_write_text(
-        out / files["id_list"], _csv([{"path": r["path"], "label": r["class_index"]} for r in returned], ("path", "label"))
+        out / files["ood_list"], _csv([{"path": r["path"], "label": None} for r in ood], ("path", "label"))
+    )
+    atomic_write_text(
+        out / files["id_list"],
+        _csv([{"path": r["path"], "label": r["class_index"]} for r in returned], ("path", "label")),
     )
     atomic_write_text(out / files["ood_manifest"], _csv(ood, OOD_COLUMNS))
     atomic_write_text(out / files["ambiguous"], _csv(ambiguous, AMBIGUOUS_COLUMNS))
@@ -128,8 +152,13 @@ def export(project: Project, out_dir: str | Path, *, name: str = "ood", relative
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "project": str(project.dir),
         "classes": len(project.classes),
-        "counts": {"images": len(rows), "ood": len(ood), "id": len(returned), "ambiguous": len(ambiguous),
-                   "pending": len(rows) - len(ood) - len(returned) - len(ambiguous)},
+        "counts": {
+            "images": len(rows),
+            "ood": len(ood),
+            "id": len(returned),
+            "ambiguous": len(ambiguous),
+            "pending": len(rows) - len(ood) - len(returned) - len(ambiguous),
+        },
         "files": files,
         "stats": stats,
         "images": rows,

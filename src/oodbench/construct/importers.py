@@ -137,9 +137,7 @@ def read_real(
     if original_labels is not None:
         original = np.asarray(original_labels, dtype=np.int64)
         if original.shape != (len(data),):
-            raise ConstructError(
-                f"{path} has {len(data)} entries but {original.shape[0]} original labels were given"
-            )
+            raise ConstructError(f"{path} has {len(data)} entries but {original.shape[0]} original labels were given")
     candidates = [
         Candidate(
             key=imagenet_val_name(i + 1),
@@ -185,7 +183,11 @@ def read_mturk(path: Path | str, *, min_neither: int | None = None, flag: str = 
             relpath = "/".join(url.split("/")[-3:]) if isinstance(url, str) and url.count("/") >= 3 else name
             candidates.append(
                 Candidate(
-                    key=name, path=relpath, original_label=given, flags=(flag,), url=url,
+                    key=name,
+                    path=relpath,
+                    original_label=given,
+                    flags=(flag,),
+                    url=url,
                     details={flag: {"votes": votes, "guessed_label": guessed}},
                 )
             )
@@ -316,7 +318,9 @@ def read_table(
             url = row.get(mapping.url) if mapping.url else None
             candidates.append(
                 Candidate(
-                    key=key, path=relpath, original_label=original,
+                    key=key,
+                    path=relpath,
+                    original_label=original,
                     flags=flags or (mapping.flag_prefix + "listed",),
                     url=str(url) if url else None,
                     details={"row": {k: row[k] for k in row if isinstance(row[k], (str, int, float, bool))}},

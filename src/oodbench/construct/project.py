@@ -149,7 +149,9 @@ class Project:
         directory = Path(directory).absolute()
         config_path = directory / PROJECT_FILE
         if not config_path.is_file():
-            raise ConstructError(f"{directory} is not an annotation project (no {PROJECT_FILE}); run `oodbench annotate init`")
+            raise ConstructError(
+                f"{directory} is not an annotation project (no {PROJECT_FILE}); run `oodbench annotate init`"
+            )
         try:
             config = ProjectConfig.from_json(json.loads(config_path.read_text(encoding="utf-8")), config_path)
             classes = ClassList.from_json(json.loads((directory / "classes.json").read_text(encoding="utf-8")))

@@ -250,8 +250,12 @@ class ImageRecord:
             return Outcome(Status.FINAL, decided_in=3, **_merge(votes, matcher), **seen)
         if self.closed_by is not None:
             return Outcome(
-                Status.FINAL, verdict=Verdict.AMBIGUOUS, reason=NO_CONSENSUS,
-                fine_grained=any(v.fine_grained for v in votes), decided_in=3, **seen,
+                Status.FINAL,
+                verdict=Verdict.AMBIGUOUS,
+                reason=NO_CONSENSUS,
+                fine_grained=any(v.fine_grained for v in votes),
+                decided_in=3,
+                **seen,
             )
         return Outcome(Status.STAGE3, **seen)
 
@@ -262,9 +266,7 @@ class ImageRecord:
             if event.judgement is None:
                 raise ConstructError("a Stage 1 event needs a judgement")
             if state.status is not Status.STAGE1:
-                raise ConstructError(
-                    "Stage 1 is over for this image: both independent verdicts are in"
-                )
+                raise ConstructError("Stage 1 is over for this image: both independent verdicts are in")
             if event.annotator not in self.stage1 and len(self.stage1) >= STAGE1_ANNOTATORS:
                 raise ConstructError("this image already has its two Stage 1 annotators")
         elif event.kind is EventKind.STAGE3:
@@ -273,9 +275,7 @@ class ImageRecord:
             if state.status is not Status.STAGE3:
                 raise ConstructError(f"this image is not in Stage 3 review (it is {state.status.value})")
             if event.annotator not in self.stage3 and len(self.stage3) >= PANEL_SIZE:
-                raise ConstructError(
-                    f"the Stage 3 panel of this image is full ({', '.join(self.stage3)})"
-                )
+                raise ConstructError(f"the Stage 3 panel of this image is full ({', '.join(self.stage3)})")
         elif event.kind is EventKind.CLOSE:
             if state.status is not Status.STAGE3:
                 raise ConstructError(f"only an open Stage 3 review can be closed (it is {state.status.value})")

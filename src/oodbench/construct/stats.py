@@ -56,9 +56,7 @@ def outcome_stats(
     rows = [_group(ALL, [outcomes[i.id] for i in images])]
     rows += [_group(flag, per_flag[flag]) for flag in sorted(per_flag)]
     concepts = Counter(o.concept for o in outcomes.values() if o.status is Status.FINAL and o.verdict is Verdict.OOD)
-    returned = Counter(
-        o.class_index for o in outcomes.values() if o.status is Status.FINAL and o.verdict is Verdict.ID
-    )
+    returned = Counter(o.class_index for o in outcomes.values() if o.status is Status.FINAL and o.verdict is Verdict.ID)
     return {
         "groups": rows,
         "concepts": [{"concept": c, "images": n} for c, n in sorted(concepts.items(), key=lambda kv: (-kv[1], kv[0]))],
@@ -70,9 +68,17 @@ def outcome_stats(
 
 
 COLUMNS = (
-    ("group", "source"), ("candidates", "candidates"), ("decided", "decided"), ("ood", "OOD"),
-    ("ood_pct", "OOD %"), ("id", "ID"), ("id_pct", "ID %"), ("ambiguous", "ambiguous"),
-    ("ambiguous_pct", "ambiguous %"), ("concepts", "concepts"), ("fine_grained_pct", "fine-grained % of OOD"),
+    ("group", "source"),
+    ("candidates", "candidates"),
+    ("decided", "decided"),
+    ("ood", "OOD"),
+    ("ood_pct", "OOD %"),
+    ("id", "ID"),
+    ("id_pct", "ID %"),
+    ("ambiguous", "ambiguous"),
+    ("ambiguous_pct", "ambiguous %"),
+    ("concepts", "concepts"),
+    ("fine_grained_pct", "fine-grained % of OOD"),
     ("pending", "pending"),
 )
 

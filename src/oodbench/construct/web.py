@@ -109,8 +109,15 @@ async def verdict_fields(
     note: FormText = "",
 ) -> dict[str, str]:
     """The fields of the verdict form (a FastAPI dependency)."""
-    return {"csrf_token": csrf_token, "verdict": verdict, "label": label, "class": class_, "reason": reason,
-            "fine_grained": fine_grained, "note": note}
+    return {
+        "csrf_token": csrf_token,
+        "verdict": verdict,
+        "label": label,
+        "class": class_,
+        "reason": reason,
+        "fine_grained": fine_grained,
+        "note": note,
+    }
 
 
 VerdictForm = Annotated[dict, Depends(verdict_fields)]
@@ -154,8 +161,11 @@ def create_app(project: Project) -> FastAPI:
     names = project.classes.names
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(
-        title=project.config.title, SOURCES=SOURCES, SOURCE_TITLES=SOURCE_TITLES,
-        REASONS=AMBIGUITY_REASONS, class_name=lambda i: project.classes.name(i),
+        title=project.config.title,
+        SOURCES=SOURCES,
+        SOURCE_TITLES=SOURCE_TITLES,
+        REASONS=AMBIGUITY_REASONS,
+        class_name=lambda i: project.classes.name(i),
     )
     login_csrf = LoginCsrf(project.secret)
     throttle = LoginThrottle()
@@ -193,7 +203,10 @@ def create_app(project: Project) -> FastAPI:
 
     def page(request: Request, name: str, user: User | None, csrf: str | None, status: int = 200, **context: Any):
         return templates.TemplateResponse(
-            request, name, {"user": user, "csrf": csrf, **context}, status_code=status,
+            request,
+            name,
+            {"user": user, "csrf": csrf, **context},
+            status_code=status,
             headers={"cache-control": "no-store"},
         )
 
@@ -208,7 +221,9 @@ def create_app(project: Project) -> FastAPI:
     # Handlers are plain functions: FastAPI parses the form, then runs them in its thread pool, so
     # password hashing and database work never block the event loop.
     @app.post("/login")
-    def login(request: Request, username: FormText = "", password: FormText = "", csrf_token: FormText = "") -> Response:
+    def login(
+        request: Request, username: FormText = "", password: FormText = "", csrf_token: FormText = ""
+    ) -> Response:
         if not same_origin(request) or not login_csrf.check(request.cookies.get(LOGIN_COOKIE), csrf_token):
             raise _Denied(403, "The login form expired. Reload the page and try again.")
         name = username.strip()
@@ -221,7 +236,11 @@ def create_app(project: Project) -> FastAPI:
         token, _csrf = store.open_session(user)
         response = RedirectResponse("/", 303)
         response.set_cookie(
-            SESSION_COOKIE, token, httponly=True, samesite="lax", secure=secure,
+            SESSION_COOKIE,
+            token,
+            httponly=True,
+            samesite="lax",
+            secure=secure,
             max_age=int(project.config.session_hours * 3600),
         )
         response.delete_cookie(LOGIN_COOKIE)
@@ -250,15 +269,24 @@ def create_app(project: Project) -> FastAPI:
             return page(request, "empty.html", user, csrf, progress=store.progress(user))
         return RedirectResponse(f"/annotate/{image_id}", 303)
 
-    def stage1_page(request: Request, user: User, csrf: str, image_id: int, error: str | None = None,
-                    status: int = 200) -> Response:
+    def stage1_page(
+        request: Request, user: User, csrf: str, image_id: int, error: str | None = None, status: int = 200
+    ) -> Response:
         image = store.image(image_id)
         if image is None or not store.is_assigned(user, image_id):
             raise _Denied(404, "This image is not in your queue.")
         mine = store.own_stage1(user, image_id)
         return page(
-            request, "annotate.html", user, csrf, status=status, image=image, mine=mine, error=error,
-            open=image.status is Status.STAGE1, examples=project.examples,
+            request,
+            "annotate.html",
+            user,
+            csrf,
+            status=status,
+            image=image,
+            mine=mine,
+            error=error,
+            open=image.status is Status.STAGE1,
+            examples=project.examples,
         )
 
     @app.get("/annotate/{image_id}", response_class=HTMLResponse)
@@ -283,8 +311,9 @@ def create_app(project: Project) -> FastAPI:
         user, csrf = current(request)
         return page(request, "stage3_list.html", user, csrf, images=store.stage3_images())
 
-    def stage3_page(request: Request, user: User, csrf: str, image_id: int, error: str | None = None,
-                    status: int = 200) -> Response:
+    def stage3_page(
+        request: Request, user: User, csrf: str, image_id: int, error: str | None = None, status: int = 200
+    ) -> Response:
         image = store.image(image_id)
         # Stage 1 verdicts are shown only once both are in: the page does not exist before that.
         if image is None or image.status is Status.STAGE1:
@@ -293,8 +322,17 @@ def create_app(project: Project) -> FastAPI:
         if outcome.decided_in != 3 and outcome.status is not Status.STAGE3:
             raise _Denied(404, "This image was decided by agreement in Stage 2; it has no joint review.")
         return page(
-            request, "stage3.html", user, csrf, status=status, image=image, outcome=outcome, error=error,
-            examples=project.examples, panel_size=PANEL_SIZE, mine=outcome.stage3.get(user.name),
+            request,
+            "stage3.html",
+            user,
+            csrf,
+            status=status,
+            image=image,
+            outcome=outcome,
+            error=error,
+            examples=project.examples,
+            panel_size=PANEL_SIZE,
+            mine=outcome.stage3.get(user.name),
         )
 
     @app.get("/stage3/{image_id}", response_class=HTMLResponse)
@@ -337,12 +375,21 @@ def create_app(project: Project) -> FastAPI:
         stats = outcome_stats(images.values(), outcomes, names)
         # Stage 3 images whose two verdicts are both OOD differ only in the label: candidates for a match.
         disputes = [
-            (images[i], [j.label for j in o.stage1.values()]) for i, o in outcomes.items()
+            (images[i], [j.label for j in o.stage1.values()])
+            for i, o in outcomes.items()
             if o.status is Status.STAGE3 and all(j.verdict is Verdict.OOD for j in o.stage1.values())
         ]
         return page(
-            request, "admin.html", user, csrf, progress=store.progress(), stats=stats,
-            users=store.users(), matches=store.matches(), message=message, disputes=disputes,
+            request,
+            "admin.html",
+            user,
+            csrf,
+            progress=store.progress(),
+            stats=stats,
+            users=store.users(),
+            matches=store.matches(),
+            message=message,
+            disputes=disputes,
         )
 
     @app.post("/admin/matches")

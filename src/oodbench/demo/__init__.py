@@ -4,6 +4,7 @@ A small CNN is trained on digits 0-5; its penultimate features, logits and head 
 fit set (train split) and the ID test split; OOD sets are test digits 6-9 (near), LFW faces and uniform noise
 (far). Every registered detector is evaluated and a report is written.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
 
 from ..outputs import Outputs
 from ..progress import console
@@ -101,10 +101,16 @@ def prepare(root: str | os.PathLike[str], seed: int = 0, *, epochs: int = 40, ve
             accuracy = float((logits.argmax(1) == image_set.labels).mean())
         labels = image_set.labels if (image_set.labels >= 0).all() else None
         outputs = Outputs(features, logits, labels)
-        item_hash = hash_items(f"{name}:{i}:{image_set.images[i].tobytes().hex()}" for i in range(len(image_set.images)))
+        item_hash = hash_items(
+            f"{name}:{i}:{image_set.images[i].tobytes().hex()}" for i in range(len(image_set.images))
+        )
         store.write_outputs(MODEL_ID, name, outputs, provenance=provenance, item_hash=item_hash, overwrite=True)
-    info = {"test_accuracy": accuracy, "train_seconds": round(train_seconds, 1), "epochs": epochs,
-            "sizes": {name: int(len(s.images)) for name, s in sets.items()}}
+    info = {
+        "test_accuracy": accuracy,
+        "train_seconds": round(train_seconds, 1),
+        "epochs": epochs,
+        "sizes": {name: int(len(s.images)) for name, s in sets.items()},
+    }
     store.write_head(MODEL_ID, head_of(model), provenance={**provenance, "seed": seed, "epochs": epochs, "demo": info})
     setup.info = info
     if verbose:

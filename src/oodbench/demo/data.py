@@ -1,4 +1,5 @@
 """The demo's real data, shipped by scikit-learn and scikit-image: digits (ID 0-5, near-OOD 6-9), LFW faces, noise."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

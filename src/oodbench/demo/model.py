@@ -1,4 +1,5 @@
 """A small CNN for 8x8 digits, trained on the CPU, whose penultimate features and head feed the store."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,11 +17,18 @@ class DigitsCNN(nn.Module):
     def __init__(self, num_classes: int, width: int = 64) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.Conv2d(1, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(64, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Conv2d(64, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.fc = nn.Linear(width, num_classes)
 
@@ -32,8 +40,16 @@ class DigitsCNN(nn.Module):
         return self.fc(self.features(images))
 
 
-def train_cnn(images: np.ndarray, labels: np.ndarray, num_classes: int, *, epochs: int = 40, seed: int = 0,
-              batch_size: int = 64, lr: float = 3e-3) -> DigitsCNN:
+def train_cnn(
+    images: np.ndarray,
+    labels: np.ndarray,
+    num_classes: int,
+    *,
+    epochs: int = 40,
+    seed: int = 0,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+) -> DigitsCNN:
     """Train the CNN with Adam and light shift augmentation; deterministic for a given seed."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)

@@ -1,4 +1,5 @@
 """The demo's main job: prepare the store, evaluate every detector, write results and a report."""
+
 from __future__ import annotations
 
 import os
@@ -32,9 +33,16 @@ def run_demo(out: str | os.PathLike[str] = "oodbench-demo", seed: int = 0, *, pr
     fit_size, num_features = fit_meta["num_rows"], fit_meta["arrays"]["features"]["shape"][1]
     num_classes = fit_meta["arrays"]["logits"]["shape"][1]
     run_dir = out / "run"
-    evaluation = evaluate_store(setup.store, setup.model_id, setup.fit_dataset, setup.id_dataset,
-                                list(setup.ood_datasets), demo_detector_params(fit_size, num_features, num_classes), out_dir=run_dir,
-                                progress=progress)
+    evaluation = evaluate_store(
+        setup.store,
+        setup.model_id,
+        setup.fit_dataset,
+        setup.id_dataset,
+        list(setup.ood_datasets),
+        demo_detector_params(fit_size, num_features, num_classes),
+        out_dir=run_dir,
+        progress=progress,
+    )
     battery = _audit_battery(setup, out / "audit", progress)
     report_path = out / "report.md"
     atomic_write_text(report_path, _markdown_report(setup, evaluation, battery))
@@ -50,8 +58,9 @@ def _audit_battery(setup: DemoSetup, out: Path, progress: bool) -> Any:
 
     config = AuditConfig()
     result = run_battery(battery_from_demo(setup, config=config), config, progress=progress)
-    document = battery_document(result, config, f"the digits demo ({setup.store.root})",
-                                f"oodbench audit battery: {setup.model_id}")
+    document = battery_document(
+        result, config, f"the digits demo ({setup.store.root})", f"oodbench audit battery: {setup.model_id}"
+    )
     write_document(document, out, "battery")
     return result
 
@@ -113,6 +122,8 @@ def print_summary(result: DemoResult) -> None:
     sys.stdout.write(result.evaluation.table_markdown)
     sys.stdout.flush()
     battery = result.battery
-    console.print(f"leak audit battery: sensitivity {battery.sensitivity:.2f}, specificity {battery.specificity:.2f} "
-                  f"over {len(battery.audits)} splits (details: {result.setup.root / 'audit' / 'battery.md'})")
+    console.print(
+        f"leak audit battery: sensitivity {battery.sensitivity:.2f}, specificity {battery.specificity:.2f} "
+        f"over {len(battery.audits)} splits (details: {result.setup.root / 'audit' / 'battery.md'})"
+    )
     console.print(f"report: {result.report_path}" + (f" and {result.html_path}" if result.html_path else ""))

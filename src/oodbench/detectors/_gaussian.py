@@ -1,7 +1,8 @@
 """Streaming Gaussian statistics (class means, shared and total covariance) and Mahalanobis scoring by matmuls."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse
@@ -14,7 +15,9 @@ from ._streaming import fit_chunks, read_rows
 class ScatterAccumulator:
     """Float64 sufficient statistics over row chunks: count, sum and Gram matrix about a shift, per-class sums."""
 
-    def __init__(self, dim: int, *, shift: np.ndarray | None = None, by_class: bool = False, with_gram: bool = True) -> None:
+    def __init__(
+        self, dim: int, *, shift: np.ndarray | None = None, by_class: bool = False, with_gram: bool = True
+    ) -> None:
         self.dim = dim
         self.with_gram = with_gram
         # Accumulating (x - shift)(x - shift)^T instead of x x^T avoids the cancellation of E[xx^T] - mu mu^T when
@@ -60,7 +63,9 @@ class ScatterAccumulator:
         rows = centred.shape[0]
         # A sparse one-hot (classes x rows) times the block sums rows per class in O(rows x D).
         # float64 ones make the product accumulate in float64 whatever the block's dtype.
-        one_hot = scipy.sparse.csr_matrix((np.ones(rows), (labels, np.arange(rows))), shape=(self.class_counts.shape[0], rows))
+        one_hot = scipy.sparse.csr_matrix(
+            (np.ones(rows), (labels, np.arange(rows))), shape=(self.class_counts.shape[0], rows)
+        )
         self.class_sums += one_hot @ centred
         self.class_counts += np.bincount(labels, minlength=self.class_counts.shape[0])
 
@@ -97,8 +102,15 @@ class ScatterAccumulator:
         return (self.gram - between) / self.count
 
 
-def accumulate(fit_set: Outputs, *, by_class: bool = False, shift: np.ndarray | None = None, with_gram: bool = True,
-               transform: Callable[[np.ndarray], np.ndarray] | None = None, description: str = "statistics") -> ScatterAccumulator:
+def accumulate(
+    fit_set: Outputs,
+    *,
+    by_class: bool = False,
+    shift: np.ndarray | None = None,
+    with_gram: bool = True,
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    description: str = "statistics",
+) -> ScatterAccumulator:
     """One streamed pass over the fit set's features (optionally transformed per chunk) into a ScatterAccumulator."""
     features = fit_set.features
     stats = ScatterAccumulator(fit_set.num_features, shift=shift, by_class=by_class, with_gram=with_gram)

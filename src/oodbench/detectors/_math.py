@@ -1,4 +1,5 @@
 """Numerically stable softmax-family helpers shared by detectors (row-wise, float64 results)."""
+
 from __future__ import annotations
 
 import numpy as np

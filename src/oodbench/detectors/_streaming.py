@@ -1,10 +1,11 @@
 """Streaming passes over a (possibly memory-mapped) fit set: row chunks, progress, means, exact percentiles."""
+
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -23,8 +24,14 @@ def _progress_bar(description: str, total_rows: int) -> Iterator[Callable[[int],
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        console=Console(stderr=True), transient=True)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
     with progress:
         task = progress.add_task(description, total=total_rows)
         yield lambda rows: progress.advance(task, rows)
@@ -149,8 +156,9 @@ def _bracketed_ranks(array: np.ndarray, ranks: list[int], seed: int, description
     # A bracket of +-6 binomial standard deviations (plus one sample step) around the ranks' quantile.
     fraction = (np.array(ranks, dtype=np.float64) + 0.5) / count
     spread = 6.0 * np.sqrt(fraction * (1.0 - fraction) / sample.size) + 1.0 / sample.size
-    positions = np.clip(np.round(np.r_[fraction[0] - spread[0], fraction[-1] + spread[-1]] * (sample.size - 1)), 0,
-                        sample.size - 1).astype(np.int64)
+    positions = np.clip(
+        np.round(np.r_[fraction[0] - spread[0], fraction[-1] + spread[-1]] * (sample.size - 1)), 0, sample.size - 1
+    ).astype(np.int64)
     low, high = np.partition(sample, positions)[positions]  # order statistics: exact values of the data
     below = at_low = at_high = 0
     inside: list[np.ndarray] = []

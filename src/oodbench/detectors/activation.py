@@ -1,4 +1,5 @@
 """Detectors that reshape the penultimate activations before the head: ReAct, ASH-S, SCALE, DICE."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -72,10 +73,13 @@ class ReAct(_HeadDetector):
     """Energy of the logits after clipping activations at the p-th percentile c of all fit-set activations."""
 
     requires = Requirements.of(fit=("features",), score=("features",), head=True)
-    paper = Paper("Sun, Guo & Li, ReAct: Out-of-distribution Detection With Rectified Activations", "NeurIPS 2021",
-                  "https://arxiv.org/abs/2111.12797",
-                  "percentile=90: the paper's default and OpenOOD v1.5's react.yml; the percentile is exact "
-                  "(numpy's linear method) over every activation of the fit set, computed in streamed passes")
+    paper = Paper(
+        "Sun, Guo & Li, ReAct: Out-of-distribution Detection With Rectified Activations",
+        "NeurIPS 2021",
+        "https://arxiv.org/abs/2111.12797",
+        "percentile=90: the paper's default and OpenOOD v1.5's react.yml; the percentile is exact "
+        "(numpy's linear method) over every activation of the fit set, computed in streamed passes",
+    )
 
     def __init__(self, percentile: float = 90.0) -> None:
         self.percentile = percentile
@@ -97,10 +101,13 @@ class ASHS(_HeadDetector):
     """ASH-S: keep the top (100 − p)% activations, scale them by exp(s1/s2), energy of the resulting logits."""
 
     requires = Requirements.of(score=("features",), head=True)
-    paper = Paper("Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection", "ICLR 2023",
-                  "https://arxiv.org/abs/2209.09858",
-                  "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
-                  "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference")
+    paper = Paper(
+        "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection",
+        "ICLR 2023",
+        "https://arxiv.org/abs/2209.09858",
+        "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
+        "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference",
+    )
 
     def __init__(self, percentile: float = 90.0) -> None:
         self.percentile = percentile
@@ -112,7 +119,9 @@ class ASHS(_HeadDetector):
         self._store_head(head)
         self.kept_ = _kept_count(fit_set.num_features, float(self.percentile))
         if self.kept_ < 1:
-            raise DetectorError(f"ash_s: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it")
+            raise DetectorError(
+                f"ash_s: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it"
+            )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
@@ -132,10 +141,13 @@ class SCALE(Detector):
     # W (z e^r) + b = e^r (f - b) + b: the logits of the scaled features follow from the test logits and the bias,
     # so scoring needs no matmul with the head.
     requires = Requirements.of(score=("features", "logits"), head=True)
-    paper = Paper("Xu et al., Scaling for Training Time and Post-hoc Out-of-distribution Detection Enhancement", "ICLR 2024",
-                  "https://arxiv.org/abs/2310.00227",
-                  "percentile=85: the paper's ImageNet setting and OpenOOD v1.5's scale.yml; logits of the scaled "
-                  "features computed as e^r (f - b) + b from the test logits f (exact algebra)")
+    paper = Paper(
+        "Xu et al., Scaling for Training Time and Post-hoc Out-of-distribution Detection Enhancement",
+        "ICLR 2024",
+        "https://arxiv.org/abs/2310.00227",
+        "percentile=85: the paper's ImageNet setting and OpenOOD v1.5's scale.yml; logits of the scaled "
+        "features computed as e^r (f - b) + b from the test logits f (exact algebra)",
+    )
 
     def __init__(self, percentile: float = 85.0) -> None:
         self.percentile = percentile
@@ -147,7 +159,9 @@ class SCALE(Detector):
         self.bias_ = np.asarray(head.bias, dtype=np.float64)
         self.kept_ = _kept_count(fit_set.num_features, float(self.percentile))
         if self.kept_ < 1:
-            raise DetectorError(f"scale: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it")
+            raise DetectorError(
+                f"scale: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it"
+            )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         _, ratio = _top_k(_as_float32(chunk.features), self.kept_)
@@ -163,10 +177,13 @@ class DICE(_HeadDetector):
     """DICE: keep the head weights whose contribution mean_fit(z) ⊙ W exceeds its p-th percentile; energy of (W⊙M)z + b."""
 
     requires = Requirements.of(fit=("features",), score=("features",), head=True)
-    paper = Paper("Sun & Li, DICE: Leveraging Sparsification for Out-of-Distribution Detection", "ECCV 2022",
-                  "https://arxiv.org/abs/2111.09805",
-                  "p=90: the default of RouteDICE in the official code and OpenOOD v1.5's dice.yml; the mean "
-                  "activation is taken over the fit set")
+    paper = Paper(
+        "Sun & Li, DICE: Leveraging Sparsification for Out-of-Distribution Detection",
+        "ECCV 2022",
+        "https://arxiv.org/abs/2111.09805",
+        "p=90: the default of RouteDICE in the official code and OpenOOD v1.5's dice.yml; the mean "
+        "activation is taken over the fit set",
+    )
 
     def __init__(self, p: float = 90.0) -> None:
         self.p = p

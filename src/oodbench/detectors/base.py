@@ -1,9 +1,11 @@
 """Detector base class: hyper-parameters in `__init__`, learning in `fit`, scoring in `score` (higher = more ID)."""
+
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -23,7 +25,7 @@ class Requirements:
     head: bool = False
 
     @staticmethod
-    def of(fit: tuple[str, ...] = (), score: tuple[str, ...] = (), head: bool = False) -> "Requirements":
+    def of(fit: tuple[str, ...] = (), score: tuple[str, ...] = (), head: bool = False) -> Requirements:
         """Build from tuples of array names: features, logits, labels, or extra.<name>."""
         return Requirements(frozenset(fit), frozenset(score), head)
 
@@ -99,7 +101,7 @@ class Detector:
         return self.requires
 
     # ----------------------------------------------------------------- the protocol
-    def fit(self, fit_set: Outputs, head: Head | None = None) -> "Detector":
+    def fit(self, fit_set: Outputs, head: Head | None = None) -> Detector:
         """Learn from the ID fit set (and the model's head where needed); returns self."""
         self.validate_params()
         if not isinstance(fit_set, Outputs):
@@ -137,14 +139,20 @@ class Detector:
         self._check_arrays(test, requires.score, "test set")
         info = self.fit_info_
         if "features" in requires.score and test.num_features != info.num_features:
-            raise DetectorError(f"{self.name}: test features have D={test.num_features} but the detector was fit on D={info.num_features}")
+            raise DetectorError(
+                f"{self.name}: test features have D={test.num_features} but the detector was fit on D={info.num_features}"
+            )
         if "logits" in requires.score and info.num_classes is not None and test.num_classes != info.num_classes:
-            raise DetectorError(f"{self.name}: test logits have C={test.num_classes} classes but the detector was fit with C={info.num_classes}")
+            raise DetectorError(
+                f"{self.name}: test logits have C={test.num_classes} classes but the detector was fit with C={info.num_classes}"
+            )
         scores = np.empty(len(test), dtype=np.float64)
         for rows in self._score_chunks(test):
             scores[rows] = self._score_chunk(test.subset(rows))
         if not np.isfinite(scores).all():
-            raise DetectorError(f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale")
+            raise DetectorError(
+                f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale"
+            )
         return scores
 
     # ----------------------------------------------------------------- hooks

@@ -1,4 +1,5 @@
 """Detectors on the penultimate features: the Mahalanobis family, k-NN, class-centroid cosine and MCM, fDBD, NECO."""
+
 from __future__ import annotations
 
 import math
@@ -14,16 +15,25 @@ from ._streaming import column_mean, fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register
 
-_LEE = Paper("Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks",
-             "NeurIPS 2018", "https://arxiv.org/abs/1807.03888",
-             "class means from fit labels, one shared covariance (divide by N), precision by a symmetric pseudo-inverse "
-             "(eigenvalues below D·eps of the largest dropped, as scipy.linalg.pinvh); no input preprocessing")
-_REN = Paper("Ren et al., A Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection", "arXiv 2021",
-             "https://arxiv.org/abs/2106.09022",
-             "background Gaussian: mean and covariance of all fit features; score −min_c [MD_c − MD_0]")
-_MUELLER = Paper("Müller & Hein, Mahalanobis++: Feature Normalization as the Missing Ingredient for Reliable OOD Detection",
-                 "arXiv 2025", "https://arxiv.org/abs/2505.18032",
-                 "ℓ2-normalisation of the features at fit and at test (also for the background Gaussian of rmaha++)")
+_LEE = Paper(
+    "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks",
+    "NeurIPS 2018",
+    "https://arxiv.org/abs/1807.03888",
+    "class means from fit labels, one shared covariance (divide by N), precision by a symmetric pseudo-inverse "
+    "(eigenvalues below D·eps of the largest dropped, as scipy.linalg.pinvh); no input preprocessing",
+)
+_REN = Paper(
+    "Ren et al., A Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection",
+    "arXiv 2021",
+    "https://arxiv.org/abs/2106.09022",
+    "background Gaussian: mean and covariance of all fit features; score −min_c [MD_c − MD_0]",
+)
+_MUELLER = Paper(
+    "Müller & Hein, Mahalanobis++: Feature Normalization as the Missing Ingredient for Reliable OOD Detection",
+    "arXiv 2025",
+    "https://arxiv.org/abs/2505.18032",
+    "ℓ2-normalisation of the features at fit and at test (also for the background Gaussian of rmaha++)",
+)
 
 
 class _MahalanobisFamily(Detector):
@@ -37,8 +47,12 @@ class _MahalanobisFamily(Detector):
         return l2_normalize(block) if self.normalize else block
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
-        stats = accumulate(fit_set, by_class=True, transform=self._prepare if self.normalize else None,
-                           description=f"{self.name}: class statistics")
+        stats = accumulate(
+            fit_set,
+            by_class=True,
+            transform=self._prepare if self.normalize else None,
+            description=f"{self.name}: class statistics",
+        )
         self.classes_ = stats.present_classes
         self.means_ = stats.class_means()
         self.covariance_ = stats.within_class_covariance()
@@ -123,14 +137,19 @@ class KNN(Detector):
     """Negative distance to the K-th nearest ℓ2-normalised fit feature (faiss; exact by default, IVF when asked)."""
 
     requires = Requirements.of(fit=("features",), score=("features",))
-    paper = Paper("Sun, Ming, Zhu & Li, Out-of-Distribution Detection with Deep Nearest Neighbors", "ICML 2022",
-                  "https://arxiv.org/abs/2204.06507",
-                  "k=1000: the paper's ImageNet setting (alpha = 100% of the training set); index='flat' is exact "
-                  "(faiss IndexFlatIP on unit vectors, distance = sqrt(2 - 2 cos)); index='ivf' is approximate "
-                  "(IndexIVFFlat, nlist default 4·sqrt(N) per faiss's guidelines, nprobe=32). The index holds the "
-                  "fit set in RAM as float32 (N x D x 4 bytes)")
+    paper = Paper(
+        "Sun, Ming, Zhu & Li, Out-of-Distribution Detection with Deep Nearest Neighbors",
+        "ICML 2022",
+        "https://arxiv.org/abs/2204.06507",
+        "k=1000: the paper's ImageNet setting (alpha = 100% of the training set); index='flat' is exact "
+        "(faiss IndexFlatIP on unit vectors, distance = sqrt(2 - 2 cos)); index='ivf' is approximate "
+        "(IndexIVFFlat, nlist default 4·sqrt(N) per faiss's guidelines, nprobe=32). The index holds the "
+        "fit set in RAM as float32 (N x D x 4 bytes)",
+    )
 
-    def __init__(self, k: int = 1000, index: str = "flat", nlist: int | None = None, nprobe: int = 32, seed: int = 0) -> None:
+    def __init__(
+        self, k: int = 1000, index: str = "flat", nlist: int | None = None, nprobe: int = 32, seed: int = 0
+    ) -> None:
         self.k = k
         self.index = index
         self.nlist = nlist
@@ -154,7 +173,11 @@ class KNN(Detector):
         if self.index == "flat":
             self.index_ = _flat_index(fit_set.features)
         else:
-            nlist = self.nlist if self.nlist is not None else max(1, min(int(round(4 * math.sqrt(num_rows))), num_rows // 39 or 1))
+            nlist = (
+                self.nlist
+                if self.nlist is not None
+                else max(1, min(int(round(4 * math.sqrt(num_rows))), num_rows // 39 or 1))
+            )
             if nlist > num_rows:
                 raise DetectorError(f"knn: nlist={nlist} exceeds the fit set's {num_rows} rows")
             quantizer = faiss.IndexFlatIP(dim)
@@ -172,8 +195,10 @@ class KNN(Detector):
         queries = _unit_float32(chunk.features)
         similarities, neighbours = self.index_.search(queries, self.k)
         if (neighbours[:, -1] < 0).any():
-            raise DetectorError(f"knn: the IVF index found fewer than k={self.k} neighbours for some rows; raise nprobe "
-                                f"(now {self.nprobe}) or use index='flat'")
+            raise DetectorError(
+                f"knn: the IVF index found fewer than k={self.k} neighbours for some rows; raise nprobe "
+                f"(now {self.nprobe}) or use index='flat'"
+            )
         kth = similarities[:, -1].astype(np.float64)
         # Unit vectors: ||a - b||^2 = 2 - 2 cos(a, b); clamp the float32 round-off below zero.
         return -np.sqrt(np.maximum(2.0 - 2.0 * kth, 0.0))
@@ -210,9 +235,12 @@ class _CentroidDetector(Detector):
 class Cosine(_CentroidDetector):
     """Maximum cosine similarity to the class means of the fit features."""
 
-    paper = Paper("Class-centroid counterpart of the CLIP cosine score (Müller & Hein's NINCO evaluation code)",
-                  "arXiv 2025", "https://github.com/mueller-mp/maha-norm",
-                  "class means of the raw fit features, then ℓ2-normalised; no hyper-parameters")
+    paper = Paper(
+        "Class-centroid counterpart of the CLIP cosine score (Müller & Hein's NINCO evaluation code)",
+        "arXiv 2025",
+        "https://github.com/mueller-mp/maha-norm",
+        "class means of the raw fit features, then ℓ2-normalised; no hyper-parameters",
+    )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         products, inverse_norms = self._products(chunk)
@@ -223,10 +251,13 @@ class Cosine(_CentroidDetector):
 class MCM(_CentroidDetector):
     """Maximum softmax over classes of cos(z, μ_c)/τ (MCM with class means in place of text embeddings)."""
 
-    paper = Paper("Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations", "NeurIPS 2022",
-                  "https://arxiv.org/abs/2211.13445",
-                  "temperature=1: the MCM paper's default tau and the class-mean variant in Müller & Hein's evaluation "
-                  "code (github.com/mueller-mp/maha-norm)")
+    paper = Paper(
+        "Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations",
+        "NeurIPS 2022",
+        "https://arxiv.org/abs/2211.13445",
+        "temperature=1: the MCM paper's default tau and the class-mean variant in Müller & Hein's evaluation "
+        "code (github.com/mueller-mp/maha-norm)",
+    )
 
     def __init__(self, temperature: float = 1.0) -> None:
         self.temperature = temperature
@@ -247,10 +278,13 @@ class FDBD(Detector):
     """fDBD: mean over c ≠ ŷ of |f_ŷ − f_c| / ‖w_ŷ − w_c‖, divided by ‖z − mean_fit(z)‖."""
 
     requires = Requirements.of(fit=("features",), score=("features", "logits"), head=True)
-    paper = Paper("Liu & Qin, Fast Decision Boundary based Out-of-Distribution Detector", "ICML 2024",
-                  "https://arxiv.org/abs/2312.11536",
-                  "the paper's score (feature distance to the fit-set mean as the normaliser, as in its ImageNet "
-                  "results); the mean over the C - 1 other classes; no hyper-parameters")
+    paper = Paper(
+        "Liu & Qin, Fast Decision Boundary based Out-of-Distribution Detector",
+        "ICML 2024",
+        "https://arxiv.org/abs/2312.11536",
+        "the paper's score (feature distance to the fit-set mean as the normaliser, as in its ImageNet "
+        "results); the mean over the C - 1 other classes; no hyper-parameters",
+    )
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         weight = np.asarray(head.weight, dtype=np.float64)
@@ -281,11 +315,14 @@ class NECO(Detector):
     """NECO: ‖PCA_d(x)‖ / ‖x‖ for x the fit-standardised features; optionally times the max logit."""
 
     requires = Requirements.of(fit=("features",), score=("features",))
-    paper = Paper("Ben Ammar et al., NECO: NEural Collapse Based Out-of-distribution Detection", "ICLR 2024",
-                  "https://arxiv.org/abs/2310.06823",
-                  "dim=100: the reference code's --neco_dim default (an int is a number of components, a float in "
-                  "(0, 1) a fraction of explained variance, as in Müller & Hein's evaluation code with 0.9); "
-                  "use_maxlogit=False as the reference for ResNets (it multiplies by the max logit for ViT/Swin/DeiT)")
+    paper = Paper(
+        "Ben Ammar et al., NECO: NEural Collapse Based Out-of-distribution Detection",
+        "ICLR 2024",
+        "https://arxiv.org/abs/2310.06823",
+        "dim=100: the reference code's --neco_dim default (an int is a number of components, a float in "
+        "(0, 1) a fraction of explained variance, as in Müller & Hein's evaluation code with 0.9); "
+        "use_maxlogit=False as the reference for ResNets (it multiplies by the max logit for ViT/Swin/DeiT)",
+    )
 
     def __init__(self, dim: int | float = 100, use_maxlogit: bool = False) -> None:
         self.dim = dim
@@ -293,7 +330,9 @@ class NECO(Detector):
 
     def _validate_params(self) -> None:
         if isinstance(self.dim, (bool, np.bool_)) or not isinstance(self.dim, (int, float, np.integer, np.floating)):
-            raise DetectorError(f"neco: dim must be an int (components) or a float in (0, 1) (explained variance); got {self.dim!r}")
+            raise DetectorError(
+                f"neco: dim must be an int (components) or a float in (0, 1) (explained variance); got {self.dim!r}"
+            )
         if isinstance(self.dim, (int, np.integer)) and self.dim < 1:
             raise DetectorError(f"neco: dim must be >= 1; got {self.dim}")
         if isinstance(self.dim, (float, np.floating)) and not 0 < self.dim < 1:
@@ -333,4 +372,3 @@ class NECO(Detector):
         if self.use_maxlogit:
             score = score * np.asarray(chunk.logits, dtype=np.float64).max(axis=1)
         return score
-

@@ -1,4 +1,5 @@
 """Detectors combining a feature-space term with the logits' energy: ViM and NNGuide."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,11 +27,14 @@ class ViM(Detector):
     """ViM: energy(f) − α‖residual of (z − u) off the fit set's principal subspace‖, u = −pinv(W) b."""
 
     requires = Requirements.of(fit=("features", "logits"), score=("features", "logits"), head=True)
-    paper = Paper("Wang, Li, Feng & Zhang, ViM: Out-Of-Distribution with Virtual-logit Matching", "CVPR 2022",
-                  "https://arxiv.org/abs/2203.10807",
-                  "dim=None picks the paper's rule (D >= 2048: 1000, D >= 768: 512, else D/2); covariance of z − u about "
-                  "u (divide by N, as EmpiricalCovariance(assume_centered=True)); alpha = mean max-logit / mean "
-                  "residual norm over the fit set")
+    paper = Paper(
+        "Wang, Li, Feng & Zhang, ViM: Out-Of-Distribution with Virtual-logit Matching",
+        "CVPR 2022",
+        "https://arxiv.org/abs/2203.10807",
+        "dim=None picks the paper's rule (D >= 2048: 1000, D >= 768: 512, else D/2); covariance of z − u about "
+        "u (divide by N, as EmpiricalCovariance(assume_centered=True)); alpha = mean max-logit / mean "
+        "residual norm over the fit set",
+    )
 
     def __init__(self, dim: int | None = None) -> None:
         self.dim = dim
@@ -49,7 +53,7 @@ class ViM(Detector):
         # Accumulating about u gives (1/N) sum (z - u)(z - u)^T directly, with no cancellation.
         stats = accumulate(fit_set, shift=self.origin_, description="vim: principal subspace")
         _, vectors = symmetric_eigh(stats.second_moment())
-        self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_:])  # the D − dim least-variance directions
+        self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_ :])  # the D − dim least-variance directions
         residual_sum, max_logit_sum = 0.0, 0.0
         # alpha is a ratio of means: float32 products (relative error ~1e-6) suffice for its residual norms.
         origin32, basis32 = self.origin_.astype(np.float32), self.residual_basis_.astype(np.float32)
@@ -75,10 +79,13 @@ class NNGuide(Detector):
     """NNGuide: energy(x) · mean of the top-K inner products of ẑ with a bank of energy-scaled ẑ_j (α of the fit set)."""
 
     requires = Requirements.of(fit=("features", "logits"), score=("features", "logits"))
-    paper = Paper("Park, Jung & Teoh, Nearest Neighbor Guidance for Out-of-Distribution Detection", "ICCV 2023",
-                  "https://arxiv.org/abs/2309.14888",
-                  "k=100, alpha=0.01: OpenOOD v1.5's nnguide.yml (the paper's bank is a 1% subset of the training set); "
-                  "the bank is a seeded uniform random alpha-fraction of the fit set; exact inner-product search (faiss)")
+    paper = Paper(
+        "Park, Jung & Teoh, Nearest Neighbor Guidance for Out-of-Distribution Detection",
+        "ICCV 2023",
+        "https://arxiv.org/abs/2309.14888",
+        "k=100, alpha=0.01: OpenOOD v1.5's nnguide.yml (the paper's bank is a 1% subset of the training set); "
+        "the bank is a seeded uniform random alpha-fraction of the fit set; exact inner-product search (faiss)",
+    )
 
     def __init__(self, k: int = 100, alpha: float = 0.01, seed: int = 0) -> None:
         self.k = k
@@ -96,8 +103,10 @@ class NNGuide(Detector):
 
         bank_size = int(len(fit_set) * float(self.alpha))
         if bank_size < self.k:
-            raise DetectorError(f"nnguide: the bank holds {bank_size} rows (alpha={self.alpha} of {len(fit_set)}) but "
-                                f"k={self.k}; raise alpha or lower k")
+            raise DetectorError(
+                f"nnguide: the bank holds {bank_size} rows (alpha={self.alpha} of {len(fit_set)}) but "
+                f"k={self.k}; raise alpha or lower k"
+            )
         self.bank_rows_ = sample_rows(len(fit_set), bank_size, int(self.seed))
         features = gather_rows(fit_set.features, self.bank_rows_)
         confidence = energy(gather_rows(fit_set.logits, self.bank_rows_))

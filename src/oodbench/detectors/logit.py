@@ -1,4 +1,5 @@
 """Detectors that read only the logits: MSP, MaxLogit, KL-Matching, Energy, GEN."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,11 @@ class MSP(Detector):
     """Maximum softmax probability."""
 
     requires = Requirements.of(score=("logits",))
-    paper = Paper("Hendrycks & Gimpel, A Baseline for Detecting Misclassified and OOD Examples", "ICLR 2017",
-                  "https://arxiv.org/abs/1610.02136")
+    paper = Paper(
+        "Hendrycks & Gimpel, A Baseline for Detecting Misclassified and OOD Examples",
+        "ICLR 2017",
+        "https://arxiv.org/abs/1610.02136",
+    )
 
     def __init__(self, temperature: float = 1.0) -> None:
         self.temperature = temperature
@@ -37,8 +41,11 @@ class MaxLogit(Detector):
     """Maximum logit."""
 
     requires = Requirements.of(score=("logits",))
-    paper = Paper("Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings", "ICML 2022",
-                  "https://arxiv.org/abs/1911.11132")
+    paper = Paper(
+        "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings",
+        "ICML 2022",
+        "https://arxiv.org/abs/1911.11132",
+    )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         return np.asarray(chunk.logits, dtype=np.float64).max(axis=1)
@@ -49,9 +56,12 @@ class KLMatching(Detector):
     """Negative KL divergence from the softmax to the closest class template (mean softmax per predicted class)."""
 
     requires = Requirements.of(fit=("logits",), score=("logits",))
-    paper = Paper("Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings", "ICML 2022",
-                  "https://arxiv.org/abs/1911.11132",
-                  "templates from fit-set predictions (no labels needed); a class never predicted gets its one-hot vector")
+    paper = Paper(
+        "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings",
+        "ICML 2022",
+        "https://arxiv.org/abs/1911.11132",
+        "templates from fit-set predictions (no labels needed); a class never predicted gets its one-hot vector",
+    )
 
     def __init__(self, eps: float = 1e-300) -> None:
         self.eps = eps
@@ -92,8 +102,9 @@ class Energy(Detector):
     """Negative free energy T · logsumexp(f / T)."""
 
     requires = Requirements.of(score=("logits",))
-    paper = Paper("Liu et al., Energy-based Out-of-distribution Detection", "NeurIPS 2020",
-                  "https://arxiv.org/abs/2010.03759")
+    paper = Paper(
+        "Liu et al., Energy-based Out-of-distribution Detection", "NeurIPS 2020", "https://arxiv.org/abs/2010.03759"
+    )
 
     def __init__(self, temperature: float = 1.0) -> None:
         self.temperature = temperature
@@ -110,8 +121,11 @@ class GEN(Detector):
     """Generalized entropy over the top-M probabilities: −Σ p^γ (1 − p)^γ."""
 
     requires = Requirements.of(score=("logits",))
-    paper = Paper("Liu, Lochman & Zach, GEN: Pushing the Limits of Softmax-Based OOD Detection", "CVPR 2023",
-                  "https://openaccess.thecvf.com/content/CVPR2023/html/Liu_GEN_Pushing_the_Limits_of_Softmax-Based_Out-of-Distribution_Detection_CVPR_2023_paper.html")
+    paper = Paper(
+        "Liu, Lochman & Zach, GEN: Pushing the Limits of Softmax-Based OOD Detection",
+        "CVPR 2023",
+        "https://openaccess.thecvf.com/content/CVPR2023/html/Liu_GEN_Pushing_the_Limits_of_Softmax-Based_Out-of-Distribution_Detection_CVPR_2023_paper.html",
+    )
 
     def __init__(self, gamma: float = 0.1, top_m: int = 100) -> None:
         self.gamma = gamma
@@ -125,7 +139,7 @@ class GEN(Detector):
         probs = softmax(chunk.logits)
         num_classes = probs.shape[1]
         m = min(self.top_m, num_classes)
-        top = np.partition(probs, num_classes - m, axis=1)[:, num_classes - m:]
+        top = np.partition(probs, num_classes - m, axis=1)[:, num_classes - m :]
         complement = 1.0 - top
         # For the winning class 1 - p rounds to 0 once p is within 1e-16 of 1, although (1 - p)^γ with
         # γ = 0.1 is still ~1e-2 there; sum the other probabilities instead to keep confident inputs ranked.

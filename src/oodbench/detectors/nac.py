@@ -1,7 +1,8 @@
 """NAC-UE: neuron activation coverage of the fit set, per layer, as an OOD score."""
+
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -49,15 +50,26 @@ class NAC(Detector):
     """NAC-UE: mean over neurons (and layers) of the fit set's coverage min(count/r, 1) of the bin each state falls in."""
 
     requires = Requirements.of(fit=("features", "logits"), score=("features", "logits"), head=True)
-    paper = Paper("Liu, Tian, Li, Ma & Wang, Neuron Activation Coverage: Rethinking Out-of-distribution Detection "
-                  "and Generalization", "ICLR 2024", "https://arxiv.org/abs/2306.02879",
-                  "defaults from the official code's ResNet-50/ImageNet config (avgpool layer): alpha (sigmoid "
-                  "steepness) = 3000, bins M = 50 (the reference's M edges, M − 1 intervals), r (its O: count for "
-                  "full coverage) = 10, fit_rows = 1000 (its valid_num; drawn uniformly at random here, per class "
-                  "there). The penultimate layer's gradient is closed-form; deeper layers come as extras nac.<layer>")
+    paper = Paper(
+        "Liu, Tian, Li, Ma & Wang, Neuron Activation Coverage: Rethinking Out-of-distribution Detection "
+        "and Generalization",
+        "ICLR 2024",
+        "https://arxiv.org/abs/2306.02879",
+        "defaults from the official code's ResNet-50/ImageNet config (avgpool layer): alpha (sigmoid "
+        "steepness) = 3000, bins M = 50 (the reference's M edges, M − 1 intervals), r (its O: count for "
+        "full coverage) = 10, fit_rows = 1000 (its valid_num; drawn uniformly at random here, per class "
+        "there). The penultimate layer's gradient is closed-form; deeper layers come as extras nac.<layer>",
+    )
 
-    def __init__(self, layers: Sequence[str] = (PENULTIMATE,), alpha: float = 3000.0, bins: int | Mapping[str, int] = 50,
-                 r: int | Mapping[str, int] = 10, fit_rows: int | None = 1000, seed: int = 0) -> None:
+    def __init__(
+        self,
+        layers: Sequence[str] = (PENULTIMATE,),
+        alpha: float = 3000.0,
+        bins: int | Mapping[str, int] = 50,
+        r: int | Mapping[str, int] = 10,
+        fit_rows: int | None = 1000,
+        seed: int = 0,
+    ) -> None:
         self.layers = layers
         self.alpha = alpha
         self.bins = bins
@@ -78,13 +90,17 @@ class NAC(Detector):
                 unknown = sorted(set(value) - set(self.layers))
                 missing = sorted(set(self.layers) - set(value))
                 if unknown or missing:
-                    raise DetectorError(f"nac: {key} per layer must name exactly the layers {list(self.layers)}; "
-                                        f"unknown {unknown}, missing {missing}")
+                    raise DetectorError(
+                        f"nac: {key} per layer must name exactly the layers {list(self.layers)}; "
+                        f"unknown {unknown}, missing {missing}"
+                    )
         for layer in self.layers:
             bins, r = self._for_layer(self.bins, layer), self._for_layer(self.r, layer)
             self._check_int(minimum=4, bins=bins)
             if bins % 2:
-                raise DetectorError(f"nac: bins (M) must be even, as the reference's symmetric edges; got {bins} for {layer}")
+                raise DetectorError(
+                    f"nac: bins (M) must be even, as the reference's symmetric edges; got {bins} for {layer}"
+                )
             self._check_int(r=r)
         if self.fit_rows is not None:
             self._check_int(fit_rows=self.fit_rows)
@@ -97,19 +113,23 @@ class NAC(Detector):
     def requirements(self) -> Requirements:
         extras = tuple(f"extra.{EXTRA_PREFIX}{layer}" for layer in self.layers if layer != PENULTIMATE)
         if PENULTIMATE in self.layers:
-            return Requirements.of(fit=("features", "logits") + extras, score=("features", "logits") + extras, head=True)
+            return Requirements.of(
+                fit=("features", "logits") + extras, score=("features", "logits") + extras, head=True
+            )
         return Requirements.of(fit=extras, score=extras)
 
     # ----------------------------------------------------------------- states
     def _states(self, outputs: Outputs, layer: str, rows: slice | np.ndarray) -> np.ndarray:
         """Neuron states of `rows` for one layer (rows: a slice, or sorted indices into a memory map)."""
+
         def take(array: np.ndarray, dtype: type) -> np.ndarray:
             block = array[rows] if isinstance(rows, slice) else gather_rows(array, rows)
             return np.asarray(block, dtype=dtype)
 
         if layer == PENULTIMATE:
-            return penultimate_states(take(outputs.features, np.float32), take(outputs.logits, np.float64), self.weight_,
-                                      float(self.alpha))
+            return penultimate_states(
+                take(outputs.features, np.float32), take(outputs.logits, np.float64), self.weight_, float(self.alpha)
+            )
         states = take(outputs.extras[EXTRA_PREFIX + layer], np.float32)
         return states.reshape(states.shape[0], -1)
 
@@ -119,12 +139,15 @@ class NAC(Detector):
                 continue
             array = outputs.extras[EXTRA_PREFIX + layer]
             if array.ndim != 2 or not np.issubdtype(array.dtype, np.floating):
-                raise DetectorError(f"nac: extra {EXTRA_PREFIX}{layer} in the {where} must be float states of shape "
-                                    f"(N, units); got {array.dtype} {array.shape}")
+                raise DetectorError(
+                    f"nac: extra {EXTRA_PREFIX}{layer} in the {where} must be float states of shape "
+                    f"(N, units); got {array.dtype} {array.shape}"
+                )
             expected = getattr(self, "units_", {}).get(layer)
             if expected is not None and array.shape[1] != expected:
-                raise DetectorError(f"nac: extra {EXTRA_PREFIX}{layer} has {array.shape[1]} units in the {where} but "
-                                    f"{expected} at fit")
+                raise DetectorError(
+                    f"nac: extra {EXTRA_PREFIX}{layer} has {array.shape[1]} units in the {where} but {expected} at fit"
+                )
 
     # ----------------------------------------------------------------- fit / score
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
@@ -158,7 +181,9 @@ class NAC(Detector):
             # Coverage of an (interval, neuron) cell: its fit count over r, saturating at 1.
             self.coverage_[layer] = np.minimum(counts.reshape(edges.shape[0] - 1, units) / r, 1.0)
         # Padded with a zero row on each side, so states outside [0, 1.2) look up zero coverage without masks.
-        self.padded_coverage_ = {layer: np.pad(coverage, ((1, 1), (0, 0))).ravel() for layer, coverage in self.coverage_.items()}
+        self.padded_coverage_ = {
+            layer: np.pad(coverage, ((1, 1), (0, 0))).ravel() for layer, coverage in self.coverage_.items()
+        }
 
     @staticmethod
     def _layer_width(outputs: Outputs, layer: str) -> int:

@@ -1,7 +1,9 @@
 """The one registry of detectors: a decorator registers a class under its name."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..errors import DetectorError
 from .base import Detector

@@ -1,9 +1,11 @@
 """Hyper-parameter sweeps from cached arrays: fit and score per grid point, no forward passes."""
+
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +49,10 @@ class TuneResult:
         best = self.best
         lines = ["| " + " | ".join(names + [self.metric, ""]) + " |", "|" + "---|" * (len(names) + 2)]
         for point in self.points:
-            cells = [repr(point.params.get(name)) for name in names] + [f"{point.value:.4f}", "best" if point is best else ""]
+            cells = [repr(point.params.get(name)) for name in names] + [
+                f"{point.value:.4f}",
+                "best" if point is best else "",
+            ]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -66,8 +71,15 @@ def expand_grid(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]])
     return points
 
 
-def tune(detector_name: str, grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]], fit: Outputs,
-         head: Head | None, id_val: Outputs, ood_val: Outputs | Mapping[str, Outputs], metric: str = "auroc") -> TuneResult:
+def tune(
+    detector_name: str,
+    grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]],
+    fit: Outputs,
+    head: Head | None,
+    id_val: Outputs,
+    ood_val: Outputs | Mapping[str, Outputs],
+    metric: str = "auroc",
+) -> TuneResult:
     """Fit and score `detector_name` at every grid point on cached arrays; report every point and the best."""
     get_class(detector_name)  # unknown names fail before any work
     if metric not in METRIC_NAMES:

@@ -2,6 +2,7 @@
 
 Imports are lazy so that `oodbench` commands that never touch a network do not pay for torch/timm/open_clip.
 """
+
 from __future__ import annotations
 
 import importlib

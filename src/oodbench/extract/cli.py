@@ -1,11 +1,12 @@
 """`oodbench extract`, `oodbench probe` and `oodbench datasets …`: thin commands over the extraction library."""
+
 from __future__ import annotations
 
 import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -17,11 +18,12 @@ from ..store import Store
 __all__ = ["register", "extract_command", "probe_command", "datasets_app"]
 
 console = Console(stderr=True)
-datasets_app = typer.Typer(help="Datasets the seed compares: list them, check what is under a data root.",
-                           no_args_is_help=True)
+datasets_app = typer.Typer(
+    help="Datasets the seed compares: list them, check what is under a data root.", no_args_is_help=True
+)
 
 
-def _fail(exc: Exception) -> "typer.Exit":
+def _fail(exc: Exception) -> typer.Exit:
     console.print(f"[red]error:[/red] {exc}")
     return typer.Exit(2)
 
@@ -36,7 +38,11 @@ def _open_clip_names() -> set[str]:
     spec = importlib.util.find_spec("open_clip")
     if spec is None or not spec.submodule_search_locations:
         return set()
-    return {path.stem for location in spec.submodule_search_locations for path in Path(location, "model_configs").glob("*.json")}
+    return {
+        path.stem
+        for location in spec.submodule_search_locations
+        for path in Path(location, "model_configs").glob("*.json")
+    }
 
 
 def _kind(model: str, kind: str) -> str:
@@ -65,29 +71,61 @@ def _dataset_id_from(path: Path) -> str:
 
 
 def extract_command(
-    model: str = typer.Option(..., "--model", "-m", help="timm name (resnet50.a1_in1k) or open_clip name (ViT-B-16-quickgelu)."),
+    model: str = typer.Option(
+        ..., "--model", "-m", help="timm name (resnet50.a1_in1k) or open_clip name (ViT-B-16-quickgelu)."
+    ),
     store: Path = typer.Option(..., "--store", "-s", help="Feature store root."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Image folder, file list (.csv/.txt) or ImageNet root."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="Registered dataset name (see `oodbench datasets list`), found under --root."),
-    root: Optional[Path] = typer.Option(None, "--root", help="Data root for --dataset; for file lists, the folder paths are relative to."),
+    data: Path | None = typer.Option(None, "--data", help="Image folder, file list (.csv/.txt) or ImageNet root."),
+    dataset: str | None = typer.Option(
+        None, "--dataset", help="Registered dataset name (see `oodbench datasets list`), found under --root."
+    ),
+    root: Path | None = typer.Option(
+        None, "--root", help="Data root for --dataset; for file lists, the folder paths are relative to."
+    ),
     data_format: str = typer.Option("auto", "--format", help="auto | folder | list | imagenet."),
     split: str = typer.Option("val", "--split", help="ImageNet split for --format imagenet: val or train."),
-    no_labels: bool = typer.Option(False, "--no-labels", help="Do not store labels (e.g. class folders of an OOD set)."),
-    dataset_id: Optional[str] = typer.Option(None, "--dataset-id", help="Store dataset id (default: registry name or folder name)."),
-    model_id: Optional[str] = typer.Option(None, "--model-id", help="Store model id (default: derived from the model name and checkpoint)."),
+    no_labels: bool = typer.Option(
+        False, "--no-labels", help="Do not store labels (e.g. class folders of an OOD set)."
+    ),
+    dataset_id: str | None = typer.Option(
+        None, "--dataset-id", help="Store dataset id (default: registry name or folder name)."
+    ),
+    model_id: str | None = typer.Option(
+        None, "--model-id", help="Store model id (default: derived from the model name and checkpoint)."
+    ),
     kind: str = typer.Option("auto", "--kind", help="auto | timm | open_clip."),
-    pretrained: str = typer.Option("default", "--pretrained", help="timm: 'default' = hub weights; open_clip: a tag (openai, laion2b_s34b_b88k) or a checkpoint path."),
-    no_pretrained: bool = typer.Option(False, "--no-pretrained", help="Random initialisation (seeded; for tests and benchmarks)."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Local state dict file for a timm model (.pth/.safetensors)."),
-    num_classes: Optional[int] = typer.Option(None, "--num-classes", help="timm: classes of the head (default: from the checkpoint)."),
+    pretrained: str = typer.Option(
+        "default",
+        "--pretrained",
+        help="timm: 'default' = hub weights; open_clip: a tag (openai, laion2b_s34b_b88k) or a checkpoint path.",
+    ),
+    no_pretrained: bool = typer.Option(
+        False, "--no-pretrained", help="Random initialisation (seeded; for tests and benchmarks)."
+    ),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", help="Local state dict file for a timm model (.pth/.safetensors)."
+    ),
+    num_classes: int | None = typer.Option(
+        None, "--num-classes", help="timm: classes of the head (default: from the checkpoint)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of random initialisation."),
-    image_size: Optional[int] = typer.Option(None, "--image-size", help="timm: override the input resolution (default: the model's)."),
+    image_size: int | None = typer.Option(
+        None, "--image-size", help="timm: override the input resolution (default: the model's)."
+    ),
     nac: list[str] = typer.Option([], "--nac", help="NAC layer LAYER[:ALPHA[:POOLING]], repeatable (e.g. layer3:300)."),
-    patches: Optional[bool] = typer.Option(None, "--patches/--no-patches", help="open_clip: store fp16 patch embeddings (default: when the tower has patches)."),
-    text_labels: Optional[Path] = typer.Option(None, "--text-labels", help="open_clip: also cache text embeddings of these label names (one per line)."),
+    patches: bool | None = typer.Option(
+        None,
+        "--patches/--no-patches",
+        help="open_clip: store fp16 patch embeddings (default: when the tower has patches).",
+    ),
+    text_labels: Path | None = typer.Option(
+        None, "--text-labels", help="open_clip: also cache text embeddings of these label names (one per line)."
+    ),
     engine: str = typer.Option("local", "--engine", help="local | ray."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster address (default: RAY_ADDRESS or a local instance)."),
-    num_actors: Optional[int] = typer.Option(None, "--num-actors", help="Ray inference actors (default: one per GPU)."),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Ray cluster address (default: RAY_ADDRESS or a local instance)."
+    ),
+    num_actors: int | None = typer.Option(None, "--num-actors", help="Ray inference actors (default: one per GPU)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
     shard_size: int = typer.Option(4096, "--shard-size", help="Images per store shard (the unit of resumption)."),
     workers: int = typer.Option(4, "--workers", help="DataLoader worker processes (local engine)."),
@@ -106,7 +144,8 @@ def extract_command(
 
 
 def _run_extract(**opts: Any) -> None:
-    from .dataset_registry import get as get_registered, open_registered
+    from .dataset_registry import get as get_registered
+    from .dataset_registry import open_registered
     from .datasets import open_dataset
     from .nac import NacLayer
     from .pipeline import extract
@@ -122,10 +161,19 @@ def _run_extract(**opts: Any) -> None:
             if opts["text_labels"] is not None or opts["patches"]:
                 raise OodbenchError("--text-labels and --patches apply to open_clip models only")
             if opts["pretrained"] not in ("default", "true", "none", "false"):
-                raise OodbenchError("for timm models --pretrained takes 'default' (hub weights); use --checkpoint PATH for a file")
+                raise OodbenchError(
+                    "for timm models --pretrained takes 'default' (hub weights); use --checkpoint PATH for a file"
+                )
             use_hub = not opts["no_pretrained"] and opts["pretrained"] in ("default", "true")
-            backbone = load_timm(opts["model"], pretrained=use_hub, checkpoint=opts["checkpoint"], seed=opts["seed"],
-                                 nac_layers=nac_layers, num_classes=opts["num_classes"], image_size=opts["image_size"])
+            backbone = load_timm(
+                opts["model"],
+                pretrained=use_hub,
+                checkpoint=opts["checkpoint"],
+                seed=opts["seed"],
+                nac_layers=nac_layers,
+                num_classes=opts["num_classes"],
+                image_size=opts["image_size"],
+            )
             bundle = None
         else:
             from .openclip import OpenClipBackbone, load_openclip
@@ -147,11 +195,15 @@ def _run_extract(**opts: Any) -> None:
     if bundle is not None and opts["text_labels"] is not None:
         from .openclip import cached_text_embeddings
 
-        labels = [line.strip() for line in Path(opts["text_labels"]).read_text(encoding="utf-8").splitlines() if line.strip()]
+        labels = [
+            line.strip() for line in Path(opts["text_labels"]).read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
         embeddings = cached_text_embeddings(store, model_id, labels, model_bundle=bundle)
         from .openclip import text_dataset_id
 
-        console.print(f"text embeddings of {len(labels)} labels: {model_id}/{text_dataset_id(labels)} {embeddings.shape}")
+        console.print(
+            f"text embeddings of {len(labels)} labels: {model_id}/{text_dataset_id(labels)} {embeddings.shape}"
+        )
     if opts["data"] is None and opts["dataset"] is None:
         if opts["text_labels"] is None:
             raise OodbenchError("give --data PATH or --dataset NAME --root DIR")
@@ -162,9 +214,18 @@ def _run_extract(**opts: Any) -> None:
         images = open_registered(opts["dataset"], opts["root"])
         dataset_id = opts["dataset_id"] or get_registered(opts["dataset"]).name
     else:
-        images = open_dataset(opts["data"], format=opts["data_format"], split=opts["split"],
-                              labels=not opts["no_labels"], root=opts["root"])
-        default_id = f"imagenet-1k-{opts['split']}" if opts["data_format"] == "imagenet" else _dataset_id_from(Path(opts["data"]))
+        images = open_dataset(
+            opts["data"],
+            format=opts["data_format"],
+            split=opts["split"],
+            labels=not opts["no_labels"],
+            root=opts["root"],
+        )
+        default_id = (
+            f"imagenet-1k-{opts['split']}"
+            if opts["data_format"] == "imagenet"
+            else _dataset_id_from(Path(opts["data"]))
+        )
         dataset_id = opts["dataset_id"] or default_id
     if opts["no_labels"] and images.labels is not None:
         from .datasets import ImageList
@@ -173,12 +234,26 @@ def _run_extract(**opts: Any) -> None:
     engine_options: dict[str, Any] = {}
     if opts["engine"] == "ray":
         engine_options = {"address": opts["ray_address"], "num_actors": opts["num_actors"]}
-    report = extract(store, backbone, images, dataset_id=dataset_id, model_id=model_id, engine=opts["engine"],
-                     batch_size=opts["batch_size"], shard_size=opts["shard_size"], num_workers=opts["workers"],
-                     device=opts["device"], amp=opts["amp"], progress=opts["progress"], engine_options=engine_options)
+    report = extract(
+        store,
+        backbone,
+        images,
+        dataset_id=dataset_id,
+        model_id=model_id,
+        engine=opts["engine"],
+        batch_size=opts["batch_size"],
+        shard_size=opts["shard_size"],
+        num_workers=opts["workers"],
+        device=opts["device"],
+        amp=opts["amp"],
+        progress=opts["progress"],
+        engine_options=engine_options,
+    )
     rate = f", {report.images_per_second:.1f} images/s" if report.processed else " (already complete)"
-    console.print(f"[green]{report.model_id}/{report.dataset_id}[/green]: {report.num_rows} of {report.num_items} images "
-                  f"stored in {report.path}{rate}" + ("; head stored" if report.head_written else ""))
+    console.print(
+        f"[green]{report.model_id}/{report.dataset_id}[/green]: {report.num_rows} of {report.num_items} images "
+        f"stored in {report.path}{rate}" + ("; head stored" if report.head_written else "")
+    )
     if report.skipped:
         console.print(f"[yellow]{len(report.skipped)} unreadable image(s) skipped[/yellow] (listed in meta.json):")
         for item in report.skipped[:10]:
@@ -192,7 +267,9 @@ def probe_command(
     model_id: str = typer.Option(..., "--model-id", help="Model id of the frozen backbone's embeddings."),
     fit_dataset: str = typer.Option(..., "--fit-dataset", help="Labelled dataset id to train the probe on."),
     apply_to: list[str] = typer.Option([], "--apply-to", help="Dataset ids to write probe logits for (repeatable)."),
-    probe_id: Optional[str] = typer.Option(None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."),
+    probe_id: str | None = typer.Option(
+        None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."
+    ),
     method: str = typer.Option("auto", "--method", help="auto | lbfgs (full batch) | minibatch."),
     val_fraction: float = typer.Option(0.1, "--val-fraction", help="Held-out share of every class for early stopping."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and of mini-batch order."),
@@ -210,16 +287,27 @@ def probe_command(
     from .probe import ProbeConfig, run_probe
 
     try:
-        config = ProbeConfig(val_fraction=val_fraction, seed=seed, weight_decay=weight_decay, method=method,
-                             max_epochs=max_epochs, patience=patience, batch_size=batch_size, lr=lr)
-        report = run_probe(Store(store), model_id, fit_dataset, apply_to=apply_to, probe_id=probe_id,
-                           config=config, device=device)
+        config = ProbeConfig(
+            val_fraction=val_fraction,
+            seed=seed,
+            weight_decay=weight_decay,
+            method=method,
+            max_epochs=max_epochs,
+            patience=patience,
+            batch_size=batch_size,
+            lr=lr,
+        )
+        report = run_probe(
+            Store(store), model_id, fit_dataset, apply_to=apply_to, probe_id=probe_id, config=config, device=device
+        )
     except OodbenchError as exc:
         raise _fail(exc) from None
     if report.result is not None:
         r = report.result
-        console.print(f"probe trained ({r.method}): {r.train_rows} train / {r.val_rows} held-out rows, best epoch "
-                      f"{r.best_epoch}, held-out loss {r.val_loss:.4f}, accuracy {r.val_accuracy:.4f}")
+        console.print(
+            f"probe trained ({r.method}): {r.train_rows} train / {r.val_rows} held-out rows, best epoch "
+            f"{r.best_epoch}, held-out loss {r.val_loss:.4f}, accuracy {r.val_accuracy:.4f}"
+        )
     else:
         console.print(f"reusing the stored probe {report.probe_id}")
     console.print(f"[green]{report.probe_id}[/green]: head and logits for {', '.join(report.datasets)}")
@@ -268,9 +356,14 @@ def datasets_check(
         table = Table("dataset", "status", "found", "expected", "path", "details")
         for status in report:
             colour = colours.get(status.status, "cyan")
-            table.add_row(status.name, f"[{colour}]{status.status}[/{colour}]",
-                          "—" if status.found is None else f"{status.found:,}",
-                          "—" if status.expected is None else f"{status.expected:,}", status.path or "—", status.message)
+            table.add_row(
+                status.name,
+                f"[{colour}]{status.status}[/{colour}]",
+                "—" if status.found is None else f"{status.found:,}",
+                "—" if status.expected is None else f"{status.expected:,}",
+                status.path or "—",
+                status.message,
+            )
         Console(width=200).print(table)
     bad = [s for s in report if s.status in ("missing", "count mismatch", "unreadable") or s.unreadable]
     if strict and bad:

@@ -5,6 +5,7 @@ count; `open_registered(name, root)` turns a present set into an `ImageList` for
 published sizes of the versions the seed uses; where no fixed public count exists (sets built per model,
 sets defined by the seed itself) the entry says so and the check reports the count it finds.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,73 +45,182 @@ REGISTRY: dict[str, RegisteredDataset] = {
     entry.name: entry
     for entry in [
         RegisteredDataset(
-            "imagenet-1k-val", "ImageNet-1k validation", "id", 50_000, "ILSVRC 2012 (Russakovsky et al. 2015)",
+            "imagenet-1k-val",
+            "ImageNet-1k validation",
+            "id",
+            50_000,
+            "ILSVRC 2012 (Russakovsky et al. 2015)",
             ("imagenet/val", "ILSVRC2012/val", "imagenet-1k/val", "val"),
             "synset sub-folders (n01440764/...), or flat ILSVRC2012_val_*.JPEG with LOC_val_solution.csv",
-            "https://image-net.org/challenges/LSVRC/2012/", imagenet_split="val"),
+            "https://image-net.org/challenges/LSVRC/2012/",
+            imagenet_split="val",
+        ),
         RegisteredDataset(
-            "imagenet-1k-train", "ImageNet-1k train", "id", 1_281_167, "ILSVRC 2012 (Russakovsky et al. 2015)",
+            "imagenet-1k-train",
+            "ImageNet-1k train",
+            "id",
+            1_281_167,
+            "ILSVRC 2012 (Russakovsky et al. 2015)",
             ("imagenet/train", "ILSVRC2012/train", "imagenet-1k/train", "train"),
-            "synset sub-folders (n01440764/...)", "https://image-net.org/challenges/LSVRC/2012/", imagenet_split="train"),
+            "synset sub-folders (n01440764/...)",
+            "https://image-net.org/challenges/LSVRC/2012/",
+            imagenet_split="train",
+        ),
         RegisteredDataset(
-            "inat-ood-plants", "iNaturalist OOD (plants)", "ood", 10_000, "MOS (Huang & Li, CVPR 2021)",
+            "inat-ood-plants",
+            "iNaturalist OOD (plants)",
+            "ood",
+            10_000,
+            "MOS (Huang & Li, CVPR 2021)",
             ("iNaturalist", "inaturalist", "iNaturalist/images", "inat-ood-plants", "images_largescale/inaturalist"),
-            _FOLDER_FORMAT, "https://github.com/deeplearning-wisc/large_scale_ood",
-            "110 plant classes not in ImageNet-1k, 10,000 images as distributed by MOS"),
+            _FOLDER_FORMAT,
+            "https://github.com/deeplearning-wisc/large_scale_ood",
+            "110 plant classes not in ImageNet-1k, 10,000 images as distributed by MOS",
+        ),
         RegisteredDataset(
-            "openimage-o", "OpenImage-O", "ood", 17_632, "ViM (Wang et al., CVPR 2022)",
+            "openimage-o",
+            "OpenImage-O",
+            "ood",
+            17_632,
+            "ViM (Wang et al., CVPR 2022)",
             ("openimage_o", "OpenImage-O", "openimage-o", "images_largescale/openimage_o"),
-            _FOLDER_FORMAT, "https://github.com/haoqiwang/vim",
-            "image list published with ViM over the OpenImages-v3 test set; other circulating subsets are smaller"),
+            _FOLDER_FORMAT,
+            "https://github.com/haoqiwang/vim",
+            "image list published with ViM over the OpenImages-v3 test set; other circulating subsets are smaller",
+        ),
         RegisteredDataset(
-            "360openset", "360OpenSet", "ood", None, "no fixed public count known to oodbench",
-            ("360OpenSet", "360openset", "360_open_set"), _FOLDER_FORMAT, "as cited by the seed",
-            "check the count reported here against the seed's table"),
+            "360openset",
+            "360OpenSet",
+            "ood",
+            None,
+            "no fixed public count known to oodbench",
+            ("360OpenSet", "360openset", "360_open_set"),
+            _FOLDER_FORMAT,
+            "as cited by the seed",
+            "check the count reported here against the seed's table",
+        ),
         RegisteredDataset(
-            "cood", "C-OOD (class-out-of-distribution)", "ood", None,
+            "cood",
+            "C-OOD (class-out-of-distribution)",
+            "ood",
+            None,
             "per-model severity splits (Galil et al., ICLR 2023); no single count",
-            ("COOD", "cood", "c-ood"), _FOLDER_FORMAT, "https://github.com/mdabbah/COOD_benchmarking",
-            "drawn from ImageNet-21k per evaluated model and severity level"),
+            ("COOD", "cood", "c-ood"),
+            _FOLDER_FORMAT,
+            "https://github.com/mdabbah/COOD_benchmarking",
+            "drawn from ImageNet-21k per evaluated model and severity level",
+        ),
         RegisteredDataset(
-            "imagenet-o", "ImageNet-O", "ood", 2_000, "Hendrycks et al., CVPR 2021",
-            ("imagenet-o", "imagenet_o", "ImageNet-O"), _FOLDER_FORMAT + " (ships as 200 synset folders)",
-            "https://github.com/hendrycks/natural-adv-examples"),
+            "imagenet-o",
+            "ImageNet-O",
+            "ood",
+            2_000,
+            "Hendrycks et al., CVPR 2021",
+            ("imagenet-o", "imagenet_o", "ImageNet-O"),
+            _FOLDER_FORMAT + " (ships as 200 synset folders)",
+            "https://github.com/hendrycks/natural-adv-examples",
+        ),
         RegisteredDataset(
-            "textures", "Textures (DTD)", "ood", 5_640, "DTD (Cimpoi et al., CVPR 2014): 47 classes x 120 images",
+            "textures",
+            "Textures (DTD)",
+            "ood",
+            5_640,
+            "DTD (Cimpoi et al., CVPR 2014): 47 classes x 120 images",
             ("dtd/images", "textures", "Textures", "dtd", "images_classic/texture"),
-            _FOLDER_FORMAT + " (DTD's images/<class>/ folders)", "https://www.robots.ox.ac.uk/~vgg/data/dtd/"),
+            _FOLDER_FORMAT + " (DTD's images/<class>/ folders)",
+            "https://www.robots.ox.ac.uk/~vgg/data/dtd/",
+        ),
         RegisteredDataset(
-            "places", "Places (OOD subset)", "ood", 10_000, "MOS (Huang & Li, CVPR 2021)",
-            ("Places", "places", "places365"), _FOLDER_FORMAT, "https://github.com/deeplearning-wisc/large_scale_ood"),
+            "places",
+            "Places (OOD subset)",
+            "ood",
+            10_000,
+            "MOS (Huang & Li, CVPR 2021)",
+            ("Places", "places", "places365"),
+            _FOLDER_FORMAT,
+            "https://github.com/deeplearning-wisc/large_scale_ood",
+        ),
         RegisteredDataset(
-            "ssb-easy", "SSB easy (ImageNet-21k-P)", "ood", None, "no fixed public count known to oodbench",
-            ("ssb_easy", "ssb-easy", "SSB/easy"), _FOLDER_FORMAT, "https://github.com/sgvaze/SSB"),
+            "ssb-easy",
+            "SSB easy (ImageNet-21k-P)",
+            "ood",
+            None,
+            "no fixed public count known to oodbench",
+            ("ssb_easy", "ssb-easy", "SSB/easy"),
+            _FOLDER_FORMAT,
+            "https://github.com/sgvaze/SSB",
+        ),
         RegisteredDataset(
-            "ssb-hard", "SSB hard (ImageNet-21k-P)", "ood", 49_000, "OpenOOD v1.5 image list (Zhang et al. 2023)",
-            ("ssb_hard", "ssb-hard", "SSB/hard", "images_largescale/ssb_hard"), _FOLDER_FORMAT,
-            "https://github.com/sgvaze/SSB"),
+            "ssb-hard",
+            "SSB hard (ImageNet-21k-P)",
+            "ood",
+            49_000,
+            "OpenOOD v1.5 image list (Zhang et al. 2023)",
+            ("ssb_hard", "ssb-hard", "SSB/hard", "images_largescale/ssb_hard"),
+            _FOLDER_FORMAT,
+            "https://github.com/sgvaze/SSB",
+        ),
         RegisteredDataset(
-            "species", "Species", "ood", None, "no fixed public count known to oodbench for the OOD subset",
-            ("species", "Species"), _FOLDER_FORMAT, "Hendrycks et al., ICML 2022 (Scaling OOD detection)"),
+            "species",
+            "Species",
+            "ood",
+            None,
+            "no fixed public count known to oodbench for the OOD subset",
+            ("species", "Species"),
+            _FOLDER_FORMAT,
+            "Hendrycks et al., ICML 2022 (Scaling OOD detection)",
+        ),
         RegisteredDataset(
-            "in1k-ood", "IN1k-OOD", "ood", None, "no fixed public count known to oodbench",
-            ("in1k-ood", "IN1k-OOD", "in1k_ood"), _FOLDER_FORMAT, "as cited by the seed"),
+            "in1k-ood",
+            "IN1k-OOD",
+            "ood",
+            None,
+            "no fixed public count known to oodbench",
+            ("in1k-ood", "IN1k-OOD", "in1k_ood"),
+            _FOLDER_FORMAT,
+            "as cited by the seed",
+        ),
         RegisteredDataset(
-            "ninco", "NINCO (main OOD classes)", "ood", 5_879, "Bitterwolf et al., ICML 2023",
-            ("NINCO/NINCO_OOD_classes", "NINCO_OOD_classes", "ninco", "NINCO"), _FOLDER_FORMAT + " (64 class folders)",
-            "https://github.com/j-cb/NINCO", "point at NINCO_OOD_classes; the unit tests and popular-dataset subsets are separate"),
+            "ninco",
+            "NINCO (main OOD classes)",
+            "ood",
+            5_879,
+            "Bitterwolf et al., ICML 2023",
+            ("NINCO/NINCO_OOD_classes", "NINCO_OOD_classes", "ninco", "NINCO"),
+            _FOLDER_FORMAT + " (64 class folders)",
+            "https://github.com/j-cb/NINCO",
+            "point at NINCO_OOD_classes; the unit tests and popular-dataset subsets are separate",
+        ),
         RegisteredDataset(
-            "clean-ood", "CLEAN-OOD", "ood", None, "no fixed public count known to oodbench",
-            ("clean-ood", "CLEAN-OOD", "clean_ood"), _FOLDER_FORMAT, "as cited by the seed"),
+            "clean-ood",
+            "CLEAN-OOD",
+            "ood",
+            None,
+            "no fixed public count known to oodbench",
+            ("clean-ood", "CLEAN-OOD", "clean_ood"),
+            _FOLDER_FORMAT,
+            "as cited by the seed",
+        ),
         RegisteredDataset(
-            "imagenet-ood", "ImageNet-OOD", "ood", 31_807, "Yang et al., ICLR 2024",
-            ("imagenet-ood", "ImageNet-OOD", "imagenet_ood"), _FOLDER_FORMAT + " (637 synset folders)",
-            "https://github.com/princetonvisualai/imagenetood"),
+            "imagenet-ood",
+            "ImageNet-OOD",
+            "ood",
+            31_807,
+            "Yang et al., ICLR 2024",
+            ("imagenet-ood", "ImageNet-OOD", "imagenet_ood"),
+            _FOLDER_FORMAT + " (637 synset folders)",
+            "https://github.com/princetonvisualai/imagenetood",
+        ),
         RegisteredDataset(
-            "fi-imagenet-1k", "Fi-ImageNet-1k", "ood", None,
+            "fi-imagenet-1k",
+            "Fi-ImageNet-1k",
+            "ood",
+            None,
             "the seed's benchmark; its manifest (from `oodbench annotate export`) fixes the count",
             ("fi-imagenet-1k", "Fi-ImageNet-1k", "fi_imagenet_1k"),
-            "file list fi-imagenet-1k.csv (path,label) as exported, or an image folder", "the seed"),
+            "file list fi-imagenet-1k.csv (path,label) as exported, or an image folder",
+            "the seed",
+        ),
     ]
 }
 
@@ -175,8 +285,9 @@ def open_registered(name: str, root: str | os.PathLike[str]) -> ImageList:
         dataset = imagenet(path, split=entry.imagenet_split)
     else:
         dataset = image_folder(path, labels=False)
-    return ImageList(dataset.root, dataset.items, dataset.labels, dataset.class_names,
-                     {**dataset.source, "registry": entry.name})
+    return ImageList(
+        dataset.root, dataset.items, dataset.labels, dataset.class_names, {**dataset.source, "registry": entry.name}
+    )
 
 
 @dataclass
@@ -206,7 +317,9 @@ def _count(entry: RegisteredDataset, path: Path) -> tuple[int, list[str]]:
     return len(items), [str(path / item) for item in items]
 
 
-def check(root: str | os.PathLike[str], *, datasets: list[str] | None = None, verify: bool = False) -> list[DatasetStatus]:
+def check(
+    root: str | os.PathLike[str], *, datasets: list[str] | None = None, verify: bool = False
+) -> list[DatasetStatus]:
     """Check which registered datasets are under `root`, their image counts, and (with `verify`) that images decode."""
     from .datasets import UnreadableImage, load_rgb
 
@@ -218,13 +331,24 @@ def check(root: str | os.PathLike[str], *, datasets: list[str] | None = None, ve
     for entry in selected:
         path = locate(entry, root)
         if path is None:
-            report.append(DatasetStatus(entry.name, entry.title, "missing", None, None, entry.expected_count,
-                                        f"looked for {', '.join(entry.folders)} or {entry.list_files()[0]}; expected: {entry.list_format}"))
+            report.append(
+                DatasetStatus(
+                    entry.name,
+                    entry.title,
+                    "missing",
+                    None,
+                    None,
+                    entry.expected_count,
+                    f"looked for {', '.join(entry.folders)} or {entry.list_files()[0]}; expected: {entry.list_format}",
+                )
+            )
             continue
         try:
             found, paths = _count(entry, path)
         except DataError as exc:
-            report.append(DatasetStatus(entry.name, entry.title, "unreadable", str(path), None, entry.expected_count, str(exc)))
+            report.append(
+                DatasetStatus(entry.name, entry.title, "unreadable", str(path), None, entry.expected_count, str(exc))
+            )
             continue
         unreadable: list[str] = []
         if verify:
@@ -239,8 +363,12 @@ def check(root: str | os.PathLike[str], *, datasets: list[str] | None = None, ve
             status, message = "ok", f"{found} images as expected ({entry.count_source})"
         else:
             status = "count mismatch"
-            message = f"{found} images but {entry.expected_count} expected ({entry.count_source}); {entry.notes}".rstrip("; ")
+            message = (
+                f"{found} images but {entry.expected_count} expected ({entry.count_source}); {entry.notes}".rstrip("; ")
+            )
         if unreadable:
             message += f"; {len(unreadable)} unreadable image(s) (skipped at extraction)"
-        report.append(DatasetStatus(entry.name, entry.title, status, str(path), found, entry.expected_count, message, unreadable))
+        report.append(
+            DatasetStatus(entry.name, entry.title, status, str(path), found, entry.expected_count, message, unreadable)
+        )
     return report

@@ -4,15 +4,17 @@ Every dataset is an `ImageList`: a root, an ordered tuple of item paths relative
 labels and class names. The item order is the row order of the store entry, and the item list (hashed into
 the entry's provenance and written to ``items.txt``) traces every row back to its image.
 """
+
 from __future__ import annotations
 
 import csv
 import io
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +33,9 @@ __all__ = [
     "open_dataset",
 ]
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp", ".gif"})
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp", ".gif"}
+)
 _SYNSET = re.compile(r"^n\d{8}$")
 _VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})")
 
@@ -92,7 +96,7 @@ class ImageList:
         return f"ImageList({str(self.root)!r}, {len(self)} items, {labelled})"
 
 
-def load_rgb(path: str | os.PathLike[str]) -> "Any":
+def load_rgb(path: str | os.PathLike[str]) -> Any:
     """Open and fully decode an image as RGB; raise UnreadableImage with the reason if that fails."""
     from PIL import Image
 
@@ -136,8 +140,13 @@ def image_folder(root: str | os.PathLike[str], *, labels: bool = True) -> ImageL
             label_list.extend([index] * len(members))
         if not items:
             raise DataError(f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) found under {root}")
-        return ImageList(root, tuple(items), np.asarray(label_list, dtype=np.int64), tuple(class_dirs),
-                         {"format": "folder", "layout": "class sub-folders"})
+        return ImageList(
+            root,
+            tuple(items),
+            np.asarray(label_list, dtype=np.int64),
+            tuple(class_dirs),
+            {"format": "folder", "layout": "class sub-folders"},
+        )
     items = _walk_images(root)
     if not items:
         raise DataError(f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) found under {root}")
@@ -222,8 +231,13 @@ def file_list(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | No
         raise DataError(f"file list {list_path} names no images")
     labels, class_names = _parse_labels([label for _, label in rows], str(list_path))
     items = tuple(_normalise(p) for p, _ in rows)
-    return ImageList(base, items, labels, class_names,
-                     {"format": "list", "list_file": str(list_path), "list_sha256": hash_items([text])})
+    return ImageList(
+        base,
+        items,
+        labels,
+        class_names,
+        {"format": "list", "list_file": str(list_path), "list_sha256": hash_items([text])},
+    )
 
 
 def imagenet(root: str | os.PathLike[str], *, split: str = "val") -> ImageList:
@@ -251,12 +265,26 @@ def imagenet(root: str | os.PathLike[str], *, split: str = "val") -> ImageList:
         layout = "synset sub-folders"
     else:
         flat = [name for name in _walk_images(directory) if "/" not in name]
-        solution = next((p for p in (directory / "LOC_val_solution.csv", root / "LOC_val_solution.csv",
-                                     directory.parent / "LOC_val_solution.csv") if p.is_file()), None)
+        solution = next(
+            (
+                p
+                for p in (
+                    directory / "LOC_val_solution.csv",
+                    root / "LOC_val_solution.csv",
+                    directory.parent / "LOC_val_solution.csv",
+                )
+                if p.is_file()
+            ),
+            None,
+        )
         if split != "val" or solution is None or not flat:
             raise DataError(
                 f"{directory} is not an ImageNet-1k {split} layout: expected one sub-folder per synset (n01440764/ ...)"
-                + (" or flat ILSVRC2012_val_*.JPEG files with LOC_val_solution.csv beside them" if split == "val" else "")
+                + (
+                    " or flat ILSVRC2012_val_*.JPEG files with LOC_val_solution.csv beside them"
+                    if split == "val"
+                    else ""
+                )
                 + "; for the official val tarball, sort images into synset folders (e.g. with the widely used valprep.sh)"
             )
         truth: dict[str, str] = {}
@@ -281,12 +309,23 @@ def imagenet(root: str | os.PathLike[str], *, split: str = "val") -> ImageList:
             items = [items[i] for i in order]
             labels = [labels[i] for i in order]
             layout += ", ordered by validation number"
-    return ImageList(directory, tuple(items), np.asarray(labels, dtype=np.int64), synsets,
-                     {"format": "imagenet", "split": split, "layout": layout})
+    return ImageList(
+        directory,
+        tuple(items),
+        np.asarray(labels, dtype=np.int64),
+        synsets,
+        {"format": "imagenet", "split": split, "layout": layout},
+    )
 
 
-def open_dataset(path: str | os.PathLike[str], *, format: str = "auto", split: str = "val",
-                 labels: bool = True, root: str | os.PathLike[str] | None = None) -> ImageList:
+def open_dataset(
+    path: str | os.PathLike[str],
+    *,
+    format: str = "auto",
+    split: str = "val",
+    labels: bool = True,
+    root: str | os.PathLike[str] | None = None,
+) -> ImageList:
     """Open a dataset by path: `folder`, `list` (CSV/TXT), `imagenet`; `auto` picks list for files, folder for dirs."""
     target = Path(path)
     if format == "auto":

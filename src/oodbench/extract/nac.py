@@ -6,12 +6,13 @@ both sum-pooled over spatial positions (or tokens) before the product, as the re
 keeps the class token instead ("first"). The states are stored as ``extra.nac.<layer>`` (N, units) float32
 for the `nac` detector, which builds its coverage histograms from them.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -37,10 +38,12 @@ class NacLayer:
         if not (math.isfinite(self.alpha) and self.alpha > 0):
             raise ExtractError(f"NAC alpha for {self.name!r} must be a positive number; got {self.alpha}")
         if self.pooling not in POOLINGS:
-            raise ExtractError(f"NAC pooling for {self.name!r} must be one of {', '.join(POOLINGS)}; got {self.pooling!r}")
+            raise ExtractError(
+                f"NAC pooling for {self.name!r} must be one of {', '.join(POOLINGS)}; got {self.pooling!r}"
+            )
 
     @classmethod
-    def parse(cls, spec: str) -> "NacLayer":
+    def parse(cls, spec: str) -> NacLayer:
         """Parse ``LAYER[:ALPHA[:POOLING]]``, e.g. ``layer3:300`` or ``blocks.11.norm2:1:tokens``."""
         parts = spec.split(":")
         if len(parts) > 3 or not parts[0]:
@@ -78,6 +81,7 @@ def capture_outputs(model: torch.nn.Module, names: list[str]) -> Iterator[dict[s
                 raise ExtractError(f"module {name!r} returns {type(output).__name__}, not a tensor; pick another layer")
             calls[name] += 1
             captured[name] = output
+
         return hook
 
     handles = [modules[name].register_forward_hook(make_hook(name)) for name in names]
@@ -88,7 +92,9 @@ def capture_outputs(model: torch.nn.Module, names: list[str]) -> Iterator[dict[s
             handle.remove()
     repeated = [name for name, count in calls.items() if count > 1]
     if repeated:
-        raise ExtractError(f"module {repeated[0]!r} runs {calls[repeated[0]]} times per forward pass; pick a layer that runs once")
+        raise ExtractError(
+            f"module {repeated[0]!r} runs {calls[repeated[0]]} times per forward pass; pick a layer that runs once"
+        )
 
 
 def kl_to_uniform(logits: torch.Tensor) -> torch.Tensor:
@@ -121,7 +127,9 @@ def pool_units(tensor: torch.Tensor, pooling: str) -> torch.Tensor:
     raise ExtractError(f"cannot pool a layer output of shape {tuple(tensor.shape)}; give the pooling explicitly")
 
 
-def neuron_states(outputs: dict[str, torch.Tensor], logits: torch.Tensor, layers: list[NacLayer]) -> dict[str, np.ndarray]:
+def neuron_states(
+    outputs: dict[str, torch.Tensor], logits: torch.Tensor, layers: list[NacLayer]
+) -> dict[str, np.ndarray]:
     """sigmoid(α · pool(o) · pool(∂KL/∂o)) per layer, as float32 numpy arrays keyed by ``nac.<layer>``."""
     tensors = [outputs[layer.name] for layer in layers]
     if not all(t.requires_grad for t in tensors):

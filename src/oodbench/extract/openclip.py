@@ -9,15 +9,17 @@ branch — out_proj(v), identical to attention under a diagonal mask — keeping
 (the seed's eight, `SEED_TEMPLATES`) per label and renormalise; they are cached in the store per
 (model, label list, templates).
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,8 +75,12 @@ class OpenClipBundle:
 
     def provenance(self) -> dict[str, Any]:
         """Model name, checkpoint (tag or sha256), preprocessing and kind."""
-        return {"model": self.model_name, "checkpoint": self.checkpoint, "preprocessing": self.preprocessing(),
-                "kind": "open_clip"}
+        return {
+            "model": self.model_name,
+            "checkpoint": self.checkpoint,
+            "preprocessing": self.preprocessing(),
+            "kind": "open_clip",
+        }
 
     def default_model_id(self) -> str:
         """Store id: the model name plus the pretrained tag (or a short hash of a local checkpoint)."""
@@ -100,13 +106,21 @@ def quickgelu_mismatch(model_name: str, pretrained: str | None) -> str | None:
     if tag_quick == model_quick:
         return None
     fix = f"{model_name}-quickgelu" if tag_quick else model_name.replace("-quickgelu", "")
-    return (f"QuickGELU mismatch: weights '{pretrained}' were trained with "
-            f"{'QuickGELU' if tag_quick else 'GELU'} but config '{model_name}' uses {'QuickGELU' if model_quick else 'GELU'}; "
-            f"embeddings will be degraded. Use --model {fix} --pretrained {pretrained}")
+    return (
+        f"QuickGELU mismatch: weights '{pretrained}' were trained with "
+        f"{'QuickGELU' if tag_quick else 'GELU'} but config '{model_name}' uses {'QuickGELU' if model_quick else 'GELU'}; "
+        f"embeddings will be degraded. Use --model {fix} --pretrained {pretrained}"
+    )
 
 
-def load_openclip(model_name: str, pretrained: str | None = None, device: str | torch.device = "cpu", *,
-                  seed: int = 0, cache_dir: str | None = None) -> OpenClipBundle:
+def load_openclip(
+    model_name: str,
+    pretrained: str | None = None,
+    device: str | torch.device = "cpu",
+    *,
+    seed: int = 0,
+    cache_dir: str | None = None,
+) -> OpenClipBundle:
     """Load an open_clip model (pretrained tag, local checkpoint file, or seeded random init when `pretrained` is None)."""
     import open_clip
 
@@ -124,21 +138,26 @@ def load_openclip(model_name: str, pretrained: str | None = None, device: str | 
         tag_cfg = open_clip.get_pretrained_cfg(model_name, pretrained) or {}
         if not tag_cfg and not model_name.startswith(("hf-hub:", "local-dir:")):
             known = open_clip.list_pretrained_tags_by_model(model_name)
-            raise ExtractError(f"{pretrained!r} is neither a pretrained tag of {model_name} ({', '.join(known) or 'none'}) "
-                               "nor an existing checkpoint file")
+            raise ExtractError(
+                f"{pretrained!r} is neither a pretrained tag of {model_name} ({', '.join(known) or 'none'}) "
+                "nor an existing checkpoint file"
+            )
         if os.environ.get("HF_HUB_OFFLINE") == "1" and tag_cfg and not tag_cfg.get("hf_hub"):
             target = Path(cache_dir or os.path.expanduser("~/.cache/clip")) / os.path.basename(tag_cfg.get("url", ""))
             if not target.is_file():
-                raise ExtractError(f"weights '{pretrained}' of {model_name} are not cached at {target} and HF_HUB_OFFLINE=1; "
-                                   "download them once with network access or pass --pretrained PATH to a local checkpoint")
+                raise ExtractError(
+                    f"weights '{pretrained}' of {model_name} are not cached at {target} and HF_HUB_OFFLINE=1; "
+                    "download them once with network access or pass --pretrained PATH to a local checkpoint"
+                )
         checkpoint = f"open_clip:{pretrained}"
     torch.manual_seed(seed)
     try:
         with warnings.catch_warnings():
             # Our own QuickGELU warning (above) says what to do; silence open_clip's duplicate and its random-init note.
             warnings.filterwarnings("ignore", message="QuickGELU mismatch")
-            model, _, preprocess = open_clip.create_model_and_transforms(model_name, pretrained=pretrained,
-                                                                         device="cpu", cache_dir=cache_dir)
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                model_name, pretrained=pretrained, device="cpu", cache_dir=cache_dir
+            )
     except Exception as exc:
         raise ExtractError(
             f"cannot load open_clip {model_name} with pretrained={pretrained!r}: {str(exc)[:400]}. Weights come from the "
@@ -177,7 +196,7 @@ def value_branch_block(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         value = F.linear(y, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)[2]
         if attention.head_scale is not None:
             shape = value.shape
-            value = (value.reshape(*shape[:-1], attention.num_heads, -1).transpose(-2, -3) * attention.head_scale)
+            value = value.reshape(*shape[:-1], attention.num_heads, -1).transpose(-2, -3) * attention.head_scale
             value = value.transpose(-2, -3).reshape(shape)
         mixed = attention.out_drop(attention.out_proj(attention.ln_inner(value)))
         mixed = getattr(block, "ln_attn", torch.nn.Identity())(mixed)
@@ -187,8 +206,9 @@ def value_branch_block(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x + block.ls_2(block.mlp(block.ln_2(x)))
 
 
-def image_and_patch_embeddings(model: torch.nn.Module, pixels: torch.Tensor, *, patches: bool = True
-                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def image_and_patch_embeddings(
+    model: torch.nn.Module, pixels: torch.Tensor, *, patches: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ℓ2-normalised image embeddings (N, D) and value-branch patch embeddings (N, P, D), both float32."""
     if not patches:
         return F.normalize(model.encode_image(pixels).float(), dim=-1), None
@@ -219,8 +239,13 @@ class OpenClipBackbone(Backbone):
     kind = "open_clip"
 
     def __init__(self, bundle: OpenClipBundle, *, patches: bool | None = None) -> None:
-        super().__init__(bundle.model, name=bundle.model_name, checkpoint=bundle.checkpoint,
-                         preprocessing=bundle.preprocessing(), transform=bundle.preprocess)
+        super().__init__(
+            bundle.model,
+            name=bundle.model_name,
+            checkpoint=bundle.checkpoint,
+            preprocessing=bundle.preprocessing(),
+            transform=bundle.preprocess,
+        )
         self.bundle = bundle
         available = supports_patches(bundle.model)
         if patches and not available:
@@ -274,8 +299,12 @@ def _check_labels(labels: Sequence[str], templates: Sequence[str]) -> tuple[list
     return labels, templates
 
 
-def text_embeddings(model_bundle: OpenClipBundle, labels: Sequence[str], templates: Sequence[str] = SEED_TEMPLATES,
-                    batch_size: int = 256) -> np.ndarray:
+def text_embeddings(
+    model_bundle: OpenClipBundle,
+    labels: Sequence[str],
+    templates: Sequence[str] = SEED_TEMPLATES,
+    batch_size: int = 256,
+) -> np.ndarray:
     """(L, D) float32 label embeddings: each template embedding ℓ2-normalised, averaged over templates, renormalised."""
     labels, templates = _check_labels(labels, templates)
     if batch_size <= 0:
@@ -295,12 +324,21 @@ def text_embeddings(model_bundle: OpenClipBundle, labels: Sequence[str], templat
 
 def text_dataset_id(labels: Sequence[str], templates: Sequence[str] = SEED_TEMPLATES) -> str:
     """Store dataset id of cached text embeddings: ``text-`` + first 16 hex of sha256 over labels and templates."""
-    payload = json.dumps({"labels": list(labels), "templates": list(templates)}, ensure_ascii=False, separators=(",", ":"))
+    payload = json.dumps(
+        {"labels": list(labels), "templates": list(templates)}, ensure_ascii=False, separators=(",", ":")
+    )
     return "text-" + hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
-def cached_text_embeddings(store: Store, model_id: str, labels: Sequence[str], templates: Sequence[str] = SEED_TEMPLATES,
-                           model_bundle: OpenClipBundle | None = None, *, batch_size: int = 256) -> np.ndarray:
+def cached_text_embeddings(
+    store: Store,
+    model_id: str,
+    labels: Sequence[str],
+    templates: Sequence[str] = SEED_TEMPLATES,
+    model_bundle: OpenClipBundle | None = None,
+    *,
+    batch_size: int = 256,
+) -> np.ndarray:
     """Template-averaged label embeddings from the store, computing and caching them when a model is given."""
     from .pipeline import check_model_id  # local import: pipeline imports this module's neighbours
 
@@ -309,8 +347,10 @@ def cached_text_embeddings(store: Store, model_id: str, labels: Sequence[str], t
     if store.exists(model_id, dataset_id):
         meta = store.meta(model_id, dataset_id)
         if meta.get("labels") != labels or meta.get("templates") != templates:
-            raise ExtractError(f"store entry {model_id}/{dataset_id} holds embeddings of other labels/templates "
-                               "(hash collision or edited meta.json); delete it and recompute")
+            raise ExtractError(
+                f"store entry {model_id}/{dataset_id} holds embeddings of other labels/templates "
+                "(hash collision or edited meta.json); delete it and recompute"
+            )
         return np.asarray(store.read(model_id, dataset_id).features, dtype=np.float32)
     if model_bundle is None:
         raise TextEmbeddingsMissing(
@@ -321,10 +361,16 @@ def cached_text_embeddings(store: Store, model_id: str, labels: Sequence[str], t
     provenance = model_bundle.provenance()
     check_model_id(store, model_id, provenance)
     embeddings = text_embeddings(model_bundle, labels, templates, batch_size=batch_size)
-    writer = store.writer(model_id, dataset_id, provenance=provenance, num_items=len(labels),
-                          shard_size=len(labels), item_hash=dataset_id)
+    writer = store.writer(
+        model_id, dataset_id, provenance=provenance, num_items=len(labels), shard_size=len(labels), item_hash=dataset_id
+    )
     if writer.pending_shards():
         writer.write_shard(0, {"features": embeddings, "index": np.arange(len(labels), dtype=np.int64)})
-    writer.finalize(extra_meta={"labels": labels, "templates": templates,
-                                "text_embeddings": "per-template l2-normalised, averaged, renormalised"})
+    writer.finalize(
+        extra_meta={
+            "labels": labels,
+            "templates": templates,
+            "text_embeddings": "per-template l2-normalised, averaged, renormalised",
+        }
+    )
     return embeddings

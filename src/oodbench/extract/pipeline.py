@@ -1,10 +1,12 @@
 """Extraction pipeline: plan shard-aligned batches, run them on an engine, write shards, finalize, store the head."""
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,7 +48,9 @@ class ExtractionReport:
 
 def check_model_id(store: Store, model_id: str, provenance: Mapping[str, Any]) -> None:
     """Refuse to add to a model id whose entries or head come from another model, checkpoint or preprocessing."""
-    others = [(dataset_id, store.meta(model_id, dataset_id).get("provenance", {})) for dataset_id in store.datasets(model_id)]
+    others = [
+        (dataset_id, store.meta(model_id, dataset_id).get("provenance", {})) for dataset_id in store.datasets(model_id)
+    ]
     if store.has_head(model_id):
         others.append(("head", store.head_meta(model_id).get("provenance", {})))
     for where, other in others:
@@ -61,8 +65,13 @@ def check_model_id(store: Store, model_id: str, provenance: Mapping[str, Any]) -
 class _ShardAssembler:
     """Collects batch results per shard and writes a shard once all its batches are in (any arrival order)."""
 
-    def __init__(self, writer: EntryWriter, expected: dict[int, int], labels: np.ndarray | None,
-                 fallback_spec: Callable[[], dict[str, tuple[tuple[int, ...], np.dtype]]]) -> None:
+    def __init__(
+        self,
+        writer: EntryWriter,
+        expected: dict[int, int],
+        labels: np.ndarray | None,
+        fallback_spec: Callable[[], dict[str, tuple[tuple[int, ...], np.dtype]]],
+    ) -> None:
         self.writer, self.expected, self.labels = writer, expected, labels
         self.fallback_spec = fallback_spec
         self.parts: dict[int, dict[int, BatchResult]] = {}
@@ -119,8 +128,15 @@ class _ShardAssembler:
 
 
 def _progress(total: int, completed: int, enabled: bool, description: str):
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     from rich.text import Text
 
     class Rate(ProgressColumn):
@@ -128,15 +144,31 @@ def _progress(total: int, completed: int, enabled: bool, description: str):
             speed = task.finished_speed or task.speed
             return Text("  -- img/s" if speed is None else f"{speed:7.1f} img/s")
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(),
-                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                        console=console, disable=not enabled)  # stderr, like every progress bar of oodbench
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        Rate(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+    )  # stderr, like every progress bar of oodbench
     task = progress.add_task(description, total=total, completed=completed)
     return progress, task
 
 
-def _engine_results(engine: str, backbone: Backbone, loader: Callable[[int], torch.Tensor], tasks: list,
-                    *, num_workers: int, amp: bool, options: Mapping[str, Any]) -> Iterator[BatchResult]:
+def _engine_results(
+    engine: str,
+    backbone: Backbone,
+    loader: Callable[[int], torch.Tensor],
+    tasks: list,
+    *,
+    num_workers: int,
+    amp: bool,
+    options: Mapping[str, Any],
+) -> Iterator[BatchResult]:
     if engine == "local":
         from .engines.local import iter_results
 
@@ -148,11 +180,23 @@ def _engine_results(engine: str, backbone: Backbone, loader: Callable[[int], tor
     raise ExtractError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
 
 
-def extract(store: Store, backbone: Backbone, dataset: ImageList, *, dataset_id: str, model_id: str | None = None,
-            engine: str = "local", batch_size: int = 64, shard_size: int = 4096, num_workers: int = 4,
-            device: str = "auto", amp: bool = True, progress: bool = True,
-            loader: Callable[[int], torch.Tensor] | None = None,
-            engine_options: Mapping[str, Any] | None = None) -> ExtractionReport:
+def extract(
+    store: Store,
+    backbone: Backbone,
+    dataset: ImageList,
+    *,
+    dataset_id: str,
+    model_id: str | None = None,
+    engine: str = "local",
+    batch_size: int = 64,
+    shard_size: int = 4096,
+    num_workers: int = 4,
+    device: str = "auto",
+    amp: bool = True,
+    progress: bool = True,
+    loader: Callable[[int], torch.Tensor] | None = None,
+    engine_options: Mapping[str, Any] | None = None,
+) -> ExtractionReport:
     """Extract `dataset` with `backbone` into `store` as (model_id, dataset_id); resumes whatever is missing."""
     if engine not in ENGINES:
         raise ExtractError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
@@ -163,8 +207,14 @@ def extract(store: Store, backbone: Backbone, dataset: ImageList, *, dataset_id:
     model_id = model_id or backbone.default_model_id()
     provenance = backbone.provenance()
     check_model_id(store, model_id, provenance)
-    writer = store.writer(model_id, dataset_id, provenance=provenance, num_items=len(dataset),
-                          shard_size=shard_size, item_hash=dataset.item_hash())
+    writer = store.writer(
+        model_id,
+        dataset_id,
+        provenance=provenance,
+        num_items=len(dataset),
+        shard_size=shard_size,
+        item_hash=dataset.item_hash(),
+    )
     entry = store.entry_path(model_id, dataset_id)
     items_file = entry / "items.txt"
     if not items_file.is_file():
@@ -190,8 +240,9 @@ def extract(store: Store, backbone: Backbone, dataset: ImageList, *, dataset_id:
         done_items = len(dataset) - sum(len(task.positions) for task in tasks)
         bar, bar_task = _progress(len(dataset), done_items, progress, f"{model_id}/{dataset_id}")
         with bar:
-            for result in _engine_results(engine, backbone, item_loader, tasks, num_workers=num_workers, amp=amp,
-                                          options=engine_options or {}):
+            for result in _engine_results(
+                engine, backbone, item_loader, tasks, num_workers=num_workers, amp=amp, options=engine_options or {}
+            ):
                 assembler.add(result)
                 processed += len(result.task.positions)
                 bar.update(bar_task, advance=len(result.task.positions))
@@ -203,12 +254,22 @@ def extract(store: Store, backbone: Backbone, dataset: ImageList, *, dataset_id:
     seconds = time.perf_counter() - started
     head_written = _store_head(store, backbone, model_id, dataset_id, provenance, loose=amp)
     meta = store.meta(model_id, dataset_id)
-    return ExtractionReport(model_id, dataset_id, len(dataset), int(meta.get("num_rows", 0)), processed, seconds,
-                            list(meta.get("skipped", [])), head_written, entry)
+    return ExtractionReport(
+        model_id,
+        dataset_id,
+        len(dataset),
+        int(meta.get("num_rows", 0)),
+        processed,
+        seconds,
+        list(meta.get("skipped", [])),
+        head_written,
+        entry,
+    )
 
 
-def _store_head(store: Store, backbone: Backbone, model_id: str, dataset_id: str, provenance: Mapping[str, Any],
-                *, loose: bool) -> bool:
+def _store_head(
+    store: Store, backbone: Backbone, model_id: str, dataset_id: str, provenance: Mapping[str, Any], *, loose: bool
+) -> bool:
     """Store the backbone's head once per model, after checking it reproduces the stored logits."""
     head = backbone.head()
     if head is None:

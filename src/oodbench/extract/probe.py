@@ -9,14 +9,16 @@ mini-batch AdamW (rows gathered chunk-wise from a memory map) for larger ones.
 `run_probe` does this on a store entry and writes a new model id (default ``<backbone>+probe``) whose entries
 hold the backbone's features with the probe's logits, for the fit set and any other dataset.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import math
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,8 +116,15 @@ def _moments(features: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     return mean, np.where(std > 1e-6 * max(1.0, float(np.abs(mean).max(initial=0.0))), std, 1.0)
 
 
-def fit_probe(features: np.ndarray, labels: np.ndarray, *, num_classes: int | None = None,
-              config: ProbeConfig | None = None, device: str = "cpu", **overrides: Any) -> ProbeResult:
+def fit_probe(
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    num_classes: int | None = None,
+    config: ProbeConfig | None = None,
+    device: str = "cpu",
+    **overrides: Any,
+) -> ProbeResult:
     """Train a multinomial logistic-regression head on (features, labels) with a held-out split and early stopping."""
     config = config or ProbeConfig()
     if overrides:
@@ -158,8 +167,15 @@ def fit_probe(features: np.ndarray, labels: np.ndarray, *, num_classes: int | No
     if method == "lbfgs":
         x_train = (torch.as_tensor(_gather(features, train_rows), device=dev) - mean_t) / std_t
         y_train = torch.as_tensor(labels[train_rows], dtype=torch.long, device=dev)
-        optimizer = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=config.lbfgs_iterations, history_size=20,
-                                      line_search_fn="strong_wolfe", tolerance_grad=1e-9, tolerance_change=1e-12)
+        optimizer = torch.optim.LBFGS(
+            [weight, bias],
+            lr=1.0,
+            max_iter=config.lbfgs_iterations,
+            history_size=20,
+            line_search_fn="strong_wolfe",
+            tolerance_grad=1e-9,
+            tolerance_change=1e-12,
+        )
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad()
@@ -233,8 +249,17 @@ def _head_digest(head: Head) -> str:
     return digest.hexdigest()
 
 
-def run_probe(store: Store, model_id: str, fit_dataset: str, *, apply_to: Sequence[str] = (), probe_id: str | None = None,
-              config: ProbeConfig | None = None, device: str = "cpu", shard_size: int = 65536) -> ProbeReport:
+def run_probe(
+    store: Store,
+    model_id: str,
+    fit_dataset: str,
+    *,
+    apply_to: Sequence[str] = (),
+    probe_id: str | None = None,
+    config: ProbeConfig | None = None,
+    device: str = "cpu",
+    shard_size: int = 65536,
+) -> ProbeReport:
     """Train (or reuse) a probe on a store entry's embeddings, store it as a head, and write logits for datasets."""
     config = config or ProbeConfig()
     probe_id = probe_id or f"{model_id}+probe"
@@ -243,14 +268,20 @@ def run_probe(store: Store, model_id: str, fit_dataset: str, *, apply_to: Sequen
     fit = store.read(model_id, fit_dataset)
     if fit.labels is None:
         raise ExtractError(f"{model_id}/{fit_dataset} has no labels; a probe needs a labelled fit set")
-    params = {**asdict(config), "fit_dataset": fit_dataset, "fit_item_hash": fit_meta.get("item_hash"),
-              "backbone_model_id": model_id}
+    params = {
+        **asdict(config),
+        "fit_dataset": fit_dataset,
+        "fit_item_hash": fit_meta.get("item_hash"),
+        "backbone_model_id": model_id,
+    }
     trained, result = False, None
     if store.has_head(probe_id):
         stored = store.head_meta(probe_id).get("provenance", {})
         if stored.get("probe") != params or stored.get("backbone") != backbone:
-            raise ExtractError(f"{probe_id!r} already holds a probe trained differently (other data or parameters); "
-                               "pass --probe-id for a new one, or delete the old one")
+            raise ExtractError(
+                f"{probe_id!r} already holds a probe trained differently (other data or parameters); "
+                "pass --probe-id for a new one, or delete the old one"
+            )
         head = store.read_head(probe_id)
     else:
         result = fit_probe(fit.features, fit.labels, config=config, device=device)
@@ -273,8 +304,9 @@ def run_probe(store: Store, model_id: str, fit_dataset: str, *, apply_to: Sequen
     return ProbeReport(probe_id, trained, result, written)
 
 
-def _write_probe_entry(store: Store, model_id: str, dataset_id: str, probe_id: str, head: Head,
-                       provenance: dict[str, Any], shard_size: int) -> None:
+def _write_probe_entry(
+    store: Store, model_id: str, dataset_id: str, probe_id: str, head: Head, provenance: dict[str, Any], shard_size: int
+) -> None:
     """Copy a backbone entry's features (and labels, index) under the probe id, with the probe's logits."""
     if store.exists(probe_id, dataset_id):
         if store.meta(probe_id, dataset_id).get("provenance") != json.loads(json.dumps(provenance, default=str)):
@@ -283,15 +315,24 @@ def _write_probe_entry(store: Store, model_id: str, dataset_id: str, probe_id: s
     source_meta = store.meta(model_id, dataset_id)
     source = store.read(model_id, dataset_id, check_finite=False)
     index = store.read_array(model_id, dataset_id, "index") if "index" in source_meta.get("arrays", {}) else None
-    writer = store.writer(probe_id, dataset_id, provenance=provenance, num_items=len(source),
-                          shard_size=shard_size, item_hash=source_meta.get("item_hash"))
+    writer = store.writer(
+        probe_id,
+        dataset_id,
+        provenance=provenance,
+        num_items=len(source),
+        shard_size=shard_size,
+        item_hash=source_meta.get("item_hash"),
+    )
     if writer.complete:
         return
     for shard in writer.pending_shards():
         rows = writer.shard_rows(shard)
         features = np.asarray(source.features[rows], dtype=np.float32)
-        arrays = {"features": features, "logits": head.logits(features).astype(np.float32),
-                  "index": np.asarray(index[rows]) if index is not None else np.arange(rows.start, rows.stop)}
+        arrays = {
+            "features": features,
+            "logits": head.logits(features).astype(np.float32),
+            "index": np.asarray(index[rows]) if index is not None else np.arange(rows.start, rows.stop),
+        }
         if source.labels is not None:
             arrays["labels"] = np.asarray(source.labels[rows])
         skipped = source_meta.get("skipped", []) if shard == 0 else []

@@ -3,6 +3,7 @@
 Only the detector table is imported eagerly (``oodbench evaluate`` needs it); everything that pulls in matplotlib
 is loaded on first use.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -3,29 +3,46 @@
 `build_report` decides *what* goes in; `write_report` renders it as Markdown, LaTeX and HTML files plus PNG/PDF
 figures; `html_report.render_html_document` turns it into one self-contained HTML page.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..analysis.delong import DeLongResult, delong_test
 from ..analysis.rundata import RunData, load_runs
 from ..analysis.runs import IntervalRecord, best_detectors, interval_record
-from ..analysis.delong import DeLongResult, delong_test
 from ..analysis.spread import spread_vs_noise
-from ..analysis.subsample import (SubsampleStudy, SubsampleSummary, acceptance_bits, resolve_n, subsample_curve,
-                                  subsample_fpr)
+from ..analysis.subsample import (
+    SubsampleStudy,
+    SubsampleSummary,
+    acceptance_bits,
+    resolve_n,
+    subsample_curve,
+    subsample_fpr,
+)
 from ..errors import AnalysisError
 from ..progress import progress_bar
 from ..results import ResultRow
 from . import figures, tables
 from .table_model import Cell, Table
 
-__all__ = ["ReportOptions", "FigureItem", "Section", "ReportContent", "build_report", "curve_sizes", "provenance_tables",
-           "split_rows", "merge_vocabularies"]
+__all__ = [
+    "ReportOptions",
+    "FigureItem",
+    "Section",
+    "ReportContent",
+    "build_report",
+    "curve_sizes",
+    "provenance_tables",
+    "split_rows",
+    "merge_vocabularies",
+]
 
 
 @dataclass(frozen=True)
@@ -87,7 +104,9 @@ class ReportContent:
 def curve_sizes(n_total: int, points: int, extra: Sequence[int] = ()) -> list[int]:
     """Log-spaced subset sizes from min(10, N) to N (plus `extra` sizes that fit), for Fig. A4."""
     start = min(10, n_total)
-    sizes = {int(round(v)) for v in np.geomspace(start, n_total, max(2, points))} | {e for e in extra if 1 <= e <= n_total}
+    sizes = {int(round(v)) for v in np.geomspace(start, n_total, max(2, points))} | {
+        e for e in extra if 1 <= e <= n_total
+    }
     return sorted(s for s in sizes if s >= 1)
 
 
@@ -110,24 +129,48 @@ def provenance_tables(run: RunData) -> list[Table]:
     info = run.info
     key = _slug(run.path.name or "run")
     if not info:
-        return [Table(f"prov-{key}", f"Run {run.path}", ("item", "value"),
-                      ((Cell("run.json"), Cell("absent: no provenance recorded")),))]
+        return [
+            Table(
+                f"prov-{key}",
+                f"Run {run.path}",
+                ("item", "value"),
+                ((Cell("run.json"), Cell("absent: no provenance recorded")),),
+            )
+        ]
     head = info.get("head") or {}
     head_prov = head.get("provenance") or {}
-    general = [("model", str(info.get("model", "–"))), ("run directory", str(run.path)),
-               ("kind", "zero-shot" if run.is_zeroshot else "supervised"),
-               ("store", str(info.get("store", "–"))), ("fit set", str(info.get("fit_dataset") or "–")),
-               ("ID test set", str(info.get("id_dataset", "–"))),
-               ("OOD sets", ", ".join(info.get("ood_datasets", [])) or "–"),
-               ("head", ", ".join(f"{k}={v}" for k, v in head_prov.items()) or "–"),
-               ("complete", str(info.get("complete", "–")))]
+    general = [
+        ("model", str(info.get("model", "–"))),
+        ("run directory", str(run.path)),
+        ("kind", "zero-shot" if run.is_zeroshot else "supervised"),
+        ("store", str(info.get("store", "–"))),
+        ("fit set", str(info.get("fit_dataset") or "–")),
+        ("ID test set", str(info.get("id_dataset", "–"))),
+        ("OOD sets", ", ".join(info.get("ood_datasets", [])) or "–"),
+        ("head", ", ".join(f"{k}={v}" for k, v in head_prov.items()) or "–"),
+        ("complete", str(info.get("complete", "–"))),
+    ]
     detectors = info.get("detectors") or {}
-    general.append(("detectors", ", ".join(f"{name}({', '.join(f'{k}={v}' for k, v in (params or {}).items())})"
-                                           if params else name for name, params in detectors.items()) or "–"))
+    general.append(
+        (
+            "detectors",
+            ", ".join(
+                f"{name}({', '.join(f'{k}={v}' for k, v in (params or {}).items())})" if params else name
+                for name, params in detectors.items()
+            )
+            or "–",
+        )
+    )
     for name, reason in (info.get("skipped_detectors") or {}).items():
         general.append((f"skipped {name}", str(reason)))
-    result = [Table(f"prov-{key}", f"Run: {info.get('model', run.path.name)}", ("item", "value"),
-                    tuple((Cell(k), Cell(v)) for k, v in general))]
+    result = [
+        Table(
+            f"prov-{key}",
+            f"Run: {info.get('model', run.path.name)}",
+            ("item", "value"),
+            tuple((Cell(k), Cell(v)) for k, v in general),
+        )
+    ]
     entries = info.get("entries") or {}
     if entries:
         body = []
@@ -135,20 +178,39 @@ def provenance_tables(run: RunData) -> list[Table]:
         for dataset, meta in entries.items():
             meta = meta or {}
             prov = meta.get("provenance") or {}
-            body.append((Cell(dataset), Cell(str(meta.get("num_rows", "–"))),
-                         Cell(str(meta.get("item_hash") or "–")),
-                         Cell(str(prov.get("model", "–"))), Cell(str(prov.get("checkpoint", "–"))),
-                         Cell(str(prov.get("preprocessing", "–"))), Cell(str(meta.get("finished") or "–"))))
+            body.append(
+                (
+                    Cell(dataset),
+                    Cell(str(meta.get("num_rows", "–"))),
+                    Cell(str(meta.get("item_hash") or "–")),
+                    Cell(str(prov.get("model", "–"))),
+                    Cell(str(prov.get("checkpoint", "–"))),
+                    Cell(str(prov.get("preprocessing", "–"))),
+                    Cell(str(meta.get("finished") or "–")),
+                )
+            )
             for lib, version in (meta.get("versions") or {}).items():
                 versions.setdefault(lib, set()).add(str(version))
         for lib, version in (head.get("versions") or {}).items():
             versions.setdefault(lib, set()).add(str(version))
-        result.append(Table(f"entries-{key}", "Store entries (dataset hashes, checkpoints)",
-                            ("dataset", "rows", "item hash (SHA-256)", "model", "checkpoint", "preprocessing", "extracted"),
-                            tuple(body), align=("l", "r", "l", "l", "l", "l", "l")))
+        result.append(
+            Table(
+                f"entries-{key}",
+                "Store entries (dataset hashes, checkpoints)",
+                ("dataset", "rows", "item hash (SHA-256)", "model", "checkpoint", "preprocessing", "extracted"),
+                tuple(body),
+                align=("l", "r", "l", "l", "l", "l", "l"),
+            )
+        )
         if versions:
-            result.append(Table(f"versions-{key}", "Library versions at extraction", ("library", "version"),
-                                tuple((Cell(lib), Cell(", ".join(sorted(v)))) for lib, v in sorted(versions.items()))))
+            result.append(
+                Table(
+                    f"versions-{key}",
+                    "Library versions at extraction",
+                    ("library", "version"),
+                    tuple((Cell(lib), Cell(", ".join(sorted(v)))) for lib, v in sorted(versions.items())),
+                )
+            )
     return result
 
 
@@ -160,14 +222,27 @@ def _report_versions() -> Table:
 
     from .. import __version__
 
-    items = [("python", platform.python_version()), ("oodbench", __version__), ("numpy", np.__version__),
-             ("scipy", scipy.__version__), ("matplotlib", matplotlib.__version__)]
-    return Table("versions-report", "Library versions of this report", ("library", "version"),
-                 tuple((Cell(k), Cell(v)) for k, v in items))
+    items = [
+        ("python", platform.python_version()),
+        ("oodbench", __version__),
+        ("numpy", np.__version__),
+        ("scipy", scipy.__version__),
+        ("matplotlib", matplotlib.__version__),
+    ]
+    return Table(
+        "versions-report",
+        "Library versions of this report",
+        ("library", "version"),
+        tuple((Cell(k), Cell(v)) for k, v in items),
+    )
 
 
-def build_report(run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData], options: ReportOptions | None = None,
-                 *, progress: bool = False) -> ReportContent:
+def build_report(
+    run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData],
+    options: ReportOptions | None = None,
+    *,
+    progress: bool = False,
+) -> ReportContent:
     """Tables, figures and provenance for one or more evaluation runs (e.g. one per model)."""
     options = options or ReportOptions()
     if all(isinstance(r, RunData) for r in run_dirs):
@@ -202,27 +277,42 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData],
         for model, id_dataset in pairs:
             section = Section(f"model-{_slug(model)}-{_slug(id_dataset)}", f"Model {model} (ID: {id_dataset})")
             section.items.append(tables.table_detectors(supervised, model, id_dataset))
-            section.items.append(FigureItem(
-                f"fig1-{_slug(model)}", f"Fig. 1: best detector per OOD set for {model}",
-                lambda m=model, i=id_dataset: figures.fig_best_detectors(supervised, m, i)))
+            section.items.append(
+                FigureItem(
+                    f"fig1-{_slug(model)}",
+                    f"Fig. 1: best detector per OOD set for {model}",
+                    lambda m=model, i=id_dataset: figures.fig_best_detectors(supervised, m, i),
+                )
+            )
             content.sections.append(section)
 
     if zeroshot:
         zero_pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in zeroshot))
-        zero = Section("zeroshot", "Zero-shot vocabularies",
-                       "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
-                       "vocabulary-size figure only, not in the supervised tables, subsampling or intervals.")
+        zero = Section(
+            "zeroshot",
+            "Zero-shot vocabularies",
+            "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
+            "vocabulary-size figure only, not in the supervised tables, subsampling or intervals.",
+        )
         zero.items.append(tables.table2(zeroshot, vocabularies, pairs=zero_pairs))
         if figures.vocab_sweep_lines(zeroshot, vocabularies):
-            zero.items.append(FigureItem("figA1-vocabulary-sweep", "Fig. A1/A2: FPR@95 against vocabulary size",
-                                         lambda: figures.fig_vocab_sweep(zeroshot, vocabularies)))
+            zero.items.append(
+                FigureItem(
+                    "figA1-vocabulary-sweep",
+                    "Fig. A1/A2: FPR@95 against vocabulary size",
+                    lambda: figures.fig_vocab_sweep(zeroshot, vocabularies),
+                )
+            )
         content.sections.append(zero)
 
     scored_pairs = [p for p in pairs if p in scored]
     missing = [p for p in pairs if p not in scored]
     if missing:
-        content.notes.append("No per-image scores for " + ", ".join(f"{m}/{i}" for m, i in missing)
-                             + ": subsampling, intervals and score figures skipped for them.")
+        content.notes.append(
+            "No per-image scores for "
+            + ", ".join(f"{m}/{i}" for m, i in missing)
+            + ": subsampling, intervals and score figures skipped for them."
+        )
     if scored_pairs:
         _add_score_sections(content, supervised, scored, scored_pairs, options, progress)
 
@@ -264,8 +354,10 @@ def merge_vocabularies(runs: Sequence[RunData], given: Mapping[str, Any] | None)
             raise AnalysisError(f"{run.path}/run.json: 'vocabularies' must map keys to {{label, size, ...}}")
         for key, meta in found.items():
             if key in merged and merged[key] != meta:
-                notes.append(f"vocabulary {key!r} is described differently by the runs ({merged[key]} vs {meta} "
-                             f"in {run.path}); using the latter")
+                notes.append(
+                    f"vocabulary {key!r} is described differently by the runs ({merged[key]} vs {meta} "
+                    f"in {run.path}); using the latter"
+                )
             merged[key] = meta
     for key, meta in (given or {}).items():
         earlier = merged.get(key)
@@ -289,20 +381,34 @@ def _unique_names(content: ReportContent) -> None:
                     item.stem = unique
 
 
-def _add_score_sections(content: ReportContent, supervised: Sequence[ResultRow], scored: Mapping[tuple[str, str], RunData],
-                        pairs: Sequence[tuple[str, str]], options: ReportOptions, progress: bool) -> None:
+def _add_score_sections(
+    content: ReportContent,
+    supervised: Sequence[ResultRow],
+    scored: Mapping[tuple[str, str], RunData],
+    pairs: Sequence[tuple[str, str]],
+    options: ReportOptions,
+    progress: bool,
+) -> None:
     """Subsampling (Table A6, Fig. A4), intervals and DeLong, ROC curves and histograms."""
     plans = [(pair, ood) for pair in pairs for ood in scored[pair].ood_datasets(*pair)]
     n_ood = {(r.model, r.id_dataset, r.ood_dataset): r.n_ood for run in scored.values() for r in run.rows}
     sizes = {f"{pair[0]}/{ood}": n_ood[(*pair, ood)] for pair, ood in plans}
     n = resolve_n(options.n, sizes)
     if n > max(sizes.values()):
-        raise AnalysisError(f"n={n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())}); "
-                            f"pass a smaller n, e.g. {max(1, min(sizes.values()) // 2)}")
-    sub = Section("subsampling", "Subsampling (Table A6, Fig. A4)",
-                  f"The best detector's FPR@95 over {options.draws} draws of n={n} OOD images without replacement.")
-    stats_section = Section("uncertainty", "Uncertainty",
-                            "Intervals of each OOD set's best detector, and DeLong's test of the two best by AUROC.")
+        raise AnalysisError(
+            f"n={n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())}); "
+            f"pass a smaller n, e.g. {max(1, min(sizes.values()) // 2)}"
+        )
+    sub = Section(
+        "subsampling",
+        "Subsampling (Table A6, Fig. A4)",
+        f"The best detector's FPR@95 over {options.draws} draws of n={n} OOD images without replacement.",
+    )
+    stats_section = Section(
+        "uncertainty",
+        "Uncertainty",
+        "Intervals of each OOD set's best detector, and DeLong's test of the two best by AUROC.",
+    )
     score_section = Section("scores", "ROC curves and score distributions")
     curves: dict[tuple[str, str], dict[str, list[SubsampleStudy]]] = {}
     thresholds: dict[tuple[str, str], dict[str, float]] = {}  # ID thresholds per (model, ID set): computed once
@@ -317,25 +423,70 @@ def _add_score_sections(content: ReportContent, supervised: Sequence[ResultRow],
             # One set of acceptance bits serves Table A6 and every point of the Fig. A4 curve.
             bits = acceptance_bits(id_scores, ood_scores, options.tpr, thresholds.setdefault(pair, {}))
             if n <= total:
-                study = subsample_fpr(id_scores, ood_scores, n, draws=options.draws, seed=options.seed, tpr=options.tpr,
-                                      model=pair[0], id_dataset=pair[1], ood_dataset=ood, bits=bits)
+                study = subsample_fpr(
+                    id_scores,
+                    ood_scores,
+                    n,
+                    draws=options.draws,
+                    seed=options.seed,
+                    tpr=options.tpr,
+                    model=pair[0],
+                    id_dataset=pair[1],
+                    ood_dataset=ood,
+                    bits=bits,
+                )
                 content.subsample.append(study.summary())
             else:
                 content.notes.append(f"{pair[0]}/{ood}: not subsampled, n={n} exceeds its {total} OOD images.")
             curves.setdefault(pair, {})[ood] = subsample_curve(
-                id_scores, ood_scores, curve_sizes(total, options.curve_points, [n]), draws=options.curve_draws,
-                seed=options.seed, tpr=options.tpr, model=pair[0], id_dataset=pair[1], ood_dataset=ood, bits=bits)
-            ranked = [d for d in best_detectors(run, pair[0], pair[1], ood, "fpr95", count=len(id_scores)) if d in id_scores]
+                id_scores,
+                ood_scores,
+                curve_sizes(total, options.curve_points, [n]),
+                draws=options.curve_draws,
+                seed=options.seed,
+                tpr=options.tpr,
+                model=pair[0],
+                id_dataset=pair[1],
+                ood_dataset=ood,
+                bits=bits,
+            )
+            ranked = [
+                d for d in best_detectors(run, pair[0], pair[1], ood, "fpr95", count=len(id_scores)) if d in id_scores
+            ]
             best = ranked[0] if ranked else curves[pair][ood][0].best
-            content.intervals.append(interval_record(pair[0], pair[1], ood, best, id_scores[best],
-                                                     ood_scores[best], resamples=options.resamples,
-                                                     confidence=options.confidence, seed=options.seed, tpr=options.tpr))
-            top_auroc = [d for d in best_detectors(run, pair[0], pair[1], ood, "auroc", count=len(id_scores)) if d in id_scores][:2]
+            content.intervals.append(
+                interval_record(
+                    pair[0],
+                    pair[1],
+                    ood,
+                    best,
+                    id_scores[best],
+                    ood_scores[best],
+                    resamples=options.resamples,
+                    confidence=options.confidence,
+                    seed=options.seed,
+                    tpr=options.tpr,
+                )
+            )
+            top_auroc = [
+                d for d in best_detectors(run, pair[0], pair[1], ood, "auroc", count=len(id_scores)) if d in id_scores
+            ][:2]
             if len(top_auroc) == 2:
                 a, b = top_auroc
-                content.comparisons.append((pair[0], ood, delong_test(id_scores[a], ood_scores[a], id_scores[b],
-                                                                      ood_scores[b], confidence=options.confidence,
-                                                                      names=(a, b))))
+                content.comparisons.append(
+                    (
+                        pair[0],
+                        ood,
+                        delong_test(
+                            id_scores[a],
+                            ood_scores[a],
+                            id_scores[b],
+                            ood_scores[b],
+                            confidence=options.confidence,
+                            names=(a, b),
+                        ),
+                    )
+                )
             if options.score_figures:
                 chosen = list(options.plot_detectors or _mean_fpr_order(supervised, pair, set(id_scores))[:3])
                 chosen = [d for d in chosen if d in id_scores]
@@ -343,20 +494,35 @@ def _add_score_sections(content: ReportContent, supervised: Sequence[ResultRow],
                     ids_c = {d: id_scores[d] for d in chosen}
                     oods_c = {d: ood_scores[d] for d in chosen}
                     label = f"{pair[0]}: {pair[1]} vs {ood}"
-                    score_section.items.append(FigureItem(f"roc-{_slug(pair[0])}-{_slug(ood)}", f"ROC curves, {label}",
-                                                          lambda i=ids_c, o=oods_c, t=label: figures.fig_roc(i, o, t, options.tpr)))
-                    score_section.items.append(FigureItem(
-                        f"hist-{_slug(pair[0])}-{_slug(ood)}", f"Score histograms, {label}",
-                        lambda i=ids_c, o=oods_c, t=label, lab=(pair[1], ood): figures.fig_score_histograms(
-                            i, o, t, options.tpr, labels=lab)))
+                    score_section.items.append(
+                        FigureItem(
+                            f"roc-{_slug(pair[0])}-{_slug(ood)}",
+                            f"ROC curves, {label}",
+                            lambda i=ids_c, o=oods_c, t=label: figures.fig_roc(i, o, t, options.tpr),
+                        )
+                    )
+                    score_section.items.append(
+                        FigureItem(
+                            f"hist-{_slug(pair[0])}-{_slug(ood)}",
+                            f"Score histograms, {label}",
+                            lambda i=ids_c, o=oods_c, t=label, lab=(pair[1], ood): figures.fig_score_histograms(
+                                i, o, t, options.tpr, labels=lab
+                            ),
+                        )
+                    )
             bar.advance(task)
     if content.subsample:
         spreads = spread_vs_noise(content.subsample)
         sub.items.append(tables.table_a6(content.subsample, spreads))
     for pair, per_ood in curves.items():
-        sub.items.append(FigureItem(f"figA4-{_slug(pair[0])}", f"Fig. A4: FPR@95 over subset size n, {pair[0]} "
-                                    f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE)",
-                                    lambda c=per_ood, m=pair[0]: figures.fig_subsample_curves(c, m)))
+        sub.items.append(
+            FigureItem(
+                f"figA4-{_slug(pair[0])}",
+                f"Fig. A4: FPR@95 over subset size n, {pair[0]} "
+                f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE)",
+                lambda c=per_ood, m=pair[0]: figures.fig_subsample_curves(c, m),
+            )
+        )
     content.sections.append(sub)
     if content.intervals:
         stats_section.items.append(tables.table_intervals(content.intervals, options.confidence))

@@ -1,9 +1,10 @@
 """`oodbench report RUN_DIR… --out DIR`: the paper's tables (Markdown, LaTeX, HTML), figures and one HTML report."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -11,20 +12,31 @@ from ..errors import AnalysisError, OodbenchError
 
 
 def report_command(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Evaluation run directories (one per model), or results .parquet files.")],
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Evaluation run directories (one per model), or results .parquet files.")
+    ],
     out: Annotated[Path, typer.Option("--out", help="Output directory.")],
     format: Annotated[str, typer.Option("--format", help="Comma-separated: md, tex, html.")] = "md,tex,html",
     figure_format: Annotated[str, typer.Option("--figure-format", help="Comma-separated: png, pdf, svg.")] = "png,pdf",
-    n: Annotated[str, typer.Option("--n", help="Subset size of Table A6; 'auto' = 655 capped at half the smallest OOD set.")] = "auto",
+    n: Annotated[
+        str, typer.Option("--n", help="Subset size of Table A6; 'auto' = 655 capped at half the smallest OOD set.")
+    ] = "auto",
     draws: Annotated[int, typer.Option(help="Draws per subset size.")] = 1000,
     curve_draws: Annotated[int, typer.Option(help="Draws per point of the Fig. A4 curves.")] = 300,
     resamples: Annotated[int, typer.Option(help="Bootstrap resamples of the interval table.")] = 1000,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    plot_detector: Annotated[Optional[list[str]], typer.Option("--plot-detector", help="Detectors in ROC curves and "
-                                                               "histograms (repeatable; default: the 3 best).")] = None,
-    score_figures: Annotated[bool, typer.Option("--score-figures/--no-score-figures",
-                                                help="ROC curves and histograms per (model, OOD set).")] = True,
-    vocab: Annotated[Optional[Path], typer.Option(help="JSON {key: {label, size, deployable, family}} for Table 2.")] = None,
+    plot_detector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--plot-detector", help="Detectors in ROC curves and histograms (repeatable; default: the 3 best)."
+        ),
+    ] = None,
+    score_figures: Annotated[
+        bool, typer.Option("--score-figures/--no-score-figures", help="ROC curves and histograms per (model, OOD set).")
+    ] = True,
+    vocab: Annotated[
+        Path | None, typer.Option(help="JSON {key: {label, size, deployable, family}} for Table 2.")
+    ] = None,
     title: Annotated[str, typer.Option(help="Report title.")] = "oodbench report",
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
@@ -46,9 +58,17 @@ def report_command(
                 raise AnalysisError(f"cannot read vocabulary file {vocab}: {exc}") from exc
             if not isinstance(vocabularies, dict):
                 raise AnalysisError(f"{vocab} must hold a JSON object {{key: {{label, size, deployable, family}}}}")
-        options = ReportOptions(n=n, draws=draws, curve_draws=curve_draws, resamples=resamples, seed=seed,
-                                plot_detectors=tuple(plot_detector) if plot_detector else None,
-                                score_figures=score_figures, vocabularies=vocabularies, title=title)
+        options = ReportOptions(
+            n=n,
+            draws=draws,
+            curve_draws=curve_draws,
+            resamples=resamples,
+            seed=seed,
+            plot_detectors=tuple(plot_detector) if plot_detector else None,
+            score_figures=score_figures,
+            vocabularies=vocabularies,
+            title=title,
+        )
         content = build_report(run_dirs, options, progress=not quiet)
         written = write_report(content, out, formats, figure_formats)
     except OodbenchError as exc:

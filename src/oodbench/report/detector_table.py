@@ -1,7 +1,8 @@
 """The per-detector table of one model: rows = detectors, columns = OOD sets, cells `FPR@95 / AUROC` in %."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..results import ResultRow
 
@@ -10,8 +11,9 @@ def _lookup(rows: Sequence[ResultRow]) -> dict[tuple[str, str, str], float]:
     return {(r.detector, r.ood_dataset, r.metric): r.value for r in rows}
 
 
-def detector_table_markdown(rows: Sequence[ResultRow], detectors: Sequence[str] | None = None,
-                            ood_datasets: Sequence[str] | None = None) -> str:
+def detector_table_markdown(
+    rows: Sequence[ResultRow], detectors: Sequence[str] | None = None, ood_datasets: Sequence[str] | None = None
+) -> str:
     """Markdown table with FPR@95 / AUROC (%) per detector and OOD set, the best FPR@95 of each column in bold."""
     values = _lookup(rows)
     detectors = list(detectors) if detectors is not None else list(dict.fromkeys(r.detector for r in rows))

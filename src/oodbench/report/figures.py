@@ -3,14 +3,15 @@
 Each `fig_*` function returns a `matplotlib.figure.Figure`; `save_figure` writes PNG and PDF atomically and
 `figure_png_base64` embeds one in HTML. Values are shown in %.
 """
+
 from __future__ import annotations
 
 import base64
 import io
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -22,7 +23,7 @@ from ..analysis.subsample import SubsampleStudy
 from ..atomic import atomic_path
 from ..errors import AnalysisError
 from ..results import ResultRow
-from .tables import Vocabulary, ResultGrid, coerce_vocabularies, parse_vocabulary_score, supervised_rows
+from .tables import ResultGrid, Vocabulary, coerce_vocabularies, parse_vocabulary_score, supervised_rows
 
 __all__ = [
     "save_figure",
@@ -50,8 +51,13 @@ def _finish(figure: Figure) -> Figure:
     return figure
 
 
-def save_figure(figure: Figure, directory: str | os.PathLike[str], stem: str,
-                formats: Sequence[str] = ("png", "pdf"), dpi: int = 150) -> list[Path]:
+def save_figure(
+    figure: Figure,
+    directory: str | os.PathLike[str],
+    stem: str,
+    formats: Sequence[str] = ("png", "pdf"),
+    dpi: int = 150,
+) -> list[Path]:
     """Write the figure as <directory>/<stem>.<format> for each format, atomically; returns the paths."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -80,8 +86,9 @@ def _grid_shape(count: int, max_columns: int = 3) -> tuple[int, int]:
     return math.ceil(count / columns), columns
 
 
-def fig_best_detectors(rows: Sequence[ResultRow], model: str, id_dataset: str | None = None,
-                       ood_datasets: Sequence[str] | None = None) -> Figure:
+def fig_best_detectors(
+    rows: Sequence[ResultRow], model: str, id_dataset: str | None = None, ood_datasets: Sequence[str] | None = None
+) -> Figure:
     """Fig. 1: the best detector's FPR@95 and AUROC on each OOD set (benchmark) for one model, bars labelled by name."""
     grid = ResultGrid(supervised_rows(rows))
     pair = grid.model_pair(model, id_dataset)
@@ -98,9 +105,17 @@ def fig_best_detectors(rows: Sequence[ResultRow], model: str, id_dataset: str | 
             if best:
                 # Names go inside tall bars (reading up from the base) and above short ones, never off the axes.
                 inside = bar.get_height() > 50
-                ax.annotate(best[0], (bar.get_x() + bar.get_width() / 2, 0 if inside else bar.get_height()),
-                            xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=7,
-                            rotation=90, color="white" if inside else "black")
+                ax.annotate(
+                    best[0],
+                    (bar.get_x() + bar.get_width() / 2, 0 if inside else bar.get_height()),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    rotation=90,
+                    color="white" if inside else "black",
+                )
         ax.set_xticks(range(len(oods)), oods, rotation=30, ha="right", fontsize=8)
         ax.set_ylim(0, 105)
         ax.set_title(title, fontsize=10)
@@ -127,10 +142,18 @@ def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: 
         se = 100 * np.array([s.se for s in summaries])
         full = 100 * summaries[0].full
         # A rate lives in [0, 100] %: the ±2σ band and the ±2·SE lines are clipped there.
-        ax.fill_between(ns, np.clip(mean - 2 * std, 0, 100), np.clip(mean + 2 * std, 0, 100), color=_COLORS[0],
-                        alpha=0.25, label="draws: mean ± 2σ")
+        ax.fill_between(
+            ns,
+            np.clip(mean - 2 * std, 0, 100),
+            np.clip(mean + 2 * std, 0, 100),
+            color=_COLORS[0],
+            alpha=0.25,
+            label="draws: mean ± 2σ",
+        )
         ax.plot(ns, mean, "o-", color=_COLORS[0], markersize=3, label="draws: mean")
-        ax.plot(ns, np.clip(full + 2 * se, 0, 100), "--", color=_COLORS[1], linewidth=1, label="full ± 2·SE (closed form)")
+        ax.plot(
+            ns, np.clip(full + 2 * se, 0, 100), "--", color=_COLORS[1], linewidth=1, label="full ± 2·SE (closed form)"
+        )
         ax.plot(ns, np.clip(full - 2 * se, 0, 100), "--", color=_COLORS[1], linewidth=1)
         ax.axhline(full, color="black", linewidth=0.8, linestyle=":", label="full set")
         ax.set_xscale("log")
@@ -139,7 +162,7 @@ def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: 
         ax.set_ylabel("FPR@95 (%)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in axes[len(curves):]:
+    for ax in axes[len(curves) :]:
         ax.set_visible(False)
     axes[0].legend(fontsize=7, loc="best")
     if title:
@@ -154,8 +177,9 @@ def _check_detectors(id_scores: Mapping[str, object], ood_scores: Mapping[str, o
     return names
 
 
-def fig_roc(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], title: str = "",
-            tpr: float = 0.95) -> Figure:
+def fig_roc(
+    id_scores: Mapping[str, object], ood_scores: Mapping[str, object], title: str = "", tpr: float = 0.95
+) -> Figure:
     """ROC curves (ID positive: x = OOD accepted, y = ID accepted) with each detector's FPR@95 point marked."""
     names = _check_detectors(id_scores, ood_scores)
     figure = _figure(4.6, 4.2)
@@ -165,8 +189,13 @@ def fig_roc(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], t
         color = _COLORS[index % len(_COLORS)]
         fpr95 = metrics.fpr_at_tpr(id_scores[name], ood_scores[name], tpr)
         auc = metrics.auroc(id_scores[name], ood_scores[name])
-        ax.plot(fpr, tpr_values, color=color, linewidth=1.3,
-                label=f"{name}: AUROC {100 * auc:.1f}, FPR@95 {100 * fpr95:.1f}")
+        ax.plot(
+            fpr,
+            tpr_values,
+            color=color,
+            linewidth=1.3,
+            label=f"{name}: AUROC {100 * auc:.1f}, FPR@95 {100 * fpr95:.1f}",
+        )
         # The operating point: the curve's vertex at the FPR@95 threshold (an ID score, so always a vertex).
         point = int(np.flatnonzero(thresholds == metrics.threshold_at_tpr(id_scores[name], tpr))[0])
         ax.plot([fpr[point]], [tpr_values[point]], "o", color=color, markersize=4)
@@ -182,8 +211,14 @@ def fig_roc(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], t
     return _finish(figure)
 
 
-def fig_score_histograms(id_scores: Mapping[str, object], ood_scores: Mapping[str, object], title: str = "",
-                         tpr: float = 0.95, bins: int = 40, labels: tuple[str, str] = ("ID", "OOD")) -> Figure:
+def fig_score_histograms(
+    id_scores: Mapping[str, object],
+    ood_scores: Mapping[str, object],
+    title: str = "",
+    tpr: float = 0.95,
+    bins: int = 40,
+    labels: tuple[str, str] = ("ID", "OOD"),
+) -> Figure:
     """ID and OOD score histograms per detector (shared bins, densities) with the FPR@95 threshold marked."""
     names = _check_detectors(id_scores, ood_scores)
     rows, columns = _grid_shape(len(names))
@@ -196,11 +231,16 @@ def fig_score_histograms(id_scores: Mapping[str, object], ood_scores: Mapping[st
         edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
         ax.hist(ids, bins=edges, density=True, histtype="stepfilled", alpha=0.55, color=_COLORS[0], label=labels[0])
         ax.hist(ood, bins=edges, density=True, histtype="stepfilled", alpha=0.55, color=_COLORS[1], label=labels[1])
-        ax.axvline(metrics.threshold_at_tpr(ids, tpr), color="black", linewidth=0.9, linestyle="--",
-                   label=f"threshold (TPR {100 * tpr:g}%)")
+        ax.axvline(
+            metrics.threshold_at_tpr(ids, tpr),
+            color="black",
+            linewidth=0.9,
+            linestyle="--",
+            label=f"threshold (TPR {100 * tpr:g}%)",
+        )
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
-    for ax in axes[len(names):]:
+    for ax in axes[len(names) :]:
         ax.set_visible(False)
     axes[0].legend(fontsize=7)
     if title:
@@ -212,9 +252,12 @@ def _sweep_line(vocab: Vocabulary, method: str, parameter: str) -> str:
     return f"{vocab.label} · {method}, {'k' if parameter == 'k' else 'M'} sweep"
 
 
-def vocab_sweep_lines(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None = None,
-                      metric: str = "fpr95", ood_datasets: Sequence[str] | None = None
-                      ) -> dict[str, dict[str, dict[int, float]]]:
+def vocab_sweep_lines(
+    rows: Sequence[ResultRow],
+    vocabularies: Mapping[str, object] | None = None,
+    metric: str = "fpr95",
+    ood_datasets: Sequence[str] | None = None,
+) -> dict[str, dict[str, dict[int, float]]]:
     """{panel (model): {line: {vocabulary size: metric averaged over the OOD sets}}} for Fig. A1/A2.
 
     A line per swept (score, vocabulary, k or M) through its sweep points ``score@vocab[k=K]`` / ``[m=M]`` and the
@@ -238,8 +281,13 @@ def vocab_sweep_lines(rows: Sequence[ResultRow], vocabularies: Mapping[str, obje
             assert score is not None  # only vocabulary-bound rows are in the grid
             vocab = vocabs.get(score.vocabulary) or Vocabulary(score.vocabulary)
             if score.sweep:
-                planned.append((_sweep_line(vocab, score.method, score.parameter),  # type: ignore[arg-type]
-                               vocab.sweep_size(score.parameter, score.value), detector))  # type: ignore[arg-type]
+                planned.append(
+                    (
+                        _sweep_line(vocab, score.method, score.parameter),  # type: ignore[arg-type]
+                        vocab.sweep_size(score.parameter, score.value),
+                        detector,
+                    )
+                )  # type: ignore[arg-type]
                 continue
             parameters = {s[2] for s in swept if s[:2] == (score.vocabulary, score.method)}
             if not parameters:
@@ -248,8 +296,9 @@ def vocab_sweep_lines(rows: Sequence[ResultRow], vocabularies: Mapping[str, obje
             for parameter in parameters:
                 own = vocab.k if parameter == "k" else vocab.m
                 if own is not None and (score.vocabulary, score.method, parameter, own) not in swept:
-                    planned.append((_sweep_line(vocab, score.method, parameter), vocab.sweep_size(parameter, own),
-                                    detector))
+                    planned.append(
+                        (_sweep_line(vocab, score.method, parameter), vocab.sweep_size(parameter, own), detector)
+                    )
         for line, size, detector in planned:
             values = [grid.metric(pair, o, detector, metric) for o in oods]
             # Sizes go on a log axis: an empty sweep point (k=0) cannot be shown.
@@ -257,27 +306,43 @@ def vocab_sweep_lines(rows: Sequence[ResultRow], vocabularies: Mapping[str, obje
                 continue
             mean = sum(values) / len(values)  # type: ignore[arg-type]
             lines.setdefault(grid.label(pair), {}).setdefault(line, {}).setdefault(size, []).append(mean)
-    return {panel: {line: {size: float(np.mean(points[size])) for size in sorted(points)}
-                    for line, points in per_line.items()} for panel, per_line in lines.items()}
+    return {
+        panel: {
+            line: {size: float(np.mean(points[size])) for size in sorted(points)} for line, points in per_line.items()
+        }
+        for panel, per_line in lines.items()
+    }
 
 
-def fig_vocab_sweep(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None = None,
-                    metric: str = "fpr95", ood_datasets: Sequence[str] | None = None) -> Figure:
+def fig_vocab_sweep(
+    rows: Sequence[ResultRow],
+    vocabularies: Mapping[str, object] | None = None,
+    metric: str = "fpr95",
+    ood_datasets: Sequence[str] | None = None,
+) -> Figure:
     """Fig. A1/A2: a zero-shot metric (mean over OOD sets) against vocabulary size, a panel per model.
 
     The lines are those of `vocab_sweep_lines`.
     """
     lines = vocab_sweep_lines(rows, vocabularies, metric, ood_datasets)
     if not lines:
-        raise AnalysisError("nothing to plot against vocabulary size: no sweep points (score@vocabulary[k=K] or [m=M]) "
-                            "and no vocabulary sizes (e.g. {'wn-1000': {'size': 1000, 'family': 'wordnet'}})")
+        raise AnalysisError(
+            "nothing to plot against vocabulary size: no sweep points (score@vocabulary[k=K] or [m=M]) "
+            "and no vocabulary sizes (e.g. {'wn-1000': {'size': 1000, 'family': 'wordnet'}})"
+        )
     rows_count, columns = _grid_shape(len(lines))
     figure = _figure(4.2 * columns, 3.2 * rows_count)
     axes = figure.subplots(rows_count, columns, squeeze=False).ravel()
     for ax, (panel, per_line) in zip(axes, lines.items()):
         for index, (label, points) in enumerate(per_line.items()):
-            ax.plot(list(points), [100 * v for v in points.values()], "o-", markersize=3,
-                    color=_COLORS[index % len(_COLORS)], label=label)
+            ax.plot(
+                list(points),
+                [100 * v for v in points.values()],
+                "o-",
+                markersize=3,
+                color=_COLORS[index % len(_COLORS)],
+                label=label,
+            )
         ax.set_xscale("log")
         ax.set_xlabel("vocabulary size (labels)", fontsize=8)
         ax.set_ylabel(("FPR@95" if metric == "fpr95" else "AUROC") + " (%)", fontsize=8)
@@ -285,6 +350,6 @@ def fig_vocab_sweep(rows: Sequence[ResultRow], vocabularies: Mapping[str, object
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in axes[len(lines):]:
+    for ax in axes[len(lines) :]:
         ax.set_visible(False)
     return _finish(figure)

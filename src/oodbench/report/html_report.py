@@ -2,14 +2,16 @@
 
 A Content-Security-Policy in the page forbids every external load, so what renders offline is all there is.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from html import escape
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..atomic import atomic_write_text
 from .build import FigureItem, ReportContent, ReportOptions, build_report
@@ -52,30 +54,44 @@ ul.notes { color: var(--muted); }
 
 
 def _figure_html(item: FigureItem, png_base64: str) -> str:
-    return (f'<figure class="plot" id="{escape(item.stem)}">'
-            f'<img alt="{escape(item.caption)}" src="data:image/png;base64,{png_base64}">'
-            f"<figcaption>{escape(item.caption)}</figcaption></figure>\n")
+    return (
+        f'<figure class="plot" id="{escape(item.stem)}">'
+        f'<img alt="{escape(item.caption)}" src="data:image/png;base64,{png_base64}">'
+        f"<figcaption>{escape(item.caption)}</figcaption></figure>\n"
+    )
 
 
-def render_html_document(content: ReportContent, figure_png: Callable[[FigureItem], str] | None = None,
-                         *, generated: str | None = None) -> str:
+def render_html_document(
+    content: ReportContent, figure_png: Callable[[FigureItem], str] | None = None, *, generated: str | None = None
+) -> str:
     """The full HTML page; `figure_png(item)` returns base64 PNG (default: render the figure now)."""
     if figure_png is None:
         from .figures import figure_png_base64
 
         def figure_png(item: FigureItem) -> str:
             return figure_png_base64(item.make())
-    generated = generated or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             # Nothing outside this file may load: the report must be complete offline.
-             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
-             "style-src 'unsafe-inline'\">",
-             f"<title>{escape(content.title)}</title>", f"<style>{CSS}</style>", "</head>", "<body>",
-             f"<header><h1>{escape(content.title)}</h1>",
-             f'<p class="meta">Generated {escape(generated)} by oodbench from {len(content.runs)} run(s): '
-             f"{escape(', '.join(content.runs))}</p></header>"]
-    parts.append("<nav>" + "".join(f'<a href="#{escape(s.key)}">{escape(s.title)}</a>' for s in content.sections) + "</nav>")
+
+    generated = generated or _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        # Nothing outside this file may load: the report must be complete offline.
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
+        "style-src 'unsafe-inline'\">",
+        f"<title>{escape(content.title)}</title>",
+        f"<style>{CSS}</style>",
+        "</head>",
+        "<body>",
+        f"<header><h1>{escape(content.title)}</h1>",
+        f'<p class="meta">Generated {escape(generated)} by oodbench from {len(content.runs)} run(s): '
+        f"{escape(', '.join(content.runs))}</p></header>",
+    ]
+    parts.append(
+        "<nav>" + "".join(f'<a href="#{escape(s.key)}">{escape(s.title)}</a>' for s in content.sections) + "</nav>"
+    )
     parts.append("<main>")
     for section in content.sections:
         parts.append(f'<section id="{escape(section.key)}"><h2>{escape(section.title)}</h2>')
@@ -85,14 +101,23 @@ def render_html_document(content: ReportContent, figure_png: Callable[[FigureIte
             parts.append(render_html(item) if isinstance(item, Table) else _figure_html(item, figure_png(item)))
         parts.append("</section>")
     if content.notes:
-        parts.append('<section id="notes"><h2>Notes</h2><ul class="notes">'
-                     + "".join(f"<li>{escape(n)}</li>" for n in content.notes) + "</ul></section>")
+        parts.append(
+            '<section id="notes"><h2>Notes</h2><ul class="notes">'
+            + "".join(f"<li>{escape(n)}</li>" for n in content.notes)
+            + "</ul></section>"
+        )
     parts += ["</main>", "</body>", "</html>"]
     return "\n".join(parts) + "\n"
 
 
-def write_html_report(run_dirs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out_path: str | os.PathLike[str],
-                      *, options: ReportOptions | None = None, progress: bool = False, **option_values: Any) -> Path:
+def write_html_report(
+    run_dirs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out_path: str | os.PathLike[str],
+    *,
+    options: ReportOptions | None = None,
+    progress: bool = False,
+    **option_values: Any,
+) -> Path:
     """Build the report of one or more run directories and write it as one self-contained HTML file."""
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]

@@ -1,4 +1,5 @@
 """Render a `Table` as a LaTeX booktabs table (best values in bold, notes as a footnote-size paragraph)."""
+
 from __future__ import annotations
 
 import re
@@ -8,12 +9,32 @@ from .table_model import Cell, Table
 __all__ = ["render_latex", "latex_escape"]
 
 _SPECIAL = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-    "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
     # Unicode used in our tables, spelled so that pdflatex without extra packages accepts it.
-    "↓": r"$\downarrow$", "↑": r"$\uparrow$", "ρ": r"$\rho$", "σ": r"$\sigma$", "±": r"$\pm$", "√": r"$\surd$",
-    "−": r"$-$", "–": "--", "—": "---", "†": r"$^\dagger$", "≥": r"$\geq$", "≤": r"$\leq$", "×": r"$\times$",
-    "·": r"$\cdot$", "|": r"$|$",
+    "↓": r"$\downarrow$",
+    "↑": r"$\uparrow$",
+    "ρ": r"$\rho$",
+    "σ": r"$\sigma$",
+    "±": r"$\pm$",
+    "√": r"$\surd$",
+    "−": r"$-$",
+    "–": "--",
+    "—": "---",
+    "†": r"$^\dagger$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "×": r"$\times$",
+    "·": r"$\cdot$",
+    "|": r"$|$",
 }
 _PATTERN = re.compile("|".join(re.escape(k) for k in _SPECIAL))
 
@@ -34,13 +55,21 @@ def _cell(cell: Cell) -> str:
 
 def render_latex(table: Table, *, label_prefix: str = "tab:") -> str:
     """A complete `table` environment using booktabs rules (needs \\usepackage{booktabs})."""
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(table.title)}}}",
-             rf"\label{{{label_prefix}{table.key}}}", rf"\begin{{tabular}}{{{''.join(table.alignment)}}}", r"\toprule"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{latex_escape(table.title)}}}",
+        rf"\label{{{label_prefix}{table.key}}}",
+        rf"\begin{{tabular}}{{{''.join(table.alignment)}}}",
+        r"\toprule",
+    ]
     if table.groups and any(label for label, _ in table.groups):
         cells, rules, start = [], [], 1
         for label, span in table.groups:
             if label:
-                cells.append(rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(label)}}}" if span > 1 else latex_escape(label))
+                cells.append(
+                    rf"\multicolumn{{{span}}}{{c}}{{{latex_escape(label)}}}" if span > 1 else latex_escape(label)
+                )
                 rules.append(rf"\cmidrule(lr){{{start}-{start + span - 1}}}")
             else:
                 cells.extend([""] * span)

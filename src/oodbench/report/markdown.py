@@ -1,4 +1,5 @@
 """Render a `Table` as a GitHub-flavoured Markdown table (header groups folded into the column names)."""
+
 from __future__ import annotations
 
 from .table_model import Cell, Table

@@ -1,10 +1,11 @@
 """Write a built report to a directory: tables as .md/.tex/.html, figures as PNG/PDF, and report.{md,tex,html}."""
+
 from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..atomic import atomic_write_text
 from ..errors import AnalysisError
@@ -49,24 +50,38 @@ def _markdown_document(content: ReportContent) -> str:
 
 
 def _latex_document(content: ReportContent, has_pdf: bool) -> str:
-    lines = [r"\documentclass{article}", r"\usepackage[margin=2cm,landscape]{geometry}", r"\usepackage{booktabs}",
-             r"\usepackage{graphicx}", r"\begin{document}", rf"\section*{{{latex_escape(content.title)}}}"]
+    lines = [
+        r"\documentclass{article}",
+        r"\usepackage[margin=2cm,landscape]{geometry}",
+        r"\usepackage{booktabs}",
+        r"\usepackage{graphicx}",
+        r"\begin{document}",
+        rf"\section*{{{latex_escape(content.title)}}}",
+    ]
     for section in content.sections:
         lines.append(rf"\subsection*{{{latex_escape(section.title)}}}")
         for item in section.items:
             if isinstance(item, Table):
                 lines.append(render_latex(item).replace(r"\begin{table}[t]", r"\begin{table}[!htbp]"))
             elif has_pdf:
-                lines += [r"\begin{figure}[!htbp]", r"\centering",
-                          rf"\includegraphics[width=0.9\linewidth]{{figures/{item.stem}.pdf}}",
-                          rf"\caption{{{latex_escape(item.caption)}}}", r"\end{figure}"]
+                lines += [
+                    r"\begin{figure}[!htbp]",
+                    r"\centering",
+                    rf"\includegraphics[width=0.9\linewidth]{{figures/{item.stem}.pdf}}",
+                    rf"\caption{{{latex_escape(item.caption)}}}",
+                    r"\end{figure}",
+                ]
         lines.append(r"\clearpage")
     lines.append(r"\end{document}")
     return "\n".join(lines) + "\n"
 
 
-def write_report(content: ReportContent, out_dir: str | os.PathLike[str], formats: Sequence[str] = TABLE_FORMATS,
-                 figure_formats: Sequence[str] = ("png", "pdf")) -> dict[str, list[Path]]:
+def write_report(
+    content: ReportContent,
+    out_dir: str | os.PathLike[str],
+    formats: Sequence[str] = TABLE_FORMATS,
+    figure_formats: Sequence[str] = ("png", "pdf"),
+) -> dict[str, list[Path]]:
     """Write every table in each format, every figure once per figure format, and one report per format."""
     formats = parse_formats(list(formats))
     out = Path(out_dir)
@@ -92,8 +107,10 @@ def write_report(content: ReportContent, out_dir: str | os.PathLike[str], format
         atomic_write_text(out / "report.tex", _latex_document(content, "pdf" in figure_formats))
         written["reports"].append(out / "report.tex")
     if "html" in formats:
+
         def embedded(item: FigureItem) -> str:
             return pngs[item.stem]
+
         atomic_write_text(out / "report.html", render_html_document(content, embedded))
         written["reports"].append(out / "report.html")
     return written

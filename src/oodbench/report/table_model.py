@@ -1,4 +1,5 @@
 """A renderer-neutral table: header groups, columns, cells with bold/notes/marks, footnotes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,7 +40,9 @@ class Table:
             if len(row) != width:
                 raise AnalysisError(f"table {self.key}: row {index} has {len(row)} cells for {width} columns")
         if self.groups and sum(span for _, span in self.groups) != width:
-            raise AnalysisError(f"table {self.key}: header groups span {sum(s for _, s in self.groups)} of {width} columns")
+            raise AnalysisError(
+                f"table {self.key}: header groups span {sum(s for _, s in self.groups)} of {width} columns"
+            )
         if self.align and len(self.align) != width:
             raise AnalysisError(f"table {self.key}: {len(self.align)} alignments for {width} columns")
 

@@ -12,11 +12,13 @@ zero-shot logit-space scores), ``<score>@<vocabulary>`` for vocabulary-bound sco
 zero-shot models belong to Table 2 (and the sweep figure) and are left out of the other tables. "Best" is the lowest
 FPR@95 (ties: higher AUROC, then first listed) or the highest AUROC (ties: lower FPR@95, then first listed).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import NamedTuple
 
 from ..analysis.delong import DeLongResult
 from ..analysis.runs import IntervalRecord
@@ -77,9 +79,11 @@ def parse_vocabulary_score(detector: str) -> VocabScore | None:
         value = match["value"]
         return VocabScore(match["method"], match["vocab"], match["param"], int(value) if value is not None else None)
     if any(ch in detector for ch in "@[]"):
-        raise AnalysisError(f"malformed score name {detector!r}: vocabulary-bound scores are named "
-                            "'<score>@<vocabulary>', sweep points '<score>@<vocabulary>[k=K]' or '[m=M]' "
-                            "(e.g. 'neglabel@wordnet', 'neglabel@siblings[k=5]')")
+        raise AnalysisError(
+            f"malformed score name {detector!r}: vocabulary-bound scores are named "
+            "'<score>@<vocabulary>', sweep points '<score>@<vocabulary>[k=K]' or '[m=M]' "
+            "(e.g. 'neglabel@wordnet', 'neglabel@siblings[k=5]')"
+        )
     return None
 
 
@@ -108,7 +112,9 @@ class ResultGrid:
         self.n_ood: dict[tuple[Pair, str], int] = {}
         for r in rows:
             pair = (r.model, r.id_dataset)
-            self.values.setdefault(pair, {}).setdefault(r.ood_dataset, {}).setdefault(r.detector, {})[r.metric] = r.value
+            self.values.setdefault(pair, {}).setdefault(r.ood_dataset, {}).setdefault(r.detector, {})[r.metric] = (
+                r.value
+            )
             self.n_ood[(pair, r.ood_dataset)] = r.n_ood
         self.pairs = list(self.values)
         self.oods = list(dict.fromkeys(r.ood_dataset for r in rows))
@@ -130,8 +136,9 @@ class ResultGrid:
     def metric(self, pair: Pair, ood: str, detector: str, metric: str) -> float | None:
         return self.values.get(pair, {}).get(ood, {}).get(detector, {}).get(metric)
 
-    def best(self, pair: Pair, oods: Sequence[str], metric: str,
-             among: Sequence[str] | None = None) -> tuple[str, float, float | None] | None:
+    def best(
+        self, pair: Pair, oods: Sequence[str], metric: str, among: Sequence[str] | None = None
+    ) -> tuple[str, float, float | None] | None:
         """(detector, value, other metric) of the best detector by `metric` averaged over `oods` (all required).
 
         `among` restricts the candidates (default: every detector).
@@ -151,10 +158,12 @@ class ResultGrid:
         if not candidates:
             return None
         sign = 1.0 if metric == "fpr95" else -1.0
+
         # Secondary key: the other metric in its own "better" direction; missing counts as worst.
         def key(c: tuple[str, float, float | None, int]) -> tuple[float, float, int]:
             tie = c[2] if c[2] is not None else (float("inf") if metric == "auroc" else float("-inf"))
             return (sign * c[1], -sign * tie, c[3])
+
         detector, value, second_mean, _ = min(candidates, key=key)
         return detector, value, second_mean
 
@@ -181,8 +190,13 @@ def _bold_extreme(values: Sequence[float | None], lowest: bool) -> list[bool]:
     return [v is not None and v == target for v in values]
 
 
-def table1(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = None,
-           models: Sequence[str] | None = None, mean: bool = True) -> Table:
+def table1(
+    rows: Sequence[ResultRow],
+    *,
+    ood_datasets: Sequence[str] | None = None,
+    models: Sequence[str] | None = None,
+    mean: bool = True,
+) -> Table:
     """Table 1: per model, the best FPR@95 and AUROC on each OOD set (and on average), with the detector's name."""
     grid = ResultGrid(supervised_rows(rows))
     oods = _select(grid.oods, ood_datasets, "OOD datasets")
@@ -199,15 +213,24 @@ def table1(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = No
                 line.append(Cell(percent(best[1]), best[0], strong) if best else Cell(MISSING))
     groups = [("", 1)] + [(label, 2) for label, _ in blocks]
     names = ["model"] + [name for _ in blocks for name in (FPR, AUROC)]
-    notes = ["Best detector per model and column (its name in parentheses); best model per column in bold. Values in %."]
+    notes = [
+        "Best detector per model and column (its name in parentheses); best model per column in bold. Values in %."
+    ]
     if mean and len(oods) > 1:
         notes.append(f"mean: the detector with the best mean over {len(oods)} OOD sets.")
-    return Table("table1", "Table 1: best FPR@95 and AUROC per model", tuple(names), tuple(tuple(r) for r in body),
-                 tuple(groups), notes=tuple(notes))
+    return Table(
+        "table1",
+        "Table 1: best FPR@95 and AUROC per model",
+        tuple(names),
+        tuple(tuple(r) for r in body),
+        tuple(groups),
+        notes=tuple(notes),
+    )
 
 
-def table_a1(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = None,
-             detectors: Sequence[str] | None = None) -> Table:
+def table_a1(
+    rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = None, detectors: Sequence[str] | None = None
+) -> Table:
     """Table A1: detector × model, mean FPR@95 / AUROC over the OOD sets, the best detector per model in bold."""
     grid = ResultGrid(supervised_rows(rows))
     oods = _select(grid.oods, ood_datasets, "OOD datasets")
@@ -229,11 +252,17 @@ def table_a1(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = 
         line = [Cell(detector)]
         for pair in grid.pairs:
             value = cells[(detector, pair)]
-            line.append(Cell(f"{percent(value[0])} / {percent(value[1])}", bold=bold[(detector, pair)]) if value else Cell(MISSING))
+            line.append(
+                Cell(f"{percent(value[0])} / {percent(value[1])}", bold=bold[(detector, pair)])
+                if value
+                else Cell(MISSING)
+            )
         body.append(tuple(line))
     columns = ("detector",) + tuple(grid.label(p) for p in grid.pairs)
-    note = (f"Cells: FPR@95 / AUROC (%) averaged over the OOD sets of each model ({', '.join(oods)}); "
-            "lowest mean FPR@95 per model in bold.")
+    note = (
+        f"Cells: FPR@95 / AUROC (%) averaged over the OOD sets of each model ({', '.join(oods)}); "
+        "lowest mean FPR@95 per model in bold."
+    )
     return Table("tableA1", "Table A1: detectors × models", columns, tuple(body), notes=(note,))
 
 
@@ -281,7 +310,7 @@ class Vocabulary:
     m: int | None = None  # its own WordNet prefix size (its default M), when it has a WordNet ranking
 
     @classmethod
-    def coerce(cls, key: str, value: "Vocabulary | Mapping[str, object] | int | str | None") -> "Vocabulary":
+    def coerce(cls, key: str, value: Vocabulary | Mapping[str, object] | int | str | None) -> Vocabulary:
         """From a Vocabulary, a dict (label/size/deployable/family/classes/k/m), a size, a label, or None."""
         if isinstance(value, Vocabulary):
             return value
@@ -301,9 +330,15 @@ class Vocabulary:
             if not isinstance(deployable, bool):
                 raise AnalysisError(f"vocabulary {key!r}: deployable must be true or false; got {deployable!r}")
             family = value.get("family")
-            return cls(str(value.get("label", key)), _count(key, "size", value.get("size")), deployable,
-                       None if family is None else str(family), _count(key, "classes", value.get("classes")),
-                       _count(key, "k", value.get("k")), _count(key, "m", value.get("m")))
+            return cls(
+                str(value.get("label", key)),
+                _count(key, "size", value.get("size")),
+                deployable,
+                None if family is None else str(family),
+                _count(key, "classes", value.get("classes")),
+                _count(key, "k", value.get("k")),
+                _count(key, "m", value.get("m")),
+            )
         raise AnalysisError(f"vocabulary {key!r}: expected a label, a size or a mapping; got {type(value).__name__}")
 
     def sweep_size(self, parameter: str, value: int) -> int | None:
@@ -330,8 +365,9 @@ class Vocabulary:
 def coerce_vocabularies(vocabularies: Mapping[str, object] | None) -> dict[str, Vocabulary]:
     """{key: Vocabulary} from a mapping of Vocabulary objects, dicts, sizes or labels."""
     if vocabularies is not None and not isinstance(vocabularies, Mapping):
-        raise AnalysisError("vocabularies must be a mapping {key: {label, size, ...}}; "
-                            f"got {type(vocabularies).__name__}")
+        raise AnalysisError(
+            f"vocabularies must be a mapping {{key: {{label, size, ...}}}}; got {type(vocabularies).__name__}"
+        )
     return {key: Vocabulary.coerce(key, value) for key, value in (vocabularies or {}).items()}
 
 
@@ -356,16 +392,24 @@ def _table2_candidates(detectors: Iterable[str], vocabs: Mapping[str, Vocabulary
                 chosen[own[0].name] = method
                 continue
             defaults = [p for p in points if vocab.is_default(p.parameter, p.value)]  # type: ignore[arg-type]
-            pick = defaults[0] if defaults else max(
-                points, key=lambda p: (vocab.sweep_size(p.parameter, p.value) or 0, p.value))  # type: ignore[arg-type]
+            pick = (
+                defaults[0]
+                if defaults
+                else max(points, key=lambda p: (vocab.sweep_size(p.parameter, p.value) or 0, p.value))
+            )  # type: ignore[arg-type]
             chosen[pick.name] = f"{method}, {pick.parameter}={pick.value}"
         result[key] = chosen
     return result
 
 
-def table2(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None = None, *,
-           ood_datasets: Sequence[str] | None = None, metric: str = "fpr95",
-           pairs: Sequence[Pair] | None = None) -> Table:
+def table2(
+    rows: Sequence[ResultRow],
+    vocabularies: Mapping[str, object] | None = None,
+    *,
+    ood_datasets: Sequence[str] | None = None,
+    metric: str = "fpr95",
+    pairs: Sequence[Pair] | None = None,
+) -> Table:
     """Table 2: zero-shot models × (best logit-space score, each vocabulary); best deployable one per model in bold.
 
     `pairs` are the (model, ID set) pairs of the zero-shot models (default: those with vocabulary-bound scores). A
@@ -376,8 +420,10 @@ def table2(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None 
         raise AnalysisError(f"Table 2 shows fpr95 or auroc; got {metric!r}")
     wanted = list(dict.fromkeys(pairs)) if pairs is not None else zeroshot_pairs(rows)
     if not wanted:
-        raise AnalysisError("no zero-shot rows: Table 2 needs scores named like 'neglabel@wordnet' "
-                            "(or rows of runs whose run.json says \"kind\": \"zeroshot\")")
+        raise AnalysisError(
+            "no zero-shot rows: Table 2 needs scores named like 'neglabel@wordnet' "
+            '(or rows of runs whose run.json says "kind": "zeroshot")'
+        )
     selected = [r for r in rows if (r.model, r.id_dataset) in set(wanted)]
     if not selected:
         raise AnalysisError(f"no result rows for the zero-shot models {wanted}")
@@ -418,8 +464,10 @@ def table2(rows: Sequence[ResultRow], vocabularies: Mapping[str, object] | None 
         size = "" if not sizes else f" ({sizes[0]:,})" if len(sizes) == 1 else f" ({sizes[0]:,}–{sizes[-1]:,})"
         headers.append(label + size + ("" if deployable else "†"))
     name = "FPR@95" if lowest else "AUROC"
-    notes = [f"{name} (%) averaged over {', '.join(oods)}; the scoring method in parentheses; vocabulary sizes in the "
-             "header. The best deployable vocabulary per model is in bold."]
+    notes = [
+        f"{name} (%) averaged over {', '.join(oods)}; the scoring method in parentheses; vocabulary sizes in the "
+        "header. The best deployable vocabulary per model is in bold."
+    ]
     if stand_ins:
         notes.append("k=…/m=…: a vocabulary scored only at sweep points shows its default point (or its largest).")
     shared = [f"{label}: {', '.join(members)}" for (label, _), members in columns.items() if len(members) > 1]
@@ -438,29 +486,51 @@ def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSumm
     body = []
     for s in summaries:
         line = ([Cell(s.model)] if multi_model else []) + [
-            Cell(s.ood_dataset), Cell(f"{s.n_total:,}"), Cell(f"{s.n:,}"), Cell(s.detector),
-            Cell(percent(s.full, 2)), Cell(percent(s.mean, 2)), Cell(_signed(100 * s.bias)),
-            Cell(percent(s.std, 2)), Cell(percent(s.se, 2)),
+            Cell(s.ood_dataset),
+            Cell(f"{s.n_total:,}"),
+            Cell(f"{s.n:,}"),
+            Cell(s.detector),
+            Cell(percent(s.full, 2)),
+            Cell(percent(s.mean, 2)),
+            Cell(_signed(100 * s.bias)),
+            Cell(percent(s.std, 2)),
+            Cell(percent(s.se, 2)),
             Cell(f"{s.spearman:.3f}" if s.spearman == s.spearman else MISSING),
         ]
         body.append(tuple(line))
-    columns = (("model",) if multi_model else ()) + ("OOD dataset", "N", "n", "best detector", "full", "mean", "bias",
-                                                      "std", "SE", "mean ρ")
+    columns = (("model",) if multi_model else ()) + (
+        "OOD dataset",
+        "N",
+        "n",
+        "best detector",
+        "full",
+        "mean",
+        "bias",
+        "std",
+        "SE",
+        "mean ρ",
+    )
     draws = sorted({s.draws for s in summaries})
-    notes = [f"FPR@95 (%) of the best detector on the full set, over {'/'.join(map(str, draws))} draws of n OOD images "
-             "without replacement (ID threshold fixed). SE = √(p(1−p)/n)·√((N−n)/(N−1)); "
-             "mean ρ: Spearman correlation of all detectors' ranking per draw with the full-set ranking."]
+    notes = [
+        f"FPR@95 (%) of the best detector on the full set, over {'/'.join(map(str, draws))} draws of n OOD images "
+        "without replacement (ID threshold fixed). SE = √(p(1−p)/n)·√((N−n)/(N−1)); "
+        "mean ρ: Spearman correlation of all detectors' ranking per draw with the full-set ranking."
+    ]
     for sp in spreads:
-        notes.append(f"{sp.model}: spread of the best FPR@95 across {len(sp.datasets)} OOD sets = {100 * sp.spread:.2f} pp "
-                     f"(range {100 * sp.range:.2f} pp) vs mean sampling std {100 * sp.sampling_std:.2f} pp at n={sp.n}: "
-                     f"ratio {sp.ratio:.1f}.")
+        notes.append(
+            f"{sp.model}: spread of the best FPR@95 across {len(sp.datasets)} OOD sets = {100 * sp.spread:.2f} pp "
+            f"(range {100 * sp.range:.2f} pp) vs mean sampling std {100 * sp.sampling_std:.2f} pp at n={sp.n}: "
+            f"ratio {sp.ratio:.1f}."
+        )
     align = ("l",) * (2 if multi_model else 1) + ("r", "r", "l") + ("r",) * 6
-    return Table("tableA6", "Table A6: FPR@95 on subsets of the OOD sets", columns, tuple(body), align=align,
-                 notes=tuple(notes))
+    return Table(
+        "tableA6", "Table A6: FPR@95 on subsets of the OOD sets", columns, tuple(body), align=align, notes=tuple(notes)
+    )
 
 
-def table_detectors(rows: Sequence[ResultRow], model: str, id_dataset: str | None = None,
-                    ood_datasets: Sequence[str] | None = None) -> Table:
+def table_detectors(
+    rows: Sequence[ResultRow], model: str, id_dataset: str | None = None, ood_datasets: Sequence[str] | None = None
+) -> Table:
     """One model's detectors × OOD sets, cells FPR@95 / AUROC (%), the best FPR@95 per column in bold, and the mean."""
     grid = ResultGrid(supervised_rows(rows))
     pair = grid.model_pair(model, id_dataset)
@@ -481,20 +551,33 @@ def table_detectors(rows: Sequence[ResultRow], model: str, id_dataset: str | Non
             fprs.append(fpr)
             aucs.append(auc)
             line.append(Cell(f"{percent(fpr)} / {percent(auc)}", bold=bold[(detector, ood)]))
-        line.append(Cell(f"{percent(sum(fprs) / len(fprs))} / {percent(sum(aucs) / len(aucs))}") if fprs else Cell(MISSING))
+        line.append(
+            Cell(f"{percent(sum(fprs) / len(fprs))} / {percent(sum(aucs) / len(aucs))}") if fprs else Cell(MISSING)
+        )
         body.append(tuple(line))
     columns = ("detector",) + tuple(f"{o} (n={grid.n_ood[(pair, o)]})" for o in oods) + ("mean",)
-    return Table(f"detectors-{model}", f"{grid.label(pair)}: detectors × OOD sets", columns, tuple(body),
-                 notes=("Cells: FPR@95 / AUROC (%); lowest FPR@95 per OOD set in bold.",))
+    return Table(
+        f"detectors-{model}",
+        f"{grid.label(pair)}: detectors × OOD sets",
+        columns,
+        tuple(body),
+        notes=("Cells: FPR@95 / AUROC (%); lowest FPR@95 per OOD set in bold.",),
+    )
 
 
 def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95) -> Table:
     """Point estimates with confidence intervals (FPR@95: Wilson, Clopper–Pearson, bootstrap; AUROC: DeLong, bootstrap)."""
     if not records:
         raise AnalysisError("no interval records to tabulate")
-    methods = [("fpr95", "wilson", "Wilson"), ("fpr95", "clopper-pearson", "Clopper–Pearson"),
-               ("fpr95", "percentile", "bootstrap"), ("fpr95", "bca", "BCa"),
-               ("auroc", "delong", "DeLong"), ("auroc", "percentile", "bootstrap"), ("auroc", "bca", "BCa")]
+    methods = [
+        ("fpr95", "wilson", "Wilson"),
+        ("fpr95", "clopper-pearson", "Clopper–Pearson"),
+        ("fpr95", "percentile", "bootstrap"),
+        ("fpr95", "bca", "BCa"),
+        ("auroc", "delong", "DeLong"),
+        ("auroc", "percentile", "bootstrap"),
+        ("auroc", "bca", "BCa"),
+    ]
     methods = [m for m in methods if any(f"{m[0]}/{m[1]}" in r.intervals for r in records)]
     multi_model = len({r.model for r in records}) > 1
     body = []
@@ -517,8 +600,10 @@ def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95)
         if names:
             columns += ["estimate"] + names
             groups.append((title, len(names) + 1))
-    note = (f"{100 * confidence:g}% intervals (%). Wilson and Clopper–Pearson hold the ID threshold fixed; the bootstrap "
-            "resamples ID and OOD images (percentile and BCa); DeLong is the normal approximation of the AUROC U-statistic.")
+    note = (
+        f"{100 * confidence:g}% intervals (%). Wilson and Clopper–Pearson hold the ID threshold fixed; the bootstrap "
+        "resamples ID and OOD images (percentile and BCa); DeLong is the normal approximation of the AUROC U-statistic."
+    )
     align = ("l",) * len(lead) + ("r",) * (len(columns) - len(lead))
     return Table("intervals", "Confidence intervals", tuple(columns), tuple(body), tuple(groups), align, (note,))
 
@@ -532,14 +617,28 @@ def table_delong(results: Sequence[tuple[str, str, DeLongResult]], confidence: f
     for model, ood, r in results:
         significant = r.p_value < 1 - confidence
         line = ([Cell(model)] if multi_model else []) + [
-            Cell(ood), Cell(r.detector_a), Cell(r.detector_b),
-            Cell(percent(r.auroc_a, 2)), Cell(percent(r.auroc_b, 2)), Cell(_signed(100 * r.difference)),
+            Cell(ood),
+            Cell(r.detector_a),
+            Cell(r.detector_b),
+            Cell(percent(r.auroc_a, 2)),
+            Cell(percent(r.auroc_b, 2)),
+            Cell(_signed(100 * r.difference)),
             Cell(f"[{_signed(100 * r.low)}, {_signed(100 * r.high)}]"),
-            Cell(f"{r.z:.2f}".replace("-", "−")), Cell(f"{r.p_value:.2g}", bold=significant),
+            Cell(f"{r.z:.2f}".replace("-", "−")),
+            Cell(f"{r.p_value:.2g}", bold=significant),
         ]
         body.append(tuple(line))
-    columns = (("model",) if multi_model else ()) + ("OOD dataset", "A", "B", "AUROC A", "AUROC B", "A − B",
-                                                      f"{100 * confidence:g}% CI", "z", "p")
+    columns = (("model",) if multi_model else ()) + (
+        "OOD dataset",
+        "A",
+        "B",
+        "AUROC A",
+        "AUROC B",
+        "A − B",
+        f"{100 * confidence:g}% CI",
+        "z",
+        "p",
+    )
     align = ("l",) * (4 if multi_model else 3) + ("r",) * 6
     note = f"DeLong's paired test on the same ID and OOD images; p < {1 - confidence:.2g} in bold. AUROC in %."
     return Table("delong", "Paired AUROC comparisons (DeLong)", columns, tuple(body), align=align, notes=(note,))

@@ -1,9 +1,10 @@
 """`oodbench run EXPERIMENT.toml`: plan, then run what is not cached (or print the plan with --dry-run)."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,16 +13,26 @@ from ..errors import OodbenchError
 
 def run_command(
     experiment: Annotated[Path, typer.Argument(help="Experiment file (TOML), e.g. configs/demo.toml.")],
-    engine: Annotated[str, typer.Option("--engine", help="local (this process) or ray (tasks on a Ray cluster).")] = "local",
-    only: Annotated[Optional[str], typer.Option("--only", help="Run one stage: extract, score (fits too), metrics, "
-                                                "analysis or report.")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (units, sizes, what is cached) and exit.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Work directory; overrides experiment.workdir.")] = None,
-    set_values: Annotated[Optional[list[str]], typer.Option("--set", help="Override a key: KEY=VALUE "
-                                                            "(e.g. paths.data=/mnt/ood); repeatable.")] = None,
+    engine: Annotated[
+        str, typer.Option("--engine", help="local (this process) or ray (tasks on a Ray cluster).")
+    ] = "local",
+    only: Annotated[
+        str | None,
+        typer.Option("--only", help="Run one stage: extract, score (fits too), metrics, analysis or report."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan (units, sizes, what is cached) and exit.")
+    ] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Work directory; overrides experiment.workdir.")] = None,
+    set_values: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a key: KEY=VALUE (e.g. paths.data=/mnt/ood); repeatable."),
+    ] = None,
     device: Annotated[str, typer.Option(help="Device for models: auto, cpu, cuda, cuda:1 …")] = "auto",
-    ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster address (default: "
-                                                       "engine.ray_address, else a local instance).")] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="Ray cluster address (default: engine.ray_address, else a local instance)."),
+    ] = None,
     summary: Annotated[bool, typer.Option("--summary", help="With --dry-run: stage totals only.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bars per stage.")] = True,
@@ -44,8 +55,9 @@ def run_command(
             plan = build_plan(config)
             sys.stdout.write(plan_json(plan) + "\n" if as_json else format_plan(plan, units=not summary))
             return
-        report = run_experiment(config, engine=engine, only=only, progress=progress, device=device,
-                                ray_address=ray_address)
+        report = run_experiment(
+            config, engine=engine, only=only, progress=progress, device=device, ray_address=ray_address
+        )
     except OodbenchError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
@@ -55,8 +67,11 @@ def run_command(
             typer.echo(f"{stage:<9} ran {ran:>6}   cached {cached:>6}")
     if report.skipped:
         reasons = sorted(set(report.skipped.values()))
-        typer.secho(f"{len(report.skipped)} score units skipped (requirements not met): {'; '.join(reasons)}",
-                    fg=typer.colors.YELLOW, err=True)
+        typer.secho(
+            f"{len(report.skipped)} score units skipped (requirements not met): {'; '.join(reasons)}",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
     if report.total_executed == 0:
         typer.echo("everything cached: nothing to do")
     for path in report.outputs:

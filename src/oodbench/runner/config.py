@@ -10,6 +10,7 @@ Relative paths resolve against the current directory. String values may use ``${
 ``[paths]`` table (itself possibly ``${env:VAR}``), so one edit (or ``--set paths.data=/mnt/ood``) moves every
 dataset root.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,9 +20,10 @@ import json
 import os
 import re
 import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -183,7 +185,9 @@ class _Table:
         if allowed is not None:
             for key in self.data:
                 if key not in allowed:
-                    raise ConfigError(f"{self.key(key)}: unknown key{_suggest(key, allowed)} (allowed: {', '.join(allowed)})")
+                    raise ConfigError(
+                        f"{self.key(key)}: unknown key{_suggest(key, allowed)} (allowed: {', '.join(allowed)})"
+                    )
 
     def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
@@ -201,7 +205,9 @@ class _Table:
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kinds):
-            raise ConfigError(f"{self.key(name)}: expected {' or '.join(k.__name__ for k in kinds)}, got {type(value).__name__} {value!r}")
+            raise ConfigError(
+                f"{self.key(name)}: expected {' or '.join(k.__name__ for k in kinds)}, got {type(value).__name__} {value!r}"
+            )
         return value
 
     def string_list(self, name: str, default: Sequence[str] = ()) -> list[str]:
@@ -213,7 +219,7 @@ class _Table:
                 raise ConfigError(f"{self.key(name)}[{i}]: expected a non-empty string, got {item!r}")
         return list(value)
 
-    def table(self, name: str, *, allowed: Sequence[str] | None = None) -> "_Table":
+    def table(self, name: str, *, allowed: Sequence[str] | None = None) -> _Table:
         return _Table(self.data.get(name, {}), self.key(name), allowed=allowed)
 
 
@@ -242,8 +248,9 @@ def _expand(value: str, variables: Mapping[str, str], key: str) -> str:
                 raise ConfigError(f"{key}: environment variable {env!r} (used as ${{{name}}}) is not set")
             return os.environ[env]
         if name not in variables:
-            raise ConfigError(f"{key}: unknown path variable ${{{name}}}; define it under [paths]"
-                              f"{_suggest(name, variables)}")
+            raise ConfigError(
+                f"{key}: unknown path variable ${{{name}}}; define it under [paths]{_suggest(name, variables)}"
+            )
         return variables[name]
 
     return _VAR.sub(replace, value)
@@ -277,7 +284,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     for item in overrides:
         target, sep, text = item.partition("=")
         if not sep or not target.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. paths.data=/mnt/ood or detectors.params.knn.k=50")
+            raise ConfigError(
+                f"--set {item!r}: expected KEY=VALUE, e.g. paths.data=/mnt/ood or detectors.params.knn.k=50"
+            )
         try:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
@@ -335,7 +344,9 @@ def _check_timm_name(name: str, key: str, *, with_checkpoint: bool) -> None:
         pretrained = _timm_pretrained()
         if name not in pretrained:
             tags = sorted(p for p in pretrained if p.startswith(arch + "."))
-            raise ConfigError(f"{key}: timm has no pretrained weights {name!r}; tags for {arch}: {', '.join(tags) or 'none'}")
+            raise ConfigError(
+                f"{key}: timm has no pretrained weights {name!r}; tags for {arch}: {', '.join(tags) or 'none'}"
+            )
     if not tag and not with_checkpoint and not any(p.startswith(arch + ".") for p in _timm_pretrained()):
         raise ConfigError(f"{key}: timm has no pretrained weights for {arch!r}; give a checkpoint = PATH")
 
@@ -348,7 +359,9 @@ def register_open_clip_config(path: str, name: str, key: str) -> str:
     if not file.is_file():
         raise ConfigError(f"{key}: {file} does not exist")
     if file.stem != name:
-        raise ConfigError(f"{key}: open_clip names a config by its file name; {file.name} defines {file.stem!r}, not {name!r}")
+        raise ConfigError(
+            f"{key}: open_clip names a config by its file name; {file.name} defines {file.stem!r}, not {name!r}"
+        )
     if name not in open_clip.list_models():
         try:
             open_clip.add_model_config(file)
@@ -368,8 +381,10 @@ def _check_open_clip(name: str, pretrained: str | None, key: str) -> None:
     if pretrained is not None:
         tags = all_tags.get(name, ())
         if pretrained not in tags:
-            raise ConfigError(f"{key}.pretrained: open_clip has no weights {pretrained!r} for {name!r}; "
-                              f"available: {', '.join(tags) or 'none'}")
+            raise ConfigError(
+                f"{key}.pretrained: open_clip has no weights {pretrained!r} for {name!r}; "
+                f"available: {', '.join(tags) or 'none'}"
+            )
 
 
 def _check_nac_layers(layers: list[str], key: str) -> list[str]:
@@ -399,7 +414,9 @@ def _check_probe(params: Mapping[str, Any], key: str) -> dict[str, Any]:
     allowed = [f.name for f in fields(ProbeConfig)]
     for name in params:
         if name not in allowed:
-            raise ConfigError(f"{key}.{name}: unknown probe parameter{_suggest(name, allowed)} (parameters: {', '.join(allowed)})")
+            raise ConfigError(
+                f"{key}.{name}: unknown probe parameter{_suggest(name, allowed)} (parameters: {', '.join(allowed)})"
+            )
     try:
         ProbeConfig(**params)
     except (ExtractError, TypeError) as exc:
@@ -419,7 +436,9 @@ def _parse_model(entry: Any, key: str, variables: Mapping[str, str], seed: int) 
     base = _Table(entry, key)
     kind = base.get("kind", str, required=True)
     if kind not in MODEL_KINDS:
-        raise ConfigError(f"{key}.kind: unknown model kind {kind!r}{_suggest(kind, MODEL_KINDS)} (kinds: {', '.join(MODEL_KINDS)})")
+        raise ConfigError(
+            f"{key}.kind: unknown model kind {kind!r}{_suggest(kind, MODEL_KINDS)} (kinds: {', '.join(MODEL_KINDS)})"
+        )
     table = _Table(_expand_tree(dict(base.data), variables, key), key, allowed=_MODEL_KEYS[kind])
     params: dict[str, Any] = {}
     checkpoint = table.get("checkpoint", str)
@@ -455,11 +474,15 @@ def _parse_model(entry: Any, key: str, variables: Mapping[str, str], seed: int) 
             params["config_file"] = register_open_clip_config(config_file, name, f"{key}.config_file")
         pretrained = table.get("pretrained", str)
         if pretrained is None and not checkpoint:
-            raise ConfigError(f"{key}.pretrained: missing; name the open_clip weights (e.g. 'openai') or give a checkpoint")
+            raise ConfigError(
+                f"{key}.pretrained: missing; name the open_clip weights (e.g. 'openai') or give a checkpoint"
+            )
         _check_open_clip(name, pretrained, key)
         params.update(name=name, pretrained=pretrained)
         params["patches"] = table.get("patches", bool, False)
-        model_id = table.get("id", str, f"{name}@{pretrained}" if pretrained else name)  # as `oodbench extract` names it
+        model_id = table.get(
+            "id", str, f"{name}@{pretrained}" if pretrained else name
+        )  # as `oodbench extract` names it
     return ModelSpec(_check_id(model_id, f"{key}.id"), kind, params, key)
 
 
@@ -480,7 +503,9 @@ def _parse_dataset(name: str, entry: Any, variables: Mapping[str, str]) -> Datas
     base = _Table(entry, key)
     kind = base.get("kind", str, required=True)
     if kind not in DATASET_KINDS:
-        raise ConfigError(f"{key}.kind: unknown dataset kind {kind!r}{_suggest(kind, DATASET_KINDS)} (kinds: {', '.join(DATASET_KINDS)})")
+        raise ConfigError(
+            f"{key}.kind: unknown dataset kind {kind!r}{_suggest(kind, DATASET_KINDS)} (kinds: {', '.join(DATASET_KINDS)})"
+        )
     table = _Table(_expand_tree(dict(base.data), variables, key), key, allowed=_DATASET_KEYS[kind])
     params: dict[str, Any] = {}
     count = _positive_int(table, "count")
@@ -488,7 +513,9 @@ def _parse_dataset(name: str, entry: Any, variables: Mapping[str, str]) -> Datas
         params["count"] = count
     if kind == "demo":
         if name not in DEMO_DATASETS:
-            raise ConfigError(f"{key}: the demo has no dataset {name!r}{_suggest(name, DEMO_DATASETS)} (it has {', '.join(DEMO_DATASETS)})")
+            raise ConfigError(
+                f"{key}: the demo has no dataset {name!r}{_suggest(name, DEMO_DATASETS)} (it has {', '.join(DEMO_DATASETS)})"
+            )
     elif kind == "subset":
         params["of"] = table.get("of", str, required=True)
         for which in ("include", "exclude"):
@@ -523,8 +550,10 @@ def _check_registry_name(name: str, key: str) -> None:
     except ImportError:
         return  # checked when the extract stage runs (which then reports extraction as not available)
     if name.lower() not in dataset_registry.REGISTRY:
-        raise ConfigError(f"{key}: no registered dataset {name!r}{_suggest(name, dataset_registry.REGISTRY)} "
-                          f"(registered: {', '.join(dataset_registry.REGISTRY)})")
+        raise ConfigError(
+            f"{key}: no registered dataset {name!r}{_suggest(name, dataset_registry.REGISTRY)} "
+            f"(registered: {', '.join(dataset_registry.REGISTRY)})"
+        )
 
 
 # ----------------------------------------------------------------------------------------------- detectors
@@ -538,15 +567,17 @@ def _parse_detectors(raw: Any) -> dict[str, dict[str, Any]]:
     if include == "all":
         names = list(available)
     elif isinstance(include, str):
-        raise ConfigError(f"detectors.include: expected \"all\" or a list of detector names; got {include!r}")
+        raise ConfigError(f'detectors.include: expected "all" or a list of detector names; got {include!r}')
     else:
         names = table.string_list("include")
     exclude = table.string_list("exclude")
     for field_name, listed in (("include", names), ("exclude", exclude)):
         for i, name in enumerate(listed):
             if name not in available:
-                raise ConfigError(f"detectors.{field_name}[{i}]: unknown detector {name!r}{_suggest(name, available)} "
-                                  f"(registered: {', '.join(available)})")
+                raise ConfigError(
+                    f"detectors.{field_name}[{i}]: unknown detector {name!r}{_suggest(name, available)} "
+                    f"(registered: {', '.join(available)})"
+                )
     if len(set(names)) != len(names):
         raise ConfigError(f"detectors.include: lists a detector twice: {names}")
     chosen = [n for n in names if n not in exclude]
@@ -562,8 +593,10 @@ def _parse_detectors(raw: Any) -> dict[str, dict[str, Any]]:
         allowed = registry.get_class(name).param_names()
         for param in params:
             if param not in allowed:
-                raise ConfigError(f"{key}.{param}: {name} has no parameter {param!r}{_suggest(param, allowed)} "
-                                  f"(its parameters: {', '.join(allowed) or 'none'})")
+                raise ConfigError(
+                    f"{key}.{param}: {name} has no parameter {param!r}{_suggest(param, allowed)} "
+                    f"(its parameters: {', '.join(allowed) or 'none'})"
+                )
     for name in chosen:
         params = dict(params_table.data.get(name, {}))
         try:
@@ -604,16 +637,20 @@ def _parse_vocabulary(name: str, entry: Any, variables: Mapping[str, str]) -> di
         kind = table.get("kind", str)
         if kind is not None:
             if kind not in VOCAB_KINDS:
-                raise ConfigError(f"{key}.kind: unknown vocabulary kind {kind!r}{_suggest(kind, VOCAB_KINDS)} "
-                                  f"(kinds: {', '.join(VOCAB_KINDS)})")
+                raise ConfigError(
+                    f"{key}.kind: unknown vocabulary kind {kind!r}{_suggest(kind, VOCAB_KINDS)} "
+                    f"(kinds: {', '.join(VOCAB_KINDS)})"
+                )
             entry["kind"] = kind
         return entry
     build = base.get("build", str)
     if build is None:
-        raise ConfigError(f"{key}: missing ref = \"NAME[@vN]\" (a stored vocabulary) or build = \"wordnet\"|\"union\"")
+        raise ConfigError(f'{key}: missing ref = "NAME[@vN]" (a stored vocabulary) or build = "wordnet"|"union"')
     if build not in ("wordnet", "union"):
-        raise ConfigError(f"{key}.build: the runner builds 'wordnet' (NegMining) and 'union' vocabularies; got {build!r}. "
-                          "Build LLM siblings, EOE and oracle lists with `oodbench zeroshot vocab` and give ref = NAME")
+        raise ConfigError(
+            f"{key}.build: the runner builds 'wordnet' (NegMining) and 'union' vocabularies; got {build!r}. "
+            "Build LLM siblings, EOE and oracle lists with `oodbench zeroshot vocab` and give ref = NAME"
+        )
     table = _Table(base.data, key, allowed=_VOCAB_KEYS[build])
     if build == "wordnet":
         m = _positive_int(table, "m", 5000)
@@ -630,8 +667,21 @@ def _parse_vocabulary(name: str, entry: Any, variables: Mapping[str, str]) -> di
 def _parse_zeroshot(raw: Any, models: Mapping[str, ModelSpec], variables: Mapping[str, str]) -> ZeroShotSpec | None:
     if raw is None:
         return None
-    table = _Table(raw, "zeroshot", allowed=("models", "scores", "params", "classes", "templates", "vocab_store",
-                                             "vocabularies", "sweep_k", "sweep_m"))
+    table = _Table(
+        raw,
+        "zeroshot",
+        allowed=(
+            "models",
+            "scores",
+            "params",
+            "classes",
+            "templates",
+            "vocab_store",
+            "vocabularies",
+            "sweep_k",
+            "sweep_m",
+        ),
+    )
     vlms = [m.id for m in models.values() if not m.is_classifier]
     model_ids = table.string_list("models", vlms)
     for i, model_id in enumerate(model_ids):
@@ -648,8 +698,10 @@ def _parse_zeroshot(raw: Any, models: Mapping[str, ModelSpec], variables: Mappin
     if registry is not None:
         for i, name in enumerate(scores):
             if name not in registry:
-                raise ConfigError(f"zeroshot.scores[{i}]: unknown zero-shot score {name!r}{_suggest(name, registry)} "
-                                  f"(known: {', '.join(registry)})")
+                raise ConfigError(
+                    f"zeroshot.scores[{i}]: unknown zero-shot score {name!r}{_suggest(name, registry)} "
+                    f"(known: {', '.join(registry)})"
+                )
     params: dict[str, dict[str, Any]] = {}
     for name, entry in table.table("params").data.items():
         key = f"zeroshot.params.{name}"
@@ -660,15 +712,20 @@ def _parse_zeroshot(raw: Any, models: Mapping[str, ModelSpec], variables: Mappin
             allowed = list(registry[name].defaults)
             for param in given:
                 if param not in allowed:
-                    raise ConfigError(f"{key}.{param}: {name} has no parameter {param!r}{_suggest(param, allowed)} "
-                                      f"(its parameters: {', '.join(allowed)})")
+                    raise ConfigError(
+                        f"{key}.{param}: {name} has no parameter {param!r}{_suggest(param, allowed)} "
+                        f"(its parameters: {', '.join(allowed)})"
+                    )
         params[name] = given
-    vocabularies = {name: _parse_vocabulary(name, entry, variables)
-                    for name, entry in table.table("vocabularies").data.items()}
+    vocabularies = {
+        name: _parse_vocabulary(name, entry, variables) for name, entry in table.table("vocabularies").data.items()
+    }
     for name, vocab in vocabularies.items():
         for i, part in enumerate(vocab.get("of", [])):
             if part not in vocabularies or part == name:
-                raise ConfigError(f"zeroshot.vocabularies.{name}.of[{i}]: no other vocabulary {part!r}{_suggest(part, vocabularies)}")
+                raise ConfigError(
+                    f"zeroshot.vocabularies.{name}.of[{i}]: no other vocabulary {part!r}{_suggest(part, vocabularies)}"
+                )
     sweeps = {}
     for which in ("sweep_k", "sweep_m"):
         values = table.get(which, list, [])
@@ -678,13 +735,20 @@ def _parse_zeroshot(raw: Any, models: Mapping[str, ModelSpec], variables: Mappin
         sweeps[which] = tuple(values)
     templates = table.get("templates", str, "seed")
     if templates != "seed":
-        raise ConfigError(f"zeroshot.templates: only \"seed\" (the bare name plus seven OpenAI templates) is supported; got {templates!r}")
+        raise ConfigError(
+            f'zeroshot.templates: only "seed" (the bare name plus seven OpenAI templates) is supported; got {templates!r}'
+        )
     vocab_store = table.get("vocab_store", str)
     return ZeroShotSpec(
-        models=tuple(model_ids), scores=tuple(scores), params=params,
+        models=tuple(model_ids),
+        scores=tuple(scores),
+        params=params,
         classes=_expand(table.get("classes", str, "imagenet1k"), variables, "zeroshot.classes"),
-        templates=templates, vocab_store=_expand(vocab_store, variables, "zeroshot.vocab_store") if vocab_store else None,
-        vocabularies=vocabularies, sweep_k=sweeps["sweep_k"], sweep_m=sweeps["sweep_m"],
+        templates=templates,
+        vocab_store=_expand(vocab_store, variables, "zeroshot.vocab_store") if vocab_store else None,
+        vocabularies=vocabularies,
+        sweep_k=sweeps["sweep_k"],
+        sweep_m=sweeps["sweep_m"],
     )
 
 
@@ -708,7 +772,7 @@ def _parse_analysis(raw: Any) -> dict[str, dict[str, Any]]:
             for i, value in enumerate(n if isinstance(n, list) else [n]):
                 if not (value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
                     where = f"analysis.subsample.n[{i}]" if isinstance(n, list) else "analysis.subsample.n"
-                    raise ConfigError(f"{where}: expected \"auto\" or a positive integer; got {value!r}")
+                    raise ConfigError(f'{where}: expected "auto" or a positive integer; got {value!r}')
             params["n"] = n
         else:
             params["resamples"] = _positive_int(entry, "resamples", 2000)
@@ -719,8 +783,10 @@ def _parse_analysis(raw: Any) -> dict[str, dict[str, Any]]:
             methods = entry.string_list("methods", _INTERVAL_METHODS)
             for i, method in enumerate(methods):
                 if method not in _INTERVAL_METHODS:
-                    raise ConfigError(f"analysis.intervals.methods[{i}]: unknown method {method!r}"
-                                      f"{_suggest(method, _INTERVAL_METHODS)} (methods: {', '.join(_INTERVAL_METHODS)})")
+                    raise ConfigError(
+                        f"analysis.intervals.methods[{i}]: unknown method {method!r}"
+                        f"{_suggest(method, _INTERVAL_METHODS)} (methods: {', '.join(_INTERVAL_METHODS)})"
+                    )
             params["methods"] = methods
         analyses[name] = params
     return analyses
@@ -741,8 +807,10 @@ def _parse_report(raw: Any) -> dict[str, Any]:
     }
     for i, fmt in enumerate(report["formats"]):
         if fmt not in ("markdown", "latex", "html"):
-            raise ConfigError(f"report.formats[{i}]: unknown format {fmt!r}{_suggest(fmt, ('markdown', 'latex', 'html'))} "
-                              "(markdown, latex, html)")
+            raise ConfigError(
+                f"report.formats[{i}]: unknown format {fmt!r}{_suggest(fmt, ('markdown', 'latex', 'html'))} "
+                "(markdown, latex, html)"
+            )
     if not report["formats"]:
         raise ConfigError("report.formats: empty; give at least one of markdown, latex, html")
     for i, fmt in enumerate(report["figure_formats"]):
@@ -752,15 +820,32 @@ def _parse_report(raw: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------- top level
-_TOP = ("experiment", "paths", "models", "datasets", "id", "ood", "detectors", "zeroshot", "analysis", "report", "engine")
+_TOP = (
+    "experiment",
+    "paths",
+    "models",
+    "datasets",
+    "id",
+    "ood",
+    "detectors",
+    "zeroshot",
+    "analysis",
+    "report",
+    "engine",
+)
 
 
-def parse_config(raw: Mapping[str, Any], *, path: Path | None = None, workdir: str | os.PathLike[str] | None = None) -> ExperimentConfig:
+def parse_config(
+    raw: Mapping[str, Any], *, path: Path | None = None, workdir: str | os.PathLike[str] | None = None
+) -> ExperimentConfig:
     """Validate a parsed TOML document; `workdir` overrides ``experiment.workdir``."""
     top = _Table(raw, "", allowed=_TOP)
     variables = _path_variables(raw)
-    experiment = _Table(_expand_tree(top.data.get("experiment", {}), variables, "experiment"), "experiment",
-                        allowed=("name", "workdir", "store", "seed", "tpr"))
+    experiment = _Table(
+        _expand_tree(top.data.get("experiment", {}), variables, "experiment"),
+        "experiment",
+        allowed=("name", "workdir", "store", "seed", "tpr"),
+    )
     name = experiment.get("name", str, path.stem if path else "experiment")
     chosen_workdir = Path(workdir) if workdir is not None else Path(experiment.get("workdir", str, f"oodbench-{name}"))
     store = Path(experiment.get("store", str, str(chosen_workdir / "store")))
@@ -804,17 +889,27 @@ def parse_config(raw: Mapping[str, Any], *, path: Path | None = None, workdir: s
     used = [fit, id_test, *ood]
     if len(set(used)) != len(used):
         duplicates = sorted({n for n in used if used.count(n) > 1})
-        raise ConfigError(f"ood.datasets: {', '.join(duplicates)} used twice (ID fit, ID test and OOD sets must differ)")
+        raise ConfigError(
+            f"ood.datasets: {', '.join(duplicates)} used twice (ID fit, ID test and OOD sets must differ)"
+        )
 
     demo_models = [m for m in models.values() if m.kind == "demo-digits"]
     for spec in datasets.values():
         if spec.kind == "demo" and not demo_models and spec.id in used:
-            raise ConfigError(f"{spec.key_path}.kind: 'demo' datasets come from a model of kind 'demo-digits'; declare one")
+            raise ConfigError(
+                f"{spec.key_path}.kind: 'demo' datasets come from a model of kind 'demo-digits'; declare one"
+            )
     if demo_models:
-        for key, name_ in [("id.fit", fit), ("id.test", id_test), *[(f"ood.datasets[{i}]", n) for i, n in enumerate(ood)]]:
+        for key, name_ in [
+            ("id.fit", fit),
+            ("id.test", id_test),
+            *[(f"ood.datasets[{i}]", n) for i, n in enumerate(ood)],
+        ]:
             if datasets[name_].kind != "demo":
-                raise ConfigError(f"{key}: the demo-digits model sees only its own digits; {name_!r} is a "
-                                  f"{datasets[name_].kind} dataset")
+                raise ConfigError(
+                    f"{key}: the demo-digits model sees only its own digits; {name_!r} is a "
+                    f"{datasets[name_].kind} dataset"
+                )
         if store.name != "store":
             raise ConfigError(f"experiment.store: the demo writes its store to <dir>/store; got {store}")
 
@@ -833,14 +928,29 @@ def parse_config(raw: Mapping[str, Any], *, path: Path | None = None, workdir: s
         "cpus_per_score": engine_table.get("cpus_per_score", float, 1.0),
     }
     return ExperimentConfig(
-        path=path, name=name, workdir=chosen_workdir, store=store, seed=seed, tpr=tpr, models=models,
-        datasets=datasets, fit=fit, id_test=id_test, ood=tuple(ood), detectors=detectors, zeroshot=zeroshot,
-        analysis=analysis, report=report, engine=engine, raw=dict(raw),
+        path=path,
+        name=name,
+        workdir=chosen_workdir,
+        store=store,
+        seed=seed,
+        tpr=tpr,
+        models=models,
+        datasets=datasets,
+        fit=fit,
+        id_test=id_test,
+        ood=tuple(ood),
+        detectors=detectors,
+        zeroshot=zeroshot,
+        analysis=analysis,
+        report=report,
+        engine=engine,
+        raw=dict(raw),
     )
 
 
-def load_config(path: str | os.PathLike[str], *, overrides: Sequence[str] = (),
-                workdir: str | os.PathLike[str] | None = None) -> ExperimentConfig:
+def load_config(
+    path: str | os.PathLike[str], *, overrides: Sequence[str] = (), workdir: str | os.PathLike[str] | None = None
+) -> ExperimentConfig:
     """Read, override and validate an experiment file."""
     path = Path(path)
     try:

@@ -7,17 +7,30 @@ On Ray, extraction runs one task per (model, dataset) — the digits demo, which
 go, is one task — and fitting/scoring one task per (model, detector); metrics, analyses and the report are
 cheap and run in the driver. Workers need the work directory and store on a shared filesystem.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import ConfigError, OodbenchError
 from ..progress import progress_bar
 from .config import ExperimentConfig
 from .plan import STAGES, Plan, Unit, build_plan, report_files
-from .stages import (Context, availability, record_adopted, reset_changed_models, run_analysis_unit, run_combine_unit, run_extract_unit,
-                     run_fit_score, run_metrics_unit, run_report_unit, run_zeroshot_unit)
+from .stages import (
+    Context,
+    availability,
+    record_adopted,
+    reset_changed_models,
+    run_analysis_unit,
+    run_combine_unit,
+    run_extract_unit,
+    run_fit_score,
+    run_metrics_unit,
+    run_report_unit,
+    run_zeroshot_unit,
+)
 
 __all__ = ["ENGINES", "RunReport", "run_experiment", "check_runnable"]
 
@@ -67,8 +80,10 @@ def check_runnable(plan: Plan, stages: Sequence[str]) -> None:
                 except KeyError:
                     continue
                 if upstream.todo and upstream.stage != stage and upstream.stage != "fit":
-                    raise OodbenchError(f"--only {stage}: {unit.id} needs {dep}, which has not run; "
-                                        f"run --only {upstream.stage} first (or run without --only)")
+                    raise OodbenchError(
+                        f"--only {stage}: {unit.id} needs {dep}, which has not run; "
+                        f"run --only {upstream.stage} first (or run without --only)"
+                    )
 
 
 def _waves(units: Sequence[Unit]) -> list[list[Unit]]:
@@ -132,8 +147,13 @@ class _Local:
     def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
         for fit_unit, todo in tasks:
             try:
-                run_fit_score(self.ctx, fit_unit.model or "", fit_unit.detector or "", fit_unit.spec["params"],
-                              [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo])
+                run_fit_score(
+                    self.ctx,
+                    fit_unit.model or "",
+                    fit_unit.detector or "",
+                    fit_unit.spec["params"],
+                    [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo],
+                )
             except OodbenchError as exc:
                 raise _failed(fit_unit.id, exc) from exc
             yield fit_unit, todo
@@ -149,8 +169,9 @@ def _ray_extract(config: ExperimentConfig, group: list[Unit], device: str) -> li
     return [u.id for u in group]
 
 
-def _ray_fit_score(config: ExperimentConfig, model: str, detector: str, params: Mapping[str, Any],
-                   todo: list[dict[str, str]]) -> list[str]:
+def _ray_fit_score(
+    config: ExperimentConfig, model: str, detector: str, params: Mapping[str, Any], todo: list[dict[str, str]]
+) -> list[str]:
     ctx = Context(config, progress=False)
     return run_fit_score(ctx, model, detector, params, todo)
 
@@ -194,9 +215,16 @@ class _Ray:
         yield from self._as_completed(refs, lambda group: group[0].id)
 
     def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
-        refs = {self.fit_score_task.remote(self.ctx.config, f.model, f.detector, f.spec["params"],
-                                           [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo]):
-                (f, todo) for f, todo in tasks}
+        refs = {
+            self.fit_score_task.remote(
+                self.ctx.config,
+                f.model,
+                f.detector,
+                f.spec["params"],
+                [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo],
+            ): (f, todo)
+            for f, todo in tasks
+        }
         yield from self._as_completed(refs, lambda task: task[0].id)
 
     def close(self) -> None:
@@ -205,17 +233,26 @@ class _Ray:
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def run_experiment(config: ExperimentConfig, *, engine: str = "local", only: str | None = None,
-                   progress: bool = True, device: str = "auto", ray_address: str | None = None,
-                   on_unit: UnitHook | None = None) -> RunReport:
+def run_experiment(
+    config: ExperimentConfig,
+    *,
+    engine: str = "local",
+    only: str | None = None,
+    progress: bool = True,
+    device: str = "auto",
+    ray_address: str | None = None,
+    on_unit: UnitHook | None = None,
+) -> RunReport:
     """Run every pending unit of the experiment (or of one stage) and report what ran and what was cached."""
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown engine {engine!r}; use {' or '.join(ENGINES)}")
     if only is not None and only not in STAGES:
         raise ConfigError(f"--only: unknown stage {only!r}; stages: {', '.join(STAGES)}")
     if only == "fit":
-        raise ConfigError("--only fit: fitted detectors are not stored (k-NN keeps the whole fit set), so fitting runs "
-                          "with the scoring it serves; use --only score")
+        raise ConfigError(
+            "--only fit: fitted detectors are not stored (k-NN keeps the whole fit set), so fitting runs "
+            "with the scoring it serves; use --only score"
+        )
     stages = STAGES if only is None else (only,)
     plan = build_plan(config)
     check_runnable(plan, stages)
@@ -240,8 +277,17 @@ def _outputs(config: ExperimentConfig) -> list[Any]:
     return [f for f in report_files(config) if f.is_file()]
 
 
-def _run_stage(stage: str, plan: Plan, ctx: Context, executor: _Local | _Ray, report: RunReport, progress: bool,
-               on_unit: UnitHook | None, *, with_fit: bool) -> None:
+def _run_stage(
+    stage: str,
+    plan: Plan,
+    ctx: Context,
+    executor: _Local | _Ray,
+    report: RunReport,
+    progress: bool,
+    on_unit: UnitHook | None,
+    *,
+    with_fit: bool,
+) -> None:
     stage_units = plan.stage(stage) + (plan.stage("fit") if with_fit else [])
     for unit in stage_units:
         if not unit.todo:
@@ -281,8 +327,11 @@ def _run_stage(stage: str, plan: Plan, ctx: Context, executor: _Local | _Ray, re
                     finished(unit)
         runners: dict[str, Callable[[Unit], None]] = {
             "score": lambda u: run_zeroshot_unit(ctx, u),
-            "metrics": lambda u: (run_combine_unit(ctx, u) if u.spec.get("kind") == "combine" else
-                                  run_metrics_unit(ctx, u, [s for s in plan.stage("score") if s.model == u.model])),
+            "metrics": lambda u: (
+                run_combine_unit(ctx, u)
+                if u.spec.get("kind") == "combine"
+                else run_metrics_unit(ctx, u, [s for s in plan.stage("score") if s.model == u.model])
+            ),
             "analysis": lambda u: run_analysis_unit(ctx, u),
             "report": lambda u: run_report_unit(ctx, u),
         }

@@ -5,14 +5,16 @@ it lists still verify (the plan checks them). A record is written after the unit
 mid-unit leaves no record and the unit is redone; a record whose key differs (the config changed) marks the
 unit stale.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..atomic import atomic_write_json
 
@@ -48,8 +50,13 @@ class Ledger:
 
     def write(self, stage: str, label: str, key: str, **details: Any) -> dict[str, Any]:
         """Record the unit as done with `key` and its details (output fingerprints, skip reasons, ...)."""
-        record = {"stage": stage, "unit": label, "key": key,
-                  "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **details}
+        record = {
+            "stage": stage,
+            "unit": label,
+            "key": key,
+            "finished": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            **details,
+        }
         atomic_write_json(self.path(stage, label), record)
         return record
 

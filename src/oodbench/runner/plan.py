@@ -12,12 +12,14 @@ downstream of it. A unit is *cached* when the ledger holds a record with its key
 Fitted detectors are not persisted (k-NN keeps the whole fit set; refitting is cheaper than storing it): a fit
 unit is cached when every score unit it feeds is, and otherwise runs together with its pending score units.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .. import __version__
 from ..errors import StoreError
@@ -205,8 +207,11 @@ def _itemsize(dtype: str) -> int:
 
 def fingerprint(meta: Mapping[str, Any]) -> dict[str, Any]:
     """What identifies a store entry's content (stable across re-extraction with identical inputs)."""
-    return {"item_hash": meta.get("item_hash"), "num_rows": meta.get("num_rows"),
-            "provenance": {k: meta.get("provenance", {}).get(k) for k in ("model", "checkpoint", "preprocessing")}}
+    return {
+        "item_hash": meta.get("item_hash"),
+        "num_rows": meta.get("num_rows"),
+        "provenance": {k: meta.get("provenance", {}).get(k) for k in ("model", "checkpoint", "preprocessing")},
+    }
 
 
 # ----------------------------------------------------------------------------------------------- extraction
@@ -235,8 +240,9 @@ def _adoptable(model: ModelSpec, store: Store, meta: Mapping[str, Any]) -> bool:
     return provenance.get("model") == name and not model.params.get("checkpoint")
 
 
-def _plan_extract(config: ExperimentConfig, store: Store, ledger: Ledger, units: list[Unit],
-                  keys: dict[tuple[str, str], str]) -> None:
+def _plan_extract(
+    config: ExperimentConfig, store: Store, ledger: Ledger, units: list[Unit], keys: dict[tuple[str, str], str]
+) -> None:
     for model in config.models.values():
         sid = model.store_id
         identity = model.extract_identity()
@@ -251,10 +257,19 @@ def _plan_extract(config: ExperimentConfig, store: Store, ledger: Ledger, units:
             key = content_key("extract", identity, spec.identity(), parent_key, _list_files_identity(spec.params))
             keys[(sid, dataset)] = key
             label = f"{sid}/{dataset}"
-            unit = Unit("extract", label, key, model=sid, dataset=dataset,
-                        deps=(f"extract:{sid}/{spec.params['of']}",) if parent_key else (),
-                        spec={"kind": "subset" if spec.kind == "subset" else model.kind, "model": model.id,
-                              "model_key": model_key})
+            unit = Unit(
+                "extract",
+                label,
+                key,
+                model=sid,
+                dataset=dataset,
+                deps=(f"extract:{sid}/{spec.params['of']}",) if parent_key else (),
+                spec={
+                    "kind": "subset" if spec.kind == "subset" else model.kind,
+                    "model": model.id,
+                    "model_key": model_key,
+                },
+            )
             meta = _complete_meta(store, sid, dataset)
             rows, nbytes = _entry_size(meta) if meta is not None else (None, None)
             unit.items = rows if rows is not None else _registry_count(config, dataset)
@@ -284,21 +299,36 @@ def _plan_extract(config: ExperimentConfig, store: Store, ledger: Ledger, units:
             _plan_probe(config, model, store, ledger, units, keys)
 
 
-def _plan_probe(config: ExperimentConfig, model: ModelSpec, store: Store, ledger: Ledger, units: list[Unit],
-                keys: dict[tuple[str, str], str]) -> None:
+def _plan_probe(
+    config: ExperimentConfig,
+    model: ModelSpec,
+    store: Store,
+    ledger: Ledger,
+    units: list[Unit],
+    keys: dict[tuple[str, str], str],
+) -> None:
     sid = model.store_id
     datasets = config.datasets_of(model)
     key = content_key("probe", model.identity(), [keys[(sid, d)] for d in datasets])
     for dataset in datasets:
         keys[(model.id, dataset)] = content_key("probe-entry", key, keys[(sid, dataset)])
-    unit = Unit("extract", f"{model.id}/probe", key, model=model.id, dataset=config.fit,
-                deps=tuple(f"extract:{sid}/{d}" for d in datasets),
-                items=next((u.items for u in units if u.id == f"extract:{sid}/{config.fit}"), None),
-                spec={"kind": "probe-train", "model": model.id})
+    unit = Unit(
+        "extract",
+        f"{model.id}/probe",
+        key,
+        model=model.id,
+        dataset=config.fit,
+        deps=tuple(f"extract:{sid}/{d}" for d in datasets),
+        items=next((u.items for u in units if u.id == f"extract:{sid}/{config.fit}"), None),
+        spec={"kind": "probe-train", "model": model.id},
+    )
     record = ledger.done("extract", unit.label, key)
     complete = store.has_head(model.id) and all(store.exists(model.id, d) for d in datasets)
-    unit.status = "cached" if record is not None and complete else (
-        "stale" if ledger.read("extract", unit.label) is not None else "pending")
+    unit.status = (
+        "cached"
+        if record is not None and complete
+        else ("stale" if ledger.read("extract", unit.label) is not None else "pending")
+    )
     units.append(unit)
 
 
@@ -331,8 +361,9 @@ def _model_arrays(store: Store, model: str, datasets: Iterable[str]) -> dict[str
     return arrays
 
 
-def unmet_requirements(detector: str, params: Mapping[str, Any], arrays: Mapping[str, set[str]], fit: str,
-                       has_head: bool) -> str | None:
+def unmet_requirements(
+    detector: str, params: Mapping[str, Any], arrays: Mapping[str, set[str]], fit: str, has_head: bool
+) -> str | None:
     """Why a detector (with these hyper-parameters) cannot run on a model's arrays, or None."""
     from .. import detectors as registry
 
@@ -351,8 +382,14 @@ def unmet_requirements(detector: str, params: Mapping[str, Any], arrays: Mapping
     return None
 
 
-def _plan_fit_score(config: ExperimentConfig, lay: Layout, store: Store, ledger: Ledger, units: list[Unit],
-                    keys: dict[tuple[str, str], str]) -> None:
+def _plan_fit_score(
+    config: ExperimentConfig,
+    lay: Layout,
+    store: Store,
+    ledger: Ledger,
+    units: list[Unit],
+    keys: dict[tuple[str, str], str],
+) -> None:
     fit_units: list[Unit] = []
     score_units: list[Unit] = []
     test_sets = [config.id_test, *config.ood]
@@ -368,16 +405,31 @@ def _plan_fit_score(config: ExperimentConfig, lay: Layout, store: Store, ledger:
         for detector, params in config.detectors.items():
             fit_key = content_key("fit", keys[(model.id, config.fit)], detector, params, __version__)
             fit_label = f"{model.id}/{detector}"
-            fit_unit = Unit("fit", fit_label, fit_key, model=model.id, detector=detector, items=fit_items,
-                            deps=(f"extract:{sid}/{config.fit}",) + probe, spec={"params": params})
+            fit_unit = Unit(
+                "fit",
+                fit_label,
+                fit_key,
+                model=model.id,
+                detector=detector,
+                items=fit_items,
+                deps=(f"extract:{sid}/{config.fit}",) + probe,
+                spec={"params": params},
+            )
             reason = unmet_requirements(detector, params, arrays, config.fit, has_head) if arrays is not None else None
             mine: list[Unit] = []
             for dataset in test_sets:
                 key = content_key("score", fit_key, keys[(model.id, dataset)], config.tpr)
                 label = f"{model.id}/{detector}/{dataset}"
-                unit = Unit("score", label, key, model=model.id, detector=detector, dataset=dataset,
-                            deps=fit_unit.deps + (f"extract:{sid}/{dataset}",),
-                            items=extract_units[f"extract:{sid}/{dataset}"].items)
+                unit = Unit(
+                    "score",
+                    label,
+                    key,
+                    model=model.id,
+                    detector=detector,
+                    dataset=dataset,
+                    deps=fit_unit.deps + (f"extract:{sid}/{dataset}",),
+                    items=extract_units[f"extract:{sid}/{dataset}"].items,
+                )
                 record = ledger.read("score", label)
                 if record is not None and record.get("key") != key:
                     unit.status = "stale"
@@ -443,7 +495,8 @@ def load_ref_vocabularies(config: ExperimentConfig) -> tuple[dict[str, Any], dic
                 continue
             if vocab.get("kind") not in (None, found[name].kind):
                 problems[f"zeroshot.vocabularies.{name}.kind"] = (
-                    f"declared {vocab['kind']!r} but the stored vocabulary {vocab['ref']!r} is a {found[name].kind!r} list")
+                    f"declared {vocab['kind']!r} but the stored vocabulary {vocab['ref']!r} is a {found[name].kind!r} list"
+                )
     return found, problems
 
 
@@ -473,8 +526,14 @@ def zeroshot_columns(config: ExperimentConfig, refs: Mapping[str, Any]) -> list[
     return columns
 
 
-def _plan_zeroshot(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit],
-                   keys: dict[tuple[str, str], str], problems: dict[str, str]) -> None:
+def _plan_zeroshot(
+    config: ExperimentConfig,
+    lay: Layout,
+    ledger: Ledger,
+    units: list[Unit],
+    keys: dict[tuple[str, str], str],
+    problems: dict[str, str],
+) -> None:
     spec = config.zeroshot
     if spec is None:
         return
@@ -485,42 +544,69 @@ def _plan_zeroshot(config: ExperimentConfig, lay: Layout, ledger: Ledger, units:
     datasets = [config.id_test, *config.ood]
     for model_id in spec.models:
         sid = config.models[model_id].store_id
-        key = content_key("zeroshot", [keys[(sid, d)] for d in datasets], spec.classes,
-                          _list_files_identity({"include": [spec.classes]}), spec.scores, spec.params,
-                          spec.vocabularies, ref_hashes, spec.templates, spec.sweep_k, spec.sweep_m, config.tpr,
-                          __version__)
+        key = content_key(
+            "zeroshot",
+            [keys[(sid, d)] for d in datasets],
+            spec.classes,
+            _list_files_identity({"include": [spec.classes]}),
+            spec.scores,
+            spec.params,
+            spec.vocabularies,
+            ref_hashes,
+            spec.templates,
+            spec.sweep_k,
+            spec.sweep_m,
+            config.tpr,
+            __version__,
+        )
         keys[(model_id, "<zeroshot>")] = key
-        unit = Unit("score", f"{model_id}/zeroshot", key, model=model_id,
-                    deps=tuple(f"extract:{sid}/{d}" for d in datasets),
-                    items=sum(u.items or 0 for u in units if u.stage == "extract" and u.model == sid
-                              and u.dataset in datasets) or None,
-                    spec={"zeroshot": True, "columns": columns, "datasets": datasets})
+        unit = Unit(
+            "score",
+            f"{model_id}/zeroshot",
+            key,
+            model=model_id,
+            deps=tuple(f"extract:{sid}/{d}" for d in datasets),
+            items=sum(u.items or 0 for u in units if u.stage == "extract" and u.model == sid and u.dataset in datasets)
+            or None,
+            spec={"zeroshot": True, "columns": columns, "datasets": datasets},
+        )
         unit.status = _status_with_file(ledger, unit, lay.run_dir(model_id) / "results.parquet")
         units.append(unit)
 
 
 # ----------------------------------------------------------------------------------------------- metrics, analysis, report
-def _plan_metrics(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit],
-                  keys: dict[tuple[str, str], str]) -> None:
+def _plan_metrics(
+    config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit], keys: dict[tuple[str, str], str]
+) -> None:
     metric_keys: list[str] = []
     for model in config.classifiers:
         score_keys = sorted(u.key for u in units if u.stage == "score" and u.model == model.id)
         key = content_key("metrics", score_keys, config.tpr)
         keys[(model.id, "<metrics>")] = key
         metric_keys.append(key)
-        unit = Unit("metrics", model.id, key, model=model.id,
-                    deps=tuple(u.id for u in units if u.stage == "score" and u.model == model.id),
-                    spec={"kind": "run"})
+        unit = Unit(
+            "metrics",
+            model.id,
+            key,
+            model=model.id,
+            deps=tuple(u.id for u in units if u.stage == "score" and u.model == model.id),
+            spec={"kind": "run"},
+        )
         unit.status = _status_with_file(ledger, unit, lay.run_dir(model.id) / "results.parquet")
         units.append(unit)
-    for model_id in (config.zeroshot.models if config.zeroshot else ()):
+    for model_id in config.zeroshot.models if config.zeroshot else ():
         metric_keys.append(keys[(model_id, "<zeroshot>")])
         keys[(model_id, "<metrics>")] = keys[(model_id, "<zeroshot>")]
     key = content_key("results", metric_keys)
     keys[("", "<results>")] = key
-    unit = Unit("metrics", "all", key, deps=tuple(u.id for u in units if u.stage == "metrics")
-                + tuple(f"score:{m}/zeroshot" for m in (config.zeroshot.models if config.zeroshot else ())),
-                spec={"kind": "combine"})
+    unit = Unit(
+        "metrics",
+        "all",
+        key,
+        deps=tuple(u.id for u in units if u.stage == "metrics")
+        + tuple(f"score:{m}/zeroshot" for m in (config.zeroshot.models if config.zeroshot else ())),
+        spec={"kind": "combine"},
+    )
     unit.status = _status_with_file(ledger, unit, lay.results)
     units.append(unit)
 
@@ -531,30 +617,49 @@ def _status_with_file(ledger: Ledger, unit: Unit, output: Path) -> str:
     return "stale" if ledger.read(unit.stage, unit.label) is not None else "pending"
 
 
-def _plan_analysis(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit],
-                   keys: dict[tuple[str, str], str]) -> None:
+def _plan_analysis(
+    config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit], keys: dict[tuple[str, str], str]
+) -> None:
     model_ids = [m.id for m in config.classifiers] + list(config.zeroshot.models if config.zeroshot else ())
     for analysis, params in config.analysis.items():
         for model_id in model_ids:
             key = content_key("analysis", analysis, params, keys[(model_id, "<metrics>")], config.seed)
             label = f"{analysis}/{model_id}"
             keys[(model_id, f"<analysis:{analysis}>")] = key
-            unit = Unit("analysis", label, key, model=model_id, spec={"analysis": analysis, "params": params},
-                        deps=(f"metrics:{model_id}" if model_id in config.models and config.models[model_id].is_classifier
-                              else f"score:{model_id}/zeroshot",))
+            unit = Unit(
+                "analysis",
+                label,
+                key,
+                model=model_id,
+                spec={"analysis": analysis, "params": params},
+                deps=(
+                    f"metrics:{model_id}"
+                    if model_id in config.models and config.models[model_id].is_classifier
+                    else f"score:{model_id}/zeroshot",
+                ),
+            )
             unit.status = _status_with_file(ledger, unit, lay.analysis / analysis / f"{model_id}.json")
             units.append(unit)
 
 
-def _plan_report(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit],
-                 keys: dict[tuple[str, str], str]) -> None:
+def _plan_report(
+    config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit], keys: dict[tuple[str, str], str]
+) -> None:
     inputs = sorted(k for (m, name), k in keys.items() if name in ("<results>",) or name.startswith("<analysis:"))
     key = content_key("report", inputs, config.report, config.name, __version__)
-    unit = Unit("report", "report", key, deps=tuple(u.id for u in units if u.stage in ("metrics", "analysis")),
-                spec=dict(config.report))
+    unit = Unit(
+        "report",
+        "report",
+        key,
+        deps=tuple(u.id for u in units if u.stage in ("metrics", "analysis")),
+        spec=dict(config.report),
+    )
     files = report_files(config)
-    unit.status = _status_with_file(ledger, unit, files[0]) if all(f.is_file() for f in files) else (
-        "stale" if ledger.read("report", unit.label) is not None else "pending")
+    unit.status = (
+        _status_with_file(ledger, unit, files[0])
+        if all(f.is_file() for f in files)
+        else ("stale" if ledger.read("report", unit.label) is not None else "pending")
+    )
     units.append(unit)
 
 
@@ -574,7 +679,9 @@ def build_plan(config: ExperimentConfig) -> Plan:
     _plan_analysis(config, lay, ledger, units, keys)
     _plan_report(config, lay, ledger, units, keys)
     _propagate(units)
-    pending_extract = {u.dataset for u in units if u.stage == "extract" and u.todo and u.spec.get("kind") != "probe-train"}
+    pending_extract = {
+        u.dataset for u in units if u.stage == "extract" and u.todo and u.spec.get("kind") != "probe-train"
+    }
     problems.update(missing_roots(config, sorted(d for d in pending_extract if d is not None)))
     return Plan(config, lay, units, problems)
 
@@ -604,18 +711,24 @@ def _human_bytes(n: int | None) -> str:
 def format_plan(plan: Plan, *, units: bool = True) -> str:
     """The plan as text: per-stage totals, input problems, then one line per unit with size and status."""
     config = plan.config
-    lines = [f"experiment {config.name!r}: {len(config.models)} models, {len(config.datasets)} datasets, "
-             f"{len(config.detectors)} detectors" + (f", {len(config.zeroshot.models)} zero-shot VLMs" if config.zeroshot else ""),
-             f"work directory {plan.layout.workdir}   store {plan.layout.store}", ""]
+    lines = [
+        f"experiment {config.name!r}: {len(config.models)} models, {len(config.datasets)} datasets, "
+        f"{len(config.detectors)} detectors"
+        + (f", {len(config.zeroshot.models)} zero-shot VLMs" if config.zeroshot else ""),
+        f"work directory {plan.layout.workdir}   store {plan.layout.store}",
+        "",
+    ]
     lines.append(f"{'stage':<9} {'units':>7} {'cached':>7} {'skipped':>7} {'to run':>7} {'images':>14} {'size':>12}")
     for stage in STAGES:
         stage_units = plan.stage(stage)
         todo = [u for u in stage_units if u.todo]
         items = sum(u.items or 0 for u in todo)
         nbytes = sum(u.nbytes or 0 for u in stage_units)
-        lines.append(f"{stage:<9} {len(stage_units):>7} {sum(u.status == 'cached' for u in stage_units):>7} "
-                     f"{sum(u.status == 'skipped' for u in stage_units):>7} {len(todo):>7} "
-                     f"{(f'{items:,}' if items else '-'):>14} {(_human_bytes(nbytes) if nbytes else '-'):>12}")
+        lines.append(
+            f"{stage:<9} {len(stage_units):>7} {sum(u.status == 'cached' for u in stage_units):>7} "
+            f"{sum(u.status == 'skipped' for u in stage_units):>7} {len(todo):>7} "
+            f"{(f'{items:,}' if items else '-'):>14} {(_human_bytes(nbytes) if nbytes else '-'):>12}"
+        )
     if plan.problems:
         lines += ["", "input problems (extraction of these fails until they are fixed):"]
         lines += [f"  {key}: {problem}" for key, problem in plan.problems.items()]
@@ -626,7 +739,13 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
                 continue
             lines += ["", f"[{stage}]"]
             for unit in stage_units:
-                size = f"{unit.items:,} images" if unit.items else "? images" if stage in ("extract", "fit", "score") else ""
+                size = (
+                    f"{unit.items:,} images"
+                    if unit.items
+                    else "? images"
+                    if stage in ("extract", "fit", "score")
+                    else ""
+                )
                 if unit.nbytes:
                     size += f", {'~' if unit.spec.get('estimated_bytes') else ''}{_human_bytes(unit.nbytes)}"
                 note = f"  ({unit.note})" if unit.note else ""
@@ -640,9 +759,26 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
 
 def plan_json(plan: Plan) -> str:
     """The plan as JSON (for tools): summary, problems and every unit."""
-    return json.dumps({
-        "experiment": plan.config.name, "summary": plan.summary(), "problems": plan.problems,
-        "units": [{"id": u.id, "stage": u.stage, "status": u.status, "key": u.key, "model": u.model,
-                   "dataset": u.dataset, "detector": u.detector, "items": u.items, "bytes": u.nbytes, "note": u.note}
-                  for u in plan.units],
-    }, indent=1)
+    return json.dumps(
+        {
+            "experiment": plan.config.name,
+            "summary": plan.summary(),
+            "problems": plan.problems,
+            "units": [
+                {
+                    "id": u.id,
+                    "stage": u.stage,
+                    "status": u.status,
+                    "key": u.key,
+                    "model": u.model,
+                    "dataset": u.dataset,
+                    "detector": u.detector,
+                    "items": u.items,
+                    "bytes": u.nbytes,
+                    "note": u.note,
+                }
+                for u in plan.units
+            ],
+        },
+        indent=1,
+    )

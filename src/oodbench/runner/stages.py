@@ -5,13 +5,15 @@ Ray worker (which shares the work directory), and an interrupted run redoes only
 pieces come from the other packages (`extract`, `detectors`, `zeroshot`, `analysis`, `report`); when one is
 missing from the installed build, the unit fails with an error that says which capability is not available.
 """
+
 from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,10 +25,22 @@ from ..scores import save_scores
 from ..store import Store, hash_items
 from .config import DatasetSpec, ExperimentConfig, ModelSpec
 from .ledger import Ledger
-from .plan import (REPORT_FORMATS, Layout, Unit, fingerprint, layout, load_ref_vocabularies, unmet_requirements)
+from .plan import REPORT_FORMATS, Layout, Unit, fingerprint, layout, load_ref_vocabularies, unmet_requirements
 
-__all__ = ["Context", "require", "reset_changed_models", "run_extract_unit", "run_fit_score", "run_zeroshot_unit", "run_metrics_unit",
-           "run_combine_unit", "run_analysis_unit", "run_report_unit", "availability", "record_adopted"]
+__all__ = [
+    "Context",
+    "require",
+    "reset_changed_models",
+    "run_extract_unit",
+    "run_fit_score",
+    "run_zeroshot_unit",
+    "run_metrics_unit",
+    "run_combine_unit",
+    "run_analysis_unit",
+    "run_report_unit",
+    "availability",
+    "record_adopted",
+]
 
 
 @dataclass
@@ -55,24 +69,36 @@ class Context:
 # (capability, module, attribute) needed per kind of unit; checked before a run starts so that a missing piece
 # stops the run at once with its name, not hours into it.
 _NEEDS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "timm": (("timm extraction", "oodbench.extract.backbones.timm_backbone", "load_timm"),
-             ("the extraction pipeline", "oodbench.extract.pipeline", "extract")),
-    "probe": (("timm extraction", "oodbench.extract.backbones.timm_backbone", "load_timm"),
-              ("the extraction pipeline", "oodbench.extract.pipeline", "extract")),
+    "timm": (
+        ("timm extraction", "oodbench.extract.backbones.timm_backbone", "load_timm"),
+        ("the extraction pipeline", "oodbench.extract.pipeline", "extract"),
+    ),
+    "probe": (
+        ("timm extraction", "oodbench.extract.backbones.timm_backbone", "load_timm"),
+        ("the extraction pipeline", "oodbench.extract.pipeline", "extract"),
+    ),
     "probe-train": (("linear-probe training", "oodbench.extract.probe", "run_probe"),),
-    "open_clip": (("open_clip extraction", "oodbench.extract.openclip", "OpenClipBackbone"),
-                  ("the extraction pipeline", "oodbench.extract.pipeline", "extract")),
-    "datasets": (("dataset reading", "oodbench.extract.datasets", "open_dataset"),
-                 ("the dataset registry", "oodbench.extract.dataset_registry", "open_registered")),
-    "zeroshot": (("zero-shot evaluation", "oodbench.zeroshot.evaluate", "evaluate_zeroshot_store"),
-                 ("zero-shot class lists", "oodbench.zeroshot.classes", "load_classes"),
-                 ("label embeddings", "oodbench.zeroshot.text", "store_embedder")),
+    "open_clip": (
+        ("open_clip extraction", "oodbench.extract.openclip", "OpenClipBackbone"),
+        ("the extraction pipeline", "oodbench.extract.pipeline", "extract"),
+    ),
+    "datasets": (
+        ("dataset reading", "oodbench.extract.datasets", "open_dataset"),
+        ("the dataset registry", "oodbench.extract.dataset_registry", "open_registered"),
+    ),
+    "zeroshot": (
+        ("zero-shot evaluation", "oodbench.zeroshot.evaluate", "evaluate_zeroshot_store"),
+        ("zero-shot class lists", "oodbench.zeroshot.classes", "load_classes"),
+        ("label embeddings", "oodbench.zeroshot.text", "store_embedder"),
+    ),
     "wordnet": (("NegMining vocabularies", "oodbench.zeroshot.vocab.wordnet_negmining", "mine_wordnet_negatives"),),
     "union": (("vocabulary unions", "oodbench.zeroshot.vocab.builders", "build_union"),),
     "subsample": (("the subsampling study", "oodbench.analysis.subsample", "subsample_run"),),
     "intervals": (("confidence intervals", "oodbench.analysis.runs", "intervals_for_run"),),
-    "report": (("the report builder", "oodbench.report.build", "build_report"),
-               ("the report writer", "oodbench.report.output", "write_report")),
+    "report": (
+        ("the report builder", "oodbench.report.build", "build_report"),
+        ("the report writer", "oodbench.report.output", "write_report"),
+    ),
 }
 
 
@@ -82,10 +108,13 @@ def require(kind: str) -> None:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise OodbenchError(f"{capability} is not available in this build of oodbench "
-                                f"({module_name} cannot be imported: {exc})") from None
+            raise OodbenchError(
+                f"{capability} is not available in this build of oodbench ({module_name} cannot be imported: {exc})"
+            ) from None
         if not hasattr(module, attribute):
-            raise OodbenchError(f"{capability} is not available in this build of oodbench ({module_name} has no {attribute})")
+            raise OodbenchError(
+                f"{capability} is not available in this build of oodbench ({module_name} has no {attribute})"
+            )
 
 
 def availability(units: Iterable[Unit], config: ExperimentConfig) -> list[str]:
@@ -100,7 +129,7 @@ def availability(units: Iterable[Unit], config: ExperimentConfig) -> list[str]:
                 kinds.update((kind, "datasets"))
         elif unit.stage == "score" and unit.spec.get("zeroshot"):
             kinds.add("zeroshot")
-            for vocab in (config.zeroshot.vocabularies.values() if config.zeroshot else ()):
+            for vocab in config.zeroshot.vocabularies.values() if config.zeroshot else ():
                 if "build" in vocab:
                     kinds.add(vocab["build"])
         elif unit.stage == "analysis":
@@ -119,8 +148,14 @@ def availability(units: Iterable[Unit], config: ExperimentConfig) -> list[str]:
 # ----------------------------------------------------------------------------------------------- extraction
 def record_adopted(ctx: Context, unit: Unit) -> None:
     """Record a store entry made outside the runner that the plan accepted as this unit's output."""
-    ctx.ledger.write("extract", unit.label, unit.key, fingerprint=unit.spec["adopt"], adopted=True,
-                     model_key=unit.spec.get("model_key"))
+    ctx.ledger.write(
+        "extract",
+        unit.label,
+        unit.key,
+        fingerprint=unit.spec["adopt"],
+        adopted=True,
+        model_key=unit.spec.get("model_key"),
+    )
 
 
 def reset_changed_models(ctx: Context, units: Iterable[Unit]) -> list[str]:
@@ -129,8 +164,15 @@ def reset_changed_models(ctx: Context, units: Iterable[Unit]) -> list[str]:
     The extractor refuses to mix checkpoints under one model id, so a changed model is re-extracted from scratch.
     """
     store = ctx.store
-    reset = sorted({u.model for u in units if u.spec.get("model_changed") and u.spec.get("kind") not in ("demo-digits", "subset")
-                    and u.model is not None})
+    reset = sorted(
+        {
+            u.model
+            for u in units
+            if u.spec.get("model_changed")
+            and u.spec.get("kind") not in ("demo-digits", "subset")
+            and u.model is not None
+        }
+    )
     for model_id in reset:
         import shutil
 
@@ -185,7 +227,9 @@ def _backbone(ctx: Context, model: ModelSpec) -> Any:
             register_open_clip_config(params["config_file"], params["name"], f"{model.key_path}.config_file")
         from ..extract.backbones.base import resolve_device
 
-        bundle = load_openclip(params["name"], params.get("checkpoint") or params.get("pretrained"), resolve_device(ctx.device))
+        bundle = load_openclip(
+            params["name"], params.get("checkpoint") or params.get("pretrained"), resolve_device(ctx.device)
+        )
         backbone = OpenClipBackbone(bundle, patches=params.get("patches", False))
     else:
         raise ExtractError(f"{model.key_path}: no backbone for model kind {model.kind!r}")
@@ -211,19 +255,34 @@ def run_extract_unit(ctx: Context, unit: Unit) -> None:
         root = Path(config.store).parent
         prepare(root, model.params["seed"], epochs=model.params["epochs"], verbose=ctx.progress)
     elif kind == "subset":
-        derive_subset(store, sid, config.datasets[dataset_id], config.datasets[config.datasets[dataset_id].params["of"]])
+        derive_subset(
+            store, sid, config.datasets[dataset_id], config.datasets[config.datasets[dataset_id].params["of"]]
+        )
     else:
         require(kind)
         from ..extract.pipeline import extract
 
         images = _open_images(config.datasets[dataset_id])
-        extract(store, _backbone(ctx, model), images, dataset_id=dataset_id, model_id=sid,
-                batch_size=model.params.get("batch_size", 64), num_workers=config.engine["workers"],
-                device=ctx.device, progress=ctx.progress)
+        extract(
+            store,
+            _backbone(ctx, model),
+            images,
+            dataset_id=dataset_id,
+            model_id=sid,
+            batch_size=model.params.get("batch_size", 64),
+            num_workers=config.engine["workers"],
+            device=ctx.device,
+            progress=ctx.progress,
+        )
     if not store.exists(sid, dataset_id):
         raise StoreError(f"extraction of {sid}/{dataset_id} finished without a complete store entry")
-    ctx.ledger.write("extract", unit.label, unit.key, fingerprint=fingerprint(store.meta(sid, dataset_id)),
-                     model_key=unit.spec.get("model_key"))
+    ctx.ledger.write(
+        "extract",
+        unit.label,
+        unit.key,
+        fingerprint=fingerprint(store.meta(sid, dataset_id)),
+        model_key=unit.spec.get("model_key"),
+    )
 
 
 def _train_probe(ctx: Context, model: ModelSpec, unit: Unit) -> None:
@@ -241,9 +300,18 @@ def _train_probe(ctx: Context, model: ModelSpec, unit: Unit) -> None:
 
             shutil.rmtree(head_dir)
     device = "cpu" if ctx.device == "auto" else ctx.device
-    run_probe(store, model.store_id, config.fit, apply_to=[d for d in datasets if d != config.fit], probe_id=model.id,
-              config=ProbeConfig(**model.params.get("probe", {})), device=device)
-    ctx.ledger.write("extract", unit.label, unit.key, head=store.head_meta(model.id).get("provenance", {}).get("checkpoint"))
+    run_probe(
+        store,
+        model.store_id,
+        config.fit,
+        apply_to=[d for d in datasets if d != config.fit],
+        probe_id=model.id,
+        config=ProbeConfig(**model.params.get("probe", {})),
+        device=device,
+    )
+    ctx.ledger.write(
+        "extract", unit.label, unit.key, head=store.head_meta(model.id).get("provenance", {}).get("checkpoint")
+    )
 
 
 # ----------------------------------------------------------------------------------------------- subsets
@@ -303,8 +371,10 @@ def _entry_items(store: Store, model_id: str, dataset_id: str) -> list[str]:
         return (entry / "items.txt").read_text(encoding="utf-8").splitlines()
     if "items" in meta:
         return list(meta["items"])
-    raise ExtractError(f"{model_id}/{dataset_id} records no item list (items.txt), so a subset cannot be selected "
-                       "from it; re-extract it with `oodbench extract`")
+    raise ExtractError(
+        f"{model_id}/{dataset_id} records no item list (items.txt), so a subset cannot be selected "
+        "from it; re-extract it with `oodbench extract`"
+    )
 
 
 def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: DatasetSpec) -> None:
@@ -319,12 +389,16 @@ def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: Datase
             hits = [index_of.find(entry) for entry in wanted]
             ambiguous = [entry for entry, h in zip(wanted, hits) if len(h) > 1]
             if ambiguous:
-                raise ExtractError(f"{spec.key_path}.{which}: {len(ambiguous)} entries of {file} match several items of "
-                                   f"{parent.id} (e.g. {ambiguous[0]!r}); give longer paths")
+                raise ExtractError(
+                    f"{spec.key_path}.{which}: {len(ambiguous)} entries of {file} match several items of "
+                    f"{parent.id} (e.g. {ambiguous[0]!r}); give longer paths"
+                )
             unknown = [entry for entry, h in zip(wanted, hits) if not h]
             if which == "include" and unknown:
-                raise ExtractError(f"{spec.key_path}.include: {len(unknown)} of {len(wanted)} entries of {file} are not "
-                                   f"items of {parent.id} (e.g. {unknown[0]!r}); is it the right list for this dataset?")
+                raise ExtractError(
+                    f"{spec.key_path}.include: {len(unknown)} of {len(wanted)} entries of {file} are not "
+                    f"items of {parent.id} (e.g. {unknown[0]!r}); is it the right list for this dataset?"
+                )
             selected = np.zeros(len(items), dtype=bool)
             selected[[h[0] for h in hits if h]] = True
             keep = keep & selected if which == "include" else keep & ~selected
@@ -333,18 +407,31 @@ def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: Datase
     new_position = np.full(len(items), -1, dtype=np.int64)
     new_position[kept] = np.arange(kept.size)
     parent_meta = store.meta(model_id, parent.id)
-    index = np.asarray(store.read_array(model_id, parent.id, "index")) if "index" in parent_meta["arrays"] \
+    index = (
+        np.asarray(store.read_array(model_id, parent.id, "index"))
+        if "index" in parent_meta["arrays"]
         else np.arange(parent_meta["num_rows"])
+    )
     rows = np.flatnonzero(new_position[index] >= 0)
     rows = rows[np.argsort(new_position[index[rows]], kind="stable")]
     sub_items = [items[i] for i in kept]
     source = store.read(model_id, parent.id, check_finite=False)
-    arrays = {"features": source.features, "logits": source.logits, "labels": source.labels,
-              **{f"extra.{k}": v for k, v in source.extras.items()}}
+    arrays = {
+        "features": source.features,
+        "logits": source.logits,
+        "labels": source.labels,
+        **{f"extra.{k}": v for k, v in source.extras.items()},
+    }
     arrays = {k: v for k, v in arrays.items() if v is not None}
     shard_size = int(parent_meta.get("shard_size", 4096))
-    writer = store.writer(model_id, spec.id, provenance=parent_meta["provenance"], num_items=len(sub_items),
-                          shard_size=shard_size, item_hash=hash_items(sub_items))
+    writer = store.writer(
+        model_id,
+        spec.id,
+        provenance=parent_meta["provenance"],
+        num_items=len(sub_items),
+        shard_size=shard_size,
+        item_hash=hash_items(sub_items),
+    )
     entry = store.entry_path(model_id, spec.id)
     if not (entry / "items.txt").is_file():
         atomic_write_text(entry / "items.txt", "".join(f"{item}\n" for item in sub_items))
@@ -356,16 +443,24 @@ def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: Datase
         picked = rows[lo:hi]
         shard_arrays = {name: np.asarray(value[picked]) for name, value in arrays.items()}
         shard_arrays["index"] = positions[lo:hi]
-        skipped = [{**skipped_parent[int(old)], "item": int(new_position[old])}
-                   for old in kept[span.start:span.stop] if int(old) in skipped_parent]
+        skipped = [
+            {**skipped_parent[int(old)], "item": int(new_position[old])}
+            for old in kept[span.start : span.stop]
+            if int(old) in skipped_parent
+        ]
         writer.write_shard(shard, shard_arrays, skipped=skipped)
-    writer.finalize(extra_meta={"dataset": {"derived_from": f"{model_id}/{parent.id}", "lists": notes,
-                                            "num_items": len(sub_items)}, "items_file": "items.txt"})
+    writer.finalize(
+        extra_meta={
+            "dataset": {"derived_from": f"{model_id}/{parent.id}", "lists": notes, "num_items": len(sub_items)},
+            "items_file": "items.txt",
+        }
+    )
 
 
 # ----------------------------------------------------------------------------------------------- fit and score
-def run_fit_score(ctx: Context, model_id: str, detector: str, params: Mapping[str, Any],
-                  todo: Sequence[Mapping[str, str]]) -> list[str]:
+def run_fit_score(
+    ctx: Context, model_id: str, detector: str, params: Mapping[str, Any], todo: Sequence[Mapping[str, str]]
+) -> list[str]:
     """Fit one detector on the model's fit set and score the datasets of `todo` ({label, key, dataset}); record each."""
     from .. import detectors as registry
 
@@ -384,15 +479,23 @@ def run_fit_score(ctx: Context, model_id: str, detector: str, params: Mapping[st
     for item in todo:
         scores = fitted.score(store.read(model_id, item["dataset"]))
         atomic_save_npy(lay.score_file(model_id, detector, item["dataset"]), scores)
-        ledger.write("score", item["label"], item["key"], rows=int(scores.shape[0]), detector=detector, params=dict(params))
+        ledger.write(
+            "score", item["label"], item["key"], rows=int(scores.shape[0]), detector=detector, params=dict(params)
+        )
         done.append(item["label"])
     return done
 
 
 # ----------------------------------------------------------------------------------------------- zero-shot
 def _vocab_summary(vocab: Any) -> dict[str, Any]:
-    return {"name": vocab.name, "kind": vocab.kind, "version": vocab.version, "hash": vocab.hash, "size": len(vocab),
-            "deployable": vocab.deployable}
+    return {
+        "name": vocab.name,
+        "kind": vocab.kind,
+        "version": vocab.version,
+        "hash": vocab.hash,
+        "size": len(vocab),
+        "deployable": vocab.deployable,
+    }
 
 
 def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
@@ -412,8 +515,11 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     classes = load_classes(spec.classes)
     device = str(resolve_device(ctx.device))
     pretrained = model.params.get("checkpoint") or model.params.get("pretrained")
-    embed = store_embedder(store, model.store_id,
-                           load_bundle=bundle_loader(store, model.store_id, config.id_test, pretrained=pretrained, device=device))
+    embed = store_embedder(
+        store,
+        model.store_id,
+        load_bundle=bundle_loader(store, model.store_id, config.id_test, pretrained=pretrained, device=device),
+    )
     refs, problems = load_ref_vocabularies(config)
     if problems:
         key, problem = next(iter(problems.items()))
@@ -429,8 +535,11 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
                 require("wordnet")
                 from ..zeroshot.vocab.wordnet_negmining import mine_wordnet_negatives
 
-                vocabularies[name] = built.save(mine_wordnet_negatives(classes, embed, m=vocab["m"], percentile=vocab["percentile"],
-                                                                       name=name, model=model.id))
+                vocabularies[name] = built.save(
+                    mine_wordnet_negatives(
+                        classes, embed, m=vocab["m"], percentile=vocab["percentile"], name=name, model=model.id
+                    )
+                )
             elif all(part in vocabularies for part in vocab["of"]):
                 require("union")
                 from ..zeroshot.vocab.builders import build_union
@@ -440,22 +549,50 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
             else:
                 continue
             del pending[name]
-    plan = make_plan(spec.scores, list(vocabularies.values()), sweep_k=spec.sweep_k, sweep_m=spec.sweep_m,
-                     params=spec.params)
-    evaluate_zeroshot_store(store, model.store_id, config.id_test, list(config.ood), classes, embed, plan,
-                            out_dir=lay.run_dir(model.id), tpr=config.tpr, progress=ctx.progress)
-    ctx.ledger.write("score", unit.label, unit.key, vocabularies={k: _vocab_summary(v) for k, v in vocabularies.items()})
+    plan = make_plan(
+        spec.scores, list(vocabularies.values()), sweep_k=spec.sweep_k, sweep_m=spec.sweep_m, params=spec.params
+    )
+    evaluate_zeroshot_store(
+        store,
+        model.store_id,
+        config.id_test,
+        list(config.ood),
+        classes,
+        embed,
+        plan,
+        out_dir=lay.run_dir(model.id),
+        tpr=config.tpr,
+        progress=ctx.progress,
+    )
+    ctx.ledger.write(
+        "score", unit.label, unit.key, vocabularies={k: _vocab_summary(v) for k, v in vocabularies.items()}
+    )
 
 
 # ----------------------------------------------------------------------------------------------- metrics
-def _run_json(ctx: Context, model_id: str, detectors: Mapping[str, Mapping[str, Any]], skipped: Mapping[str, str],
-              score_keys: Mapping[str, str], key: str) -> dict[str, Any]:
+def _run_json(
+    ctx: Context,
+    model_id: str,
+    detectors: Mapping[str, Mapping[str, Any]],
+    skipped: Mapping[str, str],
+    score_keys: Mapping[str, str],
+    key: str,
+) -> dict[str, Any]:
     """The run description, in the layout `oodbench evaluate` writes (so analyses and reports read it)."""
     from ..evaluation import run_description
 
     config = ctx.config
-    description = run_description(ctx.store, model_id, config.fit, config.id_test, list(config.ood), detectors,
-                                  score_keys, complete=True, skipped=skipped)
+    description = run_description(
+        ctx.store,
+        model_id,
+        config.fit,
+        config.id_test,
+        list(config.ood),
+        detectors,
+        score_keys,
+        complete=True,
+        skipped=skipped,
+    )
     description["runner"] = {"experiment": config.name, "config": str(config.path) if config.path else None, "key": key}
     return description
 
@@ -484,8 +621,11 @@ def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> N
         id_scores = scores[config.id_test][detector]
         for ood in config.ood:
             values = metrics.evaluate(id_scores, scores[ood][detector], config.tpr)
-            rows.extend(rows_from_metrics(model_id, config.id_test, ood, detector, values,
-                                          len(id_scores), len(scores[ood][detector])))
+            rows.extend(
+                rows_from_metrics(
+                    model_id, config.id_test, ood, detector, values, len(id_scores), len(scores[ood][detector])
+                )
+            )
     run_dir = lay.run_dir(model_id)
     for dataset, per_detector in scores.items():
         # Replaced, not merged: a detector dropped from the config must not linger in the run's score files.
@@ -493,8 +633,10 @@ def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> N
     write_rows(rows, run_dir / "results.parquet")
     atomic_write_text(run_dir / "table.md", detector_table_markdown(rows, ran, list(config.ood)))
     score_keys = {d: u.key for u in score_units if (d := u.detector or "") in ran and u.dataset == config.id_test}
-    atomic_write_json(run_dir / "run.json", _run_json(ctx, model_id, {d: config.detectors[d] for d in config.detectors},
-                                                      skipped, score_keys, unit.key))
+    atomic_write_json(
+        run_dir / "run.json",
+        _run_json(ctx, model_id, {d: config.detectors[d] for d in config.detectors}, skipped, score_keys, unit.key),
+    )
     ledger.write("metrics", unit.label, unit.key, rows=len(rows), skipped=skipped)
 
 
@@ -530,23 +672,47 @@ def run_analysis_unit(ctx: Context, unit: Unit) -> None:
         results = []
         requested = params.get("n", "auto")
         for n in requested if isinstance(requested, list) else [requested]:
-            studies, notes = subsample_run(run, n, draws=params.get("draws", 1000), seed=seed, tpr=ctx.config.tpr,
-                                           progress=ctx.progress)
+            studies, notes = subsample_run(
+                run, n, draws=params.get("draws", 1000), seed=seed, tpr=ctx.config.tpr, progress=ctx.progress
+            )
             summaries = [s.summary() for s in studies]
-            results.append({"n": studies[0].n, "requested": str(n), "notes": notes,
-                            "summaries": [s.as_dict() for s in summaries],
-                            "spread": [s.as_dict() for s in spread_vs_noise(summaries)]})
-        payload: dict[str, Any] = {"run": str(run.path), "model": unit.model, "draws": params.get("draws", 1000),
-                                   "seed": seed, "tpr": ctx.config.tpr, "results": results}
+            results.append(
+                {
+                    "n": studies[0].n,
+                    "requested": str(n),
+                    "notes": notes,
+                    "summaries": [s.as_dict() for s in summaries],
+                    "spread": [s.as_dict() for s in spread_vs_noise(summaries)],
+                }
+            )
+        payload: dict[str, Any] = {
+            "run": str(run.path),
+            "model": unit.model,
+            "draws": params.get("draws", 1000),
+            "seed": seed,
+            "tpr": ctx.config.tpr,
+            "results": results,
+        }
     else:
         from ..analysis.runs import INTERVAL_METHODS, intervals_for_run
 
         methods = tuple(params.get("methods", INTERVAL_METHODS))
-        records = intervals_for_run(run, methods=methods, resamples=params.get("resamples", 2000),
-                                    confidence=params.get("confidence", 0.95), seed=seed, tpr=ctx.config.tpr,
-                                    progress=ctx.progress)
-        payload = {"run": str(run.path), "model": unit.model, "resamples": params.get("resamples", 2000), "seed": seed,
-                   "records": [r.as_dict() for r in records]}
+        records = intervals_for_run(
+            run,
+            methods=methods,
+            resamples=params.get("resamples", 2000),
+            confidence=params.get("confidence", 0.95),
+            seed=seed,
+            tpr=ctx.config.tpr,
+            progress=ctx.progress,
+        )
+        payload = {
+            "run": str(run.path),
+            "model": unit.model,
+            "resamples": params.get("resamples", 2000),
+            "seed": seed,
+            "records": [r.as_dict() for r in records],
+        }
     atomic_write_json(target, payload)
     ctx.ledger.write("analysis", unit.label, unit.key, output=str(target))
 
@@ -563,16 +729,24 @@ def run_report_unit(ctx: Context, unit: Unit) -> None:
     intervals = config.analysis.get("intervals", {})
     requested_n = sub.get("n", "auto")
     options = ReportOptions(
-        n=requested_n[0] if isinstance(requested_n, list) else requested_n, draws=sub.get("draws", 1000),
-        seed=sub.get("seed", config.seed), curve_draws=config.report["curve_draws"],
-        resamples=intervals.get("resamples", config.report["resamples"]), tpr=config.tpr,
-        score_figures=config.report["score_figures"], title=config.report["title"] or f"oodbench: {config.name}",
+        n=requested_n[0] if isinstance(requested_n, list) else requested_n,
+        draws=sub.get("draws", 1000),
+        seed=sub.get("seed", config.seed),
+        curve_draws=config.report["curve_draws"],
+        resamples=intervals.get("resamples", config.report["resamples"]),
+        tpr=config.tpr,
+        score_figures=config.report["score_figures"],
+        title=config.report["title"] or f"oodbench: {config.name}",
     )
     content = build_report([str(d) for d in model_run_dirs(ctx)], options, progress=ctx.progress)
     formats = [REPORT_FORMATS[f] for f in config.report["formats"]]
     written = write_report(content, ctx.layout.report, formats, config.report["figure_formats"])
-    ctx.ledger.write("report", unit.label, unit.key, notes=list(content.notes),
-                     files=[str(p) for p in written["reports"]], tables=len(written["tables"]),
-                     figures=len(written["figures"]))
-
-
+    ctx.ledger.write(
+        "report",
+        unit.label,
+        unit.key,
+        notes=list(content.notes),
+        files=[str(p) for p in written["reports"]],
+        tables=len(written["tables"]),
+        figures=len(written["figures"]),
+    )

@@ -5,8 +5,25 @@ optionally patch embeddings (N, P, D). Vocabularies (`oodbench.zeroshot.vocab`) 
 WordNet (NegMining), an LLM (siblings, EOE outliers), their union, or the benchmark's own OOD labels (oracle).
 `oodbench.zeroshot.evaluate` runs model × score × vocabulary × OOD set from a feature store.
 """
-from .scores import (LOGIT_SCORES, TAU, available_scores, compute_score, eoe_scores, glmcm_scores, logit_scores,
-                     neglabel_scores)
 
-__all__ = ["TAU", "LOGIT_SCORES", "available_scores", "compute_score", "logit_scores", "glmcm_scores",
-           "neglabel_scores", "eoe_scores"]
+from .scores import (
+    LOGIT_SCORES,
+    TAU,
+    available_scores,
+    compute_score,
+    eoe_scores,
+    glmcm_scores,
+    logit_scores,
+    neglabel_scores,
+)
+
+__all__ = [
+    "TAU",
+    "LOGIT_SCORES",
+    "available_scores",
+    "compute_score",
+    "logit_scores",
+    "glmcm_scores",
+    "neglabel_scores",
+    "eoe_scores",
+]

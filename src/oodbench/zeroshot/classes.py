@@ -7,15 +7,17 @@ the prompt names curated for CLIP by OpenAI (as shipped by open_clip and used by
 A path: ``.txt`` (one name per line, or ``wnid<TAB or ,>name``) or ``.json`` (a list of names, a
 ``{wnid: name}`` map, or the ``{"0": [wnid, name]}`` ImageNet class index).
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import ZeroShotError
 
@@ -39,7 +41,9 @@ class ClassList:
         if any(not isinstance(n, str) or not n.strip() for n in self.names):
             raise ZeroShotError(f"class list {self.source!r} contains an empty name")
         if self.wnids is not None and len(self.wnids) != len(self.names):
-            raise ZeroShotError(f"class list {self.source!r}: {len(self.wnids)} WordNet ids for {len(self.names)} names")
+            raise ZeroShotError(
+                f"class list {self.source!r}: {len(self.wnids)} WordNet ids for {len(self.names)} names"
+            )
 
     def __len__(self) -> int:
         return len(self.names)
@@ -120,7 +124,9 @@ def _subset(base: ClassList, wnid_file: Path) -> ClassList:
     position = {w: i for i, w in enumerate(base.wnids or ())}
     unknown = [w for w in wanted if w not in position]
     if unknown:
-        raise ZeroShotError(f"{wnid_file}: {len(unknown)} WordNet ids are not classes of {base.source} (e.g. {unknown[:3]})")
+        raise ZeroShotError(
+            f"{wnid_file}: {len(unknown)} WordNet ids are not classes of {base.source} (e.g. {unknown[:3]})"
+        )
     rows = [position[w] for w in wanted]
     return ClassList(tuple(base.names[i] for i in rows), tuple(wanted), f"{base.source}@{wnid_file}")
 

@@ -1,22 +1,26 @@
 """`oodbench zeroshot …`: evaluate zero-shot scores from cached embeddings, print Table-2-style tables, build vocabularies."""
+
 from __future__ import annotations
 
 import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import typer
 
 from ..errors import OodbenchError
 
-app = typer.Typer(help="Zero-shot VLM OOD scores (MCM … GL-MCM, NegLabel, EOE) and negative-label vocabularies.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Zero-shot VLM OOD scores (MCM … GL-MCM, NegLabel, EOE) and negative-label vocabularies.", no_args_is_help=True
+)
 vocab_app = typer.Typer(help="Build, import and list versioned label vocabularies.", no_args_is_help=True)
-build_app = typer.Typer(help="Build a vocabulary (WordNet NegMining, LLM siblings, EOE outliers, union, oracle).",
-                        no_args_is_help=True)
+build_app = typer.Typer(
+    help="Build a vocabulary (WordNet NegMining, LLM siblings, EOE outliers, union, oracle).", no_args_is_help=True
+)
 app.add_typer(vocab_app, name="vocab")
 vocab_app.add_typer(build_app, name="build")
 
@@ -45,11 +49,14 @@ def _default_vocab_dir() -> Path:
 
 
 VOCAB_DIR = typer.Option(None, "--vocab-dir", help="Vocabulary directory (default: $OODBENCH_VOCAB_DIR or ./vocab).")
-CLASSES = typer.Option("imagenet1k", "--classes", help="ID classes: imagenet1k, imagenet1k:timm, imagenet1k@WNIDS.txt, "
-                       "or a .txt/.json class list.")
+CLASSES = typer.Option(
+    "imagenet1k",
+    "--classes",
+    help="ID classes: imagenet1k, imagenet1k:timm, imagenet1k@WNIDS.txt, or a .txt/.json class list.",
+)
 
 
-def _ints(text: Optional[str], flag: str) -> list[int]:
+def _ints(text: str | None, flag: str) -> list[int]:
     if not text:
         return []
     try:
@@ -58,8 +65,9 @@ def _ints(text: Optional[str], flag: str) -> list[int]:
         raise typer.BadParameter(f"{flag} takes comma-separated integers, e.g. 1,5,10; got {text!r}") from None
 
 
-def _embedder(store: Path, model_id: str, openclip_model: Optional[str], pretrained: Optional[str],
-              device: str) -> Callable[..., Any]:
+def _embedder(
+    store: Path, model_id: str, openclip_model: str | None, pretrained: str | None, device: str
+) -> Callable[..., Any]:
     """Embedding function over the store's text cache, loading the open_clip model only if something is missing."""
     from ..store import Store
     from .text import bundle_loader, store_embedder
@@ -73,18 +81,33 @@ def _embedder(store: Path, model_id: str, openclip_model: Optional[str], pretrai
     if not images:
         # Text-only work on a fresh model id: nothing records which network it is.
         return store_embedder(root, model_id)
-    return store_embedder(root, model_id, load_bundle=bundle_loader(root, model_id, images[0], pretrained=pretrained,
-                                                                    device=device))
+    return store_embedder(
+        root, model_id, load_bundle=bundle_loader(root, model_id, images[0], pretrained=pretrained, device=device)
+    )
 
 
-def _llm_client(vocab_dir: Path, base_url: Optional[str], model: Optional[str], api_key: Optional[str],
-                config: Optional[Path], cache: Optional[Path], rpm: Optional[float], timeout: Optional[float],
-                retries: Optional[int], temperature: Optional[float]) -> Any:
+def _llm_client(
+    vocab_dir: Path,
+    base_url: str | None,
+    model: str | None,
+    api_key: str | None,
+    config: Path | None,
+    cache: Path | None,
+    rpm: float | None,
+    timeout: float | None,
+    retries: int | None,
+    temperature: float | None,
+) -> Any:
     from .llm import ChatClient, LLMConfig
 
     options = {"requests_per_minute": rpm, "timeout_s": timeout, "max_retries": retries, "temperature": temperature}
-    config_obj = LLMConfig.resolve(base_url=base_url, model=model, api_key=api_key, config_file=config,
-                                   **{k: v for k, v in options.items() if v is not None})
+    config_obj = LLMConfig.resolve(
+        base_url=base_url,
+        model=model,
+        api_key=api_key,
+        config_file=config,
+        **{k: v for k, v in options.items() if v is not None},
+    )
     return ChatClient(config_obj, cache or vocab_dir / ".llm-cache")
 
 
@@ -93,8 +116,10 @@ def _save(vocab_dir: Path, vocab: Any) -> None:
 
     stored = VocabStore(vocab_dir).save(vocab)
     deploy = "" if stored.deployable else " (oracle: non-deployable)"
-    typer.echo(f"{stored.ref}: {len(stored)} labels, kind {stored.kind}{deploy}, hash {stored.hash[:12]} "
-               f"-> {vocab_dir / stored.name}")
+    typer.echo(
+        f"{stored.ref}: {len(stored)} labels, kind {stored.kind}{deploy}, hash {stored.hash[:12]} "
+        f"-> {vocab_dir / stored.name}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- evaluate / table
@@ -105,18 +130,28 @@ def evaluate_command(
     id_dataset: str = typer.Option(..., "--id", help="Dataset id of the ID test set."),
     ood: list[str] = typer.Option(..., "--ood", help="Dataset id of an OOD set (repeat)."),
     classes: str = CLASSES,
-    vocab: Optional[list[str]] = typer.Option(None, "--vocab", help="Vocabulary name[@version] (repeat), or 'all'."),
-    vocab_dir: Optional[Path] = VOCAB_DIR,
-    scores: Optional[str] = typer.Option(None, "--scores", help="Comma-separated scores; default: all."),
-    vocab_score: Optional[list[str]] = typer.Option(None, "--vocab-score", help="Score(s) every vocabulary feeds "
-                                                    "(default: eoe for EOE lists, neglabel for the others)."),
-    sweep_k: Optional[str] = typer.Option(None, "--sweep-k", help="Siblings per class to sweep, e.g. 1,2,5,10,20."),
-    sweep_m: Optional[str] = typer.Option(None, "--sweep-m", help="WordNet prefix sizes to sweep, e.g. 1000,5000,10000."),
-    param: Optional[list[str]] = typer.Option(None, "--param", "-p", help="SCORE.PARAM=VALUE, e.g. neglabel.groups=100."),
-    tau: Optional[float] = typer.Option(None, "--tau", help="Temperature of every score (default 0.01)."),
+    vocab: list[str] | None = typer.Option(None, "--vocab", help="Vocabulary name[@version] (repeat), or 'all'."),
+    vocab_dir: Path | None = VOCAB_DIR,
+    scores: str | None = typer.Option(None, "--scores", help="Comma-separated scores; default: all."),
+    vocab_score: list[str] | None = typer.Option(
+        None,
+        "--vocab-score",
+        help="Score(s) every vocabulary feeds (default: eoe for EOE lists, neglabel for the others).",
+    ),
+    sweep_k: str | None = typer.Option(None, "--sweep-k", help="Siblings per class to sweep, e.g. 1,2,5,10,20."),
+    sweep_m: str | None = typer.Option(
+        None, "--sweep-m", help="WordNet prefix sizes to sweep, e.g. 1000,5000,10000."
+    ),
+    param: list[str] | None = typer.Option(
+        None, "--param", "-p", help="SCORE.PARAM=VALUE, e.g. neglabel.groups=100."
+    ),
+    tau: float | None = typer.Option(None, "--tau", help="Temperature of every score (default 0.01)."),
     out: Path = typer.Option(Path("oodbench-zeroshot"), "--out", help="Output folder; one run directory per model."),
-    pretrained: Optional[str] = typer.Option(None, "--pretrained", help="Checkpoint path, if the model came from a "
-                                             "local file and text embeddings must be computed."),
+    pretrained: str | None = typer.Option(
+        None,
+        "--pretrained",
+        help="Checkpoint path, if the model came from a local file and text embeddings must be computed.",
+    ),
     device: str = typer.Option("cpu", "--device", help="Device for computing missing text embeddings."),
     metric: str = typer.Option("fpr95", "--metric", help="Metric of the printed table."),
     progress: bool = typer.Option(True, help="Show progress bars."),
@@ -143,14 +178,31 @@ def evaluate_command(
             # WordNet lists are mined with one model's text tower: each model gets only its own (or model-free) ones.
             usable = [v for v in vocabularies if v.provenance.get("model") in (None, model_id)]
             for other in sorted({v.ref for v in vocabularies} - {v.ref for v in usable}):
-                typer.secho(f"{model_id}: not using {other} (mined with another model)", fg=typer.colors.YELLOW,
-                            err=True)
-            plan = make_plan(names, usable, vocab_scores=vocab_score or None, sweep_k=_ints(sweep_k, "--sweep-k"),
-                             sweep_m=_ints(sweep_m, "--sweep-m"), params=parse_params(param), tau=tau)
+                typer.secho(
+                    f"{model_id}: not using {other} (mined with another model)", fg=typer.colors.YELLOW, err=True
+                )
+            plan = make_plan(
+                names,
+                usable,
+                vocab_scores=vocab_score or None,
+                sweep_k=_ints(sweep_k, "--sweep-k"),
+                sweep_m=_ints(sweep_m, "--sweep-m"),
+                params=parse_params(param),
+                tau=tau,
+            )
             typer.echo(f"{model_id}: {len(plan.detectors)} score columns", err=True)
             embed = _embedder(store, model_id, None, pretrained, device)
-            result = evaluate_zeroshot_store(Store(store), model_id, id_dataset, ood, id_classes, embed, plan,
-                                             out_dir=out / model_id, progress=progress)
+            result = evaluate_zeroshot_store(
+                Store(store),
+                model_id,
+                id_dataset,
+                ood,
+                id_classes,
+                embed,
+                plan,
+                out_dir=out / model_id,
+                progress=progress,
+            )
             for name, reason in result.skipped.items():
                 typer.secho(f"{model_id}: skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
             views.append(load_run(out / model_id))
@@ -161,7 +213,7 @@ def evaluate_command(
 @app.command("table")
 def table_command(
     runs: list[Path] = typer.Argument(..., help="Zero-shot run directories, or folders holding them."),
-    ood: Optional[str] = typer.Option(None, "--ood", help="Tabulate one OOD set instead of the mean over all."),
+    ood: str | None = typer.Option(None, "--ood", help="Tabulate one OOD set instead of the mean over all."),
     metric: str = typer.Option("fpr95", "--metric", help="fpr95, auroc, aupr_in or aupr_out."),
     sweeps: bool = typer.Option(False, "--sweeps", help="Also print the k / M sweep tables of each run."),
 ) -> None:
@@ -198,8 +250,11 @@ def scores_command() -> None:
     for column in ("name", "needs", "defaults", "paper"):
         table.add_column(column, overflow="fold")
     for name, spec in SCORES.items():
-        needs = ["ID label embeddings"] + ([f"{spec.vocabulary} vocabulary"] if spec.vocabulary else []) \
+        needs = (
+            ["ID label embeddings"]
+            + ([f"{spec.vocabulary} vocabulary"] if spec.vocabulary else [])
             + (["patch embeddings"] if spec.needs_patches else [])
+        )
         defaults = ", ".join(f"{k}={v!r}" for k, v in spec.defaults.items())
         table.add_row(name, ", ".join(needs), defaults, f"{spec.paper.citation} ({spec.paper.venue})")
     Console(width=200).print(table)
@@ -207,7 +262,7 @@ def scores_command() -> None:
 
 # ----------------------------------------------------------------------------------------------- vocabularies
 @vocab_app.command("list")
-def vocab_list(vocab_dir: Optional[Path] = VOCAB_DIR) -> None:
+def vocab_list(vocab_dir: Path | None = VOCAB_DIR) -> None:
     """List stored vocabularies and their versions.
 
     Example:
@@ -220,14 +275,16 @@ def vocab_list(vocab_dir: Optional[Path] = VOCAB_DIR) -> None:
         typer.echo("no vocabularies stored")
     for row in rows:
         flag = "" if row["deployable"] else "  [oracle: non-deployable]"
-        typer.echo(f"{row['name']}@v{row['version']}  {row['kind']:<8} {row['size']:>6} labels  hash {row['hash']}  "
-                   f"{row['created']}  {row['source']}{flag}")
+        typer.echo(
+            f"{row['name']}@v{row['version']}  {row['kind']:<8} {row['size']:>6} labels  hash {row['hash']}  "
+            f"{row['created']}  {row['source']}{flag}"
+        )
 
 
 @vocab_app.command("show")
 def vocab_show(
     ref: str = typer.Argument(..., help="name, name@v3 or name@<hash prefix>"),
-    vocab_dir: Optional[Path] = VOCAB_DIR,
+    vocab_dir: Path | None = VOCAB_DIR,
     limit: int = typer.Option(20, help="How many labels to print."),
 ) -> None:
     """Print a vocabulary's parameters, provenance and first labels.
@@ -241,8 +298,10 @@ def vocab_show(
         vocab = VocabStore(vocab_dir or _default_vocab_dir()).load(ref)
     typer.echo(f"{vocab.ref} kind={vocab.kind} deployable={vocab.deployable} size={len(vocab)} hash={vocab.hash}")
     typer.echo("params: " + json.dumps(vocab.params, default=str))
-    typer.echo("provenance: " + json.dumps({k: v for k, v in vocab.provenance.items()
-                                            if not isinstance(v, list) or len(v) < 50}, default=str))
+    typer.echo(
+        "provenance: "
+        + json.dumps({k: v for k, v in vocab.provenance.items() if not isinstance(v, list) or len(v) < 50}, default=str)
+    )
     typer.echo("labels: " + ", ".join(vocab.labels[:limit]) + (" …" if len(vocab) > limit else ""))
 
 
@@ -252,9 +311,9 @@ def vocab_import(
     name: str = typer.Option(..., "--name", help="Vocabulary name."),
     kind: str = typer.Option("custom", "--kind", help="wordnet, siblings, union, oracle, eoe or custom."),
     classes: str = CLASSES,
-    k: Optional[int] = typer.Option(None, "--k", help="Siblings per class to keep (per-class JSON only)."),
+    k: int | None = typer.Option(None, "--k", help="Siblings per class to keep (per-class JSON only)."),
     keep_prompts: bool = typer.Option(False, help="Keep NegMining prompts ('the nice X') inside labels."),
-    vocab_dir: Optional[Path] = VOCAB_DIR,
+    vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Import a label list made elsewhere (ID names and their WordNet synonyms are removed).
 
@@ -265,8 +324,9 @@ def vocab_import(
     from .vocab.builders import import_vocabulary
 
     with _reported():
-        vocab = import_vocabulary(path, name=name, kind=kind, id_classes=load_classes(classes), k=k,
-                                  strip_prompts=not keep_prompts)
+        vocab = import_vocabulary(
+            path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
+        )
         _save(vocab_dir or _default_vocab_dir(), vocab)
 
 
@@ -278,14 +338,16 @@ def build_wordnet(
     m: int = typer.Option(5000, "--m", help="How many negatives to keep (NegLabel used 10000)."),
     percentile: float = typer.Option(95.0, help="Percentile of a candidate's cosine to the ID names."),
     include_all_nouns: bool = typer.Option(False, help="Also mine noun.animal and noun.food (NegLabel omits them)."),
-    lexicon: Optional[Path] = typer.Option(None, "--lexicon", help="Lexicon .tsv.gz (pos, offset, lexname, lemmas) "
-                                           "instead of the packaged WordNet 3.0."),
-    name: Optional[str] = typer.Option(None, "--name", help="Vocabulary name (default wordnet-<model>)."),
-    openclip_model: Optional[str] = typer.Option(None, "--openclip-model", help="open_clip name, if the store has "
-                                                 "no image entry of the model to take it from."),
-    pretrained: Optional[str] = typer.Option(None, "--pretrained", help="open_clip pretrained tag or checkpoint path."),
+    lexicon: Path | None = typer.Option(
+        None, "--lexicon", help="Lexicon .tsv.gz (pos, offset, lexname, lemmas) instead of the packaged WordNet 3.0."
+    ),
+    name: str | None = typer.Option(None, "--name", help="Vocabulary name (default wordnet-<model>)."),
+    openclip_model: str | None = typer.Option(
+        None, "--openclip-model", help="open_clip name, if the store has no image entry of the model to take it from."
+    ),
+    pretrained: str | None = typer.Option(None, "--pretrained", help="open_clip pretrained tag or checkpoint path."),
     device: str = typer.Option("cpu", "--device"),
-    vocab_dir: Optional[Path] = VOCAB_DIR,
+    vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Mine WordNet negatives with NegMining for one model (text embeddings cached in the store).
 
@@ -298,10 +360,15 @@ def build_wordnet(
 
     with _reported():
         vocab = mine_wordnet_negatives(
-            load_classes(classes), _embedder(store, model, openclip_model, pretrained, device), m=m,
-            percentile=percentile, exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
-            lexicon=Lexicon.read(lexicon) if lexicon is not None else None, name=name or f"wordnet-{model}",
-            model=model)
+            load_classes(classes),
+            _embedder(store, model, openclip_model, pretrained, device),
+            m=m,
+            percentile=percentile,
+            exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
+            lexicon=Lexicon.read(lexicon) if lexicon is not None else None,
+            name=name or f"wordnet-{model}",
+            model=model,
+        )
         _save(vocab_dir or _default_vocab_dir(), vocab)
 
 
@@ -312,21 +379,30 @@ def build_siblings(
     generations: int = typer.Option(1, "--generations", help="Independent generations to merge per class."),
     k: int = typer.Option(20, "--k", help="Siblings kept per class (seeded random order)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the per-class order."),
-    context: Optional[str] = typer.Option(None, "--context", help="Where the classes come from, e.g. 'ImageNet-1k'."),
+    context: str | None = typer.Option(None, "--context", help="Where the classes come from, e.g. 'ImageNet-1k'."),
     name: str = typer.Option("siblings", "--name"),
-    llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url", help="OpenAI-compatible base URL "
-                                               "(default $OODBENCH_LLM_BASE_URL), e.g. http://127.0.0.1:8000/v1."),
-    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="Model name (default $OODBENCH_LLM_MODEL)."),
-    llm_api_key: Optional[str] = typer.Option(None, "--llm-api-key", envvar="OODBENCH_LLM_API_KEY",
-                                              help="API key (default $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY)."),
-    llm_config: Optional[Path] = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
-    llm_cache: Optional[Path] = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
-    rpm: Optional[float] = typer.Option(None, "--rpm", help="Requests per minute limit."),
+    llm_base_url: str | None = typer.Option(
+        None,
+        "--llm-base-url",
+        help="OpenAI-compatible base URL (default $OODBENCH_LLM_BASE_URL), e.g. http://127.0.0.1:8000/v1.",
+    ),
+    llm_model: str | None = typer.Option(None, "--llm-model", help="Model name (default $OODBENCH_LLM_MODEL)."),
+    llm_api_key: str | None = typer.Option(
+        None,
+        "--llm-api-key",
+        envvar="OODBENCH_LLM_API_KEY",
+        help="API key (default $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
+    ),
+    llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
+    llm_cache: Path | None = typer.Option(
+        None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."
+    ),
+    rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per request (default 120)."),
-    retries: Optional[int] = typer.Option(None, "--retries", help="Retries of transient failures (default 5)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature (default 1.0)."),
-    vocab_dir: Optional[Path] = VOCAB_DIR,
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request (default 120)."),
+    retries: int | None = typer.Option(None, "--retries", help="Retries of transient failures (default 5)."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature (default 1.0)."),
+    vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Ask an LLM for fine-grained near siblings of every ID class (cached, resumable).
 
@@ -341,17 +417,31 @@ def build_siblings(
     directory = vocab_dir or _default_vocab_dir()
     with _reported():
         id_classes = load_classes(classes)
-        client = _llm_client(directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout,
-                             retries, temperature)
+        client = _llm_client(
+            directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, temperature
+        )
         with progress_bar() as bar:
             task = bar.add_task("LLM siblings", total=len(id_classes) * generations)
-            vocab = generate_siblings(id_classes, client, per_class=per_class, generations=generations, k=k,
-                                      seed=seed, workers=workers, context=context, name=name,
-                                      on_progress=lambda _i: bar.advance(task))
+            vocab = generate_siblings(
+                id_classes,
+                client,
+                per_class=per_class,
+                generations=generations,
+                k=k,
+                seed=seed,
+                workers=workers,
+                context=context,
+                name=name,
+                on_progress=lambda _i: bar.advance(task),
+            )
         missing = vocab.provenance["classes_without_enough_names"]
         if missing:
-            typer.secho(f"{len(missing)} classes got too few usable siblings (e.g. {missing[:3]}); rerun to retry "
-                        "them or raise --retries", fg=typer.colors.YELLOW, err=True)
+            typer.secho(
+                f"{len(missing)} classes got too few usable siblings (e.g. {missing[:3]}); rerun to retry "
+                "them or raise --retries",
+                fg=typer.colors.YELLOW,
+                err=True,
+            )
         _save(directory, vocab)
         typer.echo(f"LLM requests sent {client.stats['requests']}, answered from cache {client.stats['cache_hits']}")
 
@@ -362,19 +452,21 @@ def build_eoe(
     task: str = typer.Option("far", "--task", help="far, near or fine_grained."),
     size: int = typer.Option(500, "--size", help="Outlier names wanted (L)."),
     per_class: int = typer.Option(3, "--per-class", help="Names per ID class for the near task."),
-    super_class: Optional[str] = typer.Option(None, "--super-class", help="Super-category for fine_grained."),
+    super_class: str | None = typer.Option(None, "--super-class", help="Super-category for fine_grained."),
     max_requests: int = typer.Option(10, "--max-requests", help="Requests (far/fine_grained) or attempts (near)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Vocabulary name (default eoe-<task>)."),
-    llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url", help="OpenAI-compatible base URL."),
-    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="Model name."),
-    llm_api_key: Optional[str] = typer.Option(None, "--llm-api-key", envvar="OODBENCH_LLM_API_KEY", help="API key."),
-    llm_config: Optional[Path] = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
-    llm_cache: Optional[Path] = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
-    rpm: Optional[float] = typer.Option(None, "--rpm", help="Requests per minute limit."),
+    name: str | None = typer.Option(None, "--name", help="Vocabulary name (default eoe-<task>)."),
+    llm_base_url: str | None = typer.Option(None, "--llm-base-url", help="OpenAI-compatible base URL."),
+    llm_model: str | None = typer.Option(None, "--llm-model", help="Model name."),
+    llm_api_key: str | None = typer.Option(None, "--llm-api-key", envvar="OODBENCH_LLM_API_KEY", help="API key."),
+    llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
+    llm_cache: Path | None = typer.Option(
+        None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."
+    ),
+    rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests (near task)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per request."),
-    retries: Optional[int] = typer.Option(None, "--retries", help="Retries of transient failures."),
-    vocab_dir: Optional[Path] = VOCAB_DIR,
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request."),
+    retries: int | None = typer.Option(None, "--retries", help="Retries of transient failures."),
+    vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Generate EOE outlier class names (far / near / fine-grained) with an LLM (cached, resumable).
 
@@ -386,10 +478,20 @@ def build_eoe(
 
     directory = vocab_dir or _default_vocab_dir()
     with _reported():
-        client = _llm_client(directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout,
-                             retries, None)
-        vocab = generate_eoe_outliers(load_classes(classes), client, task=task, size=size, per_class=per_class,
-                                      super_class=super_class, max_requests=max_requests, workers=workers, name=name)
+        client = _llm_client(
+            directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
+        )
+        vocab = generate_eoe_outliers(
+            load_classes(classes),
+            client,
+            task=task,
+            size=size,
+            per_class=per_class,
+            super_class=super_class,
+            max_requests=max_requests,
+            workers=workers,
+            name=name,
+        )
         _save(directory, vocab)
 
 
@@ -398,7 +500,7 @@ def build_union_command(
     wordnet: str = typer.Option(..., "--wordnet", help="WordNet vocabulary name[@version]."),
     siblings: str = typer.Option(..., "--siblings", help="Siblings vocabulary name[@version]."),
     name: str = typer.Option("union", "--name"),
-    vocab_dir: Optional[Path] = VOCAB_DIR,
+    vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Combine WordNet negatives and LLM siblings (the WN+LLM column).
 
@@ -416,13 +518,13 @@ def build_union_command(
 
 @build_app.command("oracle")
 def build_oracle_command(
-    labels: Optional[list[Path]] = typer.Option(None, "--labels", help="File of an OOD set's class names (repeat)."),
-    store: Optional[Path] = typer.Option(None, "--store", help="Store whose OOD entries record class names."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model id of those entries."),
-    dataset: Optional[list[str]] = typer.Option(None, "--dataset", help="OOD dataset id in the store (repeat)."),
+    labels: list[Path] | None = typer.Option(None, "--labels", help="File of an OOD set's class names (repeat)."),
+    store: Path | None = typer.Option(None, "--store", help="Store whose OOD entries record class names."),
+    model: str | None = typer.Option(None, "--model", help="Model id of those entries."),
+    dataset: list[str] | None = typer.Option(None, "--dataset", help="OOD dataset id in the store (repeat)."),
     classes: str = CLASSES,
     name: str = typer.Option("oracle", "--name"),
-    vocab_dir: Optional[Path] = VOCAB_DIR,
+    vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """The oracle vocabulary: the benchmark's own OOD labels (a non-deployable lower bound).
 

@@ -9,15 +9,17 @@ are ``<score>`` for logit-space scores and ``<score>@<vocabulary>`` (plus ``[m=M
 vocabulary scores, the naming `oodbench.report.tables.parse_vocabulary_score` reads. A rerun reuses every score whose
 inputs did not change.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +38,18 @@ from .text import EmbedFn, embed_labels
 from .vocab.artefact import KINDS, Vocabulary
 from .vocab.labels import IdFilter
 
-__all__ = ["VocabRun", "Plan", "ZeroShotResult", "plan_vocab_runs", "make_plan", "evaluate_zeroshot",
-           "evaluate_zeroshot_store", "report_vocabularies", "PATCH_EXTRA", "DEFAULT_SCORES"]
+__all__ = [
+    "VocabRun",
+    "Plan",
+    "ZeroShotResult",
+    "plan_vocab_runs",
+    "make_plan",
+    "evaluate_zeroshot",
+    "evaluate_zeroshot_store",
+    "report_vocabularies",
+    "PATCH_EXTRA",
+    "DEFAULT_SCORES",
+]
 
 PATCH_EXTRA = "patch_embeddings"
 DEFAULT_SCORES = ("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm", "neglabel", "eoe")
@@ -77,13 +89,20 @@ class ZeroShotResult:
     run_dir: Path | None = None
 
 
-def plan_vocab_runs(vocabularies: Sequence[Vocabulary], *, vocab_scores: Sequence[str] | None = None,
-                    sweep_k: Sequence[int] = (), sweep_m: Sequence[int] = ()) -> list[VocabRun]:
+def plan_vocab_runs(
+    vocabularies: Sequence[Vocabulary],
+    *,
+    vocab_scores: Sequence[str] | None = None,
+    sweep_k: Sequence[int] = (),
+    sweep_m: Sequence[int] = (),
+) -> list[VocabRun]:
     """Score columns for the vocabularies: the default size of each, plus k/M sweep points where they apply."""
     for name in vocab_scores or ():
         if get_score(name).vocabulary is None:
-            raise ZeroShotError(f"{name} does not use a vocabulary; vocabulary scores: "
-                                + ", ".join(s for s, spec in SCORES.items() if spec.vocabulary))
+            raise ZeroShotError(
+                f"{name} does not use a vocabulary; vocabulary scores: "
+                + ", ".join(s for s, spec in SCORES.items() if spec.vocabulary)
+            )
     runs: list[VocabRun] = []
     names = [v.name for v in vocabularies]
     if len(set(names)) != len(names):
@@ -119,9 +138,16 @@ class Plan:
     not_run: dict[str, str] = field(default_factory=dict)  # requested score -> why no column uses it
 
 
-def make_plan(scores: Sequence[str] = DEFAULT_SCORES, vocabularies: Sequence[Vocabulary] = (), *,
-              vocab_scores: Sequence[str] | None = None, sweep_k: Sequence[int] = (), sweep_m: Sequence[int] = (),
-              params: Mapping[str, Mapping[str, Any]] | None = None, tau: float | None = None) -> Plan:
+def make_plan(
+    scores: Sequence[str] = DEFAULT_SCORES,
+    vocabularies: Sequence[Vocabulary] = (),
+    *,
+    vocab_scores: Sequence[str] | None = None,
+    sweep_k: Sequence[int] = (),
+    sweep_m: Sequence[int] = (),
+    params: Mapping[str, Mapping[str, Any]] | None = None,
+    tau: float | None = None,
+) -> Plan:
     """Detector columns for these scores and vocabularies.
 
     Logit-space scores give one column each. Each vocabulary gives one column per vocabulary score: those in
@@ -146,16 +172,25 @@ def make_plan(scores: Sequence[str] = DEFAULT_SCORES, vocabularies: Sequence[Voc
             continue
         runs[run.detector] = run
         detectors[run.detector] = {
-            "score": run.score, "column": KINDS[run.vocab.kind], "vocabulary": run.vocab.name,
-            "vocab_ref": run.vocab.ref, "vocab_hash": run.vocab.hash, "kind": run.vocab.kind,
-            "deployable": run.vocab.deployable, "m": run.m, "k": run.k,
+            "score": run.score,
+            "column": KINDS[run.vocab.kind],
+            "vocabulary": run.vocab.name,
+            "vocab_ref": run.vocab.ref,
+            "vocab_hash": run.vocab.hash,
+            "kind": run.vocab.kind,
+            "deployable": run.vocab.deployable,
+            "m": run.m,
+            "k": run.k,
             "params": _score_params(run.score, params, tau),
         }
     not_run = {}
     for name in wanted:
         if not any(r.score == name for r in runs.values()):
-            not_run[name] = ("no vocabulary was given" if not vocabularies
-                             else f"no given vocabulary feeds {name} (force it with --vocab-score {name})")
+            not_run[name] = (
+                "no vocabulary was given"
+                if not vocabularies
+                else f"no given vocabulary feeds {name} (force it with --vocab-score {name})"
+            )
     return Plan(detectors, runs, not_run)
 
 
@@ -200,8 +235,9 @@ def evaluate_zeroshot(
     results: dict[str, dict[str, np.ndarray]] = {ds: {} for ds in datasets}
 
     def from_cache(detector: str) -> bool:
-        if not all(detector in cached.get(ds, {}) and len(cached[ds][detector]) == len(out)
-                   for ds, out in datasets.items()):
+        if not all(
+            detector in cached.get(ds, {}) and len(cached[ds][detector]) == len(out) for ds, out in datasets.items()
+        ):
             return False
         for ds in datasets:
             results[ds][detector] = np.asarray(cached[ds][detector], dtype=np.float64)
@@ -226,8 +262,9 @@ def evaluate_zeroshot(
     def vocab_text(run: VocabRun, labels: list[str]) -> np.ndarray:
         name = run.vocab.name
         if name not in texts:
-            every = dict.fromkeys(lbl for r in plan.runs.values() if r.vocab.name == name
-                                  for lbl in id_filter.keep(r.labels())[0])
+            every = dict.fromkeys(
+                lbl for r in plan.runs.values() if r.vocab.name == name for lbl in id_filter.keep(r.labels())[0]
+            )
             texts[name] = embed_labels(embed, list(every), templates)
             label_rows[name] = {label: i for i, label in enumerate(every)}
         if not labels:
@@ -244,16 +281,25 @@ def evaluate_zeroshot(
             settings.setdefault((p["tau"], p.get("gamma", 0.1), p.get("top_m", 100)), []).append(name)
         for (tau_value, gamma, top_m), names in settings.items():
             bar.update(task, description=", ".join(names))
-            per_dataset = {ds: logit_scores(out.features, id_text(), names=names, tau=tau_value, gen_gamma=gamma,
-                                            gen_top_m=top_m) for ds, out in datasets.items()}
+            per_dataset = {
+                ds: logit_scores(out.features, id_text(), names=names, tau=tau_value, gen_gamma=gamma, gen_top_m=top_m)
+                for ds, out in datasets.items()
+            }
             for name in names:
                 finish(name, {ds: per_dataset[ds][name] for ds in datasets})
         bar.advance(task, len(logit_names))
         if "glmcm" in detectors:
             bar.update(task, description="glmcm")
             if not from_cache("glmcm"):
-                finish("glmcm", {ds: glmcm_scores(out.features, out.extras[PATCH_EXTRA], id_text(),
-                                                  **detectors["glmcm"]["params"]) for ds, out in datasets.items()})
+                finish(
+                    "glmcm",
+                    {
+                        ds: glmcm_scores(
+                            out.features, out.extras[PATCH_EXTRA], id_text(), **detectors["glmcm"]["params"]
+                        )
+                        for ds, out in datasets.items()
+                    },
+                )
             bar.advance(task)
         for detector, run in plan.runs.items():
             bar.update(task, description=detector)
@@ -262,27 +308,39 @@ def evaluate_zeroshot(
             if not from_cache(detector):
                 matrix = vocab_text(run, labels)
                 compute = get_score(run.score).compute
-                finish(detector, {ds: compute(out.features, id_text(), matrix, **detectors[detector]["params"])
-                                  for ds, out in datasets.items()})
+                finish(
+                    detector,
+                    {
+                        ds: compute(out.features, id_text(), matrix, **detectors[detector]["params"])
+                        for ds, out in datasets.items()
+                    },
+                )
             bar.advance(task)
 
     rows: list[ResultRow] = []
     for detector in detectors:
         for ood in ood_names:
             values = metrics.evaluate(results[id_dataset][detector], results[ood][detector], tpr)
-            rows.extend(rows_from_metrics(model, id_dataset, ood, detector, values,
-                                          len(datasets[id_dataset]), len(datasets[ood])))
+            rows.extend(
+                rows_from_metrics(
+                    model, id_dataset, ood, detector, values, len(datasets[id_dataset]), len(datasets[ood])
+                )
+            )
     return ZeroShotResult(rows=rows, scores=results, detectors=detectors, skipped=skipped)
 
 
 # ---------------------------------------------------------------------------------------------- store + run dir
-def _detector_key(entries: Mapping[str, Mapping[str, Any]], id_classes: ClassList, templates: Sequence[str],
-                  info: Mapping[str, Any]) -> str:
+def _detector_key(
+    entries: Mapping[str, Mapping[str, Any]], id_classes: ClassList, templates: Sequence[str], info: Mapping[str, Any]
+) -> str:
     """Content key of one detector's scores: its inputs' store metadata, class list, templates, score, vocabulary."""
     payload = {
-        "entries": {ds: [m.get("finished"), m.get("num_rows"), m.get("provenance"), m.get("item_hash")]
-                    for ds, m in sorted(entries.items())},
-        "classes": id_classes.hash, "templates": list(templates),
+        "entries": {
+            ds: [m.get("finished"), m.get("num_rows"), m.get("provenance"), m.get("item_hash")]
+            for ds, m in sorted(entries.items())
+        },
+        "classes": id_classes.hash,
+        "templates": list(templates),
         "detector": {k: info.get(k) for k in ("score", "vocab_hash", "m", "k", "params")},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -335,17 +393,52 @@ def evaluate_zeroshot_store(
         for ds, values in per_dataset.items():
             save_scores(run_dir, model_id, ds, {detector: values})
         done[detector] = keys[detector]
-        _write_run_json(run_dir, store, model_id, id_dataset, ood_datasets, entries, id_classes, templates,
-                        plan.detectors, done, vocabularies, complete=False)
+        _write_run_json(
+            run_dir,
+            store,
+            model_id,
+            id_dataset,
+            ood_datasets,
+            entries,
+            id_classes,
+            templates,
+            plan.detectors,
+            done,
+            vocabularies,
+            complete=False,
+        )
 
-    result = evaluate_zeroshot(datasets, id_dataset, id_classes, embed, plan, templates=templates, model=model_id,
-                               tpr=tpr, progress=progress, cached=cached, on_detector_done=persist)
+    result = evaluate_zeroshot(
+        datasets,
+        id_dataset,
+        id_classes,
+        embed,
+        plan,
+        templates=templates,
+        model=model_id,
+        tpr=tpr,
+        progress=progress,
+        cached=cached,
+        on_detector_done=persist,
+    )
     info: dict[str, Any] = {"model": model_id, "zeroshot": {"detectors": result.detectors}}
     if run_dir is not None:
         write_rows(result.rows, run_dir / "results.parquet")
-        info = _write_run_json(run_dir, store, model_id, id_dataset, ood_datasets, entries, id_classes, templates,
-                               result.detectors, {d: keys[d] for d in result.detectors}, vocabularies,
-                               complete=True, skipped=result.skipped)
+        info = _write_run_json(
+            run_dir,
+            store,
+            model_id,
+            id_dataset,
+            ood_datasets,
+            entries,
+            id_classes,
+            templates,
+            result.detectors,
+            {d: keys[d] for d in result.detectors},
+            vocabularies,
+            complete=True,
+            skipped=result.skipped,
+        )
         result.run_dir = run_dir
     result.table_markdown = render_run_tables(result.rows, info)
     if run_dir is not None:
@@ -369,8 +462,12 @@ def report_vocabularies(vocabularies: Sequence[Vocabulary]) -> dict[str, dict[st
             label = vocab.name
         else:
             label = column if per_kind[vocab.kind] == 1 else f"{column}: {vocab.name}"
-        entry: dict[str, Any] = {"label": label, "size": len(vocab), "deployable": vocab.deployable,
-                                 "family": vocab.kind}
+        entry: dict[str, Any] = {
+            "label": label,
+            "size": len(vocab),
+            "deployable": vocab.deployable,
+            "family": vocab.kind,
+        }
         if vocab.per_class is not None:
             entry["classes"] = len(vocab.per_class)
             if isinstance(vocab.params.get("k"), int):
@@ -381,11 +478,22 @@ def report_vocabularies(vocabularies: Sequence[Vocabulary]) -> dict[str, dict[st
     return described
 
 
-def _write_run_json(run_dir: Path, store: Store, model_id: str, id_dataset: str, ood_datasets: Sequence[str],
-                    entries: Mapping[str, Mapping[str, Any]], id_classes: ClassList, templates: Sequence[str],
-                    detectors: Mapping[str, Mapping[str, Any]], score_keys: Mapping[str, str],
-                    vocabularies: Sequence[Vocabulary], *, complete: bool,
-                    skipped: Mapping[str, str] | None = None) -> dict[str, Any]:
+def _write_run_json(
+    run_dir: Path,
+    store: Store,
+    model_id: str,
+    id_dataset: str,
+    ood_datasets: Sequence[str],
+    entries: Mapping[str, Mapping[str, Any]],
+    id_classes: ClassList,
+    templates: Sequence[str],
+    detectors: Mapping[str, Mapping[str, Any]],
+    score_keys: Mapping[str, str],
+    vocabularies: Sequence[Vocabulary],
+    *,
+    complete: bool,
+    skipped: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     info = {
         "kind": "zeroshot",
         "model": model_id,
@@ -397,17 +505,29 @@ def _write_run_json(run_dir: Path, store: Store, model_id: str, id_dataset: str,
         "skipped_detectors": dict(skipped or {}),
         "score_keys": dict(score_keys),
         "head": None,
-        "entries": {name: {k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped",
-                                                      "versions")} for name, meta in entries.items()},
+        "entries": {
+            name: {k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")}
+            for name, meta in entries.items()
+        },
         "complete": complete,
         "vocabularies": report_vocabularies(vocabularies),
         "zeroshot": {
             "id_classes": id_classes.describe(),
             "templates": list(templates),
             "detectors": {name: dict(d) for name, d in detectors.items()},
-            "vocabularies": {v.name: {"ref": v.ref, "version": v.version, "hash": v.hash, "kind": v.kind,
-                                      "deployable": v.deployable, "size": len(v), "params": v.params,
-                                      "provenance": v.provenance} for v in vocabularies},
+            "vocabularies": {
+                v.name: {
+                    "ref": v.ref,
+                    "version": v.version,
+                    "hash": v.hash,
+                    "kind": v.kind,
+                    "deployable": v.deployable,
+                    "size": len(v),
+                    "params": v.params,
+                    "provenance": v.provenance,
+                }
+                for v in vocabularies
+            },
         },
     }
     atomic_write_json(run_dir / "run.json", info)

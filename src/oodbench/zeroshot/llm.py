@@ -12,6 +12,7 @@
 Only the Python standard library is used (urllib), so any server speaking ``POST {base_url}/chat/completions``
 works: OpenAI, vLLM, llama.cpp's server, Ollama's ``/v1``, LM Studio, etc.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -25,16 +26,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..atomic import atomic_write_json
 from ..errors import ZeroShotError
 
-__all__ = ["LLMConfig", "LLMError", "ChatClient", "RateLimiter", "Messages", "ChatAttemptError",
-           "post_chat_completion"]
+__all__ = ["LLMConfig", "LLMError", "ChatClient", "RateLimiter", "Messages", "ChatAttemptError", "post_chat_completion"]
 
 Messages = list[dict[str, str]]
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -73,8 +74,15 @@ class LLMConfig:
         object.__setattr__(self, "base_url", str(self.base_url).rstrip("/"))
 
     @classmethod
-    def resolve(cls, *, base_url: str | None = None, model: str | None = None, api_key: str | None = None,
-                config_file: str | os.PathLike[str] | None = None, **options: Any) -> "LLMConfig":
+    def resolve(
+        cls,
+        *,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        config_file: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> LLMConfig:
         """Settings from arguments, then the config file (JSON or TOML), then the environment."""
         settings: dict[str, Any] = {}
         if config_file is not None:
@@ -86,10 +94,14 @@ class LLMConfig:
         settings.setdefault("model", env.get("OODBENCH_LLM_MODEL"))
         settings.setdefault("api_key", env.get("OODBENCH_LLM_API_KEY") or env.get("OPENAI_API_KEY"))
         if not settings.get("base_url"):
-            raise LLMError("no LLM endpoint: pass --llm-base-url, set base_url in the LLM config file, "
-                           "or set OODBENCH_LLM_BASE_URL (e.g. http://127.0.0.1:8000/v1 for a local server)")
+            raise LLMError(
+                "no LLM endpoint: pass --llm-base-url, set base_url in the LLM config file, "
+                "or set OODBENCH_LLM_BASE_URL (e.g. http://127.0.0.1:8000/v1 for a local server)"
+            )
         if not settings.get("model"):
-            raise LLMError("no LLM model: pass --llm-model, set model in the LLM config file, or set OODBENCH_LLM_MODEL")
+            raise LLMError(
+                "no LLM model: pass --llm-model, set model in the LLM config file, or set OODBENCH_LLM_MODEL"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(settings) - known)
         if unknown:
@@ -124,8 +136,13 @@ def _read_config(path: Path) -> dict[str, Any]:
 class RateLimiter:
     """Spaces calls at least 60 / requests_per_minute seconds apart, across threads."""
 
-    def __init__(self, requests_per_minute: float | None, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        requests_per_minute: float | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.interval = 0.0 if not requests_per_minute else 60.0 / float(requests_per_minute)
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
@@ -148,8 +165,9 @@ class RateLimiter:
 class ChatAttemptError(Exception):
     """One failed POST to a chat endpoint: what went wrong (`kind`: http, timeout, connection, malformed), in words."""
 
-    def __init__(self, kind: str, problem: str, *, status: int | None = None, detail: str = "",
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self, kind: str, problem: str, *, status: int | None = None, detail: str = "", retry_after: float | None = None
+    ) -> None:
         super().__init__(problem)
         self.kind, self.problem, self.status, self.detail, self.retry_after = kind, problem, status, detail, retry_after
 
@@ -172,30 +190,43 @@ def _content(body: bytes) -> tuple[str, dict[str, Any]]:
         payload = json.loads(body.decode("utf-8"))
         content = payload["choices"][0]["message"]["content"]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-        raise ChatAttemptError("malformed", f"malformed chat completion ({type(exc).__name__}): {body[:200]!r}",
-                               detail=body[:200].decode("utf-8", "replace")) from None
+        raise ChatAttemptError(
+            "malformed",
+            f"malformed chat completion ({type(exc).__name__}): {body[:200]!r}",
+            detail=body[:200].decode("utf-8", "replace"),
+        ) from None
     if not isinstance(content, str):
-        raise ChatAttemptError("malformed", f"chat completion content is not text: {str(content)[:200]!r}",
-                               detail=body[:200].decode("utf-8", "replace"))
+        raise ChatAttemptError(
+            "malformed",
+            f"chat completion content is not text: {str(content)[:200]!r}",
+            detail=body[:200].decode("utf-8", "replace"),
+        )
     return content, payload
 
 
-def post_chat_completion(base_url: str, body: Mapping[str, Any], *, api_key: str | None,
-                         timeout_s: float) -> tuple[str, dict[str, Any]]:
+def post_chat_completion(
+    base_url: str, body: Mapping[str, Any], *, api_key: str | None, timeout_s: float
+) -> tuple[str, dict[str, Any]]:
     """One POST to `{base_url}/chat/completions`: the reply text and the whole response; ChatAttemptError on failure."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    request = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode("utf-8"),
-                                     headers=headers, method="POST")
+    request = urllib.request.Request(
+        f"{base_url}/chat/completions", data=json.dumps(body).encode("utf-8"), headers=headers, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             data = response.read()
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:300].decode("utf-8", "replace") if exc.fp is not None else ""
-        raise ChatAttemptError("http", f"HTTP {exc.code}: {detail}", status=exc.code, detail=detail,
-                               retry_after=_retry_after(exc.headers.get("Retry-After"))) from None
-    except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
+        raise ChatAttemptError(
+            "http",
+            f"HTTP {exc.code}: {detail}",
+            status=exc.code,
+            detail=detail,
+            retry_after=_retry_after(exc.headers.get("Retry-After")),
+        ) from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, (socket.timeout, TimeoutError)):
             raise ChatAttemptError("timeout", f"no answer within {timeout_s:g} s") from None
@@ -206,8 +237,15 @@ def post_chat_completion(base_url: str, body: Mapping[str, Any], *, api_key: str
 class ChatClient:
     """Chat completions with an on-disk cache, retries with backoff, rate limiting and a worker pool."""
 
-    def __init__(self, config: LLMConfig, cache_dir: str | os.PathLike[str], *, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic, jitter_seed: int = 0) -> None:
+    def __init__(
+        self,
+        config: LLMConfig,
+        cache_dir: str | os.PathLike[str],
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        jitter_seed: int = 0,
+    ) -> None:
         self.config = config
         self.cache_dir = Path(cache_dir)
         self._sleep = sleep
@@ -219,8 +257,12 @@ class ChatClient:
     # ----------------------------------------------------------------- cache
     def request_body(self, messages: Messages, generation: int = 0) -> dict[str, Any]:
         """The JSON body sent for (messages, generation)."""
-        body: dict[str, Any] = {"model": self.config.model, "messages": list(messages),
-                                "temperature": self.config.temperature, "max_tokens": self.config.max_tokens}
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": list(messages),
+            "temperature": self.config.temperature,
+            "max_tokens": self.config.max_tokens,
+        }
         if self.config.seed is not None:
             # Distinct generations get distinct seeds so servers that honour seeds still sample anew.
             body["seed"] = int(self.config.seed) + int(generation)
@@ -228,8 +270,11 @@ class ChatClient:
 
     def request_key(self, messages: Messages, generation: int = 0) -> str:
         """Cache key of one request: endpoint, body and generation index (never the API key)."""
-        payload = {"url": self.config.base_url, "body": self.request_body(messages, generation),
-                   "generation": int(generation)}
+        payload = {
+            "url": self.config.base_url,
+            "body": self.request_body(messages, generation),
+            "generation": int(generation),
+        }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
     def _cache_path(self, key: str) -> Path:
@@ -257,15 +302,28 @@ class ChatClient:
         body = self.request_body(messages, generation)
         content, payload = self._post_with_retries(body)
         key = self.request_key(messages, generation)
-        atomic_write_json(self._cache_path(key), {
-            "format": CACHE_FORMAT, "key": key, "url": self.config.base_url, "generation": int(generation),
-            "request": body, "content": content, "response": payload,
-            "received": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        })
+        atomic_write_json(
+            self._cache_path(key),
+            {
+                "format": CACHE_FORMAT,
+                "key": key,
+                "url": self.config.base_url,
+                "generation": int(generation),
+                "request": body,
+                "content": content,
+                "response": payload,
+                "received": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            },
+        )
         return content
 
-    def complete_many(self, requests: Sequence[tuple[Messages, int]], *, workers: int = 4,
-                      on_done: Callable[[int], None] | None = None) -> list[str]:
+    def complete_many(
+        self,
+        requests: Sequence[tuple[Messages, int]],
+        *,
+        workers: int = 4,
+        on_done: Callable[[int], None] | None = None,
+    ) -> list[str]:
         """Replies to many (messages, generation) requests, in order, using up to `workers` threads."""
         if workers < 1:
             raise LLMError(f"workers must be >= 1; got {workers}")
@@ -302,12 +360,20 @@ class ChatClient:
             with self._lock:
                 self.stats["requests"] += 1
             try:
-                return post_chat_completion(self.config.base_url, body, api_key=self.config.api_key,
-                                            timeout_s=self.config.timeout_s)
+                return post_chat_completion(
+                    self.config.base_url, body, api_key=self.config.api_key, timeout_s=self.config.timeout_s
+                )
             except ChatAttemptError as exc:
                 if not exc.retryable:
-                    hint = " (check the API key)" if exc.status in (401, 403) else " (check --llm-model)" if exc.status == 404 else ""
-                    raise LLMError(f"{self.config.base_url}/chat/completions answered HTTP {exc.status}{hint}: "
-                                   f"{exc.detail}") from None
+                    hint = (
+                        " (check the API key)"
+                        if exc.status in (401, 403)
+                        else " (check --llm-model)"
+                        if exc.status == 404
+                        else ""
+                    )
+                    raise LLMError(
+                        f"{self.config.base_url}/chat/completions answered HTTP {exc.status}{hint}: {exc.detail}"
+                    ) from None
                 last = exc
         raise LLMError(f"{self.config.base_url}/chat/completions failed {attempts} time(s); last error: {last}")

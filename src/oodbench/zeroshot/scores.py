@@ -14,10 +14,12 @@ one (rows × label-block) array is ever in memory, whatever the number of images
 computed in float32 (BLAS). The vocabulary scores exponentiate in float32 after subtracting the running maximum
 (values in (0, 1]) and accumulate in float64; the logit-space scores work in float64 on the ID logits.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import expit, xlogy
@@ -28,8 +30,19 @@ from ..detectors.base import Paper
 from ..errors import ZeroShotError
 
 __all__ = [
-    "TAU", "LOGIT_SCORES", "ZeroShotScore", "SCORES", "available_scores", "get_score", "compute_score",
-    "logit_scores", "glmcm_scores", "neglabel_scores", "eoe_scores", "neglabel_groups", "unit_rows",
+    "TAU",
+    "LOGIT_SCORES",
+    "ZeroShotScore",
+    "SCORES",
+    "available_scores",
+    "get_score",
+    "compute_score",
+    "logit_scores",
+    "glmcm_scores",
+    "neglabel_scores",
+    "eoe_scores",
+    "neglabel_groups",
+    "unit_rows",
 ]
 
 TAU = 0.01
@@ -54,8 +67,9 @@ def _check_texts(name: str, texts: object, dim: int | None, *, allow_empty: bool
     if not np.issubdtype(array.dtype, np.floating):
         raise ZeroShotError(f"{name} must be floating point; got {array.dtype}")
     if dim is not None and array.shape[1] != dim:
-        raise ZeroShotError(f"{name} has D={array.shape[1]} but the image embeddings have D={dim}; "
-                            "were they made by the same model?")
+        raise ZeroShotError(
+            f"{name} has D={array.shape[1]} but the image embeddings have D={dim}; were they made by the same model?"
+        )
     if not np.isfinite(array).all():
         raise ZeroShotError(f"{name} contains NaN or inf")
     return unit_rows(array)
@@ -151,7 +165,7 @@ def _group_lse(h: np.ndarray, grouped: np.ndarray, sizes: Sequence[int], tau: fl
                 peak = z.max(axis=2)
                 z -= peak[..., None]
                 np.exp(z, out=z)
-                out[:, first_group + offset: first_group + offset + q] = peak + np.log(z.sum(axis=2, dtype=np.float64))
+                out[:, first_group + offset : first_group + offset + q] = peak + np.log(z.sum(axis=2, dtype=np.float64))
         start += width * count
         first_group += count
     return out
@@ -165,7 +179,7 @@ def _gen(probs: np.ndarray, gamma: float, top_m: int) -> np.ndarray:
     largest term; the sum of the remaining probabilities keeps it exact.
     """
     m = min(top_m, probs.shape[1])
-    top = np.partition(probs, probs.shape[1] - m, axis=1)[:, probs.shape[1] - m:]
+    top = np.partition(probs, probs.shape[1] - m, axis=1)[:, probs.shape[1] - m :]
     complement = 1.0 - top
     rows = np.arange(probs.shape[0])
     winner = probs.argmax(axis=1)
@@ -199,15 +213,24 @@ def _scores_from_logits(z: np.ndarray, names: Sequence[str], gen_gamma: float, g
     return out
 
 
-def logit_scores(images: np.ndarray, id_text: np.ndarray, *, names: Sequence[str] = LOGIT_SCORES, tau: float = TAU,
-                 gen_gamma: float = 0.1, gen_top_m: int = 100,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, np.ndarray]:
+def logit_scores(
+    images: np.ndarray,
+    id_text: np.ndarray,
+    *,
+    names: Sequence[str] = LOGIT_SCORES,
+    tau: float = TAU,
+    gen_gamma: float = 0.1,
+    gen_top_m: int = 100,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict[str, np.ndarray]:
     """Logit-space scores (mcm, maxlogit, energy, gen, entropy, margin) over the ID labels, computed in one pass."""
     unknown = sorted(set(names) - set(LOGIT_SCORES))
     if unknown:
         raise ZeroShotError(f"unknown logit-space score(s) {unknown}; available: {', '.join(LOGIT_SCORES)}")
     if not (isinstance(gen_top_m, (int, np.integer)) and gen_top_m >= 1) or not gen_gamma > 0:
-        raise ZeroShotError(f"gen needs gamma > 0 and an integer top_m >= 1; got gamma={gen_gamma!r}, top_m={gen_top_m!r}")
+        raise ZeroShotError(
+            f"gen needs gamma > 0 and an integer top_m >= 1; got gamma={gen_gamma!r}, top_m={gen_top_m!r}"
+        )
     images = _check_images(images)
     texts = _check_texts("ID label embeddings", id_text, images.shape[1])
     tau = _check_tau(tau)
@@ -221,14 +244,22 @@ def logit_scores(images: np.ndarray, id_text: np.ndarray, *, names: Sequence[str
     return out
 
 
-def glmcm_scores(images: np.ndarray, patches: np.ndarray, id_text: np.ndarray, *, tau: float = TAU, lam: float = 1.0,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+def glmcm_scores(
+    images: np.ndarray,
+    patches: np.ndarray,
+    id_text: np.ndarray,
+    *,
+    tau: float = TAU,
+    lam: float = 1.0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> np.ndarray:
     """GL-MCM: global MCM plus λ times the largest per-patch MCM over the image's patches."""
     images = _check_images(images)
     patches = patches if isinstance(patches, np.ndarray) else np.asarray(patches)
     if patches.ndim != 3 or patches.shape[0] != images.shape[0] or patches.shape[2] != images.shape[1]:
-        raise ZeroShotError(f"patch embeddings must have shape (N={images.shape[0]}, P, D={images.shape[1]}); "
-                            f"got {patches.shape}")
+        raise ZeroShotError(
+            f"patch embeddings must have shape (N={images.shape[0]}, P, D={images.shape[1]}); got {patches.shape}"
+        )
     if not np.isfinite(lam):
         raise ZeroShotError(f"lam must be a finite number; got {lam!r}")
     texts = _check_texts("ID label embeddings", id_text, images.shape[1])
@@ -259,8 +290,16 @@ def neglabel_groups(num_negatives: int, groups: int, seed: int = 0) -> list[np.n
     return np.array_split(order, groups)
 
 
-def neglabel_scores(images: np.ndarray, id_text: np.ndarray, neg_text: np.ndarray, *, tau: float = TAU,
-                    groups: int = 1, seed: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+def neglabel_scores(
+    images: np.ndarray,
+    id_text: np.ndarray,
+    neg_text: np.ndarray,
+    *,
+    tau: float = TAU,
+    groups: int = 1,
+    seed: int = 0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> np.ndarray:
     """NegLabel: share of Σ a(x, ·) on the ID labels with the negatives in the denominator, averaged over groups."""
     images = _check_images(images)
     texts = _check_texts("ID label embeddings", id_text, images.shape[1])
@@ -282,8 +321,15 @@ def neglabel_scores(images: np.ndarray, id_text: np.ndarray, neg_text: np.ndarra
     return out
 
 
-def eoe_scores(images: np.ndarray, id_text: np.ndarray, outlier_text: np.ndarray, *, tau: float = TAU,
-               beta: float = 0.25, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+def eoe_scores(
+    images: np.ndarray,
+    id_text: np.ndarray,
+    outlier_text: np.ndarray,
+    *,
+    tau: float = TAU,
+    beta: float = 0.25,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> np.ndarray:
     """EOE: max ID probability − β · max outlier probability under one softmax over ID and outlier labels."""
     images = _check_images(images)
     texts = _check_texts("ID label embeddings", id_text, images.shape[1])
@@ -326,38 +372,106 @@ class ZeroShotScore:
 def _logit_compute(name: str) -> Callable[..., np.ndarray]:
     def compute(images: np.ndarray, id_text: np.ndarray, **params: Any) -> np.ndarray:
         gen = {k: params.pop(k) for k in ("gamma", "top_m") if k in params}
-        return logit_scores(images, id_text, names=(name,), gen_gamma=gen.get("gamma", 0.1),
-                            gen_top_m=gen.get("top_m", 100), **params)[name]
+        return logit_scores(
+            images, id_text, names=(name,), gen_gamma=gen.get("gamma", 0.1), gen_top_m=gen.get("top_m", 100), **params
+        )[name]
+
     return compute
 
 
-_MCM = Paper("Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations",
-             "NeurIPS 2022", "https://arxiv.org/abs/2211.13445")
+_MCM = Paper(
+    "Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations",
+    "NeurIPS 2022",
+    "https://arxiv.org/abs/2211.13445",
+)
 _SCORE_LIST = [
     ZeroShotScore("mcm", None, False, {"tau": TAU}, _MCM, _logit_compute("mcm")),
-    ZeroShotScore("maxlogit", None, False, {"tau": TAU}, Paper(
-        "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings", "ICML 2022",
-        "https://arxiv.org/abs/1911.11132"), _logit_compute("maxlogit")),
-    ZeroShotScore("energy", None, False, {"tau": TAU}, Paper(
-        "Liu et al., Energy-based Out-of-distribution Detection", "NeurIPS 2020", "https://arxiv.org/abs/2010.03759"),
-        _logit_compute("energy")),
-    ZeroShotScore("gen", None, False, {"tau": TAU, "gamma": 0.1, "top_m": 100}, Paper(
-        "Liu, Lochman & Zach, GEN: Pushing the Limits of Softmax-Based Out-of-Distribution Detection", "CVPR 2023",
-        "https://openaccess.thecvf.com/content/CVPR2023/html/Liu_GEN_Pushing_the_Limits_of_Softmax-Based_Out-of-Distribution_Detection_CVPR_2023_paper.html"),
-        _logit_compute("gen")),
-    ZeroShotScore("entropy", None, False, {"tau": TAU}, Paper(_MCM.citation, _MCM.venue, _MCM.url,
-                  "negative Shannon entropy of MCM's softmax over the ID labels"), _logit_compute("entropy")),
-    ZeroShotScore("margin", None, False, {"tau": TAU}, Paper(_MCM.citation, _MCM.venue, _MCM.url,
-                  "top-1 minus top-2 probability of MCM's softmax"), _logit_compute("margin")),
-    ZeroShotScore("glmcm", None, True, {"tau": TAU, "lam": 1.0}, Paper(
-        "Miyai et al., GL-MCM: Global and Local Maximum Concept Matching for Zero-Shot Out-of-Distribution Detection",
-        "IJCV 2025", "https://arxiv.org/abs/2304.04521"), glmcm_scores),
-    ZeroShotScore("neglabel", "negatives", False, {"tau": TAU, "groups": 1, "seed": 0}, Paper(
-        "Jiang et al., Negative Label Guided OOD Detection with Pretrained Vision-Language Models", "ICLR 2024",
-        "https://arxiv.org/abs/2403.20078"), neglabel_scores),
-    ZeroShotScore("eoe", "outliers", False, {"tau": TAU, "beta": 0.25}, Paper(
-        "Cao et al., Envisioning Outlier Exposure by Large Language Models for Out-of-Distribution Detection",
-        "ICML 2024", "https://arxiv.org/abs/2406.00806"), eoe_scores),
+    ZeroShotScore(
+        "maxlogit",
+        None,
+        False,
+        {"tau": TAU},
+        Paper(
+            "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings",
+            "ICML 2022",
+            "https://arxiv.org/abs/1911.11132",
+        ),
+        _logit_compute("maxlogit"),
+    ),
+    ZeroShotScore(
+        "energy",
+        None,
+        False,
+        {"tau": TAU},
+        Paper(
+            "Liu et al., Energy-based Out-of-distribution Detection", "NeurIPS 2020", "https://arxiv.org/abs/2010.03759"
+        ),
+        _logit_compute("energy"),
+    ),
+    ZeroShotScore(
+        "gen",
+        None,
+        False,
+        {"tau": TAU, "gamma": 0.1, "top_m": 100},
+        Paper(
+            "Liu, Lochman & Zach, GEN: Pushing the Limits of Softmax-Based Out-of-Distribution Detection",
+            "CVPR 2023",
+            "https://openaccess.thecvf.com/content/CVPR2023/html/Liu_GEN_Pushing_the_Limits_of_Softmax-Based_Out-of-Distribution_Detection_CVPR_2023_paper.html",
+        ),
+        _logit_compute("gen"),
+    ),
+    ZeroShotScore(
+        "entropy",
+        None,
+        False,
+        {"tau": TAU},
+        Paper(_MCM.citation, _MCM.venue, _MCM.url, "negative Shannon entropy of MCM's softmax over the ID labels"),
+        _logit_compute("entropy"),
+    ),
+    ZeroShotScore(
+        "margin",
+        None,
+        False,
+        {"tau": TAU},
+        Paper(_MCM.citation, _MCM.venue, _MCM.url, "top-1 minus top-2 probability of MCM's softmax"),
+        _logit_compute("margin"),
+    ),
+    ZeroShotScore(
+        "glmcm",
+        None,
+        True,
+        {"tau": TAU, "lam": 1.0},
+        Paper(
+            "Miyai et al., GL-MCM: Global and Local Maximum Concept Matching for Zero-Shot Out-of-Distribution Detection",
+            "IJCV 2025",
+            "https://arxiv.org/abs/2304.04521",
+        ),
+        glmcm_scores,
+    ),
+    ZeroShotScore(
+        "neglabel",
+        "negatives",
+        False,
+        {"tau": TAU, "groups": 1, "seed": 0},
+        Paper(
+            "Jiang et al., Negative Label Guided OOD Detection with Pretrained Vision-Language Models",
+            "ICLR 2024",
+            "https://arxiv.org/abs/2403.20078",
+        ),
+        neglabel_scores,
+    ),
+    ZeroShotScore(
+        "eoe",
+        "outliers",
+        False,
+        {"tau": TAU, "beta": 0.25},
+        Paper(
+            "Cao et al., Envisioning Outlier Exposure by Large Language Models for Out-of-Distribution Detection",
+            "ICML 2024",
+            "https://arxiv.org/abs/2406.00806",
+        ),
+        eoe_scores,
+    ),
 ]
 SCORES: dict[str, ZeroShotScore] = {score.name: score for score in _SCORE_LIST}
 
@@ -375,8 +489,15 @@ def get_score(name: str) -> ZeroShotScore:
         raise ZeroShotError(f"unknown zero-shot score {name!r}; available: {', '.join(SCORES)}") from None
 
 
-def compute_score(name: str, images: np.ndarray, id_text: np.ndarray, *, vocab_text: np.ndarray | None = None,
-                  patches: np.ndarray | None = None, **params: Any) -> np.ndarray:
+def compute_score(
+    name: str,
+    images: np.ndarray,
+    id_text: np.ndarray,
+    *,
+    vocab_text: np.ndarray | None = None,
+    patches: np.ndarray | None = None,
+    **params: Any,
+) -> np.ndarray:
     """Scores (N,) of one named zero-shot score; `vocab_text` for neglabel/eoe, `patches` for glmcm."""
     score = get_score(name)
     unknown = sorted(set(params) - set(score.defaults))

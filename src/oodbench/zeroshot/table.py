@@ -5,27 +5,38 @@ EOE, WN (WordNet NegMining), LLM siblings, WN+LLM and oracle. Cells are FPR@95 i
 sets (or one chosen set). The best *deployable* vocabulary column of each row is bold; the oracle column uses the
 benchmark's own OOD labels, is a lower bound and is never marked best.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..errors import ZeroShotError
 from ..report.detector_table import detector_table_markdown
 from ..results import ResultRow, read_rows
 
-__all__ = ["RunView", "load_run", "find_runs", "table2_markdown", "sweep_markdown", "render_run_tables",
-           "TABLE2_COLUMNS"]
+__all__ = [
+    "RunView",
+    "load_run",
+    "find_runs",
+    "table2_markdown",
+    "sweep_markdown",
+    "render_run_tables",
+    "TABLE2_COLUMNS",
+]
 
 TABLE2_COLUMNS = ("logit", "EOE", "WN", "LLM siblings", "WN+LLM", "oracle")
 _HEADERS = {"logit": "best logit-space", "oracle": "oracle†"}
 _DEPLOYABLE = ("EOE", "WN", "LLM siblings", "WN+LLM")
 _LOWER_IS_BETTER = {"fpr95"}
-_ORACLE_NOTE = ("† oracle: the benchmark's own OOD labels as negatives, a lower bound that no deployed detector "
-                "can use (non-deployable).")
+_ORACLE_NOTE = (
+    "† oracle: the benchmark's own OOD labels as negatives, a lower bound that no deployed detector "
+    "can use (non-deployable)."
+)
 
 
 @dataclass
@@ -46,12 +57,18 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunView:
         raise ZeroShotError(f"{run_dir} is not a run directory (no run.json)")
     info = json.loads(info_path.read_text(encoding="utf-8"))
     if "zeroshot" not in info:
-        raise ZeroShotError(f"{run_dir} is not a zero-shot run (run.json has no 'zeroshot' section); "
-                            "make one with `oodbench zeroshot evaluate`")
+        raise ZeroShotError(
+            f"{run_dir} is not a zero-shot run (run.json has no 'zeroshot' section); "
+            "make one with `oodbench zeroshot evaluate`"
+        )
     if not (run_dir / "results.parquet").is_file():
         raise ZeroShotError(f"{run_dir} has no results.parquet: the run did not finish; rerun it to resume")
-    return RunView(info["model"], read_rows(run_dir / "results.parquet"), info["zeroshot"]["detectors"],
-                   list(info.get("ood_datasets", [])))
+    return RunView(
+        info["model"],
+        read_rows(run_dir / "results.parquet"),
+        info["zeroshot"]["detectors"],
+        list(info.get("ood_datasets", [])),
+    )
 
 
 def find_runs(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -155,13 +172,20 @@ def sweep_markdown(view: RunView, *, metric: str = "fpr95") -> str:
     blocks = []
     for (base, param), points in groups.items():
         header = f"| {param} | " + " | ".join(view.ood_datasets) + " | mean |"
-        lines = [f"{base}: {metric} (%) by {'siblings per class k' if param == 'k' else 'WordNet prefix size M'}",
-                 "", header, "|---:|" + "---:|" * (len(view.ood_datasets) + 1)]
+        lines = [
+            f"{base}: {metric} (%) by {'siblings per class k' if param == 'k' else 'WordNet prefix size M'}",
+            "",
+            header,
+            "|---:|" + "---:|" * (len(view.ood_datasets) + 1),
+        ]
         for value, detector in sorted(points):
             cells = [_value(view.rows, detector, metric, [o]) for o in view.ood_datasets]
             mean = _value(view.rows, detector, metric, view.ood_datasets)
-            lines.append(f"| {value} | " + " | ".join("–" if c is None else f"{100 * c:.1f}" for c in cells)
-                         + f" | {'–' if mean is None else f'{100 * mean:.1f}'} |")
+            lines.append(
+                f"| {value} | "
+                + " | ".join("–" if c is None else f"{100 * c:.1f}" for c in cells)
+                + f" | {'–' if mean is None else f'{100 * mean:.1f}'} |"
+            )
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)
 
@@ -171,13 +195,19 @@ def render_run_tables(rows: Sequence[ResultRow], run_info: Mapping[str, Any], *,
     detectors = dict(run_info["zeroshot"]["detectors"])
     oods = list(run_info.get("ood_datasets") or dict.fromkeys(r.ood_dataset for r in rows))
     view = RunView(run_info["model"], list(rows), detectors, oods)
-    parts = ["## Zero-shot summary (seed Table 2 layout)", "", table2_markdown([view], metric=metric),
-             "## Per OOD set: FPR@95 / AUROC (%)", "",
-             detector_table_markdown(rows, [d for d in detectors if d in {r.detector for r in rows}], oods)]
+    parts = [
+        "## Zero-shot summary (seed Table 2 layout)",
+        "",
+        table2_markdown([view], metric=metric),
+        "## Per OOD set: FPR@95 / AUROC (%)",
+        "",
+        detector_table_markdown(rows, [d for d in detectors if d in {r.detector for r in rows}], oods),
+    ]
     oracle = [d for d, info in detectors.items() if info.get("deployable") is False]
     if oracle:
-        parts.append(f"† {', '.join(oracle)}: oracle vocabulary (the OOD sets' own labels), non-deployable lower "
-                     "bound.\n")
+        parts.append(
+            f"† {', '.join(oracle)}: oracle vocabulary (the OOD sets' own labels), non-deployable lower bound.\n"
+        )
     sweeps = sweep_markdown(view, metric=metric)
     if sweeps:
         parts += ["## Sweeps", "", sweeps]

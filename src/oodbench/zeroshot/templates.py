@@ -1,4 +1,5 @@
 """Prompt templates for embedding label names with a vision-language model."""
+
 from __future__ import annotations
 
 # The seed's Appendix G: the bare class name plus the seven ImageNet prompt templates that OpenAI's CLIP

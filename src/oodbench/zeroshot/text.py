@@ -5,9 +5,11 @@ encoded, averaged over templates and ℓ2-normalised. Scoring uses the eight tem
 NegMining uses its own single mining prompts. Tests pass small deterministic functions; real runs use the
 open_clip text tower through the store's text-embedding cache (`oodbench.extract.openclip`).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,8 +36,9 @@ def embed_labels(embed: EmbedFn, labels: Sequence[str], templates: Sequence[str]
     return unit_rows(array)
 
 
-def store_embedder(store: Any, model_id: str, *, model_bundle: Any = None,
-                   load_bundle: Callable[[], Any] | None = None) -> EmbedFn:
+def store_embedder(
+    store: Any, model_id: str, *, model_bundle: Any = None, load_bundle: Callable[[], Any] | None = None
+) -> EmbedFn:
     """Embedding function over the store's cached text embeddings of `model_id`; encodes and caches what is missing.
 
     The open_clip model is needed only for label lists not cached yet; it is `model_bundle`, or made on first need
@@ -58,8 +61,9 @@ def store_embedder(store: Any, model_id: str, *, model_bundle: Any = None,
     return embed
 
 
-def bundle_loader(store: Any, model_id: str, dataset_id: str, *, pretrained: str | None = None,
-                  device: str = "cpu") -> Callable[[], Any]:
+def bundle_loader(
+    store: Any, model_id: str, dataset_id: str, *, pretrained: str | None = None, device: str = "cpu"
+) -> Callable[[], Any]:
     """A loader of the open_clip model that made the store entry `model_id/dataset_id` (from its provenance).
 
     `pretrained` overrides the recorded checkpoint (needed when the entry came from a local checkpoint file).
@@ -69,8 +73,10 @@ def bundle_loader(store: Any, model_id: str, dataset_id: str, *, pretrained: str
     provenance = store.meta(model_id, dataset_id).get("provenance", {})
     model_name, checkpoint = provenance.get("model"), str(provenance.get("checkpoint", ""))
     if provenance.get("kind") not in (None, "open_clip") or not model_name:
-        raise ZeroShotError(f"{model_id}/{dataset_id} was not extracted with an open_clip model "
-                            f"(provenance {provenance}); zero-shot scores need a vision-language model")
+        raise ZeroShotError(
+            f"{model_id}/{dataset_id} was not extracted with an open_clip model "
+            f"(provenance {provenance}); zero-shot scores need a vision-language model"
+        )
     seed = 0
     if pretrained is None:
         if checkpoint.startswith("open_clip:"):
@@ -78,8 +84,10 @@ def bundle_loader(store: Any, model_id: str, dataset_id: str, *, pretrained: str
         elif checkpoint.startswith("random-init:"):
             seed = int(checkpoint.rpartition("=")[2] or 0)
         else:
-            raise ZeroShotError(f"{model_id} was extracted from a local checkpoint ({checkpoint}); pass its path "
-                                "with --pretrained so missing text embeddings can be computed")
+            raise ZeroShotError(
+                f"{model_id} was extracted from a local checkpoint ({checkpoint}); pass its path "
+                "with --pretrained so missing text embeddings can be computed"
+            )
 
     # The store refuses text entries whose provenance differs from the model id's image entries.
     return lambda: load_openclip(model_name, pretrained, device, seed=seed)

@@ -1,12 +1,14 @@
 """What every backbone offers the extraction engines: preprocessing, a batched forward to numpy arrays, provenance."""
+
 from __future__ import annotations
 
 import abc
 import contextlib
 import hashlib
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -56,8 +58,15 @@ class Backbone(abc.ABC):
 
     kind: ClassVar[str] = ""
 
-    def __init__(self, model: torch.nn.Module, *, name: str, checkpoint: str, preprocessing: dict[str, Any],
-                 transform: Callable[[Any], torch.Tensor]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        name: str,
+        checkpoint: str,
+        preprocessing: dict[str, Any],
+        transform: Callable[[Any], torch.Tensor],
+    ) -> None:
         self.model = model.eval()
         self.name = name
         self.checkpoint = checkpoint
@@ -65,7 +74,7 @@ class Backbone(abc.ABC):
         self.transform = transform
         self.device = torch.device("cpu")
 
-    def to(self, device: str | torch.device | None) -> "Backbone":
+    def to(self, device: str | torch.device | None) -> Backbone:
         """Move the network to a device ('auto' picks CUDA when available)."""
         self.device = resolve_device(device)
         self.model.to(self.device)
@@ -73,7 +82,12 @@ class Backbone(abc.ABC):
 
     def provenance(self) -> dict[str, Any]:
         """Where the arrays come from: model name, checkpoint (sha256 or tag), resolved preprocessing, kind."""
-        return {"model": self.name, "checkpoint": self.checkpoint, "preprocessing": self.preprocessing, "kind": self.kind}
+        return {
+            "model": self.name,
+            "checkpoint": self.checkpoint,
+            "preprocessing": self.preprocessing,
+            "kind": self.kind,
+        }
 
     def default_model_id(self) -> str:
         """Store model id derived from the model name (and checkpoint) when none is given."""

@@ -7,11 +7,13 @@ features·Wᵀ + b, otherwise extraction stops rather than storing a head that d
 A model without a classifier (num_classes=0, e.g. DINOv2) yields features only, for a linear probe; a distilled
 model's two averaged heads become one linear map of their concatenated inputs.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,17 +44,34 @@ class TimmBackbone(Backbone):
 
     kind = "timm"
 
-    def __init__(self, model: torch.nn.Module, *, name: str, checkpoint: str, checkpoint_sha256: str | None = None,
-                 nac_layers: Sequence[NacLayer | str] = (), image_size: int | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        name: str,
+        checkpoint: str,
+        checkpoint_sha256: str | None = None,
+        nac_layers: Sequence[NacLayer | str] = (),
+        image_size: int | None = None,
+    ) -> None:
         import timm.data
 
         overrides = {} if image_size is None else {"input_size": (3, int(image_size), int(image_size))}
         config = timm.data.resolve_data_config(overrides, model=model)
-        preprocessing = {key: list(value) if isinstance(value, tuple) else value for key, value in sorted(config.items())}
-        super().__init__(model, name=name, checkpoint=checkpoint, preprocessing=preprocessing,
-                         transform=timm.data.create_transform(**config, is_training=False))
+        preprocessing = {
+            key: list(value) if isinstance(value, tuple) else value for key, value in sorted(config.items())
+        }
+        super().__init__(
+            model,
+            name=name,
+            checkpoint=checkpoint,
+            preprocessing=preprocessing,
+            transform=timm.data.create_transform(**config, is_training=False),
+        )
         self.checkpoint_sha256 = checkpoint_sha256
-        self.nac_layers = tuple(layer if isinstance(layer, NacLayer) else NacLayer.parse(str(layer)) for layer in nac_layers)
+        self.nac_layers = tuple(
+            layer if isinstance(layer, NacLayer) else NacLayer.parse(str(layer)) for layer in nac_layers
+        )
         classifier = model.get_classifier() if hasattr(model, "get_classifier") else None
         # Distilled models (DeiT) have two heads whose logits are averaged: that is one linear map of the
         # concatenated head inputs, W = [W1 W2] / 2, b = (b1 + b2) / 2, which the per-batch check verifies.
@@ -61,7 +80,9 @@ class TimmBackbone(Backbone):
             heads = []
         for head in heads:
             if not isinstance(head, (torch.nn.Linear, torch.nn.Conv2d)):
-                raise ExtractError(f"{name}'s classifier is a {type(head).__name__}, not a linear layer; cannot define a linear head")
+                raise ExtractError(
+                    f"{name}'s classifier is a {type(head).__name__}, not a linear layer; cannot define a linear head"
+                )
             if isinstance(head, torch.nn.Conv2d) and head.kernel_size != (1, 1):
                 raise ExtractError(f"{name}'s classifier is a {head.kernel_size} convolution, not a linear map")
         self._heads: list[torch.nn.Module] = heads
@@ -74,7 +95,9 @@ class TimmBackbone(Backbone):
         for head in self._heads:
             weight = head.weight.detach().float().reshape(head.weight.shape[0], -1)
             weights.append(weight)
-            biases.append(torch.zeros(weight.shape[0], device=weight.device) if head.bias is None else head.bias.detach().float())
+            biases.append(
+                torch.zeros(weight.shape[0], device=weight.device) if head.bias is None else head.bias.detach().float()
+            )
         if len(self._heads) == 1:
             return weights[0], biases[0]  # views of the parameters: no per-batch copy
         return torch.cat(weights, dim=1) / len(self._heads), torch.stack(biases).mean(dim=0)
@@ -87,7 +110,9 @@ class TimmBackbone(Backbone):
         elif len(self._heads) == 1:
             info["features"] = "input of the final linear layer"
         else:
-            info["features"] = f"concatenated inputs of the {len(self._heads)} classifier heads whose logits are averaged"
+            info["features"] = (
+                f"concatenated inputs of the {len(self._heads)} classifier heads whose logits are averaged"
+            )
         if self.nac_layers:
             info["nac"] = [layer.as_dict() for layer in self.nac_layers]
         return info
@@ -118,6 +143,7 @@ class TimmBackbone(Backbone):
         def grabber(position: int):
             def grab_input(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
                 captured[position] = inputs[0]
+
             return grab_input
 
         handles = [head.register_forward_pre_hook(grabber(i)) for i, head in enumerate(self._heads)]
@@ -135,8 +161,10 @@ class TimmBackbone(Backbone):
                 handle.remove()
         if len(captured) != len(self._heads):
             raise ExtractError(f"{self.name}'s classifier was not called during forward; cannot capture features")
-        parts = [captured[i].flatten(1) if captured[i].ndim == 4 and captured[i].shape[2:] == (1, 1) else captured[i]
-                 for i in range(len(self._heads))]
+        parts = [
+            captured[i].flatten(1) if captured[i].ndim == 4 and captured[i].shape[2:] == (1, 1) else captured[i]
+            for i in range(len(self._heads))
+        ]
         if not isinstance(logits, torch.Tensor) or any(part.ndim != 2 for part in parts) or logits.ndim != 2:
             shapes = [tuple(part.shape) for part in parts]
             raise ExtractError(f"{self.name}: classifier input {shapes} / logits are not (B, D) / (B, C)")
@@ -152,7 +180,9 @@ class TimmBackbone(Backbone):
             )
         arrays = {"features": features.detach().float().cpu().numpy(), "logits": logits.detach().float().cpu().numpy()}
         if self.nac_layers:
-            arrays.update({f"extra.{k}": v for k, v in neuron_states(layer_outputs, logits, list(self.nac_layers)).items()})
+            arrays.update(
+                {f"extra.{k}": v for k, v in neuron_states(layer_outputs, logits, list(self.nac_layers)).items()}
+            )
         return arrays
 
 
@@ -177,9 +207,16 @@ def _create(name: str, *, pretrained: bool, image_size: int | None, **kwargs: An
     return timm.create_model(name, pretrained=pretrained, **kwargs)
 
 
-def load_timm(name: str, *, pretrained: bool = True, checkpoint: str | os.PathLike[str] | None = None,
-              seed: int = 0, nac_layers: Sequence[NacLayer | str] = (), num_classes: int | None = None,
-              image_size: int | None = None) -> TimmBackbone:
+def load_timm(
+    name: str,
+    *,
+    pretrained: bool = True,
+    checkpoint: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    nac_layers: Sequence[NacLayer | str] = (),
+    num_classes: int | None = None,
+    image_size: int | None = None,
+) -> TimmBackbone:
     """Create a timm backbone: hub weights (cache honoured), a local checkpoint file, or seeded random init.
 
     `image_size` overrides the model's input resolution (preprocessing, and the position embeddings of ViTs).
@@ -208,13 +245,20 @@ def load_timm(name: str, *, pretrained: bool = True, checkpoint: str | os.PathLi
         except RuntimeError as exc:
             raise ExtractError(f"checkpoint {path} does not fit {name}: {str(exc)[:600]}") from exc
         digest = sha256_file(path)
-        return TimmBackbone(model, name=name, checkpoint=f"sha256:{digest}", checkpoint_sha256=digest,
-                            nac_layers=nac_layers, image_size=image_size)
+        return TimmBackbone(
+            model,
+            name=name,
+            checkpoint=f"sha256:{digest}",
+            checkpoint_sha256=digest,
+            nac_layers=nac_layers,
+            image_size=image_size,
+        )
     if not pretrained:
         torch.manual_seed(seed)
         model = _create(name, pretrained=False, image_size=image_size, **kwargs)
-        return TimmBackbone(model, name=name, checkpoint=f"random-init:seed={seed}", nac_layers=nac_layers,
-                            image_size=image_size)
+        return TimmBackbone(
+            model, name=name, checkpoint=f"random-init:seed={seed}", nac_layers=nac_layers, image_size=image_size
+        )
     try:
         model = _create(name, pretrained=True, image_size=image_size, **kwargs)
     except Exception as exc:

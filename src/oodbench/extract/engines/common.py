@@ -4,12 +4,14 @@ Batches never cross shard boundaries and are planned from the shard start, so a 
 engine, see exactly the batches an uninterrupted local run sees; that keeps arrays byte-identical even where
 a kernel's rounding depends on the batch composition.
 """
+
 from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,8 +70,9 @@ def plan_tasks(shard_rows: Iterable[tuple[int, slice]], batch_size: int) -> list
     return tasks
 
 
-def load_batch(loader: Callable[[int], torch.Tensor], positions: Sequence[int]
-               ) -> tuple[torch.Tensor | None, list[int], list[dict[str, Any]]]:
+def load_batch(
+    loader: Callable[[int], torch.Tensor], positions: Sequence[int]
+) -> tuple[torch.Tensor | None, list[int], list[dict[str, Any]]]:
     """Stack the loadable items of a batch; unreadable ones become skip records {"item", "path", "error"}."""
     tensors: list[torch.Tensor] = []
     ok: list[int] = []

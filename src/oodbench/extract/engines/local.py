@@ -1,7 +1,9 @@
 """Local engine: DataLoader workers decode and preprocess, the main process runs the backbone batch by batch."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,15 +33,27 @@ def _identity(sample: Any) -> Any:
     return sample
 
 
-def iter_results(backbone: Backbone, loader: Callable[[int], torch.Tensor], tasks: Sequence[BatchTask], *,
-                 num_workers: int = 4, amp: bool = True) -> Iterator[BatchResult]:
+def iter_results(
+    backbone: Backbone,
+    loader: Callable[[int], torch.Tensor],
+    tasks: Sequence[BatchTask],
+    *,
+    num_workers: int = 4,
+    amp: bool = True,
+) -> Iterator[BatchResult]:
     """Run every planned batch through the backbone, in order, with `num_workers` loader processes."""
     if not tasks:
         return
     pin = backbone.device.type == "cuda"
     data = torch.utils.data.DataLoader(
-        _Batches(loader, tasks), batch_size=None, shuffle=False, num_workers=num_workers, collate_fn=_identity,
-        pin_memory=pin, prefetch_factor=2 if num_workers > 0 else None, persistent_workers=False,
+        _Batches(loader, tasks),
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=_identity,
+        pin_memory=pin,
+        prefetch_factor=2 if num_workers > 0 else None,
+        persistent_workers=False,
     )
     for index, pixels, ok, skipped in data:
         arrays = backbone.infer(pixels, amp=amp) if pixels is not None else {}

@@ -5,11 +5,13 @@ same arrays. Results stream back to the driver, which writes shards into the sto
 engine does; a rerun only plans the shards still missing. Connects to a running cluster (``RAY_ADDRESS`` or
 `address`) or starts a local Ray instance.
 """
+
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,10 +47,19 @@ class _Infer:
         return {"task": row["task"], "payload": pack(outputs, ok=meta["ok"], skipped=meta["skipped"])}
 
 
-def iter_results(backbone: Backbone, loader: Callable[[int], torch.Tensor], tasks: Sequence[BatchTask], *,
-                 amp: bool = True, address: str | None = None, num_actors: int | None = None,
-                 gpus_per_actor: float | None = None, cpus_per_actor: float = 1.0, decode_cpus: float = 1.0,
-                 threads_per_actor: int | None = None) -> Iterator[BatchResult]:
+def iter_results(
+    backbone: Backbone,
+    loader: Callable[[int], torch.Tensor],
+    tasks: Sequence[BatchTask],
+    *,
+    amp: bool = True,
+    address: str | None = None,
+    num_actors: int | None = None,
+    gpus_per_actor: float | None = None,
+    cpus_per_actor: float = 1.0,
+    decode_cpus: float = 1.0,
+    threads_per_actor: int | None = None,
+) -> Iterator[BatchResult]:
     """Run the planned batches on Ray; results come back as they finish (not necessarily in order).
 
     On CPU, float kernels round differently with different intra-op thread counts, so CPU actors use the
@@ -62,8 +73,13 @@ def iter_results(backbone: Backbone, loader: Callable[[int], torch.Tensor], task
     if not tasks:
         return
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-                 logging_level=logging.WARNING)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            ignore_reinit_error=True,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
     gpus_available = float(ray.cluster_resources().get("GPU", 0))
     if gpus_per_actor is None:
         gpus_per_actor = 1.0 if gpus_available >= 1 else 0.0
@@ -85,8 +101,15 @@ def iter_results(backbone: Backbone, loader: Callable[[int], torch.Tensor], task
     dataset = dataset.map(_decode, fn_kwargs={"loader": loader}, num_cpus=decode_cpus)
     dataset = dataset.map(
         _Infer,
-        fn_constructor_kwargs={"backbone_ref": [backbone_ref], "device": device, "amp": amp, "threads": threads_per_actor},
-        num_cpus=cpus_per_actor, num_gpus=gpus_per_actor or None, compute=ray.data.ActorPoolStrategy(size=num_actors),
+        fn_constructor_kwargs={
+            "backbone_ref": [backbone_ref],
+            "device": device,
+            "amp": amp,
+            "threads": threads_per_actor,
+        },
+        num_cpus=cpus_per_actor,
+        num_gpus=gpus_per_actor or None,
+        compute=ray.data.ActorPoolStrategy(size=num_actors),
     )
     for row in dataset.iter_rows():
         arrays, meta = unpack(row["payload"])

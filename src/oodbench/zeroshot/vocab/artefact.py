@@ -5,6 +5,7 @@ A vocabulary directory holds one folder per vocabulary name and one JSON file pe
 cache); different content under the same name becomes the next version. The hash covers everything that
 determines the labels (kind, labels, rankings, per-class lists, parameters) and is checked on every load.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -12,9 +13,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ...atomic import atomic_write_text
 from ...errors import ZeroShotError
@@ -38,7 +40,7 @@ _FILE = re.compile(r"^v(\d{3,})-([0-9a-f]{12})\.json$")
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def split_prefix(num_nouns: int, num_adjectives: int, m: int) -> tuple[int, int]:
@@ -84,8 +86,14 @@ class Vocabulary:
     # ----------------------------------------------------------------- identity
     def content(self) -> dict[str, Any]:
         """The fields the hash covers."""
-        return {"kind": self.kind, "labels": self.labels, "ranked": self.ranked, "per_class": self.per_class,
-                "params": self.params, "deployable": self.deployable}
+        return {
+            "kind": self.kind,
+            "labels": self.labels,
+            "ranked": self.ranked,
+            "per_class": self.per_class,
+            "params": self.params,
+            "deployable": self.deployable,
+        }
 
     @property
     def hash(self) -> str:
@@ -125,23 +133,41 @@ class Vocabulary:
     # ----------------------------------------------------------------- serialisation
     def to_json(self) -> dict[str, Any]:
         """The artefact as a JSON-ready dict (with its hash)."""
-        return {"format": FORMAT_VERSION, "name": self.name, "version": self.version, "hash": self.hash,
-                "size": len(self.labels), **self.content(), "provenance": self.provenance}
+        return {
+            "format": FORMAT_VERSION,
+            "name": self.name,
+            "version": self.version,
+            "hash": self.hash,
+            "size": len(self.labels),
+            **self.content(),
+            "provenance": self.provenance,
+        }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], *, origin: str = "") -> "Vocabulary":
+    def from_json(cls, data: Mapping[str, Any], *, origin: str = "") -> Vocabulary:
         """Rebuild from `to_json` output, verifying the recorded hash."""
         try:
-            vocab = cls(name=data["name"], kind=data["kind"], labels=list(data["labels"]),
-                        params=dict(data.get("params") or {}), provenance=dict(data.get("provenance") or {}),
-                        ranked=data.get("ranked"), per_class=data.get("per_class"),
-                        deployable=bool(data.get("deployable", True)), version=data.get("version"))
+            vocab = cls(
+                name=data["name"],
+                kind=data["kind"],
+                labels=list(data["labels"]),
+                params=dict(data.get("params") or {}),
+                provenance=dict(data.get("provenance") or {}),
+                ranked=data.get("ranked"),
+                per_class=data.get("per_class"),
+                deployable=bool(data.get("deployable", True)),
+                version=data.get("version"),
+            )
         except (KeyError, TypeError) as exc:
-            raise ZeroShotError(f"{origin or 'vocabulary'} is not a vocabulary artefact: missing or bad field {exc}") from None
+            raise ZeroShotError(
+                f"{origin or 'vocabulary'} is not a vocabulary artefact: missing or bad field {exc}"
+            ) from None
         recorded = data.get("hash")
         if recorded is not None and recorded != vocab.hash:
-            raise ZeroShotError(f"{origin or vocab.name}: content does not match its recorded hash "
-                                f"({recorded[:12]} vs {vocab.hash[:12]}); the file was edited or is corrupt")
+            raise ZeroShotError(
+                f"{origin or vocab.name}: content does not match its recorded hash "
+                f"({recorded[:12]} vs {vocab.hash[:12]}); the file was edited or is corrupt"
+            )
         return vocab
 
 
@@ -201,8 +227,10 @@ class VocabStore:
         for number, short, path in versions:
             if wanted in (f"v{number}", f"v{number:03d}") or (len(wanted) >= 4 and short.startswith(wanted)):
                 return self._read(path)
-        raise ZeroShotError(f"vocabulary {name!r} has no version {wanted!r}; versions: "
-                            + ", ".join(f"v{n} ({s})" for n, s, _ in versions))
+        raise ZeroShotError(
+            f"vocabulary {name!r} has no version {wanted!r}; versions: "
+            + ", ".join(f"v{n} ({s})" for n, s, _ in versions)
+        )
 
     def summaries(self) -> list[dict[str, Any]]:
         """One summary per stored version: name, version, hash, kind, size, deployable, created."""
@@ -210,9 +238,18 @@ class VocabStore:
         for name in self.names():
             for number, short, path in self._versions(name):
                 vocab = self._read(path)
-                rows.append({"name": name, "version": number, "hash": short, "kind": vocab.kind, "size": len(vocab),
-                             "deployable": vocab.deployable, "created": vocab.provenance.get("created", ""),
-                             "source": vocab.provenance.get("source", "")})
+                rows.append(
+                    {
+                        "name": name,
+                        "version": number,
+                        "hash": short,
+                        "kind": vocab.kind,
+                        "size": len(vocab),
+                        "deployable": vocab.deployable,
+                        "created": vocab.provenance.get("created", ""),
+                        "source": vocab.provenance.get("source", ""),
+                    }
+                )
         return rows
 
     def load_many(self, refs: Sequence[str]) -> list[Vocabulary]:

@@ -1,9 +1,11 @@
 """Vocabularies assembled from others or from files: WN+LLM union, the oracle, and imported lists (JSON/TXT)."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ...errors import ZeroShotError
 from ..classes import ClassList, read_list_file
@@ -26,12 +28,20 @@ def build_union(wordnet: Vocabulary, siblings: Vocabulary, *, name: str = "union
     if len(ids) > 1:
         raise ZeroShotError(f"{wordnet.name!r} and {siblings.name!r} were built for different ID class lists")
     vocab = Vocabulary(
-        name=name, kind="union", labels=[], ranked=wordnet.ranked, per_class=siblings.per_class,
+        name=name,
+        kind="union",
+        labels=[],
+        ranked=wordnet.ranked,
+        per_class=siblings.per_class,
         params={"m": wordnet.params.get("m"), "k": siblings.params.get("k"), "id_classes": next(iter(ids), None)},
-        provenance={"source": "union of WordNet NegMining negatives and LLM siblings",
-                    "model": wordnet.provenance.get("model"),
-                    "parents": {"wordnet": {"ref": wordnet.ref, "hash": wordnet.hash},
-                                "siblings": {"ref": siblings.ref, "hash": siblings.hash}}},
+        provenance={
+            "source": "union of WordNet NegMining negatives and LLM siblings",
+            "model": wordnet.provenance.get("model"),
+            "parents": {
+                "wordnet": {"ref": wordnet.ref, "hash": wordnet.hash},
+                "siblings": {"ref": siblings.ref, "hash": siblings.hash},
+            },
+        },
     )
     vocab.labels = vocab.select()
     return vocab
@@ -43,8 +53,9 @@ def read_label_file(path: str | os.PathLike[str]) -> list[str] | dict[str, list[
     if from_json:
         if isinstance(data, list) and all(isinstance(x, str) for x in data):
             return data
-        if isinstance(data, dict) and all(isinstance(v, list) and all(isinstance(x, str) for x in v)
-                                          for v in data.values()):
+        if isinstance(data, dict) and all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in data.values()
+        ):
             return {str(k): list(v) for k, v in data.items()}
         raise ZeroShotError(f"{path}: expected a JSON list of strings or an object whose values are lists of strings")
     return data
@@ -56,12 +67,20 @@ def _strip_prompt(label: str) -> tuple[str, str | None]:
         prefix, _, suffix = template.lower().partition("{}")
         lowered = label.lower()
         if lowered.startswith(prefix) and lowered.endswith(suffix) and len(label) > len(prefix) + len(suffix):
-            return label[len(prefix): len(label) - len(suffix)], pos
+            return label[len(prefix) : len(label) - len(suffix)], pos
     return label, None
 
 
-def import_vocabulary(path: str | os.PathLike[str], *, name: str, kind: str, id_classes: ClassList | None = None,
-                      k: int | None = None, lexicon: Lexicon | None = None, strip_prompts: bool = True) -> Vocabulary:
+def import_vocabulary(
+    path: str | os.PathLike[str],
+    *,
+    name: str,
+    kind: str,
+    id_classes: ClassList | None = None,
+    k: int | None = None,
+    lexicon: Lexicon | None = None,
+    strip_prompts: bool = True,
+) -> Vocabulary:
     """A vocabulary from a list made elsewhere; ID names and their WordNet synonyms are removed when classes are given.
 
     A JSON object keyed by ID class names becomes per-class lists (siblings; k selectable); any other object is
@@ -87,31 +106,51 @@ def import_vocabulary(path: str | os.PathLike[str], *, name: str, kind: str, id_
         return kept
 
     if isinstance(content, dict):
-        class_names = {normalize_label(n): key for n, key in zip(id_classes.names, class_keys(id_classes))} \
-            if id_classes is not None else {}
+        class_names = (
+            {normalize_label(n): key for n, key in zip(id_classes.names, class_keys(id_classes))}
+            if id_classes is not None
+            else {}
+        )
         matched = [key for key in content if normalize_label(key) in class_names]
         if class_names and len(matched) >= max(1, len(content) // 2):
-            per_class = {class_names[normalize_label(key)]: clean(values) for key, values in content.items()
-                         if normalize_label(key) in class_names}
+            per_class = {
+                class_names[normalize_label(key)]: clean(values)
+                for key, values in content.items()
+                if normalize_label(key) in class_names
+            }
         else:
             content = [label for values in content.values() for label in values]
     if per_class is None:
         raw = list(content)  # type: ignore[arg-type]
         positions = [_strip_prompt(lbl)[1] for lbl in raw] if strip_prompts else [None] * len(raw)
         if kind == "wordnet" and raw and all(p is not None for p in positions):
-            ranked = {NOUN: clean([l for l, p in zip(raw, positions) if p == NOUN]),
-                      ADJECTIVE: clean([l for l, p in zip(raw, positions) if p == ADJECTIVE])}
+            ranked = {
+                NOUN: clean([l for l, p in zip(raw, positions) if p == NOUN]),
+                ADJECTIVE: clean([l for l, p in zip(raw, positions) if p == ADJECTIVE]),
+            }
         labels = clean(raw)
-    params: dict[str, Any] = {"imported_from": Path(path).name, "strip_prompts": strip_prompts,
-                              "id_classes": id_classes.hash if id_classes is not None else None}
+    params: dict[str, Any] = {
+        "imported_from": Path(path).name,
+        "strip_prompts": strip_prompts,
+        "id_classes": id_classes.hash if id_classes is not None else None,
+    }
     if ranked is not None:
         params["m"] = len(ranked[NOUN]) + len(ranked[ADJECTIVE])
     if per_class is not None:
         params["k"] = int(k) if k is not None else max((len(v) for v in per_class.values()), default=0)
-    vocab = Vocabulary(name=name, kind=kind, labels=[], params=params, ranked=ranked, per_class=per_class,
-                       provenance={"source": f"imported from {Path(path).resolve()}",
-                                   "dropped_id_names_or_synonyms": sorted(set(dropped)),
-                                   "id_classes": id_classes.describe() if id_classes is not None else None})
+    vocab = Vocabulary(
+        name=name,
+        kind=kind,
+        labels=[],
+        params=params,
+        ranked=ranked,
+        per_class=per_class,
+        provenance={
+            "source": f"imported from {Path(path).resolve()}",
+            "dropped_id_names_or_synonyms": sorted(set(dropped)),
+            "id_classes": id_classes.describe() if id_classes is not None else None,
+        },
+    )
     vocab.labels = vocab.select() if (ranked is not None or per_class is not None) else labels
     return vocab
 
@@ -121,13 +160,20 @@ def oracle_labels_from_store(store: Any, model_id: str, dataset_id: str) -> list
     meta = store.meta(model_id, dataset_id)
     names = (meta.get("dataset") or {}).get("class_names")
     if not names:
-        raise ZeroShotError(f"store entry {model_id}/{dataset_id} records no class names; give the OOD set's labels "
-                            "as a file (--labels FILE) instead")
+        raise ZeroShotError(
+            f"store entry {model_id}/{dataset_id} records no class names; give the OOD set's labels "
+            "as a file (--labels FILE) instead"
+        )
     return list(names)
 
 
-def build_oracle(labels_by_source: Mapping[str, Sequence[str]], id_classes: ClassList, *, name: str = "oracle",
-                 lexicon: Lexicon | None = None) -> Vocabulary:
+def build_oracle(
+    labels_by_source: Mapping[str, Sequence[str]],
+    id_classes: ClassList,
+    *,
+    name: str = "oracle",
+    lexicon: Lexicon | None = None,
+) -> Vocabulary:
     """The oracle: the benchmark's own OOD class names as negatives — a non-deployable lower bound."""
     if not labels_by_source:
         raise ZeroShotError("the oracle needs the OOD sets' labels: give label files or store entries")
@@ -136,9 +182,15 @@ def build_oracle(labels_by_source: Mapping[str, Sequence[str]], id_classes: Clas
     if not labels:
         raise ZeroShotError("no OOD labels are left after removing ID names and their synonyms")
     return Vocabulary(
-        name=name, kind="oracle", labels=labels, deployable=False,
+        name=name,
+        kind="oracle",
+        labels=labels,
+        deployable=False,
         params={"sources": sorted(labels_by_source), "id_classes": id_classes.hash},
-        provenance={"source": "OOD test-set labels (oracle, non-deployable lower bound)",
-                    "counts": {src: len(v) for src, v in labels_by_source.items()},
-                    "dropped_id_names_or_synonyms": dropped, "id_classes": id_classes.describe()},
+        provenance={
+            "source": "OOD test-set labels (oracle, non-deployable lower bound)",
+            "counts": {src: len(v) for src, v in labels_by_source.items()},
+            "dropped_id_names_or_synonyms": dropped,
+            "id_classes": id_classes.describe(),
+        },
     )

@@ -10,9 +10,10 @@ Names are parsed robustly, normalised, de-duplicated, and those equal to an ID n
 are dropped. For ``far``/``fine_grained`` the LLM is asked again (new generation index, cached) until L distinct
 names are collected or `max_requests` is reached; ``near`` asks once per class (plus re-asks for unusable replies).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ...errors import ZeroShotError
 from ..classes import ClassList
@@ -30,26 +31,32 @@ DEFAULT_SIZE = 500
 PROMPT_VERSION = "eoe-v1"
 SYSTEM = "You help design outlier-exposure label sets for zero-shot out-of-distribution detection."
 PROMPTS = {
-    "far": ("An image classifier recognises these {c} categories: {classes}. First decide which broad groups these "
-            "categories fall into. Then name {n} categories of objects, animals, plants or scenes that look clearly "
-            "different from every one of those groups and are unrelated to them. Answer only with a JSON array of "
-            "{n} short English names."),
-    "near": ("Name {n} categories that look visually similar to \"{name}\" in a photograph but come from broader, "
-             "different domains than \"{name}\" (not the same kind of thing, not a sub-type or synonym of it). "
-             "Answer only with a JSON array of {n} short English names."),
-    "fine_grained": ("An image classifier recognises these {c} kinds of {super_class}: {classes}. Name {n} other kinds "
-                     "of {super_class} that look similar to these but are not among them. Answer only with a JSON "
-                     "array of {n} short English names."),
+    "far": (
+        "An image classifier recognises these {c} categories: {classes}. First decide which broad groups these "
+        "categories fall into. Then name {n} categories of objects, animals, plants or scenes that look clearly "
+        "different from every one of those groups and are unrelated to them. Answer only with a JSON array of "
+        "{n} short English names."
+    ),
+    "near": (
+        'Name {n} categories that look visually similar to "{name}" in a photograph but come from broader, '
+        'different domains than "{name}" (not the same kind of thing, not a sub-type or synonym of it). '
+        "Answer only with a JSON array of {n} short English names."
+    ),
+    "fine_grained": (
+        "An image classifier recognises these {c} kinds of {super_class}: {classes}. Name {n} other kinds "
+        "of {super_class} that look similar to these but are not among them. Answer only with a JSON "
+        "array of {n} short English names."
+    ),
 }
 
 
-def eoe_messages(task: str, id_names: list[str], *, n: int, name: str | None = None,
-                 super_class: str | None = None) -> Messages:
+def eoe_messages(
+    task: str, id_names: list[str], *, n: int, name: str | None = None, super_class: str | None = None
+) -> Messages:
     """Chat messages for one EOE request (`name` for 'near', `super_class` for 'fine_grained')."""
     if task not in PROMPTS:
         raise ZeroShotError(f"unknown EOE task {task!r}; tasks: {', '.join(EOE_TASKS)}")
-    text = PROMPTS[task].format(c=len(id_names), classes="; ".join(id_names), n=n, name=name,
-                                super_class=super_class)
+    text = PROMPTS[task].format(c=len(id_names), classes="; ".join(id_names), n=n, name=name, super_class=super_class)
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
 
 
@@ -83,8 +90,15 @@ def generate_eoe_outliers(
     failures = 0
     if task == "near":
         prompts = [eoe_messages("near", names, n=per_class, name=n) for n in names]
-        parsed, failed = collect_replies(client, prompts, generations=1, min_items=min(min_items, per_class),
-                                         max_attempts=max_requests, workers=workers, on_progress=on_progress)
+        parsed, failed = collect_replies(
+            client,
+            prompts,
+            generations=1,
+            min_items=min(min_items, per_class),
+            max_attempts=max_requests,
+            workers=workers,
+            on_progress=on_progress,
+        )
         failures = len(failed)
         for per_prompt in parsed:
             kept, gone = id_filter.keep(per_prompt[0])
@@ -106,17 +120,31 @@ def generate_eoe_outliers(
                 on_progress(generation)
     labels = list(collected)[:size]
     if not labels:
-        raise ZeroShotError(f"the LLM gave no usable outlier names for EOE task {task!r} "
-                            f"({failures} unusable replies); check the model and the cached replies in {client.cache_dir}")
+        raise ZeroShotError(
+            f"the LLM gave no usable outlier names for EOE task {task!r} "
+            f"({failures} unusable replies); check the model and the cached replies in {client.cache_dir}"
+        )
     return Vocabulary(
-        name=name or f"eoe-{task}", kind="eoe", labels=labels,
-        params={"task": task, "size": int(size), "per_class": int(per_class) if task == "near" else None,
-                "super_class": super_class, "prompt_version": PROMPT_VERSION, "id_classes": id_classes.hash},
+        name=name or f"eoe-{task}",
+        kind="eoe",
+        labels=labels,
+        params={
+            "task": task,
+            "size": int(size),
+            "per_class": int(per_class) if task == "near" else None,
+            "super_class": super_class,
+            "prompt_version": PROMPT_VERSION,
+            "id_classes": id_classes.hash,
+        },
         provenance={
             "source": "EOE envisioned outliers (Cao et al., ICML 2024), prompts in oodbench's own words",
-            "llm": client.config.public(), "prompt": PROMPTS[task], "system": SYSTEM,
-            "id_classes": id_classes.describe(), "dropped_id_names_or_synonyms": sorted(dropped),
-            "unusable_replies": failures, "requests": dict(client.stats),
+            "llm": client.config.public(),
+            "prompt": PROMPTS[task],
+            "system": SYSTEM,
+            "id_classes": id_classes.describe(),
+            "dropped_id_names_or_synonyms": sorted(dropped),
+            "unusable_replies": failures,
+            "requests": dict(client.stats),
             "short_of_size": max(0, size - len(labels)),
         },
     )

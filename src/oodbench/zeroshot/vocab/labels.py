@@ -1,9 +1,10 @@
 """Label normalisation and the ID filter every vocabulary builder applies (ID names and their WordNet synonyms)."""
+
 from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .lexicon import Lexicon
 
@@ -34,8 +35,9 @@ def dedupe(labels: Iterable[str]) -> list[str]:
 class IdFilter:
     """Recognises ID class names and their WordNet synonyms, so negatives and outliers never duplicate an ID label."""
 
-    def __init__(self, names: Sequence[str], wnids: Sequence[str | None] | None = None,
-                 lexicon: Lexicon | None = None) -> None:
+    def __init__(
+        self, names: Sequence[str], wnids: Sequence[str | None] | None = None, lexicon: Lexicon | None = None
+    ) -> None:
         self.names = frozenset(normalize_label(n) for n in names)
         blocked = set(self.names)
         if lexicon is not None:

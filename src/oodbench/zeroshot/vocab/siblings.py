@@ -7,9 +7,10 @@ synonym of one (or of the class itself) are removed; the generations of a class 
 de-duplicated) and then put in a seeded random order per class, so that keeping the first k per class is a random
 subset whose size can be swept later (seed Figs. A1/A3).
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -26,9 +27,9 @@ __all__ = ["siblings_messages", "generate_siblings", "class_keys", "collect_repl
 PROMPT_VERSION = "siblings-v1"
 SYSTEM = "You are an expert in visual taxonomy who helps build label vocabularies for image classifiers."
 PROMPT = (
-    "Name {n} fine-grained categories that are close siblings of \"{name}\" in a visual taxonomy: things that share "
+    'Name {n} fine-grained categories that are close siblings of "{name}" in a visual taxonomy: things that share '
     "its parent category and could be confused with it in a photograph, but are different things. Do not include "
-    "\"{name}\" itself, its synonyms, or broader or narrower categories of it.{context} Answer only with a JSON array "
+    '"{name}" itself, its synonyms, or broader or narrower categories of it.{context} Answer only with a JSON array '
     "of {n} short English names."
 )
 # Generation index of (generation g, attempt a) in the request cache: distinct for every pair.
@@ -38,8 +39,10 @@ _ATTEMPT_STRIDE = 1000
 def siblings_messages(name: str, n: int, context: str | None = None) -> Messages:
     """Chat messages asking for `n` fine-grained siblings of class `name`."""
     extra = f" The classifier's classes come from {context}." if context else ""
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": PROMPT.format(n=n, name=name, context=extra)}]
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": PROMPT.format(n=n, name=name, context=extra)},
+    ]
 
 
 def class_keys(id_classes: ClassList) -> list[str]:
@@ -57,9 +60,16 @@ def class_keys(id_classes: ClassList) -> list[str]:
     return keys
 
 
-def collect_replies(client: ChatClient, prompts: Sequence[Messages], *, generations: int, min_items: int,
-                    max_attempts: int, workers: int, on_progress: Callable[[int], None] | None = None
-                    ) -> tuple[list[list[list[str]]], list[tuple[int, int]]]:
+def collect_replies(
+    client: ChatClient,
+    prompts: Sequence[Messages],
+    *,
+    generations: int,
+    min_items: int,
+    max_attempts: int,
+    workers: int,
+    on_progress: Callable[[int], None] | None = None,
+) -> tuple[list[list[list[str]]], list[tuple[int, int]]]:
     """Parsed names per prompt and generation, re-asking (new attempt index) replies with < `min_items` names.
 
     Returns (names[prompt][generation], failures) where failures lists (prompt, generation) pairs that never gave
@@ -108,8 +118,15 @@ def generate_siblings(
     min_items = max(1, per_class // 4) if min_items is None else min_items
     lexicon = packaged_lexicon() if lexicon is None else lexicon
     prompts = [siblings_messages(n, per_class, context) for n in id_classes.names]
-    parsed, failures = collect_replies(client, prompts, generations=generations, min_items=min_items,
-                                       max_attempts=max_attempts, workers=workers, on_progress=on_progress)
+    parsed, failures = collect_replies(
+        client,
+        prompts,
+        generations=generations,
+        min_items=min_items,
+        max_attempts=max_attempts,
+        workers=workers,
+        on_progress=on_progress,
+    )
     id_filter = IdFilter(id_classes.names, id_classes.wnids, lexicon)
     keys = class_keys(id_classes)
     per_class_lists: dict[str, list[str]] = {}
@@ -124,12 +141,26 @@ def generate_siblings(
         order = np.random.default_rng([seed, index]).permutation(len(kept))
         per_class_lists[key] = [kept[i] for i in order]
     vocab = Vocabulary(
-        name=name, kind="siblings", labels=[], per_class=per_class_lists,
-        params={"k": int(k), "per_class": int(per_class), "generations": int(generations), "seed": int(seed),
-                "prompt_version": PROMPT_VERSION, "context": context, "id_classes": id_classes.hash},
+        name=name,
+        kind="siblings",
+        labels=[],
+        per_class=per_class_lists,
+        params={
+            "k": int(k),
+            "per_class": int(per_class),
+            "generations": int(generations),
+            "seed": int(seed),
+            "prompt_version": PROMPT_VERSION,
+            "context": context,
+            "id_classes": id_classes.hash,
+        },
         provenance={
-            "source": "LLM per-class siblings", "llm": client.config.public(), "prompt": PROMPT, "system": SYSTEM,
-            "id_classes": id_classes.describe(), "dropped_id_names_or_synonyms": dropped_total,
+            "source": "LLM per-class siblings",
+            "llm": client.config.public(),
+            "prompt": PROMPT,
+            "system": SYSTEM,
+            "id_classes": id_classes.describe(),
+            "dropped_id_names_or_synonyms": dropped_total,
             "classes_without_enough_names": [keys[p] for p, _ in sorted(set(failures))],
             "requests": dict(client.stats),
         },

@@ -8,9 +8,10 @@ percentile of its cosine similarities to the ID names; nouns and adjectives are 
 close) first, and the top M are kept with the two parts in proportion to their sizes. The full rankings are stored
 so any prefix size M can be selected later (seed Fig. A2).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,15 +29,22 @@ __all__ = ["closeness_to_id", "rank_farthest", "mine_wordnet_negatives", "DEFAUL
 DEFAULT_M = 5000
 
 
-def closeness_to_id(candidates: np.ndarray, id_embeddings: np.ndarray, *, percentile: float = 95.0,
-                    chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+def closeness_to_id(
+    candidates: np.ndarray,
+    id_embeddings: np.ndarray,
+    *,
+    percentile: float = 95.0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> np.ndarray:
     """Per candidate, the `percentile`-th percentile (linear interpolation) of its cosine to the ID embeddings."""
     if not 0.0 <= percentile <= 100.0:
         raise ZeroShotError(f"percentile must lie in [0, 100]; got {percentile}")
     if candidates.shape[0] == 0:
         return np.zeros(0)
     if candidates.shape[1] != id_embeddings.shape[1]:
-        raise ZeroShotError(f"candidate embeddings have D={candidates.shape[1]}, ID embeddings D={id_embeddings.shape[1]}")
+        raise ZeroShotError(
+            f"candidate embeddings have D={candidates.shape[1]}, ID embeddings D={id_embeddings.shape[1]}"
+        )
     out = np.empty(candidates.shape[0])
     step = rows_per_chunk(2 * id_embeddings.shape[0], budget_bytes=chunk_bytes)
     for rows in iter_chunks(candidates.shape[0], step):
@@ -77,18 +85,32 @@ def mine_wordnet_negatives(
 
     id_embeddings = embed_labels(embed, list(id_classes.names), (NEGMINING_NOUN_TEMPLATE,))
     ranked = {}
-    for pos, words, template in ((NOUN, nouns, NEGMINING_NOUN_TEMPLATE), (ADJECTIVE, adjectives, NEGMINING_ADJECTIVE_TEMPLATE)):
+    for pos, words, template in (
+        (NOUN, nouns, NEGMINING_NOUN_TEMPLATE),
+        (ADJECTIVE, adjectives, NEGMINING_ADJECTIVE_TEMPLATE),
+    ):
         embeddings = embed_labels(embed, words, (template,))
-        ranked[pos] = rank_farthest(words, closeness_to_id(embeddings, id_embeddings, percentile=percentile)) if words else []
+        ranked[pos] = (
+            rank_farthest(words, closeness_to_id(embeddings, id_embeddings, percentile=percentile)) if words else []
+        )
     vocab = Vocabulary(
-        name=name, kind="wordnet", labels=[], ranked=ranked,
-        params={"m": int(m), "percentile": float(percentile), "exclude_lexnames": list(exclude_lexnames),
-                "noun_template": NEGMINING_NOUN_TEMPLATE, "adjective_template": NEGMINING_ADJECTIVE_TEMPLATE,
-                "id_classes": id_classes.hash},
+        name=name,
+        kind="wordnet",
+        labels=[],
+        ranked=ranked,
+        params={
+            "m": int(m),
+            "percentile": float(percentile),
+            "exclude_lexnames": list(exclude_lexnames),
+            "noun_template": NEGMINING_NOUN_TEMPLATE,
+            "adjective_template": NEGMINING_ADJECTIVE_TEMPLATE,
+            "id_classes": id_classes.hash,
+        },
         provenance={
             "source": "WordNet 3.0 (Princeton) first lemmas, NegMining (Jiang et al., ICLR 2024)",
             "lexicon": "/".join(LEXICON_RESOURCE) if packaged else f"custom ({len(lexicon)} synsets)",
-            "model": model, "id_classes": id_classes.describe(),
+            "model": model,
+            "id_classes": id_classes.describe(),
             "candidates": {"nouns": len(nouns), "adjectives": len(adjectives)},
             "dropped_id_names_or_synonyms": sorted(set(dropped_nouns) | set(dropped_adjectives)),
         },
