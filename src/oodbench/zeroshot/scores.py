@@ -9,15 +9,22 @@ scaled cosine logits (τ = 0.01) and a(x, t) = exp(hᵀt / τ).
 - ``neglabel``: Σ_ID a / (Σ_ID a + Σ_neg a), averaged over g seeded groups of negatives when g > 1.
 - ``eoe``: max ID probability − β · max outlier probability, both under one softmax over ID ∪ outlier labels.
 
-Everything runs over row chunks of images and column blocks of labels with streaming log-sum-exp, so no more than
-one (rows × label-block) array is ever in memory, whatever the number of images or labels. Similarities are
+Everything runs over row tiles of images and column blocks of labels with streaming log-sum-exp, so no more than
+one (tile × label-block) array is ever in memory, whatever the number of images or labels. Similarities are
 computed in float32 (BLAS). The vocabulary scores exponentiate in float32 after subtracting the running maximum
 (values in (0, 1]) and accumulate in float64; the logit-space scores work in float64 on the ID logits.
+
+Results do not depend on ``chunk_bytes``, by construction: the images are cut into fixed tiles of ``ROW_TILE``
+rows at fixed offsets (0, ROW_TILE, 2·ROW_TILE, …), every BLAS call and every reduction sees one whole tile, and
+``chunk_bytes`` only decides how many whole tiles are read at once. A BLAS sums a dot product in an order that
+depends on the shapes of the call (a one-row product takes another kernel than a 37-row one), so cutting rows
+anywhere else would change the float32 similarities in their last bits and, through exp(z / τ), the scores at
+~1e-5 relative.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +54,11 @@ __all__ = [
 
 TAU = 0.01
 LOGIT_SCORES = ("mcm", "maxlogit", "energy", "gen", "entropy", "margin")
-# Labels per column block of the streaming reductions; rows per block follow from the memory budget.
+# Labels per column block of the streaming reductions.
 LABEL_BLOCK = 4096
+# Image rows per tile: the unit of every BLAS call and reduction (see the module docstring); a multiple of every
+# BLAS micro-kernel height. Chunks read from the (memory-mapped) arrays are whole tiles.
+ROW_TILE = 256
 
 
 def unit_rows(array: np.ndarray) -> np.ndarray:
@@ -90,10 +100,22 @@ def _check_tau(tau: float) -> float:
     return float(tau)
 
 
-def _image_chunk(images: np.ndarray, rows: slice) -> np.ndarray:
-    chunk = unit_rows(images[rows])
+def _chunk_rows(row_width: int, chunk_bytes: int) -> int:
+    """Rows read at once: as many whole tiles as fit `chunk_bytes` at `row_width` float64 values a row, at least one."""
+    return max(1, rows_per_chunk(row_width, budget_bytes=chunk_bytes) // ROW_TILE) * ROW_TILE
+
+
+def _chunks_of_tiles(num_rows: int, row_width: int, chunk_bytes: int) -> Iterator[tuple[slice, list[slice]]]:
+    """(chunk, its tiles): chunks of whole tiles to read at once, and the fixed tiles inside each one."""
+    for chunk in iter_chunks(num_rows, _chunk_rows(row_width, chunk_bytes)):
+        yield chunk, list(iter_chunks(chunk.stop - chunk.start, ROW_TILE))
+
+
+def _image_tile(block: np.ndarray, tile: slice, offset: int) -> np.ndarray:
+    """Unit rows of `block[tile]` (a tile of a chunk starting at image row `offset`), checked to be finite."""
+    chunk = unit_rows(block[tile])
     if not np.isfinite(chunk).all():
-        bad = rows.start + int(np.flatnonzero(~np.isfinite(chunk).all(axis=1))[0])
+        bad = offset + tile.start + int(np.flatnonzero(~np.isfinite(chunk).all(axis=1))[0])
         raise ZeroShotError(f"image embedding row {bad} contains NaN or inf")
     return chunk
 
@@ -109,9 +131,9 @@ def _scaled_similarities(h: np.ndarray, texts: np.ndarray, tau: float) -> np.nda
     return z
 
 
-def _block_rows(num_labels: int, dim: int, chunk_bytes: int) -> int:
-    """Image rows per block so that one (rows × label-block) working set stays within the budget."""
-    return rows_per_chunk(2 * min(max(num_labels, 1), LABEL_BLOCK) + dim, budget_bytes=chunk_bytes)
+def _block_width(num_labels: int, dim: int) -> int:
+    """Float64-equivalent values per image row of one (rows × label-block) working set."""
+    return 2 * min(max(num_labels, 1), LABEL_BLOCK) + dim
 
 
 def _streaming_lse(h: np.ndarray, texts: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
@@ -236,11 +258,13 @@ def logit_scores(
     tau = _check_tau(tau)
     out = {name: np.empty(images.shape[0]) for name in names}
     # Every ID logit of a row is needed at once (top-M, top-2, entropy); rows per chunk keep rows × C bounded.
-    step = rows_per_chunk(4 * texts.shape[0] + images.shape[1], budget_bytes=chunk_bytes)
-    for rows in iter_chunks(images.shape[0], step):
-        z = _logits(_image_chunk(images, rows), texts, tau)
-        for name, values in _scores_from_logits(z, names, gen_gamma, gen_top_m).items():
-            out[name][rows] = values
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], 4 * texts.shape[0] + images.shape[1], chunk_bytes):
+        block = np.asarray(images[chunk])
+        for tile in tiles:
+            z = _logits(_image_tile(block, tile, chunk.start), texts, tau)
+            rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
+            for name, values in _scores_from_logits(z, names, gen_gamma, gen_top_m).items():
+                out[name][rows] = values
     return out
 
 
@@ -266,16 +290,19 @@ def glmcm_scores(
     tau = _check_tau(tau)
     num_patches = patches.shape[1]
     out = np.empty(images.shape[0])
-    step = rows_per_chunk(3 * num_patches * texts.shape[0] + num_patches * images.shape[1], budget_bytes=chunk_bytes)
-    for rows in iter_chunks(images.shape[0], step):
-        z = _logits(_image_chunk(images, rows), texts, tau)
-        global_mcm = np.exp(z.max(axis=1) - logsumexp(z))
-        local = unit_rows(patches[rows].reshape(-1, patches.shape[2]))
-        if not np.isfinite(local).all():
-            raise ZeroShotError(f"patch embeddings of rows {rows.start}..{rows.stop - 1} contain NaN or inf")
-        zl = _logits(local, texts, tau)
-        local_mcm = np.exp(zl.max(axis=1) - logsumexp(zl)).reshape(-1, num_patches).max(axis=1)
-        out[rows] = global_mcm + lam * local_mcm
+    width = 3 * num_patches * texts.shape[0] + num_patches * images.shape[1]
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
+        block, patch_block = np.asarray(images[chunk]), np.asarray(patches[chunk])
+        for tile in tiles:
+            rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
+            z = _logits(_image_tile(block, tile, chunk.start), texts, tau)
+            global_mcm = np.exp(z.max(axis=1) - logsumexp(z))
+            local = unit_rows(patch_block[tile].reshape(-1, patches.shape[2]))
+            if not np.isfinite(local).all():
+                raise ZeroShotError(f"patch embeddings of rows {rows.start}..{rows.stop - 1} contain NaN or inf")
+            zl = _logits(local, texts, tau)
+            local_mcm = np.exp(zl.max(axis=1) - logsumexp(zl)).reshape(-1, num_patches).max(axis=1)
+            out[rows] = global_mcm + lam * local_mcm
     return out
 
 
@@ -312,12 +339,15 @@ def neglabel_scores(
     sizes = [len(p) for p in parts]
     grouped = negatives[np.concatenate(parts)]  # each group becomes a contiguous run of rows
     out = np.empty(images.shape[0])
-    step = _block_rows(texts.shape[0] + grouped.shape[0], images.shape[1], chunk_bytes)
-    for rows in iter_chunks(images.shape[0], step):
-        h = _image_chunk(images, rows)
-        lse_id, _ = _streaming_lse(h, texts, tau)
-        # Σ_ID a / (Σ_ID a + Σ_g a) = sigmoid(lse_ID − lse_g), exact and overflow-free.
-        out[rows] = expit(lse_id[:, None] - _group_lse(h, grouped, sizes, tau)).mean(axis=1)
+    width = _block_width(texts.shape[0] + grouped.shape[0], images.shape[1])
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
+        block = np.asarray(images[chunk])
+        for tile in tiles:
+            h = _image_tile(block, tile, chunk.start)
+            lse_id, _ = _streaming_lse(h, texts, tau)
+            # Σ_ID a / (Σ_ID a + Σ_g a) = sigmoid(lse_ID − lse_g), exact and overflow-free.
+            shares = expit(lse_id[:, None] - _group_lse(h, grouped, sizes, tau))
+            out[chunk.start + tile.start : chunk.start + tile.stop] = shares.mean(axis=1)
     return out
 
 
@@ -338,16 +368,19 @@ def eoe_scores(
     if not np.isfinite(beta):
         raise ZeroShotError(f"beta must be a finite number; got {beta!r}")
     out = np.empty(images.shape[0])
-    step = _block_rows(texts.shape[0] + outliers.shape[0], images.shape[1], chunk_bytes)
-    for rows in iter_chunks(images.shape[0], step):
-        h = _image_chunk(images, rows)
-        lse_id, max_id = _streaming_lse(h, texts, tau)
-        if outliers.shape[0] == 0:
-            out[rows] = np.exp(max_id - lse_id)
-            continue
-        lse_out, max_out = _streaming_lse(h, outliers, tau)
-        lse_all = np.logaddexp(lse_id, lse_out)
-        out[rows] = np.exp(max_id - lse_all) - beta * np.exp(max_out - lse_all)
+    width = _block_width(texts.shape[0] + outliers.shape[0], images.shape[1])
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
+        block = np.asarray(images[chunk])
+        for tile in tiles:
+            rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
+            h = _image_tile(block, tile, chunk.start)
+            lse_id, max_id = _streaming_lse(h, texts, tau)
+            if outliers.shape[0] == 0:
+                out[rows] = np.exp(max_id - lse_id)
+                continue
+            lse_out, max_out = _streaming_lse(h, outliers, tau)
+            lse_all = np.logaddexp(lse_id, lse_out)
+            out[rows] = np.exp(max_id - lse_all) - beta * np.exp(max_out - lse_all)
     return out
 
 
