@@ -32,9 +32,9 @@ import numpy as np
 from scipy.special import expit, xlogy
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ..detectors._math import logsumexp
 from ..detectors.base import Paper
 from ..errors import ZeroShotError
+from ..numerics import logsumexp
 
 __all__ = [
     "TAU",
