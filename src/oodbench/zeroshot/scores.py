@@ -32,9 +32,9 @@ import numpy as np
 from scipy.special import expit, xlogy
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ..detectors.base import Paper
 from ..errors import ZeroShotError
 from ..numerics import logsumexp
+from ..papers import Paper
 
 __all__ = [
     "TAU",
