@@ -4,7 +4,7 @@ Talks to any OpenAI-compatible `/chat/completions` endpoint. The model answers i
 closed-world (pick one of the candidate ID classes shown, or NONE) and open-world (name the main
 object freely), plus a one-sentence description. Answers are cached on disk per image and prompt,
 so reruns never pay twice; transient failures (timeouts, 429, 5xx) are retried with backoff. The HTTP
-exchange itself is the zero-shot vocabulary client's (`oodbench.zeroshot.llm.post_chat_completion`).
+exchange itself is the core LLM client's (`oodbench.llm.post_chat_completion`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from ..atomic import atomic_write_text
 from ..errors import ConstructError
-from ..zeroshot.llm import ChatAttemptError, post_chat_completion
+from ..llm import ChatAttemptError, post_chat_completion
 from .protocol import normalise_label
 
 PROMPT_VERSION = "closed-open-v1"

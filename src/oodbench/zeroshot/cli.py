@@ -98,7 +98,7 @@ def _llm_client(
     retries: int | None,
     temperature: float | None,
 ) -> Any:
-    from .llm import ChatClient, LLMConfig
+    from ..llm import ChatClient, LLMConfig
 
     options = {"requests_per_minute": rpm, "timeout_s": timeout, "max_retries": retries, "temperature": temperature}
     config_obj = LLMConfig.resolve(

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...errors import ZeroShotError
+from ...llm import ChatClient, Messages
 from ..classes import ClassList
-from ..llm import ChatClient, Messages
 from .artefact import Vocabulary
 from .labels import IdFilter
 from .lexicon import Lexicon, packaged_lexicon

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ...errors import ZeroShotError
+from ...llm import ChatClient, Messages
 from ..classes import ClassList
-from ..llm import ChatClient, Messages
 from .artefact import Vocabulary
 from .labels import IdFilter, normalize_label
 from .lexicon import Lexicon, packaged_lexicon
@@ -85,7 +85,7 @@ def collect_replies(
         requests = [(prompts[p], g + attempt * _ATTEMPT_STRIDE) for p, g in pending]
         replies = client.complete_many(requests, workers=workers, on_done=on_progress)
         still = []
-        for (p, g), reply in zip(pending, replies):
+        for (p, g), reply in zip(pending, replies, strict=True):
             names = parse_name_list(reply)
             if len(names) >= min_items:
                 parsed[p][g] = names
@@ -131,7 +131,7 @@ def generate_siblings(
     keys = class_keys(id_classes)
     per_class_lists: dict[str, list[str]] = {}
     dropped_total = 0
-    for index, (key, class_name) in enumerate(zip(keys, id_classes.names)):
+    for index, (key, class_name) in enumerate(zip(keys, id_classes.names, strict=True)):
         own = {normalize_label(class_name)} | lexicon.synonyms(class_name)
         merged = [n for generation in parsed[index] for n in generation]
         candidates, dropped = id_filter.keep(merged)

@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_json
-from ..errors import ZeroShotError
+from .atomic import atomic_write_json
+from .errors import OodbenchError
 
 __all__ = ["LLMConfig", "LLMError", "ChatClient", "RateLimiter", "Messages", "ChatAttemptError", "post_chat_completion"]
 
@@ -42,7 +42,7 @@ RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 CACHE_FORMAT = 1
 
 
-class LLMError(ZeroShotError):
+class LLMError(OodbenchError):
     """The chat endpoint could not give a usable answer (after retries where retrying makes sense)."""
 
 
