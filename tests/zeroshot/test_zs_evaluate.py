@@ -15,11 +15,11 @@ from oodbench.report.tables import coerce_vocabularies, parse_vocabulary_score
 from oodbench.results import ResultRow, read_rows
 from oodbench.scores import load_scores
 from oodbench.store import Store
+from oodbench.templates import SEED_TEMPLATES
 from oodbench.zeroshot import evaluate as E
 from oodbench.zeroshot import scores as S
 from oodbench.zeroshot.classes import ClassList
 from oodbench.zeroshot.table import RunView, find_runs, load_run, sweep_markdown, table2_markdown
-from oodbench.zeroshot.templates import SEED_TEMPLATES
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 
 DIM = 10

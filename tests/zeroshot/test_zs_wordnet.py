@@ -10,8 +10,8 @@ import pytest
 from zeroshot_helpers import HashEmbedder, shared_or_skip
 
 from oodbench.errors import ZeroShotError
+from oodbench.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from oodbench.zeroshot.classes import ClassList, load_classes
-from oodbench.zeroshot.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, split_prefix
 from oodbench.zeroshot.vocab.labels import IdFilter, normalize_label
 from oodbench.zeroshot.vocab.lexicon import (

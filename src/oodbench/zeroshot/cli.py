@@ -69,21 +69,10 @@ def _embedder(
     store: Path, model_id: str, openclip_model: str | None, pretrained: str | None, device: str
 ) -> Callable[..., Any]:
     """Embedding function over the store's text cache, loading the open_clip model only if something is missing."""
-    from ..store import Store
-    from .text import bundle_loader, store_embedder
+    # The one place zeroshot meets extract: this command wires the open_clip text tower into the scores.
+    from ..extract.label_embedder import embedder_for
 
-    root = Store(store)
-    if openclip_model:
-        from ..extract.openclip import load_openclip
-
-        return store_embedder(root, model_id, load_bundle=lambda: load_openclip(openclip_model, pretrained, device))
-    images = [d for d in root.datasets(model_id) if not d.startswith("text-")]
-    if not images:
-        # Text-only work on a fresh model id: nothing records which network it is.
-        return store_embedder(root, model_id)
-    return store_embedder(
-        root, model_id, load_bundle=bundle_loader(root, model_id, images[0], pretrained=pretrained, device=device)
-    )
+    return embedder_for(store, model_id, openclip_model, pretrained, device)
 
 
 def _llm_client(
@@ -139,12 +128,8 @@ def evaluate_command(
         help="Score(s) every vocabulary feeds (default: eoe for EOE lists, neglabel for the others).",
     ),
     sweep_k: str | None = typer.Option(None, "--sweep-k", help="Siblings per class to sweep, e.g. 1,2,5,10,20."),
-    sweep_m: str | None = typer.Option(
-        None, "--sweep-m", help="WordNet prefix sizes to sweep, e.g. 1000,5000,10000."
-    ),
-    param: list[str] | None = typer.Option(
-        None, "--param", "-p", help="SCORE.PARAM=VALUE, e.g. neglabel.groups=100."
-    ),
+    sweep_m: str | None = typer.Option(None, "--sweep-m", help="WordNet prefix sizes to sweep, e.g. 1000,5000,10000."),
+    param: list[str] | None = typer.Option(None, "--param", "-p", help="SCORE.PARAM=VALUE, e.g. neglabel.groups=100."),
     tau: float | None = typer.Option(None, "--tau", help="Temperature of every score (default 0.01)."),
     out: Path = typer.Option(Path("oodbench-zeroshot"), "--out", help="Output folder; one run directory per model."),
     pretrained: str | None = typer.Option(
@@ -394,9 +379,7 @@ def build_siblings(
         help="API key (default $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
     ),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
-    llm_cache: Path | None = typer.Option(
-        None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."
-    ),
+    llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
     rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request (default 120)."),
@@ -459,9 +442,7 @@ def build_eoe(
     llm_model: str | None = typer.Option(None, "--llm-model", help="Model name."),
     llm_api_key: str | None = typer.Option(None, "--llm-api-key", envvar="OODBENCH_LLM_API_KEY", help="API key."),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
-    llm_cache: Path | None = typer.Option(
-        None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."
-    ),
+    llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
     rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests (near task)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request."),

@@ -31,9 +31,9 @@ from ..progress import progress_bar
 from ..results import ResultRow, rows_from_metrics, write_rows
 from ..scores import load_scores, save_scores, score_path
 from ..store import Store
+from ..templates import SEED_TEMPLATES
 from .classes import ClassList
 from .scores import LOGIT_SCORES, SCORES, get_score, glmcm_scores, logit_scores
-from .templates import SEED_TEMPLATES
 from .text import EmbedFn, embed_labels
 from .vocab.artefact import KINDS, Vocabulary
 from .vocab.labels import IdFilter

@@ -197,7 +197,7 @@ class VocabStore:
         """Store `vocab` (a new version unless identical content is stored); returns it with its version set."""
         digest = vocab.hash
         versions = self._versions(vocab.name)
-        for number, short, path in versions:
+        for _number, short, path in versions:
             if short == digest[:12]:
                 return self._read(path)
         vocab.version = (versions[-1][0] + 1) if versions else 1

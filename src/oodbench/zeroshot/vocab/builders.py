@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ZeroShotError
+from ...templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from ..classes import ClassList, read_list_file
-from ..templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from .artefact import ADJECTIVE, KINDS, NOUN, Vocabulary
 from .labels import IdFilter, dedupe, normalize_label
 from .lexicon import Lexicon, packaged_lexicon
@@ -107,7 +107,7 @@ def import_vocabulary(
 
     if isinstance(content, dict):
         class_names = (
-            {normalize_label(n): key for n, key in zip(id_classes.names, class_keys(id_classes))}
+            {normalize_label(n): key for n, key in zip(id_classes.names, class_keys(id_classes), strict=True)}
             if id_classes is not None
             else {}
         )
@@ -125,8 +125,8 @@ def import_vocabulary(
         positions = [_strip_prompt(lbl)[1] for lbl in raw] if strip_prompts else [None] * len(raw)
         if kind == "wordnet" and raw and all(p is not None for p in positions):
             ranked = {
-                NOUN: clean([l for l, p in zip(raw, positions) if p == NOUN]),
-                ADJECTIVE: clean([l for l, p in zip(raw, positions) if p == ADJECTIVE]),
+                NOUN: clean([label for label, p in zip(raw, positions, strict=True) if p == NOUN]),
+                ADJECTIVE: clean([label for label, p in zip(raw, positions, strict=True) if p == ADJECTIVE]),
             }
         labels = clean(raw)
     params: dict[str, Any] = {

@@ -42,7 +42,7 @@ class IdFilter:
         blocked = set(self.names)
         if lexicon is not None:
             wnid_list = list(wnids) if wnids is not None else [None] * len(names)
-            for name, wnid in zip(names, wnid_list):
+            for name, wnid in zip(names, wnid_list, strict=True):
                 blocked |= lexicon.synonyms(name, wnid)
         self.blocked = frozenset(blocked)
 
