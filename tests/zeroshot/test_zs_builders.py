@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from zeroshot_helpers import shared_or_skip
 
+from oodbench.classes import ClassList, load_classes
 from oodbench.errors import ZeroShotError
 from oodbench.outputs import Outputs
 from oodbench.store import Store
-from oodbench.zeroshot.classes import ClassList, load_classes
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 from oodbench.zeroshot.vocab.builders import build_oracle, build_union, import_vocabulary, oracle_labels_from_store
 

@@ -10,6 +10,7 @@ import pytest
 from zeroshot_helpers import HashEmbedder
 
 from oodbench import metrics
+from oodbench.classes import ClassList
 from oodbench.outputs import Outputs
 from oodbench.report.tables import coerce_vocabularies, parse_vocabulary_score
 from oodbench.results import ResultRow, read_rows
@@ -18,7 +19,6 @@ from oodbench.store import Store
 from oodbench.templates import SEED_TEMPLATES
 from oodbench.zeroshot import evaluate as E
 from oodbench.zeroshot import scores as S
-from oodbench.zeroshot.classes import ClassList
 from oodbench.zeroshot.table import RunView, find_runs, load_run, sweep_markdown, table2_markdown
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 

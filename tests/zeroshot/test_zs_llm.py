@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from oodbench.classes import ClassList
 from oodbench.errors import ZeroShotError
 from oodbench.llm import ChatClient, LLMConfig, LLMError, RateLimiter
-from oodbench.zeroshot.classes import ClassList
 from oodbench.zeroshot.vocab.artefact import VocabStore
 from oodbench.zeroshot.vocab.eoe import generate_eoe_outliers
 from oodbench.zeroshot.vocab.parsing import parse_name_list

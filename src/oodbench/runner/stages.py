@@ -88,7 +88,7 @@ _NEEDS: dict[str, tuple[tuple[str, str, str], ...]] = {
     ),
     "zeroshot": (
         ("zero-shot evaluation", "oodbench.zeroshot.evaluate", "evaluate_zeroshot_store"),
-        ("zero-shot class lists", "oodbench.zeroshot.classes", "load_classes"),
+        ("zero-shot class lists", "oodbench.classes", "load_classes"),
         ("label embeddings", "oodbench.extract.label_embedder", "store_embedder"),
     ),
     "wordnet": (("NegMining vocabularies", "oodbench.zeroshot.vocab.wordnet_negmining", "mine_wordnet_negatives"),),
@@ -501,8 +501,8 @@ def _vocab_summary(vocab: Any) -> dict[str, Any]:
 def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
     require("zeroshot")
+    from ..classes import load_classes
     from ..extract.label_embedder import bundle_loader, store_embedder
-    from ..zeroshot.classes import load_classes
     from ..zeroshot.evaluate import evaluate_zeroshot_store, make_plan
     from ..zeroshot.vocab.artefact import VocabStore
 

@@ -147,9 +147,9 @@ def evaluate_command(
       oodbench zeroshot evaluate --store feats --model ViT-B-16@openai --id imagenet-val --ood ninco \\
           --ood ssb-hard --vocab all --vocab-dir vocab --sweep-k 1,5,10,20 -p neglabel.groups=100 --out runs/zs
     """
+    from ..classes import load_classes
     from ..cli_params import parse_params
     from ..store import Store
-    from .classes import load_classes
     from .evaluate import DEFAULT_SCORES, evaluate_zeroshot_store, make_plan
     from .table import load_run, table2_markdown
     from .vocab.artefact import VocabStore
@@ -305,7 +305,7 @@ def vocab_import(
     Example:
       oodbench zeroshot vocab import selected_neg_labels_in1k_10k.txt --name neglabel-ref --kind wordnet
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .vocab.builders import import_vocabulary
 
     with _reported():
@@ -339,7 +339,7 @@ def build_wordnet(
     Example:
       oodbench zeroshot vocab build wordnet --store feats --model ViT-B-16@openai --m 5000 --vocab-dir vocab
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .vocab.lexicon import NEGLABEL_EXCLUDED_LEXNAMES, Lexicon
     from .vocab.wordnet_negmining import mine_wordnet_negatives
 
@@ -393,8 +393,8 @@ def build_siblings(
       oodbench zeroshot vocab build siblings --llm-base-url http://127.0.0.1:8000/v1 --llm-model qwen2.5-7b-instruct \\
           --generations 3 --k 20 --context ImageNet-1k --vocab-dir vocab
     """
+    from ..classes import load_classes
     from ..progress import progress_bar
-    from .classes import load_classes
     from .vocab.siblings import generate_siblings
 
     directory = vocab_dir or _default_vocab_dir()
@@ -454,7 +454,7 @@ def build_eoe(
     Example:
       oodbench zeroshot vocab build eoe --task far --size 500 --llm-base-url http://127.0.0.1:8000/v1 --llm-model m
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .vocab.eoe import generate_eoe_outliers
 
     directory = vocab_dir or _default_vocab_dir()
@@ -512,8 +512,8 @@ def build_oracle_command(
     Example:
       oodbench zeroshot vocab build oracle --store feats --model ViT-B-16@openai --dataset inat-plants --dataset places
     """
+    from ..classes import load_classes
     from ..store import Store
-    from .classes import load_classes
     from .vocab.builders import build_oracle, oracle_labels_from_store, read_label_file
 
     with _reported():

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import metrics
 from ..atomic import atomic_write_json, atomic_write_text
+from ..classes import ClassList
 from ..errors import ZeroShotError
 from ..outputs import Outputs
 from ..progress import progress_bar
@@ -32,7 +33,6 @@ from ..results import ResultRow, rows_from_metrics, write_rows
 from ..scores import load_scores, save_scores, score_path
 from ..store import Store
 from ..templates import SEED_TEMPLATES
-from .classes import ClassList
 from .scores import LOGIT_SCORES, SCORES, get_score, glmcm_scores, logit_scores
 from .text import EmbedFn, embed_labels
 from .vocab.artefact import KINDS, Vocabulary

@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...classes import ClassList, normalize_label
 from ...errors import ZeroShotError
 from ...templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
-from ..classes import ClassList, read_list_file
 from .artefact import ADJECTIVE, KINDS, NOUN, Vocabulary
-from .labels import IdFilter, dedupe, normalize_label
+from .labels import IdFilter, dedupe
 from .lexicon import Lexicon, packaged_lexicon
 from .siblings import class_keys
 
 __all__ = ["build_union", "build_oracle", "oracle_labels_from_store", "import_vocabulary", "read_label_file"]
+
+
+def read_list_file(path: str | os.PathLike[str], what: str) -> tuple[Any, bool]:
+    """(parsed value, True) for a `.json` file; (stripped lines without blanks and '#' comments, False) otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ZeroShotError(f"{what} {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() != ".json":
+        return [line for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")], False
+    try:
+        return json.loads(text), True
+    except json.JSONDecodeError as exc:
+        raise ZeroShotError(f"{path} is not valid JSON: {exc}") from None
 
 
 def build_union(wordnet: Vocabulary, siblings: Vocabulary, *, name: str = "union") -> Vocabulary:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 
-from .labels import normalize_label
+from ...classes import normalize_label
 
 __all__ = ["parse_name_list"]
 

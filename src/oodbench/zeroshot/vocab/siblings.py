@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ...classes import ClassList, normalize_label
 from ...errors import ZeroShotError
 from ...llm import ChatClient, Messages
-from ..classes import ClassList
 from .artefact import Vocabulary
-from .labels import IdFilter, normalize_label
+from .labels import IdFilter
 from .lexicon import Lexicon, packaged_lexicon
 from .parsing import parse_name_list
 
