@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from zeroshot_helpers import shared_or_skip
 
-from oodbench.classes import ClassList, load_classes
+from oodbench.classes import ClassList, ClassListError, imagenet_wnids, load_classes
 from oodbench.errors import ZeroShotError
 from oodbench.outputs import Outputs
 from oodbench.store import Store
@@ -123,26 +123,40 @@ def test_import_json_shapes(tmp_path):
 
 
 def test_class_lists(tmp_path):
-    path = shared_or_skip("vlm", "MCM", "ImageNet10", "class_list.txt")
+    # Self-contained: the subset, index and CSV files are written from timm's ImageNet metadata (the package's
+    # source of WordNet ids), in the formats of MCM's ImageNet-10 lists and the Keras class index.
+    wnids, lemmas = imagenet_wnids()
+    picked = list(wnids[::100])
+    path = tmp_path / "class_list.txt"
+    path.write_text("\n".join(picked) + "\n")
     subset = load_classes(f"imagenet1k@{path}")
-    assert len(subset) == 10 and subset.wnids[0] == path.read_text().split()[0]
+    assert len(subset) == 10 and subset.wnids == tuple(picked)
     full = load_classes("imagenet1k")
     assert len(full) == 1000 and full.names[0] == "tench" and full.wnids[0] == "n01440764"
-    assert load_classes("imagenet1k:timm").names[1] == "goldfish"
-    index = shared_or_skip("vlm", "MCM", "ImageNet", "imagenet_class_index.json")
+    assert subset.names == tuple(full.names[i] for i in range(0, 1000, 100))
+    assert load_classes("imagenet-1k") == full  # the annotation app's spelling of the same spec
+    timm_names = load_classes("imagenet1k:timm")
+    assert timm_names.names[1] == "goldfish" and timm_names.wnids == full.wnids
+    index = tmp_path / "imagenet_class_index.json"
+    index.write_text(json.dumps({str(i): [w, lemmas[w].split(",")[0].replace(" ", "_")] for i, w in enumerate(wnids)}))
     from_index = load_classes(str(index))
-    assert from_index.wnids == full.wnids  # same synset order as timm's metadata
-    csv = shared_or_skip("vlm", "MCM", "ImageNet10", "ImageNet-10-classlist.csv")
+    assert from_index.wnids == full.wnids and from_index.names == timm_names.names
+    csv = tmp_path / "classlist.csv"
+    csv.write_text("".join(f"{w},{lemmas[w].split(',')[0]}\n" for w in picked))
     from_csv = load_classes(str(csv))
-    assert from_csv.wnids == subset.wnids and from_csv.names[0] == "warplane"
+    assert from_csv.wnids == subset.wnids and from_csv.names[0] == "tench"
     txt = tmp_path / "c.txt"
     txt.write_text("n01440764\tfish\nbus\n")
     classes = load_classes(str(txt))
     assert classes.names == ("fish", "bus") and classes.wnids == ("n01440764", None)
     assert classes.hash != ClassList(("fish", "bus"), None, "x").hash
+    assert ClassList.from_json(classes.to_json()) == classes
+    assert ClassList.from_json({"names": ["a", "b"], "folders": ["c00", "c01"]}).wnids == ("c00", "c01")
     only_ids = tmp_path / "ids.txt"
     only_ids.write_text("n01440764\nn01443537\n")
-    with pytest.raises(ZeroShotError, match="imagenet1k@"):
+    with pytest.raises(ClassListError, match="imagenet1k@"):
         load_classes(str(only_ids))
-    with pytest.raises(ZeroShotError, match="empty"):
+    with pytest.raises(ClassListError, match="class list not found"):
+        load_classes(str(tmp_path / "missing.txt"))
+    with pytest.raises(ClassListError, match="empty"):
         ClassList((), None, "nothing")
