@@ -32,8 +32,8 @@ def logit_error(dim: int, tau: float) -> float:
     """Bound on |z − hᵀt/τ| (h, t the exact unit vectors) for z = fl(fl(ĥᵀt̂) · fl(1/τ)) on float32 unit rows ĥ, t̂.
 
     - the float32 dot product of length D: |fl(ĥᵀt̂) − ĥᵀt̂| ≤ γ_D ‖ĥ‖‖t̂‖, γ_D = Du / (1 − Du) (Higham, Thm 3.5);
-    - ĥ, t̂ scaled to unit norm in float32: each within (D/2 + 2)u of the exact unit vector, so
-      |ĥᵀt̂ − hᵀt| ≤ (D + 4)u and ‖ĥ‖‖t̂‖ ≤ 1 + (D + 4)u;
+    - ĥ, t̂ scaled to unit norm in float32 (an exact power-of-two scaling, then divided by their norm): each
+      within (D/2 + 2)u of the exact unit vector, so |ĥᵀt̂ − hᵀt| ≤ (D + 4)u and ‖ĥ‖‖t̂‖ ≤ 1 + (D + 4)u;
     - the scaling by fl(1/τ) in float32: 2u relative on |z| ≤ (1 + (D + 4)u)/τ.
     """
     gamma = dim * U / (1 - dim * U)
@@ -325,3 +325,61 @@ def test_compute_score_dispatch_and_errors(random_set):
         S.neglabel_scores(bad, ids, negatives)
     with pytest.raises(ZeroShotError, match=r"\(N=37, P, D=12\)"):
         S.glmcm_scores(images, np.zeros((37, 4, 11)), ids)
+
+
+# ----------------------------------------------------------------------------------------------- unusable rows
+@pytest.mark.parametrize("which", ["image", "id", "negative", "outlier", "patch"])
+def test_an_all_zero_row_is_refused_naming_the_array_and_row(random_set, which):
+    # Before: an all-zero row was scored silently (a zero image got MCM = 1/C).
+    images, ids, negatives = random_set
+    images, ids, negatives = images.copy(), ids.copy(), negatives.copy()
+    patches = np.repeat(images[:, None, :], 3, axis=1)
+    if which == "image":
+        images[5] = 0
+        call, expected = (lambda: S.logit_scores(images, ids)), "image embedding row 5 is all zeros"
+    elif which == "id":
+        ids[2] = 0
+        call, expected = (lambda: S.neglabel_scores(images, ids, negatives)), "ID label embeddings row 2 is all zeros"
+    elif which == "negative":
+        negatives[7] = 0
+        call = lambda: S.neglabel_scores(images, ids, negatives)  # noqa: E731
+        expected = "negative label embeddings row 7 is all zeros"
+    elif which == "outlier":
+        negatives[0] = 0
+        call, expected = (lambda: S.eoe_scores(images, ids, negatives)), "outlier label embeddings row 0 is all zeros"
+    else:
+        patches[3, 1] = 0
+        call, expected = (lambda: S.glmcm_scores(images, patches, ids)), "patch embedding 1 of image row 3 is all zeros"
+    with pytest.raises(ZeroShotError, match=expected):
+        call()
+
+
+def test_a_finite_value_beyond_float32_is_reported_as_such(random_set):
+    # Before: a float64 1e39 (finite) became inf in float32 and was reported as "contains NaN or inf".
+    images, ids, negatives = random_set
+    big = images.astype(np.float64)
+    big[4, 2] = 1e39
+    with pytest.raises(
+        ZeroShotError, match=r"image embedding row 4 has a value of magnitude 1e\+39, above the float32"
+    ):
+        S.neglabel_scores(big, ids, negatives)
+    big_ids = ids.astype(np.float64)
+    big_ids[1, 0] = -1e39
+    with pytest.raises(ZeroShotError, match=r"ID label embeddings row 1 has a value of magnitude 1e\+39"):
+        S.logit_scores(images, big_ids)
+    nan = images.copy()
+    nan[6, 0] = np.nan
+    with pytest.raises(ZeroShotError, match="image embedding row 6 contains NaN or inf"):
+        S.logit_scores(nan, ids)
+
+
+def test_huge_and_tiny_float32_rows_normalise_like_unit_rows(random_set):
+    # |x| = 1e30 squares to inf and |x| = 1e-30 to 0 in float32: rows are scaled by their largest value first.
+    # Before: the norm overflowed (or underflowed) and the row was scored as all zeros (or as inf/NaN).
+    images, ids, negatives = random_set
+    base = S.neglabel_scores(images, ids, negatives)
+    # images · scale rounds each component once more (the scale is not a power of two): one more u per
+    # component, well inside the logit bound, so the two runs agree within 4·lse (lse_error) relative.
+    bound = 1.01 * 4 * lse_error(12, S.TAU, len(ids) + len(negatives))
+    for scale in (np.float32(1e30), np.float32(1e-30)):
+        np.testing.assert_allclose(S.neglabel_scores(images * scale, ids, negatives), base, rtol=bound)

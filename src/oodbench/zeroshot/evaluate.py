@@ -304,6 +304,12 @@ def evaluate_zeroshot(
         for detector, run in plan.runs.items():
             bar.update(task, description=detector)
             labels, dropped = id_filter.keep(run.labels())
+            if not labels:
+                # No negatives would make NegLabel 1 for every image (AUROC 0.5): a silent, meaningless column.
+                raise ZeroShotError(
+                    f"{detector}: vocabulary {run.vocab.name!r} has no label left after removing the ID class names "
+                    f"and their WordNet synonyms ({len(run.labels())} labels, {len(dropped)} of them ID names)"
+                )
             detectors[detector].update(num_labels=len(labels), dropped_id_labels=len(dropped))
             if not from_cache(detector):
                 matrix = vocab_text(run, labels)

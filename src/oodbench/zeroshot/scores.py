@@ -61,11 +61,55 @@ LABEL_BLOCK = 4096
 ROW_TILE = 256
 
 
-def unit_rows(array: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit ℓ2 norm as float32 (a copy); all-zero rows stay zero."""
-    values = np.asarray(array, dtype=np.float32)
-    norms = np.linalg.norm(values, axis=-1, keepdims=True)
-    return values / np.maximum(norms, np.float32(1e-12))
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _bad_row(array: np.ndarray) -> tuple[int, str] | None:
+    """(first bad row, what is wrong with it) of a 2-D array the scores cannot use, or None."""
+    finite = np.isfinite(array).all(axis=1)
+    if not finite.all():
+        return int(np.flatnonzero(~finite)[0]), "contains NaN or inf"
+    magnitude = np.abs(array).max(axis=1) if array.size else np.zeros(array.shape[0])
+    if array.dtype.itemsize > 4:
+        above = magnitude > _FLOAT32_MAX
+        if above.any():
+            row = int(np.flatnonzero(above)[0])
+            return row, (
+                f"has a value of magnitude {magnitude[row]:.3g}, above the float32 range (largest {_FLOAT32_MAX:.3g}) "
+                "the scores compute in; rescale the embeddings"
+            )
+    zero = magnitude == 0
+    if zero.any():
+        return int(np.flatnonzero(zero)[0]), "is all zeros: an embedding with no direction (a failed or padded row?)"
+    return None
+
+
+def _unit(values: np.ndarray) -> np.ndarray:
+    """Rows of a checked array scaled to unit ℓ2 norm in float32.
+
+    Each row is first scaled by the power of two that brings its largest |value| into [0.5, 1): exact, so the
+    result is bit for bit x / ‖x‖ wherever that is computable, and squares of values near the float32 limit
+    cannot overflow nor squares of tiny values underflow.
+    """
+    values = np.asarray(values, dtype=np.float32)
+    _, exponent = np.frexp(np.abs(values).max(axis=-1, keepdims=True))
+    scaled = np.ldexp(values, -exponent).astype(np.float32, copy=False)
+    scaled /= np.linalg.norm(scaled, axis=-1, keepdims=True)
+    return scaled
+
+
+def unit_rows(array: np.ndarray, what: str = "embedding", first_row: int = 0) -> np.ndarray:
+    """Rows scaled to unit ℓ2 norm as float32 (a copy).
+
+    A row that cannot be normalised — NaN or inf, a value beyond the float32 range, all zeros — raises a
+    ZeroShotError naming `what` and the row (numbered from `first_row`).
+    """
+    values = np.asarray(array)
+    values2d = values.reshape(-1, values.shape[-1]) if values.ndim != 2 else values
+    bad = _bad_row(values2d)
+    if bad is not None:
+        raise ZeroShotError(f"{what} row {first_row + bad[0]} {bad[1]}")
+    return _unit(values)
 
 
 def _check_texts(name: str, texts: object, dim: int | None, *, allow_empty: bool = False) -> np.ndarray:
@@ -80,9 +124,9 @@ def _check_texts(name: str, texts: object, dim: int | None, *, allow_empty: bool
         raise ZeroShotError(
             f"{name} has D={array.shape[1]} but the image embeddings have D={dim}; were they made by the same model?"
         )
-    if not np.isfinite(array).all():
-        raise ZeroShotError(f"{name} contains NaN or inf")
-    return unit_rows(array)
+    if array.shape[0] == 0:
+        return array.astype(np.float32)
+    return unit_rows(array, name)
 
 
 def _check_images(images: object) -> np.ndarray:
@@ -112,12 +156,8 @@ def _chunks_of_tiles(num_rows: int, row_width: int, chunk_bytes: int) -> Iterato
 
 
 def _image_tile(block: np.ndarray, tile: slice, offset: int) -> np.ndarray:
-    """Unit rows of `block[tile]` (a tile of a chunk starting at image row `offset`), checked to be finite."""
-    chunk = unit_rows(block[tile])
-    if not np.isfinite(chunk).all():
-        bad = offset + tile.start + int(np.flatnonzero(~np.isfinite(chunk).all(axis=1))[0])
-        raise ZeroShotError(f"image embedding row {bad} contains NaN or inf")
-    return chunk
+    """Unit rows of `block[tile]` (a tile of a chunk starting at image row `offset`), checked (see `unit_rows`)."""
+    return unit_rows(block[tile], "image embedding", offset + tile.start)
 
 
 def _logits(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
@@ -297,9 +337,12 @@ def glmcm_scores(
             rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
             z = _logits(_image_tile(block, tile, chunk.start), texts, tau)
             global_mcm = np.exp(z.max(axis=1) - logsumexp(z))
-            local = unit_rows(patch_block[tile].reshape(-1, patches.shape[2]))
-            if not np.isfinite(local).all():
-                raise ZeroShotError(f"patch embeddings of rows {rows.start}..{rows.stop - 1} contain NaN or inf")
+            flat = patch_block[tile].reshape(-1, patches.shape[2])
+            bad = _bad_row(flat)
+            if bad is not None:
+                image, patch = divmod(bad[0], num_patches)
+                raise ZeroShotError(f"patch embedding {patch} of image row {rows.start + image} {bad[1]}")
+            local = _unit(flat)
             zl = _logits(local, texts, tau)
             local_mcm = np.exp(zl.max(axis=1) - logsumexp(zl)).reshape(-1, num_patches).max(axis=1)
             out[rows] = global_mcm + lam * local_mcm

@@ -33,4 +33,4 @@ def embed_labels(embed: EmbedFn, labels: Sequence[str], templates: Sequence[str]
         raise ZeroShotError(f"the text embedding function returned shape {array.shape} for {len(labels)} labels")
     if not np.isfinite(array).all():
         raise ZeroShotError("the text embedding function returned NaN or inf")
-    return unit_rows(array)
+    return unit_rows(array, "label embedding")

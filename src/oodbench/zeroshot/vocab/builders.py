@@ -167,6 +167,13 @@ def import_vocabulary(
         },
     )
     vocab.labels = vocab.select() if (ranked is not None or per_class is not None) else labels
+    if not vocab.labels:
+        if dropped:
+            raise ZeroShotError(
+                f"{path}: every label is an ID class name or one of its WordNet synonyms ({len(set(dropped))} "
+                "dropped), so the vocabulary would be empty"
+            )
+        raise ZeroShotError(f"{path} holds no labels")
     return vocab
 
 
