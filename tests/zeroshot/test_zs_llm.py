@@ -149,9 +149,13 @@ def test_siblings_survive_failures_and_a_resumed_run_sends_nothing(tmp_path, toy
         again = generate_siblings(
             CLASSES, resumed, per_class=6, k=3, seed=1, workers=2, lexicon=toy_lexicon, min_items=3
         )
-        assert len(server.prompts) == 12  # nothing sent twice
-        assert resumed.stats["requests"] == 0 and resumed.stats["cache_hits"] == 8
+        # Nothing usable is sent twice; the unparseable first reply of 'prose' was not cached, so it is asked again.
+        assert len(server.prompts) == 13 and quoted_name(server.prompts[-1]) == "prose"
+        assert resumed.stats["requests"] == 1 and resumed.stats["cache_hits"] == 6
         assert again.hash == vocab.hash
+        third = client_for(server, tmp_path / "cache")
+        generate_siblings(CLASSES, third, per_class=6, k=3, seed=1, workers=2, lexicon=toy_lexicon, min_items=3)
+        assert third.stats["requests"] == 0 and len(server.prompts) == 13
 
 
 def test_siblings_order_is_seeded_per_class_and_generations_merge(tmp_path, toy_lexicon):
@@ -207,15 +211,20 @@ def test_eoe_far_asks_again_until_enough_names_and_resumes(tmp_path, toy_lexicon
         assert vocab.kind == "eoe" and vocab.params["task"] == "far"
         assert vocab.provenance["unusable_replies"] == 1
         assert "cat; dog" in server.prompts[0]
+        # The unusable reply was not cached: a rerun asks that request again (and gets names this time).
         again = generate_eoe_outliers(
             classes, client_for(server, tmp_path / "c"), task="far", size=10, lexicon=toy_lexicon
         )
-        assert len(server.prompts) == 4 and again.hash == vocab.hash
+        assert len(server.prompts) == 5 and again.provenance["unusable_replies"] == 0
+        third = generate_eoe_outliers(
+            classes, client_for(server, tmp_path / "c"), task="far", size=10, lexicon=toy_lexicon
+        )
+        assert len(server.prompts) == 5 and third.hash == again.hash
 
         near = generate_eoe_outliers(
             classes, client_for(server, tmp_path / "d"), task="near", per_class=3, lexicon=toy_lexicon, min_items=1
         )
-        assert {p.split('"')[1] for p in server.prompts[4:]} == {"cat", "dog"}
+        assert {p.split('"')[1] for p in server.prompts[5:]} == {"cat", "dog"}
         assert "cat" not in near.labels and "kitty" not in near.labels
     with pytest.raises(ZeroShotError, match="super-category"):
         generate_eoe_outliers(classes, client_for(server, tmp_path / "e"), task="fine_grained")

@@ -174,8 +174,8 @@ class LLMDescriber:
                 problem = exc.problem
                 if not exc.retryable:
                     break
-                if exc.retry_after is not None:
-                    wait = min(exc.retry_after, 30.0)
+                if exc.retry_after is not None:  # lengthens the backoff, never shortens it ("Retry-After: 0")
+                    wait = max(wait, min(exc.retry_after, 30.0))
             if attempt < cfg.max_retries:
                 time.sleep(wait)
         raise ConstructError(f"LLM endpoint {url} failed after {attempt + 1} attempt(s): {problem}")

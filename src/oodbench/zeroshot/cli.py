@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from ..errors import OodbenchError
+from ..llm import LLMInterrupted
 
 app = typer.Typer(
     help="Zero-shot VLM OOD scores (MCM … GL-MCM, NegLabel, EOE) and negative-label vocabularies.", no_args_is_help=True
@@ -40,6 +41,9 @@ def _reported() -> Iterator[None]:
     """Turn a library error into `error: …` on stderr and exit status 2 (never a traceback)."""
     try:
         yield
+    except LLMInterrupted as exc:  # Ctrl-C during LLM requests: say what was kept, exit like an interrupt
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=130) from None
     except OodbenchError as exc:
         _fail(exc)
 
@@ -375,8 +379,7 @@ def build_siblings(
     llm_api_key: str | None = typer.Option(
         None,
         "--llm-api-key",
-        envvar="OODBENCH_LLM_API_KEY",
-        help="API key (default $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
+        help="API key (else the --llm-config file's api_key, else $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
     ),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
     llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
@@ -385,6 +388,12 @@ def build_siblings(
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request (default 120)."),
     retries: int | None = typer.Option(None, "--retries", help="Retries of transient failures (default 5)."),
     temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature (default 1.0)."),
+    max_attempts: int = typer.Option(
+        3, "--max-attempts", help="How often one run asks a class whose reply gave too few usable names."
+    ),
+    allow_incomplete: bool = typer.Option(
+        False, "--allow-incomplete", help="Save the vocabulary even if some classes got no usable answer."
+    ),
     vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Ask an LLM for fine-grained near siblings of every ID class (cached, resumable).
@@ -415,13 +424,15 @@ def build_siblings(
                 workers=workers,
                 context=context,
                 name=name,
+                max_attempts=max_attempts,
+                allow_incomplete=allow_incomplete,
                 on_progress=lambda _i: bar.advance(task),
             )
         missing = vocab.provenance["classes_without_enough_names"]
         if missing:
             typer.secho(
-                f"{len(missing)} classes got too few usable siblings (e.g. {missing[:3]}); rerun to retry "
-                "them or raise --retries",
+                f"saved with --allow-incomplete: {len(missing)} classes got too few usable siblings "
+                f"(e.g. {missing[:3]}); a rerun asks them again",
                 fg=typer.colors.YELLOW,
                 err=True,
             )
@@ -440,13 +451,18 @@ def build_eoe(
     name: str | None = typer.Option(None, "--name", help="Vocabulary name (default eoe-<task>)."),
     llm_base_url: str | None = typer.Option(None, "--llm-base-url", help="OpenAI-compatible base URL."),
     llm_model: str | None = typer.Option(None, "--llm-model", help="Model name."),
-    llm_api_key: str | None = typer.Option(None, "--llm-api-key", envvar="OODBENCH_LLM_API_KEY", help="API key."),
+    llm_api_key: str | None = typer.Option(
+        None, "--llm-api-key", help="API key (else the config file's, else $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY)."
+    ),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
     llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
     rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests (near task)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request."),
     retries: int | None = typer.Option(None, "--retries", help="Retries of transient failures."),
+    allow_incomplete: bool = typer.Option(
+        False, "--allow-incomplete", help="near task: save even if some classes got no usable answer."
+    ),
     vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Generate EOE outlier class names (far / near / fine-grained) with an LLM (cached, resumable).
@@ -472,6 +488,7 @@ def build_eoe(
             max_requests=max_requests,
             workers=workers,
             name=name,
+            allow_incomplete=allow_incomplete,
         )
         _save(directory, vocab)
 
