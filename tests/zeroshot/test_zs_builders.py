@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
 import pytest
 import typer
 from typer.testing import CliRunner
-from zeroshot_helpers import shared_or_skip
 
 from oodbench.classes import ClassList, ClassListError, imagenet_wnids, load_classes
 from oodbench.errors import ZeroShotError
@@ -16,7 +16,13 @@ from oodbench.outputs import Outputs
 from oodbench.store import Store
 from oodbench.zeroshot.cli import register
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
-from oodbench.zeroshot.vocab.builders import build_oracle, build_union, import_vocabulary, oracle_labels_from_store
+from oodbench.zeroshot.vocab.builders import (
+    build_oracle,
+    build_union,
+    import_vocabulary,
+    neglabel_reference_list,
+    oracle_labels_from_store,
+)
 
 
 def _wordnet() -> Vocabulary:
@@ -87,10 +93,10 @@ def test_oracle_labels_from_store_entries(tmp_path):
 
 
 def test_import_neglabel_reference_list_keeps_its_ranking_and_loses_id_names():
-    path = shared_or_skip("vlm", "NegLabel", "selected_neg_labels", "selected_neg_labels_in1k_10k.txt")
+    path = neglabel_reference_list()  # shipped with the package (Apache-2.0 + WordNet licence)
     classes = load_classes("imagenet1k")
     vocab = import_vocabulary(path, name="neglabel-ref", kind="wordnet", id_classes=classes)
-    lines = path.read_text().splitlines()
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
     assert sum(line.startswith("the nice ") for line in lines) == 8578
     assert len(vocab.ranked[NOUN]) < 8578 - 30 and len(vocab.ranked[ADJECTIVE]) <= 1921 - 5
     assert "lynx" in vocab.provenance["dropped_id_names_or_synonyms"]

@@ -296,7 +296,11 @@ def vocab_show(
 
 @vocab_app.command("import")
 def vocab_import(
-    path: Path = typer.Argument(..., help="A .txt (one label per line) or .json (list, or object of lists) file."),
+    path: Path = typer.Argument(
+        ...,
+        help="A .txt (one label per line) or .json (list, or object of lists) file, optionally .gz; "
+        "'neglabel:in1k-10k' imports NegLabel's shipped reference negatives.",
+    ),
     name: str = typer.Option(..., "--name", help="Vocabulary name."),
     kind: str = typer.Option("custom", "--kind", help="wordnet, siblings, union, oracle, eoe or custom."),
     classes: str = CLASSES,
@@ -310,9 +314,11 @@ def vocab_import(
       oodbench zeroshot vocab import selected_neg_labels_in1k_10k.txt --name neglabel-ref --kind wordnet
     """
     from ..classes import load_classes
-    from .vocab.builders import import_vocabulary
+    from .vocab.builders import import_vocabulary, neglabel_reference_list
 
     with _reported():
+        if str(path) == "neglabel:in1k-10k":
+            path = neglabel_reference_list()
         vocab = import_vocabulary(
             path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,26 @@ from .labels import IdFilter, dedupe
 from .lexicon import Lexicon, packaged_lexicon
 from .siblings import class_keys
 
-__all__ = ["build_union", "build_oracle", "oracle_labels_from_store", "import_vocabulary", "read_label_file"]
+__all__ = [
+    "build_union",
+    "build_oracle",
+    "oracle_labels_from_store",
+    "import_vocabulary",
+    "read_label_file",
+    "neglabel_reference_list",
+    "NEGLABEL_REFERENCE",
+]
+
+# NegLabel's 10k reference negatives for ImageNet-1k (Apache-2.0 + WordNet licence; see the NOTICE beside it).
+NEGLABEL_REFERENCE = ("data", "neglabel", "selected_neg_labels_in1k_10k.txt.gz")
+
+
+def neglabel_reference_list() -> Path:
+    """Path of NegLabel's reference list as shipped (gzip-compressed text, readable by `import_vocabulary`)."""
+    resource = resources.files("oodbench").joinpath(*NEGLABEL_REFERENCE)
+    if not resource.is_file():
+        raise ZeroShotError(f"the packaged NegLabel list {'/'.join(NEGLABEL_REFERENCE)} is missing; reinstall oodbench")
+    return Path(str(resource))
 
 
 def read_list_file(path: str | os.PathLike[str], what: str) -> tuple[Any, bool]:
@@ -24,8 +45,9 @@ def read_list_file(path: str | os.PathLike[str], what: str) -> tuple[Any, bool]:
     path = Path(path)
     if not path.is_file():
         raise ZeroShotError(f"{what} {path} does not exist")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() != ".json":
+    compressed = path.suffix.lower() == ".gz"
+    text = gzip.decompress(path.read_bytes()).decode("utf-8") if compressed else path.read_text(encoding="utf-8")
+    if (path.with_suffix("") if compressed else path).suffix.lower() != ".json":
         return [line for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")], False
     try:
         return json.loads(text), True
