@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import expit, xlogy
+from scipy.special import expit
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..errors import ZeroShotError
@@ -244,28 +244,47 @@ def _gen(probs: np.ndarray, gamma: float, top_m: int) -> np.ndarray:
     top = np.partition(probs, probs.shape[1] - m, axis=1)[:, probs.shape[1] - m :]
     complement = 1.0 - top
     rows = np.arange(probs.shape[0])
-    winner = probs.argmax(axis=1)
-    rest = probs.copy()
-    rest[rows, winner] = 0.0
-    complement[rows, top.argmax(axis=1)] = rest.sum(axis=1)
+    complement[rows, top.argmax(axis=1)] = _others_sum(probs, probs.argmax(axis=1))
     return -np.sum(top**gamma * complement**gamma, axis=1)
 
 
+def _others_sum(probs: np.ndarray, winner: np.ndarray) -> np.ndarray:
+    """Σ_{c ≠ winner} p_c per row, summed without the winner (so tiny sums keep their digits); `probs` is restored."""
+    rows = np.arange(probs.shape[0])
+    saved = probs[rows, winner].copy()
+    probs[rows, winner] = 0.0
+    total = probs.sum(axis=1)
+    probs[rows, winner] = saved
+    return total
+
+
 def _scores_from_logits(z: np.ndarray, names: Sequence[str], gen_gamma: float, gen_top_m: int) -> dict[str, np.ndarray]:
-    lse = logsumexp(z)
-    probs = np.exp(z - lse[:, None])
+    """The logit-space scores of float64 logits `z` (rows × C), sharing one shifted exponential pass.
+
+    With shifted = z − max z and s = Σ exp(shifted) ≥ 1: lse = max z + log s, MCM = 1/s (the top term is exp(0)),
+    p = exp(shifted)/s and Σ p log p = Σ p·shifted − log s (both terms small and ≤ 0 where p_max ≈ 1, so no
+    cancellation, and no logarithm per element).
+    """
+    peak = z.max(axis=1)
+    shifted = z - peak[:, None]
+    probs = np.exp(shifted)
+    total = probs.sum(axis=1)
+    log_total = np.log(total)
+    need_probs = any(n in names for n in ("gen", "entropy", "margin"))
+    if need_probs:
+        probs /= total[:, None]
     out: dict[str, np.ndarray] = {}
     for name in names:
         if name == "mcm":
-            out[name] = np.exp(z.max(axis=1) - lse)
+            out[name] = 1.0 / total
         elif name == "maxlogit":
-            out[name] = z.max(axis=1)
+            out[name] = peak.copy()
         elif name == "energy":
-            out[name] = lse
+            out[name] = peak + log_total
         elif name == "gen":
             out[name] = _gen(probs, gen_gamma, gen_top_m)
         elif name == "entropy":
-            out[name] = xlogy(probs, probs).sum(axis=1)
+            out[name] = np.einsum("ij,ij->i", probs, shifted) - log_total
         elif name == "margin":
             if probs.shape[1] == 1:
                 out[name] = probs[:, 0]
