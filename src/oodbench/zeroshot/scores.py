@@ -160,14 +160,16 @@ def _image_tile(block: np.ndarray, tile: slice, offset: int) -> np.ndarray:
     return unit_rows(block[tile], "image embedding", offset + tile.start)
 
 
+def _scaled(h: np.ndarray, tau: float) -> np.ndarray:
+    """The tile's unit rows times 1/τ (float32), so that one product gives z = hᵀt/τ with no pass over z."""
+    return h * np.float32(1.0 / tau)
+
+
 def _logits(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
-    return (h @ texts.T).astype(np.float64) / tau
-
-
-def _scaled_similarities(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
-    """z = hᵀt / τ in float32 (one BLAS call, scaled in place); callers shift and exponentiate it in place."""
-    z = h @ texts.T
-    z *= np.float32(1.0 / tau)
+    """z = hᵀt / τ as float64: the float32 cosines, divided by τ in float64 (exactly the logits a classifier
+    head would hand the supervised detectors)."""
+    z = (h @ texts.T).astype(np.float64)
+    z /= tau
     return z
 
 
@@ -176,16 +178,16 @@ def _block_width(num_labels: int, dim: int) -> int:
     return 2 * min(max(num_labels, 1), LABEL_BLOCK) + dim
 
 
-def _streaming_lse(h: np.ndarray, texts: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
-    """(log Σ_l exp z_l, max_l z_l) per row over all labels, one label block at a time.
+def _streaming_lse(hs: np.ndarray, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(log Σ_l exp z_l, max_l z_l) per row over all labels, one label block at a time; `hs` = h/τ (`_scaled`).
 
     Exponentials are taken in float32 after subtracting the running maximum (so they lie in (0, 1] and terms
     that underflow are below 1e-38 of the largest); sums accumulate in float64.
     """
-    peak = np.full(h.shape[0], -np.inf)
-    total = np.zeros(h.shape[0])
+    peak = np.full(hs.shape[0], -np.inf)
+    total = np.zeros(hs.shape[0])
     for cols in iter_chunks(texts.shape[0], LABEL_BLOCK):
-        z = _scaled_similarities(h, texts[cols], tau)
+        z = hs @ texts[cols].T
         new_peak = np.maximum(peak, z.max(axis=1))
         z -= new_peak.astype(np.float32)[:, None]
         np.exp(z, out=z)
@@ -205,25 +207,25 @@ def _equal_width_runs(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _group_lse(h: np.ndarray, grouped: np.ndarray, sizes: Sequence[int], tau: float) -> np.ndarray:
+def _group_lse(hs: np.ndarray, grouped: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
     """log Σ exp z over each group of `grouped`'s consecutive rows (group g has sizes[g] labels): (rows, groups).
 
     Groups of equal width w are taken LABEL_BLOCK // w at a time as one (rows, q, w) block, so per-group maxima
     and sums are plain axis reductions; a group wider than a block is streamed on its own.
     """
-    out = np.empty((h.shape[0], len(sizes)))
+    out = np.empty((hs.shape[0], len(sizes)))
     start = first_group = 0
     for width, count in _equal_width_runs(sizes):
         if width > LABEL_BLOCK:
             for j in range(count):
                 columns = slice(start + j * width, start + (j + 1) * width)
-                out[:, first_group + j] = _streaming_lse(h, grouped[columns], tau)[0]
+                out[:, first_group + j] = _streaming_lse(hs, grouped[columns])[0]
         else:
             per_block = max(1, LABEL_BLOCK // width)
             for offset in range(0, count, per_block):
                 q = min(per_block, count - offset)
                 columns = slice(start + offset * width, start + (offset + q) * width)
-                z = _scaled_similarities(h, grouped[columns], tau).reshape(h.shape[0], q, width)
+                z = (hs @ grouped[columns].T).reshape(hs.shape[0], q, width)
                 peak = z.max(axis=2)
                 z -= peak[..., None]
                 np.exp(z, out=z)
@@ -405,10 +407,10 @@ def neglabel_scores(
     for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
         block = np.asarray(images[chunk])
         for tile in tiles:
-            h = _image_tile(block, tile, chunk.start)
-            lse_id, _ = _streaming_lse(h, texts, tau)
+            hs = _scaled(_image_tile(block, tile, chunk.start), tau)
+            lse_id, _ = _streaming_lse(hs, texts)
             # Σ_ID a / (Σ_ID a + Σ_g a) = sigmoid(lse_ID − lse_g), exact and overflow-free.
-            shares = expit(lse_id[:, None] - _group_lse(h, grouped, sizes, tau))
+            shares = expit(lse_id[:, None] - _group_lse(hs, grouped, sizes))
             out[chunk.start + tile.start : chunk.start + tile.stop] = shares.mean(axis=1)
     return out
 
@@ -435,12 +437,12 @@ def eoe_scores(
         block = np.asarray(images[chunk])
         for tile in tiles:
             rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
-            h = _image_tile(block, tile, chunk.start)
-            lse_id, max_id = _streaming_lse(h, texts, tau)
+            hs = _scaled(_image_tile(block, tile, chunk.start), tau)
+            lse_id, max_id = _streaming_lse(hs, texts)
             if outliers.shape[0] == 0:
                 out[rows] = np.exp(max_id - lse_id)
                 continue
-            lse_out, max_out = _streaming_lse(h, outliers, tau)
+            lse_out, max_out = _streaming_lse(hs, outliers)
             lse_all = np.logaddexp(lse_id, lse_out)
             out[rows] = np.exp(max_id - lse_all) - beta * np.exp(max_out - lse_all)
     return out

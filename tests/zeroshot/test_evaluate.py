@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-from zeroshot_helpers import HashEmbedder
 
 from oodbench import metrics
 from oodbench.classes import ClassList
@@ -22,6 +21,8 @@ from oodbench.zeroshot import evaluate as E
 from oodbench.zeroshot import scores as S
 from oodbench.zeroshot.table import RunView, find_runs, load_run, sweep_markdown, table2_markdown
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
+
+from .zeroshot_helpers import HashEmbedder
 
 DIM = 10
 CLASSES = ClassList(("apple", "bus", "cloud"), None, "three")

@@ -34,7 +34,7 @@ def logit_error(dim: int, tau: float) -> float:
     - the float32 dot product of length D: |fl(ĥᵀt̂) − ĥᵀt̂| ≤ γ_D ‖ĥ‖‖t̂‖, γ_D = Du / (1 − Du) (Higham, Thm 3.5);
     - ĥ, t̂ scaled to unit norm in float32 (an exact power-of-two scaling, then divided by their norm): each
       within (D/2 + 2)u of the exact unit vector, so |ĥᵀt̂ − hᵀt| ≤ (D + 4)u and ‖ĥ‖‖t̂‖ ≤ 1 + (D + 4)u;
-    - the scaling by fl(1/τ) in float32: 2u relative on |z| ≤ (1 + (D + 4)u)/τ.
+    - the scaling by fl(1/τ) in float32 (of ĥ, before the product): 2u relative on |z| ≤ (1 + (D + 4)u)/τ.
     """
     gamma = dim * U / (1 - dim * U)
     normalise = (dim + 4) * U

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from zeroshot_helpers import HashEmbedder
 
 from oodbench.classes import ClassList, load_classes, normalize_label
 from oodbench.errors import ZeroShotError
@@ -24,6 +23,8 @@ from oodbench.zeroshot.vocab.lexicon import (
     packaged_lexicon,
 )
 from oodbench.zeroshot.vocab.wordnet_negmining import closeness_to_id, mine_wordnet_negatives
+
+from .zeroshot_helpers import HashEmbedder
 
 DATA = Path(__file__).parent / "data"
 
