@@ -96,8 +96,12 @@ def _run(app, *args):
 
 
 def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
+    from oodbench.extract.label_embedder import embedder_for
+    from oodbench.zeroshot.cli import use_text_embedder
+
     app = typer.Typer()
     register(app)
+    use_text_embedder(embedder_for)  # what the main CLI wires in
     store, vocab = workspace / "store", workspace / "vocab"
     common = ["--vocab-dir", vocab, "--classes", workspace / "classes.txt"]
 

@@ -385,3 +385,13 @@ def test_huge_and_tiny_float32_rows_normalise_like_unit_rows(random_set):
     bound = 1.01 * 4 * lse_error(12, S.TAU, len(ids) + len(negatives))
     for scale in (np.float32(1e30), np.float32(1e-30)):
         np.testing.assert_allclose(S.neglabel_scores(images * scale, ids, negatives), base, rtol=bound)
+
+
+def test_each_logit_score_alone_equals_the_joint_pass(random_set):
+    # The scores share one pass and compute only what the requested names need: the same numbers either way.
+    images, ids, _ = random_set
+    together = S.logit_scores(images, ids, gen_top_m=3)
+    for name in S.LOGIT_SCORES:
+        np.testing.assert_array_equal(S.logit_scores(images, ids, names=[name], gen_top_m=3)[name], together[name])
+    single = S.logit_scores(images, ids[:1])
+    assert np.all(single["mcm"] == 1.0) and np.all(single["margin"] == 1.0) and np.all(single["entropy"] == 0.0)

@@ -26,9 +26,22 @@ app.add_typer(vocab_app, name="vocab")
 vocab_app.add_typer(build_app, name="build")
 
 
+# Makes the label embedder of a store model: (store, model id, open_clip model, pretrained, device) -> EmbedFn.
+# zeroshot does not import extract: the command layer that mounts these commands hands the open_clip one in
+# (`use_text_embedder(oodbench.extract.label_embedder.embedder_for)`).
+TextEmbedderFactory = Callable[[Path, str, "str | None", "str | None", str], Callable[..., Any]]
+_text_embedder: TextEmbedderFactory | None = None
+
+
 def register(main: typer.Typer) -> None:
     """Mount `oodbench zeroshot …` on the main CLI."""
     main.add_typer(app, name="zeroshot")
+
+
+def use_text_embedder(factory: TextEmbedderFactory) -> None:
+    """Set the factory of label embedders the commands use (the main CLI hands in extract's open_clip one)."""
+    global _text_embedder
+    _text_embedder = factory
 
 
 def _fail(exc: Exception) -> None:
@@ -73,10 +86,9 @@ def _embedder(
     store: Path, model_id: str, openclip_model: str | None, pretrained: str | None, device: str
 ) -> Callable[..., Any]:
     """Embedding function over the store's text cache, loading the open_clip model only if something is missing."""
-    # The one place zeroshot meets extract: this command wires the open_clip text tower into the scores.
-    from ..extract.label_embedder import embedder_for
-
-    return embedder_for(store, model_id, openclip_model, pretrained, device)
+    if _text_embedder is None:
+        raise OodbenchError("no text encoder is wired into the zeroshot commands (see use_text_embedder)")
+    return _text_embedder(store, model_id, openclip_model, pretrained, device)
 
 
 def _llm_client(

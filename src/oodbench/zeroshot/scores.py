@@ -168,9 +168,8 @@ def _scaled(h: np.ndarray, tau: float) -> np.ndarray:
 def _logits(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
     """z = hᵀt / τ as float64: the float32 cosines, divided by τ in float64 (exactly the logits a classifier
     head would hand the supervised detectors)."""
-    z = (h @ texts.T).astype(np.float64)
-    z /= tau
-    return z
+    z = np.empty((h.shape[0], texts.shape[0]))
+    return np.divide(h @ texts.T, tau, out=z, dtype=np.float64)  # converted and divided in one pass
 
 
 def _block_width(num_labels: int, dim: int) -> int:
@@ -236,64 +235,48 @@ def _group_lse(hs: np.ndarray, grouped: np.ndarray, sizes: Sequence[int]) -> np.
 
 
 # ---------------------------------------------------------------------------------------------- logit-space scores
-def _gen(probs: np.ndarray, gamma: float, top_m: int) -> np.ndarray:
-    """−Σ_{top-M} p^γ (1 − p)^γ with 1 − p_max summed from the other probabilities.
-
-    At τ = 0.01 the top probability is often within 1e-17 of 1, where 1.0 − p rounds to 0 and would drop the
-    largest term; the sum of the remaining probabilities keeps it exact.
-    """
-    m = min(top_m, probs.shape[1])
-    top = np.partition(probs, probs.shape[1] - m, axis=1)[:, probs.shape[1] - m :]
-    complement = 1.0 - top
-    rows = np.arange(probs.shape[0])
-    complement[rows, top.argmax(axis=1)] = _others_sum(probs, probs.argmax(axis=1))
-    return -np.sum(top**gamma * complement**gamma, axis=1)
-
-
-def _others_sum(probs: np.ndarray, winner: np.ndarray) -> np.ndarray:
-    """Σ_{c ≠ winner} p_c per row, summed without the winner (so tiny sums keep their digits); `probs` is restored."""
-    rows = np.arange(probs.shape[0])
-    saved = probs[rows, winner].copy()
-    probs[rows, winner] = 0.0
-    total = probs.sum(axis=1)
-    probs[rows, winner] = saved
-    return total
-
-
 def _scores_from_logits(z: np.ndarray, names: Sequence[str], gen_gamma: float, gen_top_m: int) -> dict[str, np.ndarray]:
     """The logit-space scores of float64 logits `z` (rows × C), sharing one shifted exponential pass.
 
-    With shifted = z − max z and s = Σ exp(shifted) ≥ 1: lse = max z + log s, MCM = 1/s (the top term is exp(0)),
-    p = exp(shifted)/s and Σ p log p = Σ p·shifted − log s (both terms small and ≤ 0 where p_max ≈ 1, so no
-    cancellation, and no logarithm per element).
+    With e = exp(z − max z) (the top term is exactly 1) and s = Σ e ≥ 1: lse = max z + log s, p = e/s, MCM = 1/s,
+    Σ p log p = Σ e·(z − max z)/s − log s (both terms small where p_max ≈ 1: no cancellation, no logarithm per
+    element). The other probabilities' sum is summed with the winner set to 0 rather than taken as 1 − p_max:
+    at τ = 0.01 p_max is often within 1e-17 of 1, where 1 − p_max rounds to 0 and GEN would lose its largest term.
+    Only what the requested scores need is computed; no (rows × C) array is normalised.
     """
+    rows = np.arange(z.shape[0])
     peak = z.max(axis=1)
-    shifted = z - peak[:, None]
-    probs = np.exp(shifted)
-    total = probs.sum(axis=1)
-    log_total = np.log(total)
-    need_probs = any(n in names for n in ("gen", "entropy", "margin"))
-    if need_probs:
-        probs /= total[:, None]
     out: dict[str, np.ndarray] = {}
-    for name in names:
-        if name == "mcm":
-            out[name] = 1.0 / total
-        elif name == "maxlogit":
-            out[name] = peak.copy()
-        elif name == "energy":
-            out[name] = peak + log_total
-        elif name == "gen":
-            out[name] = _gen(probs, gen_gamma, gen_top_m)
-        elif name == "entropy":
-            out[name] = np.einsum("ij,ij->i", probs, shifted) - log_total
-        elif name == "margin":
-            if probs.shape[1] == 1:
-                out[name] = probs[:, 0]
-            else:
-                top2 = np.partition(probs, probs.shape[1] - 2, axis=1)[:, -2:]
-                out[name] = top2[:, 1] - top2[:, 0]
-    return out
+    if "maxlogit" in names:
+        out["maxlogit"] = peak.copy()
+    if set(names) <= {"maxlogit"}:
+        return out
+    shifted = z - peak[:, None]
+    e = np.exp(shifted)
+    total = e.sum(axis=1)
+    log_total = np.log(total)
+    if "mcm" in names:
+        out["mcm"] = 1.0 / total
+    if "energy" in names:
+        out["energy"] = peak + log_total
+    if "entropy" in names:
+        out["entropy"] = np.einsum("ij,ij->i", e, shifted) / total - log_total
+    if "gen" in names or "margin" in names:
+        winner = z.argmax(axis=1)
+        e[rows, winner] = 0.0  # e of the winner is exactly exp(0) = 1: restored below
+        if "margin" in names:
+            # top-1 minus top-2 probability; a single class has no second (margin = p = 1).
+            second = e.max(axis=1) if e.shape[1] > 1 else np.zeros(len(rows))
+            out["margin"] = (1.0 - second) / total
+        if "gen" in names:
+            others = e.sum(axis=1) / total  # Σ_{c ≠ winner} p_c
+            e[rows, winner] = 1.0
+            m = min(gen_top_m, e.shape[1])
+            top = np.partition(e, e.shape[1] - m, axis=1)[:, e.shape[1] - m :] / total[:, None]
+            complement = 1.0 - top
+            complement[rows, top.argmax(axis=1)] = others
+            out["gen"] = -np.sum(top**gen_gamma * complement**gen_gamma, axis=1)
+    return {name: out[name] for name in names}
 
 
 def logit_scores(
