@@ -272,7 +272,8 @@ def _scores_from_logits(z: np.ndarray, names: Sequence[str], gen_gamma: float, g
             others = e.sum(axis=1) / total  # Σ_{c ≠ winner} p_c
             e[rows, winner] = 1.0
             m = min(gen_top_m, e.shape[1])
-            top = np.partition(e, e.shape[1] - m, axis=1)[:, e.shape[1] - m :] / total[:, None]
+            e.partition(e.shape[1] - m, axis=1)  # in place: e is not needed after this
+            top = e[:, e.shape[1] - m :] / total[:, None]
             complement = 1.0 - top
             complement[rows, top.argmax(axis=1)] = others
             out["gen"] = -np.sum(top**gen_gamma * complement**gen_gamma, axis=1)
