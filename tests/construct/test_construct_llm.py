@@ -220,3 +220,9 @@ def test_describe_honours_the_projects_timeout_and_retries(tmp_path, fake):
         app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy", "--retries", "1"]
     )
     assert result.exit_code == 0, result.output  # an option still overrides the project
+
+
+def test_a_deeply_nested_answer_is_a_parse_error_not_a_crash():
+    # Before: json.loads of 3,000 nested braces raised RecursionError.
+    answer = parse_answer('{"a": ' * 3000 + "1" + "}" * 3000, ["class-1"])
+    assert answer["parse_error"] and answer["closed_world"] is None

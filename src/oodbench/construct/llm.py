@@ -21,7 +21,7 @@ from typing import Any
 
 from ..atomic import atomic_write_text
 from ..errors import ConstructError
-from ..llm import ChatAttemptError, post_chat_completion
+from ..llm import ChatAttemptError, json_depth_ok, post_chat_completion
 from .protocol import normalise_label
 
 PROMPT_VERSION = "closed-open-v1"
@@ -74,7 +74,9 @@ class LLMConfig:
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in a reply (models often wrap it in prose or code fences)."""
+    """The first JSON object in a reply (models often wrap it in prose or code fences); None for absurd nesting."""
+    if not json_depth_ok(text):
+        return None  # deeper than any answer needs: json.loads would exhaust the stack (RecursionError)
     start = text.find("{")
     while start != -1:
         depth = 0
