@@ -218,7 +218,7 @@ def table_command(
     metric: str = typer.Option("fpr95", "--metric", help="fpr95, auroc, aupr_in or aupr_out."),
     sweeps: bool = typer.Option(False, "--sweeps", help="Also print the k / M sweep tables of each run."),
 ) -> None:
-    """Print the seed's Table-2 layout (rows = models; best logit-space, EOE, WN, LLM, WN+LLM, oracle).
+    """Print the Fi-ImageNet-1k paper's Table-2 layout (rows = models; best logit-space, EOE, WN, LLM, WN+LLM, oracle).
 
     Example:
       oodbench zeroshot table runs/zs --metric fpr95

@@ -455,8 +455,8 @@ def evaluate_zeroshot_store(
 def report_vocabularies(vocabularies: Sequence[Vocabulary]) -> dict[str, dict[str, Any]]:
     """How the report shows each vocabulary: {name: {label, size, deployable, family, classes?, k?, m?}}.
 
-    label: the seed's Table-2 column of its kind (WN, LLM siblings, WN+LLM, EOE, oracle), with the name added when
-    the run has several vocabularies of that kind (a custom list goes by its name); family: its kind; size: its label
+    label: the Fi-ImageNet-1k paper's Table-2 column of its kind (WN, LLM siblings, WN+LLM, EOE, oracle), with the
+    name added when the run has several vocabularies of that kind (a custom list goes by its name); family: its kind; size: its label
     count; k / m: its own siblings per class / WordNet prefix size, and classes: how many ID classes its per-class
     lists cover, from which the report sizes the k and M sweep points as `Vocabulary.select` does.
     """

@@ -1,7 +1,7 @@
 """Zero-shot OOD scores from cached vision-language embeddings; every score is higher for more in-distribution images.
 
-Notation (seed Eq. 1-3): h is the ℓ2-normalised image embedding, t_c the ID label embeddings, z_c = hᵀt_c / τ the
-scaled cosine logits (τ = 0.01) and a(x, t) = exp(hᵀt / τ).
+Notation (the Fi-ImageNet-1k paper's Eq. 1-3): h is the ℓ2-normalised image embedding, t_c the ID label
+embeddings, z_c = hᵀt_c / τ the scaled cosine logits (τ = 0.01) and a(x, t) = exp(hᵀt / τ).
 
 - ``mcm``: max_c softmax(z)_c; ``maxlogit``: max_c z_c; ``energy``: log Σ_c exp z_c; ``gen``: −Σ_{top-M} p^γ(1−p)^γ;
   ``entropy``: Σ_c p_c log p_c (negative entropy); ``margin``: top-1 minus top-2 probability.

@@ -25,7 +25,7 @@ from .labels import dedupe
 __all__ = ["Vocabulary", "VocabStore", "KINDS", "NOUN", "ADJECTIVE", "split_prefix"]
 
 FORMAT_VERSION = 1
-# kind -> column of the seed's Table 2 it feeds.
+# kind -> column of the Fi-ImageNet-1k paper's Table 2 it feeds.
 KINDS = {
     "wordnet": "WN",
     "siblings": "LLM siblings",

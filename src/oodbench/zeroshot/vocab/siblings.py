@@ -5,7 +5,7 @@ with fewer than `min_items` names is asked again under a new attempt index (up t
 replays exactly the same cached sequence and sends no request twice. Siblings that equal an ID name or a WordNet
 synonym of one (or of the class itself) are removed; the generations of a class are merged (first-seen order,
 de-duplicated) and then put in a seeded random order per class, so that keeping the first k per class is a random
-subset whose size can be swept later (seed Figs. A1/A3).
+subset whose size can be swept later (the Fi-ImageNet-1k paper's Figs. A1/A3).
 """
 
 from __future__ import annotations
