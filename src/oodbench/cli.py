@@ -152,6 +152,16 @@ for _area in (_extract_cli, _zeroshot_cli, _analysis_cli, _report_cli, _audit_cl
     _area.register(app)
 
 
+def _openclip_text_embedder(*args: object) -> object:
+    """The zeroshot commands' label embedder: extract's open_clip one (wired here: zeroshot never imports extract)."""
+    from .extract.label_embedder import embedder_for
+
+    return embedder_for(*args)
+
+
+_zeroshot_cli.use_text_embedder(_openclip_text_embedder)
+
+
 def main() -> None:
     """Console entry point."""
     app()

@@ -5,7 +5,7 @@ The pure parts (importers, evidence, protocol) import only numpy; the database, 
 client need the `web` extra and live in `db`, `web`, `project`, `export` and `llm`.
 """
 
-from .classes import ClassList, imagenet_classes, load_classes
+from ..classes import ClassList, load_classes
 from .evidence import top_confusions, vlm_topk
 from .importers import (
     Candidate,
@@ -47,7 +47,6 @@ __all__ = [
     "TableMapping",
     "Verdict",
     "agree",
-    "imagenet_classes",
     "load_classes",
     "load_original_labels",
     "merge_candidates",

@@ -88,8 +88,8 @@ _NEEDS: dict[str, tuple[tuple[str, str, str], ...]] = {
     ),
     "zeroshot": (
         ("zero-shot evaluation", "oodbench.zeroshot.evaluate", "evaluate_zeroshot_store"),
-        ("zero-shot class lists", "oodbench.zeroshot.classes", "load_classes"),
-        ("label embeddings", "oodbench.zeroshot.text", "store_embedder"),
+        ("zero-shot class lists", "oodbench.classes", "load_classes"),
+        ("label embeddings", "oodbench.extract.label_embedder", "store_embedder"),
     ),
     "wordnet": (("NegMining vocabularies", "oodbench.zeroshot.vocab.wordnet_negmining", "mine_wordnet_negatives"),),
     "union": (("vocabulary unions", "oodbench.zeroshot.vocab.builders", "build_union"),),
@@ -501,9 +501,9 @@ def _vocab_summary(vocab: Any) -> dict[str, Any]:
 def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
     require("zeroshot")
-    from ..zeroshot.classes import load_classes
+    from ..classes import load_classes
+    from ..extract.label_embedder import bundle_loader, store_embedder
     from ..zeroshot.evaluate import evaluate_zeroshot_store, make_plan
-    from ..zeroshot.text import bundle_loader, store_embedder
     from ..zeroshot.vocab.artefact import VocabStore
 
     config, store, lay = ctx.config, ctx.store, ctx.layout
