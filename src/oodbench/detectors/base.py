@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -58,6 +58,10 @@ class _FitInfo:
     extras: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
+def _array_names(arrays: Outputs | Collection[str]) -> set[str]:
+    return arrays.array_names() if isinstance(arrays, Outputs) else set(arrays)
+
+
 class Detector:
     """Base class of every post-hoc detector. Subclasses set `name`, `requires`, `paper`, and implement `_fit`/`_score_chunk`."""
 
@@ -99,6 +103,31 @@ class Detector:
     def requirements(self) -> Requirements:
         """What this instance needs: the class's `requires`, extended by detectors whose needs depend on parameters."""
         return self.requires
+
+    def unmet(
+        self,
+        fit: Outputs | Collection[str],
+        tests: Mapping[str, Outputs | Collection[str]] | None = None,
+        *,
+        has_head: bool,
+    ) -> list[str]:
+        """What this instance needs that the fit set, the test sets and the head do not provide (empty: it can run).
+
+        `fit` and each test set are an `Outputs` or the names of its arrays (features, logits, labels, extra.<name>);
+        `tests` maps a dataset name to its arrays. Each item is one line such as "fit set lacks labels".
+        """
+        requires = self.requirements()
+        reasons = []
+        missing_fit = sorted(requires.fit - _array_names(fit))
+        if missing_fit:
+            reasons.append(f"fit set lacks {', '.join(missing_fit)}")
+        if requires.head and not has_head:
+            reasons.append("no head stored for the model")
+        for dataset, arrays in (tests or {}).items():
+            missing = sorted(requires.score - _array_names(arrays))
+            if missing:
+                reasons.append(f"{dataset} lacks {', '.join(missing)}")
+        return reasons
 
     # ----------------------------------------------------------------- the protocol
     def fit(self, fit_set: Outputs, head: Head | None = None) -> Detector:
