@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from oodbench.detectors import available, create, get_class
-from oodbench.errors import DetectorError
+from oodbench.errors import DataError, DetectorError
 from oodbench.outputs import Outputs
 
 NAMES = (
@@ -69,3 +69,15 @@ def test_unmet_honours_parameter_dependent_requirements():
     assert create("neco", use_maxlogit=True).unmet(arrays, {"ood": arrays}, has_head=False) == ["ood lacks logits"]
     nac = create("nac", layers=("layer4",))
     assert nac.unmet({"features", "logits"}, has_head=True) == ["fit set lacks extra.nac.layer4"]
+
+
+def test_scoring_hands_the_detector_only_its_declared_arrays(problem):
+    # msp declares logits only: NaN features (unchecked) must not matter, NaN logits must be refused by name.
+    detector = create("msp").fit(problem.fit)
+    nan_features = np.full(problem.test.features.shape, np.nan, dtype=np.float32)
+    unchecked = Outputs(nan_features, problem.test.logits, check_finite=False)
+    np.testing.assert_array_equal(detector.score(unchecked), detector.score(problem.test))
+    logits = np.array(problem.test.logits)
+    logits[7, 2] = np.nan
+    with pytest.raises(DataError, match="logits contains NaN or inf values \\(first at row 7\\)"):
+        detector.score(Outputs(problem.test.features, logits, check_finite=False))

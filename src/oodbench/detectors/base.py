@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ..errors import DetectorError
+from ..errors import DataError, DetectorError
 from ..outputs import Head, Outputs
 
 __all__ = ["Detector", "Requirements", "Paper"]
@@ -58,8 +58,41 @@ class _FitInfo:
     extras: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
+_EXTRA = "extra."
+
+
 def _array_names(arrays: Outputs | Collection[str]) -> set[str]:
     return arrays.array_names() if isinstance(arrays, Outputs) else set(arrays)
+
+
+def _declared_rows(test: Outputs, rows: slice, declared: frozenset[str]) -> Outputs:
+    """The chunk `rows` of the test set holding only the declared arrays (in memory), checked finite when unchecked.
+
+    Undeclared arrays are never read: a detector sees no logits, labels or extras it did not declare, and
+    features it did not declare are a NaN placeholder of the right shape (a broadcast view, no memory).
+    """
+    num_rows = rows.stop - rows.start
+
+    def take(name: str, array: np.ndarray) -> np.ndarray:
+        block = np.asarray(array[rows])
+        # Outputs built with check_finite=True were checked whole at construction; others are checked here, per
+        # chunk, so a NaN reaches no detector (some would turn it into a plausible finite score).
+        if not test.check_finite and np.issubdtype(block.dtype, np.floating) and not np.isfinite(block).all():
+            bad = int(np.flatnonzero(~np.isfinite(block).reshape(num_rows, -1).all(axis=1))[0]) + rows.start
+            raise DataError(f"test set {name} contains NaN or inf values (first at row {bad})")
+        return block
+
+    if "features" in declared:
+        features = take("features", test.features)
+    else:
+        features = np.broadcast_to(np.float32(np.nan), (num_rows, test.num_features))
+    return Outputs(
+        features,
+        take("logits", test.logits) if "logits" in declared and test.logits is not None else None,
+        take("labels", test.labels) if "labels" in declared and test.labels is not None else None,
+        {k: take(f"extra.{k}", v) for k, v in test.extras.items() if _EXTRA + k in declared},
+        check_finite=False,
+    )
 
 
 class Detector:
@@ -177,7 +210,7 @@ class Detector:
             )
         scores = np.empty(len(test), dtype=np.float64)
         for rows in self._score_chunks(test):
-            scores[rows] = self._score_chunk(test.subset(rows))
+            scores[rows] = self._score_chunk(_declared_rows(test, rows, requires.score))
         if not np.isfinite(scores).all():
             raise DetectorError(
                 f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale"
