@@ -9,19 +9,39 @@ from . import nac  # noqa: F401
 from . import hybrid  # noqa: F401
 
 # isort: on
+from .artefact import fit_provenance, load
 from .base import Detector, Paper, Requirements
-from .registry import available, create, get_class, register
+from .registry import (
+    Origin,
+    available,
+    create,
+    detector_fingerprint,
+    get_class,
+    load_plugins,
+    origin,
+    plugin_failures,
+    plugin_versions,
+    register,
+)
 from .tune import TunePoint, TuneResult, tune  # noqa: E402
 
 __all__ = [
     "Detector",
+    "Origin",
     "Paper",
     "Requirements",
     "TunePoint",
     "TuneResult",
     "available",
     "create",
+    "detector_fingerprint",
+    "fit_provenance",
     "get_class",
+    "load",
+    "load_plugins",
+    "origin",
+    "plugin_failures",
+    "plugin_versions",
     "register",
     "tune",
 ]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -216,6 +218,16 @@ class Detector:
                 f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale"
             )
         return scores
+
+    # ----------------------------------------------------------------- artefacts
+    def save(self, directory: str | os.PathLike[str], *, provenance: Mapping[str, Any] | None = None) -> Path:
+        """Write the fitted detector to `directory` (parameters, state, versions, fit provenance); see `load`.
+
+        The fitted state is every attribute whose name ends with an underscore: name what `_fit` learns so.
+        """
+        from .artefact import save
+
+        return save(self, directory, provenance=provenance)
 
     # ----------------------------------------------------------------- hooks
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
