@@ -67,6 +67,10 @@ def _array_names(arrays: Outputs | Collection[str]) -> set[str]:
     return arrays.array_names() if isinstance(arrays, Outputs) else set(arrays)
 
 
+def _per_row(shape: tuple[int, ...]) -> str:
+    return f"{shape[0]} units" if len(shape) == 1 else f"shape {shape}"
+
+
 def _declared_rows(test: Outputs, rows: slice, declared: frozenset[str]) -> Outputs:
     """The chunk `rows` of the test set holding only the declared arrays (in memory), checked finite when unchecked.
 
@@ -210,6 +214,13 @@ class Detector:
             raise DetectorError(
                 f"{self.name}: test logits have C={test.num_classes} classes but the detector was fit with C={info.num_classes}"
             )
+        for key in sorted(name[len(_EXTRA) :] for name in requires.score if name.startswith(_EXTRA)):
+            fitted, given = info.extras.get(key), tuple(test.extras[key].shape[1:])
+            if fitted is not None and given != fitted:
+                raise DetectorError(
+                    f"{self.name}: test extra.{key} has {_per_row(given)} per row but the detector was fit on "
+                    f"{_per_row(fitted)}"
+                )
         scores = np.empty(len(test), dtype=np.float64)
         for rows in self._score_chunks(test):
             scores[rows] = self._score_chunk(_declared_rows(test, rows, requires.score))
