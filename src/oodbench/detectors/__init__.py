@@ -9,7 +9,7 @@ from . import nac  # noqa: F401
 from . import hybrid  # noqa: F401
 
 # isort: on
-from .artefact import fit_provenance, load
+from .artefact import check_provenance, fit_provenance, load, read_meta, saved_score_key
 from .base import Detector, Paper, Requirements
 from .registry import (
     Origin,
@@ -33,6 +33,7 @@ __all__ = [
     "TunePoint",
     "TuneResult",
     "available",
+    "check_provenance",
     "create",
     "detector_fingerprint",
     "fit_provenance",
@@ -42,6 +43,8 @@ __all__ = [
     "origin",
     "plugin_failures",
     "plugin_versions",
+    "read_meta",
     "register",
+    "saved_score_key",
     "tune",
 ]

@@ -33,7 +33,16 @@ from ..errors import DetectorError
 from ..store import PROVENANCE_KEYS, Store, library_versions
 from .base import Detector
 
-__all__ = ["FORMAT_VERSION", "save", "load", "read_meta", "fit_provenance", "check_provenance", "fitted_state"]
+__all__ = [
+    "FORMAT_VERSION",
+    "check_provenance",
+    "fit_provenance",
+    "fitted_state",
+    "load",
+    "read_meta",
+    "save",
+    "saved_score_key",
+]
 
 FORMAT_VERSION = 1
 META_FILE = "detector.json"
@@ -322,6 +331,14 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path}: saved detector format {meta.get('format')!r}; this oodbench reads format {FORMAT_VERSION}"
         )
     return meta
+
+
+def saved_score_key(directory: str | os.PathLike[str]) -> str | None:
+    """The evaluation cache key recorded in a saved detector's provenance, or None (no detector saved there)."""
+    try:
+        return (read_meta(directory).get("provenance") or {}).get("score_key")
+    except DetectorError:
+        return None
 
 
 def load(directory: str | os.PathLike[str], *, plugins: Iterable[str] = (), check_versions: bool = True) -> Detector:

@@ -47,6 +47,7 @@ _REGISTRY: dict[str, type[Detector]] = {}
 _ORIGINS: dict[str, Origin] = {}
 _FAILURES: dict[str, str] = {}  # plugin (entry point or module) -> "ErrorType: message"
 _LOADED_MODULES: dict[str, list[str]] = {}  # plugin module or file -> detector names it registered
+_FILE_MODULES: dict[str, str] = {}  # module name given to a plugin file -> the file's path
 _entry_points_state = "not loaded"  # -> "loading" -> "loaded"
 D = TypeVar("D", bound=type[Detector])
 
@@ -60,6 +61,7 @@ class Origin:
     version: str | None
     builtin: bool
     source_hash: str | None = None  # sha256 (12 hex) of the plugin module's source file; None for built-ins
+    path: str | None = None  # the file, for a plugin loaded from a .py file by its path
 
     def describe(self) -> str:
         """One line for listings, e.g. 'built-in', 'oodbench-knnplus 0.2.0', 'module mydet (not installed)'."""
@@ -68,7 +70,8 @@ class Origin:
         if self.distribution is not None:
             return f"{self.distribution} {self.version}"
         version = f" {self.version}" if self.version else ""
-        return f"module {self.module}{version} (not installed)"
+        where = f"file {self.path}" if self.path else f"module {self.module}"
+        return f"{where}{version} (not installed)"
 
 
 def _is_builtin(module: str) -> bool:
@@ -100,12 +103,16 @@ def _derive_origin(cls: type[Detector], distribution: str | None = None, version
         names = _package_distributions().get(module.split(".")[0], [])
         if names:
             distribution = names[0]
-            version = importlib.metadata.version(distribution)
+            try:
+                version = importlib.metadata.version(distribution)
+            except importlib.metadata.PackageNotFoundError:
+                version = None
     if version is None:
         # A module that is not installed may still say its version.
         loaded = sys.modules.get(module)
         version = str(getattr(loaded, "__version__", "")) or None
-    return Origin(module, distribution, version, builtin=False, source_hash=_source_hash(cls))
+    path = _FILE_MODULES.get(module)
+    return Origin(module, distribution, version, builtin=False, source_hash=_source_hash(cls), path=path)
 
 
 def _describe_class(cls: type[Detector], known: Origin | None = None) -> str:
@@ -189,6 +196,7 @@ def _import_path(path: Path) -> ModuleType:
         raise DetectorError(f"cannot import plugin file {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    _FILE_MODULES[name] = str(path)
     try:
         spec.loader.exec_module(module)
     except BaseException:
