@@ -209,9 +209,9 @@ class _Decoder:
     def _decode_object(self, qualified: str, state: Mapping[str, Any]) -> Any:
         module_name, _, qualname = qualified.partition(":")
         if not _allowed_module(module_name, self.home) or "<" in qualname or not qualname:
+            allowed = "oodbench" if self.home == "oodbench" else f"oodbench or {self.home}"
             raise DetectorError(
-                f"{self.origin}: the state holds an object of {qualified}; only classes from oodbench or "
-                f"{self.home} are loaded"
+                f"{self.origin}: the state holds an object of {qualified}; only classes from {allowed} are loaded"
             )
         try:
             cls: Any = importlib.import_module(module_name)
