@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -148,20 +147,13 @@ def test_changing_one_parameter_reruns_only_what_depends_on_it(demo_copy: Path) 
 
 def test_only_checks_prerequisites(tmp_path: Path) -> None:
     config = demo_config(tmp_path / "fresh")
-    with pytest.raises(OodbenchError, match=r"--only metrics: metrics:digits-cnn needs score:digits-cnn/msp/"):
+    with pytest.raises(OodbenchError, match=r"--only metrics: metrics:digits-cnn needs score:digits-cnn/[a-z_]+/"):
         run_experiment(config, only="metrics", progress=False)
     with pytest.raises(ConfigError, match="--only fit"):
         run_experiment(config, only="fit", progress=False)
     with pytest.raises(ConfigError, match="--only: unknown stage"):
         run_experiment(config, only="plot", progress=False)
     assert not (tmp_path / "fresh").exists()  # nothing started
-
-
-def test_missing_capability_stops_the_run_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "oodbench.report.output", None)  # as if the report package lacked it
-    with pytest.raises(OodbenchError, match="the report writer is not available in this build of oodbench"):
-        run_experiment(demo_config(tmp_path / "fresh"), progress=False)
-    assert not (tmp_path / "fresh").exists()
 
 
 def test_cli_run_and_dry_run(demo_copy: Path) -> None:
