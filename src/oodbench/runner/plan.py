@@ -354,6 +354,8 @@ def _plan_fit_score(
     units: list[Unit],
     keys: dict[tuple[str, str], str],
 ) -> None:
+    from .. import detectors as detector_registry
+
     fit_units: list[Unit] = []
     score_units: list[Unit] = []
     test_sets = [config.id_test, *config.ood]
@@ -368,6 +370,9 @@ def _plan_fit_score(
         fit_items = extract_units[f"extract:{sid}/{config.fit}"].items
         for detector, params in config.detectors.items():
             fit_key = content_key("fit", keys[(model.id, config.fit)], detector, params, __version__)
+            plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
+            if plugin is not None:
+                fit_key = content_key(fit_key, plugin)
             fit_label = f"{model.id}/{detector}"
             fit_unit = Unit(
                 "fit",

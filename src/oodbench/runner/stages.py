@@ -51,6 +51,12 @@ class Context:
     device: str = "auto"
     _backbone: tuple[str, Any] | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        # A Ray worker gets the config, not this process's registry: import the file's detector plugins there too.
+        from .. import detectors as detector_registry
+
+        detector_registry.load_plugins(self.config.plugins)
+
     @property
     def layout(self) -> Layout:
         return layout(self.config)
