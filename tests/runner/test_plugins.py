@@ -3,8 +3,10 @@ units' cache keys carry the plugin's version and source (a changed plugin recomp
 
 from __future__ import annotations
 
+import shutil
 import sys
 
+import numpy as np
 import pytest
 from runner_helpers import CONFIGS, FAST_DEMO
 
@@ -12,6 +14,7 @@ from oodbench.detectors import registry
 from oodbench.errors import ConfigError
 from oodbench.runner.config import load_config
 from oodbench.runner.plan import build_plan
+from oodbench.store import Store
 
 PLUGIN = """
 import numpy as np
@@ -74,3 +77,25 @@ def test_fit_keys_of_a_plugin_follow_its_source_and_builtin_keys_do_not(experime
     after = fit_keys()
     assert after["msp"] == before["msp"]
     assert after["neg_norm"] != before["neg_norm"]
+
+
+@pytest.mark.slow
+def test_detectors_save_keeps_the_fitted_detectors_and_a_rerun_adds_missing_ones(experiment):
+    from oodbench.detectors import load as load_detector
+    from oodbench.detectors import read_meta
+    from oodbench.runner.engine import run_experiment
+
+    fast = ('detectors.include=["energy","neg_norm"]', "detectors.params={}", "detectors.save=true")
+    config = load(experiment, *fast)
+    run_experiment(config, progress=False)
+    kept = experiment / "w" / "detectors" / "digits-cnn"
+    meta = read_meta(kept / "neg_norm")
+    assert meta["provenance"]["fit_dataset"] == "digits-fit" and meta["provenance"]["model_id"] == "digits-cnn"
+    assert meta["origin"]["path"] == str((experiment / "norm_plugin.py").resolve())
+    scores = np.load(experiment / "w" / "units" / "scores" / "digits-cnn" / "energy" / "noise.npy")
+    store = Store(experiment / "w" / "store")
+    assert load_detector(kept / "energy").score(store.read("digits-cnn", "noise")).tobytes() == scores.tobytes()
+    # Scores cached but a kept detector deleted: the plan refits that detector only.
+    shutil.rmtree(kept / "energy")
+    stale = {u.label for u in build_plan(load(experiment, *fast)).units if u.status == "stale"}
+    assert stale and all(label.startswith("digits-cnn/energy/") for label in stale)

@@ -82,6 +82,7 @@ class ExperimentConfig:
     report: dict[str, Any]
     engine: dict[str, Any]
     plugins: tuple[str, ...] = ()
+    save_detectors: bool = False
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -139,6 +140,7 @@ class _Detectors(Table):
     include: Any = "all"  # "all" or a list of names (checked below, against the registry)
     exclude: StrList = []
     params: dict[str, dict[str, Any]] = {}
+    save: bool = False  # keep each fitted detector under <workdir>/detectors/<model>/<detector>
 
 
 class _Subsample(Table):
@@ -559,6 +561,7 @@ def parse_config(
         report=validate(_Report, top.report, "report").model_dump(),
         engine=validate(_Engine, top.engine, "engine").model_dump(),
         plugins=plugins,
+        save_detectors=validate(_Detectors, top.detectors, "detectors").save,
         raw=dict(raw),
     )
 

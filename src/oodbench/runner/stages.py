@@ -306,6 +306,10 @@ def run_fit_score(
     store.check_compatible(*[(model_id, name) for name in dict.fromkeys(names)])
     head = store.read_head(model_id) if store.has_head(model_id) else None
     fitted = registry.create(detector, **params).fit(store.read(model_id, config.fit), head)
+    if config.save_detectors:
+        fitted.save(
+            lay.detector_dir(model_id, detector), provenance=registry.fit_provenance(store, model_id, config.fit)
+        )
     done = []
     for item in todo:
         scores = fitted.score(store.read(model_id, item["dataset"]))
