@@ -267,6 +267,15 @@ def check_provenance(saved: Mapping[str, Any] | None, store: Store, model_id: st
 
 
 # ----------------------------------------------------------------------------------------------- save / load
+def _sha256(path: Path) -> str:
+    """SHA-256 of a file, read in 16 MiB blocks (a k-NN index can be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(16 * 2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _origin_record(detector: Detector) -> dict[str, Any]:
     from . import registry
 
@@ -307,7 +316,7 @@ def save(detector: Detector, directory: str | os.PathLike[str], *, provenance: M
         "origin": _origin_record(detector),
         "params": params,
         "state": state,
-        "arrays_sha256": hashlib.sha256((path / ARRAYS_FILE).read_bytes()).hexdigest(),
+        "arrays_sha256": _sha256(path / ARRAYS_FILE),
         "provenance": None if provenance is None else json.loads(json.dumps(dict(provenance), default=str)),
         "versions": library_versions(),
         "saved": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -373,8 +382,7 @@ def load(directory: str | os.PathLike[str], *, plugins: Iterable[str] = (), chec
         )
     arrays_path = path / ARRAYS_FILE
     try:
-        digest = hashlib.sha256(arrays_path.read_bytes()).hexdigest()
-        if digest != meta.get("arrays_sha256"):
+        if _sha256(arrays_path) != meta.get("arrays_sha256"):
             raise DetectorError(f"{arrays_path} does not match {META_FILE} (modified or from another save)")
         arrays = load_file(str(arrays_path))
     except (OSError, SafetensorError) as exc:
