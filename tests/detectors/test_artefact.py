@@ -224,3 +224,36 @@ def test_fit_provenance_reads_the_store_entry(tiny_store):
     provenance = fit_provenance(tiny_store, "tiny", "fit")
     assert provenance["model_id"] == "tiny" and provenance["item_hash"] == "items-fit"
     assert provenance["entry_provenance"] == PROVENANCE and provenance["head"] == PROVENANCE
+
+
+def test_evaluate_takes_plugin_files_and_keys_their_scores_by_source(tiny_store, tmp_path):
+    from oodbench.detectors import registry
+
+    saved = (dict(registry._REGISTRY), dict(registry._ORIGINS), dict(registry._LOADED_MODULES))
+    plugin = tmp_path / "neg_norm.py"
+    source = (
+        "import numpy as np\nfrom oodbench.detectors import Detector, Requirements, register\n\n\n"
+        '@register("neg_norm")\nclass NegNorm(Detector):\n    requires = Requirements.of(score=("features",))\n\n'
+        "    def _score_chunk(self, chunk):\n"
+        "        return -np.linalg.norm(np.asarray(chunk.features, dtype=np.float64), axis=1)\n"
+    )
+    plugin.write_text(source)
+    run = tmp_path / "run"
+    args = ["evaluate", "--store", str(tiny_store.root), "--model", "tiny", "--fit", "fit", "--id", "id"]
+    args += ["--ood", "ood", "-d", "neg_norm,energy", "--plugin", str(plugin), "--out", str(run), "--no-progress"]
+    try:
+        result = cli(*args)
+        assert result.exit_code == 0, result.output
+        assert any(line.startswith("| neg_norm") for line in result.output.splitlines()), result.output
+        first = json.loads((run / "run.json").read_text())["score_keys"]
+        plugin.write_text(source + "# a new version\n")
+        registry._ORIGINS.pop("neg_norm")  # as a fresh process would see it
+        assert cli(*args).exit_code == 0
+        second = json.loads((run / "run.json").read_text())["score_keys"]
+        assert second["energy"] == first["energy"] and second["neg_norm"] != first["neg_norm"]
+    finally:
+        for table, content in zip(
+            (registry._REGISTRY, registry._ORIGINS, registry._LOADED_MODULES), saved, strict=True
+        ):
+            table.clear()
+            table.update(content)
