@@ -196,9 +196,14 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
     Example:
       oodbench store ls --store oodbench-demo/store
     """
+    from .errors import StoreError
     from .store import Store
 
+    if not store.is_dir():
+        raise StoreError(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
     root = Store(store)
+    if not root.models():
+        typer.echo(f"{store}: no models in this store")
     for model_id in root.models():
         head = " (head)" if root.has_head(model_id) else ""
         typer.echo(f"{model_id}{head}")
