@@ -8,7 +8,6 @@ truncated ``.npy`` files, malformed TOML and JSON. Each case runs the real conso
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
