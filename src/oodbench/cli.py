@@ -120,6 +120,12 @@ def evaluate(
     tpr: float = typer.Option(0.95, help="ID acceptance rate of the FPR threshold."),
     strict: bool = typer.Option(False, help="Fail (instead of skip) when a detector's requirements are not met."),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    plugin: list[str] | None = typer.Option(
+        None, "--plugin", help="Import MODULE (or a .py file) to register its detectors (repeatable)."
+    ),
+    save_detectors: Path | None = typer.Option(
+        None, "--save-detectors", help="Keep each fitted detector in DIR/<name> (reload with `oodbench score`)."
+    ),
 ) -> None:
     """Fit detectors on the fit set, score ID test and OOD sets, write tidy results and a table.
 
@@ -128,8 +134,11 @@ def evaluate(
           --ood ninco --ood ssb-hard -d msp,energy,knn -p knn.k=1000 --out runs/resnet50
     """
     from . import detectors as registry
+    from .detectors.cli import warn_plugin_failures
     from .evaluation import evaluate_store
 
+    registry.load_plugins(plugin or ())
+    warn_plugin_failures()
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else registry.available()
     overrides = parse_params(param)
     unknown = sorted(set(overrides) - set(names))
@@ -137,35 +146,22 @@ def evaluate(
         raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
     plan = {name: overrides.get(name, {}) for name in names}
     result = evaluate_store(
-        store, model, fit, id_dataset, ood, plan, out_dir=out, tpr=tpr, strict=strict, progress=progress
+        store,
+        model,
+        fit,
+        id_dataset,
+        ood,
+        plan,
+        out_dir=out,
+        tpr=tpr,
+        strict=strict,
+        progress=progress,
+        save_detectors=save_detectors,
     )
     sys.stdout.write(result.table_markdown)
     for name, reason in result.skipped.items():
         typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
-
-
-@app.command("detectors")
-def list_detectors() -> None:
-    """List registered detectors with their requirements, defaults and papers.
-
-    Example:
-      oodbench detectors
-    """
-    from rich.console import Console
-    from rich.table import Table
-
-    from . import detectors as registry
-
-    table = Table(title="oodbench detectors (higher score = more in-distribution)")
-    for column in ("name", "requires", "defaults", "paper"):
-        table.add_column(column, overflow="fold")
-    for name in registry.available():
-        cls = registry.get_class(name)
-        paper = f"{cls.paper.citation} ({cls.paper.venue})" if cls.paper else ""
-        defaults = ", ".join(f"{k}={v!r}" for k, v in cls.default_params().items())
-        table.add_row(name, cls.requires.describe(), defaults, paper)
-    Console(width=200).print(table)
 
 
 @app.command()
@@ -219,12 +215,22 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
 from .analysis import cli as _analysis_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
 from .construct import cli as _construct_cli  # noqa: E402
+from .detectors import cli as _detectors_cli  # noqa: E402
 from .extract import cli as _extract_cli  # noqa: E402
 from .report import cli as _report_cli  # noqa: E402
 from .runner import cli as _runner_cli  # noqa: E402
 from .zeroshot import cli as _zeroshot_cli  # noqa: E402
 
-for _area in (_extract_cli, _zeroshot_cli, _analysis_cli, _report_cli, _audit_cli, _construct_cli, _runner_cli):
+for _area in (
+    _detectors_cli,
+    _extract_cli,
+    _zeroshot_cli,
+    _analysis_cli,
+    _report_cli,
+    _audit_cli,
+    _construct_cli,
+    _runner_cli,
+):
     _area.register(app)
 
 

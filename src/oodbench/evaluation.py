@@ -85,6 +85,7 @@ def evaluate_outputs(
     progress: bool = True,
     cached: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     on_detector_done: Any = None,
+    on_detector_fitted: Any = None,
 ) -> EvaluationResult:
     """Fit each detector once, score the ID test set and every OOD set, and compute all metrics.
 
@@ -121,6 +122,8 @@ def evaluate_outputs(
                     scores[ds][name] = np.asarray(cached[ds][name])
             else:
                 detector = instances[name].fit(fit_set, head)
+                if on_detector_fitted is not None:
+                    on_detector_fitted(name, detector)
                 for ds, outputs in datasets.items():
                     scores[ds][name] = detector.score(outputs)
                 if on_detector_done is not None:
@@ -153,6 +156,9 @@ def _fingerprint(store: Store, model_id: str, datasets: Sequence[str], name: str
     if store.has_head(model_id):
         digest.update(json.dumps(store.head_meta(model_id).get("written")).encode())
     digest.update(json.dumps([name, dict(params)], sort_keys=True, default=str).encode())
+    plugin = detector_registry.detector_fingerprint(name)  # None for built-ins: their keys stay as they were
+    if plugin is not None:
+        digest.update(plugin.encode())
     return digest.hexdigest()[:16]
 
 
@@ -168,8 +174,12 @@ def evaluate_store(
     tpr: float = 0.95,
     strict: bool = False,
     progress: bool = True,
+    save_detectors: str | os.PathLike[str] | None = None,
 ) -> EvaluationResult:
-    """Evaluate detectors on store entries of one model and (optionally) write a run directory."""
+    """Evaluate detectors on store entries of one model and (optionally) write a run directory.
+
+    With `save_detectors`, each fitted detector is saved to ``save_detectors/<name>`` with its fit provenance.
+    """
     store = store if isinstance(store, Store) else Store(store)
     if not ood_datasets:
         raise OodbenchError("no OOD datasets given: pass at least one --ood")
@@ -200,6 +210,16 @@ def evaluate_store(
                 saved = load_scores(run_dir, model_id, dataset)
                 cached[dataset] = {d: s for d, s in saved.items() if previous_keys.get(d) == keys.get(d)}
 
+    keep = Path(save_detectors) if save_detectors is not None else None
+    if keep is not None:
+        # Cached scores skip the fit; reuse them only where the detector fitted for that key is already saved.
+        saved_keys = {name: detector_registry.saved_score_key(keep / name) for name in plan}
+        cached = {ds: {d: s for d, s in per.items() if saved_keys.get(d) == keys.get(d)} for ds, per in cached.items()}
+
+    def keep_fitted(name: str, detector: detector_registry.Detector) -> None:
+        provenance = {**detector_registry.fit_provenance(store, model_id, fit_dataset), "score_key": keys[name]}
+        detector.save(keep / name, provenance=provenance)
+
     def persist(name: str, per_dataset: Mapping[str, np.ndarray]) -> None:
         # Saved as soon as a detector finishes, so an interrupted run resumes from the next detector.
         if run_dir is None:
@@ -224,6 +244,7 @@ def evaluate_store(
         progress=progress,
         cached=cached,
         on_detector_done=persist,
+        on_detector_fitted=keep_fitted if keep is not None else None,
     )
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)

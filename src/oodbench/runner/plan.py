@@ -9,8 +9,9 @@ Keys are content addresses of a unit's inputs: a unit's key hashes its own param
 reads, so changing a model, a dataset definition or a detector's hyper-parameter changes exactly the keys
 downstream of it. A unit is *cached* when the ledger holds a record with its key and its outputs verify.
 
-Fitted detectors are not persisted (k-NN keeps the whole fit set; refitting is cheaper than storing it): a fit
-unit is cached when every score unit it feeds is, and otherwise runs together with its pending score units.
+Fitted detectors are not persisted by default (k-NN keeps the whole fit set; refitting is cheaper than storing
+it): a fit unit is cached when every score unit it feeds is, and otherwise runs together with its pending score
+units. ``[detectors] save = true`` keeps each fitted detector under ``<workdir>/detectors/<model>/<detector>``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class Layout:
     def score_file(self, model: str, detector: str, dataset: str) -> Path:
         """Per-image scores of one (model, detector, dataset) unit."""
         return self.workdir / "units" / "scores" / model / detector / f"{dataset}.npy"
+
+    def detector_dir(self, model: str, detector: str) -> Path:
+        """A fitted detector kept by ``[detectors] save = true`` (load with oodbench.detectors.load)."""
+        return self.workdir / "detectors" / model / detector
 
     def run_dir(self, model: str) -> Path:
         """The evaluation run directory of one model (the layout of `oodbench evaluate --out`)."""
@@ -354,6 +359,8 @@ def _plan_fit_score(
     units: list[Unit],
     keys: dict[tuple[str, str], str],
 ) -> None:
+    from .. import detectors as detector_registry
+
     fit_units: list[Unit] = []
     score_units: list[Unit] = []
     test_sets = [config.id_test, *config.ood]
@@ -368,6 +375,9 @@ def _plan_fit_score(
         fit_items = extract_units[f"extract:{sid}/{config.fit}"].items
         for detector, params in config.detectors.items():
             fit_key = content_key("fit", keys[(model.id, config.fit)], detector, params, __version__)
+            plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
+            if plugin is not None:
+                fit_key = content_key(fit_key, plugin)
             fit_label = f"{model.id}/{detector}"
             fit_unit = Unit(
                 "fit",
@@ -402,6 +412,8 @@ def _plan_fit_score(
                 elif record is not None and _scores_verify(lay.score_file(model.id, detector, dataset), record):
                     unit.status = "cached"
                     unit.nbytes = lay.score_file(model.id, detector, dataset).stat().st_size
+                    if config.save_detectors and not (lay.detector_dir(model.id, detector) / "detector.json").is_file():
+                        unit.status = "stale"  # the scores are there, the fitted detector to keep is not
                 if unit.todo and reason is not None:
                     unit.note = f"will be skipped: {reason}"
                 mine.append(unit)

@@ -51,6 +51,12 @@ class Context:
     device: str = "auto"
     _backbone: tuple[str, Any] | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        # A Ray worker gets the config, not this process's registry: import the file's detector plugins there too.
+        from .. import detectors as detector_registry
+
+        detector_registry.load_plugins(self.config.plugins)
+
     @property
     def layout(self) -> Layout:
         return layout(self.config)
@@ -300,6 +306,10 @@ def run_fit_score(
     store.check_compatible(*[(model_id, name) for name in dict.fromkeys(names)])
     head = store.read_head(model_id) if store.has_head(model_id) else None
     fitted = registry.create(detector, **params).fit(store.read(model_id, config.fit), head)
+    if config.save_detectors:
+        fitted.save(
+            lay.detector_dir(model_id, detector), provenance=registry.fit_provenance(store, model_id, config.fit)
+        )
     done = []
     for item in todo:
         scores = fitted.score(store.read(model_id, item["dataset"]))
