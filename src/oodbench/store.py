@@ -138,6 +138,9 @@ class Store:
         """The entry's meta.json, checked to belong to this (model, dataset)."""
         path = self.entry_path(model_id, dataset_id)
         if not (path / "meta.json").is_file():
+            if not self.root.is_dir():
+                what = "is not a directory" if self.root.exists() else "does not exist"
+                raise StoreError(f"the store {self.root} {what} (no store entry {model_id}/{dataset_id})")
             known = self.datasets(model_id)
             hint = (
                 f"; datasets stored for {model_id!r}: {', '.join(known)}"

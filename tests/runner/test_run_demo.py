@@ -10,6 +10,7 @@ import typer
 from runner_helpers import CONFIGS, FAST_DEMO, demo_config
 from typer.testing import CliRunner
 
+from oodbench.cli import OodbenchGroup
 from oodbench.detectors.base import Detector
 from oodbench.errors import ConfigError, OodbenchError
 from oodbench.results import read_rows
@@ -159,7 +160,7 @@ def test_only_checks_prerequisites(tmp_path: Path) -> None:
 def test_cli_run_and_dry_run(demo_copy: Path) -> None:
     from oodbench.runner.cli import register
 
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
     app.command("noop")(lambda: None)  # a second command keeps `run` a named sub-command
     sets = [arg for item in FAST_DEMO for arg in ("--set", item)]

@@ -20,11 +20,6 @@ Plugins = Annotated[
 app = typer.Typer(help="List the registered detectors (built-ins and plugins) or scaffold a plugin.")
 
 
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
-
-
 def warn_plugin_failures() -> None:
     """Print one line per plugin that failed to load (the built-ins and other plugins still work)."""
     from . import registry
@@ -48,10 +43,7 @@ def list_detectors(ctx: typer.Context, plugin: Plugins = None) -> None:
 
     from . import registry
 
-    try:
-        registry.load_plugins(plugin or ())
-    except OodbenchError as exc:
-        _fail(exc)
+    registry.load_plugins(plugin or ())
     table = Table(title="oodbench detectors (higher score = more in-distribution)")
     for column in ("name", "origin", "requires", "defaults", "paper"):
         table.add_column(column, overflow="fold")
@@ -80,11 +72,8 @@ def new_plugin(
     """
     from .scaffold import identifiers, scaffold
 
-    try:
-        root = scaffold(name, out, force=force)
-        ids = identifiers(name)
-    except OodbenchError as exc:
-        _fail(exc)
+    root = scaffold(name, out, force=force)
+    ids = identifiers(name)
     typer.echo(f"wrote {root}: detector {ids['cls']} in src/{ids['package']}/detector.py")
     typer.echo(f"next: pip install -e {root} && oodbench detectors && pytest {root / 'tests'}")
 
@@ -117,28 +106,25 @@ def score_command(
     from ..store import Store
     from .artefact import check_provenance, load
 
-    try:
-        fitted = load(detector, plugins=plugin or (), check_versions=not ignore_versions)
-        provenance = getattr(fitted, "fit_provenance_", None) or {}
-        root = Store(store)
-        model_id = model or provenance.get("model_id")
-        if not model_id:
-            raise OodbenchError("the saved detector does not name its model; pass --model")
-        results = {}
-        for name in dataset:
-            check_provenance(provenance, root, model_id, name)
-            results[name] = fitted.score(root.read(model_id, name))
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            for name, scores in results.items():
-                np.save(out / f"{name}.npy", scores)
-                arrays = root.meta(model_id, name).get("arrays", {})
-                index = root.read_array(model_id, name, "index") if "index" in arrays else np.arange(len(scores))
-                table = np.column_stack([index, scores])
-                fmt = ["%d", "%.17g"]  # %.17g: the float64 scores round-trip exactly
-                np.savetxt(out / f"{name}.csv", table, fmt=fmt, delimiter=",", header="item_index,score", comments="")
-    except OodbenchError as exc:
-        _fail(exc)
+    fitted = load(detector, plugins=plugin or (), check_versions=not ignore_versions)
+    provenance = getattr(fitted, "fit_provenance_", None) or {}
+    root = Store(store)
+    model_id = model or provenance.get("model_id")
+    if not model_id:
+        raise OodbenchError("the saved detector does not name its model; pass --model")
+    results = {}
+    for name in dataset:
+        check_provenance(provenance, root, model_id, name)
+        results[name] = fitted.score(root.read(model_id, name))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, scores in results.items():
+            np.save(out / f"{name}.npy", scores)
+            arrays = root.meta(model_id, name).get("arrays", {})
+            index = root.read_array(model_id, name, "index") if "index" in arrays else np.arange(len(scores))
+            table = np.column_stack([index, scores])
+            fmt = ["%d", "%.17g"]  # %.17g: the float64 scores round-trip exactly
+            np.savetxt(out / f"{name}.csv", table, fmt=fmt, delimiter=",", header="item_index,score", comments="")
     for name, scores in results.items():
         quartiles = np.percentile(scores, [25, 50, 75])
         sys.stdout.write(
