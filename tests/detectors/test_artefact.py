@@ -101,6 +101,10 @@ def test_saving_refuses_unfitted_detectors_and_foreign_objects(problem, tmp_path
     detector.holder_ = Holder()
     with pytest.raises(DetectorError, match="cannot save holder_: a .*Holder is not an array"):
         detector.save(tmp_path / "foreign")
+    detector.holder_ = [1]
+    detector.holder_.append(detector.holder_)
+    with pytest.raises(DetectorError, match=r"cannot save holder_\[1\]: it refers back to itself"):
+        detector.save(tmp_path / "cycle")
     detector.holder_ = np.array(["text"])
     with pytest.raises(DetectorError, match="arrays of dtype <U4 are not supported"):
         detector.save(tmp_path / "strings")
