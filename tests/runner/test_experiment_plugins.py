@@ -44,8 +44,10 @@ def experiment(tmp_path):
     ):
         table.clear()
         table.update(content)
+    # Only the plugin's module: dropping a C extension imported meanwhile would crash its reimport.
     for name in set(sys.modules) - saved[3]:
-        del sys.modules[name]
+        if name.startswith("oodbench_plugin_"):
+            del sys.modules[name]
 
 
 def load(path, *extra):

@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from ..errors import DetectorError
+from ..names import check_name
 from .base import Detector
 
 __all__ = [
@@ -126,8 +127,8 @@ def register(name: str) -> Callable[[D], D]:
     def decorate(cls: D) -> D:
         if not (isinstance(cls, type) and issubclass(cls, Detector)):
             raise DetectorError(f"detector {name!r}: {cls!r} is not a subclass of oodbench.detectors.Detector")
-        if not isinstance(name, str) or not name or name != name.strip():
-            raise DetectorError(f"detector names must be non-empty strings without surrounding spaces; got {name!r}")
+        # The name becomes a folder (run directories, kept detectors), so it follows the one rule for names.
+        check_name(name, "detector name", error=DetectorError)
         taken = _REGISTRY.get(name)
         if taken is not None and taken is not cls:
             raise DetectorError(
