@@ -233,7 +233,7 @@ def test_fit_provenance_reads_the_store_entry(tiny_store):
 def test_evaluate_takes_plugin_files_and_keys_their_scores_by_source(tiny_store, tmp_path):
     from oodbench.detectors import registry
 
-    saved = (dict(registry._REGISTRY), dict(registry._ORIGINS), dict(registry._LOADED_MODULES))
+    saved = registry._snapshot()
     plugin = tmp_path / "neg_norm.py"
     source = (
         "import numpy as np\nfrom oodbench.detectors import Detector, Requirements, register\n\n\n"
@@ -256,8 +256,4 @@ def test_evaluate_takes_plugin_files_and_keys_their_scores_by_source(tiny_store,
         second = json.loads((run / "run.json").read_text())["score_keys"]
         assert second["energy"] == first["energy"] and second["neg_norm"] != first["neg_norm"]
     finally:
-        for table, content in zip(
-            (registry._REGISTRY, registry._ORIGINS, registry._LOADED_MODULES), saved, strict=True
-        ):
-            table.clear()
-            table.update(content)
+        registry._restore(saved)

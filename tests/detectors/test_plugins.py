@@ -52,27 +52,12 @@ class {cls}(Detector):
 @pytest.fixture
 def clean_registry():
     """Restore the registry, its plugin bookkeeping, sys.path and the plugin modules after the test."""
-    saved = (
-        dict(registry._REGISTRY),
-        dict(registry._ORIGINS),
-        dict(registry._FAILURES),
-        dict(registry._LOADED_MODULES),
-        dict(registry._FILE_MODULES),
-        registry._entry_points_state,
-    )
+    saved = registry._snapshot()
     path, modules = list(sys.path), set(sys.modules)
     registry._entry_points_state = "not loaded"
     registry._package_distributions.cache_clear()
     yield
-    for table, content in zip(
-        (registry._REGISTRY, registry._ORIGINS, registry._FAILURES, registry._LOADED_MODULES, registry._FILE_MODULES),
-        saved[:5],
-        strict=True,
-    ):
-        table.clear()
-        table.update(content)
-    registry._entry_points_state = saved[5]
-    registry._package_distributions.cache_clear()
+    registry._restore(saved)
     sys.path[:] = path
     # Only the test's own plugin modules: dropping a C extension imported meanwhile (faiss) would crash its reimport.
     plugin_roots = ("normplug", "brokenplug", "clashplug", "otherplug", "oodbench_plugin_")

@@ -34,18 +34,14 @@ class NegNorm(Detector):
 @pytest.fixture
 def experiment(tmp_path):
     """The demo experiment with a detector plugin file next to it, named relative to the file."""
-    saved = (dict(registry._REGISTRY), dict(registry._ORIGINS), dict(registry._LOADED_MODULES), set(sys.modules))
+    saved, modules = registry._snapshot(), set(sys.modules)
     (tmp_path / "norm_plugin.py").write_text(PLUGIN.format(suffix=""))
     text = (CONFIGS / "demo.toml").read_text(encoding="utf-8")
     (tmp_path / "exp.toml").write_text('plugins = ["norm_plugin.py"]\n' + text)
     yield tmp_path
-    for table, content in zip(
-        (registry._REGISTRY, registry._ORIGINS, registry._LOADED_MODULES), saved[:3], strict=True
-    ):
-        table.clear()
-        table.update(content)
+    registry._restore(saved)
     # Only the plugin's module: dropping a C extension imported meanwhile would crash its reimport.
-    for name in set(sys.modules) - saved[3]:
+    for name in set(sys.modules) - modules:
         if name.startswith("oodbench_plugin_"):
             del sys.modules[name]
 

@@ -264,6 +264,22 @@ def detector_fingerprint(name: str) -> str | None:
     return f"{where.distribution or where.module}=={where.version or '?'}+{where.source_hash or '?'}"
 
 
+def _snapshot() -> tuple[Any, ...]:
+    """The registry and its plugin bookkeeping, for tests that register and must leave no trace."""
+    tables = (_REGISTRY, _ORIGINS, _FAILURES, _LOADED_MODULES, _FILE_MODULES)
+    return (*(dict(t) for t in tables), _entry_points_state)
+
+
+def _restore(snapshot: tuple[Any, ...]) -> None:
+    """Put back a `_snapshot()` (and forget cached distribution lookups)."""
+    global _entry_points_state
+    for table, content in zip((_REGISTRY, _ORIGINS, _FAILURES, _LOADED_MODULES, _FILE_MODULES), snapshot, strict=False):
+        table.clear()
+        table.update(content)
+    _entry_points_state = snapshot[-1]
+    _package_distributions.cache_clear()
+
+
 # ----------------------------------------------------------------------------------------------- lookup
 def get_class(name: str) -> type[Detector]:
     """The class registered under `name`."""
