@@ -190,7 +190,6 @@ CASES = [
 # Known gaps that another area's open fix (issue 14) closes; strict, so the fix makes the mark fail and go.
 KNOWN = {
     "vocab-import-empty": "an empty vocabulary file is imported as 0 labels (zeroshot, issue 14)",
-    "zeroshot-table-garbage": "zeroshot table reads run.json itself; it moves to RunDir",
 }
 
 

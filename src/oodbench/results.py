@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .atomic import atomic_path
 from .errors import AnalysisError
 
-__all__ = ["ResultRow", "SCHEMA", "write_rows", "read_rows", "rows_from_metrics"]
+__all__ = ["ResultRow", "SCHEMA", "write_rows", "read_rows", "rows_from_metrics", "metric_rows"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,27 @@ def rows_from_metrics(
     ]
 
 
+def metric_rows(
+    model: str,
+    id_dataset: str,
+    ood_datasets: Sequence[str],
+    detectors: Sequence[str],
+    scores: Mapping[str, Mapping[str, np.ndarray]],
+    tpr: float,
+) -> list[ResultRow]:
+    """Every metric of every detector on every OOD set, from per-image scores {dataset: {detector: scores}}."""
+    from . import metrics
+
+    rows: list[ResultRow] = []
+    for detector in detectors:
+        id_scores = scores[id_dataset][detector]
+        for ood in ood_datasets:
+            ood_scores = scores[ood][detector]
+            values = metrics.evaluate(id_scores, ood_scores, tpr)
+            rows.extend(rows_from_metrics(model, id_dataset, ood, detector, values, len(id_scores), len(ood_scores)))
+    return rows
+
+
 def write_rows(rows: Iterable[ResultRow], path: str | os.PathLike[str]) -> Path:
     """Write rows to a Parquet file atomically (temporary name, then rename)."""
     path = Path(path)
@@ -84,10 +106,13 @@ def read_rows(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) 
         raise AnalysisError(f"no .parquet result files found in {', '.join(map(str, paths))}")
     rows: list[ResultRow] = []
     for file in files:
-        table = pq.read_table(file)
+        try:
+            table = pq.read_table(file)
+        except (pa.ArrowException, OSError) as exc:
+            raise AnalysisError(f"{file} is not a readable Parquet result table: {exc}") from None
         missing = [name for name in SCHEMA.names if name not in table.column_names]
         if missing:
             raise AnalysisError(f"{file} is not a result table: missing columns {missing}")
         data = table.select(SCHEMA.names).to_pydict()
-        rows.extend(ResultRow(*values) for values in zip(*(data[name] for name in SCHEMA.names)))
+        rows.extend(ResultRow(*values) for values in zip(*(data[name] for name in SCHEMA.names), strict=True))
     return rows
