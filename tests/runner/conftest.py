@@ -24,7 +24,7 @@ def offline_hubs(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     """A demo work directory after one complete run, and that run's report."""
-    from oodbench.runner.engine import run_experiment
+    from oodbench.runner.executor import run_experiment
 
     workdir = tmp_path_factory.mktemp("demo") / "run"
     report = run_experiment(demo_config(workdir), progress=False)

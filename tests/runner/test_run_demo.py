@@ -14,7 +14,7 @@ from oodbench.cli import OodbenchGroup
 from oodbench.detectors.base import Detector
 from oodbench.errors import ConfigError, OodbenchError
 from oodbench.results import read_rows
-from oodbench.runner.engine import run_experiment
+from oodbench.runner.executor import run_experiment
 from oodbench.runner.plan import build_plan
 
 ALL_DETECTORS = 21

@@ -44,7 +44,7 @@ def run_command(
     Example: oodbench run configs/fi-imagenet-1k.toml --engine ray --only extract
     """
     from .config import load_config
-    from .engine import run_experiment
+    from .executor import run_experiment
     from .plan import STAGES, build_plan, format_plan, plan_json
 
     config = load_config(experiment, overrides=set_values or (), workdir=out)
