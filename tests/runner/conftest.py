@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runner_helpers import demo_config
+from .helpers import demo_config
 
 # The model runs reuse the extraction tests' generated images and tiny open_clip config (tests/extract/extract_helpers.py).
 # Appended, not prepended: pytest puts each test folder first when it imports that folder's conftest.py.

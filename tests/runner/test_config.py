@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_helpers import CONFIGS
+from .helpers import CONFIGS
 
 from oodbench.errors import ConfigError
 from oodbench.runner.config import apply_overrides, load_config, missing_roots, parse_config

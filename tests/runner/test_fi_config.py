@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from runner_helpers import CONFIGS
+from .helpers import CONFIGS
 from typer.testing import CliRunner
 
 from oodbench import detectors

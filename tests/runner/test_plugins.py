@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from runner_helpers import CONFIGS, FAST_DEMO
+from .helpers import CONFIGS, FAST_DEMO
 
 from oodbench.detectors import registry
 from oodbench.errors import ConfigError

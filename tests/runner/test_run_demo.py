@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from runner_helpers import CONFIGS, FAST_DEMO, demo_config
+from .helpers import CONFIGS, FAST_DEMO, demo_config
 from typer.testing import CliRunner
 
 from oodbench.cli import OodbenchGroup
