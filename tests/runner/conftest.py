@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from .helpers import demo_config
 
 # The model runs reuse the extraction tests' generated images and tiny open_clip config (tests/extract/extract_helpers.py).

@@ -8,13 +8,14 @@ import sys
 
 import numpy as np
 import pytest
-from .helpers import CONFIGS, FAST_DEMO
 
 from oodbench.detectors import registry
 from oodbench.errors import ConfigError
 from oodbench.runner.config import load_config
 from oodbench.runner.plan import build_plan
 from oodbench.store import Store
+
+from .helpers import CONFIGS, FAST_DEMO
 
 PLUGIN = """
 import numpy as np

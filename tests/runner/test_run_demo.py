@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import typer
-from .helpers import CONFIGS, FAST_DEMO, demo_config
 from typer.testing import CliRunner
 
 from oodbench.cli import OodbenchGroup
@@ -16,6 +15,8 @@ from oodbench.errors import ConfigError, OodbenchError
 from oodbench.results import read_rows
 from oodbench.runner.executor import run_experiment
 from oodbench.runner.plan import build_plan
+
+from .helpers import CONFIGS, FAST_DEMO, demo_config
 
 ALL_DETECTORS = 21
 
