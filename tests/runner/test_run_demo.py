@@ -170,6 +170,7 @@ def test_cli_run_and_dry_run(demo_copy: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "everything cached" in result.output and "report.html" in result.output
+    assert "## digits-cnn" in result.output and "| knn" in result.output  # the results table, not only counts
     result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--out", str(demo_copy), "--dry-run", *sets])
     assert result.exit_code == 0, result.output
     assert "cached   digits-cnn/knn/noise" in result.output
