@@ -178,6 +178,44 @@ CASES = [
         "audit-overlap-truncated",
         ["audit", "overlap", "--store", "{bad}/store-truncated", "--model", "toy", "--id", "id", "--ood", "ood"],
     ),
+    (
+        "audit-battery-missing-store",
+        ["audit", "battery", "--store", "{bad}/nope", "--model", "toy", "--train", "fit", "--test", "id"],
+    ),
+    ("audit-scan-malformed-suite", ["audit", "scan", "--suite", "{bad}/malformed.json"]),
+    (
+        "vocab-build-union-missing",
+        ["zeroshot", "vocab", "build", "union", "--wordnet", "wn", "--siblings", "sib", "--vocab-dir", "{bad}/nope"],
+    ),
+    (
+        "extract-missing-data",
+        [
+            "extract",
+            "--model",
+            "resnet18",
+            "--store",
+            "{out}/store",
+            "--data",
+            "{bad}/nope",
+            "--format",
+            "folder",
+            "--no-pretrained",
+        ],
+    ),
+    (
+        "annotate-evidence-missing-project",
+        [
+            "annotate",
+            "evidence",
+            "{bad}/nope",
+            "--image-embeddings",
+            "{bad}/truncated.npy",
+            "--keys",
+            "{bad}/keys.txt",
+            "--text-embeddings",
+            "{bad}/nan.npy",
+        ],
+    ),
     # the annotation app
     ("annotate-init-missing-images", ["annotate", "init", "{out}/project", "--images", "{bad}/nope"]),
     ("annotate-status-missing", ["annotate", "status", "{bad}/nope"]),
@@ -190,7 +228,6 @@ CASES = [
 # Known gaps that another area's open fix (issue 14) closes; strict, so the fix makes the mark fail and go.
 KNOWN = {
     "vocab-import-empty": "an empty vocabulary file is imported as 0 labels (zeroshot, issue 14)",
-    "zeroshot-table-garbage": "zeroshot table reads run.json itself; it moves to RunDir",
 }
 
 

@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 
 from .cli_params import parse_params
 from .errors import OodbenchError
+from .names import suggest
 
 EXPECTED = 2  # exit status of an expected error (bad input, bad parameter)
 UNEXPECTED = 1  # exit status of a bug or an environment failure (traceback in the log file)
@@ -140,10 +141,26 @@ def evaluate(
     registry.load_plugins(plugin or ())
     warn_plugin_failures()
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else registry.available()
+    for name in names:
+        if name not in registry.available():
+            raise typer.BadParameter(
+                f"--detectors: unknown detector {name!r}{suggest(name, registry.available())} "
+                "(list them with `oodbench detectors`)"
+            )
     overrides = parse_params(param)
     unknown = sorted(set(overrides) - set(names))
     if unknown:
         raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
+    for name, given in overrides.items():
+        allowed = registry.get_class(name).param_names()
+        for key in given:
+            if key not in allowed:
+                raise typer.BadParameter(
+                    f"--param {name}.{key}: {name} has no parameter {key!r}{suggest(key, allowed)} "
+                    f"(its parameters: {', '.join(allowed) or 'none'})"
+                )
+    if not store.is_dir():
+        raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
     plan = {name: overrides.get(name, {}) for name in names}
     result = evaluate_store(
         store,
@@ -243,7 +260,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = EXPECTED
     except UsageError as exc:  # a missing or malformed option: one line, and where to look
         command = exc.ctx.command_path if exc.ctx is not None else "oodbench"
-        CliError(f"{exc.format_message()} (see: {command} --help)", EXPECTED).show()
+        # A BadParameter raised by the command itself names its option in the message: no "Invalid value:" prefix.
+        bare = getattr(exc, "param", True) is None and getattr(exc, "param_hint", True) is None
+        CliError(f"{exc.message if bare else exc.format_message()} (see: {command} --help)", EXPECTED).show()
         code = EXPECTED
     except typer.Abort:
         typer.secho("aborted", err=True)

@@ -8,13 +8,14 @@ import sys
 
 import numpy as np
 import pytest
-from runner_helpers import CONFIGS, FAST_DEMO
 
 from oodbench.detectors import registry
 from oodbench.errors import ConfigError
 from oodbench.runner.config import load_config
 from oodbench.runner.plan import build_plan
 from oodbench.store import Store
+
+from .helpers import CONFIGS, FAST_DEMO
 
 PLUGIN = """
 import numpy as np
@@ -81,7 +82,7 @@ def test_fit_keys_of_a_plugin_follow_its_source_and_builtin_keys_do_not(experime
 def test_detectors_save_keeps_the_fitted_detectors_and_a_rerun_adds_missing_ones(experiment):
     from oodbench.detectors import load as load_detector
     from oodbench.detectors import read_meta
-    from oodbench.runner.engine import run_experiment
+    from oodbench.runner.executor import run_experiment
 
     fast = ('detectors.include=["energy","neg_norm"]', "detectors.params={}", "detectors.save=true")
     config = load(experiment, *fast)

@@ -330,25 +330,14 @@ def _model_arrays(store: Store, model: str, datasets: Iterable[str]) -> dict[str
     return arrays
 
 
-def unmet_requirements(
+def skip_reason(
     detector: str, params: Mapping[str, Any], arrays: Mapping[str, set[str]], fit: str, has_head: bool
 ) -> str | None:
-    """Why a detector (with these hyper-parameters) cannot run on a model's arrays, or None."""
+    """Why a detector (with these hyper-parameters) cannot run on a model's arrays (`Detector.unmet`), or None."""
     from .. import detectors as registry
 
-    requires = registry.create(detector, **params).requirements()
-    missing_fit = sorted(requires.fit - arrays[fit])
-    if missing_fit:
-        return f"fit set lacks {', '.join(missing_fit)}"
-    if requires.head and not has_head:
-        return "no head stored for the model"
-    for dataset, names in arrays.items():
-        if dataset == fit:
-            continue
-        missing = sorted(requires.score - names)
-        if missing:
-            return f"{dataset} lacks {', '.join(missing)}"
-    return None
+    tests = {dataset: names for dataset, names in arrays.items() if dataset != fit}
+    return "; ".join(registry.create(detector, **params).unmet(arrays[fit], tests, has_head=has_head)) or None
 
 
 def _plan_fit_score(
@@ -389,7 +378,7 @@ def _plan_fit_score(
                 deps=(f"extract:{sid}/{config.fit}",) + probe,
                 spec={"params": params},
             )
-            reason = unmet_requirements(detector, params, arrays, config.fit, has_head) if arrays is not None else None
+            reason = skip_reason(detector, params, arrays, config.fit, has_head) if arrays is not None else None
             mine: list[Unit] = []
             for dataset in test_sets:
                 key = content_key("score", fit_key, keys[(model.id, dataset)], config.tpr)

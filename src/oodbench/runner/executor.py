@@ -1,4 +1,4 @@
-"""Run a plan: stage by stage, only the units that are not cached, in this process or fanned out on Ray.
+"""Execute a plan: stage by stage, only the units that are not cached, in this process or fanned out on Ray.
 
 Before any work the run checks that every dataset root it will read exists, so a missing input fails at once with
 its key. Each stage is re-planned from disk
