@@ -78,6 +78,8 @@ class LLMError(OodbenchError):
 class LLMInterrupted(LLMError):
     """The user interrupted (Ctrl-C) a batch of requests; what was received is cached."""
 
+    exit_code = 130  # the CLI exits as an interrupted program does
+
 
 @dataclass(frozen=True)
 class LLMConfig:

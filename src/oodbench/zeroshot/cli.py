@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from ..errors import OodbenchError
-from ..llm import LLMInterrupted
 
 app = typer.Typer(
     help="Zero-shot VLM OOD scores (MCM … GL-MCM, NegLabel, EOE) and negative-label vocabularies.", no_args_is_help=True
@@ -42,23 +40,6 @@ def use_text_embedder(factory: TextEmbedderFactory) -> None:
     """Set the factory of label embedders the commands use (the main CLI hands in extract's open_clip one)."""
     global _text_embedder
     _text_embedder = factory
-
-
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
-
-
-@contextlib.contextmanager
-def _reported() -> Iterator[None]:
-    """Turn a library error into `error: …` on stderr and exit status 2 (never a traceback)."""
-    try:
-        yield
-    except LLMInterrupted as exc:  # Ctrl-C during LLM requests: say what was kept, exit like an interrupt
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=130) from None
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 def _default_vocab_dir() -> Path:
@@ -170,44 +151,41 @@ def evaluate_command(
     from .table import load_run, table2_markdown
     from .vocab.artefact import VocabStore
 
-    with _reported():
-        id_classes = load_classes(classes)
-        vocabularies = VocabStore(vocab_dir or _default_vocab_dir()).load_many(vocab or [])
-        names = [s.strip() for s in scores.split(",") if s.strip()] if scores else list(DEFAULT_SCORES)
-        views = []
-        for model_id in model:
-            # WordNet lists are mined with one model's text tower: each model gets only its own (or model-free) ones.
-            usable = [v for v in vocabularies if v.provenance.get("model") in (None, model_id)]
-            for other in sorted({v.ref for v in vocabularies} - {v.ref for v in usable}):
-                typer.secho(
-                    f"{model_id}: not using {other} (mined with another model)", fg=typer.colors.YELLOW, err=True
-                )
-            plan = make_plan(
-                names,
-                usable,
-                vocab_scores=vocab_score or None,
-                sweep_k=_ints(sweep_k, "--sweep-k"),
-                sweep_m=_ints(sweep_m, "--sweep-m"),
-                params=parse_params(param),
-                tau=tau,
-            )
-            typer.echo(f"{model_id}: {len(plan.detectors)} score columns", err=True)
-            embed = _embedder(store, model_id, None, pretrained, device)
-            result = evaluate_zeroshot_store(
-                Store(store),
-                model_id,
-                id_dataset,
-                ood,
-                id_classes,
-                embed,
-                plan,
-                out_dir=out / model_id,
-                progress=progress,
-            )
-            for name, reason in result.skipped.items():
-                typer.secho(f"{model_id}: skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
-            views.append(load_run(out / model_id))
-        sys.stdout.write(table2_markdown(views, metric=metric))
+    id_classes = load_classes(classes)
+    vocabularies = VocabStore(vocab_dir or _default_vocab_dir()).load_many(vocab or [])
+    names = [s.strip() for s in scores.split(",") if s.strip()] if scores else list(DEFAULT_SCORES)
+    views = []
+    for model_id in model:
+        # WordNet lists are mined with one model's text tower: each model gets only its own (or model-free) ones.
+        usable = [v for v in vocabularies if v.provenance.get("model") in (None, model_id)]
+        for other in sorted({v.ref for v in vocabularies} - {v.ref for v in usable}):
+            typer.secho(f"{model_id}: not using {other} (mined with another model)", fg=typer.colors.YELLOW, err=True)
+        plan = make_plan(
+            names,
+            usable,
+            vocab_scores=vocab_score or None,
+            sweep_k=_ints(sweep_k, "--sweep-k"),
+            sweep_m=_ints(sweep_m, "--sweep-m"),
+            params=parse_params(param),
+            tau=tau,
+        )
+        typer.echo(f"{model_id}: {len(plan.detectors)} score columns", err=True)
+        embed = _embedder(store, model_id, None, pretrained, device)
+        result = evaluate_zeroshot_store(
+            Store(store),
+            model_id,
+            id_dataset,
+            ood,
+            id_classes,
+            embed,
+            plan,
+            out_dir=out / model_id,
+            progress=progress,
+        )
+        for name, reason in result.skipped.items():
+            typer.secho(f"{model_id}: skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+        views.append(load_run(out / model_id))
+    sys.stdout.write(table2_markdown(views, metric=metric))
     typer.echo(f"runs: {', '.join(str(out / m) for m in model)}  (per-run table.md, results.parquet, run.json)")
 
 
@@ -225,14 +203,13 @@ def table_command(
     """
     from .table import find_runs, load_run, sweep_markdown, table2_markdown
 
-    with _reported():
-        views = [load_run(path) for path in find_runs(runs)]
-        sys.stdout.write(table2_markdown(views, metric=metric, ood=ood))
-        if sweeps:
-            for view in views:
-                block = sweep_markdown(view, metric=metric)
-                if block:
-                    sys.stdout.write(f"\n### {view.model}\n\n{block}")
+    views = [load_run(path) for path in find_runs(runs)]
+    sys.stdout.write(table2_markdown(views, metric=metric, ood=ood))
+    if sweeps:
+        for view in views:
+            block = sweep_markdown(view, metric=metric)
+            if block:
+                sys.stdout.write(f"\n### {view.model}\n\n{block}")
 
 
 @app.command("scores")
@@ -295,8 +272,7 @@ def vocab_show(
     """
     from .vocab.artefact import VocabStore
 
-    with _reported():
-        vocab = VocabStore(vocab_dir or _default_vocab_dir()).load(ref)
+    vocab = VocabStore(vocab_dir or _default_vocab_dir()).load(ref)
     typer.echo(f"{vocab.ref} kind={vocab.kind} deployable={vocab.deployable} size={len(vocab)} hash={vocab.hash}")
     typer.echo("params: " + json.dumps(vocab.params, default=str))
     typer.echo(
@@ -328,13 +304,12 @@ def vocab_import(
     from ..classes import load_classes
     from .vocab.builders import import_vocabulary, neglabel_reference_list
 
-    with _reported():
-        if str(path) == "neglabel:in1k-10k":
-            path = neglabel_reference_list()
-        vocab = import_vocabulary(
-            path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
-        )
-        _save(vocab_dir or _default_vocab_dir(), vocab)
+    if str(path) == "neglabel:in1k-10k":
+        path = neglabel_reference_list()
+    vocab = import_vocabulary(
+        path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
+    )
+    _save(vocab_dir or _default_vocab_dir(), vocab)
 
 
 @build_app.command("wordnet")
@@ -365,18 +340,17 @@ def build_wordnet(
     from .vocab.lexicon import NEGLABEL_EXCLUDED_LEXNAMES, Lexicon
     from .vocab.wordnet_negmining import mine_wordnet_negatives
 
-    with _reported():
-        vocab = mine_wordnet_negatives(
-            load_classes(classes),
-            _embedder(store, model, openclip_model, pretrained, device),
-            m=m,
-            percentile=percentile,
-            exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
-            lexicon=Lexicon.read(lexicon) if lexicon is not None else None,
-            name=name or f"wordnet-{model}",
-            model=model,
-        )
-        _save(vocab_dir or _default_vocab_dir(), vocab)
+    vocab = mine_wordnet_negatives(
+        load_classes(classes),
+        _embedder(store, model, openclip_model, pretrained, device),
+        m=m,
+        percentile=percentile,
+        exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
+        lexicon=Lexicon.read(lexicon) if lexicon is not None else None,
+        name=name or f"wordnet-{model}",
+        model=model,
+    )
+    _save(vocab_dir or _default_vocab_dir(), vocab)
 
 
 @build_app.command("siblings")
@@ -425,37 +399,36 @@ def build_siblings(
     from .vocab.siblings import generate_siblings
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        id_classes = load_classes(classes)
-        client = _llm_client(
-            directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, temperature
+    id_classes = load_classes(classes)
+    client = _llm_client(
+        directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, temperature
+    )
+    with progress_bar() as bar:
+        task = bar.add_task("LLM siblings", total=len(id_classes) * generations)
+        vocab = generate_siblings(
+            id_classes,
+            client,
+            per_class=per_class,
+            generations=generations,
+            k=k,
+            seed=seed,
+            workers=workers,
+            context=context,
+            name=name,
+            max_attempts=max_attempts,
+            allow_incomplete=allow_incomplete,
+            on_progress=lambda _i: bar.advance(task),
         )
-        with progress_bar() as bar:
-            task = bar.add_task("LLM siblings", total=len(id_classes) * generations)
-            vocab = generate_siblings(
-                id_classes,
-                client,
-                per_class=per_class,
-                generations=generations,
-                k=k,
-                seed=seed,
-                workers=workers,
-                context=context,
-                name=name,
-                max_attempts=max_attempts,
-                allow_incomplete=allow_incomplete,
-                on_progress=lambda _i: bar.advance(task),
-            )
-        missing = vocab.provenance["classes_without_enough_names"]
-        if missing:
-            typer.secho(
-                f"saved with --allow-incomplete: {len(missing)} classes got too few usable siblings "
-                f"(e.g. {missing[:3]}); a rerun asks them again",
-                fg=typer.colors.YELLOW,
-                err=True,
-            )
-        _save(directory, vocab)
-        typer.echo(f"LLM requests sent {client.stats['requests']}, answered from cache {client.stats['cache_hits']}")
+    missing = vocab.provenance["classes_without_enough_names"]
+    if missing:
+        typer.secho(
+            f"saved with --allow-incomplete: {len(missing)} classes got too few usable siblings "
+            f"(e.g. {missing[:3]}); a rerun asks them again",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+    _save(directory, vocab)
+    typer.echo(f"LLM requests sent {client.stats['requests']}, answered from cache {client.stats['cache_hits']}")
 
 
 @build_app.command("eoe")
@@ -492,23 +465,22 @@ def build_eoe(
     from .vocab.eoe import generate_eoe_outliers
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        client = _llm_client(
-            directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
-        )
-        vocab = generate_eoe_outliers(
-            load_classes(classes),
-            client,
-            task=task,
-            size=size,
-            per_class=per_class,
-            super_class=super_class,
-            max_requests=max_requests,
-            workers=workers,
-            name=name,
-            allow_incomplete=allow_incomplete,
-        )
-        _save(directory, vocab)
+    client = _llm_client(
+        directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
+    )
+    vocab = generate_eoe_outliers(
+        load_classes(classes),
+        client,
+        task=task,
+        size=size,
+        per_class=per_class,
+        super_class=super_class,
+        max_requests=max_requests,
+        workers=workers,
+        name=name,
+        allow_incomplete=allow_incomplete,
+    )
+    _save(directory, vocab)
 
 
 @build_app.command("union")
@@ -527,9 +499,8 @@ def build_union_command(
     from .vocab.builders import build_union
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        vocabs = VocabStore(directory)
-        _save(directory, build_union(vocabs.load(wordnet), vocabs.load(siblings), name=name))
+    vocabs = VocabStore(directory)
+    _save(directory, build_union(vocabs.load(wordnet), vocabs.load(siblings), name=name))
 
 
 @build_app.command("oracle")
@@ -551,14 +522,13 @@ def build_oracle_command(
     from ..store import Store
     from .vocab.builders import build_oracle, oracle_labels_from_store, read_label_file
 
-    with _reported():
-        sources: dict[str, list[str]] = {}
-        for path in labels or []:
-            content = read_label_file(path)
-            sources[path.name] = content if isinstance(content, list) else [x for v in content.values() for x in v]
-        if dataset:
-            if store is None or model is None:
-                raise typer.BadParameter("--dataset needs --store and --model")
-            for dataset_id in dataset:
-                sources[dataset_id] = oracle_labels_from_store(Store(store), model, dataset_id)
-        _save(vocab_dir or _default_vocab_dir(), build_oracle(sources, load_classes(classes), name=name))
+    sources: dict[str, list[str]] = {}
+    for path in labels or []:
+        content = read_label_file(path)
+        sources[path.name] = content if isinstance(content, list) else [x for v in content.values() for x in v]
+    if dataset:
+        if store is None or model is None:
+            raise typer.BadParameter("--dataset needs --store and --model")
+        for dataset_id in dataset:
+            sources[dataset_id] = oracle_labels_from_store(Store(store), model, dataset_id)
+    _save(vocab_dir or _default_vocab_dir(), build_oracle(sources, load_classes(classes), name=name))
