@@ -7,14 +7,12 @@ import json
 
 import numpy as np
 import pytest
-import typer
-from typer.testing import CliRunner
 
 from oodbench.classes import ClassList, ClassListError, imagenet_wnids, load_classes
+from oodbench.cli import main
 from oodbench.errors import ZeroShotError
 from oodbench.outputs import Outputs
 from oodbench.store import Store
-from oodbench.zeroshot.cli import register
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 from oodbench.zeroshot.vocab.builders import (
     build_oracle,
@@ -171,10 +169,8 @@ def test_class_lists(tmp_path):
         ClassList((), None, "nothing")
 
 
-def test_import_refuses_an_empty_file_and_a_list_of_id_names(tmp_path):
+def test_import_refuses_an_empty_file_and_a_list_of_id_names(tmp_path, capsys):
     # Before: both were saved as a 0-label vocabulary and `vocab import` exited 0 ("0 labels").
-    app = typer.Typer()
-    register(app)
     classes = tmp_path / "classes.txt"
     classes.write_text("cat\ndog\n")
     empty, only_ids = tmp_path / "empty.txt", tmp_path / "ids.txt"
@@ -182,11 +178,10 @@ def test_import_refuses_an_empty_file_and_a_list_of_id_names(tmp_path):
     only_ids.write_text("Cat\ndog.\n")
     vocab_dir = tmp_path / "vocab"
     for path, message in ((empty, "holds no labels"), (only_ids, "every label is an ID class name")):
-        result = CliRunner().invoke(
-            app,
-            ["zeroshot", "vocab", "import", str(path), "--name", "v", "--classes", str(classes)]
-            + ["--vocab-dir", str(vocab_dir)],
-        )
-        assert result.exit_code == 2 and message in result.output, result.output
-        assert len(result.output.strip().splitlines()) == 1
+        argv = ["zeroshot", "vocab", "import", str(path), "--name", "v", "--classes", str(classes)]
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "--vocab-dir", str(vocab_dir)])  # the console entry point
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err, err
+        assert len(err.strip().splitlines()) == 1
     assert not vocab_dir.exists() or not any(vocab_dir.rglob("*.json"))

@@ -462,7 +462,7 @@ def test_cli_exposes_the_reask_limit_and_refuses_unanswered_classes(tmp_path, mo
 
     from oodbench.zeroshot.cli import register
 
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
     classes = tmp_path / "classes.txt"
     classes.write_text("tench\ngoldfish\n")
@@ -580,7 +580,7 @@ def test_api_key_precedence_is_arguments_then_config_file_then_environment(tmp_p
     assert LLMConfig.resolve(base_url="http://x", model="m", config_file=config).api_key == "sk-file"
     assert LLMConfig.resolve(base_url="http://x", model="m", config_file=config, api_key="sk-arg").api_key == "sk-arg"
     assert LLMConfig.resolve(base_url="http://x", model="m").api_key == "sk-env"
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
     classes = tmp_path / "classes.txt"
     classes.write_text("tench\n")
