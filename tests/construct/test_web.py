@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from construct_helpers import PASSWORD, csrf_of, login
+
+from .helpers import PASSWORD, csrf_of, login
 
 pytest.importorskip("fastapi", reason="the annotation app needs the 'web' extra")
 from fastapi.testclient import TestClient  # noqa: E402

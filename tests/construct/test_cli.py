@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from construct_helpers import shared_file, write_png
+
+from .helpers import shared_file, write_png
 
 pytest.importorskip("sqlalchemy", reason="the annotation database needs the 'web' extra")
 from typer.testing import CliRunner  # noqa: E402

@@ -6,10 +6,11 @@ import threading
 
 import pytest
 import sqlalchemy as sa
-from construct_helpers import PASSWORD, build_project
 
 from oodbench.construct.protocol import Judgement, Status, Verdict
 from oodbench.errors import ConstructError
+
+from .helpers import PASSWORD, build_project
 
 
 def users(store):

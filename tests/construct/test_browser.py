@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from construct_helpers import PASSWORD, build_project
+
+from .helpers import PASSWORD, build_project
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [

@@ -7,7 +7,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from construct_helpers import shared_file
 
 from oodbench.construct.importers import (
     MTURK_FLAG,
@@ -21,6 +20,8 @@ from oodbench.construct.importers import (
     read_table,
 )
 from oodbench.errors import ConstructError
+
+from .helpers import shared_file
 
 
 @pytest.fixture(scope="module")
