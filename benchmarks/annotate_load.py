@@ -121,15 +121,21 @@ class Annotator:
         )
         if response.status_code != 303 or response.headers["location"] != "/":
             raise RuntimeError(f"{self.name} could not log in")
+        home = await self.timed("home", "GET", "/")
+        self.csrf = CSRF.search(home.text).group(1)  # one token per session: it serves every form
+
+    async def claim(self) -> httpx.Response:
+        """Take the next image (claims are POSTs; GET /annotate never writes)."""
+        return await self.timed("next (claim)", "POST", "/annotate", data={"csrf_token": self.csrf})
 
     async def stage1(self, deadline: float) -> None:
-        nxt = await self.timed("next (claim)", "GET", "/annotate")
+        nxt = await self.claim()
         while time.monotonic() < deadline:
             if nxt.status_code == 200:  # the empty-queue page
                 return
             location = nxt.headers["location"]
             if location == "/annotate":  # the queue ran dry after the last verdict
-                nxt = await self.timed("next (claim)", "GET", "/annotate")
+                nxt = await self.claim()
                 continue
             image_id = int(location.rsplit("/", 1)[1])
             page = await self.timed("Stage 1 page", "GET", location)
@@ -203,7 +209,7 @@ async def baseline(url: str, n: int = 200) -> dict[str, dict[str, float]]:
     timings: dict[str, list[float]] = defaultdict(list)
     probe = Annotator(0, url, timings, [], 0)
     await probe.login()
-    claim = await probe.client.get("/annotate")
+    claim = await probe.claim()
     page_path = claim.headers["location"]
     for _ in range(n):
         await probe.timed("healthz", "GET", "/healthz")

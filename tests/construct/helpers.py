@@ -96,3 +96,8 @@ def login(client, name: str, password: str = PASSWORD):
     """Log a TestClient in; returns the landing page response."""
     page = client.get("/login")
     return client.post("/login", data={"username": name, "password": password, "csrf_token": csrf_of(page.text)})
+
+
+def claim(client):
+    """Take the next image into the client's Stage 1 queue (a POST); returns the page it lands on."""
+    return client.post("/annotate", data={"csrf_token": csrf_of(client.get("/").text)})

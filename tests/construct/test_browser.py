@@ -73,7 +73,8 @@ def test_disagreement_resolved_in_stage3_reaches_the_export(served, tmp_path):
 
             # Stage 1, annotator 1: keyboard only. F flags fine-grained, O selects OOD and focuses the label.
             a = pages["ann1"]
-            a.goto(f"{url}/annotate")
+            a.goto(f"{url}/annotate")  # a GET claims nothing: the page offers the next image
+            a.keyboard.press("Enter")  # the focused "Take the next image" button (a POST)
             a.wait_for_url("**/annotate/*")
             assert a.eval_on_selector("#subject", "img => img.complete && img.naturalWidth") == 16
             a.keyboard.press("f")
@@ -86,6 +87,7 @@ def test_disagreement_resolved_in_stage3_reaches_the_export(served, tmp_path):
             # Annotator 2 disagrees: takes the original label from the evidence panel (ID).
             b = pages["ann2"]
             b.goto(f"{url}/annotate")
+            b.click("#claim")
             b.wait_for_url("**/annotate/*")
             assert "Hot-air balloon" not in b.content()  # Stage 1 is blind
             b.click("#evidence-original button.pick")

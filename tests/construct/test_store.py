@@ -167,3 +167,65 @@ def test_reimport_keeps_events_and_adds_flags(tmp_path, backend):
     with pytest.raises(ConstructError, match="not under"):
         import_candidates(project, [missing])
     project.close()
+
+
+# -- findings of the outside review --------------------------------------------------------------
+def test_release_between_queue_check_and_write_cannot_slip_in(project, monkeypatch):
+    """The queue check and the Stage 1 write are one transaction: a release racing them wins or loses whole."""
+    store = project.store()
+    u = users(store)
+    image_id = store.next_stage1(u["ann1"])
+    original_write = type(store).write
+    raced = []
+
+    def write_after_a_release(self):
+        # The race made deterministic: `annotate release` commits just before the verdict's transaction.
+        if not raced:
+            raced.append(None)
+            raced[0] = store.release("ann1")
+        return original_write(self)
+
+    monkeypatch.setattr(type(store), "write", write_after_a_release)
+    with pytest.raises(ConstructError, match="not in your queue"):
+        store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.ID, class_index=1))
+    monkeypatch.undo()
+    assert raced == [1] and store.events() == []
+    assert store.progress(u["ann1"])["mine_open"] == 0
+
+
+@pytest.mark.parametrize(
+    "label", ["cat\x00dog", "tab\tbed", "line\nbreak", "\x1b[31mred", "del\x7f", "rtl\u202eevil", "iso\u2066late"]
+)
+def test_labels_with_control_characters_are_refused(project, label):
+    store = project.store()
+    u = users(store)
+    image_id = store.next_stage1(u["ann1"])
+    with pytest.raises(ConstructError, match="control character"):
+        store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.OOD, label=label))
+    with pytest.raises(ConstructError, match="control character"):
+        store.add_match(u["boss"], label, "snow globe")
+    assert store.events() == [] and store.matches() == []
+    # Letters of any script, accents, apostrophes and joiners inside words stay accepted.
+    store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.OOD, label="crème brûlée · ドーナツ · ک\u200cتاب"))
+
+
+def test_out_of_range_ids_are_unknown_images(project):
+    store = project.store()
+    u = users(store)
+    for image_id in (2**63, 10**20, 0, -1):
+        assert store.image(image_id) is None
+        assert not store.is_assigned(u["ann1"], image_id) and not store.may_view(u["ann1"], image_id)
+        with pytest.raises(ConstructError, match="no image"):
+            store.vote_stage3(u["ann1"], image_id, Judgement(Verdict.ID, class_index=1))
+
+
+def test_database_file_is_private(tmp_path, backend):
+    if backend != "sqlite":
+        pytest.skip("file modes concern the SQLite file only")
+    project = build_project(tmp_path)
+    store = project.store()
+    store.add_user("ann1", PASSWORD)  # a write, so the -wal and -shm files exist
+    files = sorted(project.dir.glob("annotate.db*"))
+    assert [f.name for f in files][:1] == ["annotate.db"]
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: "0o600" for f in files}
+    project.close()

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from .helpers import PASSWORD, csrf_of, login
+from .helpers import PASSWORD, claim, csrf_of, login
 
 pytest.importorskip("fastapi", reason="the annotation app needs the 'web' extra")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -70,7 +70,7 @@ def test_non_admin_cannot_use_admin_pages(client_for):
 # -- CSRF --------------------------------------------------------------------------------------
 def test_csrf_is_required(app, client_for, project):
     ann = client_for("ann1")
-    image_id = image_id_of(ann.get("/annotate"))
+    image_id = image_id_of(claim(ann))
     for data in ({}, {"csrf_token": "forged"}):
         response = ann.post(f"/annotate/{image_id}", data={"verdict": "id", "class": "1", **data})
         assert response.status_code == 403
@@ -100,8 +100,8 @@ SECRET_LABEL = "zanzibar-xylophone-17"
 
 def test_stage1_is_blind(client_for, project):
     first, second, outsider, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
-    image_id = image_id_of(first.get("/annotate"))
-    assert image_id_of(second.get("/annotate")) == image_id
+    image_id = image_id_of(claim(first))
+    assert image_id_of(claim(second)) == image_id
     probes = [
         "/",
         "/annotate",
@@ -123,7 +123,7 @@ def test_stage1_is_blind(client_for, project):
             for r in [client.get(path)]
         }
 
-    snapshot()  # the probes' own side effects (the outsider's /annotate claims an image) happen here
+    snapshot()  # any side effects of the probes themselves happen here
     before = snapshot()
     assert submit(first, image_id, verdict="ood", label=SECRET_LABEL).status_code == 200
     assert SECRET_LABEL in first.get(f"/annotate/{image_id}").text  # one's own verdict is shown
@@ -155,7 +155,7 @@ def test_stage1_is_blind(client_for, project):
 # -- path traversal ----------------------------------------------------------------------------
 def test_images_only_from_configured_roots(client_for, project, tmp_path):
     ann = client_for("ann1")
-    image_id = image_id_of(ann.get("/annotate"))
+    image_id = image_id_of(claim(ann))
     ok = ann.get(f"/image/{image_id}")
     assert ok.status_code == 200 and ok.headers["content-type"] == "image/png" and ok.content[:4] == b"\x89PNG"
     secret = tmp_path / "secret.txt"
@@ -202,7 +202,7 @@ def test_static_assets_are_served(client_for):
 # -- flows -------------------------------------------------------------------------------------
 def test_full_round_over_http(client_for, project):
     a, b, c, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
-    image_id = image_id_of(a.get("/annotate"))
+    image_id = image_id_of(claim(a))
     page = a.get(f"/annotate/{image_id}")
     # Evidence panels: present ones rendered, absent ones say why.
     assert 'id="evidence-original"' in page.text and "class-" in page.text
@@ -211,7 +211,7 @@ def test_full_round_over_http(client_for, project):
     bad = submit(a, image_id, verdict="id", **{"class": "zebra"})
     assert bad.status_code == 400 and "unknown class" in bad.text
     assert submit(a, image_id, verdict="ood", label="Snow globe", fine_grained="on").status_code == 200
-    assert image_id_of(b.get("/annotate")) == image_id
+    assert image_id_of(claim(b)) == image_id
     submit(b, image_id, verdict="id", **{"class": "4: class-4"})
     listing = c.get("/stage3").text
     assert f"/stage3/{image_id}" in listing
@@ -238,12 +238,12 @@ def test_full_round_over_http(client_for, project):
 
 def test_ambiguous_needs_reason_and_queue_ends(client_for, project):
     a = client_for("ann1")
-    image_id = image_id_of(a.get("/annotate"))
+    image_id = image_id_of(claim(a))
     bad = submit(a, image_id, verdict="ambiguous")
     assert bad.status_code == 400 and "needs a reason" in bad.text
     assert submit(a, image_id, verdict="", label="x").status_code == 400
     for _ in range(len(project.store().images())):
-        response = a.get("/annotate")
+        response = claim(a)
         if "queue-empty" in response.text:
             break
         submit(a, image_id_of(response), verdict="ambiguous", reason="degraded")
@@ -253,8 +253,8 @@ def test_ambiguous_needs_reason_and_queue_ends(client_for, project):
 
 def test_admin_lists_label_disputes_and_matches_them(client_for, project):
     a, b, boss = client_for("ann1"), client_for("ann2"), client_for("boss")
-    image_id = image_id_of(a.get("/annotate"))
-    assert image_id_of(b.get("/annotate")) == image_id
+    image_id = image_id_of(claim(a))
+    assert image_id_of(claim(b)) == image_id
     submit(a, image_id, verdict="ood", label="cellphone")
     submit(b, image_id, verdict="ood", label="mobile phone")
     admin = boss.get("/admin")
@@ -264,3 +264,86 @@ def test_admin_lists_label_disputes_and_matches_them(client_for, project):
     done = boss.post("/admin/matches", data={"csrf_token": csrf_of(admin.text), **fields})
     assert "1 image(s) resolved" in done.text and 'id="disputes"' not in done.text
     assert project.store().outcome(image_id).concept == "cellphone"
+
+
+# -- findings of the outside review --------------------------------------------------------------
+HUGE_IDS = ("99999999999999999999", str(2**63), "0", "-1")
+
+
+def test_out_of_range_ids_answer_404(client_for):
+    ann = client_for("ann1")
+    token = csrf_of(ann.get("/").text)
+    for image_id in HUGE_IDS:
+        for path in (f"/image/{image_id}", f"/annotate/{image_id}", f"/stage3/{image_id}"):
+            assert ann.get(path).status_code == 404, path
+        for path in (f"/annotate/{image_id}", f"/stage3/{image_id}/vote", f"/stage3/{image_id}/close"):
+            response = ann.post(path, data={"csrf_token": token, "verdict": "ood", "label": "kayak"})
+            assert response.status_code == 404, path
+
+
+def test_get_requests_never_claim_an_image(client_for, project):
+    ann = client_for("ann1")
+    user = {u.name: u for u in project.store().users()}["ann1"]
+    for path in ("/", "/annotate", "/annotate", "/stage3"):  # what a cross-site link or image tag can send
+        ann.get(path)
+    assert project.store().progress(user)["mine_open"] == 0
+    page = ann.get("/annotate")
+    assert page.status_code == 200 and 'id="claim"' in page.text and "4 image(s) wait" in page.text
+    image_id = image_id_of(claim(ann))  # the button: a POST with the session's CSRF token
+    assert project.store().progress(user)["mine_open"] == 1
+    assert image_id_of(ann.get("/annotate")) == image_id  # a pending image is shown, not a new one claimed
+    forged = ann.post("/annotate", data={"csrf_token": "forged"})
+    assert forged.status_code == 403 and project.store().progress(user)["mine_open"] == 1
+
+
+def test_image_files_follow_queue_and_stage(client_for, project):
+    a, b, outsider, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
+    image_id = image_id_of(claim(a))
+    assert image_id_of(claim(b)) == image_id
+    others = [i.id for i in project.store().images() if i.id != image_id]
+
+    def served(client, ids):
+        return [client.get(f"/image/{i}").status_code for i in ids]
+
+    assert served(a, [image_id]) == [200] and served(b, [image_id]) == [200]
+    assert served(outsider, [image_id] + others) == [404] * 4  # neither in their queue nor in review
+    assert served(a, others) == [404] * 3
+    assert served(boss, [image_id] + others) == [200] * 4  # admins see every image
+    submit(a, image_id, verdict="ood", label="kayak")
+    assert served(outsider, [image_id]) == [404]  # one verdict in: still Stage 1
+    submit(b, image_id, verdict="id", **{"class": "3"})  # disagreement: joint review, open to everyone
+    assert served(outsider, [image_id]) == [200]
+
+
+def test_throttle_never_lets_a_stranger_lock_out_a_user(app, monkeypatch):
+    from oodbench.construct import db
+
+    hashed = []
+    real_verify = db.verify_password
+    monkeypatch.setattr(db, "verify_password", lambda *args: hashed.append(1) or real_verify(*args))
+    with TestClient(app, client=("203.0.113.5", 40000)) as stranger:
+        for _ in range(12):
+            assert "oodb_session" not in login(stranger, "ann2", "guess guess").history[0].headers.get("set-cookie", "")
+        assert "Too many failed attempts" in login(stranger, "ann2").text  # even the right password waits
+    assert len(hashed) == 5  # after the 5th failure no attempt runs the password hash
+    with TestClient(app, client=("198.51.100.7", 40000)) as owner:
+        assert "Hello, ann2" in login(owner, "ann2").text
+
+
+def test_throttle_limits_one_password_across_many_names(app, monkeypatch):
+    from oodbench.construct import db
+
+    hashed = []
+    real_verify = db.verify_password
+    monkeypatch.setattr(db, "verify_password", lambda *args: hashed.append(1) or real_verify(*args))
+    with TestClient(app, client=("203.0.113.9", 40000)) as sprayer:
+        answers = [login(sprayer, f"user{i}", "Summer2026!").text for i in range(30)]
+    assert len(hashed) == 20 and all("Too many failed attempts" in text for text in answers[20:])
+
+
+def test_ood_label_with_a_nul_byte_is_refused(client_for, project):
+    ann = client_for("ann1")
+    image_id = image_id_of(claim(ann))
+    response = submit(ann, image_id, verdict="ood", label="kayak\x00<script>")
+    assert response.status_code == 400 and "control character U+0000" in response.text
+    assert project.store().events() == []

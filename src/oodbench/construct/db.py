@@ -9,6 +9,7 @@ make UPDATE and DELETE on them fail.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,8 +36,16 @@ from .protocol import (
     LabelMatcher,
     Outcome,
     Status,
+    check_label_text,
 )
 from .security import hash_password, needs_rehash, verify_password
+
+MAX_ROW_ID = 2**63 - 1  # SQLite and PostgreSQL (bigint) ids are signed 64-bit integers
+
+
+def in_range(row_id: int) -> bool:
+    """Whether a database row could have this id (larger ones overflow the driver)."""
+    return 0 < row_id <= MAX_ROW_ID
 
 
 def utcnow() -> datetime:
@@ -159,6 +169,19 @@ def _sqlite_setup(engine: sa.Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
 
 
+def _create_private(path: Path) -> None:
+    """Create an empty SQLite file readable by its owner only (it holds password hashes and session tokens).
+
+    SQLite gives its -wal and -shm files the database file's mode, so they stay private too.
+    """
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConstructError(f"cannot create the database file {path}: {exc.strerror}") from None
+
+
 @dataclass(frozen=True)
 class User:
     """The logged-in annotator, detached from the database session."""
@@ -219,9 +242,12 @@ class AnnotationStore:
         self.url = url
         self.session_lifetime = timedelta(hours=session_hours)
         try:
-            is_sqlite = sa.engine.make_url(url).get_backend_name() == "sqlite"
+            parsed = sa.engine.make_url(url)
         except sa.exc.ArgumentError as exc:
             raise ConstructError(f"invalid database URL {url!r}: {exc}") from None
+        is_sqlite = parsed.get_backend_name() == "sqlite"
+        if is_sqlite and parsed.database and parsed.database != ":memory:":
+            _create_private(Path(parsed.database))
         options: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}} if is_sqlite else {}
         self.engine = sa.create_engine(url, future=True, **options)
         self.is_sqlite = is_sqlite
@@ -326,6 +352,8 @@ class AnnotationStore:
 
     def image(self, image_id: int) -> ImageInfo | None:
         """One image, or None."""
+        if not in_range(image_id):
+            return None
         with self.read() as session:
             row = session.get(ImageRow, image_id)
             return None if row is None else _image_info(row)
@@ -441,6 +469,8 @@ class AnnotationStore:
         )
 
     def _locked_image(self, session: Session, image_id: int) -> ImageRow:
+        if not in_range(image_id):
+            raise ConstructError(f"no image with id {image_id}")
         row = session.scalar(sa.select(ImageRow).where(ImageRow.id == image_id).with_for_update())
         if row is None:
             raise ConstructError(f"no image with id {image_id}")
@@ -449,8 +479,14 @@ class AnnotationStore:
     def _append(
         self, user: User, image_id: int, kind: EventKind, judgement: Judgement | None, note: str | None = None
     ) -> Outcome:
+        # New labels only: events already stored replay as they are, whatever they hold.
+        if judgement is not None and judgement.label is not None:
+            check_label_text(judgement.label)
         with self.write() as session:
             image = self._locked_image(session, image_id)
+            # Checked inside the write transaction: a concurrent `annotate release` cannot slip in between.
+            if kind is EventKind.STAGE1 and session.scalar(self._assignment_query(user, image_id)) is None:
+                raise ConstructError("this image is not in your queue")
             matcher = self._matcher(session)
             record = self._record(session, image_id, matcher)
             now = utcnow()
@@ -482,8 +518,6 @@ class AnnotationStore:
 
     def submit_stage1(self, user: User, image_id: int, judgement: Judgement) -> Outcome:
         """Record an independent verdict by an annotator the image is assigned to."""
-        if not self.is_assigned(user, image_id):
-            raise ConstructError("this image is not in your queue")
         return self._append(user, image_id, EventKind.STAGE1, judgement)
 
     def vote_stage3(self, user: User, image_id: int, judgement: Judgement, note: str | None = None) -> Outcome:
@@ -497,6 +531,8 @@ class AnnotationStore:
     def add_match(self, user: User, label_a: str, label_b: str) -> int:
         """Declare two OOD labels the same concept; returns how many images changed status."""
         LabelMatcher([(label_a, label_b)])  # validates both labels
+        check_label_text(label_a)
+        check_label_text(label_b)
         changed = 0
         with self.write() as session:
             session.add(MatchRow(label_a=label_a.strip(), label_b=label_b.strip(), user_id=user.id))
@@ -570,10 +606,14 @@ class AnnotationStore:
         return {i: ImageRecord.from_events(per_image.get(i, []), matcher).outcome(matcher) for i in ids}
 
     # -- queues ---------------------------------------------------------------------------------
+    def pending_stage1(self, user: User) -> int | None:
+        """The first image claimed by the annotator and still waiting for their verdict (never claims)."""
+        with self.read() as session:
+            return session.scalar(self._pending_query(user))
+
     def next_stage1(self, user: User) -> int | None:
         """The next image in the annotator's queue, claiming a free Stage 1 slot when needed."""
-        with self.read() as session:
-            pending = session.scalar(self._pending_query(user))
+        pending = self.pending_stage1(user)
         if pending is not None:
             return pending
         for _attempt in range(20):
@@ -582,16 +622,9 @@ class AnnotationStore:
                     pending = session.scalar(self._pending_query(user))
                     if pending is not None:
                         return pending
-                    mine = sa.select(AssignmentRow.id).where(
-                        AssignmentRow.image_id == ImageRow.id, AssignmentRow.user_id == user.id
-                    )
                     image = session.scalar(
                         sa.select(ImageRow)
-                        .where(
-                            ImageRow.status == Status.STAGE1.value,
-                            ImageRow.n_assigned < STAGE1_ANNOTATORS,
-                            ~sa.exists(mine),
-                        )
+                        .where(*self._free_slot(user))
                         # Half-claimed images first, so pairs complete and reach Stage 2 early.
                         .order_by(ImageRow.n_assigned.desc(), ImageRow.id)
                         .limit(1)
@@ -616,6 +649,14 @@ class AnnotationStore:
         raise ConstructError("could not claim an image after 20 attempts; the database is very busy")
 
     @staticmethod
+    def _free_slot(user: User) -> tuple[sa.ColumnElement[bool], ...]:
+        """Conditions on ImageRow: in Stage 1, a slot free, not already in this user's queue."""
+        mine = sa.select(AssignmentRow.id).where(
+            AssignmentRow.image_id == ImageRow.id, AssignmentRow.user_id == user.id
+        )
+        return (ImageRow.status == Status.STAGE1.value, ImageRow.n_assigned < STAGE1_ANNOTATORS, ~sa.exists(mine))
+
+    @staticmethod
     def _pending_query(user: User) -> sa.Select:
         return (
             sa.select(AssignmentRow.image_id)
@@ -629,17 +670,38 @@ class AnnotationStore:
             .limit(1)
         )
 
+    @staticmethod
+    def _assignment_query(user: User, image_id: int) -> sa.Select:
+        return sa.select(AssignmentRow.id).where(AssignmentRow.image_id == image_id, AssignmentRow.user_id == user.id)
+
     def is_assigned(self, user: User, image_id: int) -> bool:
         """Whether the image is (or was) in this annotator's Stage 1 queue."""
+        if not in_range(image_id):
+            return False
         with self.read() as session:
-            return (
-                session.scalar(
-                    sa.select(AssignmentRow.id).where(
-                        AssignmentRow.image_id == image_id, AssignmentRow.user_id == user.id
-                    )
-                )
-                is not None
-            )
+            return session.scalar(self._assignment_query(user, image_id)) is not None
+
+    def may_view(self, user: User, image_id: int) -> bool:
+        """Whether the user may see the image: admins all, annotators their own queue's and joint reviews'."""
+        if user.is_admin:
+            return True
+        if not in_range(image_id):
+            return False
+        reviewed = sa.select(EventRow.id).where(
+            EventRow.image_id == image_id, EventRow.kind.in_([EventKind.STAGE3.value, EventKind.CLOSE.value])
+        )
+        with self.read() as session:
+            status = session.scalar(sa.select(ImageRow.status).where(ImageRow.id == image_id))
+            if status is None:
+                return False
+            if status == Status.STAGE3.value or session.scalar(self._assignment_query(user, image_id)) is not None:
+                return True
+            return session.scalar(sa.select(sa.exists(reviewed))) is True
+
+    def claimable(self, user: User) -> int:
+        """How many images have a free Stage 1 slot this annotator could claim."""
+        with self.read() as session:
+            return int(session.scalar(sa.select(sa.func.count()).select_from(ImageRow).where(*self._free_slot(user))))
 
     def own_stage1(self, user: User, image_id: int) -> Judgement | None:
         """The annotator's own latest Stage 1 verdict on an image (never anyone else's)."""

@@ -8,8 +8,6 @@ session's CSRF token; images are served only from the project's configured roots
 from __future__ import annotations
 
 import re
-import threading
-import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
@@ -20,11 +18,11 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from ..errors import ConstructError
-from .db import User
+from .db import MAX_ROW_ID, User
 from .evidence import SOURCE_TITLES, SOURCES
 from .project import Project
 from .protocol import AMBIGUITY_REASONS, PANEL_SIZE, Judgement, Status, Verdict
-from .security import LoginCsrf, tokens_equal
+from .security import LoginCsrf, LoginThrottle, tokens_equal
 from .stats import outcome_stats
 
 HERE = Path(__file__).parent
@@ -73,30 +71,22 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-class LoginThrottle:
-    """Refuses logins for a name after too many recent failures (in memory, per process)."""
-
-    def __init__(self, max_failures: int = 8, window_s: float = 300.0) -> None:
-        self.max_failures = max_failures
-        self.window_s = window_s
-        self._failures: dict[str, list[float]] = {}
-        self._lock = threading.Lock()
-
-    def blocked(self, name: str) -> bool:
-        """Whether the name has used up its failures in the window."""
-        now = time.monotonic()
-        with self._lock:
-            recent = [t for t in self._failures.get(name, []) if now - t < self.window_s]
-            self._failures[name] = recent
-            return len(recent) >= self.max_failures
-
-    def failed(self, name: str) -> None:
-        """Count one failure."""
-        with self._lock:
-            self._failures.setdefault(name, []).append(time.monotonic())
-
-
 FormText = Annotated[str, Form()]
+
+
+def image_id_in_range(image_id: int) -> int:
+    """The image id of a path, or 404 when no database row can have it (SQLite ids are signed 64-bit)."""
+    if not 0 < image_id <= MAX_ROW_ID:
+        raise _Denied(404, "There is no such image.")
+    return image_id
+
+
+ImageId = Annotated[int, Depends(image_id_in_range)]
+
+
+def client_of(request: Request) -> str:
+    """The client's address (uvicorn puts the X-Forwarded-For address here for trusted proxies)."""
+    return request.client.host if request.client else "unknown"
 
 
 async def verdict_fields(
@@ -226,13 +216,15 @@ def create_app(project: Project) -> FastAPI:
     ) -> Response:
         if not same_origin(request) or not login_csrf.check(request.cookies.get(LOGIN_COOKIE), csrf_token):
             raise _Denied(403, "The login form expired. Reload the page and try again.")
-        name = username.strip()
-        if throttle.blocked(name):
+        name, client = username.strip()[:64], client_of(request)
+        # Checked before authenticate(): a throttled attempt costs no password hash.
+        if throttle.blocked(client, name):
             return RedirectResponse("/login?error=Too+many+failed+attempts%3B+wait+a+few+minutes", 303)
         user = store.authenticate(name, password)
         if user is None:
-            throttle.failed(name)
+            throttle.failed(client, name)
             return RedirectResponse("/login?error=Wrong+name+or+password", 303)
+        throttle.succeeded(client, name)
         token, _csrf = store.open_session(user)
         response = RedirectResponse("/", 303)
         response.set_cookie(
@@ -263,10 +255,21 @@ def create_app(project: Project) -> FastAPI:
 
     @app.get("/annotate")
     def next_item(request: Request) -> Response:
+        # A GET never claims an image (a cross-site link must not change a queue): it shows the
+        # pending image if there is one, else a button that claims the next one by POST.
         user, csrf = current(request)
+        image_id = store.pending_stage1(user)
+        if image_id is not None:
+            return RedirectResponse(f"/annotate/{image_id}", 303)
+        return page(request, "empty.html", user, csrf, progress=store.progress(user), claimable=store.claimable(user))
+
+    @app.post("/annotate")
+    def claim_item(request: Request, csrf_token: FormText = "") -> Response:
+        user, csrf = current(request)
+        check_csrf(request, csrf, csrf_token)
         image_id = store.next_stage1(user)
         if image_id is None:
-            return page(request, "empty.html", user, csrf, progress=store.progress(user))
+            return page(request, "empty.html", user, csrf, progress=store.progress(user), claimable=0)
         return RedirectResponse(f"/annotate/{image_id}", 303)
 
     def stage1_page(
@@ -290,12 +293,12 @@ def create_app(project: Project) -> FastAPI:
         )
 
     @app.get("/annotate/{image_id}", response_class=HTMLResponse)
-    def annotate_form(request: Request, image_id: int) -> Response:
+    def annotate_form(request: Request, image_id: ImageId) -> Response:
         user, csrf = current(request)
         return stage1_page(request, user, csrf, image_id)
 
     @app.post("/annotate/{image_id}")
-    def annotate_submit(request: Request, image_id: int, form: VerdictForm) -> Response:
+    def annotate_submit(request: Request, image_id: ImageId, form: VerdictForm) -> Response:
         user, csrf = current(request)
         check_csrf(request, csrf, form["csrf_token"])
         try:  # the store refuses images outside the user's queue; stage1_page then answers 404
@@ -336,12 +339,12 @@ def create_app(project: Project) -> FastAPI:
         )
 
     @app.get("/stage3/{image_id}", response_class=HTMLResponse)
-    def stage3_form(request: Request, image_id: int) -> Response:
+    def stage3_form(request: Request, image_id: ImageId) -> Response:
         user, csrf = current(request)
         return stage3_page(request, user, csrf, image_id)
 
     @app.post("/stage3/{image_id}/vote")
-    def stage3_vote(request: Request, image_id: int, form: VerdictForm) -> Response:
+    def stage3_vote(request: Request, image_id: ImageId, form: VerdictForm) -> Response:
         user, csrf = current(request)
         check_csrf(request, csrf, form["csrf_token"])
         try:
@@ -351,7 +354,7 @@ def create_app(project: Project) -> FastAPI:
         return RedirectResponse(f"/stage3/{image_id}", 303)
 
     @app.post("/stage3/{image_id}/close")
-    def stage3_close(request: Request, image_id: int, csrf_token: FormText = "") -> Response:
+    def stage3_close(request: Request, image_id: ImageId, csrf_token: FormText = "") -> Response:
         user, csrf = current(request)
         check_csrf(request, csrf, csrf_token)
         try:
@@ -417,10 +420,12 @@ def create_app(project: Project) -> FastAPI:
         return None
 
     @app.get("/image/{image_id}")
-    def image_file(request: Request, image_id: int) -> Response:
-        if (denied := login_required(request)) is not None:
-            return denied
-        image = store.image(image_id)
+    def image_file(request: Request, image_id: ImageId) -> Response:
+        found = store.session_user(request.cookies.get(SESSION_COOKIE))
+        if found is None:
+            return Response("login required", status_code=401, media_type="text/plain")
+        # An annotator sees the images of their own Stage 1 queue and those in joint review; admins all.
+        image = store.image(image_id) if store.may_view(found[0], image_id) else None
         return image_response(None if image is None else project.image_file(image))
 
     @app.get("/example/{class_index}/{number}")
