@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -229,3 +231,58 @@ def test_database_file_is_private(tmp_path, backend):
     assert [f.name for f in files][:1] == ["annotate.db"]
     assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: "0o600" for f in files}
     project.close()
+
+
+# -- schema versions -----------------------------------------------------------------------------
+V0_SQL = Path(__file__).parent / "data" / "annotate_v0.sql"
+
+
+def test_database_of_the_previous_version_is_migrated(tmp_path, backend):
+    if backend != "sqlite":
+        pytest.skip("the frozen database is SQLite")
+    from oodbench.construct.db import SCHEMA_VERSION
+    from oodbench.construct.project import Project
+
+    built = build_project(tmp_path)  # the image files and project files; its database is replaced
+    built.close()
+    db_file = built.dir / "annotate.db"
+    for path in built.dir.glob("annotate.db*"):
+        path.unlink()
+    with sqlite3.connect(db_file) as conn:
+        conn.executescript(V0_SQL.read_text(encoding="utf-8"))
+    assert sqlite3.connect(db_file).execute("PRAGMA user_version").fetchone() == (0,)
+
+    project = Project.open(built.dir)
+    store = project.store()
+    assert store.schema_version() == SCHEMA_VERSION
+    indexes = {row[0] for row in sqlite3.connect(db_file).execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {"ix_events_image_kind", "ix_assignments_user_open"} <= indexes
+    # Everything written before is there and behaves: the disagreement, the claim, the match, the accounts.
+    u = users(store)
+    assert set(u) == {"ann1", "ann2", "boss"} and u["boss"].is_admin
+    assert store.authenticate("ann1", PASSWORD) is not None
+    outcome = store.outcome(1)
+    assert outcome.status is Status.STAGE3 and {n: j.label for n, j in outcome.stage1.items()} == {
+        "ann1": "snow globe",
+        "ann2": None,
+    }
+    assert store.matches()[0][:3] == ("snow globe", "snowdome", "boss")
+    assert store.pending_stage1(u["ann1"]) == 2
+    store.submit_stage1(u["ann1"], 2, Judgement(Verdict.OOD, label="kayak"))
+    with store.engine.begin() as conn, pytest.raises(sa.exc.DatabaseError, match="append-only"):
+        conn.execute(sa.text("DELETE FROM events"))
+    assert len(store.events()) == 3
+    project.close()
+    # Opening again is a no-op; a database of a newer oodbench is refused with one line.
+    assert Project.open(built.dir).store().migrate() == SCHEMA_VERSION
+    with sqlite3.connect(db_file) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(ConstructError, match="newer than this oodbench"):
+        Project.open(built.dir).store()
+
+
+def test_new_database_starts_at_the_current_version(project):
+    from oodbench.construct.db import SCHEMA_VERSION
+
+    assert project.store().schema_version() == SCHEMA_VERSION
+    assert project.store().migrate() == SCHEMA_VERSION  # nothing left to do

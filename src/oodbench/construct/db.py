@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -109,6 +109,7 @@ class EventRow(Base):
     """One append-only protocol event (a verdict, a vote, a closing)."""
 
     __tablename__ = "events"
+    __table_args__ = (sa.Index("ix_events_image_kind", "image_id", "kind"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     image_id: Mapped[int] = mapped_column(ForeignKey("images.id"), index=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
@@ -140,6 +141,7 @@ class AssignmentRow(Base):
     __table_args__ = (
         UniqueConstraint("image_id", "slot", name="uq_assignment_slot"),
         UniqueConstraint("user_id", "image_id", name="uq_assignment_user"),
+        sa.Index("ix_assignments_user_open", "user_id", "submitted", "id"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     image_id: Mapped[int] = mapped_column(ForeignKey("images.id"))
@@ -180,6 +182,67 @@ def _create_private(path: Path) -> None:
         pass
     except OSError as exc:
         raise ConstructError(f"cannot create the database file {path}: {exc.strerror}") from None
+
+
+def _append_only_triggers(conn: sa.Connection) -> None:
+    """Triggers that make UPDATE and DELETE on the append-only tables fail."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(
+            "CREATE OR REPLACE FUNCTION oodbench_append_only() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$"
+        )
+        for table in _APPEND_ONLY:
+            conn.exec_driver_sql(
+                f"CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION oodbench_append_only()"
+            )
+    elif conn.dialect.name == "sqlite":
+        for table in _APPEND_ONLY:
+            for action in ("UPDATE", "DELETE"):
+                conn.exec_driver_sql(
+                    f"CREATE TRIGGER IF NOT EXISTS {table}_no_{action.lower()} BEFORE {action} ON {table} "
+                    f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+                )
+
+
+# -- schema versions ---------------------------------------------------------------------------
+# SQLite keeps the version in PRAGMA user_version; other databases in a one-row table. Version 0 is
+# every database written before versions existed. To change the schema: change the models (new
+# databases get them from create_all), add the step that brings version N-1 to N below, raise
+# SCHEMA_VERSION, and test it on a database of the previous version (tests/construct/data/).
+SCHEMA_VERSION = 1
+_VERSION_TABLE = "oodbench_schema"
+
+
+def _read_version(conn: sa.Connection) -> int:
+    if conn.dialect.name == "sqlite":
+        return int(conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+    if not sa.inspect(conn).has_table(_VERSION_TABLE):
+        return 0
+    return int(conn.exec_driver_sql(f"SELECT version FROM {_VERSION_TABLE}").scalar_one())
+
+
+def _write_version(conn: sa.Connection, version: int) -> None:
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(f"PRAGMA user_version = {int(version)}")
+        return
+    conn.exec_driver_sql(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version INTEGER NOT NULL)")
+    conn.exec_driver_sql(f"DELETE FROM {_VERSION_TABLE}")
+    conn.exec_driver_sql(f"INSERT INTO {_VERSION_TABLE} (version) VALUES ({int(version)})")
+
+
+def _to_v1(conn: sa.Connection) -> None:
+    """Version 0 -> 1: indexes for the queue and per-image event queries; append-only triggers if missing."""
+    for table, name in (
+        (EventRow.__table__, "ix_events_image_kind"),
+        (AssignmentRow.__table__, "ix_assignments_user_open"),
+    ):
+        index = next(i for i in table.indexes if i.name == name)
+        index.create(conn, checkfirst=True)
+    _append_only_triggers(conn)
+
+
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {1: _to_v1}
 
 
 @dataclass(frozen=True)
@@ -257,27 +320,41 @@ class AnnotationStore:
 
     # -- schema ---------------------------------------------------------------------------------
     def create_schema(self) -> None:
-        """Create missing tables and the triggers that make events and matches append-only."""
-        Base.metadata.create_all(self.engine)
-        if self.engine.dialect.name == "postgresql":
-            with self.engine.begin() as conn:
-                conn.exec_driver_sql(
-                    "CREATE OR REPLACE FUNCTION oodbench_append_only() RETURNS trigger LANGUAGE plpgsql AS "
-                    "$$ BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$"
-                )
-                for table in _APPEND_ONLY:
-                    conn.exec_driver_sql(
-                        f"CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
-                        "FOR EACH ROW EXECUTE FUNCTION oodbench_append_only()"
+        """Create the schema of a new database, or bring an older one up to SCHEMA_VERSION (see `migrate`)."""
+        self.migrate()
+
+    def schema_version(self) -> int:
+        """The schema version stored in the database (0: before versions, or no schema yet)."""
+        with self.engine.connect() as conn:
+            return _read_version(conn)
+
+    def migrate(self) -> int:
+        """Create a new schema, or apply the forward migrations an older database lacks; returns the old version.
+
+        One transaction holding the write lock: a crash leaves the old version intact, and two processes
+        opening the same database migrate it once. A database written by a newer oodbench is refused.
+        """
+        with self._write_lock, self.engine.connect() as conn:
+            conn = conn.execution_options(write=True)
+            with conn.begin():
+                if self.engine.dialect.name == "postgresql":
+                    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7340163)")  # serialise migrations
+                fresh = not sa.inspect(conn).has_table("images")
+                old = 0 if fresh else _read_version(conn)
+                if old > SCHEMA_VERSION:
+                    raise ConstructError(
+                        f"the annotation database has schema version {old}, newer than this oodbench's "
+                        f"{SCHEMA_VERSION}; upgrade oodbench"
                     )
-        if self.is_sqlite:
-            with self.engine.begin() as conn:
-                for table in _APPEND_ONLY:
-                    for action in ("UPDATE", "DELETE"):
-                        conn.exec_driver_sql(
-                            f"CREATE TRIGGER IF NOT EXISTS {table}_no_{action.lower()} BEFORE {action} ON {table} "
-                            f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
-                        )
+                if fresh:
+                    Base.metadata.create_all(conn)
+                    _append_only_triggers(conn)
+                else:
+                    for version in range(old + 1, SCHEMA_VERSION + 1):
+                        MIGRATIONS[version](conn)
+                if fresh or old < SCHEMA_VERSION:
+                    _write_version(conn, SCHEMA_VERSION)
+        return old
 
     def close(self) -> None:
         """Release pooled connections."""

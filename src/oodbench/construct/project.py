@@ -138,7 +138,7 @@ class Project:
             write_atomic(directory / "secret.key", secrets.token_urlsafe(48), mode=0o600)
         write_atomic(config_path, json.dumps(asdict(config), indent=2))
         project = cls(directory, config, classes)
-        project.store().create_schema()
+        project.store()  # creates the schema
         if config.example_root is not None:
             project.index_examples()
         return project
@@ -175,9 +175,15 @@ class Project:
         return self.dir / "llm-cache"
 
     def store(self) -> AnnotationStore:
-        """The project's database (one engine per opened project)."""
+        """The project's database (one engine per opened project), its schema brought up to date on first use."""
         if self._store is None:
-            self._store = AnnotationStore(self.db_url, session_hours=self.config.session_hours)
+            store = AnnotationStore(self.db_url, session_hours=self.config.session_hours)
+            try:
+                store.migrate()
+            except BaseException:
+                store.close()
+                raise
+            self._store = store
         return self._store
 
     def close(self) -> None:
