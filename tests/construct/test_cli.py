@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 
 import numpy as np
 import pytest
 
-from .helpers import shared_file, write_png
+from .helpers import write_png
 
 pytest.importorskip("sqlalchemy", reason="the annotation database needs the 'web' extra")
 from typer.testing import CliRunner  # noqa: E402
@@ -23,11 +24,12 @@ def invoke(*args, **kwargs):
 
 
 def test_init_on_shipped_real_and_mturk_files(tmp_path):
-    real = shared_file("labels", "reassessed-imagenet", "real.json")
-    index = shared_file("labels", "label-errors", "imagenet_val_set_index_to_filepath.json")
-    mturk_file = shared_file("labels", "label-errors", "imagenet_mturk.json")
-    empty = [i + 1 for i, labels in enumerate(json.loads(real.read_text())) if not labels][:3]
-    neither = [r for r in json.loads(mturk_file.read_text()) if r["mturk"]["neither"] >= 3][:2]
+    from oodbench.construct.importers import builtin_file
+
+    real = index = mturk_file = "builtin"  # the copies shipped with timm (ReaL) and oodbench (Northcutt et al.)
+    empty = [i + 1 for i, labels in enumerate(json.loads(builtin_file("real").read_text())) if not labels][:3]
+    with gzip.open(builtin_file("mturk"), "rt") as handle:
+        neither = [r for r in json.load(handle) if r["mturk"]["neither"] >= 3][:2]
     images = tmp_path / "val"
     for number in empty:  # flat layout for ReaL candidates ...
         write_png(images / f"ILSVRC2012_val_{number:08d}.JPEG", number)

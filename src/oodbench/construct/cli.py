@@ -62,19 +62,20 @@ PROJECT_ARG = typer.Argument(..., help="Project folder (created by `init`).")
 def init(
     project: Path = PROJECT_ARG,
     images: Path = typer.Option(..., "--images", help="Folder holding the candidate images (searched recursively)."),
-    real: Path | None = typer.Option(None, "--real", help="ReaL real.json: images with an empty label list."),
+    real: Path | None = typer.Option(
+        None, "--real", help="ReaL real.json (images with an empty label list), or 'builtin' (timm's copy)."
+    ),
     mturk: Path | None = typer.Option(
-        None, "--mturk", help="Northcutt et al. imagenet_mturk.json: majority 'neither'."
+        None, "--mturk", help="Northcutt et al. imagenet_mturk.json (majority 'neither'), or 'builtin' (shipped)."
     ),
-    mturk_min_neither: int | None = typer.Option(
-        None, help="Votes for 'neither' needed (default: a strict majority)."
-    ),
+    mturk_min_neither: int | None = typer.Option(None, help="Votes for 'neither' needed (default: a strict majority)."),
     table: Path | None = typer.Option(None, "--table", help="Generic JSONL/JSON/CSV/TSV re-annotation with flags."),
     mapping: Path | None = typer.Option(None, "--mapping", help="JSON column mapping for --table (see docs)."),
     original_labels: Path | None = typer.Option(
         None,
         "--original-labels",
-        help="Original labels for --real: .npy, one int per line, or imagenet_val_set_index_to_filepath.json.",
+        help="Original labels for --real: .npy, one int per line, imagenet_val_set_index_to_filepath.json, "
+        "or 'builtin' (the shipped copy of that file).",
     ),
     classes: str = typer.Option("imagenet-1k", help="Class list: 'imagenet-1k' or a .txt/.json file."),
     examples: Path | None = typer.Option(None, "--examples", help="ImageFolder-style ID root for example images."),
@@ -86,8 +87,8 @@ def init(
 ) -> None:
     """Create a project from candidate sources and a folder of images (reruns add new candidates).
 
-    Example: oodbench annotate init proj --images /data/imagenet/val --real real.json
-    --original-labels imagenet_val_set_index_to_filepath.json --mturk imagenet_mturk.json
+    Example: oodbench annotate init proj --images /data/imagenet/val --real builtin
+    --original-labels builtin --mturk builtin
     """
     from .classes import load_classes
     from .importers import TableMapping, load_original_labels, read_mturk, read_real, read_table
