@@ -193,3 +193,38 @@ def test_evidence_command(tmp_path):
     assert top["p0.png"][0] == "a" and top["p1.png"][0] == "c"
     assert proj.example_file(2, 0) == (train / "c" / "x.png").resolve()
     proj.close()
+
+
+def test_init_demo_builds_a_working_sample_project(tmp_path):
+    pytest.importorskip("fastapi", reason="the annotation app needs the 'web' extra")
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from oodbench.construct.project import Project
+    from oodbench.construct.web import create_app
+
+    from .helpers import login
+
+    result = invoke("init", tmp_path / "sample", "--demo")
+    assert result.exit_code == 0, result.output
+    password = re.search(r"password for all: (\S+)", result.output).group(1)
+    project = Project.open(tmp_path / "sample")
+    images = {img.key: img for img in project.store().images()}
+    assert len(images) == 18 and "oodbench annotate serve" in result.output
+    # Real candidates: validation image 1 has no ReaL label and is a 'sea snake' (class 65) in the original labels.
+    first = images["ILSVRC2012_val_00000001.JPEG"]
+    assert first.flags == ("real:no-label",) and first.original_label == 65
+    assert sum(img.flags == ("mturk:neither",) for img in images.values()) == 6
+    for img in images.values():  # every image has a file, confusions (E), the tiny model's top 5 (D), examples
+        assert project.image_file(img) is not None
+        assert len(img.evidence["vlm"]["classes"]) == 5 and "not a VLM" in img.evidence["vlm"]["model"]
+        assert img.evidence["confusions"]["classes"] and img.original_label in project.examples
+    with TestClient(create_app(project)) as client:
+        assert "Hello, ann1" in login(client, "ann1", password).text
+    project.close()
+    again = invoke("init", tmp_path / "sample", "--demo")
+    assert again.exit_code == 2 and "already holds a project" in again.output
+    mixed = invoke("init", tmp_path / "other", "--demo", "--real", "builtin")
+    words = " ".join(re.sub(r"[│╭╮╰╯─]", " ", mixed.output).split())  # typer wraps usage errors in a box
+    assert mixed.exit_code == 2 and "give it only the project folder" in words

@@ -61,7 +61,12 @@ PROJECT_ARG = typer.Argument(..., help="Project folder (created by `init`).")
 @_friendly
 def init(
     project: Path = PROJECT_ARG,
-    images: Path = typer.Option(..., "--images", help="Folder holding the candidate images (searched recursively)."),
+    images: Path | None = typer.Option(
+        None, "--images", help="Folder holding the candidate images (searched recursively)."
+    ),
+    demo: bool = typer.Option(
+        False, "--demo", help="Build a sample project (real ReaL/MTurk candidates, generated images, accounts)."
+    ),
     real: Path | None = typer.Option(
         None, "--real", help="ReaL real.json (images with an empty label list), or 'builtin' (timm's copy)."
     ),
@@ -94,6 +99,11 @@ def init(
     from .importers import TableMapping, load_original_labels, read_mturk, read_real, read_table
     from .project import Project, import_candidates
 
+    if demo:
+        _init_demo(project, other=[images, real, mturk, table, original_labels, examples, public_url])
+        return
+    if images is None:
+        raise typer.BadParameter("give --images (the folder of the candidate images), or --demo for a sample")
     class_list = load_classes(classes)
     sources = []
     if real is not None:
@@ -123,6 +133,20 @@ def init(
     typer.echo(f"{proj.dir}: {counts['added']} images added, {counts['updated']} updated, {counts['skipped']} skipped")
     if not proj.store().users():
         typer.echo(f"next: oodbench annotate user add {project} NAME --admin")
+    proj.close()
+
+
+def _init_demo(project: Path, other: list[Any]) -> None:
+    from .sample import ACCOUNTS, build_sample
+
+    if any(value is not None for value in other):
+        raise typer.BadParameter("--demo builds its own candidates and images; give it only the project folder")
+    proj, password = build_sample(project)
+    progress = proj.store().progress()
+    typer.echo(f"{proj.dir}: sample project with {progress['total']} images (real ReaL and MTurk candidates,")
+    typer.echo("  generated images, evidence from a tiny colour-histogram model)")
+    typer.echo(f"accounts: {', '.join(ACCOUNTS)} (admin is an administrator); password for all: {password}")
+    typer.echo(f"next: oodbench annotate serve {project}   then open http://127.0.0.1:8000")
     proj.close()
 
 
