@@ -347,3 +347,85 @@ def test_ood_label_with_a_nul_byte_is_refused(client_for, project):
     response = submit(ann, image_id, verdict="ood", label="kayak\x00<script>")
     assert response.status_code == 400 and "control character U+0000" in response.text
     assert project.store().events() == []
+
+
+# -- a full day of work: queue position, earlier verdicts, forms kept, Stage 3 list ----------------
+def test_stage1_page_shows_position_and_what_is_left(client_for):
+    ann = client_for("ann1")
+    first = claim(ann)
+    assert "Your verdict no. 1 · 3 more image(s) open for you after this one" in first.text
+    following = submit(ann, image_id_of(first), verdict="ambiguous", reason="degraded")
+    assert "Your verdict no. 2 · 2 more image(s) open for you after this one" in following.text
+
+
+def test_earlier_verdicts_are_listed_and_revisable(client_for):
+    ann = client_for("ann1")
+    assert 'id="no-verdicts"' in ann.get("/mine").text
+    first = image_id_of(claim(ann))
+    submit(ann, first, verdict="ood", label="kayak")
+    second = image_id_of(ann.get("/annotate"))
+    submit(ann, second, verdict="id", **{"class": "2"})
+    mine = ann.get("/mine").text
+    assert mine.index(f'href="/annotate/{first}"') < mine.index(f'href="/annotate/{second}"')
+    assert "OOD: “kayak”" in mine and "ID: 2 · class-2" in mine and mine.count("open: revisable") == 2
+    revised = submit(ann, first, verdict="ood", label="canoe")
+    assert revised.status_code == 200
+    mine = ann.get("/mine").text
+    assert "“canoe”" in mine and "kayak" not in mine and 'href="/mine"' in ann.get(f"/annotate/{first}").text
+
+
+def test_refused_verdict_keeps_the_form_as_typed_and_suggests_a_class(client_for):
+    ann = client_for("ann1")
+    image_id = image_id_of(claim(ann))
+    refused = submit(ann, image_id, verdict="id", label="", fine_grained="on", **{"class": "clas-3"})
+    assert refused.status_code == 400
+    assert "unknown class 'clas-3'; did you mean “3: class-3”" in refused.text.replace("&#39;", "'")
+    form = re.search(
+        r'<form method="post" action="/annotate/\d+" id="verdict-form".*?</form>', refused.text, re.S
+    ).group(0)
+    assert 'value="clas-3"' in form and re.search(r'id="v-id" checked', form) and re.search(r'id="fine" checked', form)
+    ood = submit(ann, image_id, verdict="ood", label="x" * 201)
+    assert ood.status_code == 400 and f'value="{"x" * 201}"' in ood.text and re.search(r'id="v-ood" checked', ood.text)
+
+
+def stage3_ready(client_for, project, n):
+    """n images in Stage 3 (ann1 says OOD, ann2 says ID); returns the clients and the image ids."""
+    a, b, c = client_for("ann1"), client_for("ann2"), client_for("ann3")
+    ids = []
+    for _ in range(n):
+        image_id = image_id_of(claim(a))
+        assert image_id_of(claim(b)) == image_id
+        submit(a, image_id, verdict="ood", label="kayak")
+        submit(b, image_id, verdict="id", **{"class": "1"})
+        ids.append(image_id)
+    return a, b, c, ids
+
+
+def test_stage3_list_counts_votes_and_next_goes_to_the_next_open_image(client_for, project):
+    a, b, c, ids = stage3_ready(client_for, project, 2)
+    listing = c.get("/stage3").text
+    assert listing.count("0 of 3 vote(s)") == 2 and listing.count("needs your vote") == 2
+    assert image_id_of_stage3(c.get("/stage3/next")) == ids[0]
+    page = c.get(f"/stage3/{ids[0]}")
+    # Stage 1 verdicts are one click away: "use this" fills the label or the class.
+    assert 'data-label="kayak" title="use this label">use this' in page.text
+    assert 'data-class="1: class-1" title="use this class">use this' in page.text
+    assert 'id="next-open"' in page.text
+    voted = c.post(
+        f"/stage3/{ids[0]}/vote", data={"csrf_token": csrf_of(page.text), "verdict": "ood", "label": "kayak"}
+    )
+    assert 'id="next-open"' in voted.text  # after voting, "next" leads on
+    assert image_id_of_stage3(c.get("/stage3/next")) == ids[1]
+    listing = c.get("/stage3").text
+    assert '1 of 3 vote(s)</span> <span class="muted">you voted' in listing and listing.count("needs your vote") == 1
+    assert a.get("/stage3").text.count("needs your vote") == 2  # others still see both as open
+    token = csrf_of(c.get(f"/stage3/{ids[1]}").text)
+    c.post(f"/stage3/{ids[1]}/vote", data={"csrf_token": token, "verdict": "ood", "label": "kayak"})
+    assert c.get("/stage3/next").url.path == "/stage3"  # nothing left for c: back to the list
+    assert "No other image needs your vote" in c.get(f"/stage3/{ids[1]}").text
+
+
+def image_id_of_stage3(response) -> int:
+    match = re.fullmatch(r"/stage3/(\d+)", response.url.path)
+    assert match, f"not a review page: {response.url}"
+    return int(match.group(1))

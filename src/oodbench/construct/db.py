@@ -28,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from ..errors import ConstructError
 from .importers import Candidate
 from .protocol import (
+    PANEL_SIZE,
     STAGE1_ANNOTATORS,
     Event,
     EventKind,
@@ -824,6 +825,49 @@ class AnnotationStore:
                 sa.select(ImageRow).where(ImageRow.status == Status.STAGE3.value).order_by(ImageRow.id)
             )
             return [_image_info(r) for r in rows]
+
+    def stage3_votes(self) -> dict[int, list[str]]:
+        """Panel members who voted so far, per image waiting for joint review (a revised vote counts once)."""
+        with self.read() as session:
+            rows = session.execute(
+                sa.select(EventRow.image_id, UserRow.name)
+                .join(UserRow, UserRow.id == EventRow.user_id)
+                .join(ImageRow, ImageRow.id == EventRow.image_id)
+                .where(ImageRow.status == Status.STAGE3.value, EventRow.kind == EventKind.STAGE3.value)
+                .order_by(EventRow.id)
+            )
+            votes: dict[int, list[str]] = {}
+            for image_id, name in rows:
+                voters = votes.setdefault(image_id, [])
+                if name not in voters:
+                    voters.append(name)
+            return votes
+
+    def stage3_open_for(self, user: User) -> list[int]:
+        """Images in joint review that still need this user's vote: not voted yet, panel not full, in id order."""
+        votes = self.stage3_votes()
+        return [
+            image.id
+            for image in self.stage3_images()
+            if user.name not in votes.get(image.id, []) and len(votes.get(image.id, [])) < PANEL_SIZE
+        ]
+
+    def stage1_history(self, user: User) -> list[tuple[ImageInfo, Judgement]]:
+        """The user's own Stage 1 verdicts (the latest per image), in the order they were first given."""
+        with self.read() as session:
+            rows = session.execute(
+                sa.select(EventRow, ImageRow)
+                .join(ImageRow, ImageRow.id == EventRow.image_id)
+                .where(EventRow.user_id == user.id, EventRow.kind == EventKind.STAGE1.value)
+                .order_by(EventRow.id)
+            )
+            latest: dict[int, tuple[ImageInfo, Judgement]] = {}
+            for event_row, image_row in rows:
+                judgement = _judgement(event_row)
+                if judgement is not None:
+                    first = latest.get(image_row.id)
+                    latest[image_row.id] = (first[0] if first else _image_info(image_row), judgement)
+            return list(latest.values())
 
     def progress(self, user: User | None = None) -> dict[str, int]:
         """Counts by status, plus the user's own submitted and pending Stage 1 items."""

@@ -7,6 +7,7 @@ session's CSRF token; images are served only from the project's configured roots
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -129,7 +130,10 @@ def parse_class(text: str, names: tuple[str, ...]) -> int:
         raise ConstructError("an ID verdict needs a class: type its index or name")
     if hits:
         raise ConstructError(f"{text!r} names several classes ({', '.join(map(str, hits))}); give the index")
-    raise ConstructError(f"unknown class {text!r}; type its index or exact name")
+    close = difflib.get_close_matches(text.casefold(), [n.casefold() for n in names], n=3, cutoff=0.6)
+    folded = {n.casefold(): i for i, n in reversed(list(enumerate(names)))}
+    hint = "; did you mean " + " or ".join(f"“{folded[c]}: {names[folded[c]]}”" for c in close) + "?" if close else ""
+    raise ConstructError(f"unknown class {text!r}{hint or '; type its index or exact name'}")
 
 
 def judgement_from_form(form: Any, names: tuple[str, ...]) -> Judgement:
@@ -273,12 +277,21 @@ def create_app(project: Project) -> FastAPI:
         return RedirectResponse(f"/annotate/{image_id}", 303)
 
     def stage1_page(
-        request: Request, user: User, csrf: str, image_id: int, error: str | None = None, status: int = 200
+        request: Request,
+        user: User,
+        csrf: str,
+        image_id: int,
+        error: str | None = None,
+        status: int = 200,
+        typed: dict | None = None,
     ) -> Response:
         image = store.image(image_id)
         if image is None or not store.is_assigned(user, image_id):
             raise _Denied(404, "This image is not in your queue.")
         mine = store.own_stage1(user, image_id)
+        progress = store.progress(user)
+        # Position: this image's number among the user's verdicts; left: what the user can still do after it.
+        waiting = mine is None and image.status is Status.STAGE1
         return page(
             request,
             "annotate.html",
@@ -288,8 +301,11 @@ def create_app(project: Project) -> FastAPI:
             image=image,
             mine=mine,
             error=error,
+            typed=typed,
             open=image.status is Status.STAGE1,
             examples=project.examples,
+            position=progress["mine_done"] + 1 if waiting else None,
+            left=progress["mine_open"] - int(waiting) + store.claimable(user),
         )
 
     @app.get("/annotate/{image_id}", response_class=HTMLResponse)
@@ -303,19 +319,44 @@ def create_app(project: Project) -> FastAPI:
         check_csrf(request, csrf, form["csrf_token"])
         try:  # the store refuses images outside the user's queue; stage1_page then answers 404
             store.submit_stage1(user, image_id, judgement_from_form(form, names))
-        except ConstructError as exc:
-            return stage1_page(request, user, csrf, image_id, error=str(exc), status=400)
+        except ConstructError as exc:  # the page comes back with the form as typed
+            return stage1_page(request, user, csrf, image_id, error=str(exc), status=400, typed=form)
         following = store.next_stage1(user)  # straight to the next item: one round trip fewer
         return RedirectResponse("/annotate" if following is None else f"/annotate/{following}", 303)
+
+    @app.get("/mine", response_class=HTMLResponse)
+    def my_verdicts(request: Request) -> Response:
+        user, csrf = current(request)
+        return page(request, "mine.html", user, csrf, history=store.stage1_history(user))
 
     # -- Stage 3 --------------------------------------------------------------------------------
     @app.get("/stage3", response_class=HTMLResponse)
     def stage3_list(request: Request) -> Response:
         user, csrf = current(request)
-        return page(request, "stage3_list.html", user, csrf, images=store.stage3_images())
+        return page(
+            request,
+            "stage3_list.html",
+            user,
+            csrf,
+            images=store.stage3_images(),
+            votes=store.stage3_votes(),
+            panel_size=PANEL_SIZE,
+        )
+
+    @app.get("/stage3/next")
+    def stage3_next(request: Request) -> Response:
+        user, _csrf = current(request)
+        waiting = store.stage3_open_for(user)
+        return RedirectResponse(f"/stage3/{waiting[0]}" if waiting else "/stage3", 303)
 
     def stage3_page(
-        request: Request, user: User, csrf: str, image_id: int, error: str | None = None, status: int = 200
+        request: Request,
+        user: User,
+        csrf: str,
+        image_id: int,
+        error: str | None = None,
+        status: int = 200,
+        typed: dict | None = None,
     ) -> Response:
         image = store.image(image_id)
         # Stage 1 verdicts are shown only once both are in: the page does not exist before that.
@@ -324,6 +365,7 @@ def create_app(project: Project) -> FastAPI:
         outcome = store.outcome(image_id)
         if outcome.decided_in != 3 and outcome.status is not Status.STAGE3:
             raise _Denied(404, "This image was decided by agreement in Stage 2; it has no joint review.")
+        waiting = [i for i in store.stage3_open_for(user) if i != image_id]
         return page(
             request,
             "stage3.html",
@@ -336,6 +378,8 @@ def create_app(project: Project) -> FastAPI:
             examples=project.examples,
             panel_size=PANEL_SIZE,
             mine=outcome.stage3.get(user.name),
+            typed=typed,
+            waiting=len(waiting),
         )
 
     @app.get("/stage3/{image_id}", response_class=HTMLResponse)
@@ -350,7 +394,7 @@ def create_app(project: Project) -> FastAPI:
         try:
             store.vote_stage3(user, image_id, judgement_from_form(form, names), note=form["note"])
         except ConstructError as exc:
-            return stage3_page(request, user, csrf, image_id, error=str(exc), status=400)
+            return stage3_page(request, user, csrf, image_id, error=str(exc), status=400, typed=form)
         return RedirectResponse(f"/stage3/{image_id}", 303)
 
     @app.post("/stage3/{image_id}/close")
