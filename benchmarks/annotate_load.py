@@ -9,6 +9,12 @@ event log exactly once, nothing else is, every image has exactly two Stage 1 ann
 outcome. Reports p50/p95/p99 latency per request kind and throughput.
 
     python benchmarks/annotate_load.py --annotators 20 --images 1000 --out load.json
+
+With --kill-after S the server is killed with SIGKILL S seconds into Stage 1, mid-traffic; the check
+is then that no acknowledged verdict is missing from the log (a verdict committed whose answer the
+kill swallowed may be logged unacknowledged) and that SQLite's integrity check passes.
+
+    python benchmarks/annotate_load.py --annotators 20 --images 1000 --kill-after 30
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ import os
 import random
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -92,6 +100,10 @@ def answer(image_id: int, annotator: int, seed: int) -> dict[str, str]:
     )
 
 
+class ServerGone(Exception):
+    """The server stopped answering (killed on purpose with --kill-after)."""
+
+
 class Annotator:
     """One simulated annotator with its own cookie jar."""
 
@@ -105,7 +117,10 @@ class Annotator:
 
     async def timed(self, kind: str, method: str, path: str, **kwargs) -> httpx.Response:
         start = time.perf_counter()
-        response = await self.client.request(method, path, **kwargs)
+        try:
+            response = await self.client.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerGone(str(exc)) from None
         self.timings[kind].append(time.perf_counter() - start)
         if response.status_code >= 500:
             raise RuntimeError(f"{self.name}: {method} {path} -> {response.status_code}")
@@ -194,6 +209,8 @@ class Annotator:
 
 def percentiles(values: list[float]) -> dict[str, float]:
     """Milliseconds at p50/p95/p99/max."""
+    if not values:
+        return {"n": 0}
     arr = np.asarray(values) * 1000
     return {
         "n": len(values),
@@ -218,18 +235,30 @@ async def baseline(url: str, n: int = 200) -> dict[str, dict[str, float]]:
     return {kind: percentiles(timings[kind]) for kind in ("healthz", "Stage 1 page")}
 
 
-async def run_clients(url: str, n: int, seed: int, deadline_s: float) -> tuple[dict, list, dict]:
+async def until_gone(work) -> None:
+    """Run an annotator's work until it ends or the server is gone."""
+    try:
+        await work
+    except ServerGone:
+        pass
+
+
+async def run_clients(
+    url: str, n: int, seed: int, deadline_s: float, kill: tuple[float, Any] | None = None
+) -> tuple[dict, list, dict]:
     timings: dict[str, list[float]] = defaultdict(list)
     acks: list = []
     phases: dict = {"single_client": await baseline(url)}
     annotators = [Annotator(k, url, timings, acks, seed) for k in range(n)]
     await asyncio.gather(*(a.login() for a in annotators))
     deadline = time.monotonic() + deadline_s
+    if kill is not None:  # (seconds into Stage 1, the function that kills the server)
+        asyncio.get_running_loop().call_later(*kill)
     start = time.perf_counter()
-    await asyncio.gather(*(a.stage1(deadline) for a in annotators))
+    await asyncio.gather(*(until_gone(a.stage1(deadline)) for a in annotators))
     phases["stage1_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    await asyncio.gather(*(a.stage3(deadline) for a in annotators))
+    await asyncio.gather(*(until_gone(a.stage3(deadline)) for a in annotators))
     phases["stage3_s"] = time.perf_counter() - start
     for a in annotators:
         await a.close()
@@ -277,6 +306,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds; the run stops by itself")
     parser.add_argument("--out", type=Path, help="write the report as JSON here")
+    parser.add_argument("--kill-after", type=float, help="SIGKILL the server this many seconds into Stage 1")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="annotate-load-") as tmp:
@@ -310,11 +340,16 @@ def main() -> int:
                     time.sleep(0.1)
             else:
                 raise RuntimeError("the server did not start: " + server.stderr.read().decode()[-2000:])
-            timings, acks, phases = asyncio.run(run_clients(url, args.annotators, args.seed, args.deadline))
+            kill = None if args.kill_after is None else (args.kill_after, server.kill)
+            timings, acks, phases = asyncio.run(run_clients(url, args.annotators, args.seed, args.deadline, kill))
         finally:
             server.terminate()
             server.wait(timeout=30)
         check = verify(project, acks)
+        if args.kill_after is not None:
+            with sqlite3.connect(project.dir / "annotate.db") as conn:
+                check["integrity_check"] = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            check["killed"] = server.returncode == -9
         project.close()
 
     requests = sum(len(v) for v in timings.values())
@@ -328,8 +363,8 @@ def main() -> int:
         "stage1_s": round(phases["stage1_s"], 1),
         "stage3_s": round(phases["stage3_s"], 1),
         "requests": requests,
-        "requests_per_s": round(requests / (phases["stage1_s"] + phases["stage3_s"]), 1),
-        "verdicts_per_s_stage1": round(len(timings["Stage 1 POST"]) / phases["stage1_s"], 1),
+        "requests_per_s": round(requests / max(phases["stage1_s"] + phases["stage3_s"], 1e-9), 1),
+        "verdicts_per_s_stage1": round(len(timings["Stage 1 POST"]) / max(phases["stage1_s"], 1e-9), 1),
         "verdict_posts": verdict_posts,
         "latency": {kind: percentiles(v) for kind, v in sorted(timings.items())},
         "all_pages": percentiles(pages),
@@ -339,6 +374,10 @@ def main() -> int:
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.kill_after is not None:
+        ok = check["lost"] == 0 and check.get("integrity_check") == "ok" and check["killed"]
+        print("OK: killed mid-traffic, no acknowledged verdict lost" if ok else "FAILED: see check", file=sys.stderr)
+        return 0 if ok else 1
     ok = (
         check["lost"] == 0
         and check["unacknowledged_in_log"] == 0
