@@ -228,3 +228,39 @@ def test_init_demo_builds_a_working_sample_project(tmp_path):
     mixed = invoke("init", tmp_path / "other", "--demo", "--real", "builtin")
     words = " ".join(re.sub(r"[│╭╮╰╯─]", " ", mixed.output).split())  # typer wraps usage errors in a box
     assert mixed.exit_code == 2 and "give it only the project folder" in words
+
+
+def test_evidence_from_a_feature_store_entry(tmp_path):
+    """The bridge: an extracted store entry (features, index, items.txt, head) feeds evidence D directly."""
+    from oodbench.construct.project import Project
+    from oodbench.outputs import Head, Outputs
+    from oodbench.store import Store
+
+    from .helpers import build_project
+
+    project = build_project(tmp_path)  # images sub{i%2}/img00{i}.png, classes class-0..class-9
+    project.close()
+    rng = np.random.default_rng(0)
+    head = rng.normal(size=(10, 16)).astype(np.float32)
+    items = ["sub0/img000.png", "sub1/img001.png", "sub0/img002.png", "sub1/img003.png", "sub0/unrelated.png"]
+    # Row i of the features is image i pushed towards class 7 - i: the head's nearest row by cosine.
+    features = np.stack([head[7 - i] + 0.01 * rng.normal(size=16) for i in range(5)]).astype(np.float32)
+    store = Store(tmp_path / "store")
+    entry = store.write_outputs("m", "d", Outputs(features=features), provenance={"model": "m"})
+    (entry / "items.txt").write_text("".join(f"{item}\n" for item in items))
+    store.write_head("m", Head(head, np.zeros(10, np.float32)), provenance={"model": "m"})
+
+    result = invoke("evidence", project.dir, "--store", tmp_path / "store", "--entry", "m/d", "--k", 3)
+    assert result.exit_code == 0, result.output
+    assert "VLM evidence added to 4 images" in result.output
+    proj = Project.open(project.dir)
+    for image in proj.store().images():
+        row = items.index(image.path)
+        vlm = image.evidence["vlm"]
+        assert vlm["model"] == "m (classifier head)" and vlm["classes"][0]["class"] == 7 - row
+    proj.close()
+    missing = invoke("evidence", project.dir, "--store", tmp_path / "store", "--entry", "m/nothing")
+    assert missing.exit_code == 2 and "has no entry m/nothing" in missing.output
+    (entry / "items.txt").unlink()
+    unlisted = invoke("evidence", project.dir, "--store", tmp_path / "store", "--entry", "m/d")
+    assert unlisted.exit_code == 2 and "records no item list" in unlisted.output

@@ -216,9 +216,17 @@ def user_list(project: Path = PROJECT_ARG) -> None:
 @_friendly
 def evidence(
     project: Path = PROJECT_ARG,
-    image_embeddings: Path = typer.Option(..., help="N×D .npy of image embeddings (e.g. cached open_clip)."),
-    keys: Path = typer.Option(..., help="Text file naming the image of each embedding row (file name or key)."),
-    text_embeddings: Path = typer.Option(..., help="C×D .npy of class-name embeddings, in class order."),
+    image_embeddings: Path | None = typer.Option(
+        None, help="N×D .npy of image embeddings (e.g. cached open_clip); or use --store."
+    ),
+    keys: Path | None = typer.Option(None, help="Text file naming the image of each embedding row (file name or key)."),
+    text_embeddings: Path | None = typer.Option(
+        None, help="C×D .npy of class-name embeddings, in class order (with --store: default the model's head)."
+    ),
+    store: Path | None = typer.Option(
+        None, "--store", help="Feature store holding the images' features (instead of --image-embeddings/--keys)."
+    ),
+    entry: str | None = typer.Option(None, "--entry", help="The store entry MODEL/DATASET to read (with --store)."),
     k: int = typer.Option(5, help="How many nearest ID classes to show."),
     model: str | None = typer.Option(None, help="Model name to show with the evidence."),
     per_class: int = typer.Option(3, help="Example images per class (when the project has an example root)."),
@@ -227,11 +235,27 @@ def evidence(
 
     Example: oodbench annotate evidence proj --image-embeddings val_img.npy --keys val_keys.txt
     --text-embeddings classnames.npy --model ViT-B-16/openai
-    """
-    from .project import add_vlm_evidence, read_keys
 
+    From a feature store: oodbench annotate evidence proj --store store --entry clip-vit-b16/imagenet-val
+    --text-embeddings classnames.npy (without --text-embeddings: the model's classifier head rows)
+    """
+    from .project import add_vlm_evidence, read_keys, store_evidence_inputs
+
+    if store is not None:
+        if image_embeddings is not None or keys is not None or entry is None or "/" not in entry:
+            raise typer.BadParameter("--store goes with --entry MODEL/DATASET, not with --image-embeddings or --keys")
+        model_id, dataset_id = entry.split("/", 1)
+        row_keys, images, head = store_evidence_inputs(store, model_id, dataset_id)
+        texts = text_embeddings if text_embeddings is not None else head
+        if texts is None:
+            raise typer.BadParameter(f"{model_id} has no stored head; give --text-embeddings")
+        model = model or (model_id if text_embeddings is not None else f"{model_id} (classifier head)")
+    elif image_embeddings is None or keys is None or text_embeddings is None:
+        raise typer.BadParameter("give --image-embeddings, --keys and --text-embeddings, or --store and --entry")
+    else:
+        row_keys, images, texts = read_keys(keys), image_embeddings, text_embeddings
     proj = _open(project)
-    done = add_vlm_evidence(proj, read_keys(keys), image_embeddings, text_embeddings, k=k, model=model)
+    done = add_vlm_evidence(proj, row_keys, images, texts, k=k, model=model)
     typer.echo(f"VLM evidence added to {done} images")
     if proj.config.example_root:
         typer.echo(f"example images indexed for {proj.index_examples(per_class)} classes")
