@@ -429,3 +429,15 @@ def image_id_of_stage3(response) -> int:
     match = re.fullmatch(r"/stage3/(\d+)", response.url.path)
     assert match, f"not a review page: {response.url}"
     return int(match.group(1))
+
+
+def test_unknown_class_names_get_the_closest_suggestions():
+    from oodbench.construct.web import parse_class
+    from oodbench.errors import ConstructError
+
+    names = ("cat", "dog", "cattle", "hot dog")
+    assert parse_class("CAT", names) == 0 and parse_class("3: hot dog", names) == 3
+    with pytest.raises(ConstructError, match="unknown class 'catt'; did you mean “0: cat” or “2: cattle”"):
+        parse_class("catt", names)
+    with pytest.raises(ConstructError, match="unknown class 'zebra'; type its index or exact name"):
+        parse_class("zebra", names)  # nothing close: no suggestion
