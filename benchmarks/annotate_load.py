@@ -235,6 +235,48 @@ async def baseline(url: str, n: int = 200) -> dict[str, dict[str, float]]:
     return {kind: percentiles(timings[kind]) for kind in ("healthz", "Stage 1 page")}
 
 
+async def throttle_probe(url: str, owner: str) -> dict:
+    """Login throttling seen from outside: a stranger and a sprayer fail on purpose, then the owner logs in.
+
+    Clients are told apart by X-Forwarded-For, which uvicorn trusts from 127.0.0.1 (its default).
+    """
+
+    async def attempts(address: str, pairs: list[tuple[str, str]]) -> tuple[list[float], list[bool]]:
+        times, refused = [], []
+        async with httpx.AsyncClient(base_url=url, timeout=60.0, headers={"X-Forwarded-For": address}) as client:
+            for name, password in pairs:
+                page = await client.get("/login")
+                start = time.perf_counter()
+                response = await client.post(
+                    "/login",
+                    data={"username": name, "password": password, "csrf_token": CSRF.search(page.text).group(1)},
+                )
+                times.append(time.perf_counter() - start)
+                refused.append("Too+many" in response.headers.get("location", ""))
+        return times, refused
+
+    stranger_t, stranger_refused = await attempts("203.0.113.5", [(owner, f"guess {i}") for i in range(30)])
+    sprayer_t, sprayer_refused = await attempts("203.0.113.9", [(f"user{i}", "Summer2026!") for i in range(40)])
+    owner_t, _ = await attempts("198.51.100.7", [(owner, PASSWORD)])
+    hashed = [t for t, r in zip(stranger_t + sprayer_t, stranger_refused + sprayer_refused, strict=True) if not r]
+    throttled = [t for t, r in zip(stranger_t + sprayer_t, stranger_refused + sprayer_refused, strict=True) if r]
+    async with httpx.AsyncClient(base_url=url, headers={"X-Forwarded-For": "198.51.100.7"}) as client:
+        page = await client.get("/login")
+        done = await client.post(
+            "/login", data={"username": owner, "password": PASSWORD, "csrf_token": CSRF.search(page.text).group(1)}
+        )
+    return {
+        "stranger_attempts_on_owner": len(stranger_t),
+        "stranger_attempts_checked": stranger_refused.index(True) if True in stranger_refused else len(stranger_t),
+        "sprayer_names_tried": len(sprayer_t),
+        "sprayer_attempts_checked": sprayer_refused.index(True) if True in sprayer_refused else len(sprayer_t),
+        "owner_logs_in_from_elsewhere": done.status_code == 303 and done.headers["location"] == "/",
+        "checked_attempt_ms_p50": round(float(np.median(hashed)) * 1000, 1) if hashed else None,
+        "throttled_attempt_ms_p50": round(float(np.median(throttled)) * 1000, 1) if throttled else None,
+        "owner_login_ms": round(owner_t[0] * 1000, 1),
+    }
+
+
 async def until_gone(work) -> None:
     """Run an annotator's work until it ends or the server is gone."""
     try:
@@ -248,7 +290,7 @@ async def run_clients(
 ) -> tuple[dict, list, dict]:
     timings: dict[str, list[float]] = defaultdict(list)
     acks: list = []
-    phases: dict = {"single_client": await baseline(url)}
+    phases: dict = {"single_client": await baseline(url), "throttle": await throttle_probe(url, "ann00")}
     annotators = [Annotator(k, url, timings, acks, seed) for k in range(n)]
     await asyncio.gather(*(a.login() for a in annotators))
     deadline = time.monotonic() + deadline_s
@@ -369,6 +411,7 @@ def main() -> int:
         "latency": {kind: percentiles(v) for kind, v in sorted(timings.items())},
         "all_pages": percentiles(pages),
         "single_client": phases["single_client"],
+        "throttle": phases["throttle"],
         "check": check,
     }
     print(json.dumps(report, indent=2))
