@@ -845,12 +845,24 @@ class AnnotationStore:
 
     def stage3_open_for(self, user: User) -> list[int]:
         """Images in joint review that still need this user's vote: not voted yet, panel not full, in id order."""
-        votes = self.stage3_votes()
-        return [
-            image.id
-            for image in self.stage3_images()
-            if user.name not in votes.get(image.id, []) and len(votes.get(image.id, [])) < PANEL_SIZE
-        ]
+        votes = sa.select(EventRow.user_id).where(
+            EventRow.image_id == ImageRow.id, EventRow.kind == EventKind.STAGE3.value
+        )
+        panel = sa.select(sa.func.count(sa.distinct(EventRow.user_id))).where(
+            EventRow.image_id == ImageRow.id, EventRow.kind == EventKind.STAGE3.value
+        )
+        with self.read() as session:  # ids only, one query: every Stage 3 page asks this
+            return list(
+                session.scalars(
+                    sa.select(ImageRow.id)
+                    .where(
+                        ImageRow.status == Status.STAGE3.value,
+                        ~sa.exists(votes.where(EventRow.user_id == user.id)),
+                        panel.scalar_subquery() < PANEL_SIZE,
+                    )
+                    .order_by(ImageRow.id)
+                )
+            )
 
     def stage1_history(self, user: User) -> list[tuple[ImageInfo, Judgement]]:
         """The user's own Stage 1 verdicts (the latest per image), in the order they were first given."""
