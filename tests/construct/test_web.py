@@ -113,6 +113,8 @@ def test_stage1_is_blind(client_for, project):
         f"/annotate/{image_id}?show=all",
         f"/stage3/{image_id}/vote",
         f"/image/{image_id}",
+        "/mine",
+        "/stage3/next",
     ]
 
     def snapshot():
