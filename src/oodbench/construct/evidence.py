@@ -95,10 +95,10 @@ def vlm_evidence(
             "model": model,
             "classes": [
                 {"class": int(c), "name": classes.name(int(c)), "score": round(float(s), 4)}
-                for c, s in zip(row_idx, row_sim)
+                for c, s in zip(row_idx, row_sim, strict=True)
             ],
         }
-        for row_idx, row_sim in zip(indices, similarities)
+        for row_idx, row_sim in zip(indices, similarities, strict=True)
     ]
 
 
@@ -118,9 +118,11 @@ def top_confusions(pairs: np.ndarray, labels: Iterable[int], k: int = 5) -> dict
     unique, counts = unique[order], counts[order]
     starts = np.flatnonzero(np.r_[True, unique[1:, 0] != unique[:-1, 0]])
     ends = np.r_[starts[1:], len(unique)]
-    for start, end in zip(starts, ends):
+    for start, end in zip(starts, ends, strict=True):
         stop = min(end, start + k)
-        result[int(unique[start, 0])] = [(int(c), int(n)) for c, n in zip(unique[start:stop, 1], counts[start:stop])]
+        result[int(unique[start, 0])] = [
+            (int(c), int(n)) for c, n in zip(unique[start:stop, 1], counts[start:stop], strict=True)
+        ]
     return result
 
 

@@ -1,4 +1,4 @@
-"""Helpers of the construct tests: shared data paths, a generated project, logins."""
+"""Helpers of the construct tests: a generated project, logins, claims."""
 
 from __future__ import annotations
 
@@ -17,18 +17,9 @@ from oodbench.construct.importers import TableMapping, read_table
 # database-backed tests against PostgreSQL as well as SQLite; the database is emptied before each test.
 POSTGRES_URL = os.environ.get("OODBENCH_TEST_POSTGRES_URL")
 DB_BACKENDS = ["sqlite"] + (["postgresql"] if POSTGRES_URL else [])
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 CLASSES = ClassList(tuple(f"class-{i}" for i in range(10)), tuple(f"c{i:02d}" for i in range(10)))
 PASSWORD = "correct horse battery"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-def shared_file(*parts: str) -> Path:
-    """A file of ../shared/data, or skip the test when it is absent."""
-    path = SHARED.joinpath(*parts)
-    if not path.is_file():
-        pytest.skip(f"shared data file {path} is absent")
-    return path
 
 
 def write_png(path: Path, seed: int) -> None:
@@ -96,3 +87,8 @@ def login(client, name: str, password: str = PASSWORD):
     """Log a TestClient in; returns the landing page response."""
     page = client.get("/login")
     return client.post("/login", data={"username": name, "password": password, "csrf_token": csrf_of(page.text)})
+
+
+def claim(client):
+    """Take the next image into the client's Stage 1 queue (a POST); returns the page it lands on."""
+    return client.post("/annotate", data={"csrf_token": csrf_of(client.get("/").text)})

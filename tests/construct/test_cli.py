@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 
 import numpy as np
 import pytest
-from construct_helpers import shared_file, write_png
+
+from .helpers import write_png
 
 pytest.importorskip("sqlalchemy", reason="the annotation database needs the 'web' extra")
 from typer.testing import CliRunner  # noqa: E402
@@ -22,11 +24,12 @@ def invoke(*args, **kwargs):
 
 
 def test_init_on_shipped_real_and_mturk_files(tmp_path):
-    real = shared_file("labels", "reassessed-imagenet", "real.json")
-    index = shared_file("labels", "label-errors", "imagenet_val_set_index_to_filepath.json")
-    mturk_file = shared_file("labels", "label-errors", "imagenet_mturk.json")
-    empty = [i + 1 for i, labels in enumerate(json.loads(real.read_text())) if not labels][:3]
-    neither = [r for r in json.loads(mturk_file.read_text()) if r["mturk"]["neither"] >= 3][:2]
+    from oodbench.construct.importers import builtin_file
+
+    real = index = mturk_file = "builtin"  # the copies shipped with timm (ReaL) and oodbench (Northcutt et al.)
+    empty = [i + 1 for i, labels in enumerate(json.loads(builtin_file("real").read_text())) if not labels][:3]
+    with gzip.open(builtin_file("mturk"), "rt") as handle:
+        neither = [r for r in json.load(handle) if r["mturk"]["neither"] >= 3][:2]
     images = tmp_path / "val"
     for number in empty:  # flat layout for ReaL candidates ...
         write_png(images / f"ILSVRC2012_val_{number:08d}.JPEG", number)
@@ -190,3 +193,74 @@ def test_evidence_command(tmp_path):
     assert top["p0.png"][0] == "a" and top["p1.png"][0] == "c"
     assert proj.example_file(2, 0) == (train / "c" / "x.png").resolve()
     proj.close()
+
+
+def test_init_demo_builds_a_working_sample_project(tmp_path):
+    pytest.importorskip("fastapi", reason="the annotation app needs the 'web' extra")
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from oodbench.construct.project import Project
+    from oodbench.construct.web import create_app
+
+    from .helpers import login
+
+    result = invoke("init", tmp_path / "sample", "--demo")
+    assert result.exit_code == 0, result.output
+    password = re.search(r"password for all: (\S+)", result.output).group(1)
+    project = Project.open(tmp_path / "sample")
+    images = {img.key: img for img in project.store().images()}
+    assert len(images) == 18 and "oodbench annotate serve" in result.output
+    # Real candidates: validation image 1 has no ReaL label and is a 'sea snake' (class 65) in the original labels.
+    first = images["ILSVRC2012_val_00000001.JPEG"]
+    assert first.flags == ("real:no-label",) and first.original_label == 65
+    assert sum(img.flags == ("mturk:neither",) for img in images.values()) == 6
+    for img in images.values():  # every image has a file, confusions (E), the tiny model's top 5 (D), examples
+        assert project.image_file(img) is not None
+        assert len(img.evidence["vlm"]["classes"]) == 5 and "not a VLM" in img.evidence["vlm"]["model"]
+        assert img.evidence["confusions"]["classes"] and img.original_label in project.examples
+    with TestClient(create_app(project)) as client:
+        assert "Hello, ann1" in login(client, "ann1", password).text
+    project.close()
+    again = invoke("init", tmp_path / "sample", "--demo")
+    assert again.exit_code == 2 and "already holds a project" in again.output
+    mixed = invoke("init", tmp_path / "other", "--demo", "--real", "builtin")
+    words = " ".join(re.sub(r"[│╭╮╰╯─]", " ", mixed.output).split())  # typer wraps usage errors in a box
+    assert mixed.exit_code == 2 and "give it only the project folder" in words
+
+
+def test_evidence_from_a_feature_store_entry(tmp_path):
+    """The bridge: an extracted store entry (features, index, items.txt, head) feeds evidence D directly."""
+    from oodbench.construct.project import Project
+    from oodbench.outputs import Head, Outputs
+    from oodbench.store import Store
+
+    from .helpers import build_project
+
+    project = build_project(tmp_path)  # images sub{i%2}/img00{i}.png, classes class-0..class-9
+    project.close()
+    rng = np.random.default_rng(0)
+    head = rng.normal(size=(10, 16)).astype(np.float32)
+    items = ["sub0/img000.png", "sub1/img001.png", "sub0/img002.png", "sub1/img003.png", "sub0/unrelated.png"]
+    # Row i of the features is image i pushed towards class 7 - i: the head's nearest row by cosine.
+    features = np.stack([head[7 - i] + 0.01 * rng.normal(size=16) for i in range(5)]).astype(np.float32)
+    store = Store(tmp_path / "store")
+    entry = store.write_outputs("m", "d", Outputs(features=features), provenance={"model": "m"})
+    (entry / "items.txt").write_text("".join(f"{item}\n" for item in items))
+    store.write_head("m", Head(head, np.zeros(10, np.float32)), provenance={"model": "m"})
+
+    result = invoke("evidence", project.dir, "--store", tmp_path / "store", "--entry", "m/d", "--k", 3)
+    assert result.exit_code == 0, result.output
+    assert "VLM evidence added to 4 images" in result.output
+    proj = Project.open(project.dir)
+    for image in proj.store().images():
+        row = items.index(image.path)
+        vlm = image.evidence["vlm"]
+        assert vlm["model"] == "m (classifier head)" and vlm["classes"][0]["class"] == 7 - row
+    proj.close()
+    missing = invoke("evidence", project.dir, "--store", tmp_path / "store", "--entry", "m/nothing")
+    assert missing.exit_code == 2 and "has no entry m/nothing" in missing.output
+    (entry / "items.txt").unlink()
+    unlisted = invoke("evidence", project.dir, "--store", tmp_path / "store", "--entry", "m/d")
+    assert unlisted.exit_code == 2 and "records no item list" in unlisted.output

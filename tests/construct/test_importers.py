@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
+import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
-from construct_helpers import shared_file
 
 from oodbench.construct.importers import (
+    BUILTIN,
     MTURK_FLAG,
     REAL_FLAG,
     Candidate,
     TableMapping,
+    builtin_file,
     load_original_labels,
     merge_candidates,
     read_mturk,
@@ -23,13 +28,44 @@ from oodbench.construct.importers import (
 from oodbench.errors import ConstructError
 
 
+def read_json_gz(path: Path):
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def test_shipped_label_error_files_are_the_upstream_bytes():
+    """The vendored files decompress to the SHA-256 their SOURCE states, and the licence ships beside them."""
+    folder = builtin_file("mturk").parent
+    stated = dict(
+        (name, digest) for digest, name in re.findall(r"sha256 ([0-9a-f]{64})  (\S+)", (folder / "SOURCE").read_text())
+    )
+    assert set(stated) == {"imagenet_mturk.json", "imagenet_val_set_index_to_filepath.json"}
+    for name, digest in stated.items():
+        assert hashlib.sha256(gzip.decompress((folder / f"{name}.gz").read_bytes())).hexdigest() == digest
+    assert "Apache License" in (folder / "LICENSE").read_text() and "Version 2.0" in (folder / "LICENSE").read_text()
+
+
+def test_builtin_sources_are_found_without_importing_timm():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from oodbench.construct.importers import builtin_file; "
+        "print(builtin_file('real').name, 'timm' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["imagenet_real_labels.json", "False", "False"]
+    with pytest.raises(ConstructError, match="no built-in file 'wordnet'"):
+        builtin_file("wordnet")
+
+
 @pytest.fixture(scope="module")
 def val_labels():
-    return load_original_labels(shared_file("labels", "label-errors", "imagenet_val_set_index_to_filepath.json"))
+    return load_original_labels(BUILTIN)
 
 
 def test_real_empty_entries(val_labels):
-    path = shared_file("labels", "reassessed-imagenet", "real.json")
+    path = builtin_file("real")
     imp = read_real(path, val_labels)
     assert len(imp.candidates) == 3163
     raw = json.loads(path.read_text())
@@ -45,23 +81,23 @@ def test_real_empty_entries(val_labels):
 
 
 def test_real_without_original_labels_has_no_pairs():
-    imp = read_real(shared_file("labels", "reassessed-imagenet", "real.json"))
+    imp = read_real(builtin_file("real"))
     assert len(imp.candidates) == 3163 and imp.confusion_pairs.shape == (0, 2)
     assert imp.candidates[0].original_label is None
     with pytest.raises(ConstructError, match="50000 entries but 3 original labels"):
-        read_real(shared_file("labels", "reassessed-imagenet", "real.json"), [1, 2, 3])
+        read_real(builtin_file("real"), [1, 2, 3])
 
 
 def test_val_index_gives_the_standard_label_order(val_labels):
     assert val_labels.shape == (50000,) and val_labels.min() == 0 and val_labels.max() == 999
-    mturk = json.loads(shared_file("labels", "label-errors", "imagenet_mturk.json").read_text())
+    mturk = read_json_gz(builtin_file("mturk"))
     # The MTurk file states each image's original label independently of the index file.
     assert all(val_labels[row["id"] - 1] == row["given_original_label"] for row in mturk)
 
 
 def test_mturk_majority_neither():
-    path = shared_file("labels", "label-errors", "imagenet_mturk.json")
-    raw = json.loads(path.read_text())
+    path = builtin_file("mturk")
+    raw = read_json_gz(path)
     imp = read_mturk(path)
     expected = [r for r in raw if r["mturk"]["neither"] * 2 > sum(r["mturk"].values())]
     assert len(imp.candidates) == len(expected) == 293
@@ -75,8 +111,8 @@ def test_mturk_majority_neither():
 
 
 def test_real_and_mturk_merge_flags(val_labels):
-    real = read_real(shared_file("labels", "reassessed-imagenet", "real.json"), val_labels)
-    mturk = read_mturk(shared_file("labels", "label-errors", "imagenet_mturk.json"))
+    real = read_real(builtin_file("real"), val_labels)
+    mturk = read_mturk(builtin_file("mturk"))
     merged = merge_candidates([real.candidates, mturk.candidates])
     both = {c.key for c in real.candidates} & {c.key for c in mturk.candidates}
     assert len(merged) == 3163 + 293 - len(both)
@@ -166,8 +202,9 @@ def test_imagenet_class_list_order():
     from oodbench.classes import ClassListError, load_classes
 
     classes = load_classes("imagenet1k:timm")
-    keras = load_classes(shared_file("vlm", "MCM", "ImageNet", "imagenet_class_index.json"))
-    assert classes.wnids == keras.wnids == tuple(sorted(keras.wnids))
+    # timm's list of the ImageNet-1k synsets in class order, an index file independent of ours.
+    synsets = (builtin_file("real").parent / "imagenet_synsets.txt").read_text().split()
+    assert classes.wnids == tuple(synsets) == tuple(sorted(synsets)) and len(synsets) == 1000
     assert (classes.names[0], classes.names[134], classes.names[999]) == ("tench", "crane", "toilet tissue")
     assert classes.name(None) is None
     with pytest.raises(ClassListError, match="outside 0..999"):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from construct_helpers import PASSWORD, csrf_of, login
+
+from .helpers import PASSWORD, claim, csrf_of, login
 
 pytest.importorskip("fastapi", reason="the annotation app needs the 'web' extra")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -69,7 +70,7 @@ def test_non_admin_cannot_use_admin_pages(client_for):
 # -- CSRF --------------------------------------------------------------------------------------
 def test_csrf_is_required(app, client_for, project):
     ann = client_for("ann1")
-    image_id = image_id_of(ann.get("/annotate"))
+    image_id = image_id_of(claim(ann))
     for data in ({}, {"csrf_token": "forged"}):
         response = ann.post(f"/annotate/{image_id}", data={"verdict": "id", "class": "1", **data})
         assert response.status_code == 403
@@ -99,8 +100,8 @@ SECRET_LABEL = "zanzibar-xylophone-17"
 
 def test_stage1_is_blind(client_for, project):
     first, second, outsider, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
-    image_id = image_id_of(first.get("/annotate"))
-    assert image_id_of(second.get("/annotate")) == image_id
+    image_id = image_id_of(claim(first))
+    assert image_id_of(claim(second)) == image_id
     probes = [
         "/",
         "/annotate",
@@ -112,6 +113,8 @@ def test_stage1_is_blind(client_for, project):
         f"/annotate/{image_id}?show=all",
         f"/stage3/{image_id}/vote",
         f"/image/{image_id}",
+        "/mine",
+        "/stage3/next",
     ]
 
     def snapshot():
@@ -122,7 +125,7 @@ def test_stage1_is_blind(client_for, project):
             for r in [client.get(path)]
         }
 
-    snapshot()  # the probes' own side effects (the outsider's /annotate claims an image) happen here
+    snapshot()  # any side effects of the probes themselves happen here
     before = snapshot()
     assert submit(first, image_id, verdict="ood", label=SECRET_LABEL).status_code == 200
     assert SECRET_LABEL in first.get(f"/annotate/{image_id}").text  # one's own verdict is shown
@@ -154,7 +157,7 @@ def test_stage1_is_blind(client_for, project):
 # -- path traversal ----------------------------------------------------------------------------
 def test_images_only_from_configured_roots(client_for, project, tmp_path):
     ann = client_for("ann1")
-    image_id = image_id_of(ann.get("/annotate"))
+    image_id = image_id_of(claim(ann))
     ok = ann.get(f"/image/{image_id}")
     assert ok.status_code == 200 and ok.headers["content-type"] == "image/png" and ok.content[:4] == b"\x89PNG"
     secret = tmp_path / "secret.txt"
@@ -201,7 +204,7 @@ def test_static_assets_are_served(client_for):
 # -- flows -------------------------------------------------------------------------------------
 def test_full_round_over_http(client_for, project):
     a, b, c, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
-    image_id = image_id_of(a.get("/annotate"))
+    image_id = image_id_of(claim(a))
     page = a.get(f"/annotate/{image_id}")
     # Evidence panels: present ones rendered, absent ones say why.
     assert 'id="evidence-original"' in page.text and "class-" in page.text
@@ -210,7 +213,7 @@ def test_full_round_over_http(client_for, project):
     bad = submit(a, image_id, verdict="id", **{"class": "zebra"})
     assert bad.status_code == 400 and "unknown class" in bad.text
     assert submit(a, image_id, verdict="ood", label="Snow globe", fine_grained="on").status_code == 200
-    assert image_id_of(b.get("/annotate")) == image_id
+    assert image_id_of(claim(b)) == image_id
     submit(b, image_id, verdict="id", **{"class": "4: class-4"})
     listing = c.get("/stage3").text
     assert f"/stage3/{image_id}" in listing
@@ -237,12 +240,12 @@ def test_full_round_over_http(client_for, project):
 
 def test_ambiguous_needs_reason_and_queue_ends(client_for, project):
     a = client_for("ann1")
-    image_id = image_id_of(a.get("/annotate"))
+    image_id = image_id_of(claim(a))
     bad = submit(a, image_id, verdict="ambiguous")
     assert bad.status_code == 400 and "needs a reason" in bad.text
     assert submit(a, image_id, verdict="", label="x").status_code == 400
     for _ in range(len(project.store().images())):
-        response = a.get("/annotate")
+        response = claim(a)
         if "queue-empty" in response.text:
             break
         submit(a, image_id_of(response), verdict="ambiguous", reason="degraded")
@@ -252,8 +255,8 @@ def test_ambiguous_needs_reason_and_queue_ends(client_for, project):
 
 def test_admin_lists_label_disputes_and_matches_them(client_for, project):
     a, b, boss = client_for("ann1"), client_for("ann2"), client_for("boss")
-    image_id = image_id_of(a.get("/annotate"))
-    assert image_id_of(b.get("/annotate")) == image_id
+    image_id = image_id_of(claim(a))
+    assert image_id_of(claim(b)) == image_id
     submit(a, image_id, verdict="ood", label="cellphone")
     submit(b, image_id, verdict="ood", label="mobile phone")
     admin = boss.get("/admin")
@@ -263,3 +266,180 @@ def test_admin_lists_label_disputes_and_matches_them(client_for, project):
     done = boss.post("/admin/matches", data={"csrf_token": csrf_of(admin.text), **fields})
     assert "1 image(s) resolved" in done.text and 'id="disputes"' not in done.text
     assert project.store().outcome(image_id).concept == "cellphone"
+
+
+# -- findings of the outside review --------------------------------------------------------------
+HUGE_IDS = ("99999999999999999999", str(2**63), "0", "-1")
+
+
+def test_out_of_range_ids_answer_404(client_for):
+    ann = client_for("ann1")
+    token = csrf_of(ann.get("/").text)
+    for image_id in HUGE_IDS:
+        for path in (f"/image/{image_id}", f"/annotate/{image_id}", f"/stage3/{image_id}"):
+            assert ann.get(path).status_code == 404, path
+        for path in (f"/annotate/{image_id}", f"/stage3/{image_id}/vote", f"/stage3/{image_id}/close"):
+            response = ann.post(path, data={"csrf_token": token, "verdict": "ood", "label": "kayak"})
+            assert response.status_code == 404, path
+
+
+def test_get_requests_never_claim_an_image(client_for, project):
+    ann = client_for("ann1")
+    user = {u.name: u for u in project.store().users()}["ann1"]
+    for path in ("/", "/annotate", "/annotate", "/stage3"):  # what a cross-site link or image tag can send
+        ann.get(path)
+    assert project.store().progress(user)["mine_open"] == 0
+    page = ann.get("/annotate")
+    assert page.status_code == 200 and 'id="claim"' in page.text and "4 image(s) wait" in page.text
+    image_id = image_id_of(claim(ann))  # the button: a POST with the session's CSRF token
+    assert project.store().progress(user)["mine_open"] == 1
+    assert image_id_of(ann.get("/annotate")) == image_id  # a pending image is shown, not a new one claimed
+    forged = ann.post("/annotate", data={"csrf_token": "forged"})
+    assert forged.status_code == 403 and project.store().progress(user)["mine_open"] == 1
+
+
+def test_image_files_follow_queue_and_stage(client_for, project):
+    a, b, outsider, boss = client_for("ann1"), client_for("ann2"), client_for("ann3"), client_for("boss")
+    image_id = image_id_of(claim(a))
+    assert image_id_of(claim(b)) == image_id
+    others = [i.id for i in project.store().images() if i.id != image_id]
+
+    def served(client, ids):
+        return [client.get(f"/image/{i}").status_code for i in ids]
+
+    assert served(a, [image_id]) == [200] and served(b, [image_id]) == [200]
+    assert served(outsider, [image_id] + others) == [404] * 4  # neither in their queue nor in review
+    assert served(a, others) == [404] * 3
+    assert served(boss, [image_id] + others) == [200] * 4  # admins see every image
+    submit(a, image_id, verdict="ood", label="kayak")
+    assert served(outsider, [image_id]) == [404]  # one verdict in: still Stage 1
+    submit(b, image_id, verdict="id", **{"class": "3"})  # disagreement: joint review, open to everyone
+    assert served(outsider, [image_id]) == [200]
+
+
+def test_throttle_never_lets_a_stranger_lock_out_a_user(app, monkeypatch):
+    from oodbench.construct import db
+
+    hashed = []
+    real_verify = db.verify_password
+    monkeypatch.setattr(db, "verify_password", lambda *args: hashed.append(1) or real_verify(*args))
+    with TestClient(app, client=("203.0.113.5", 40000)) as stranger:
+        for _ in range(12):
+            assert "oodb_session" not in login(stranger, "ann2", "guess guess").history[0].headers.get("set-cookie", "")
+        assert "Too many failed attempts" in login(stranger, "ann2").text  # even the right password waits
+    assert len(hashed) == 5  # after the 5th failure no attempt runs the password hash
+    with TestClient(app, client=("198.51.100.7", 40000)) as owner:
+        assert "Hello, ann2" in login(owner, "ann2").text
+
+
+def test_throttle_limits_one_password_across_many_names(app, monkeypatch):
+    from oodbench.construct import db
+
+    hashed = []
+    real_verify = db.verify_password
+    monkeypatch.setattr(db, "verify_password", lambda *args: hashed.append(1) or real_verify(*args))
+    with TestClient(app, client=("203.0.113.9", 40000)) as sprayer:
+        answers = [login(sprayer, f"user{i}", "Summer2026!").text for i in range(30)]
+    assert len(hashed) == 20 and all("Too many failed attempts" in text for text in answers[20:])
+
+
+def test_ood_label_with_a_nul_byte_is_refused(client_for, project):
+    ann = client_for("ann1")
+    image_id = image_id_of(claim(ann))
+    response = submit(ann, image_id, verdict="ood", label="kayak\x00<script>")
+    assert response.status_code == 400 and "control character U+0000" in response.text
+    assert project.store().events() == []
+
+
+# -- a full day of work: queue position, earlier verdicts, forms kept, Stage 3 list ----------------
+def test_stage1_page_shows_position_and_what_is_left(client_for):
+    ann = client_for("ann1")
+    first = claim(ann)
+    assert "Your verdict no. 1 · 3 more image(s) open for you after this one" in first.text
+    following = submit(ann, image_id_of(first), verdict="ambiguous", reason="degraded")
+    assert "Your verdict no. 2 · 2 more image(s) open for you after this one" in following.text
+
+
+def test_earlier_verdicts_are_listed_and_revisable(client_for):
+    ann = client_for("ann1")
+    assert 'id="no-verdicts"' in ann.get("/mine").text
+    first = image_id_of(claim(ann))
+    submit(ann, first, verdict="ood", label="kayak")
+    second = image_id_of(ann.get("/annotate"))
+    submit(ann, second, verdict="id", **{"class": "2"})
+    mine = ann.get("/mine").text
+    assert mine.index(f'href="/annotate/{first}"') < mine.index(f'href="/annotate/{second}"')
+    assert "OOD: “kayak”" in mine and "ID: 2 · class-2" in mine and mine.count("open: revisable") == 2
+    revised = submit(ann, first, verdict="ood", label="canoe")
+    assert revised.status_code == 200
+    mine = ann.get("/mine").text
+    assert "“canoe”" in mine and "kayak" not in mine and 'href="/mine"' in ann.get(f"/annotate/{first}").text
+
+
+def test_refused_verdict_keeps_the_form_as_typed_and_suggests_a_class(client_for):
+    ann = client_for("ann1")
+    image_id = image_id_of(claim(ann))
+    refused = submit(ann, image_id, verdict="id", label="", fine_grained="on", **{"class": "clas-3"})
+    assert refused.status_code == 400
+    assert "unknown class 'clas-3'; did you mean “3: class-3”" in refused.text.replace("&#39;", "'")
+    form = re.search(
+        r'<form method="post" action="/annotate/\d+" id="verdict-form".*?</form>', refused.text, re.S
+    ).group(0)
+    assert 'value="clas-3"' in form and re.search(r'id="v-id" checked', form) and re.search(r'id="fine" checked', form)
+    ood = submit(ann, image_id, verdict="ood", label="x" * 201)
+    assert ood.status_code == 400 and f'value="{"x" * 201}"' in ood.text and re.search(r'id="v-ood" checked', ood.text)
+
+
+def stage3_ready(client_for, project, n):
+    """n images in Stage 3 (ann1 says OOD, ann2 says ID); returns the clients and the image ids."""
+    a, b, c = client_for("ann1"), client_for("ann2"), client_for("ann3")
+    ids = []
+    for _ in range(n):
+        image_id = image_id_of(claim(a))
+        assert image_id_of(claim(b)) == image_id
+        submit(a, image_id, verdict="ood", label="kayak")
+        submit(b, image_id, verdict="id", **{"class": "1"})
+        ids.append(image_id)
+    return a, b, c, ids
+
+
+def test_stage3_list_counts_votes_and_next_goes_to_the_next_open_image(client_for, project):
+    a, b, c, ids = stage3_ready(client_for, project, 2)
+    listing = c.get("/stage3").text
+    assert listing.count("0 of 3 vote(s)") == 2 and listing.count("needs your vote") == 2
+    assert image_id_of_stage3(c.get("/stage3/next")) == ids[0]
+    page = c.get(f"/stage3/{ids[0]}")
+    # Stage 1 verdicts are one click away: "use this" fills the label or the class.
+    assert 'data-label="kayak" title="use this label">use this' in page.text
+    assert 'data-class="1: class-1" title="use this class">use this' in page.text
+    assert 'id="next-open"' in page.text
+    voted = c.post(
+        f"/stage3/{ids[0]}/vote", data={"csrf_token": csrf_of(page.text), "verdict": "ood", "label": "kayak"}
+    )
+    assert 'id="next-open"' in voted.text  # after voting, "next" leads on
+    assert image_id_of_stage3(c.get("/stage3/next")) == ids[1]
+    listing = c.get("/stage3").text
+    assert '1 of 3 vote(s)</span> <span class="muted">you voted' in listing and listing.count("needs your vote") == 1
+    assert a.get("/stage3").text.count("needs your vote") == 2  # others still see both as open
+    token = csrf_of(c.get(f"/stage3/{ids[1]}").text)
+    c.post(f"/stage3/{ids[1]}/vote", data={"csrf_token": token, "verdict": "ood", "label": "kayak"})
+    assert c.get("/stage3/next").url.path == "/stage3"  # nothing left for c: back to the list
+    assert "No other image needs your vote" in c.get(f"/stage3/{ids[1]}").text
+
+
+def image_id_of_stage3(response) -> int:
+    match = re.fullmatch(r"/stage3/(\d+)", response.url.path)
+    assert match, f"not a review page: {response.url}"
+    return int(match.group(1))
+
+
+def test_unknown_class_names_get_the_closest_suggestions():
+    from oodbench.construct.web import parse_class
+    from oodbench.errors import ConstructError
+
+    names = ("cat", "dog", "cattle", "hot dog")
+    assert parse_class("CAT", names) == 0 and parse_class("3: hot dog", names) == 3
+    with pytest.raises(ConstructError, match="unknown class 'catt'; did you mean “0: cat” or “2: cattle”"):
+        parse_class("catt", names)
+    with pytest.raises(ConstructError, match="unknown class 'zebra'; type its index or exact name"):
+        parse_class("zebra", names)  # nothing close: no suggestion

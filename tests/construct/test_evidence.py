@@ -7,7 +7,6 @@ from urllib.parse import unquote
 
 import numpy as np
 import pytest
-from construct_helpers import CLASSES, build_project, write_png
 
 from oodbench.construct.evidence import (
     confusion_evidence,
@@ -17,6 +16,8 @@ from oodbench.construct.evidence import (
     vlm_topk,
 )
 from oodbench.errors import ConstructError
+
+from .helpers import CLASSES, build_project, write_png
 
 
 def unit(rows: np.ndarray) -> np.ndarray:

@@ -6,11 +6,12 @@ import csv
 import json
 
 import pytest
-from construct_helpers import PASSWORD, build_project
 
 from oodbench.construct.export import export
 from oodbench.construct.protocol import Judgement, Verdict
 from oodbench.errors import ConstructError
+
+from .helpers import PASSWORD, build_project
 
 
 def decide(store, users, image_id, first, second, panel=None):
@@ -18,7 +19,7 @@ def decide(store, users, image_id, first, second, panel=None):
     assert store.next_stage1(a) == image_id and store.next_stage1(b) == image_id
     store.submit_stage1(a, image_id, first)
     store.submit_stage1(b, image_id, second)
-    for user, vote in zip(users, panel or []):
+    for user, vote in zip(users, panel or [], strict=False):
         store.vote_stage3(user, image_id, vote)
 
 

@@ -9,7 +9,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from construct_helpers import build_project
+
+from .helpers import build_project
 
 pytest.importorskip("httpx", reason="the LLM client needs the 'web' extra")
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from construct_helpers import PASSWORD, build_project
 
 from oodbench.construct.protocol import Judgement, Status, Verdict
 from oodbench.errors import ConstructError
+
+from .helpers import PASSWORD, build_project
 
 
 def users(store):
@@ -166,3 +169,120 @@ def test_reimport_keeps_events_and_adds_flags(tmp_path, backend):
     with pytest.raises(ConstructError, match="not under"):
         import_candidates(project, [missing])
     project.close()
+
+
+# -- findings of the outside review --------------------------------------------------------------
+def test_release_between_queue_check_and_write_cannot_slip_in(project, monkeypatch):
+    """The queue check and the Stage 1 write are one transaction: a release racing them wins or loses whole."""
+    store = project.store()
+    u = users(store)
+    image_id = store.next_stage1(u["ann1"])
+    original_write = type(store).write
+    raced = []
+
+    def write_after_a_release(self):
+        # The race made deterministic: `annotate release` commits just before the verdict's transaction.
+        if not raced:
+            raced.append(None)
+            raced[0] = store.release("ann1")
+        return original_write(self)
+
+    monkeypatch.setattr(type(store), "write", write_after_a_release)
+    with pytest.raises(ConstructError, match="not in your queue"):
+        store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.ID, class_index=1))
+    monkeypatch.undo()
+    assert raced == [1] and store.events() == []
+    assert store.progress(u["ann1"])["mine_open"] == 0
+
+
+@pytest.mark.parametrize(
+    "label", ["cat\x00dog", "tab\tbed", "line\nbreak", "\x1b[31mred", "del\x7f", "rtl\u202eevil", "iso\u2066late"]
+)
+def test_labels_with_control_characters_are_refused(project, label):
+    store = project.store()
+    u = users(store)
+    image_id = store.next_stage1(u["ann1"])
+    with pytest.raises(ConstructError, match="control character"):
+        store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.OOD, label=label))
+    with pytest.raises(ConstructError, match="control character"):
+        store.add_match(u["boss"], label, "snow globe")
+    assert store.events() == [] and store.matches() == []
+    # Letters of any script, accents, apostrophes and joiners inside words stay accepted.
+    store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.OOD, label="crème brûlée · ドーナツ · ک\u200cتاب"))
+
+
+def test_out_of_range_ids_are_unknown_images(project):
+    store = project.store()
+    u = users(store)
+    for image_id in (2**63, 10**20, 0, -1):
+        assert store.image(image_id) is None
+        assert not store.is_assigned(u["ann1"], image_id) and not store.may_view(u["ann1"], image_id)
+        with pytest.raises(ConstructError, match="no image"):
+            store.vote_stage3(u["ann1"], image_id, Judgement(Verdict.ID, class_index=1))
+
+
+def test_database_file_is_private(tmp_path, backend):
+    if backend != "sqlite":
+        pytest.skip("file modes concern the SQLite file only")
+    project = build_project(tmp_path)
+    store = project.store()
+    store.add_user("ann1", PASSWORD)  # a write, so the -wal and -shm files exist
+    files = sorted(project.dir.glob("annotate.db*"))
+    assert [f.name for f in files][:1] == ["annotate.db"]
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: "0o600" for f in files}
+    project.close()
+
+
+# -- schema versions -----------------------------------------------------------------------------
+V0_SQL = Path(__file__).parent / "data" / "annotate_v0.sql"
+
+
+def test_database_of_the_previous_version_is_migrated(tmp_path, backend):
+    if backend != "sqlite":
+        pytest.skip("the frozen database is SQLite")
+    from oodbench.construct.db import SCHEMA_VERSION
+    from oodbench.construct.project import Project
+
+    built = build_project(tmp_path)  # the image files and project files; its database is replaced
+    built.close()
+    db_file = built.dir / "annotate.db"
+    for path in built.dir.glob("annotate.db*"):
+        path.unlink()
+    with sqlite3.connect(db_file) as conn:
+        conn.executescript(V0_SQL.read_text(encoding="utf-8"))
+    assert sqlite3.connect(db_file).execute("PRAGMA user_version").fetchone() == (0,)
+
+    project = Project.open(built.dir)
+    store = project.store()
+    assert store.schema_version() == SCHEMA_VERSION
+    indexes = {row[0] for row in sqlite3.connect(db_file).execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {"ix_events_image_kind", "ix_assignments_user_open"} <= indexes
+    # Everything written before is there and behaves: the disagreement, the claim, the match, the accounts.
+    u = users(store)
+    assert set(u) == {"ann1", "ann2", "boss"} and u["boss"].is_admin
+    assert store.authenticate("ann1", PASSWORD) is not None
+    outcome = store.outcome(1)
+    assert outcome.status is Status.STAGE3 and {n: j.label for n, j in outcome.stage1.items()} == {
+        "ann1": "snow globe",
+        "ann2": None,
+    }
+    assert store.matches()[0][:3] == ("snow globe", "snowdome", "boss")
+    assert store.pending_stage1(u["ann1"]) == 2
+    store.submit_stage1(u["ann1"], 2, Judgement(Verdict.OOD, label="kayak"))
+    with store.engine.begin() as conn, pytest.raises(sa.exc.DatabaseError, match="append-only"):
+        conn.execute(sa.text("DELETE FROM events"))
+    assert len(store.events()) == 3
+    project.close()
+    # Opening again is a no-op; a database of a newer oodbench is refused with one line.
+    assert Project.open(built.dir).store().migrate() == SCHEMA_VERSION
+    with sqlite3.connect(db_file) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(ConstructError, match="newer than this oodbench"):
+        Project.open(built.dir).store()
+
+
+def test_new_database_starts_at_the_current_version(project):
+    from oodbench.construct.db import SCHEMA_VERSION
+
+    assert project.store().schema_version() == SCHEMA_VERSION
+    assert project.store().migrate() == SCHEMA_VERSION  # nothing left to do
