@@ -14,6 +14,7 @@ _EXPORTS = {
     "Store": ".store",
     "RunDir": ".rundir",
     "detectors": ".detectors:module",
+    "evaluate_model": ".quick",
     "metrics": ".metrics:module",
 }
 __all__ = [*_EXPORTS, "__version__"]

@@ -1,0 +1,409 @@
+"""Evaluate a model on image data in one call: extract into a store (cached), fit, score, return the tidy results.
+
+``evaluate_model(model, id=…, ood={…}, fit=…)`` is the store-backed counterpart of OpenOOD's ``Evaluator``: the
+model is a timm name, a timm module, any ``torch.nn.Module`` with a ``forward`` that says where the features and
+logits come from, or an extraction `Backbone`; the data are image folders, file lists, `ImageList`s, torch
+datasets or data loaders. With a named ``store`` the second call with the same model and data extracts nothing:
+each entry is identified by the model's provenance (name, weights hash, preprocessing) and the dataset's item hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import DataError, ExtractError, OodbenchError
+from .evaluation import EvaluationResult, evaluate_store
+from .extract.backbones.base import Backbone, autocast, safe_id
+from .outputs import Head
+from .store import Store
+
+__all__ = ["ModelEvaluation", "ModuleBackbone", "evaluate_model", "as_backbone", "as_image_data"]
+
+FIT, ID = "fit", "id"  # store dataset ids of the fit set and the ID test set
+# Items of a torch dataset whose bytes enter its fingerprint (evenly spaced, first and last included).
+FINGERPRINT_ITEMS = 8
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass
+class ModelEvaluation(EvaluationResult):
+    """An `EvaluationResult` plus where it came from: the store, the model id and what this call extracted."""
+
+    store: Path | None = None  # None when a temporary store was used (deleted on return)
+    model_id: str = ""
+    extracted: dict[str, int] = field(default_factory=dict)  # dataset id -> images run through the model now
+
+
+def state_hash(module: Any) -> str:
+    """SHA-256 of a module's state dict (names, dtypes, shapes and bytes): the identity of its weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def default_transform(image_size: int = 224) -> Callable[[Any], Any]:
+    """Resize the short side to 256/224·size, centre crop, ImageNet normalisation: the usual evaluation transform."""
+    from torchvision import transforms
+
+    return transforms.Compose(
+        [
+            transforms.Resize(int(round(image_size * 256 / 224))),
+            transforms.CenterCrop(image_size),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+class ModuleBackbone(Backbone):
+    """Any torch module: ``forward(module, pixels) -> (features, logits)`` says where the arrays come from."""
+
+    kind = "module"
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        forward: Callable[[Any, Any], tuple[Any, Any]] | None,
+        head: Any = None,
+        transform: Callable[[Any], Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.forward = forward or _default_forward(model)
+        self._head_module = head
+        transform = transform or default_transform()
+        digest = state_hash(model)
+        super().__init__(
+            model,
+            name=name or type(model).__name__,
+            checkpoint=f"sha256:{digest}",
+            preprocessing={"transform": repr(transform)},
+            transform=transform,
+        )
+        self.digest = digest
+        if head is not None and not isinstance(head, torch.nn.Linear):
+            raise ExtractError(f"head must be a torch.nn.Linear (features -> logits); got {type(head).__name__}")
+
+    def default_model_id(self) -> str:
+        return f"{safe_id(self.name)}@{self.digest[:12]}"
+
+    def head(self) -> Any:
+        if self._head_module is None:
+            return None
+        weight = self._head_module.weight.detach().float().cpu().numpy()
+        bias = self._head_module.bias
+        bias = np.zeros(weight.shape[0], np.float32) if bias is None else bias.detach().float().cpu().numpy()
+        return Head(weight.astype(np.float32), bias.astype(np.float32))
+
+    def infer(self, pixels: Any, *, amp: bool = True) -> dict[str, np.ndarray]:
+        with torch.no_grad(), autocast(self.device, amp):
+            features, logits = self.forward(self.model, pixels.to(self.device))
+        arrays = {"features": _rows(features, "features")}
+        if logits is not None:
+            arrays["logits"] = _rows(logits, "logits")
+        return arrays
+
+
+def _rows(tensor: Any, what: str) -> np.ndarray:
+    array = tensor.detach().float().cpu().numpy()
+    if array.ndim == 4 and array.shape[2:] == (1, 1):
+        array = array.reshape(array.shape[0], -1)
+    if array.ndim != 2:
+        raise ExtractError(f"the model's {what} have shape {array.shape}, not (batch, dim)")
+    return array
+
+
+def _default_forward(model: Any) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """timm's convention (forward_features, then forward_head with and without pre_logits), else an error."""
+    if hasattr(model, "forward_features") and hasattr(model, "forward_head"):
+
+        def forward(module: Any, pixels: Any) -> tuple[Any, Any]:
+            hidden = module.forward_features(pixels)
+            return module.forward_head(hidden, pre_logits=True), module.forward_head(hidden)
+
+        return forward
+
+    def call(module: Any, pixels: Any) -> tuple[Any, Any]:
+        result = module(pixels)
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise ExtractError(
+                f"cannot tell where the features of a {type(module).__name__} come from: its forward returns "
+                f"{type(result).__name__}, not (features, logits); pass forward=fn with fn(module, pixels) -> "
+                "(features, logits or None), or a model with forward_features/forward_head"
+            )
+        return result[0], result[1]
+
+    return call
+
+
+def as_backbone(
+    model: Any,
+    *,
+    pretrained: bool = True,
+    checkpoint: str | os.PathLike[str] | None = None,
+    forward: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+    head: Any = None,
+    transform: Callable[[Any], Any] | None = None,
+    image_size: int | None = None,
+) -> Any:
+    """A `Backbone` from a timm name, a timm module, any torch module (with `forward`) or a `Backbone` as is."""
+    if isinstance(model, Backbone):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        from .extract.backbones.timm_backbone import load_timm
+
+        return load_timm(str(model), pretrained=pretrained, checkpoint=checkpoint, image_size=image_size)
+    if not isinstance(model, torch.nn.Module):
+        raise OodbenchError(f"model must be a timm name, a torch.nn.Module or a Backbone; got {type(model).__name__}")
+    if forward is None and head is None and hasattr(model, "get_classifier") and hasattr(model, "pretrained_cfg"):
+        from .extract.backbones.timm_backbone import TimmBackbone
+
+        digest = state_hash(model)
+        name = (model.pretrained_cfg or {}).get("architecture") or type(model).__name__
+        return TimmBackbone(
+            model, name=name, checkpoint=f"sha256:{digest}", checkpoint_sha256=digest, image_size=image_size
+        )
+    if head is None and forward is None and hasattr(model, "get_classifier"):
+        classifier = model.get_classifier()
+        head = classifier if isinstance(classifier, torch.nn.Linear) else None
+    transform = transform or default_transform(image_size or 224)
+    return ModuleBackbone(model, forward=forward, head=head, transform=transform)
+
+
+@dataclass
+class _ImageData:
+    """One data argument, resolved: an ImageList (possibly of virtual items) and, for torch data, its loader."""
+
+    images: Any  # ImageList; labels filled lazily for torch datasets
+    loader: Callable[[int], Any] | None = None
+    labels: Callable[[], np.ndarray | None] | None = None
+
+
+class _DatasetLoader:
+    """Item `position` of a map-style torch dataset as a tensor (a PIL image goes through the model's transform)."""
+
+    def __init__(self, dataset: Any, transform: Callable[[Any], Any]) -> None:
+        self.dataset, self.transform = dataset, transform
+
+    def describe(self, position: int) -> str:
+        return f"item {position}"
+
+    def __call__(self, position: int) -> Any:
+        item = self.dataset[position]
+        image = item[0] if isinstance(item, (tuple, list)) else item
+        return image if isinstance(image, torch.Tensor) else self.transform(image)
+
+
+def _dataset_labels(dataset: Any) -> np.ndarray | None:
+    """Integer labels of a torch dataset: its ``targets`` (torchvision), else the second element of every item."""
+    targets = getattr(dataset, "targets", None)
+    if targets is not None:
+        return np.asarray(targets, dtype=np.int64)
+    labels = []
+    for position in range(len(dataset)):
+        item = dataset[position]
+        if not isinstance(item, (tuple, list)) or len(item) < 2:
+            return None
+        labels.append(int(item[1]))
+    return np.asarray(labels, dtype=np.int64)
+
+
+def _fingerprint(dataset: Any, loader: _DatasetLoader) -> str:
+    """Length, type and the bytes of a few evenly spaced items: the identity of a torch dataset in the store."""
+    digest = hashlib.sha256(f"{type(dataset).__qualname__}:{len(dataset)}".encode())
+    for position in sorted({int(p) for p in np.linspace(0, len(dataset) - 1, FINGERPRINT_ITEMS)}):
+        digest.update(loader(position).detach().cpu().float().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def as_image_data(data: Any, *, name: str, labelled: bool, transform: Callable[[Any], Any]) -> _ImageData:
+    """Resolve a data argument: a folder or file list path, an `ImageList`, a torch dataset or a data loader."""
+    from .extract.datasets import ImageList, file_list, image_folder
+
+    if isinstance(data, ImageList):
+        return _ImageData(data)
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if path.is_dir():
+            return _ImageData(image_folder(path, labels=labelled))
+        if path.is_file():
+            return _ImageData(file_list(path))
+        raise DataError(f"{name}: {path} does not exist (give an image folder, a file list, or a torch dataset)")
+    dataset = getattr(data, "dataset", data)  # a DataLoader: its map-style dataset, read in the store's order
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise DataError(f"{name}: expected a folder, a file list, an ImageList, a torch dataset or a DataLoader")
+    if len(dataset) == 0:
+        raise DataError(f"{name}: the dataset is empty")
+    loader = _DatasetLoader(dataset, transform)
+    tag = _fingerprint(dataset, loader)[:16]
+    items = tuple(f"torch-dataset-{tag}/{position}" for position in range(len(dataset)))
+    source = {"format": "torch dataset", "type": type(dataset).__qualname__}
+    images = ImageList(Path("."), items, None, None, source)
+    return _ImageData(images, loader, (lambda: _dataset_labels(dataset)) if labelled else None)
+
+
+def _entry_done(store: Store, model_id: str, dataset_id: str, provenance: Mapping[str, Any], item_hash: str) -> bool:
+    """True when the store already holds this exact entry, complete; a different one under the same id is an error."""
+    if not store.exists(model_id, dataset_id):
+        return False
+    meta = store.meta(model_id, dataset_id)
+    stored = meta.get("provenance")
+    if meta.get("item_hash") != item_hash or stored != _as_stored(provenance):
+        raise DataError(
+            f"store {store.root} already holds a different {dataset_id!r} set for model {model_id} "
+            "(other images or preprocessing); use another store"
+        )
+    return bool(meta.get("complete"))
+
+
+def _as_stored(value: Mapping[str, Any]) -> Any:
+    """Provenance as the store records it (JSON round trip: tuples become lists)."""
+    return json.loads(json.dumps(dict(value), default=str))
+
+
+def evaluate_model(
+    model: Any,
+    *,
+    id: Any,  # noqa: A002 - the name users know from the CLI (--id)
+    ood: Mapping[str, Any],
+    fit: Any,
+    store: str | os.PathLike[str] | None = None,
+    detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    pretrained: bool = True,
+    checkpoint: str | os.PathLike[str] | None = None,
+    forward: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+    head: Any = None,
+    transform: Callable[[Any], Any] | None = None,
+    image_size: int | None = None,
+    model_id: str | None = None,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    device: str = "auto",
+    amp: bool = True,
+    tpr: float = 0.95,
+    progress: bool = True,
+) -> ModelEvaluation:
+    """Extract `fit`, `id` and every `ood` set with `model` into `store`, fit the detectors, score, return results.
+
+    `model`: a timm name (with `pretrained`/`checkpoint`), a timm module, a torch module with `forward(module,
+    pixels) -> (features, logits)` (and optionally `head`, the final `nn.Linear`), or a `Backbone`. Data: an image
+    folder (class sub-folders give labels), a file list, an `ImageList`, a torch dataset or a `DataLoader` (its
+    dataset). `image_size` overrides the input resolution. Without `store` a temporary store is used and deleted; with one, entries already there are reused.
+    """
+    if not ood:
+        raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
+    clash = sorted({FIT, ID} & set(ood))
+    if clash:
+        raise OodbenchError(f"OOD set names {clash} are reserved for the fit and ID test sets; rename them")
+    backbone = as_backbone(
+        model,
+        pretrained=pretrained,
+        checkpoint=checkpoint,
+        forward=forward,
+        head=head,
+        transform=transform,
+        image_size=image_size,
+    )
+    data = {FIT: (fit, True), ID: (id, True), **{name: (value, False) for name, value in ood.items()}}
+    resolved = {
+        dataset_id: as_image_data(value, name=dataset_id, labelled=labelled, transform=backbone.transform)
+        for dataset_id, (value, labelled) in data.items()
+    }
+    with tempfile.TemporaryDirectory(prefix="oodbench-store-") if store is None else _nullcontext(store) as root:
+        result = _extract_and_evaluate(
+            Store(root),
+            backbone,
+            resolved,
+            list(ood),
+            detectors,
+            model_id=model_id,
+            out=out,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            device=device,
+            amp=amp,
+            tpr=tpr,
+            progress=progress,
+        )
+        result.store = None if store is None else Path(root)
+        return result
+
+
+class _nullcontext:  # noqa: N801 - contextlib.nullcontext, typed for a path
+    def __init__(self, value: str | os.PathLike[str]) -> None:
+        self.value = value
+
+    def __enter__(self) -> str | os.PathLike[str]:
+        return self.value
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _extract_and_evaluate(
+    store: Store,
+    backbone: Any,
+    resolved: Mapping[str, _ImageData],
+    ood_ids: list[str],
+    detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None,
+    *,
+    model_id: str | None,
+    out: str | os.PathLike[str] | None,
+    batch_size: int,
+    num_workers: int,
+    device: str,
+    amp: bool,
+    tpr: float,
+    progress: bool,
+) -> ModelEvaluation:
+    from .extract.datasets import ImageList
+    from .extract.pipeline import extract
+
+    model_id = model_id or backbone.default_model_id()
+    provenance = backbone.provenance()
+    extracted: dict[str, int] = {}
+    for dataset_id, data in resolved.items():
+        images = data.images
+        if _entry_done(store, model_id, dataset_id, provenance, images.item_hash()):
+            extracted[dataset_id] = 0  # cached: the model is not run, the images are not read
+            continue
+        if data.labels is not None:
+            images = ImageList(images.root, images.items, data.labels(), None, images.source)
+        report = extract(
+            store,
+            backbone,
+            images,
+            dataset_id=dataset_id,
+            model_id=model_id,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            device=device,
+            amp=amp,
+            progress=progress,
+            loader=data.loader,
+        )
+        extracted[dataset_id] = report.processed
+    evaluation = evaluate_store(store, model_id, FIT, ID, ood_ids, detectors, out_dir=out, tpr=tpr, progress=progress)
+    return ModelEvaluation(
+        rows=evaluation.rows,
+        scores=evaluation.scores,
+        table_markdown=evaluation.table_markdown,
+        skipped=evaluation.skipped,
+        run_dir=evaluation.run_dir,
+        model_id=model_id,
+        extracted=extracted,
+    )

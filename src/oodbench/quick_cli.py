@@ -1,0 +1,97 @@
+"""`oodbench evaluate-model MODEL --fit DIR --id DIR --ood NAME=DIR`: extract (cached), fit, score in one command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .cli_params import parse_params
+
+__all__ = ["evaluate_model_command", "register"]
+
+
+def _named(values: list[str]) -> dict[str, Path]:
+    """--ood NAME=DIR pairs, in the order given."""
+    named: dict[str, Path] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise typer.BadParameter(f"--ood {value!r}: expected NAME=DIR (e.g. --ood textures=data/dtd)")
+        if name.strip() in named:
+            raise typer.BadParameter(f"--ood: the name {name.strip()!r} is given twice")
+        named[name.strip()] = Path(path.strip())
+    return named
+
+
+def evaluate_model_command(
+    model: Annotated[str, typer.Argument(help="timm model name, e.g. resnet50.a1_in1k.")],
+    fit: Annotated[Path, typer.Option("--fit", help="ID fit images: a folder with one sub-folder per class.")],
+    id_data: Annotated[Path, typer.Option("--id", help="ID test images: a folder with one sub-folder per class.")],
+    ood: Annotated[list[str], typer.Option("--ood", help="OOD images as NAME=DIR (repeat for several sets).")],
+    store: Annotated[
+        Path | None,
+        typer.Option("--store", help="Feature store to extract into and reuse (default: a temporary one)."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Run directory for results.parquet, scores, table.md, run.json.")
+    ] = None,
+    detectors: Annotated[
+        str | None, typer.Option("--detectors", "-d", help="Comma-separated names; default: all registered.")
+    ] = None,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", "-p", help="Detector parameter DETECTOR.PARAM=VALUE (repeatable).")
+    ] = None,
+    pretrained: Annotated[
+        bool, typer.Option("--pretrained/--no-pretrained", help="Hub weights, or seeded random ones (tests).")
+    ] = True,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="Local state dict file.")] = None,
+    image_size: Annotated[int | None, typer.Option("--image-size", help="Override the input resolution.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")] = 64,
+    num_workers: Annotated[int, typer.Option("--num-workers", help="Image decoding processes.")] = 0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:1 …")] = "auto",
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+) -> None:
+    """Evaluate a timm model on image folders in one command: extract (cached in --store), fit, score, print.
+
+    Example: oodbench evaluate-model resnet50.a1_in1k --fit data/train --id data/val --ood textures=data/dtd
+
+    Example: oodbench evaluate-model resnet50.a1_in1k --fit data/train --id data/val --ood inat=data/inat --store feats -d msp,energy,knn
+    """
+    from .quick import evaluate_model
+
+    named = _named(ood)
+    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
+    overrides = parse_params(param)
+    plan = None if names is None and not overrides else {n: overrides.get(n, {}) for n in names or overrides}
+    result = evaluate_model(
+        model,
+        fit=fit,
+        id=id_data,
+        ood=named,
+        store=store,
+        out=out,
+        detectors=plan,
+        pretrained=pretrained,
+        checkpoint=checkpoint,
+        image_size=image_size,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        device=device,
+        progress=progress,
+    )
+    sys.stdout.write(result.table_markdown)
+    typer.echo("cells: FPR@95 / AUROC in % (ID positive; lower FPR and higher AUROC are better)")
+    for name, reason in result.skipped.items():
+        typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+    ran = sum(result.extracted.values())
+    typer.echo(f"extracted {ran} images" if ran else "extracted nothing: every set was in the store")
+    if result.run_dir is not None:
+        typer.echo(f"results: {result.run_dir / 'results.parquet'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `oodbench evaluate-model` to the main CLI."""
+    app.command("evaluate-model")(evaluate_model_command)

@@ -1,0 +1,173 @@
+"""`oodbench.evaluate_model` and `oodbench evaluate-model`: one call from a model and image data to results.
+
+A tiny random timm model (test_resnet, pretrained=False) runs on real images: scikit-learn's digits (upsampled,
+three classes) as the ID data and scikit-image's photographs as the OOD set. The cache is proven by
+instrumentation: on the second call the model's forward raises if it is ever called.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import oodbench
+from oodbench.cli import main
+from oodbench.errors import ExtractError
+from oodbench.extract.backbones.timm_backbone import TimmBackbone
+from oodbench.quick import ModuleBackbone
+
+DETECTORS = ["msp", "energy", "maha"]
+SIZE = 32
+
+
+def _digits(root, per_class: int, offset: int) -> None:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for label in range(3):
+        folder = root / str(label)
+        folder.mkdir(parents=True)
+        images = digits.images[digits.target == label][offset : offset + per_class]
+        for i, image in enumerate(images):
+            pixels = (image / 16 * 255).astype(np.uint8)
+            Image.fromarray(pixels).resize((SIZE, SIZE), Image.NEAREST).convert("RGB").save(folder / f"{i}.png")
+
+
+def _photos(root) -> None:
+    from skimage import data
+
+    root.mkdir(parents=True)
+    for name in ("astronaut", "coffee", "chelsea", "rocket", "camera", "moon", "coins", "page"):
+        image = Image.fromarray(getattr(data, name)()).convert("RGB")
+        for k, box in enumerate([(0, 0, 0.5, 0.5), (0.5, 0.5, 1, 1)]):
+            w, h = image.size
+            crop = image.crop((int(box[0] * w), int(box[1] * h), int(box[2] * w), int(box[3] * h)))
+            crop.resize((SIZE, SIZE)).save(root / f"{name}-{k}.png")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    _digits(root / "train", 12, 0)
+    _digits(root / "val", 6, 12)
+    _photos(root / "photos")
+    return root
+
+
+def _call(folders, store, **kwargs):
+    return oodbench.evaluate_model(
+        "test_resnet",
+        pretrained=False,
+        image_size=SIZE,
+        fit=folders / "train",
+        id=folders / "val",
+        ood={"photos": folders / "photos"},
+        store=store,
+        detectors=DETECTORS,
+        batch_size=16,
+        progress=False,
+        **kwargs,
+    )
+
+
+def test_first_call_extracts_second_call_is_cached(folders, tmp_path, monkeypatch):
+    first = _call(folders, tmp_path / "store")
+    assert first.extracted == {"fit": 36, "id": 18, "photos": 16}
+    assert first.store == tmp_path / "store"
+    auroc = {(r.detector, r.ood_dataset): r.value for r in first.rows if r.metric == "auroc"}
+    assert set(auroc) == {(d, "photos") for d in DETECTORS}
+    assert all(0.0 <= v <= 1.0 for v in auroc.values())
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the second call ran the model")
+
+    monkeypatch.setattr(TimmBackbone, "infer", forbidden)
+    second = _call(folders, tmp_path / "store")
+    assert second.extracted == {"fit": 0, "id": 0, "photos": 0}
+    assert [(r.detector, r.metric, r.value) for r in second.rows] == [
+        (r.detector, r.metric, r.value) for r in first.rows
+    ]
+
+
+def test_temporary_store_and_module_on_torch_datasets(folders, tmp_path):
+    """Any nn.Module with forward -> (features, logits), on a TensorDataset and a DataLoader; the temp store is gone."""
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 16), torch.nn.ReLU())
+    head = torch.nn.Linear(16, 3)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.fc = body, head
+
+        def forward(self, x):
+            features = self.body(x)
+            return features, self.fc(features)
+
+    generator = torch.Generator().manual_seed(1)
+    fit = torch.utils.data.TensorDataset(torch.randn(40, 3, 8, 8, generator=generator), torch.arange(40) % 3)
+    test = torch.utils.data.TensorDataset(torch.randn(20, 3, 8, 8, generator=generator), torch.arange(20) % 3)
+    ood = torch.utils.data.TensorDataset(3 + torch.randn(15, 3, 8, 8, generator=generator))
+    net = Net()
+    result = oodbench.evaluate_model(
+        net,
+        head=net.fc,
+        fit=fit,
+        id=torch.utils.data.DataLoader(test, batch_size=7),
+        ood={"shifted": ood},
+        detectors=DETECTORS,
+        progress=False,
+    )
+    assert result.store is None and result.extracted == {"fit": 40, "id": 20, "shifted": 15}
+    # Independent reference: MSP from the module's own logits on the ID and OOD tensors.
+    with torch.no_grad():
+        msp_id = torch.softmax(net(test.tensors[0])[1], 1).max(1).values.numpy()
+        msp_ood = torch.softmax(net(ood.tensors[0])[1], 1).max(1).values.numpy()
+    np.testing.assert_allclose(result.scores["id"]["msp"], msp_id, rtol=1e-5, atol=1e-6)  # float32 rounding
+    np.testing.assert_allclose(result.scores["shifted"]["msp"], msp_ood, rtol=1e-5, atol=1e-6)
+    expected = np.mean(msp_id[:, None] > msp_ood[None, :]) + 0.5 * np.mean(msp_id[:, None] == msp_ood[None, :])
+    auroc = next(r.value for r in result.rows if r.detector == "msp" and r.metric == "auroc")
+    assert auroc == pytest.approx(expected, abs=1e-12)
+
+
+def test_module_without_a_feature_source_is_one_clear_error(tmp_path):
+    backbone = ModuleBackbone(torch.nn.Linear(4, 2), forward=None, transform=lambda x: x)
+    with pytest.raises(ExtractError, match="not \\(features, logits\\)"):
+        backbone.infer(torch.zeros(2, 4))
+
+
+def test_cli_evaluate_model(folders, tmp_path, capsys):
+    args = [
+        "evaluate-model",
+        "test_resnet",
+        "--no-pretrained",
+        "--image-size",
+        str(SIZE),
+        "--fit",
+        str(folders / "train"),
+    ]
+    args += ["--id", str(folders / "val"), "--ood", f"photos={folders / 'photos'}", "-d", ",".join(DETECTORS)]
+    args += ["--store", str(tmp_path / "store"), "--out", str(tmp_path / "run"), "--no-progress"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "photos" in out and "msp" in out
+    assert (tmp_path / "run" / "results.parquet").is_file()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args[:-5], "--ood", "photos"])
+    assert exit_info.value.code == 2
+    assert "NAME=DIR" in capsys.readouterr().err
+
+
+def test_missing_folder_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["evaluate-model", "test_resnet", "--no-pretrained", "--fit", str(tmp_path / "nope"), "--id", str(tmp_path)]
+            + ["--ood", f"x={tmp_path}", "--no-progress"]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "nope" in err and len(err.strip().splitlines()) == 1
