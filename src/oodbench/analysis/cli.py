@@ -70,7 +70,11 @@ def subsample_command(
             ood_datasets=dataset,
             detectors=detector,
             progress=not quiet,
+            skip_too_large=len(requested) > 1,  # one n too large for every set must not cost the others
         )
+        if not studies:
+            typer.echo(f"note: {notes[0]}", err=True)
+            continue
         summaries = [s.summary() for s in studies]
         spreads = spread_vs_noise(summaries)
         per_n.append(studies)
@@ -88,6 +92,8 @@ def subsample_command(
                 "spread": [s.as_dict() for s in spreads],
             }
         )
+    if not results:
+        raise typer.BadParameter(f"--n: every size ({', '.join(requested)}) exceeds every OOD set")
     target = out or run_dir / "analysis" / "subsample.json"
     _write_json(target, {"run": str(run_dir), "draws": draws, "seed": seed, "tpr": tpr, "results": results})
     if figure is not None:

@@ -375,8 +375,12 @@ def subsample_run(
     ood_datasets: Sequence[str] | None = None,
     detectors: Sequence[str] | None = None,
     progress: bool = True,
+    skip_too_large: bool = False,
 ) -> tuple[list[SubsampleStudy], list[str]]:
-    """Subsampling study of every (model, OOD set) of a run; returns the studies and notes on skipped sets."""
+    """Subsampling study of every (model, OOD set) of a run; returns the studies and notes on skipped sets.
+
+    An n larger than every OOD set is an error, unless `skip_too_large` (one n of several): then no studies and a note.
+    """
     _check_draws(draws)
     plans = run.ood_plans(ood_datasets)
     loaded = {plan: run.paired_scores(*plan, detectors=detectors) for plan in plans}
@@ -409,8 +413,8 @@ def subsample_run(
                 )
             bar.advance(task)
     if not studies:
-        raise AnalysisError(
-            f"n={size_n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())}); "
-            f"pass a smaller n, e.g. {max(1, min(sizes.values()) // 2)}"
-        )
+        problem = f"n={size_n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())})"
+        if skip_too_large:
+            return [], [f"{problem}; skipped"]
+        raise AnalysisError(f"{problem}; pass a smaller n, e.g. {max(1, min(sizes.values()) // 2)}")
     return studies, notes
