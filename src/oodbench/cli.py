@@ -252,6 +252,10 @@ for _area in (
 ):
     _area.register(app)
 
+from .cli_help import polish_help  # noqa: E402
+
+polish_help(app)  # after every area registered its commands
+
 
 def _openclip_text_embedder(*args: object) -> object:
     """The zeroshot commands' label embedder: extract's open_clip one (wired here: zeroshot never imports extract)."""

@@ -1,0 +1,62 @@
+"""Every command's help fits 80 columns: examples stay whole commands (shell continuations), no ``<bool>`` tags."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from oodbench.cli import app
+from oodbench.cli_help import COMMAND, fit_examples
+
+WIDTH = 80
+
+
+def _commands(typer_app, path=()):
+    for command in typer_app.registered_commands:
+        name = command.name or command.callback.__name__.replace("_", "-")
+        yield (*path, name), command.callback
+    for group in typer_app.registered_groups:
+        yield from _commands(group.typer_instance, (*path, group.name))
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Lines joined only where a shell continuation (trailing backslash) joins them; whitespace collapsed."""
+    joined = re.sub(r"\s*\\[ \t]*\n\s*", " ", text)
+    return [" ".join(line.split()) for line in joined.splitlines()]
+
+
+COMMANDS = sorted(_commands(app))
+
+
+def _examples(doc: str) -> list[str]:
+    """The example commands of a docstring, one per logical line (from the word ``oodbench`` on)."""
+    return [line[line.index("oodbench ") :] for line in _logical_lines(doc) if COMMAND.search(line)]
+
+
+def test_every_command_is_checked() -> None:
+    assert len(COMMANDS) > 40 and sum(bool(_examples(inspect.getdoc(cb) or "")) for _, cb in COMMANDS) > 25
+
+
+@pytest.mark.parametrize("path, callback", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_help_fits_80_columns(path, callback) -> None:
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=WIDTH, env={"COLUMNS": str(WIDTH)})
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= WIDTH
+    rendered = " \n ".join(_logical_lines(result.output))
+    for example in _examples(inspect.getdoc(callback) or ""):
+        assert f" {example} " in f" {rendered} ", f"example cut by wrapping: {example}"
+
+
+def test_fit_examples_breaks_before_options_and_keeps_prose() -> None:
+    line = "Example: oodbench run configs/fi-imagenet-1k.toml --dry-run --set paths.imagenet=/data/imagenet --set a=b"
+    prose = "A long sentence about oodbench that goes on and on " * 3
+    fitted = fit_examples(f"{line}\n\n{prose}", width=60).splitlines()
+    assert fitted[-1] == prose
+    command = fitted[:-2]
+    assert all(len(part) <= 60 for part in command) and all(part.endswith(" \\") for part in command[:-1])
+    assert all(part.lstrip().startswith("--") for part in command[1:])
+    assert " ".join(p.removesuffix(" \\").strip() for p in command) == line
