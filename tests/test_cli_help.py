@@ -60,3 +60,40 @@ def test_fit_examples_breaks_before_options_and_keeps_prose() -> None:
     assert all(len(part) <= 60 for part in command) and all(part.endswith(" \\") for part in command[:-1])
     assert all(part.lstrip().startswith("--") for part in command[1:])
     assert " ".join(p.removesuffix(" \\").strip() for p in command) == line
+
+
+def _options(path):
+    from typer.main import get_command
+
+    command = get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return {name for param in command.params for name in (*param.opts, *getattr(param, "secondary_opts", ()))}
+
+
+PROGRESS_COMMANDS = [
+    ("evaluate",),
+    ("evaluate-model",),
+    ("demo",),
+    ("extract",),
+    ("run",),
+    ("report",),
+    ("analyze", "subsample"),
+    ("analyze", "ci"),
+    ("audit", "fingerprint"),
+    ("audit", "battery"),
+    ("zeroshot", "evaluate"),
+    ("zeroshot", "vocab", "build", "siblings"),
+    ("annotate", "describe"),
+]
+
+
+@pytest.mark.parametrize("path", PROGRESS_COMMANDS, ids=[" ".join(p) for p in PROGRESS_COMMANDS])
+def test_progress_bars_are_switched_with_one_vocabulary(path) -> None:
+    assert {"--progress", "--no-progress"} <= _options(path)
+
+
+def test_no_command_knows_quiet_without_no_progress() -> None:
+    for path, _ in COMMANDS:
+        options = _options(path)
+        assert "--quiet" not in options or "--no-progress" in options, path

@@ -18,7 +18,7 @@ app = typer.Typer(
 RunDir = Annotated[Path, typer.Argument(help="Evaluation run directory (written by `oodbench evaluate --out DIR`).")]
 Datasets = Annotated[list[str] | None, typer.Option("--dataset", help="Only these OOD datasets (repeatable).")]
 Detectors = Annotated[list[str] | None, typer.Option("--detector", help="Only these detectors (repeatable).")]
-Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bar.")]
+Quiet = Annotated[bool, typer.Option("--no-progress/--progress", "--quiet", help="Hide the progress bar.")]
 
 
 def _write_json(target: Path, payload: dict[str, object]) -> None:

@@ -38,7 +38,7 @@ def report_command(
         Path | None, typer.Option(help="JSON {key: {label, size, deployable, family}} for Table 2.")
     ] = None,
     title: Annotated[str, typer.Option(help="Report title.")] = "oodbench report",
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--no-progress/--progress", "--quiet", help="Hide the progress bar.")] = False,
 ) -> None:
     """Render Tables 1, A1, 3/A2, 2 and A6, Figs. 1 and A4, ROC curves and histograms, and report.html.
 

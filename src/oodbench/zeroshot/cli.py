@@ -387,6 +387,7 @@ def build_siblings(
         False, "--allow-incomplete", help="Save the vocabulary even if some classes got no usable answer."
     ),
     vocab_dir: Path | None = VOCAB_DIR,
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Ask an LLM for fine-grained near siblings of every ID class (cached, resumable).
 
@@ -403,7 +404,7 @@ def build_siblings(
     client = _llm_client(
         directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, temperature
     )
-    with progress_bar() as bar:
+    with progress_bar(progress) as bar:
         task = bar.add_task("LLM siblings", total=len(id_classes) * generations)
         vocab = generate_siblings(
             id_classes,
