@@ -38,9 +38,9 @@ def list_detectors(ctx: typer.Context, plugin: Plugins = None) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from rich.console import Console
     from rich.table import Table
 
+    from ..terminal import print_table
     from . import registry
 
     registry.load_plugins(plugin or ())
@@ -52,7 +52,11 @@ def list_detectors(ctx: typer.Context, plugin: Plugins = None) -> None:
         paper = f"{cls.paper.citation} ({cls.paper.venue})" if cls.paper else ""
         defaults = ", ".join(f"{k}={v!r}" for k, v in cls.default_params().items())
         table.add_row(name, registry.origin(name).describe(), cls.requires.describe(), defaults, paper)
-    Console(width=200).print(table)
+    print_table(
+        table,
+        legend="origin: built in or the plugin that registered it; requires: the arrays it reads (features, logits, "
+        "the head W/b, labels of the fit set); defaults: its parameters (change them with --param NAME.KEY=VALUE).",
+    )
     failures = registry.plugin_failures()
     if failures:
         typer.echo(f"{len(failures)} plugin(s) failed to load (their detectors are not listed):")

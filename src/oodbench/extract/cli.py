@@ -14,12 +14,23 @@ from rich.table import Table
 
 from ..errors import OodbenchError
 from ..store import Store
+from ..terminal import print_table
 
 __all__ = ["register", "extract_command", "probe_command", "datasets_app"]
 
 console = Console(stderr=True)
 datasets_app = typer.Typer(
     help="Datasets the seed compares: list them, check what is under a data root.", no_args_is_help=True
+)
+
+
+DATASETS_LEGEND = (
+    "role: id (in-distribution) or ood; expected images: the count the source reports (— = none fixed); "
+    "looked for under --root: the first folder names tried; --json gives every field."
+)
+CHECK_LEGEND = (
+    "status: ok, missing, count mismatch (found differs from expected) or unreadable (with --verify); "
+    "found/expected: image counts; path: where it was found under --root."
 )
 
 
@@ -315,7 +326,7 @@ def datasets_list(json_output: bool = typer.Option(False, "--json", help="Print 
     for entry in REGISTRY.values():
         expected = f"{entry.expected_count:,}" if entry.expected_count is not None else "—"
         table.add_row(entry.name, entry.role, expected, ", ".join(entry.folders[:3]), entry.count_source)
-    Console().print(table)
+    print_table(table, legend=DATASETS_LEGEND)
 
 
 @datasets_app.command("check")
@@ -348,7 +359,7 @@ def datasets_check(
                 status.path or "—",
                 status.message,
             )
-        Console(width=200).print(table)
+        print_table(table, legend=CHECK_LEGEND)
     bad = [s for s in report if s.status in ("missing", "count mismatch", "unreadable") or s.unreadable]
     if strict and bad:
         raise typer.Exit(1)

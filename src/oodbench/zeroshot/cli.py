@@ -219,9 +219,9 @@ def scores_command() -> None:
     Example:
       oodbench zeroshot scores
     """
-    from rich.console import Console
     from rich.table import Table
 
+    from ..terminal import print_table
     from .scores import SCORES
 
     table = Table(title="zero-shot scores (higher = more in-distribution)")
@@ -235,7 +235,11 @@ def scores_command() -> None:
         )
         defaults = ", ".join(f"{k}={v!r}" for k, v in spec.defaults.items())
         table.add_row(name, ", ".join(needs), defaults, f"{spec.paper.citation} ({spec.paper.venue})")
-    Console(width=200).print(table)
+    print_table(
+        table,
+        legend="needs: what the score reads (label embeddings from the store, a negative-label vocabulary, patch "
+        "embeddings); defaults: its parameters.",
+    )
 
 
 # ----------------------------------------------------------------------------------------------- vocabularies
