@@ -38,11 +38,9 @@ def _friendly(func: F) -> F:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(code=2) from None
         except ModuleNotFoundError as exc:
-            typer.secho(
-                f"error: {exc.name} is not installed; install the web extra: pip install 'oodbench[web]'",
-                fg=typer.colors.RED,
-                err=True,
-            )
+            from ..extras import missing_extra_message
+
+            typer.secho(f"error: {missing_extra_message(exc.name, 'web')}", fg=typer.colors.RED, err=True)
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
