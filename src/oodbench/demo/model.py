@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -49,8 +50,12 @@ def train_cnn(
     seed: int = 0,
     batch_size: int = 64,
     lr: float = 3e-3,
+    on_epoch: Callable[[int, float], None] | None = None,
 ) -> DigitsCNN:
-    """Train the CNN with Adam and light shift augmentation; deterministic for a given seed."""
+    """Train the CNN with Adam and light shift augmentation; deterministic for a given seed (and thread count).
+
+    `on_epoch(epoch, mean_loss)` is called after every epoch (1-based), e.g. to advance a progress bar.
+    """
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model = DigitsCNN(num_classes)
@@ -59,8 +64,9 @@ def train_cnn(
     inputs = torch.from_numpy(images)
     targets = torch.from_numpy(labels)
     model.train()
-    for _ in range(epochs):
+    for epoch in range(1, epochs + 1):
         order = torch.randperm(len(inputs), generator=generator)
+        total = 0.0
         for start in range(0, len(inputs), batch_size):
             batch = order[start : start + batch_size]
             x = inputs[batch]
@@ -71,7 +77,10 @@ def train_cnn(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            total += float(loss.detach()) * len(batch)
         schedule.step()
+        if on_epoch is not None:
+            on_epoch(epoch, total / len(inputs))
     model.eval()
     return model
 

@@ -111,6 +111,10 @@ def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult, battery: An
         "",
         battery.scope_statement(),
         "",
+        f"The numbers depend on the seed and on what trained the CNN: torch {info.get('torch', '?')}, CPU kernels "
+        f"for {info.get('cpu_capability', '?')}, {info.get('train_threads', '?')} threads (pinned); another torch "
+        "build or instruction set rounds differently and can move a borderline battery verdict.",
+        "",
         "Results (tidy rows): `run/results.parquet`; per-image scores: `run/scores/`; HTML report: `report.html`.",
         "",
     ]
@@ -120,6 +124,10 @@ def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult, battery: An
 def print_summary(result: DemoResult) -> None:
     """Print the table and where the outputs went."""
     sys.stdout.write(result.evaluation.table_markdown)
+    if "Cells:" not in result.evaluation.table_markdown:  # the table's own note says it once it carries one
+        sys.stdout.write(
+            "cells: FPR@95 / AUROC in % (ID positive; lower FPR, higher AUROC better); bold: lowest FPR@95 per OOD set\n"
+        )
     sys.stdout.flush()
     battery = result.battery
     console.print(
