@@ -65,7 +65,14 @@ def evaluate_model_command(
     named = _named(ood)
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
     overrides = parse_params(param)
-    plan = None if names is None and not overrides else {n: overrides.get(n, {}) for n in names or overrides}
+    if names is None and overrides:
+        from .detectors import available
+
+        names = available()
+    unknown = sorted(set(overrides) - set(names or ()))
+    if unknown:
+        raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
+    plan = None if names is None else {name: overrides.get(name, {}) for name in names}
     result = evaluate_model(
         model,
         fit=fit,
