@@ -118,6 +118,7 @@ def test_temporary_store_and_module_on_torch_datasets(folders, tmp_path):
         id=torch.utils.data.DataLoader(test, batch_size=7),
         ood={"shifted": ood},
         detectors=DETECTORS,
+        device="cpu",  # the reference below is float32 on the CPU (no mixed precision)
         progress=False,
     )
     assert result.store is None and result.extracted == {"fit": 40, "id": 20, "shifted": 15}

@@ -9,6 +9,7 @@ each entry is identified by the model's provenance (name, weights hash, preproce
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -302,7 +303,8 @@ def evaluate_model(
     `model`: a timm name (with `pretrained`/`checkpoint`), a timm module, a torch module with `forward(module,
     pixels) -> (features, logits)` (and optionally `head`, the final `nn.Linear`), or a `Backbone`. Data: an image
     folder (class sub-folders give labels), a file list, an `ImageList`, a torch dataset or a `DataLoader` (its
-    dataset). `image_size` overrides the input resolution. Without `store` a temporary store is used and deleted; with one, entries already there are reused.
+    dataset). `image_size` overrides the input resolution. Without `store` a temporary store is used and deleted;
+    with one, the entries already there are reused (no forward pass: `result.extracted` counts what ran).
     """
     if not ood:
         raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
@@ -323,7 +325,11 @@ def evaluate_model(
         dataset_id: as_image_data(value, name=dataset_id, labelled=labelled, transform=backbone.transform)
         for dataset_id, (value, labelled) in data.items()
     }
-    with tempfile.TemporaryDirectory(prefix="oodbench-store-") if store is None else _nullcontext(store) as root:
+    with (
+        tempfile.TemporaryDirectory(prefix="oodbench-store-")
+        if store is None
+        else contextlib.nullcontext(store) as root
+    ):
         result = _extract_and_evaluate(
             Store(root),
             backbone,
@@ -341,17 +347,6 @@ def evaluate_model(
         )
         result.store = None if store is None else Path(root)
         return result
-
-
-class _nullcontext:  # noqa: N801 - contextlib.nullcontext, typed for a path
-    def __init__(self, value: str | os.PathLike[str]) -> None:
-        self.value = value
-
-    def __enter__(self) -> str | os.PathLike[str]:
-        return self.value
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _extract_and_evaluate(
