@@ -59,3 +59,26 @@ def test_every_printed_table_has_a_legend(args, legend) -> None:
     assert result.exit_code == 0, result.output
     assert legend in result.stdout
     assert all(line == line.rstrip() for line in result.stdout.splitlines())  # no padding to a fixed width
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(tmp_path) -> None:
+    """`oodbench … | head`: stdout closed before the command writes; no 'unexpected' line, no log file."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+        "OODBENCH_LOG_DIR": str(tmp_path),
+    }
+    code = "from oodbench.cli import main; main(['datasets', 'list'])"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    child.stdout.close()  # the reader leaves before the child (still importing) writes anything
+    _, err = child.communicate(timeout=120)
+    assert "unexpected" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+    assert child.returncode == 1 and err == ""  # click's rule for a closed pipe: status 1, nothing printed
+    assert not list(tmp_path.iterdir())

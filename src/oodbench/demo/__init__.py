@@ -1,4 +1,4 @@
-"""`oodbench demo`: a real end-to-end run on scikit-learn's digits, offline, in about a minute on 2 cores.
+"""`oodbench demo`: a real end-to-end run on scikit-learn's digits, offline, in a few minutes on 2 cores.
 
 A small CNN is trained on digits 0-5; its penultimate features, logits and head go into a store for the
 fit set (train split) and the ID test split; OOD sets are test digits 6-9 (near), LFW faces and uniform noise
