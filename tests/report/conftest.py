@@ -75,3 +75,22 @@ def zeroshot_rows() -> list[ResultRow]:
         + metric_rows("clip-l14", "ninco", 5879, second)
         + metric_rows("clip-l14", "openimage-o", 17632, second)
     )
+
+
+@pytest.fixture(scope="session")
+def paper_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Runs named like a reproduction of the Fi-ImageNet-1k paper (checkpoint tags, its dataset names), with
+    accuracy.json files: ResNet50 and EVA02-L-448 on Fi-ImageNet-1k, NINCO and Textures."""
+    from report_fixtures import write_accuracy
+
+    make_run = _load_make_run()
+    root = tmp_path_factory.mktemp("paper-runs")
+    names = {"near": "fi-imagenet-1k", "far": "ninco", "noise": "textures"}
+    runs = []
+    for index, (model, top1) in enumerate(
+        (("resnet50.a1_in1k", (0.801, 0.849)), ("eva02_large_patch14_448.mim_m38m_ft_in22k_in1k", (0.899, 0.915)))
+    ):
+        run = make_run(root, model, seed=index, names=names)
+        write_accuracy(run, model, {"original": (top1[0], 400), "real": (top1[1], 380)})
+        runs.append(run)
+    return runs

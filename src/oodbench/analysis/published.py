@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,7 @@ __all__ = [
     "MEAN_SUPERVISED",
     "MEAN_OOD",
     "ALL_MODELS",
+    "FI",
     "PublishedCell",
     "PublishedModel",
     "Accuracy",
@@ -57,6 +59,15 @@ MEAN_OOD = "mean(OOD)"  # mean over the table's OOD sets other than Fi-ImageNet-
 ALL_MODELS = "all"  # a statistic across models (Appendix E's rank correlation)
 FI = "Fi-ImageNet-1k"
 RATE_METRICS = ("fpr95", "auroc", "top1")
+SUBSET_N = 655  # Table A6's draw size: the size of Fi-ImageNet-1k
+# Table A6's columns and the SubsampleSummary fields that reproduce them.
+DRAW_METRICS = {
+    "draw_mean": "mean",
+    "draw_bias": "bias",
+    "draw_std": "std",
+    "closed_form_se": "se",
+    "spearman": "spearman",
+}
 
 
 @dataclass(frozen=True)
@@ -263,7 +274,10 @@ ScoreSource = Callable[[str, str, str], tuple[Mapping[str, np.ndarray], Mapping[
 class _Run:
     """The reproduction indexed for lookups: values per (model, dataset, detector, metric) in %."""
 
-    def __init__(self, rows: Sequence[ResultRow], accuracy: Sequence[Accuracy], name: str) -> None:
+    def __init__(
+        self, rows: Sequence[ResultRow], accuracy: Sequence[Accuracy], name: str, subsample: Sequence[Any] = ()
+    ) -> None:
+        self.subsample = list(subsample)
         self.values: dict[tuple[str, str, str, str], float] = {}
         self.n_ood: dict[tuple[str, str], int] = {}
         self.id_of: dict[str, str] = {}
@@ -334,6 +348,23 @@ def _single(cell: PublishedCell, run: _Run, scores: ScoreSource | None) -> Compa
     if cell.metric == "n":
         n = run.n_ood.get((run_model, dataset))
         return Comparison(cell, None if n is None else float(n), "", run_model)
+    if cell.metric == "fraction":
+        n = run.n_ood.get((run_model, dataset))
+        if n is None:
+            return Comparison(cell, run_model=run_model)
+        if cell.table == "A6":
+            return Comparison(cell, 100.0 * SUBSET_N / n, "", run_model)
+        full = run.datasets.get(slug(cell.dataset))
+        n_full = run.n_ood.get((run_model, full)) if full else None
+        return Comparison(cell, None if not n_full else 100.0 * n / n_full, "", run_model)
+    if cell.metric in DRAW_METRICS:
+        summary = next(
+            (s for s in run.subsample if (s.model, s.ood_dataset, s.n) == (run_model, dataset, SUBSET_N)), None
+        )
+        if summary is None:
+            return Comparison(cell, run_model=run_model, note=f"no subsampling study at n={SUBSET_N}")
+        raw = getattr(summary, DRAW_METRICS[cell.metric])
+        return Comparison(cell, raw if cell.metric == "spearman" else 100.0 * raw, summary.detector, run_model)
     if cell.metric not in ("fpr95", "auroc"):
         return Comparison(cell, run_model=run_model)
     values = run.detectors(run_model, dataset, cell.metric)
@@ -391,14 +422,16 @@ def compare_published(
     scores: ScoreSource | None = None,
     name: str = "fi-imagenet-1k",
     tables: Sequence[str] | None = None,
+    subsample: Sequence[Any] = (),
 ) -> list[Comparison]:
     """Every published cell (of `tables`, default all) beside the run's value where the run has it.
 
     `scores(model, id_dataset, ood_dataset)` returns the run's ({detector: ID scores}, {detector: OOD scores}) for
     DeLong intervals of AUROC cells, or None. A mean (over VLMs, models or OOD sets) is reproduced only when the run has
-    every one of its parts; a Table A3 Δ only when it has both subsets.
+    every one of its parts; a Table A3 Δ only when it has both subsets. `subsample` (SubsampleSummary objects of the
+    run, e.g. a report's Table A6) reproduces Table A6's draw columns at n = 655.
     """
-    run = _Run(rows, accuracy, name)
+    run = _Run(rows, accuracy, name, subsample)
     cells = [c for c in load_published(name) if tables is None or c.table in tables]
     result: list[Comparison] = []
     for cell in cells:

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..analysis.delong import DeLongResult, delong_test
+from ..analysis.published import Accuracy, Comparison, compare_published, read_accuracy, top1_fpr_points
 from ..analysis.rundata import RunData, load_runs
 from ..analysis.runs import IntervalRecord, best_detectors, interval_record
 from ..analysis.spread import spread_vs_noise
@@ -61,6 +62,7 @@ class ReportOptions:
     score_figures: bool = True  # ROC curves and score histograms per (model, OOD set)
     vocabularies: Mapping[str, Any] | None = None
     title: str = "oodbench report"
+    against: str | None = None  # a published set (e.g. "fi-imagenet-1k") to put beside the run's numbers
 
 
 @dataclass
@@ -93,6 +95,7 @@ class ReportContent:
     subsample: list[SubsampleSummary] = field(default_factory=list)
     intervals: list[IntervalRecord] = field(default_factory=list)
     comparisons: list[tuple[str, str, DeLongResult]] = field(default_factory=list)
+    published: list[Comparison] = field(default_factory=list)  # with --against: every published cell
 
     def tables(self) -> list[Table]:
         return [item for section in self.sections for item in section.items if isinstance(item, Table)]
@@ -316,6 +319,9 @@ def build_report(
     if scored_pairs:
         _add_score_sections(content, supervised, scored, scored_pairs, options, progress)
 
+    if options.against:
+        _add_published_section(content, runs, options.against)
+
     provenance = Section("provenance", "Provenance", "Models, checkpoints, dataset hashes and library versions.")
     for run in runs:
         provenance.items.extend(provenance_tables(run))
@@ -323,6 +329,55 @@ def build_report(
     content.sections.append(provenance)
     _unique_names(content)
     return content
+
+
+def _add_published_section(content: ReportContent, runs: Sequence[RunData], against: str) -> None:
+    """The published tables' layouts with the runs' values beside the paper's (after the Overview)."""
+    from ..analysis.published import load_published
+    from .published import published_tables, summary_table
+
+    rows = [r for run in runs for r in run.rows]
+    accuracy: list[Accuracy] = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
+    owners: dict[tuple[str, str], RunData] = {}
+    for run in runs:
+        for pair in run.pairs():
+            owners.setdefault(pair, run)
+
+    def scores(model: str, id_dataset: str, ood_dataset: str) -> tuple[dict, dict] | None:
+        run = owners.get((model, id_dataset))
+        if run is None or not run.path.is_dir() or not run.has_scores(model, ood_dataset):
+            return None
+        if not run.has_scores(model, id_dataset):
+            return None
+        return run.paired_scores(model, id_dataset, ood_dataset)
+
+    content.published = compare_published(rows, accuracy, scores=scores, name=against, subsample=content.subsample)
+    section = Section(
+        "published",
+        "Beside the Fi-ImageNet-1k paper",
+        "The paper's Tables 1, 2, 3 and A1–A7 in their printed layouts, each cell holding this run's value beside the "
+        "published one (Rozumnyi et al., Fi-ImageNet-1k: An OOD benchmark From the Inside of the ImageNet-1k "
+        "validation set). Models match by their Table A8 name or checkpoint, datasets by name.",
+    )
+    section.items.append(summary_table(content.published))
+    section.items.extend(published_tables(content.published, accuracy))
+    points = top1_fpr_points(rows, accuracy, against)
+    rho = next((c for c in content.published if c.cell.metric == "spearman_top1_fpr95"), None)
+    cells = load_published(against, "A7")
+    top1 = {c.model: c.value for c in cells if c.metric == "top1"}
+    published_points = [(c.model, top1[c.model], c.value) for c in cells if c.metric == "fpr95"]
+    section.items.append(
+        FigureItem(
+            "top1-vs-fpr95",
+            "Top-1 (re-annotated labels) against best FPR@95 on Fi-ImageNet-1k: the run's models and the paper's "
+            "Table A7",
+            lambda: figures.fig_top1_fpr(
+                points, published_points, (rho.reproduced if rho else None, rho.cell.value if rho else None)
+            ),
+        )
+    )
+    position = 1 if content.sections and content.sections[0].key == "overview" else 0
+    content.sections.insert(position, section)
 
 
 def split_rows(runs: Sequence[RunData]) -> tuple[list[ResultRow], list[ResultRow]]:

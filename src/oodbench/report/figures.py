@@ -34,6 +34,7 @@ __all__ = [
     "fig_score_histograms",
     "fig_vocab_sweep",
     "vocab_sweep_lines",
+    "fig_top1_fpr",
 ]
 
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
@@ -352,4 +353,41 @@ def fig_vocab_sweep(
         ax.legend(fontsize=7)
     for ax in axes[len(lines) :]:
         ax.set_visible(False)
+    return _finish(figure)
+
+
+def fig_top1_fpr(
+    reproduced: Sequence[tuple[str, float, float]],
+    published: Sequence[tuple[str, float, float]] = (),
+    rho: tuple[float | None, float | None] = (None, None),
+) -> Figure:
+    """Top-1 against best FPR@95 on Fi-ImageNet-1k, one point per model: the run's and the paper's (Appendix E)."""
+    if not reproduced and not published:
+        raise AnalysisError("no models with both Top-1 and FPR@95 to plot")
+    figure = _figure(5.6, 4.2)
+    ax = figure.subplots()
+    for points, color, marker, label, value in (
+        (published, "#9aa3ae", "o", "paper (Table A7)", rho[1]),
+        (reproduced, _COLORS[0], "D", "this run", rho[0]),
+    ):
+        if not points:
+            continue
+        suffix = f", ρ = {value:.2f}".replace("-", "−") if value is not None else ""
+        ax.scatter(
+            [p[1] for p in points],
+            [p[2] for p in points],
+            s=22,
+            color=color,
+            marker=marker,
+            label=f"{label}{suffix}",
+            zorder=3,
+        )
+    for name, top1, fpr in reproduced:
+        ax.annotate(name, (top1, fpr), xytext=(3, 3), textcoords="offset points", fontsize=6)
+    ax.set_xlabel("Top-1 on re-annotated labels (%)", fontsize=9)
+    ax.set_ylabel("best FPR@95 on Fi-ImageNet-1k (%) ↓", fontsize=9)
+    ax.set_title("Accuracy against OOD detection", fontsize=10)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
     return _finish(figure)

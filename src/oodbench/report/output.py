@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import csv
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +102,16 @@ def write_report(
         written["figures"].extend(paths)
         pngs[item.stem] = base64.b64encode((out / "figures" / f"{item.stem}.png").read_bytes()).decode("ascii")
         del figure
+    if content.published:
+        from .published import comparison_records
+
+        records = comparison_records(content.published)
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, list(records[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in records)
+        atomic_write_text(out / "published-comparison.csv", buffer.getvalue())
+        written["reports"].append(out / "published-comparison.csv")
     if "md" in formats:
         atomic_write_text(out / "report.md", _markdown_document(content))
         written["reports"].append(out / "report.md")
