@@ -68,7 +68,7 @@ def test_roc_figure_draws_the_roc_curve_and_operating_point(scores) -> None:
     np.testing.assert_allclose(curves[2].get_xdata(), fpr)
     np.testing.assert_allclose(curves[2].get_ydata(), tpr)
     points = [line for line in ax.lines if line.get_marker() == "o"]
-    for name, point in zip("abc", points):
+    for name, point in zip("abc", points, strict=False):
         # The marked operating point is exactly FPR@95 under the metric convention (ties included).
         assert point.get_xdata()[0] == pytest.approx(metrics.fpr_at_tpr(ids[name], oods[name]))
         assert f"FPR@95 {100 * metrics.fpr_at_tpr(ids[name], oods[name]):.1f}" in curves["abc".index(name)].get_label()
@@ -79,7 +79,7 @@ def test_histograms_mark_the_threshold(scores) -> None:
     figure = fig_score_histograms(ids, oods)
     visible = [ax for ax in figure.axes if ax.get_visible()]
     assert [ax.get_title() for ax in visible] == ["a", "b", "c"]
-    for ax, name in zip(visible, "abc"):
+    for ax, name in zip(visible, "abc", strict=False):
         vline = [line for line in ax.lines if line.get_linestyle() == "--"][0]
         assert vline.get_xdata()[0] == pytest.approx(metrics.threshold_at_tpr(ids[name]))
 
@@ -97,14 +97,14 @@ def test_vocabulary_sweep_plots_means_by_size(zeroshot_rows) -> None:
     rows += [
         ResultRow("clip-b16", "imagenet", ood, f"neglabel@llm-siblings[k={k}]", "fpr95", v, 50000, 1)
         for k, values in ((0, (0.9, 0.9)), (1, (0.8, 0.6)), (5, (0.6, 0.5)))
-        for ood, v in zip(("ninco", "openimage-o"), values)
+        for ood, v in zip(("ninco", "openimage-o"), values, strict=False)
     ]
     figure = fig_vocab_sweep(rows, vocabularies)
     clip_b, clip_l = figure.axes[:2]
     assert (clip_b.get_title(), clip_l.get_title()) == ("clip-b16", "clip-l14")
 
     def line(ax, label):
-        found = next(l for l in ax.lines if l.get_label() == label)
+        found = next(ln for ln in ax.lines if ln.get_label() == label)
         return list(found.get_xdata()), list(found.get_ydata())
 
     # The M sweep of clip-b16 (mean of ninco and openimage-o), with the vocabulary at its own M=5000 in between.
@@ -116,9 +116,9 @@ def test_vocabulary_sweep_plots_means_by_size(zeroshot_rows) -> None:
     # Unswept vocabularies of one family at several sizes form a line (clip-l14: WN 1k and WN 5000).
     xs, ys = line(clip_l, "WordNet · neglabel")
     assert xs == [1000, 5000] and ys == pytest.approx([60.0, 50.0])
-    assert "WordNet · neglabel" not in [l.get_label() for l in clip_b.lines]  # clip-b16's WordNet list is swept
+    assert "WordNet · neglabel" not in [ln.get_label() for ln in clip_b.lines]  # clip-b16's WordNet list is swept
     # Only vocabulary-bound scores are plotted.
-    assert not any(l.get_label().startswith(("mcm", "energy")) for ax in figure.axes for l in ax.lines)
+    assert not any(ln.get_label().startswith(("mcm", "energy")) for ax in figure.axes for ln in ax.lines)
     with pytest.raises(AnalysisError, match="vocabulary sizes"):
         fig_vocab_sweep([r for r in rows if "[" not in r.detector], {"wordnet": "WN"})
 

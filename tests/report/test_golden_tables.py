@@ -245,5 +245,5 @@ def test_latex_is_booktabs_with_bold_best(supervised_rows) -> None:
     # Every row has as many cells as the column spec declares.
     spec = re.search(r"\\begin\{tabular\}\{([lr]+)\}", tex).group(1)
     body = tex.split(r"\midrule")[1].split(r"\bottomrule")[0]
-    for line in filter(None, (l.strip() for l in body.splitlines())):
+    for line in filter(None, (text.strip() for text in body.splitlines())):
         assert line.count(" & ") == len(spec) - 1

@@ -39,7 +39,7 @@ def test_report_holds_tables_figures_and_provenance(report, two_runs) -> None:
         with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
             assert image.format == "PNG" and image.size[0] > 200
     run = json.loads((two_runs[0] / "run.json").read_text())
-    for dataset, entry in run["entries"].items():
+    for _dataset, entry in run["entries"].items():
         assert entry["item_hash"] in html
     assert run["entries"]["far"]["provenance"]["checkpoint"] in html
     assert "numpy" in html and "matplotlib" in html

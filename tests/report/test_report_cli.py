@@ -106,7 +106,7 @@ def test_names_stay_unique_when_run_directories_share_a_name(two_runs, tmp_path)
     from oodbench.report.build import ReportOptions, build_report
 
     copies = []
-    for parent, run in zip("ab", two_runs):
+    for parent, run in zip("ab", two_runs, strict=False):
         target = tmp_path / parent / "run"
         shutil.copytree(run, target)
         copies.append(target)

@@ -81,7 +81,7 @@ def acceptance_bits(
     if not names:
         raise AnalysisError("no detector scores given")
     oods = [metrics.as_scores(f"ood_scores[{name!r}]", ood_scores[name]) for name in names]
-    sizes = {name: o.shape[0] for name, o in zip(names, oods)}
+    sizes = {name: o.shape[0] for name, o in zip(names, oods, strict=False)}
     if len(set(sizes.values())) != 1:
         raise AnalysisError(f"OOD score arrays of one dataset must have one length; got {sizes}")
     cache = thresholds if thresholds is not None else {}
@@ -90,7 +90,7 @@ def acceptance_bits(
             cache[name] = metrics.threshold_at_tpr(id_scores[name], tpr)
     values = np.array([cache[name] for name in names])
     accepted = np.empty((oods[0].shape[0], len(names)), dtype=bool)
-    for column, (ood, threshold) in enumerate(zip(oods, values)):
+    for column, (ood, threshold) in enumerate(zip(oods, values, strict=False)):
         np.greater_equal(ood, threshold, out=accepted[:, column])
     return AcceptanceBits(tuple(names), values, accepted, {})
 

@@ -84,7 +84,7 @@ def report_command(
         written = write_report(content, out, formats, figure_formats)
     except OodbenchError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     for note in content.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(f"{len(written['tables'])} table files, {len(written['figures'])} figure files in {out}")

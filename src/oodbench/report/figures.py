@@ -102,7 +102,7 @@ def fig_best_detectors(
         bests = [grid.best(pair, [o], metric) for o in oods]
         heights = [100 * b[1] if b else np.nan for b in bests]
         bars = ax.bar(range(len(oods)), heights, color=_COLORS[0] if metric == "fpr95" else _COLORS[2], width=0.7)
-        for bar, best in zip(bars, bests):
+        for bar, best in zip(bars, bests, strict=False):
             if best:
                 # Names go inside tall bars (reading up from the base) and above short ones, never off the axes.
                 inside = bar.get_height() > 50
@@ -132,7 +132,7 @@ def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: 
     rows, columns = _grid_shape(len(curves))
     figure = _figure(3.6 * columns, 2.9 * rows)
     axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False).ravel())
-    for ax, (name, studies) in zip(axes, curves.items()):
+    for ax, (name, studies) in zip(axes, curves.items(), strict=False):
         studies = sorted(studies, key=lambda s: s.n)
         if not studies:
             raise AnalysisError(f"curve {name!r} has no points")
@@ -225,7 +225,7 @@ def fig_score_histograms(
     rows, columns = _grid_shape(len(names))
     figure = _figure(3.4 * columns, 2.5 * rows)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=False):
         ids = metrics.as_scores(f"id_scores[{name!r}]", id_scores[name])
         ood = metrics.as_scores(f"ood_scores[{name!r}]", ood_scores[name])
         low, high = float(min(ids.min(), ood.min())), float(max(ids.max(), ood.max()))
@@ -334,7 +334,7 @@ def fig_vocab_sweep(
     rows_count, columns = _grid_shape(len(lines))
     figure = _figure(4.2 * columns, 3.2 * rows_count)
     axes = figure.subplots(rows_count, columns, squeeze=False).ravel()
-    for ax, (panel, per_line) in zip(axes, lines.items()):
+    for ax, (panel, per_line) in zip(axes, lines.items(), strict=False):
         for index, (label, points) in enumerate(per_line.items()):
             ax.plot(
                 list(points),

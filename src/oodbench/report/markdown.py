@@ -24,7 +24,7 @@ def markdown_cell(cell: Cell) -> str:
 def render_markdown(table: Table, *, title: bool = True) -> str:
     """The table as Markdown, optionally with its title above and its notes below."""
     groups = table.column_groups()
-    header = [f"{group}: {name}" if group else name for group, name in zip(groups, table.columns)]
+    header = [f"{group}: {name}" if group else name for group, name in zip(groups, table.columns, strict=False)]
     lines = []
     if title:
         lines += [f"**{table.title}**", ""]

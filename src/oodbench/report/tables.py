@@ -209,7 +209,7 @@ def table1(
         for metric in ("fpr95", "auroc"):
             bests = [grid.best(p, block_oods, metric) for p in pairs]
             bold = _bold_extreme([b[1] if b else None for b in bests], lowest=metric == "fpr95")
-            for line, best, strong in zip(body, bests, bold):
+            for line, best, strong in zip(body, bests, bold, strict=False):
                 line.append(Cell(percent(best[1]), best[0], strong) if best else Cell(MISSING))
     groups = [("", 1)] + [(label, 2) for label, _ in blocks]
     names = ["model"] + [name for _ in blocks for name in (FPR, AUROC)]
@@ -246,7 +246,7 @@ def table_a1(
     bold = {}
     for pair in grid.pairs:
         flags = _bold_extreme([cells[(d, pair)][0] if cells[(d, pair)] else None for d in names], lowest=True)
-        bold.update({(d, pair): f for d, f in zip(names, flags)})
+        bold.update({(d, pair): f for d, f in zip(names, flags, strict=False)})
     body = []
     for detector in names:
         line = [Cell(detector)]
@@ -277,7 +277,7 @@ def table_a2(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = 
         bests = [grid.best(p, [ood], "fpr95") if ood in grid.values[p] else None for p in grid.pairs]
         bold = _bold_extreme([b[1] if b else None for b in bests], lowest=True)
         line = [Cell(ood), Cell(n_text)]
-        for best, strong in zip(bests, bold):
+        for best, strong in zip(bests, bold, strict=False):
             line.append(Cell(f"{percent(best[1])} / {percent(best[2])}", best[0], strong) if best else Cell(MISSING))
         body.append(tuple(line))
     columns = ("OOD dataset", "n") + tuple(grid.label(p) for p in grid.pairs)
@@ -454,8 +454,8 @@ def table2(
             best = grid.best(pair, oods, metric, among=list(notes)) if notes else None
             cells.append((best[1], notes[best[0]]) if best else None)
             stand_ins = stand_ins or bool(best and parse_vocabulary_score(best[0]).sweep)  # type: ignore[union-attr]
-        deployable = [cell[0] if cell and flag else None for cell, (_, flag) in zip(cells, columns)]
-        for cell, strong in zip(cells, _bold_extreme(deployable, lowest=lowest)):
+        deployable = [cell[0] if cell and flag else None for cell, (_, flag) in zip(cells, columns, strict=False)]
+        for cell, strong in zip(cells, _bold_extreme(deployable, lowest=lowest), strict=False):
             line.append(Cell(percent(cell[0]), cell[1], strong) if cell else Cell(MISSING))
         body.append(tuple(line))
     headers = ["model", "best logit score"]
@@ -539,7 +539,7 @@ def table_detectors(
     bold: dict[tuple[str, str], bool] = {}
     for ood in oods:
         flags = _bold_extreme([grid.metric(pair, ood, d, "fpr95") for d in detectors], lowest=True)
-        bold.update({(d, ood): f for d, f in zip(detectors, flags)})
+        bold.update({(d, ood): f for d, f in zip(detectors, flags, strict=False)})
     body = []
     for detector in detectors:
         line, fprs, aucs = [Cell(detector)], [], []
