@@ -138,6 +138,8 @@ def provenance_tables(run: RunData) -> list[Table]:
                 f"Run {run.path}",
                 ("item", "value"),
                 ((Cell("run.json"), Cell("absent: no provenance recorded")),),
+                align=("l", "l"),
+                wrap=True,
             )
         ]
     head = info.get("head") or {}
@@ -172,6 +174,8 @@ def provenance_tables(run: RunData) -> list[Table]:
             f"Run: {info.get('model', run.path.name)}",
             ("item", "value"),
             tuple((Cell(k), Cell(v)) for k, v in general),
+            align=("l", "l"),
+            wrap=True,
         )
     ]
     entries = info.get("entries") or {}
@@ -203,6 +207,7 @@ def provenance_tables(run: RunData) -> list[Table]:
                 ("dataset", "rows", "item hash (SHA-256)", "model", "checkpoint", "preprocessing", "extracted"),
                 tuple(body),
                 align=("l", "r", "l", "l", "l", "l", "l"),
+                wrap=True,
             )
         )
         if versions:

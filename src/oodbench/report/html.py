@@ -26,7 +26,7 @@ def render_html(table: Table) -> str:
     align = table.alignment
     lines = [
         f'<figure class="table" id="{escape(table.key)}">',
-        f'<table class="oodb" data-table="{escape(table.key)}">',
+        f'<table class="oodb{" wrap" if table.wrap else ""}" data-table="{escape(table.key)}">',
         f"<caption>{escape(table.title)}</caption>",
         "<thead>",
     ]

@@ -33,6 +33,7 @@ class Table:
     align: tuple[str, ...] = ()  # "l" or "r" per column
     notes: tuple[str, ...] = ()
     rules_after: tuple[int, ...] = field(default=())  # body row indices followed by a rule
+    wrap: bool = False  # long free-text values (provenance): wrap them instead of widening the table
 
     def __post_init__(self) -> None:
         width = len(self.columns)
