@@ -44,6 +44,7 @@ __all__ = [
     "table_detectors",
     "table_intervals",
     "table_delong",
+    "format_p",
 ]
 
 _VOCAB_SCORE = re.compile(r"^(?P<method>[^@\[\]\s]+)@(?P<vocab>[^@\[\]\s]+)(?:\[(?P<param>[km])=(?P<value>\d+)\])?$")
@@ -608,6 +609,13 @@ def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95)
     return Table("intervals", "Confidence intervals", tuple(columns), tuple(body), tuple(groups), align, (note,))
 
 
+def format_p(p: float) -> str:
+    """A p-value at the precision of the table's other numbers: three decimals, and "< 0.001" below that."""
+    if p != p:
+        return MISSING
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def table_delong(results: Sequence[tuple[str, str, DeLongResult]], confidence: float = 0.95) -> Table:
     """Paired DeLong comparisons: (model, OOD set, DeLongResult) per line."""
     if not results:
@@ -625,7 +633,7 @@ def table_delong(results: Sequence[tuple[str, str, DeLongResult]], confidence: f
             Cell(_signed(100 * r.difference)),
             Cell(f"[{_signed(100 * r.low)}, {_signed(100 * r.high)}]"),
             Cell(f"{r.z:.2f}".replace("-", "−")),
-            Cell(f"{r.p_value:.2g}", bold=significant),
+            Cell(format_p(r.p_value), bold=significant),
         ]
         body.append(tuple(line))
     columns = (("model",) if multi_model else ()) + (
