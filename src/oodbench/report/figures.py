@@ -412,7 +412,7 @@ def fig_top1_fpr(
     """Top-1 against best FPR@95 on Fi-ImageNet-1k, one point per model: the run's and the paper's (Appendix E)."""
     if not reproduced and not published:
         raise AnalysisError("no models with both Top-1 and FPR@95 to plot")
-    figure = _figure(5.6, 4.2)
+    figure = _figure(5.6, 4.6)
     ax = figure.subplots()
     for points, color, marker, label, value in (
         (published, "#9aa3ae", "o", "paper (Table A7)", rho[1]),
@@ -437,5 +437,7 @@ def fig_top1_fpr(
     ax.set_title("Accuracy against OOD detection", fontsize=10)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.margins(x=0.1, y=0.08)  # room for the names beside the outermost points
+    # Below the axes: inside, the legend would cover points wherever they fall.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     return _finish(figure)
