@@ -24,10 +24,10 @@ from .atomic import atomic_write_json, atomic_write_text
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
 from .progress import progress_bar
-from .report.detector_table import detector_table_markdown
 from .results import ResultRow, rows_from_metrics, write_rows
 from .scores import load_scores, save_scores, score_path
 from .store import Store
+from .tabular import detector_table_markdown
 
 __all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
 

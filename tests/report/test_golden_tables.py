@@ -13,9 +13,9 @@ from oodbench.analysis.spread import spread_vs_noise
 from oodbench.analysis.subsample import SubsampleSummary
 from oodbench.errors import AnalysisError
 from oodbench.report.latex import render_latex
-from oodbench.report.markdown import render_markdown
 from oodbench.report.tables import VocabScore, parse_vocabulary_score, table1, table2, table_a1, table_a2, table_a6
 from oodbench.report.tables import supervised_rows as supervised_rows_of
+from oodbench.tabular import render_markdown
 
 
 def _check_golden(name: str, text: str) -> None:

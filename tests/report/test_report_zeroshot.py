@@ -22,11 +22,11 @@ from oodbench.outputs import Outputs
 from oodbench.report.build import ReportOptions, build_report, split_rows
 from oodbench.report.cli import register
 from oodbench.report.figures import vocab_sweep_lines
-from oodbench.report.markdown import render_markdown
 from oodbench.report.tables import Table, table1, table_a1, table_a2, table_detectors
 from oodbench.results import read_rows
 from oodbench.scores import load_scores
 from oodbench.store import Store
+from oodbench.tabular import render_markdown
 from oodbench.zeroshot.classes import ClassList
 from oodbench.zeroshot.evaluate import evaluate_zeroshot_store, make_plan
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary

@@ -323,7 +323,7 @@ def scan_command(
         paths = write_document(document, out, "scan") if out is not None else {}
     except OodbenchError as exc:
         _fail(exc)
-    from ..report.markdown import render_markdown
+    from ..tabular import render_markdown
 
     sys.stdout.write(render_markdown(sections[0].tables[0]))
     if paths:

@@ -1,7 +1,7 @@
 """Tables and figures in the paper's layouts, rendered from tidy result rows, and the self-contained HTML report.
 
-Only the detector table is imported eagerly (``oodbench evaluate`` needs it); everything that pulls in matplotlib
-is loaded on first use.
+Everything is loaded on first use (matplotlib is heavy). The renderer-neutral `Table`, its Markdown rendering and
+the detector table live in the core module `oodbench.tabular` (the evaluation layer writes tables with them).
 """
 
 from __future__ import annotations
@@ -9,19 +9,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .detector_table import detector_table_markdown
-
 _LAZY = {
     "write_html_report": ".html_report",
     "render_html_document": ".html_report",
     "build_report": ".build",
     "ReportOptions": ".build",
     "write_report": ".output",
-    "render_markdown": ".markdown",
+    "render_markdown": "..tabular",
+    "detector_table_markdown": "..tabular",
     "render_latex": ".latex",
     "render_html": ".html",
-    "Table": ".table_model",
-    "Cell": ".table_model",
+    "Table": "..tabular",
+    "Cell": "..tabular",
     "Vocabulary": ".tables",
     "table1": ".tables",
     "table_a1": ".tables",
@@ -31,7 +30,7 @@ _LAZY = {
     "table_detectors": ".tables",
 }
 
-__all__ = ["detector_table_markdown", *_LAZY]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

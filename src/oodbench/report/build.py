@@ -30,8 +30,8 @@ from ..analysis.subsample import (
 from ..errors import AnalysisError
 from ..progress import progress_bar
 from ..results import ResultRow
+from ..tabular import Cell, Table
 from . import figures, tables
-from .table_model import Cell, Table
 
 __all__ = [
     "ReportOptions",

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
+from ..tabular import Table
 from .build import FigureItem, ReportContent, ReportOptions, build_report
 from .html import render_html
-from .table_model import Table
 
 __all__ = ["CSS", "render_html_document", "write_html_report"]
 

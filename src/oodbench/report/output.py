@@ -11,13 +11,12 @@ from pathlib import Path
 
 from ..atomic import atomic_write_text
 from ..errors import AnalysisError
+from ..tabular import Table, render_markdown
 from .build import FigureItem, ReportContent
 from .figures import save_figure
 from .html import render_html
 from .html_report import render_html_document
 from .latex import latex_escape, render_latex
-from .markdown import render_markdown
-from .table_model import Table
 
 __all__ = ["TABLE_FORMATS", "parse_formats", "write_report"]
 

@@ -21,7 +21,7 @@ from ..analysis.published import (
     detector_labels,
     published_models,
 )
-from .table_model import MISSING, Cell, Table
+from ..tabular import MISSING, Cell, Table
 
 __all__ = ["OUTSIDE", "published_tables", "summary_table", "comparison_records", "TITLES"]
 

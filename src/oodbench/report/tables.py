@@ -26,7 +26,7 @@ from ..analysis.spread import SpreadSummary
 from ..analysis.subsample import SubsampleSummary
 from ..errors import AnalysisError
 from ..results import ResultRow
-from .table_model import MISSING, Cell, Table, percent
+from ..tabular import MISSING, Cell, Table, detector_table, percent
 
 __all__ = [
     "ResultGrid",
@@ -532,37 +532,15 @@ def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSumm
 def table_detectors(
     rows: Sequence[ResultRow], model: str, id_dataset: str | None = None, ood_datasets: Sequence[str] | None = None
 ) -> Table:
-    """One model's detectors × OOD sets, cells FPR@95 / AUROC (%), the best FPR@95 per column in bold, and the mean."""
-    grid = ResultGrid(supervised_rows(rows))
+    """One model's detectors × OOD sets (the core `detector_table`), for a model of a multi-model result set."""
+    supervised = supervised_rows(rows)
+    grid = ResultGrid(supervised)
     pair = grid.model_pair(model, id_dataset)
     oods = [o for o in _select(grid.oods, ood_datasets, "OOD datasets") if o in grid.values[pair]]
     detectors = [d for d in grid.detectors if any(d in grid.values[pair][o] for o in oods)]
-    bold: dict[tuple[str, str], bool] = {}
-    for ood in oods:
-        flags = _bold_extreme([grid.metric(pair, ood, d, "fpr95") for d in detectors], lowest=True)
-        bold.update({(d, ood): f for d, f in zip(detectors, flags, strict=False)})
-    body = []
-    for detector in detectors:
-        line, fprs, aucs = [Cell(detector)], [], []
-        for ood in oods:
-            fpr, auc = grid.metric(pair, ood, detector, "fpr95"), grid.metric(pair, ood, detector, "auroc")
-            if fpr is None or auc is None:
-                line.append(Cell(MISSING))
-                continue
-            fprs.append(fpr)
-            aucs.append(auc)
-            line.append(Cell(f"{percent(fpr)} / {percent(auc)}", bold=bold[(detector, ood)]))
-        line.append(
-            Cell(f"{percent(sum(fprs) / len(fprs))} / {percent(sum(aucs) / len(aucs))}") if fprs else Cell(MISSING)
-        )
-        body.append(tuple(line))
-    columns = ("detector",) + tuple(f"{o} (n={grid.n_ood[(pair, o)]})" for o in oods) + ("mean",)
-    return Table(
-        f"detectors-{model}",
-        f"{grid.label(pair)}: detectors × OOD sets",
-        columns,
-        tuple(body),
-        notes=("Cells: FPR@95 / AUROC (%); lowest FPR@95 per OOD set in bold.",),
+    selected = [r for r in supervised if (r.model, r.id_dataset) == pair and r.ood_dataset in oods]
+    return detector_table(
+        selected, detectors, oods, key=f"detectors-{model}", title=f"{grid.label(pair)}: detectors × OOD sets"
     )
 
 
