@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from PIL import Image
-from report_fixtures import VOCABULARIES
 
 from oodbench import metrics
 from oodbench.analysis.roc import roc_curve
@@ -23,6 +22,8 @@ from oodbench.report.figures import (
 )
 from oodbench.report.tables import Vocabulary, format_p
 from oodbench.results import ResultRow
+
+from .helpers import VOCABULARIES
 
 
 def test_fig1_bars_are_the_best_values_with_detector_names(supervised_rows) -> None:

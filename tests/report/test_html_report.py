@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from report_fixtures import VOCABULARIES
 
 from oodbench.report.html_report import write_html_report
 from oodbench.results import write_rows
+
+from .helpers import VOCABULARIES
 
 FAST = dict(draws=200, curve_draws=40, curve_points=4, resamples=200)
 

@@ -118,7 +118,7 @@ def make_zeroshot_run(root: Path, model: str = ZS_MODEL, seed: int = 0, vocabula
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    make_run = _module(TESTS / "analysis" / "analysis_run_factory.py", "oodbench_tests_synthetic_run_zs").make_run
+    make_run = _module(TESTS / "analysis" / "helpers.py", "oodbench_tests_synthetic_run_zs").make_run
     root = tmp_path_factory.mktemp("zs-report")
     return {"zeroshot": make_zeroshot_run(root), "supervised": make_run(root, "toy-a", seed=0), "root": root}
 

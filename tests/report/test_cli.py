@@ -7,11 +7,12 @@ import re
 
 import pytest
 import typer
-from report_fixtures import VOCABULARIES
 from typer.testing import CliRunner
 
 from oodbench.report.cli import register
 from oodbench.results import write_rows
+
+from .helpers import VOCABULARIES
 
 runner = CliRunner()
 FAST = ["--draws", "100", "--curve-draws", "30", "--resamples", "100", "--quiet"]

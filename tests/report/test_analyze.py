@@ -11,7 +11,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from oodbench import metrics
-from oodbench.analysis.cli import register
+from oodbench.report.analyze import register
 from oodbench.scores import load_scores
 
 runner = CliRunner()
