@@ -13,7 +13,7 @@ from scipy import stats
 from oodbench import metrics
 from oodbench.analysis.rundata import load_run
 from oodbench.analysis.subsample import (
-    SEED_N,
+    PAPER_N,
     acceptance_bits,
     average_ranks,
     closed_form_se,
@@ -179,7 +179,7 @@ def test_run_skips_sets_smaller_than_n_and_errors_when_none_fit(synthetic_run) -
 
 
 def test_resolve_n() -> None:
-    assert resolve_n("auto", {"a": 5000, "b": 20000}) == SEED_N
+    assert resolve_n("auto", {"a": 5000, "b": 20000}) == PAPER_N
     assert resolve_n("auto", {"a": 300, "b": 220}) == 110
     assert resolve_n(None, {"a": 3}) == 1
     assert resolve_n("42", {"a": 3}) == 42

@@ -116,3 +116,18 @@ def test_names_stay_unique_when_run_directories_share_a_name(two_runs, tmp_path)
     stems = [f.stem for f in content.figures()]
     assert len(keys) == len(set(keys)) and len(stems) == len(set(stems))
     assert "prov-run" in keys and "prov-run-2" in keys
+
+
+def test_report_states_the_convention_and_captions_once(cli, two_runs, tmp_path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(
+        cli, ["report", str(two_runs[0]), "--out", str(out), "--format", "md,tex", "--no-score-figures", *FAST]
+    )
+    assert result.exit_code == 0, result.output
+    markdown = (out / "report.md").read_text()
+    overview = markdown.split("## Overview", 1)[1].split("\n## ", 1)[0]
+    assert "ID is the positive class" in overview and "OpenOOD" in overview
+    tex = (out / "report.tex").read_text()
+    captions = re.findall(r"\\caption\{([^}]*)\}", tex)
+    assert captions and not [c for c in captions if re.match(r"(Table|Fig\.) [0-9A]+[0-9]*:", c)], captions
+    assert r"\caption{Best FPR@95 and AUROC per model and OOD set (paper Table 1)}" in tex

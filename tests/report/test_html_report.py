@@ -138,3 +138,16 @@ def test_provenance_values_stay_inside_a_1400px_window(two_runs, tmp_path) -> No
         assert value.evaluate("e => getComputedStyle(e).textAlign") in ("left", "start")
         browser.close()
     assert checked > 10
+
+
+def test_intro_becomes_a_context_section_first(two_runs, tmp_path) -> None:
+    from oodbench.tabular import Cell, Table
+
+    datasets = Table("demo-datasets", "The datasets", ("set", "images"), ((Cell("near"), Cell("300")),))
+    html = write_html_report(
+        two_runs[0], tmp_path / "r.html", intro=("First paragraph.", "Second paragraph.", datasets), **FAST
+    ).read_text(encoding="utf-8")
+    context = html.index('<section id="context">')
+    assert context < html.index('<section id="overview">')
+    assert "<p>First paragraph.</p>" in html and "<p>Second paragraph.</p>" in html
+    assert 'data-table="demo-datasets"' in html

@@ -15,7 +15,7 @@ from .rundata import RunData, load_run, load_runs
 from .runs import IntervalRecord, compare_in_run, intervals_for_run
 from .spread import SpreadSummary, spread_vs_noise
 from .subsample import (
-    SEED_N,
+    PAPER_N,
     SubsampleStudy,
     SubsampleSummary,
     closed_form_se,
@@ -32,7 +32,7 @@ __all__ = [
     "Interval",
     "IntervalRecord",
     "RunData",
-    "SEED_N",
+    "PAPER_N",
     "SpreadSummary",
     "SubsampleStudy",
     "SubsampleSummary",

@@ -34,6 +34,7 @@ from ..tabular import Cell, Table
 from . import figures, tables
 
 __all__ = [
+    "CONVENTION",
     "ReportOptions",
     "FigureItem",
     "Section",
@@ -44,6 +45,15 @@ __all__ = [
     "split_rows",
     "merge_vocabularies",
 ]
+
+
+CONVENTION = (
+    "Convention: a higher score means more in-distribution, and ID is the positive class. FPR@95 is the share of OOD "
+    "images accepted as ID at the threshold that accepts 95% of the ID test images (ties at the threshold count as "
+    "accepted); AUROC is the probability that an ID image outscores an OOD image (ties count one half). OpenOOD and "
+    "pytorch-ood report FPR@95 with OOD as the positive class (the share of ID images rejected when 95% of the OOD "
+    "images are caught): a different number. Values in %."
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,8 @@ class ReportOptions:
     vocabularies: Mapping[str, Any] | None = None
     title: str = "oodbench report"
     against: str | None = None  # a published set (e.g. "fi-imagenet-1k") to put beside the run's numbers
+    # A "Context" section first: paragraphs (str, blank lines between) and tables, e.g. the demo's datasets.
+    intro: tuple[str | Table, ...] = ()
 
 
 @dataclass
@@ -276,8 +288,17 @@ def build_report(
             if pair in pairs and pair not in scored and run.path.is_dir() and run.has_scores(*pair):
                 scored[pair] = run
 
+    if options.intro:
+        content.sections.append(
+            Section(
+                "context",
+                "Context",
+                "\n\n".join(i for i in options.intro if isinstance(i, str)),
+                [i for i in options.intro if isinstance(i, Table)],
+            )
+        )
     if supervised:
-        overview = Section("overview", "Overview", "Best detectors per model and OOD set (values in %).")
+        overview = Section("overview", "Overview", "Best detectors per model and OOD set.\n\n" + CONVENTION)
         overview.items.append(tables.table1(supervised))
         overview.items.append(tables.table_a2(supervised))
         overview.items.append(tables.table_a1(supervised))
@@ -288,7 +309,7 @@ def build_report(
             section.items.append(
                 FigureItem(
                     f"fig1-{_slug(model)}",
-                    f"Fig. 1: best detector per OOD set for {model}",
+                    f"Best detector per OOD set for {model} (paper Fig. 1)",
                     lambda m=model, i=id_dataset: figures.fig_best_detectors(supervised, m, i),
                 )
             )
@@ -300,14 +321,15 @@ def build_report(
             "zeroshot",
             "Zero-shot vocabularies",
             "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
-            "vocabulary-size figure only, not in the supervised tables, subsampling or intervals.",
+            "vocabulary-size figure only, not in the supervised tables, subsampling or intervals."
+            + ("" if supervised else "\n\n" + CONVENTION),
         )
         zero.items.append(tables.table2(zeroshot, vocabularies, pairs=zero_pairs))
         if figures.vocab_sweep_lines(zeroshot, vocabularies):
             zero.items.append(
                 FigureItem(
                     "figA1-vocabulary-sweep",
-                    "Fig. A1/A2: FPR@95 against vocabulary size",
+                    "FPR@95 against negative-vocabulary size (paper Figs. A1 and A2)",
                     lambda: figures.fig_vocab_sweep(zeroshot, vocabularies),
                 )
             )
@@ -381,7 +403,8 @@ def _add_published_section(content: ReportContent, runs: Sequence[RunData], agai
             ),
         )
     )
-    position = 1 if content.sections and content.sections[0].key == "overview" else 0
+    keys = [s.key for s in content.sections]
+    position = keys.index("overview") + 1 if "overview" in keys else len([k for k in keys if k == "context"])
     content.sections.insert(position, section)
 
 
@@ -461,7 +484,7 @@ def _add_score_sections(
         )
     sub = Section(
         "subsampling",
-        "Subsampling (Table A6, Fig. A4)",
+        "Subsampling (paper Table A6, Fig. A4)",
         f"The best detector's FPR@95 over {options.draws} draws of n={n} OOD images without replacement.",
     )
     stats_section = Section(
@@ -578,8 +601,8 @@ def _add_score_sections(
         sub.items.append(
             FigureItem(
                 f"figA4-{_slug(pair[0])}",
-                f"Fig. A4: FPR@95 over subset size n, {pair[0]} "
-                f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE)",
+                f"FPR@95 over subset size n, {pair[0]} "
+                f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE) (paper Fig. A4)",
                 lambda c=per_ood, m=pair[0]: figures.fig_subsample_curves(c, m),
             )
         )

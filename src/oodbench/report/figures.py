@@ -1,4 +1,4 @@
-"""The seed's figures with matplotlib (object API on the Agg canvas: no pyplot state, no display needed).
+"""The Fi-ImageNet-1k paper's figures with matplotlib (object API on the Agg canvas: no pyplot state, no display needed).
 
 Each `fig_*` function returns a `matplotlib.figure.Figure`; `save_figure` writes PNG and PDF atomically and
 `figure_png_base64` embeds one in HTML. Values are shown in %.

@@ -99,8 +99,8 @@ def render_html_document(
     parts.append("<main>")
     for section in content.sections:
         parts.append(f'<section id="{escape(section.key)}"><h2>{escape(section.title)}</h2>')
-        if section.text:
-            parts.append(f"<p>{escape(section.text)}</p>")
+        for paragraph in section.text.split("\n\n") if section.text else ():
+            parts.append(f"<p>{escape(paragraph)}</p>")
         for item in section.items:
             parts.append(render_html(item) if isinstance(item, Table) else _figure_html(item, figure_png(item)))
         parts.append("</section>")

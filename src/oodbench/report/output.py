@@ -61,6 +61,8 @@ def _latex_document(content: ReportContent, has_pdf: bool) -> str:
     ]
     for section in content.sections:
         lines.append(rf"\subsection*{{{latex_escape(section.title)}}}")
+        for paragraph in section.text.split("\n\n") if section.text else ():
+            lines += [latex_escape(paragraph), ""]
         for item in section.items:
             if isinstance(item, Table):
                 lines.append(render_latex(item).replace(r"\begin{table}[t]", r"\begin{table}[!htbp]"))

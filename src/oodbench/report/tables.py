@@ -1,4 +1,4 @@
-"""The seed's table layouts, built from tidy result rows (and subsampling summaries) as renderer-neutral `Table`s.
+"""The Fi-ImageNet-1k paper's table layouts, built from tidy result rows (and subsampling summaries) as renderer-neutral `Table`s.
 
 - Table 1: per model, the best FPR@95 and the best AUROC on each OOD set (and their mean), with the detector's name.
 - Table A1: detector × model, mean FPR@95 / AUROC over the OOD sets.
@@ -221,7 +221,7 @@ def table1(
         notes.append(f"mean: the detector with the best mean over {len(oods)} OOD sets.")
     return Table(
         "table1",
-        "Table 1: best FPR@95 and AUROC per model",
+        "Best FPR@95 and AUROC per model and OOD set (paper Table 1)",
         tuple(names),
         tuple(tuple(r) for r in body),
         tuple(groups),
@@ -264,7 +264,13 @@ def table_a1(
         f"Cells: FPR@95 / AUROC (%) averaged over the OOD sets of each model ({', '.join(oods)}); "
         "lowest mean FPR@95 per model in bold."
     )
-    return Table("tableA1", "Table A1: detectors × models", columns, tuple(body), notes=(note,))
+    return Table(
+        "tableA1",
+        "Every detector on every model, mean over the OOD sets (paper Table A1)",
+        columns,
+        tuple(body),
+        notes=(note,),
+    )
 
 
 def table_a2(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = None) -> Table:
@@ -283,7 +289,9 @@ def table_a2(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = 
         body.append(tuple(line))
     columns = ("OOD dataset", "n") + tuple(grid.label(p) for p in grid.pairs)
     note = "Cells: FPR@95 / AUROC (%) of each model's best detector by FPR@95 (in parentheses); best model per dataset in bold."
-    return Table("tableA2", "Table 3 / A2: OOD datasets × models", columns, tuple(body), notes=(note,))
+    return Table(
+        "tableA2", "Best detector per OOD set and model (paper Tables 3 and A2)", columns, tuple(body), notes=(note,)
+    )
 
 
 _VOCAB_FIELDS = ("label", "size", "deployable", "family", "classes", "k", "m")
@@ -476,7 +484,13 @@ def table2(
         notes.append("Columns joining several vocabularies (each model's own): " + "; ".join(shared) + ".")
     if any(not v.deployable for v in vocabs.values()):
         notes.append("† not deployable (built from the benchmark's own OOD labels): a lower bound, not a method.")
-    return Table("table2", f"Table 2: zero-shot {name} by vocabulary", tuple(headers), tuple(body), notes=tuple(notes))
+    return Table(
+        "table2",
+        f"Zero-shot {name} by negative vocabulary (paper Table 2)",
+        tuple(headers),
+        tuple(body),
+        notes=tuple(notes),
+    )
 
 
 def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSummary] = ()) -> Table:
@@ -525,7 +539,12 @@ def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSumm
         )
     align = ("l",) * (2 if multi_model else 1) + ("r", "r", "l") + ("r",) * 6
     return Table(
-        "tableA6", "Table A6: FPR@95 on subsets of the OOD sets", columns, tuple(body), align=align, notes=tuple(notes)
+        "tableA6",
+        "FPR@95 on random subsets of the OOD sets (paper Table A6)",
+        columns,
+        tuple(body),
+        align=align,
+        notes=tuple(notes),
     )
 
 
@@ -584,7 +603,15 @@ def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95)
         "resamples ID and OOD images (percentile and BCa); DeLong is the normal approximation of the AUROC U-statistic."
     )
     align = ("l",) * len(lead) + ("r",) * (len(columns) - len(lead))
-    return Table("intervals", "Confidence intervals", tuple(columns), tuple(body), tuple(groups), align, (note,))
+    return Table(
+        "intervals",
+        "Confidence intervals of the best detector per OOD set",
+        tuple(columns),
+        tuple(body),
+        tuple(groups),
+        align,
+        (note,),
+    )
 
 
 def format_p(p: float) -> str:
