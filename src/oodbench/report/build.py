@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from ..analysis.delong import DeLongResult, delong_test
 from ..analysis.published import Accuracy, Comparison, compare_published, read_accuracy, top1_fpr_points
-from ..analysis.rundata import RunData, load_runs
+from ..analysis.rundata import RunData, check_distinct, load_run
 from ..analysis.runs import IntervalRecord, best_detectors, interval_record
 from ..analysis.spread import spread_vs_noise
 from ..analysis.subsample import (
@@ -35,6 +35,7 @@ from . import figures, tables
 
 __all__ = [
     "CONVENTION",
+    "label_variants",
     "ReportOptions",
     "FigureItem",
     "Section",
@@ -270,9 +271,11 @@ def build_report(
     elif any(isinstance(r, RunData) for r in run_dirs):
         raise AnalysisError("pass either run directories or loaded RunData objects, not a mix")
     else:
-        runs = load_runs(run_dirs)  # type: ignore[arg-type]
+        runs = [load_run(p) for p in run_dirs]  # type: ignore[arg-type]
     if not runs:
         raise AnalysisError("no runs to report on")
+    runs = label_variants(runs)
+    check_distinct(runs)
     supervised, zeroshot = split_rows(runs)
     content = ReportContent(options.title, [], [str(run.path) for run in runs])
     vocabularies, conflicts = merge_vocabularies(runs, options.vocabularies)
@@ -406,6 +409,73 @@ def _add_published_section(content: ReportContent, runs: Sequence[RunData], agai
     keys = [s.key for s in content.sections]
     position = keys.index("overview") + 1 if "overview" in keys else len([k for k in keys if k == "context"])
     content.sections.insert(position, section)
+
+
+@dataclass
+class _Variant(RunData):
+    """A run whose model is shown under a label (its rows say the label); scores are read under the real name."""
+
+    model_name: str = ""
+    label: str = ""
+
+    def _real(self, model: str) -> str:
+        return self.model_name if model == self.label else model
+
+    def has_scores(self, model: str, dataset: str) -> bool:
+        return super().has_scores(self._real(model), dataset)
+
+    def scores(self, model: str, dataset: str) -> dict[str, np.ndarray]:
+        return super().scores(self._real(model), dataset)
+
+
+def _settings(run: RunData) -> dict[str, str]:
+    """What a run was evaluated with, flattened: each detector's parameters, the fit set, the head, the store."""
+    info = run.info
+    flat = {
+        f"{name}": ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
+        for name, params in (info.get("detectors") or {}).items()
+    }
+    flat["fit set"] = str(info.get("fit_dataset") or "")
+    flat["head"] = ", ".join(f"{k}={v}" for k, v in sorted(((info.get("head") or {}).get("provenance") or {}).items()))
+    flat["store"] = str(info.get("store") or "")
+    return flat
+
+
+def label_variants(runs: Sequence[RunData]) -> list[RunData]:
+    """Runs of one (model, ID set) that differ in their settings, relabelled by what differs (e.g.
+    ``resnet50 [energy: temperature=2]``) so that tables keep them apart; runs without a difference are labelled
+    by their directory name."""
+    by_pair: dict[tuple[str, str], list[int]] = {}
+    for index, run in enumerate(runs):
+        for pair in run.pairs():
+            by_pair.setdefault(pair, []).append(index)
+    labels: dict[int, tuple[str, str]] = {}
+    for (model, _), indices in by_pair.items():
+        if len(indices) < 2 or any(runs[i].is_zeroshot or len({m for m, _ in runs[i].pairs()}) > 1 for i in indices):
+            continue
+        settings = [_settings(runs[i]) for i in indices]
+        keys = sorted({k for s in settings for k in s})
+        differing = [k for k in keys if len({s.get(k, "(absent)") for s in settings}) > 1]
+        for i, setting in zip(indices, settings, strict=True):
+            parts = [
+                f"{k}: {setting.get(k) or '(default)'}" if setting.get(k) is not None else f"{k}: absent"
+                for k in differing
+            ]
+            labels[i] = (model, f"{model} [{'; '.join(parts) if parts else runs[i].path.name}]")
+    if not labels:
+        return list(runs)
+    seen = [label for _, label in labels.values()]
+    if len(set(seen)) != len(seen):
+        raise AnalysisError(f"runs of one model cannot be told apart: {sorted(seen)}; give them distinct directories")
+    result: list[RunData] = []
+    for index, run in enumerate(runs):
+        if index not in labels:
+            result.append(run)
+            continue
+        model, label = labels[index]
+        rows = [replace(r, model=label) if r.model == model else r for r in run.rows]
+        result.append(_Variant(run.path, run.info, rows, model_name=model, label=label))
+    return result
 
 
 def split_rows(runs: Sequence[RunData]) -> tuple[list[ResultRow], list[ResultRow]]:
