@@ -67,5 +67,8 @@ def test_against_renders_every_published_table_beside_the_run(paper_runs, tmp_pa
     assert "80.1" in table1  # original-label Top-1 of ResNet50
     a7 = (out / "tables" / "paper-tableA7.md").read_text()
     assert "Spearman ρ" in a7 and "paper −0.61" in a7
+    # The report's own Table 1 (no --against needed) carries the Top-1 columns of accuracy.json too.
+    own = (out / "tables" / "table1.md").read_text()
+    assert "| model | Top-1 | Top-1 (ReaL) |" in own and "| resnet50.a1_in1k | 80.1 | 84.9 |" in own
     html = (out / "report.html").read_text()
     assert "Beside the Fi-ImageNet-1k paper" in html and "(paper Table A3)" in html

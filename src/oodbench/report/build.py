@@ -302,7 +302,14 @@ def build_report(
         )
     if supervised:
         overview = Section("overview", "Overview", "Best detectors per model and OOD set.\n\n" + CONVENTION)
-        overview.items.append(tables.table1(supervised))
+        accuracy = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
+        top1: dict[str, dict[str, float]] = {}
+        for acc in accuracy:
+            top1.setdefault(acc.model, {})[acc.labels] = acc.top1
+        for run in runs:  # a model shown under a label (runs of one model that differ) keeps its accuracy
+            if isinstance(run, _Variant) and run.model_name in top1:
+                top1[run.label] = top1[run.model_name]
+        overview.items.append(tables.table1(supervised, top1=top1))
         overview.items.append(tables.table_a2(supervised))
         overview.items.append(tables.table_a1(supervised))
         content.sections.append(overview)

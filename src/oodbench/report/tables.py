@@ -197,8 +197,13 @@ def table1(
     ood_datasets: Sequence[str] | None = None,
     models: Sequence[str] | None = None,
     mean: bool = True,
+    top1: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Table:
-    """Table 1: per model, the best FPR@95 and AUROC on each OOD set (and on average), with the detector's name."""
+    """Table 1: per model, the best FPR@95 and AUROC on each OOD set (and on average), with the detector's name.
+
+    `top1` ({model: {label set: top-1 fraction}}, from the runs' accuracy.json) adds the "Top-1" (original labels) and
+    "Top-1 (ReaL)" (re-annotated: ReImageNet when given, else ReaL) columns when any model has them.
+    """
     grid = ResultGrid(supervised_rows(rows))
     oods = _select(grid.oods, ood_datasets, "OOD datasets")
     pairs = [p for p in grid.pairs if models is None or p[0] in models]
@@ -206,17 +211,29 @@ def table1(
         raise AnalysisError(f"no rows for models {list(models or [])}")
     blocks = [(ood, [ood]) for ood in oods] + ([("mean", oods)] if mean and len(oods) > 1 else [])
     body: list[list[Cell]] = [[Cell(grid.label(p))] for p in pairs]
+    with_top1 = bool(top1) and any(p[0] in top1 for p in pairs)  # type: ignore[operator]
+    if with_top1:
+        for line, pair in zip(body, pairs, strict=True):
+            found = top1.get(pair[0], {})  # type: ignore[union-attr]
+            relabelled = next((found[k] for k in ("reimagenet", "real") if k in found), None)
+            line += [Cell(percent(found.get("original"))), Cell(percent(relabelled))]
     for _, block_oods in blocks:
         for metric in ("fpr95", "auroc"):
             bests = [grid.best(p, block_oods, metric) for p in pairs]
             bold = _bold_extreme([b[1] if b else None for b in bests], lowest=metric == "fpr95")
             for line, best, strong in zip(body, bests, bold, strict=False):
                 line.append(Cell(percent(best[1]), best[0], strong) if best else Cell(MISSING))
-    groups = [("", 1)] + [(label, 2) for label, _ in blocks]
-    names = ["model"] + [name for _ in blocks for name in (FPR, AUROC)]
+    lead = ["model"] + (["Top-1", "Top-1 (ReaL)"] if with_top1 else [])
+    groups = [("", len(lead))] + [(label, 2) for label, _ in blocks]
+    names = lead + [name for _ in blocks for name in (FPR, AUROC)]
     notes = [
         "Best detector per model and column (its name in parentheses); best model per column in bold. Values in %."
     ]
+    if with_top1:
+        notes.append(
+            "Top-1: ImageNet-1k accuracy on the original labels; Top-1 (ReaL): multi-label top-1 on re-annotated "
+            "labels (ReImageNet when the run gives it, else ReaL), from each run's accuracy.json."
+        )
     if mean and len(oods) > 1:
         notes.append(f"mean: the detector with the best mean over {len(oods)} OOD sets.")
     return Table(
