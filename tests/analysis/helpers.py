@@ -22,11 +22,17 @@ def _outputs(rng: np.random.Generator, head: Head, means: np.ndarray, n: int, sc
 
 
 def make_run(
-    root: Path, model: str = "toy-model", seed: int = 0, shift: float = 1.0, names: dict[str, str] | None = None
+    root: Path,
+    model: str = "toy-model",
+    seed: int = 0,
+    shift: float = 1.0,
+    names: dict[str, str] | None = None,
+    ood_labels: bool = False,
 ) -> Path:
     """Store entries for one model (fit, ID test, three OOD sets) and its evaluation run directory.
 
-    `names` renames the OOD sets (near, far, noise), e.g. to datasets of the Fi-ImageNet-1k paper.
+    `names` renames the OOD sets (near, far, noise), e.g. to datasets of the Fi-ImageNet-1k paper; `ood_labels`
+    stores class labels with them (the class each image was drawn around).
     """
     names = names or {}
     rng = np.random.default_rng(seed)
@@ -38,8 +44,10 @@ def make_run(
     sets = {
         "fit": _outputs(rng, head, means, 600, 1.0, True),
         "id-test": _outputs(rng, head, means, 400, 1.0, True),
-        "near": _outputs(rng, head, means + shift * rng.standard_normal((classes, dim)), OOD_SIZES["near"], 1.3, False),
-        "far": _outputs(rng, head, 0.3 * means, OOD_SIZES["far"], 2.0, False),
+        "near": _outputs(
+            rng, head, means + shift * rng.standard_normal((classes, dim)), OOD_SIZES["near"], 1.3, ood_labels
+        ),
+        "far": _outputs(rng, head, 0.3 * means, OOD_SIZES["far"], 2.0, ood_labels),
         "noise": _outputs(rng, head, np.zeros((1, dim)), OOD_SIZES["noise"], 3.0, False),
     }
     sets = {names.get(name, name): outputs for name, outputs in sets.items()}

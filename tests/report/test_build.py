@@ -44,3 +44,28 @@ def test_two_runs_of_one_model_are_labelled_by_what_differs(two_runs, tmp_path) 
     # Scores are still found under the real model name: subsampling and figures cover both runs.
     assert {s.model for s in content.subsample} == set(labels)
     assert len([f for f in content.figures() if f.stem.startswith("roc-")]) == 2 * 3
+
+
+def test_labelled_ood_sets_get_a_per_class_acceptance_table(tmp_path) -> None:
+    from oodbench import metrics
+    from oodbench.analysis.rundata import load_run
+    from oodbench.store import Store
+
+    from .conftest import _load_make_run
+
+    run_dir = _load_make_run()(tmp_path, "toy-c", seed=3, ood_labels=True)
+    content = build_report([run_dir], FAST)
+    section = next(s for s in content.sections if s.key == "ood-classes")
+    keys = [t.key for t in section.items]
+    assert keys == ["classes-toy-c-near", "classes-toy-c-far"]  # noise has no labels
+    # The table's counts are the best detector's acceptance per class at the ID threshold.
+    table = section.items[0]
+    best = table.title.rsplit("(", 1)[1].rstrip(")")
+    run = load_run(run_dir)
+    ids, oods = run.paired_scores("toy-c", "id-test", "near")
+    labels = Store(run.info["store"]).read_array("toy-c", "near", "labels")
+    threshold = metrics.threshold_at_tpr(ids[best])
+    for row in table.rows:
+        label = int(row[0].text.split()[-1])
+        members = oods[best][labels == label]
+        assert (int(row[1].text), int(row[2].text)) == (members.size, int((members >= threshold).sum()))

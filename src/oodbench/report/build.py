@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..analysis.breakdown import class_acceptance
 from ..analysis.delong import DeLongResult, delong_test
 from ..analysis.published import Accuracy, Comparison, compare_published, read_accuracy, top1_fpr_points
 from ..analysis.rundata import RunData, check_distinct, load_run
@@ -570,6 +571,13 @@ def _add_score_sections(
         "Intervals of each OOD set's best detector, and DeLong's test of the two best by AUROC.",
     )
     score_section = Section("scores", "ROC curves and score distributions")
+    class_section = Section(
+        "ood-classes",
+        "Which OOD classes pass as ID",
+        "For OOD sets whose store entry carries class labels: each class's images accepted as ID by the best detector "
+        "(by FPR@95) at the threshold that accepts 95% of the ID test set, most accepted first, with Wilson 95% "
+        "intervals.",
+    )
     curves: dict[tuple[str, str], dict[str, list[SubsampleStudy]]] = {}
     thresholds: dict[tuple[str, str], dict[str, float]] = {}  # ID thresholds per (model, ID set): computed once
     with progress_bar(progress) as bar:
@@ -628,6 +636,15 @@ def _add_score_sections(
                     tpr=options.tpr,
                 )
             )
+            labelled = _ood_labels(run, pair[0], ood, total)
+            if labelled is not None:
+                class_section.items.append(
+                    tables.table_class_acceptance(
+                        class_acceptance(id_scores[best], ood_scores[best], labelled[0], labelled[1], tpr=options.tpr),
+                        key=f"classes-{_slug(pair[0])}-{_slug(ood)}",
+                        title=f"{pair[0]} on {ood}: acceptance per OOD class ({best})",
+                    )
+                )
             top_auroc = [
                 d for d in best_detectors(run, pair[0], pair[1], ood, "auroc", count=len(id_scores)) if d in id_scores
             ][:2]
@@ -689,5 +706,32 @@ def _add_score_sections(
     if content.comparisons:
         stats_section.items.append(tables.table_delong(content.comparisons, options.confidence))
     content.sections.append(stats_section)
+    if class_section.items:
+        content.sections.append(class_section)
     if score_section.items:
         content.sections.append(score_section)
+
+
+def _ood_labels(run: RunData, model: str, ood: str, count: int) -> tuple[np.ndarray, list[str] | None] | None:
+    """The class labels (and names) of an OOD set's store entry, when it has them row for row with the scores."""
+    from ..errors import StoreError
+    from ..store import Store
+
+    root = run.info.get("store")
+    real = run.model_name if isinstance(run, _Variant) and model == run.label else model
+    if not root or not os.path.isdir(root):
+        return None
+    try:
+        store = Store(root)
+        meta = store.meta(real, ood)
+        if "labels" not in meta.get("arrays", {}):
+            return None
+        labels = np.asarray(store.read_array(real, ood, "labels"))
+    except StoreError:
+        return None
+    if labels.shape != (count,) or not np.issubdtype(labels.dtype, np.integer) or (labels.size and labels.min() < 0):
+        return None
+    names = (meta.get("dataset") or {}).get("class_names")
+    if names is not None and labels.size and labels.max() >= len(names):
+        names = None
+    return labels, names

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..analysis.breakdown import ClassAcceptance
 from ..analysis.delong import DeLongResult
 from ..analysis.runs import IntervalRecord
 from ..analysis.spread import SpreadSummary
@@ -45,6 +46,7 @@ __all__ = [
     "table_intervals",
     "table_delong",
     "format_p",
+    "table_class_acceptance",
 ]
 
 _VOCAB_SCORE = re.compile(r"^(?P<method>[^@\[\]\s]+)@(?P<vocab>[^@\[\]\s]+)(?:\[(?P<param>[km])=(?P<value>\d+)\])?$")
@@ -628,6 +630,36 @@ def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95)
         tuple(groups),
         align,
         (note,),
+    )
+
+
+def table_class_acceptance(
+    rows: Sequence[ClassAcceptance], *, key: str = "classes", title: str = "Acceptance per OOD class", limit: int = 30
+) -> Table:
+    """Per OOD class: images, accepted as ID, rate and Wilson interval (%), most accepted first (the first `limit`)."""
+    if not rows:
+        raise AnalysisError("no OOD classes to tabulate")
+    shown = list(rows)[:limit]
+    body = tuple(
+        (
+            Cell(r.name),
+            Cell(f"{r.n:,}"),
+            Cell(f"{r.accepted:,}"),
+            Cell(percent(r.rate)),
+            Cell(f"[{percent(r.low)}, {percent(r.high)}]"),
+        )
+        for r in shown
+    )
+    notes = ["Rate and 95% Wilson interval in %; the threshold accepts 95% of the ID test images."]
+    if len(rows) > limit:
+        notes.append(f"The {limit} most accepted of {len(rows)} classes.")
+    return Table(
+        key,
+        title,
+        ("OOD class", "images", "accepted", "rate", "95% CI"),
+        body,
+        align=("l", "r", "r", "r", "r"),
+        notes=tuple(notes),
     )
 
 
