@@ -72,3 +72,26 @@ def test_against_renders_every_published_table_beside_the_run(paper_runs, tmp_pa
     assert "| model | Top-1 | Top-1 (ReaL) |" in own and "| resnet50.a1_in1k | 80.1 | 84.9 |" in own
     html = (out / "report.html").read_text()
     assert "Beside the Fi-ImageNet-1k paper" in html and "(paper Table A3)" in html
+
+
+def test_against_an_unknown_set_or_unmatched_models_says_so(two_runs, tmp_path) -> None:
+    result = runner.invoke(
+        _cli(), ["report", str(two_runs[0]), "--out", str(tmp_path / "a"), "--against", "nope", *FAST]
+    )
+    assert result.exit_code != 0 and "unknown published set 'nope'" in result.output
+    result = runner.invoke(
+        _cli(),
+        [
+            "report",
+            str(two_runs[0]),
+            "--out",
+            str(tmp_path / "b"),
+            "--format",
+            "md",
+            "--against",
+            "fi-imagenet-1k",
+            *FAST,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "no model of the runs (toy-a) names a model" in result.output

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from ..analysis.breakdown import class_acceptance
 from ..analysis.delong import DeLongResult, delong_test
-from ..analysis.published import Accuracy, Comparison, compare_published, read_accuracy, top1_fpr_points
+from ..analysis.published import PUBLISHED_SETS, Accuracy, Comparison, compare_published, read_accuracy, top1_fpr_points
 from ..analysis.rundata import RunData, check_distinct, load_run
 from ..analysis.runs import IntervalRecord, best_detectors, interval_record
 from ..analysis.spread import spread_vs_noise
@@ -267,6 +267,9 @@ def build_report(
 ) -> ReportContent:
     """Tables, figures and provenance for one or more evaluation runs (e.g. one per model)."""
     options = options or ReportOptions()
+    if options.against is not None and options.against not in PUBLISHED_SETS:
+        # Checked before any statistics run: a typo should not cost the whole report's time.
+        raise AnalysisError(f"unknown published set {options.against!r}; available: {', '.join(PUBLISHED_SETS)}")
     if all(isinstance(r, RunData) for r in run_dirs):
         runs = list(run_dirs)  # type: ignore[arg-type]
     elif any(isinstance(r, RunData) for r in run_dirs):
@@ -390,6 +393,12 @@ def _add_published_section(content: ReportContent, runs: Sequence[RunData], agai
         return run.paired_scores(model, id_dataset, ood_dataset)
 
     content.published = compare_published(rows, accuracy, scores=scores, name=against, subsample=content.subsample)
+    if not any(c.run_model for c in content.published):
+        content.notes.append(
+            f"--against {against}: no model of the runs ({', '.join(sorted({r.model for r in rows}))}) names a model "
+            "of the paper's Table A8 (by display name or checkpoint); every published cell is shown without a "
+            "reproduction."
+        )
     section = Section(
         "published",
         "Beside the Fi-ImageNet-1k paper",
