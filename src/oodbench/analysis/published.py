@@ -58,7 +58,6 @@ MEAN_SUPERVISED = "mean(supervised)"  # mean over the eight supervised models of
 MEAN_OOD = "mean(OOD)"  # mean over the table's OOD sets other than Fi-ImageNet-1k
 ALL_MODELS = "all"  # a statistic across models (Appendix E's rank correlation)
 FI = "Fi-ImageNet-1k"
-RATE_METRICS = ("fpr95", "auroc", "top1")
 SUBSET_N = 655  # Table A6's draw size: the size of Fi-ImageNet-1k
 # Table A6's columns and the SubsampleSummary fields that reproduce them.
 DRAW_METRICS = {

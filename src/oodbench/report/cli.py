@@ -48,7 +48,8 @@ def report_command(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
-    """Render Tables 1, A1, 3/A2, 2 and A6, Figs. 1 and A4, ROC curves and histograms, and report.html.
+    """Render the Fi-ImageNet-1k paper's Tables 1, A1, 3/A2, 2 and A6 and Figs. 1 and A4 for your runs, ROC curves,
+    histograms and per-OOD-class acceptance, and one self-contained report.html.
 
     Example: oodbench report runs/resnet50 runs/vit-b16 --out report/ --format md,tex,html
 
