@@ -8,6 +8,7 @@ reproduced value's 95% interval (Wilson for FPR@95 and Top-1, DeLong for AUROC w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..analysis.published import (
     ALL_MODELS,
@@ -403,7 +404,8 @@ def published_tables(comparisons: Sequence[Comparison], accuracy: Sequence[Accur
         "A6": lambda: _table_a6(index),
         "A7": lambda: _model_rows(index, "A7", accuracy, with_pretraining=True),
     }
-    return [build() for table, build in builders.items() if table in index.tables]
+    # Cells carry long notes (paper value, detector, Δ): wrap them so a table fits the page instead of scrolling.
+    return [replace(build(), wrap=True) for table, build in builders.items() if table in index.tables]
 
 
 def summary_table(comparisons: Sequence[Comparison]) -> Table:
