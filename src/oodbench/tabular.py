@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .errors import AnalysisError
-from .results import ResultRow
 
 __all__ = [
     "Cell",
@@ -22,6 +22,7 @@ __all__ = [
     "markdown_cell",
     "detector_table",
     "detector_table_markdown",
+    "MetricRow",
 ]
 
 MISSING = "–"
@@ -120,8 +121,28 @@ def render_markdown(table: Table, *, title: bool = True) -> str:
 # ------------------------------------------------------------------------------------------- the detector table
 
 
+class MetricRow(Protocol):
+    """What the detector table reads of a result row (`oodbench.results.ResultRow` has it; core imports nothing
+    above itself). Read-only, as a frozen dataclass's fields are."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def id_dataset(self) -> str: ...
+    @property
+    def ood_dataset(self) -> str: ...
+    @property
+    def detector(self) -> str: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def n_ood(self) -> int: ...
+
+
 def detector_table(
-    rows: Sequence[ResultRow],
+    rows: Sequence[MetricRow],
     detectors: Sequence[str] | None = None,
     ood_datasets: Sequence[str] | None = None,
     *,
@@ -167,7 +188,7 @@ def detector_table(
 
 
 def detector_table_markdown(
-    rows: Sequence[ResultRow], detectors: Sequence[str] | None = None, ood_datasets: Sequence[str] | None = None
+    rows: Sequence[MetricRow], detectors: Sequence[str] | None = None, ood_datasets: Sequence[str] | None = None
 ) -> str:
     """The detector table of one (model, ID set) as Markdown, without a title (``table.md`` of a run)."""
     return render_markdown(detector_table(rows, detectors, ood_datasets), title=False)
