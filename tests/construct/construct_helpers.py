@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oodbench.construct.classes import ClassList
+from oodbench.classes import ClassList
 from oodbench.construct.importers import TableMapping, read_table
 
 # Set OODBENCH_TEST_POSTGRES_URL (e.g. postgresql+psycopg://user@/db?host=/run/postgresql) to run the

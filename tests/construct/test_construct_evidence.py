@@ -99,7 +99,7 @@ def test_example_images_by_folder_id_and_sorted_folders(tmp_path):
     found = example_images(tmp_path, CLASSES, per_class=2)
     assert found == {0: ["c00/e0.png", "c00/e1.png"], 2: ["c02/e0.png", "c02/e1.png"]}
     assert example_images(tmp_path, CLASSES, per_class=1, wanted=[2]) == {2: ["c02/e0.png"]}
-    from oodbench.construct.classes import ClassList
+    from oodbench.classes import ClassList
 
     with pytest.raises(ConstructError, match="2 class folders but the class list has 3"):
         example_images(tmp_path, ClassList(("a", "b", "c")))

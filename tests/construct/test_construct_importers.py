@@ -163,12 +163,12 @@ def test_original_label_files(tmp_path):
 
 def test_imagenet_class_list_order():
     """Class indices follow the standard sorted-synset order (checked against an independent index file)."""
-    from oodbench.construct.classes import imagenet_classes, load_classes
+    from oodbench.classes import ClassListError, load_classes
 
-    classes = imagenet_classes()
+    classes = load_classes("imagenet1k:timm")
     keras = load_classes(shared_file("vlm", "MCM", "ImageNet", "imagenet_class_index.json"))
-    assert classes.folders == keras.folders == tuple(sorted(keras.folders))
+    assert classes.wnids == keras.wnids == tuple(sorted(keras.wnids))
     assert (classes.names[0], classes.names[134], classes.names[999]) == ("tench", "crane", "toilet tissue")
     assert classes.name(None) is None
-    with pytest.raises(ConstructError, match="outside 0..999"):
+    with pytest.raises(ClassListError, match="outside 0..999"):
         classes.name(1000)

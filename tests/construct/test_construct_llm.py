@@ -178,3 +178,51 @@ def test_describe_command(tmp_path, fake, monkeypatch):
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     result = CliRunner().invoke(app, ["describe", str(project.dir), "--model", "toy"])
     assert result.exit_code == 2 and "no LLM endpoint" in result.output
+
+
+def test_retry_after_zero_does_not_turn_off_the_backoff(tmp_path, monkeypatch):
+    # Before: "Retry-After: 0" replaced the backoff, so a persistent 429 was retried with no pause.
+    import oodbench.construct.llm as construct_llm
+    from oodbench.llm import ChatAttemptError
+
+    waits: list[float] = []
+    answers = iter([ChatAttemptError("http", "HTTP 429", status=429, retry_after=0.0), (ANSWER, {})])
+
+    def post(*args, **kwargs):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(construct_llm, "post_chat_completion", post)
+    monkeypatch.setattr(construct_llm.time, "sleep", waits.append)
+    image = tmp_path / "x.png"
+    image.write_bytes(b"png")
+    LLMDescriber(LLMConfig("http://127.0.0.1:9/v1", "m", backoff=0.5), tmp_path / "c").describe(image, [])
+    assert waits == [0.5]  # the larger of Retry-After (0) and the backoff (0.5)
+
+
+def test_describe_honours_the_projects_timeout_and_retries(tmp_path, fake):
+    # Before: the command's own defaults (60 s, 3 retries) replaced the project's llm settings.
+    from typer.testing import CliRunner
+
+    from oodbench.construct.cli import app
+
+    project = build_project(tmp_path, n_images=1)
+    project.close()
+    config = json.loads((project.dir / "project.json").read_text())
+    config["llm"] = {"max_retries": 0, "timeout": 5}
+    (project.dir / "project.json").write_text(json.dumps(config))
+    server = fake([(429, "slow down", 0), (200, ANSWER, 0)])
+    result = CliRunner().invoke(app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy"])
+    assert result.exit_code == 2 and "HTTP 429" in result.output and len(server.requests) == 1
+    result = CliRunner().invoke(
+        app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy", "--retries", "1"]
+    )
+    assert result.exit_code == 0, result.output  # an option still overrides the project
+
+
+def test_a_deeply_nested_answer_is_a_parse_error_not_a_crash():
+    # Before: json.loads of 3,000 nested braces raised RecursionError.
+    answer = parse_answer('{"a": ' * 3000 + "1" + "}" * 3000, ["class-1"])
+    assert answer["parse_error"] and answer["closed_world"] is None

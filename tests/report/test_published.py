@@ -9,6 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from oodbench.analysis.published import load_published
+from oodbench.cli import OodbenchGroup
 from oodbench.report.cli import register
 
 runner = CliRunner()
@@ -16,7 +17,7 @@ FAST = ["--draws", "50", "--curve-draws", "20", "--resamples", "50", "--quiet", 
 
 
 def _cli() -> typer.Typer:
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
     app.command("noop")(lambda: None)
     return app
@@ -78,7 +79,7 @@ def test_against_an_unknown_set_or_unmatched_models_says_so(two_runs, tmp_path) 
     result = runner.invoke(
         _cli(), ["report", str(two_runs[0]), "--out", str(tmp_path / "a"), "--against", "nope", *FAST]
     )
-    assert result.exit_code != 0 and "unknown published set 'nope'" in result.output
+    assert result.exit_code == 2 and "unknown published set 'nope'" in result.output
     result = runner.invoke(
         _cli(),
         [

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from oodbench import metrics
 from oodbench.analysis.rundata import load_run, load_runs
+from oodbench.classes import ClassList
 from oodbench.errors import AnalysisError
 from oodbench.outputs import Outputs
 from oodbench.report.build import ReportOptions, build_report, split_rows
@@ -27,7 +28,6 @@ from oodbench.results import read_rows
 from oodbench.scores import load_scores
 from oodbench.store import Store
 from oodbench.tabular import render_markdown
-from oodbench.zeroshot.classes import ClassList
 from oodbench.zeroshot.evaluate import evaluate_zeroshot_store, make_plan
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 

@@ -66,9 +66,7 @@ def init(
     mturk: Path | None = typer.Option(
         None, "--mturk", help="Northcutt et al. imagenet_mturk.json: majority 'neither'."
     ),
-    mturk_min_neither: int | None = typer.Option(
-        None, help="Votes for 'neither' needed (default: a strict majority)."
-    ),
+    mturk_min_neither: int | None = typer.Option(None, help="Votes for 'neither' needed (default: a strict majority)."),
     table: Path | None = typer.Option(None, "--table", help="Generic JSONL/JSON/CSV/TSV re-annotation with flags."),
     mapping: Path | None = typer.Option(None, "--mapping", help="JSON column mapping for --table (see docs)."),
     original_labels: Path | None = typer.Option(
@@ -76,7 +74,10 @@ def init(
         "--original-labels",
         help="Original labels for --real: .npy, one int per line, or imagenet_val_set_index_to_filepath.json.",
     ),
-    classes: str = typer.Option("imagenet-1k", help="Class list: 'imagenet-1k' or a .txt/.json file."),
+    classes: str = typer.Option(
+        "imagenet1k:timm",
+        help="Class list: imagenet1k:timm (timm's lemmas), imagenet1k (CLIP names), a .txt/.json file.",
+    ),
     examples: Path | None = typer.Option(None, "--examples", help="ImageFolder-style ID root for example images."),
     public_url: str | None = typer.Option(
         None, "--public-url", help="Public URL template of the images for reverse search, e.g. https://host/{path}."
@@ -89,7 +90,7 @@ def init(
     Example: oodbench annotate init proj --images /data/imagenet/val --real real.json
     --original-labels imagenet_val_set_index_to_filepath.json --mturk imagenet_mturk.json
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .importers import TableMapping, load_original_labels, read_mturk, read_real, read_table
     from .project import Project, import_candidates
 
@@ -221,8 +222,8 @@ def describe(
     model: str | None = typer.Option(None, help="Multimodal model name (or OODBENCH_LLM_MODEL)."),
     limit: int | None = typer.Option(None, help="Describe at most this many images."),
     redo: bool = typer.Option(False, help="Describe images that already have a description (the cache still applies)."),
-    timeout: float = typer.Option(60.0, help="Seconds per request."),
-    retries: int = typer.Option(3, help="Retries on timeouts, 429 and 5xx."),
+    timeout: float | None = typer.Option(None, help="Seconds per request (default: project llm.timeout, else 60)."),
+    retries: int | None = typer.Option(None, help="Retries on timeouts, 429, 5xx (default: llm.max_retries, else 3)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Add evidence A: closed-/open-world descriptions from a multimodal LLM (key: OODBENCH_LLM_API_KEY).
@@ -236,11 +237,11 @@ def describe(
 
     proj = _open(project)
     settings = dict(proj.config.llm)
+    # Options override the project's llm settings, which override the defaults.
+    given = {"timeout": timeout, "max_retries": retries}
+    options = {k: v for k, v in settings.items() if k in given} | {k: v for k, v in given.items() if v is not None}
     config = LLMConfig.resolve(
-        base_url or settings.pop("base_url", None),
-        model or settings.pop("model", None),
-        timeout=timeout,
-        max_retries=retries,
+        base_url or settings.pop("base_url", None), model or settings.pop("model", None), **options
     )
     describer = LLMDescriber(config, proj.llm_cache)
     total = len(proj.store().images())

@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 import numpy as np
 
+from ..classes import ClassList
 from ..errors import ConstructError
-from .classes import ClassList
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 SOURCES = ("original", "vlm", "confusions", "llm", "reverse_search")
@@ -179,8 +179,8 @@ def example_images(
     if not root.is_dir():
         raise ConstructError(f"ID example root is not a folder: {root}")
     folders: Sequence[str]
-    if classes.folders is not None:
-        folders = classes.folders
+    if classes.wnids is not None:
+        folders = [str(w) for w in classes.wnids]
     else:
         folders = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
         if len(folders) != len(classes):

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_path
+from ..classes import ClassList
 from ..errors import ConstructError
-from .classes import ClassList
 from .db import AnnotationStore, ImageInfo
 from .evidence import (
     IMAGE_SUFFIXES,

@@ -23,11 +23,6 @@ datasets_app = typer.Typer(
 )
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
-    return typer.Exit(2)
-
-
 def _open_clip_names() -> set[str]:
     """open_clip architecture names, without importing open_clip (slow) unless it is already loaded."""
     import importlib.util
@@ -137,10 +132,7 @@ def extract_command(
 
     Example: oodbench extract --model resnet50.a1_in1k --store store --data /data/imagenet --format imagenet --split val
     """
-    try:
-        _run_extract(**locals())
-    except OodbenchError as exc:
-        raise _fail(exc) from None
+    _run_extract(**locals())
 
 
 def _run_extract(**opts: Any) -> None:
@@ -267,9 +259,7 @@ def probe_command(
     model_id: str = typer.Option(..., "--model-id", help="Model id of the frozen backbone's embeddings."),
     fit_dataset: str = typer.Option(..., "--fit-dataset", help="Labelled dataset id to train the probe on."),
     apply_to: list[str] = typer.Option([], "--apply-to", help="Dataset ids to write probe logits for (repeatable)."),
-    probe_id: str | None = typer.Option(
-        None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."
-    ),
+    probe_id: str | None = typer.Option(None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."),
     method: str = typer.Option("auto", "--method", help="auto | lbfgs (full batch) | minibatch."),
     val_fraction: float = typer.Option(0.1, "--val-fraction", help="Held-out share of every class for early stopping."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and of mini-batch order."),
@@ -286,22 +276,19 @@ def probe_command(
     """
     from .probe import ProbeConfig, run_probe
 
-    try:
-        config = ProbeConfig(
-            val_fraction=val_fraction,
-            seed=seed,
-            weight_decay=weight_decay,
-            method=method,
-            max_epochs=max_epochs,
-            patience=patience,
-            batch_size=batch_size,
-            lr=lr,
-        )
-        report = run_probe(
-            Store(store), model_id, fit_dataset, apply_to=apply_to, probe_id=probe_id, config=config, device=device
-        )
-    except OodbenchError as exc:
-        raise _fail(exc) from None
+    config = ProbeConfig(
+        val_fraction=val_fraction,
+        seed=seed,
+        weight_decay=weight_decay,
+        method=method,
+        max_epochs=max_epochs,
+        patience=patience,
+        batch_size=batch_size,
+        lr=lr,
+    )
+    report = run_probe(
+        Store(store), model_id, fit_dataset, apply_to=apply_to, probe_id=probe_id, config=config, device=device
+    )
     if report.result is not None:
         r = report.result
         console.print(
@@ -345,10 +332,7 @@ def datasets_check(
     """
     from .dataset_registry import check
 
-    try:
-        report = check(root, datasets=only or None, verify=verify)
-    except OodbenchError as exc:
-        raise _fail(exc) from None
+    report = check(root, datasets=only or None, verify=verify)
     if json_output:
         typer.echo(json.dumps([status.as_dict() for status in report], indent=2))
     else:

@@ -1,22 +1,22 @@
 """Tables and figures in the paper's layouts, rendered from tidy result rows, and the self-contained HTML report.
 
-Everything is loaded on first use (matplotlib is heavy). The renderer-neutral `Table`, its Markdown rendering and
-the detector table live in the core module `oodbench.tabular` (the evaluation layer writes tables with them).
+Every name is imported from its module on first use (`oodbench.lazy`): matplotlib and pyarrow load only when a
+report is built. The renderer-neutral `Table`, its Markdown rendering and the detector table live in the core
+module `oodbench.tabular` (the evaluation layer writes tables with them).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_package
 
-_LAZY = {
+_EXPORTS = {
+    "detector_table_markdown": "..tabular",
     "write_html_report": ".html_report",
     "render_html_document": ".html_report",
     "build_report": ".build",
     "ReportOptions": ".build",
     "write_report": ".output",
     "render_markdown": "..tabular",
-    "detector_table_markdown": "..tabular",
     "render_latex": ".latex",
     "render_html": ".html",
     "Table": "..tabular",
@@ -30,10 +30,5 @@ _LAZY = {
     "table_detectors": ".tables",
 }
 
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = list(_EXPORTS)
+lazy_package(__name__, _EXPORTS)

@@ -9,8 +9,9 @@ Keys are content addresses of a unit's inputs: a unit's key hashes its own param
 reads, so changing a model, a dataset definition or a detector's hyper-parameter changes exactly the keys
 downstream of it. A unit is *cached* when the ledger holds a record with its key and its outputs verify.
 
-Fitted detectors are not persisted (k-NN keeps the whole fit set; refitting is cheaper than storing it): a fit
-unit is cached when every score unit it feeds is, and otherwise runs together with its pending score units.
+Fitted detectors are not persisted by default (k-NN keeps the whole fit set; refitting is cheaper than storing
+it): a fit unit is cached when every score unit it feeds is, and otherwise runs together with its pending score
+units. ``[detectors] save = true`` keeps each fitted detector under ``<workdir>/detectors/<model>/<detector>``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class Layout:
     def score_file(self, model: str, detector: str, dataset: str) -> Path:
         """Per-image scores of one (model, detector, dataset) unit."""
         return self.workdir / "units" / "scores" / model / detector / f"{dataset}.npy"
+
+    def detector_dir(self, model: str, detector: str) -> Path:
+        """A fitted detector kept by ``[detectors] save = true`` (load with oodbench.detectors.load)."""
+        return self.workdir / "detectors" / model / detector
 
     def run_dir(self, model: str) -> Path:
         """The evaluation run directory of one model (the layout of `oodbench evaluate --out`)."""
@@ -151,35 +156,6 @@ class Plan:
 
 
 # ----------------------------------------------------------------------------------------------- sizes
-def _demo_counts(seed: int) -> dict[str, int]:
-    """Image counts of the demo's datasets (its data are small and bundled, so they are counted, not guessed)."""
-    from ..demo.data import digits_splits, lfw_faces, uniform_noise
-
-    counts = {name: len(images.labels) for name, images in digits_splits(seed).items()}
-    counts["lfw-faces"] = len(lfw_faces().labels)
-    counts["noise"] = len(uniform_noise(seed=seed).labels)
-    return counts
-
-
-def _registry_count(config: ExperimentConfig, dataset: str) -> int | None:
-    spec = config.datasets[dataset]
-    if "count" in spec.params:
-        return int(spec.params["count"])
-    if spec.kind == "demo":
-        seeds = [m.params["seed"] for m in config.models.values() if m.kind == "demo-digits"]
-        return _demo_counts(seeds[0]).get(dataset) if seeds else None
-    if spec.kind == "imagenet":
-        return 50_000 if spec.params.get("split") == "val" else 1_281_167
-    if spec.kind == "registry":
-        try:
-            from ..extract import dataset_registry
-        except ImportError:
-            return None
-        entry = dataset_registry.REGISTRY.get(spec.params["name"].lower())
-        return entry.expected_count if entry is not None else None
-    return None
-
-
 def _complete_meta(store: Store, model: str, dataset: str) -> dict[str, Any] | None:
     """The metadata of a complete store entry, else None."""
     try:
@@ -220,24 +196,12 @@ def _extract_datasets(config: ExperimentConfig, model: ModelSpec) -> list[str]:
     wanted = config.datasets_of(model)
     ordered: list[str] = []
     for name in wanted:
-        spec = config.datasets[name]
-        if spec.kind == "subset" and spec.params["of"] not in ordered:
-            ordered.append(spec.params["of"])
+        parent = config.datasets[name].parent
+        if parent is not None and parent not in ordered:
+            ordered.append(parent)
         if name not in ordered:
             ordered.append(name)
     return ordered
-
-
-def _adoptable(model: ModelSpec, store: Store, meta: Mapping[str, Any]) -> bool:
-    """Whether a store entry made outside this runner is what the model spec would produce."""
-    provenance = meta.get("provenance", {})
-    if model.kind == "demo-digits":
-        if not store.has_head(model.id):
-            return False
-        recorded = store.head_meta(model.id).get("provenance", {})
-        return recorded.get("seed") == model.params["seed"] and recorded.get("epochs") == model.params["epochs"]
-    name = model.params.get("name") or model.params.get("backbone")
-    return provenance.get("model") == name and not model.params.get("checkpoint")
 
 
 def _plan_extract(
@@ -253,7 +217,7 @@ def _plan_extract(
             if (sid, dataset) in keys:
                 continue  # a backbone shared by several probes is extracted once
             spec = config.datasets[dataset]
-            parent_key = keys.get((sid, spec.params["of"])) if spec.kind == "subset" else None
+            parent_key = keys.get((sid, spec.parent)) if spec.parent is not None else None
             key = content_key("extract", identity, spec.identity(), parent_key, _list_files_identity(spec.params))
             keys[(sid, dataset)] = key
             label = f"{sid}/{dataset}"
@@ -263,16 +227,16 @@ def _plan_extract(
                 key,
                 model=sid,
                 dataset=dataset,
-                deps=(f"extract:{sid}/{spec.params['of']}",) if parent_key else (),
+                deps=(f"extract:{sid}/{spec.parent}",) if parent_key else (),
                 spec={
-                    "kind": "subset" if spec.kind == "subset" else model.kind,
+                    "step": "derive" if spec.parent is not None else "extract",
                     "model": model.id,
                     "model_key": model_key,
                 },
             )
             meta = _complete_meta(store, sid, dataset)
             rows, nbytes = _entry_size(meta) if meta is not None else (None, None)
-            unit.items = rows if rows is not None else _registry_count(config, dataset)
+            unit.items = rows if rows is not None else spec.kind_of.count(spec, config)
             unit.nbytes = nbytes
             if rows:
                 per_row = nbytes // rows if nbytes else per_row
@@ -281,7 +245,12 @@ def _plan_extract(
                 unit.status = "cached" if record.get("fingerprint") == fingerprint(meta) else "stale"
                 if unit.status == "stale":
                     unit.note = "store entry changed since it was recorded"
-            elif meta is not None and record is None and spec.kind != "subset" and _adoptable(model, store, meta):
+            elif (
+                meta is not None
+                and record is None
+                and spec.parent is None
+                and model.kind_of.adoptable(model, store, meta)
+            ):
                 unit.status, unit.note = "cached", "found in store"
                 unit.spec["adopt"] = fingerprint(meta)
             elif record is not None or meta is not None:
@@ -295,11 +264,11 @@ def _plan_extract(
                 unit.nbytes = per_row * unit.items
                 unit.spec["estimated_bytes"] = True
         units.extend(model_units)
-        if model.kind == "probe":
-            _plan_probe(config, model, store, ledger, units, keys)
+        if model.kind_of.trains_head:
+            _plan_head(config, model, store, ledger, units, keys)
 
 
-def _plan_probe(
+def _plan_head(
     config: ExperimentConfig,
     model: ModelSpec,
     store: Store,
@@ -320,7 +289,7 @@ def _plan_probe(
         dataset=config.fit,
         deps=tuple(f"extract:{sid}/{d}" for d in datasets),
         items=next((u.items for u in units if u.id == f"extract:{sid}/{config.fit}"), None),
-        spec={"kind": "probe-train", "model": model.id},
+        spec={"step": "head", "model": model.id},
     )
     record = ledger.done("extract", unit.label, key)
     complete = store.has_head(model.id) and all(store.exists(model.id, d) for d in datasets)
@@ -361,25 +330,14 @@ def _model_arrays(store: Store, model: str, datasets: Iterable[str]) -> dict[str
     return arrays
 
 
-def unmet_requirements(
+def skip_reason(
     detector: str, params: Mapping[str, Any], arrays: Mapping[str, set[str]], fit: str, has_head: bool
 ) -> str | None:
-    """Why a detector (with these hyper-parameters) cannot run on a model's arrays, or None."""
+    """Why a detector (with these hyper-parameters) cannot run on a model's arrays (`Detector.unmet`), or None."""
     from .. import detectors as registry
 
-    requires = registry.create(detector, **params).requirements()
-    missing_fit = sorted(requires.fit - arrays[fit])
-    if missing_fit:
-        return f"fit set lacks {', '.join(missing_fit)}"
-    if requires.head and not has_head:
-        return "no head stored for the model"
-    for dataset, names in arrays.items():
-        if dataset == fit:
-            continue
-        missing = sorted(requires.score - names)
-        if missing:
-            return f"{dataset} lacks {', '.join(missing)}"
-    return None
+    tests = {dataset: names for dataset, names in arrays.items() if dataset != fit}
+    return "; ".join(registry.create(detector, **params).unmet(arrays[fit], tests, has_head=has_head)) or None
 
 
 def _plan_fit_score(
@@ -390,13 +348,15 @@ def _plan_fit_score(
     units: list[Unit],
     keys: dict[tuple[str, str], str],
 ) -> None:
+    from .. import detectors as detector_registry
+
     fit_units: list[Unit] = []
     score_units: list[Unit] = []
     test_sets = [config.id_test, *config.ood]
     extract_units = {u.id: u for u in units if u.stage == "extract"}
     for model in config.classifiers:
         sid = model.store_id
-        probe = (f"extract:{model.id}/probe",) if model.kind == "probe" else ()
+        probe = (f"extract:{model.id}/probe",) if model.kind_of.trains_head else ()
         extract_ids = {f"extract:{sid}/{d}" for d in (config.fit, *test_sets)} | set(probe)
         extract_done = all(extract_units[i].status in DONE for i in extract_ids if i in extract_units)
         arrays = _model_arrays(store, model.id, [config.fit, *test_sets]) if extract_done else None
@@ -404,6 +364,9 @@ def _plan_fit_score(
         fit_items = extract_units[f"extract:{sid}/{config.fit}"].items
         for detector, params in config.detectors.items():
             fit_key = content_key("fit", keys[(model.id, config.fit)], detector, params, __version__)
+            plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
+            if plugin is not None:
+                fit_key = content_key(fit_key, plugin)
             fit_label = f"{model.id}/{detector}"
             fit_unit = Unit(
                 "fit",
@@ -415,7 +378,7 @@ def _plan_fit_score(
                 deps=(f"extract:{sid}/{config.fit}",) + probe,
                 spec={"params": params},
             )
-            reason = unmet_requirements(detector, params, arrays, config.fit, has_head) if arrays is not None else None
+            reason = skip_reason(detector, params, arrays, config.fit, has_head) if arrays is not None else None
             mine: list[Unit] = []
             for dataset in test_sets:
                 key = content_key("score", fit_key, keys[(model.id, dataset)], config.tpr)
@@ -438,6 +401,8 @@ def _plan_fit_score(
                 elif record is not None and _scores_verify(lay.score_file(model.id, detector, dataset), record):
                     unit.status = "cached"
                     unit.nbytes = lay.score_file(model.id, detector, dataset).stat().st_size
+                    if config.save_detectors and not (lay.detector_dir(model.id, detector) / "detector.json").is_file():
+                        unit.status = "stale"  # the scores are there, the fitted detector to keep is not
                 if unit.todo and reason is not None:
                     unit.note = f"will be skipped: {reason}"
                 mine.append(unit)
@@ -479,11 +444,8 @@ def load_ref_vocabularies(config: ExperimentConfig) -> tuple[dict[str, Any], dic
     problems: dict[str, str] = {}
     if spec is None or not any("ref" in v for v in spec.vocabularies.values()):
         return found, problems
-    try:
-        from ..zeroshot.vocab.artefact import VocabStore
-    except ImportError:
-        return found, {"zeroshot": "zero-shot scoring is not available in this build (no oodbench.zeroshot.vocab)"}
     from ..errors import ZeroShotError
+    from ..zeroshot.vocab.artefact import VocabStore
 
     store = VocabStore(vocab_store_root(config))
     for name, vocab in spec.vocabularies.items():
@@ -505,10 +467,8 @@ def zeroshot_columns(config: ExperimentConfig, refs: Mapping[str, Any]) -> list[
     spec = config.zeroshot
     if spec is None:
         return []
-    try:
-        from ..zeroshot.scores import SCORES
-    except ImportError:
-        return list(spec.scores)
+    from ..zeroshot.scores import SCORES
+
     columns = [name for name in spec.scores if SCORES[name].vocabulary is None]
     for name, vocab in spec.vocabularies.items():
         kind = refs[name].kind if name in refs else vocab.get("build") or vocab.get("kind", "custom")
@@ -679,9 +639,7 @@ def build_plan(config: ExperimentConfig) -> Plan:
     _plan_analysis(config, lay, ledger, units, keys)
     _plan_report(config, lay, ledger, units, keys)
     _propagate(units)
-    pending_extract = {
-        u.dataset for u in units if u.stage == "extract" and u.todo and u.spec.get("kind") != "probe-train"
-    }
+    pending_extract = {u.dataset for u in units if u.stage == "extract" and u.todo and u.spec["step"] != "head"}
     problems.update(missing_roots(config, sorted(d for d in pending_extract if d is not None)))
     return Plan(config, lay, units, problems)
 

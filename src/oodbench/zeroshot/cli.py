@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +24,22 @@ app.add_typer(vocab_app, name="vocab")
 vocab_app.add_typer(build_app, name="build")
 
 
+# Makes the label embedder of a store model: (store, model id, open_clip model, pretrained, device) -> EmbedFn.
+# zeroshot does not import extract: the command layer that mounts these commands hands the open_clip one in
+# (`use_text_embedder(oodbench.extract.label_embedder.embedder_for)`).
+TextEmbedderFactory = Callable[[Path, str, "str | None", "str | None", str], Callable[..., Any]]
+_text_embedder: TextEmbedderFactory | None = None
+
+
 def register(main: typer.Typer) -> None:
     """Mount `oodbench zeroshot …` on the main CLI."""
     main.add_typer(app, name="zeroshot")
 
 
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
-
-
-@contextlib.contextmanager
-def _reported() -> Iterator[None]:
-    """Turn a library error into `error: …` on stderr and exit status 2 (never a traceback)."""
-    try:
-        yield
-    except OodbenchError as exc:
-        _fail(exc)
+def use_text_embedder(factory: TextEmbedderFactory) -> None:
+    """Set the factory of label embedders the commands use (the main CLI hands in extract's open_clip one)."""
+    global _text_embedder
+    _text_embedder = factory
 
 
 def _default_vocab_dir() -> Path:
@@ -69,21 +67,9 @@ def _embedder(
     store: Path, model_id: str, openclip_model: str | None, pretrained: str | None, device: str
 ) -> Callable[..., Any]:
     """Embedding function over the store's text cache, loading the open_clip model only if something is missing."""
-    from ..store import Store
-    from .text import bundle_loader, store_embedder
-
-    root = Store(store)
-    if openclip_model:
-        from ..extract.openclip import load_openclip
-
-        return store_embedder(root, model_id, load_bundle=lambda: load_openclip(openclip_model, pretrained, device))
-    images = [d for d in root.datasets(model_id) if not d.startswith("text-")]
-    if not images:
-        # Text-only work on a fresh model id: nothing records which network it is.
-        return store_embedder(root, model_id)
-    return store_embedder(
-        root, model_id, load_bundle=bundle_loader(root, model_id, images[0], pretrained=pretrained, device=device)
-    )
+    if _text_embedder is None:
+        raise OodbenchError("no text encoder is wired into the zeroshot commands (see use_text_embedder)")
+    return _text_embedder(store, model_id, openclip_model, pretrained, device)
 
 
 def _llm_client(
@@ -98,7 +84,7 @@ def _llm_client(
     retries: int | None,
     temperature: float | None,
 ) -> Any:
-    from .llm import ChatClient, LLMConfig
+    from ..llm import ChatClient, LLMConfig
 
     options = {"requests_per_minute": rpm, "timeout_s": timeout, "max_retries": retries, "temperature": temperature}
     config_obj = LLMConfig.resolve(
@@ -139,12 +125,8 @@ def evaluate_command(
         help="Score(s) every vocabulary feeds (default: eoe for EOE lists, neglabel for the others).",
     ),
     sweep_k: str | None = typer.Option(None, "--sweep-k", help="Siblings per class to sweep, e.g. 1,2,5,10,20."),
-    sweep_m: str | None = typer.Option(
-        None, "--sweep-m", help="WordNet prefix sizes to sweep, e.g. 1000,5000,10000."
-    ),
-    param: list[str] | None = typer.Option(
-        None, "--param", "-p", help="SCORE.PARAM=VALUE, e.g. neglabel.groups=100."
-    ),
+    sweep_m: str | None = typer.Option(None, "--sweep-m", help="WordNet prefix sizes to sweep, e.g. 1000,5000,10000."),
+    param: list[str] | None = typer.Option(None, "--param", "-p", help="SCORE.PARAM=VALUE, e.g. neglabel.groups=100."),
     tau: float | None = typer.Option(None, "--tau", help="Temperature of every score (default 0.01)."),
     out: Path = typer.Option(Path("oodbench-zeroshot"), "--out", help="Output folder; one run directory per model."),
     pretrained: str | None = typer.Option(
@@ -162,51 +144,48 @@ def evaluate_command(
       oodbench zeroshot evaluate --store feats --model ViT-B-16@openai --id imagenet-val --ood ninco \\
           --ood ssb-hard --vocab all --vocab-dir vocab --sweep-k 1,5,10,20 -p neglabel.groups=100 --out runs/zs
     """
+    from ..classes import load_classes
     from ..cli_params import parse_params
     from ..store import Store
-    from .classes import load_classes
     from .evaluate import DEFAULT_SCORES, evaluate_zeroshot_store, make_plan
     from .table import load_run, table2_markdown
     from .vocab.artefact import VocabStore
 
-    with _reported():
-        id_classes = load_classes(classes)
-        vocabularies = VocabStore(vocab_dir or _default_vocab_dir()).load_many(vocab or [])
-        names = [s.strip() for s in scores.split(",") if s.strip()] if scores else list(DEFAULT_SCORES)
-        views = []
-        for model_id in model:
-            # WordNet lists are mined with one model's text tower: each model gets only its own (or model-free) ones.
-            usable = [v for v in vocabularies if v.provenance.get("model") in (None, model_id)]
-            for other in sorted({v.ref for v in vocabularies} - {v.ref for v in usable}):
-                typer.secho(
-                    f"{model_id}: not using {other} (mined with another model)", fg=typer.colors.YELLOW, err=True
-                )
-            plan = make_plan(
-                names,
-                usable,
-                vocab_scores=vocab_score or None,
-                sweep_k=_ints(sweep_k, "--sweep-k"),
-                sweep_m=_ints(sweep_m, "--sweep-m"),
-                params=parse_params(param),
-                tau=tau,
-            )
-            typer.echo(f"{model_id}: {len(plan.detectors)} score columns", err=True)
-            embed = _embedder(store, model_id, None, pretrained, device)
-            result = evaluate_zeroshot_store(
-                Store(store),
-                model_id,
-                id_dataset,
-                ood,
-                id_classes,
-                embed,
-                plan,
-                out_dir=out / model_id,
-                progress=progress,
-            )
-            for name, reason in result.skipped.items():
-                typer.secho(f"{model_id}: skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
-            views.append(load_run(out / model_id))
-        sys.stdout.write(table2_markdown(views, metric=metric))
+    id_classes = load_classes(classes)
+    vocabularies = VocabStore(vocab_dir or _default_vocab_dir()).load_many(vocab or [])
+    names = [s.strip() for s in scores.split(",") if s.strip()] if scores else list(DEFAULT_SCORES)
+    views = []
+    for model_id in model:
+        # WordNet lists are mined with one model's text tower: each model gets only its own (or model-free) ones.
+        usable = [v for v in vocabularies if v.provenance.get("model") in (None, model_id)]
+        for other in sorted({v.ref for v in vocabularies} - {v.ref for v in usable}):
+            typer.secho(f"{model_id}: not using {other} (mined with another model)", fg=typer.colors.YELLOW, err=True)
+        plan = make_plan(
+            names,
+            usable,
+            vocab_scores=vocab_score or None,
+            sweep_k=_ints(sweep_k, "--sweep-k"),
+            sweep_m=_ints(sweep_m, "--sweep-m"),
+            params=parse_params(param),
+            tau=tau,
+        )
+        typer.echo(f"{model_id}: {len(plan.detectors)} score columns", err=True)
+        embed = _embedder(store, model_id, None, pretrained, device)
+        result = evaluate_zeroshot_store(
+            Store(store),
+            model_id,
+            id_dataset,
+            ood,
+            id_classes,
+            embed,
+            plan,
+            out_dir=out / model_id,
+            progress=progress,
+        )
+        for name, reason in result.skipped.items():
+            typer.secho(f"{model_id}: skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+        views.append(load_run(out / model_id))
+    sys.stdout.write(table2_markdown(views, metric=metric))
     typer.echo(f"runs: {', '.join(str(out / m) for m in model)}  (per-run table.md, results.parquet, run.json)")
 
 
@@ -217,21 +196,20 @@ def table_command(
     metric: str = typer.Option("fpr95", "--metric", help="fpr95, auroc, aupr_in or aupr_out."),
     sweeps: bool = typer.Option(False, "--sweeps", help="Also print the k / M sweep tables of each run."),
 ) -> None:
-    """Print the seed's Table-2 layout (rows = models; best logit-space, EOE, WN, LLM, WN+LLM, oracle).
+    """Print the Fi-ImageNet-1k paper's Table-2 layout (rows = models; best logit-space, EOE, WN, LLM, WN+LLM, oracle).
 
     Example:
       oodbench zeroshot table runs/zs --metric fpr95
     """
     from .table import find_runs, load_run, sweep_markdown, table2_markdown
 
-    with _reported():
-        views = [load_run(path) for path in find_runs(runs)]
-        sys.stdout.write(table2_markdown(views, metric=metric, ood=ood))
-        if sweeps:
-            for view in views:
-                block = sweep_markdown(view, metric=metric)
-                if block:
-                    sys.stdout.write(f"\n### {view.model}\n\n{block}")
+    views = [load_run(path) for path in find_runs(runs)]
+    sys.stdout.write(table2_markdown(views, metric=metric, ood=ood))
+    if sweeps:
+        for view in views:
+            block = sweep_markdown(view, metric=metric)
+            if block:
+                sys.stdout.write(f"\n### {view.model}\n\n{block}")
 
 
 @app.command("scores")
@@ -294,8 +272,7 @@ def vocab_show(
     """
     from .vocab.artefact import VocabStore
 
-    with _reported():
-        vocab = VocabStore(vocab_dir or _default_vocab_dir()).load(ref)
+    vocab = VocabStore(vocab_dir or _default_vocab_dir()).load(ref)
     typer.echo(f"{vocab.ref} kind={vocab.kind} deployable={vocab.deployable} size={len(vocab)} hash={vocab.hash}")
     typer.echo("params: " + json.dumps(vocab.params, default=str))
     typer.echo(
@@ -307,7 +284,11 @@ def vocab_show(
 
 @vocab_app.command("import")
 def vocab_import(
-    path: Path = typer.Argument(..., help="A .txt (one label per line) or .json (list, or object of lists) file."),
+    path: Path = typer.Argument(
+        ...,
+        help="A .txt (one label per line) or .json (list, or object of lists) file, optionally .gz; "
+        "'neglabel:in1k-10k' imports NegLabel's shipped reference negatives.",
+    ),
     name: str = typer.Option(..., "--name", help="Vocabulary name."),
     kind: str = typer.Option("custom", "--kind", help="wordnet, siblings, union, oracle, eoe or custom."),
     classes: str = CLASSES,
@@ -320,14 +301,15 @@ def vocab_import(
     Example:
       oodbench zeroshot vocab import selected_neg_labels_in1k_10k.txt --name neglabel-ref --kind wordnet
     """
-    from .classes import load_classes
-    from .vocab.builders import import_vocabulary
+    from ..classes import load_classes
+    from .vocab.builders import import_vocabulary, neglabel_reference_list
 
-    with _reported():
-        vocab = import_vocabulary(
-            path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
-        )
-        _save(vocab_dir or _default_vocab_dir(), vocab)
+    if str(path) == "neglabel:in1k-10k":
+        path = neglabel_reference_list()
+    vocab = import_vocabulary(
+        path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
+    )
+    _save(vocab_dir or _default_vocab_dir(), vocab)
 
 
 @build_app.command("wordnet")
@@ -354,22 +336,21 @@ def build_wordnet(
     Example:
       oodbench zeroshot vocab build wordnet --store feats --model ViT-B-16@openai --m 5000 --vocab-dir vocab
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .vocab.lexicon import NEGLABEL_EXCLUDED_LEXNAMES, Lexicon
     from .vocab.wordnet_negmining import mine_wordnet_negatives
 
-    with _reported():
-        vocab = mine_wordnet_negatives(
-            load_classes(classes),
-            _embedder(store, model, openclip_model, pretrained, device),
-            m=m,
-            percentile=percentile,
-            exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
-            lexicon=Lexicon.read(lexicon) if lexicon is not None else None,
-            name=name or f"wordnet-{model}",
-            model=model,
-        )
-        _save(vocab_dir or _default_vocab_dir(), vocab)
+    vocab = mine_wordnet_negatives(
+        load_classes(classes),
+        _embedder(store, model, openclip_model, pretrained, device),
+        m=m,
+        percentile=percentile,
+        exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
+        lexicon=Lexicon.read(lexicon) if lexicon is not None else None,
+        name=name or f"wordnet-{model}",
+        model=model,
+    )
+    _save(vocab_dir or _default_vocab_dir(), vocab)
 
 
 @build_app.command("siblings")
@@ -390,18 +371,21 @@ def build_siblings(
     llm_api_key: str | None = typer.Option(
         None,
         "--llm-api-key",
-        envvar="OODBENCH_LLM_API_KEY",
-        help="API key (default $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
+        help="API key (else the --llm-config file's api_key, else $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
     ),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
-    llm_cache: Path | None = typer.Option(
-        None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."
-    ),
+    llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
     rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request (default 120)."),
     retries: int | None = typer.Option(None, "--retries", help="Retries of transient failures (default 5)."),
     temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature (default 1.0)."),
+    max_attempts: int = typer.Option(
+        3, "--max-attempts", help="How often one run asks a class whose reply gave too few usable names."
+    ),
+    allow_incomplete: bool = typer.Option(
+        False, "--allow-incomplete", help="Save the vocabulary even if some classes got no usable answer."
+    ),
     vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Ask an LLM for fine-grained near siblings of every ID class (cached, resumable).
@@ -410,40 +394,41 @@ def build_siblings(
       oodbench zeroshot vocab build siblings --llm-base-url http://127.0.0.1:8000/v1 --llm-model qwen2.5-7b-instruct \\
           --generations 3 --k 20 --context ImageNet-1k --vocab-dir vocab
     """
+    from ..classes import load_classes
     from ..progress import progress_bar
-    from .classes import load_classes
     from .vocab.siblings import generate_siblings
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        id_classes = load_classes(classes)
-        client = _llm_client(
-            directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, temperature
+    id_classes = load_classes(classes)
+    client = _llm_client(
+        directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, temperature
+    )
+    with progress_bar() as bar:
+        task = bar.add_task("LLM siblings", total=len(id_classes) * generations)
+        vocab = generate_siblings(
+            id_classes,
+            client,
+            per_class=per_class,
+            generations=generations,
+            k=k,
+            seed=seed,
+            workers=workers,
+            context=context,
+            name=name,
+            max_attempts=max_attempts,
+            allow_incomplete=allow_incomplete,
+            on_progress=lambda _i: bar.advance(task),
         )
-        with progress_bar() as bar:
-            task = bar.add_task("LLM siblings", total=len(id_classes) * generations)
-            vocab = generate_siblings(
-                id_classes,
-                client,
-                per_class=per_class,
-                generations=generations,
-                k=k,
-                seed=seed,
-                workers=workers,
-                context=context,
-                name=name,
-                on_progress=lambda _i: bar.advance(task),
-            )
-        missing = vocab.provenance["classes_without_enough_names"]
-        if missing:
-            typer.secho(
-                f"{len(missing)} classes got too few usable siblings (e.g. {missing[:3]}); rerun to retry "
-                "them or raise --retries",
-                fg=typer.colors.YELLOW,
-                err=True,
-            )
-        _save(directory, vocab)
-        typer.echo(f"LLM requests sent {client.stats['requests']}, answered from cache {client.stats['cache_hits']}")
+    missing = vocab.provenance["classes_without_enough_names"]
+    if missing:
+        typer.secho(
+            f"saved with --allow-incomplete: {len(missing)} classes got too few usable siblings "
+            f"(e.g. {missing[:3]}); a rerun asks them again",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+    _save(directory, vocab)
+    typer.echo(f"LLM requests sent {client.stats['requests']}, answered from cache {client.stats['cache_hits']}")
 
 
 @build_app.command("eoe")
@@ -457,15 +442,18 @@ def build_eoe(
     name: str | None = typer.Option(None, "--name", help="Vocabulary name (default eoe-<task>)."),
     llm_base_url: str | None = typer.Option(None, "--llm-base-url", help="OpenAI-compatible base URL."),
     llm_model: str | None = typer.Option(None, "--llm-model", help="Model name."),
-    llm_api_key: str | None = typer.Option(None, "--llm-api-key", envvar="OODBENCH_LLM_API_KEY", help="API key."),
-    llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
-    llm_cache: Path | None = typer.Option(
-        None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."
+    llm_api_key: str | None = typer.Option(
+        None, "--llm-api-key", help="API key (else the config file's, else $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY)."
     ),
+    llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
+    llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
     rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests (near task)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request."),
     retries: int | None = typer.Option(None, "--retries", help="Retries of transient failures."),
+    allow_incomplete: bool = typer.Option(
+        False, "--allow-incomplete", help="near task: save even if some classes got no usable answer."
+    ),
     vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Generate EOE outlier class names (far / near / fine-grained) with an LLM (cached, resumable).
@@ -473,26 +461,26 @@ def build_eoe(
     Example:
       oodbench zeroshot vocab build eoe --task far --size 500 --llm-base-url http://127.0.0.1:8000/v1 --llm-model m
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .vocab.eoe import generate_eoe_outliers
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        client = _llm_client(
-            directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
-        )
-        vocab = generate_eoe_outliers(
-            load_classes(classes),
-            client,
-            task=task,
-            size=size,
-            per_class=per_class,
-            super_class=super_class,
-            max_requests=max_requests,
-            workers=workers,
-            name=name,
-        )
-        _save(directory, vocab)
+    client = _llm_client(
+        directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
+    )
+    vocab = generate_eoe_outliers(
+        load_classes(classes),
+        client,
+        task=task,
+        size=size,
+        per_class=per_class,
+        super_class=super_class,
+        max_requests=max_requests,
+        workers=workers,
+        name=name,
+        allow_incomplete=allow_incomplete,
+    )
+    _save(directory, vocab)
 
 
 @build_app.command("union")
@@ -511,9 +499,8 @@ def build_union_command(
     from .vocab.builders import build_union
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        vocabs = VocabStore(directory)
-        _save(directory, build_union(vocabs.load(wordnet), vocabs.load(siblings), name=name))
+    vocabs = VocabStore(directory)
+    _save(directory, build_union(vocabs.load(wordnet), vocabs.load(siblings), name=name))
 
 
 @build_app.command("oracle")
@@ -531,18 +518,17 @@ def build_oracle_command(
     Example:
       oodbench zeroshot vocab build oracle --store feats --model ViT-B-16@openai --dataset inat-plants --dataset places
     """
+    from ..classes import load_classes
     from ..store import Store
-    from .classes import load_classes
     from .vocab.builders import build_oracle, oracle_labels_from_store, read_label_file
 
-    with _reported():
-        sources: dict[str, list[str]] = {}
-        for path in labels or []:
-            content = read_label_file(path)
-            sources[path.name] = content if isinstance(content, list) else [x for v in content.values() for x in v]
-        if dataset:
-            if store is None or model is None:
-                raise typer.BadParameter("--dataset needs --store and --model")
-            for dataset_id in dataset:
-                sources[dataset_id] = oracle_labels_from_store(Store(store), model, dataset_id)
-        _save(vocab_dir or _default_vocab_dir(), build_oracle(sources, load_classes(classes), name=name))
+    sources: dict[str, list[str]] = {}
+    for path in labels or []:
+        content = read_label_file(path)
+        sources[path.name] = content if isinstance(content, list) else [x for v in content.values() for x in v]
+    if dataset:
+        if store is None or model is None:
+            raise typer.BadParameter("--dataset needs --store and --model")
+        for dataset_id in dataset:
+            sources[dataset_id] = oracle_labels_from_store(Store(store), model, dataset_id)
+    _save(vocab_dir or _default_vocab_dir(), build_oracle(sources, load_classes(classes), name=name))

@@ -1,4 +1,5 @@
-"""Zero-shot tables: the seed's Table-2 layout (rows = models, columns = vocabulary families) and k/M sweeps.
+"""Zero-shot tables: the Fi-ImageNet-1k paper's Table-2 layout (rows = models, columns = vocabulary families)
+and k/M sweeps.
 
 Columns: the best logit-space score (MCM, MaxLogit, Energy, GEN, entropy, margin, GL-MCM; the winner is named),
 EOE, WN (WordNet NegMining), LLM siblings, WN+LLM and oracle. Cells are FPR@95 in % averaged over the run's OOD
@@ -8,7 +9,6 @@ benchmark's own OOD labels, is a lower bound and is never marked best.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ZeroShotError
 from ..results import ResultRow, read_rows
+from ..rundir import RunDir
 from ..tabular import detector_table_markdown
 
 __all__ = [
@@ -55,7 +56,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunView:
     info_path = run_dir / "run.json"
     if not info_path.is_file():
         raise ZeroShotError(f"{run_dir} is not a run directory (no run.json)")
-    info = json.loads(info_path.read_text(encoding="utf-8"))
+    info = RunDir(run_dir).read_info()
     if "zeroshot" not in info:
         raise ZeroShotError(
             f"{run_dir} is not a zero-shot run (run.json has no 'zeroshot' section); "
@@ -81,7 +82,7 @@ def find_runs(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
             found.extend(sorted(p.parent for p in path.rglob("run.json")))
         else:
             raise ZeroShotError(f"no run directory at {path}")
-    runs = [p for p in dict.fromkeys(found) if "zeroshot" in json.loads((p / "run.json").read_text(encoding="utf-8"))]
+    runs = [p for p in dict.fromkeys(found) if "zeroshot" in RunDir(p).read_info()]
     if not runs:
         raise ZeroShotError(f"no zero-shot run directories under {', '.join(map(str, paths))}")
     return runs
@@ -116,7 +117,7 @@ def _cells(view: RunView, metric: str, oods: Sequence[str]) -> dict[str, tuple[f
 
 
 def table2_markdown(views: Sequence[RunView], *, metric: str = "fpr95", ood: str | None = None) -> str:
-    """Markdown table in the seed's Table-2 layout, one row per model, best deployable vocabulary in bold."""
+    """Markdown table in the Fi-ImageNet-1k paper's Table-2 layout: a row per model, best deployable vocabulary bold."""
     if not views:
         raise ZeroShotError("no runs to tabulate")
     better = _better(metric)
@@ -196,7 +197,7 @@ def render_run_tables(rows: Sequence[ResultRow], run_info: Mapping[str, Any], *,
     oods = list(run_info.get("ood_datasets") or dict.fromkeys(r.ood_dataset for r in rows))
     view = RunView(run_info["model"], list(rows), detectors, oods)
     parts = [
-        "## Zero-shot summary (seed Table 2 layout)",
+        "## Zero-shot summary (Fi-ImageNet-1k paper, Table 2 layout)",
         "",
         table2_markdown([view], metric=metric),
         "## Per OOD set: FPR@95 / AUROC (%)",

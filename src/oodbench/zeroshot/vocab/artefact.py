@@ -20,12 +20,13 @@ from typing import Any
 
 from ...atomic import atomic_write_text
 from ...errors import ZeroShotError
+from ...names import is_name
 from .labels import dedupe
 
 __all__ = ["Vocabulary", "VocabStore", "KINDS", "NOUN", "ADJECTIVE", "split_prefix"]
 
 FORMAT_VERSION = 1
-# kind -> column of the seed's Table 2 it feeds.
+# kind -> column of the Fi-ImageNet-1k paper's Table 2 it feeds.
 KINDS = {
     "wordnet": "WN",
     "siblings": "LLM siblings",
@@ -35,7 +36,6 @@ KINDS = {
     "custom": "custom",
 }
 NOUN, ADJECTIVE = "noun", "adjective"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
 _FILE = re.compile(r"^v(\d{3,})-([0-9a-f]{12})\.json$")
 
 
@@ -69,7 +69,7 @@ class Vocabulary:
     version: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name) or ".." in self.name:
+        if not is_name(self.name, allow_at=False):
             raise ZeroShotError(f"invalid vocabulary name {self.name!r}: use letters, digits and . _ + = , -")
         if self.kind not in KINDS:
             raise ZeroShotError(f"unknown vocabulary kind {self.kind!r}; kinds: {', '.join(KINDS)}")
@@ -197,7 +197,7 @@ class VocabStore:
         """Store `vocab` (a new version unless identical content is stored); returns it with its version set."""
         digest = vocab.hash
         versions = self._versions(vocab.name)
-        for number, short, path in versions:
+        for _number, short, path in versions:
             if short == digest[:12]:
                 return self._read(path)
         vocab.version = (versions[-1][0] + 1) if versions else 1

@@ -7,20 +7,22 @@ import json
 
 import numpy as np
 import pytest
-from zeroshot_helpers import HashEmbedder
 
 from oodbench import metrics
+from oodbench.classes import ClassList
+from oodbench.errors import ZeroShotError
 from oodbench.outputs import Outputs
 from oodbench.report.tables import coerce_vocabularies, parse_vocabulary_score
 from oodbench.results import ResultRow, read_rows
 from oodbench.scores import load_scores
 from oodbench.store import Store
+from oodbench.templates import SEED_TEMPLATES
 from oodbench.zeroshot import evaluate as E
 from oodbench.zeroshot import scores as S
-from oodbench.zeroshot.classes import ClassList
 from oodbench.zeroshot.table import RunView, find_runs, load_run, sweep_markdown, table2_markdown
-from oodbench.zeroshot.templates import SEED_TEMPLATES
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
+
+from .zeroshot_helpers import HashEmbedder
 
 DIM = 10
 CLASSES = ClassList(("apple", "bus", "cloud"), None, "three")
@@ -309,3 +311,11 @@ def test_report_vocabularies_labels_are_unique_within_a_run():
     assert described["oracle"]["deployable"] is False
     # Every entry is metadata the report accepts.
     assert set(coerce_vocabularies(described)) == set(described)
+
+
+def test_a_vocabulary_the_id_filter_empties_is_refused():
+    # Before: it was scored with 0 labels (NegLabel ≡ 1, AUROC 0.5) and written to the results.
+    only_ids = Vocabulary("ids", "custom", ["Apple", "bus", "cloud"])
+    plan = E.make_plan(vocabularies=[only_ids])
+    with pytest.raises(ZeroShotError, match="'ids' has no label left after removing the ID class names"):
+        E.evaluate_zeroshot(_datasets(), "id-test", CLASSES, _embedder(), plan, model="toy", progress=False)

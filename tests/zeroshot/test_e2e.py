@@ -15,9 +15,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 open_clip = pytest.importorskip("open_clip")
 
 from oodbench.store import Store  # noqa: E402
+from oodbench.templates import SEED_TEMPLATES  # noqa: E402
 from oodbench.zeroshot import scores as S  # noqa: E402
 from oodbench.zeroshot.cli import register  # noqa: E402
-from oodbench.zeroshot.templates import SEED_TEMPLATES  # noqa: E402
 
 TINY = "oodbench-zs-tiny-clip"
 CONFIG = {
@@ -96,8 +96,12 @@ def _run(app, *args):
 
 
 def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
+    from oodbench.extract.label_embedder import embedder_for
+    from oodbench.zeroshot.cli import use_text_embedder
+
     app = typer.Typer()
     register(app)
+    use_text_embedder(embedder_for)  # what the main CLI wires in
     store, vocab = workspace / "store", workspace / "vocab"
     common = ["--vocab-dir", vocab, "--classes", workspace / "classes.txt"]
 
@@ -267,9 +271,9 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
 
 
 def test_missing_text_embeddings_without_a_model_fail_clearly(workspace, tmp_path):
-    from oodbench.errors import ZeroShotError
-    from oodbench.zeroshot.text import store_embedder
+    from oodbench.errors import ExtractError
+    from oodbench.extract.label_embedder import store_embedder
 
     embed = store_embedder(Store(workspace / "store"), "tiny")
-    with pytest.raises(ZeroShotError, match="no cached text embeddings"):
+    with pytest.raises(ExtractError, match="no cached text embeddings"):
         embed(["never embedded"], SEED_TEMPLATES)

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
 import pytest
-from zeroshot_helpers import shared_or_skip
+import typer
+from typer.testing import CliRunner
 
+from oodbench.classes import ClassList, ClassListError, imagenet_wnids, load_classes
 from oodbench.errors import ZeroShotError
 from oodbench.outputs import Outputs
 from oodbench.store import Store
-from oodbench.zeroshot.classes import ClassList, load_classes
+from oodbench.zeroshot.cli import register
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
-from oodbench.zeroshot.vocab.builders import build_oracle, build_union, import_vocabulary, oracle_labels_from_store
+from oodbench.zeroshot.vocab.builders import (
+    build_oracle,
+    build_union,
+    import_vocabulary,
+    neglabel_reference_list,
+    oracle_labels_from_store,
+)
 
 
 def _wordnet() -> Vocabulary:
@@ -84,10 +93,10 @@ def test_oracle_labels_from_store_entries(tmp_path):
 
 
 def test_import_neglabel_reference_list_keeps_its_ranking_and_loses_id_names():
-    path = shared_or_skip("vlm", "NegLabel", "selected_neg_labels", "selected_neg_labels_in1k_10k.txt")
+    path = neglabel_reference_list()  # shipped with the package (Apache-2.0 + WordNet licence)
     classes = load_classes("imagenet1k")
     vocab = import_vocabulary(path, name="neglabel-ref", kind="wordnet", id_classes=classes)
-    lines = path.read_text().splitlines()
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
     assert sum(line.startswith("the nice ") for line in lines) == 8578
     assert len(vocab.ranked[NOUN]) < 8578 - 30 and len(vocab.ranked[ADJECTIVE]) <= 1921 - 5
     assert "lynx" in vocab.provenance["dropped_id_names_or_synonyms"]
@@ -123,26 +132,61 @@ def test_import_json_shapes(tmp_path):
 
 
 def test_class_lists(tmp_path):
-    path = shared_or_skip("vlm", "MCM", "ImageNet10", "class_list.txt")
+    # Self-contained: the subset, index and CSV files are written from timm's ImageNet metadata (the package's
+    # source of WordNet ids), in the formats of MCM's ImageNet-10 lists and the Keras class index.
+    wnids, lemmas = imagenet_wnids()
+    picked = list(wnids[::100])
+    path = tmp_path / "class_list.txt"
+    path.write_text("\n".join(picked) + "\n")
     subset = load_classes(f"imagenet1k@{path}")
-    assert len(subset) == 10 and subset.wnids[0] == path.read_text().split()[0]
+    assert len(subset) == 10 and subset.wnids == tuple(picked)
     full = load_classes("imagenet1k")
     assert len(full) == 1000 and full.names[0] == "tench" and full.wnids[0] == "n01440764"
-    assert load_classes("imagenet1k:timm").names[1] == "goldfish"
-    index = shared_or_skip("vlm", "MCM", "ImageNet", "imagenet_class_index.json")
+    assert subset.names == tuple(full.names[i] for i in range(0, 1000, 100))
+    assert load_classes("imagenet-1k") == full  # the annotation app's spelling of the same spec
+    timm_names = load_classes("imagenet1k:timm")
+    assert timm_names.names[1] == "goldfish" and timm_names.wnids == full.wnids
+    index = tmp_path / "imagenet_class_index.json"
+    index.write_text(json.dumps({str(i): [w, lemmas[w].split(",")[0].replace(" ", "_")] for i, w in enumerate(wnids)}))
     from_index = load_classes(str(index))
-    assert from_index.wnids == full.wnids  # same synset order as timm's metadata
-    csv = shared_or_skip("vlm", "MCM", "ImageNet10", "ImageNet-10-classlist.csv")
+    assert from_index.wnids == full.wnids and from_index.names == timm_names.names
+    csv = tmp_path / "classlist.csv"
+    csv.write_text("".join(f"{w},{lemmas[w].split(',')[0]}\n" for w in picked))
     from_csv = load_classes(str(csv))
-    assert from_csv.wnids == subset.wnids and from_csv.names[0] == "warplane"
+    assert from_csv.wnids == subset.wnids and from_csv.names[0] == "tench"
     txt = tmp_path / "c.txt"
     txt.write_text("n01440764\tfish\nbus\n")
     classes = load_classes(str(txt))
     assert classes.names == ("fish", "bus") and classes.wnids == ("n01440764", None)
     assert classes.hash != ClassList(("fish", "bus"), None, "x").hash
+    assert ClassList.from_json(classes.to_json()) == classes
+    assert ClassList.from_json({"names": ["a", "b"], "folders": ["c00", "c01"]}).wnids == ("c00", "c01")
     only_ids = tmp_path / "ids.txt"
     only_ids.write_text("n01440764\nn01443537\n")
-    with pytest.raises(ZeroShotError, match="imagenet1k@"):
+    with pytest.raises(ClassListError, match="imagenet1k@"):
         load_classes(str(only_ids))
-    with pytest.raises(ZeroShotError, match="empty"):
+    with pytest.raises(ClassListError, match="class list not found"):
+        load_classes(str(tmp_path / "missing.txt"))
+    with pytest.raises(ClassListError, match="empty"):
         ClassList((), None, "nothing")
+
+
+def test_import_refuses_an_empty_file_and_a_list_of_id_names(tmp_path):
+    # Before: both were saved as a 0-label vocabulary and `vocab import` exited 0 ("0 labels").
+    app = typer.Typer()
+    register(app)
+    classes = tmp_path / "classes.txt"
+    classes.write_text("cat\ndog\n")
+    empty, only_ids = tmp_path / "empty.txt", tmp_path / "ids.txt"
+    empty.write_text("\n# nothing\n")
+    only_ids.write_text("Cat\ndog.\n")
+    vocab_dir = tmp_path / "vocab"
+    for path, message in ((empty, "holds no labels"), (only_ids, "every label is an ID class name")):
+        result = CliRunner().invoke(
+            app,
+            ["zeroshot", "vocab", "import", str(path), "--name", "v", "--classes", str(classes)]
+            + ["--vocab-dir", str(vocab_dir)],
+        )
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert not vocab_dir.exists() or not any(vocab_dir.rglob("*.json"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# The seed's Appendix G: the bare class name plus the seven ImageNet prompt templates that OpenAI's CLIP
+# The Fi-ImageNet-1k paper's Appendix G: the bare class name plus the seven ImageNet prompt templates that OpenAI's CLIP
 # prompt-engineering notebook selected as its best small ensemble.
 SEED_TEMPLATES: tuple[str, ...] = (
     "{}",

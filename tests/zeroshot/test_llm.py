@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from oodbench.classes import ClassList
+from oodbench.cli import OodbenchGroup
 from oodbench.errors import ZeroShotError
-from oodbench.zeroshot.classes import ClassList
-from oodbench.zeroshot.llm import ChatClient, LLMConfig, LLMError, RateLimiter
+from oodbench.llm import ChatClient, LLMConfig, LLMError, LLMInterrupted, RateLimiter
 from oodbench.zeroshot.vocab.artefact import VocabStore
 from oodbench.zeroshot.vocab.eoe import generate_eoe_outliers
 from oodbench.zeroshot.vocab.parsing import parse_name_list
@@ -149,9 +150,13 @@ def test_siblings_survive_failures_and_a_resumed_run_sends_nothing(tmp_path, toy
         again = generate_siblings(
             CLASSES, resumed, per_class=6, k=3, seed=1, workers=2, lexicon=toy_lexicon, min_items=3
         )
-        assert len(server.prompts) == 12  # nothing sent twice
-        assert resumed.stats["requests"] == 0 and resumed.stats["cache_hits"] == 8
+        # Nothing usable is sent twice; the unparseable first reply of 'prose' was not cached, so it is asked again.
+        assert len(server.prompts) == 13 and quoted_name(server.prompts[-1]) == "prose"
+        assert resumed.stats["requests"] == 1 and resumed.stats["cache_hits"] == 6
         assert again.hash == vocab.hash
+        third = client_for(server, tmp_path / "cache")
+        generate_siblings(CLASSES, third, per_class=6, k=3, seed=1, workers=2, lexicon=toy_lexicon, min_items=3)
+        assert third.stats["requests"] == 0 and len(server.prompts) == 13
 
 
 def test_siblings_order_is_seeded_per_class_and_generations_merge(tmp_path, toy_lexicon):
@@ -207,15 +212,20 @@ def test_eoe_far_asks_again_until_enough_names_and_resumes(tmp_path, toy_lexicon
         assert vocab.kind == "eoe" and vocab.params["task"] == "far"
         assert vocab.provenance["unusable_replies"] == 1
         assert "cat; dog" in server.prompts[0]
+        # The unusable reply was not cached: a rerun asks that request again (and gets names this time).
         again = generate_eoe_outliers(
             classes, client_for(server, tmp_path / "c"), task="far", size=10, lexicon=toy_lexicon
         )
-        assert len(server.prompts) == 4 and again.hash == vocab.hash
+        assert len(server.prompts) == 5 and again.provenance["unusable_replies"] == 0
+        third = generate_eoe_outliers(
+            classes, client_for(server, tmp_path / "c"), task="far", size=10, lexicon=toy_lexicon
+        )
+        assert len(server.prompts) == 5 and third.hash == again.hash
 
         near = generate_eoe_outliers(
             classes, client_for(server, tmp_path / "d"), task="near", per_class=3, lexicon=toy_lexicon, min_items=1
         )
-        assert {p.split('"')[1] for p in server.prompts[4:]} == {"cat", "dog"}
+        assert {p.split('"')[1] for p in server.prompts[5:]} == {"cat", "dog"}
         assert "cat" not in near.labels and "kitty" not in near.labels
     with pytest.raises(ZeroShotError, match="super-category"):
         generate_eoe_outliers(classes, client_for(server, tmp_path / "e"), task="fine_grained")
@@ -327,7 +337,7 @@ def test_cli_builds_llm_vocabularies_and_resumes(tmp_path, monkeypatch):
 
     for name in ("OODBENCH_LLM_BASE_URL", "OPENAI_BASE_URL", "OODBENCH_LLM_MODEL"):
         monkeypatch.delenv(name, raising=False)
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
     classes = tmp_path / "classes.txt"
     classes.write_text("tench\ngoldfish\n")
@@ -414,3 +424,169 @@ def test_cli_builds_llm_vocabularies_and_resumes(tmp_path, monkeypatch):
         ],
     )
     assert unknown.exit_code == 2 and "no vocabulary 'nope'" in unknown.output
+
+
+# ----------------------------------------------------------------------------------------------- faults (issue 19)
+def test_a_redirect_is_refused_and_the_key_never_reaches_the_other_host(tmp_path):
+    # Before: urllib followed the 302 and sent Authorization to the other host, whose answer was cached and used.
+    with FakeServer(lambda prompt, seen: (200, chat_body('["elsewhere"]'), {}, 0.0)) as other:
+        location = other.url + "/chat/completions"
+        with FakeServer(lambda prompt, seen: (302, b"", {"Location": location}, 0.0)) as server:
+            with pytest.raises(LLMError, match=r"HTTP 302.*redirect to .* refused"):
+                client_for(server, tmp_path / "c").complete([{"role": "user", "content": "hi"}])
+            assert len(server.prompts) == 1  # not retried either
+        assert other.prompts == [] and other.headers == []
+    assert not list((tmp_path / "c").rglob("*.json"))
+
+
+def test_unusable_replies_are_not_cached_and_unanswered_classes_are_refused(tmp_path, toy_lexicon):
+    # Before: prose replies were cached and saved as a 0-label vocabulary; a rerun sent 0 requests.
+    prose = chat_body("I am sorry, I cannot list categories for that.")
+    classes = ClassList(("cat", "dog"), None, "two")
+    with FakeServer(lambda prompt, seen: (200, prose, {}, 0.0)) as server:
+        for run in (1, 2):
+            client = client_for(server, tmp_path / "cache")
+            with pytest.raises(ZeroShotError, match="2 of 2 classes got no usable list of siblings in 2 attempt"):
+                generate_siblings(classes, client, per_class=4, lexicon=toy_lexicon, max_attempts=2, workers=1)
+            assert client.stats["requests"] == 4 and len(server.prompts) == 4 * run  # asked again on the rerun
+        assert not list((tmp_path / "cache").rglob("*.json"))
+        partial = generate_siblings(
+            classes, client, per_class=4, lexicon=toy_lexicon, max_attempts=1, workers=1, allow_incomplete=True
+        )
+        assert partial.provenance["classes_without_enough_names"] == ["cat", "dog"] and len(partial) == 0
+
+
+def test_cli_exposes_the_reask_limit_and_refuses_unanswered_classes(tmp_path, monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    from oodbench.zeroshot.cli import register
+
+    app = typer.Typer()
+    register(app)
+    classes = tmp_path / "classes.txt"
+    classes.write_text("tench\ngoldfish\n")
+    prose = chat_body("I am unable to provide such a list today.")
+    with FakeServer(lambda prompt, seen: (200, prose, {}, 0.0)) as server:
+        args = ["zeroshot", "vocab", "build", "siblings", "--classes", str(classes), "--llm-base-url", server.url]
+        args += ["--llm-model", "fake", "--vocab-dir", str(tmp_path / "vocab"), "--workers", "1"]
+        result = CliRunner().invoke(app, [*args, "--max-attempts", "1"])
+        assert result.exit_code == 2 and "--allow-incomplete" in result.output and len(server.prompts) == 2
+        assert not (tmp_path / "vocab" / "siblings").exists()
+        result = CliRunner().invoke(app, [*args, "--max-attempts", "1", "--allow-incomplete"])
+        assert result.exit_code == 0 and "siblings@v1: 0 labels" in result.stdout
+
+
+def test_the_first_fatal_error_cancels_the_remaining_requests(tmp_path, toy_lexicon):
+    # Before: every submitted class was still sent (8 classes, 8 requests for a key the server refuses).
+    classes = ClassList(tuple(f"class {i}" for i in range(8)), None, "eight")
+    with FakeServer(lambda prompt, seen: (401, b'{"error": "bad key"}', {}, 0.05)) as server:
+        with pytest.raises(LLMError, match=r"HTTP 401.*stopped the remaining requests: 0 of 8 replies"):
+            generate_siblings(classes, client_for(server, tmp_path / "c"), per_class=4, lexicon=toy_lexicon, workers=2)
+        assert len(server.prompts) <= 2  # the two in flight when the first failed
+
+
+def test_ctrl_c_cancels_the_remaining_requests_and_reports_what_was_saved(tmp_path):
+    # Before: SIGINT after 2 of 20 requests still sent all 20.
+    import _thread
+
+    def reply(prompt: str, seen: int):
+        if int(quoted_name(prompt)) == 2:
+            _thread.interrupt_main()  # Ctrl-C while the third request is being answered
+        return 200, chat_body('["a b", "c d", "e f"]'), {}, 0.05
+
+    requests = [([{"role": "user", "content": f'name "{i}"'}], 0) for i in range(20)]
+    with FakeServer(reply) as server:
+        client = client_for(server, tmp_path / "c")
+        with pytest.raises(LLMInterrupted, match=r"interrupted: \d+ of 20 replies were received"):
+            client.complete_many(requests, workers=1)
+        assert len(server.prompts) <= 4
+        cached = len(list((tmp_path / "c").rglob("*.json")))
+        assert cached >= 2 and client.stats["requests"] == len(server.prompts)
+
+
+def test_deeply_nested_replies_are_refused_without_a_recursion_error(tmp_path):
+    # Before: 3 KB of '[' raised RecursionError while parsing, and the cached reply crashed every rerun.
+    assert parse_name_list("[" * 3000) == []
+    assert parse_name_list("[" * 3000 + "\n- real name\n- other name") == ["real name", "other name"]
+    nested_body = b'{"choices": [{"message": {"content": ' + b"[" * 3000 + b"}}]}"
+    with FakeServer(lambda prompt, seen: (200, nested_body, {}, 0.0)) as server:
+        with pytest.raises(LLMError, match="nested deeper than 64 levels"):
+            client_for(server, tmp_path / "c", max_retries=1).complete([{"role": "user", "content": "hi"}])
+        assert len(server.prompts) == 2
+
+
+def test_a_trickling_server_times_out_on_the_whole_request(tmp_path):
+    # Before: the timeout bounded each socket read, so one byte every 0.1 s never timed out (0.5 s per read).
+    body = chat_body('["a", "b"]')
+    server = FakeServer(lambda prompt, seen: (200, body, {}, 0.0))
+    handler = server.server.RequestHandlerClass
+
+    def do_post(self) -> None:  # one byte per 0.1 s, for at most len(body) bytes (bounded)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        server.prompts.append("trickle")
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            for byte in body:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    handler.do_POST = do_post
+    with server:
+        with pytest.raises(LLMError, match=r"no answer within 0.5 s \(the whole request\)"):
+            client_for(server, tmp_path / "c", max_retries=0).complete([{"role": "user", "content": "hi"}])
+        assert server.prompts == ["trickle"]
+
+
+def test_reply_size_and_name_count_are_capped(tmp_path, toy_lexicon):
+    # Before: a 200k-name reply was kept whole for a class where 20 names were asked.
+    many = chat_body(json.dumps([f"thing {i}" for i in range(5000)]))
+    classes = ClassList(("cat",), None, "one")
+    with FakeServer(lambda prompt, seen: (200, many, {}, 0.0)) as server:
+        vocab = generate_siblings(classes, client_for(server, tmp_path / "a"), per_class=6, k=50, lexicon=toy_lexicon)
+        assert len(vocab.per_class["cat"]) == 6
+        with pytest.raises(LLMError, match="reply larger than 10000 bytes"):
+            client_for(server, tmp_path / "b", max_reply_bytes=10_000, max_retries=0).complete(
+                [{"role": "user", "content": "hi"}]
+            )
+
+
+def test_server_errors_are_reported_on_one_line(tmp_path):
+    html = b"<html>\n<head><title>502 Bad Gateway</title></head>\n<body>\n<h1>Bad Gateway</h1>\n</body>\n</html>\n"
+    with FakeServer(lambda prompt, seen: (502, html, {"Content-Type": "text/html"}, 0.0)) as server:
+        with pytest.raises(LLMError) as info:
+            client_for(server, tmp_path / "c", max_retries=0).complete([{"role": "user", "content": "hi"}])
+    message = str(info.value)
+    assert "\n" not in message and "<" not in message and "502 Bad Gateway Bad Gateway" in message
+
+
+def test_api_key_precedence_is_arguments_then_config_file_then_environment(tmp_path, monkeypatch):
+    # Before: the CLI read OODBENCH_LLM_API_KEY as if it were --llm-api-key, so it beat the config file's key.
+    import typer
+    from typer.testing import CliRunner
+
+    from oodbench.zeroshot.cli import register
+
+    for name in ("OODBENCH_LLM_BASE_URL", "OPENAI_BASE_URL", "OODBENCH_LLM_MODEL", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OODBENCH_LLM_API_KEY", "sk-env")
+    config = tmp_path / "llm.toml"
+    config.write_text('[llm]\napi_key = "sk-file"\n')
+    assert LLMConfig.resolve(base_url="http://x", model="m", config_file=config).api_key == "sk-file"
+    assert LLMConfig.resolve(base_url="http://x", model="m", config_file=config, api_key="sk-arg").api_key == "sk-arg"
+    assert LLMConfig.resolve(base_url="http://x", model="m").api_key == "sk-env"
+    app = typer.Typer()
+    register(app)
+    classes = tmp_path / "classes.txt"
+    classes.write_text("tench\n")
+    with FakeServer(siblings_reply) as server:
+        args = ["zeroshot", "vocab", "build", "siblings", "--classes", str(classes), "--llm-base-url", server.url]
+        args += ["--llm-model", "fake", "--vocab-dir", str(tmp_path / "vocab"), "--llm-config", str(config)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert server.headers[0]["Authorization"] == "Bearer sk-file"

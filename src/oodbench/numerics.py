@@ -1,4 +1,4 @@
-"""Numerically stable softmax-family helpers shared by detectors (row-wise, float64 results)."""
+"""Numerically stable softmax-family helpers (row-wise, float64 results), shared by detectors and zero-shot scores."""
 
 from __future__ import annotations
 
