@@ -229,11 +229,11 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
 
 
 # Each pipeline area owns its commands and adds them here.
-from .analysis import cli as _analysis_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
 from .construct import cli as _construct_cli  # noqa: E402
 from .detectors import cli as _detectors_cli  # noqa: E402
 from .extract import cli as _extract_cli  # noqa: E402
+from .report import analyze as _analysis_cli  # noqa: E402
 from .report import cli as _report_cli  # noqa: E402
 from .runner import cli as _runner_cli  # noqa: E402
 from .zeroshot import cli as _zeroshot_cli  # noqa: E402

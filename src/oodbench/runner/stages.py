@@ -430,7 +430,7 @@ def _run_json(
 
 def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> None:
     """One model's run directory: per-image scores, tidy rows, the detector table and run.json."""
-    from ..report.detector_table import detector_table_markdown
+    from ..tabular import detector_table_markdown
 
     config, lay, ledger = ctx.config, ctx.layout, ctx.ledger
     model_id = unit.model

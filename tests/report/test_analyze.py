@@ -11,8 +11,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from oodbench import metrics
-from oodbench.analysis.cli import register
 from oodbench.cli import OodbenchGroup
+from oodbench.report.analyze import register
 from oodbench.scores import load_scores
 
 runner = CliRunner()

@@ -7,15 +7,16 @@ import os
 import re
 
 import pytest
-from report_fixtures import GOLDEN, VOCABULARIES, metric_rows
 
 from oodbench.analysis.spread import spread_vs_noise
 from oodbench.analysis.subsample import SubsampleSummary
 from oodbench.errors import AnalysisError
 from oodbench.report.latex import render_latex
-from oodbench.report.markdown import render_markdown
 from oodbench.report.tables import VocabScore, parse_vocabulary_score, table1, table2, table_a1, table_a2, table_a6
 from oodbench.report.tables import supervised_rows as supervised_rows_of
+from oodbench.tabular import render_markdown
+
+from .helpers import GOLDEN, VOCABULARIES, metric_rows
 
 
 def _check_golden(name: str, text: str) -> None:
@@ -245,5 +246,5 @@ def test_latex_is_booktabs_with_bold_best(supervised_rows) -> None:
     # Every row has as many cells as the column spec declares.
     spec = re.search(r"\\begin\{tabular\}\{([lr]+)\}", tex).group(1)
     body = tex.split(r"\midrule")[1].split(r"\bottomrule")[0]
-    for line in filter(None, (l.strip() for l in body.splitlines())):
+    for line in filter(None, (text.strip() for text in body.splitlines())):
         assert line.count(" & ") == len(spec) - 1

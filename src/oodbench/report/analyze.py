@@ -1,4 +1,8 @@
-"""`oodbench analyze …`: subsampling study, confidence intervals and paired DeLong tests on an evaluation run."""
+"""`oodbench analyze …`: subsampling study, confidence intervals and paired DeLong tests on an evaluation run.
+
+The statistics are `oodbench.analysis`'s; this command renders them with the report's tables and figures, so it
+lives in the report package (analysis never imports report).
+"""
 
 from __future__ import annotations
 
@@ -50,11 +54,11 @@ def subsample_command(
 
     Example: oodbench analyze subsample runs/resnet50 --n 655 --draws 1000
     """
-    from ..report.markdown import render_markdown
-    from ..report.tables import table_a6
-    from .rundata import load_run
-    from .spread import spread_vs_noise
-    from .subsample import subsample_run
+    from ..analysis.rundata import load_run
+    from ..analysis.spread import spread_vs_noise
+    from ..analysis.subsample import subsample_run
+    from ..tabular import render_markdown
+    from .tables import table_a6
 
     run = load_run(run_dir)
     requested = n or ["auto"]
@@ -91,7 +95,7 @@ def subsample_command(
     target = out or run_dir / "analysis" / "subsample.json"
     _write_json(target, {"run": str(run_dir), "draws": draws, "seed": seed, "tpr": tpr, "results": results})
     if figure is not None:
-        from ..report.figures import fig_subsample_curves, save_figure
+        from .figures import fig_subsample_curves, save_figure
 
         curves: dict[str, list] = {}
         for studies in per_n:
@@ -121,10 +125,10 @@ def ci_command(
 
     Example: oodbench analyze ci runs/resnet50 --detector knn --detector energy --resamples 2000
     """
-    from ..report.markdown import render_markdown
-    from ..report.tables import table_intervals
-    from .rundata import load_run
-    from .runs import INTERVAL_METHODS, intervals_for_run
+    from ..analysis.rundata import load_run
+    from ..analysis.runs import INTERVAL_METHODS, intervals_for_run
+    from ..tabular import render_markdown
+    from .tables import table_intervals
 
     records = intervals_for_run(
         load_run(run_dir),
@@ -157,10 +161,10 @@ def compare_command(
 
     Example: oodbench analyze compare runs/resnet50 --a knn --b energy
     """
-    from ..report.markdown import render_markdown
-    from ..report.tables import table_delong
-    from .rundata import load_run
-    from .runs import compare_in_run
+    from ..analysis.rundata import load_run
+    from ..analysis.runs import compare_in_run
+    from ..tabular import render_markdown
+    from .tables import table_delong
 
     results = compare_in_run(load_run(run_dir), a, b, ood_datasets=dataset, confidence=confidence)
     typer.echo(render_markdown(table_delong(results, confidence)))

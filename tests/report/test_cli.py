@@ -7,12 +7,13 @@ import re
 
 import pytest
 import typer
-from report_fixtures import VOCABULARIES
 from typer.testing import CliRunner
 
 from oodbench.cli import OodbenchGroup
 from oodbench.report.cli import register
 from oodbench.results import write_rows
+
+from .helpers import VOCABULARIES
 
 runner = CliRunner()
 FAST = ["--draws", "100", "--curve-draws", "30", "--resamples", "100", "--quiet"]
@@ -107,7 +108,7 @@ def test_names_stay_unique_when_run_directories_share_a_name(two_runs, tmp_path)
     from oodbench.report.build import ReportOptions, build_report
 
     copies = []
-    for parent, run in zip("ab", two_runs):
+    for parent, run in zip("ab", two_runs, strict=False):
         target = tmp_path / parent / "run"
         shutil.copytree(run, target)
         copies.append(target)
@@ -116,3 +117,18 @@ def test_names_stay_unique_when_run_directories_share_a_name(two_runs, tmp_path)
     stems = [f.stem for f in content.figures()]
     assert len(keys) == len(set(keys)) and len(stems) == len(set(stems))
     assert "prov-run" in keys and "prov-run-2" in keys
+
+
+def test_report_states_the_convention_and_captions_once(cli, two_runs, tmp_path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(
+        cli, ["report", str(two_runs[0]), "--out", str(out), "--format", "md,tex", "--no-score-figures", *FAST]
+    )
+    assert result.exit_code == 0, result.output
+    markdown = (out / "report.md").read_text()
+    overview = markdown.split("## Overview", 1)[1].split("\n## ", 1)[0]
+    assert "ID is the positive class" in overview and "OpenOOD" in overview
+    tex = (out / "report.tex").read_text()
+    captions = re.findall(r"\\caption\{([^}]*)\}", tex)
+    assert captions and not [c for c in captions if re.match(r"(Table|Fig\.) [0-9A]+[0-9]*:", c)], captions
+    assert r"\caption{Best FPR@95 and AUROC per model and OOD set (paper Table 1)}" in tex

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from oodbench.results import ResultRow
@@ -24,3 +25,16 @@ def metric_rows(
         rows.append(ResultRow(model, id_dataset, ood, detector, "fpr95", fpr, 50000, n_ood))
         rows.append(ResultRow(model, id_dataset, ood, detector, "auroc", auroc, 50000, n_ood))
     return rows
+
+
+def write_accuracy(
+    run_dir: Path, model: str, top1: dict[str, tuple[float, int]], dataset: str = "imagenet-val"
+) -> Path:
+    """RUN_DIR/accuracy.json as helper `paper` writes it: {labels: (top-1 fraction, n)} per label set."""
+    path = Path(run_dir) / "accuracy.json"
+    rows = [
+        {"dataset": dataset, "labels": labels, "top1": value, "n": n, "n_excluded": 0}
+        for labels, (value, n) in top1.items()
+    ]
+    path.write_text(json.dumps({"model": model, "rows": rows}), encoding="utf-8")
+    return path

@@ -23,11 +23,11 @@ from oodbench.outputs import Outputs
 from oodbench.report.build import ReportOptions, build_report, split_rows
 from oodbench.report.cli import register
 from oodbench.report.figures import vocab_sweep_lines
-from oodbench.report.markdown import render_markdown
 from oodbench.report.tables import Table, table1, table_a1, table_a2, table_detectors
 from oodbench.results import read_rows
 from oodbench.scores import load_scores
 from oodbench.store import Store
+from oodbench.tabular import render_markdown
 from oodbench.zeroshot.evaluate import evaluate_zeroshot_store, make_plan
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 
@@ -118,7 +118,7 @@ def make_zeroshot_run(root: Path, model: str = ZS_MODEL, seed: int = 0, vocabula
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    make_run = _module(TESTS / "analysis" / "analysis_run_factory.py", "oodbench_tests_synthetic_run_zs").make_run
+    make_run = _module(TESTS / "analysis" / "helpers.py", "oodbench_tests_synthetic_run_zs").make_run
     root = tmp_path_factory.mktemp("zs-report")
     return {"zeroshot": make_zeroshot_run(root), "supervised": make_run(root, "toy-a", seed=0), "root": root}
 
