@@ -112,6 +112,18 @@ def extract_command(
     image_size: int | None = typer.Option(
         None, "--image-size", help="timm: override the input resolution (default: the model's)."
     ),
+    convert: str = typer.Option(
+        "auto",
+        "--convert",
+        help="timm --checkpoint key naming: auto (detect) | none | efficientnet_pytorch (see docs/extract.md).",
+    ),
+    mean: str | None = typer.Option(None, "--mean", help="timm: normalisation mean, one value or R,G,B."),
+    std: str | None = typer.Option(None, "--std", help="timm: normalisation std, one value or R,G,B."),
+    interpolation: str | None = typer.Option(
+        None, "--interpolation", help="timm: resize interpolation (bicubic, bilinear, …)."
+    ),
+    crop_pct: float | None = typer.Option(None, "--crop-pct", help="timm: centre-crop fraction in (0, 1]."),
+    crop_mode: str | None = typer.Option(None, "--crop-mode", help="timm: center | squash | border."),
     nac: list[str] = typer.Option([], "--nac", help="NAC layer LAYER[:ALPHA[:POOLING]], repeatable (e.g. layer3:300)."),
     patches: bool | None = typer.Option(
         None,
@@ -143,6 +155,28 @@ def extract_command(
         raise _fail(exc) from None
 
 
+def _numbers(option: str, text: str | None) -> list[float] | None:
+    """'0.5' or '0.485,0.456,0.406' as floats (validated further by check_preprocessing)."""
+    if text is None:
+        return None
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise OodbenchError(f"{option} takes one number or three separated by commas; got {text!r}") from None
+
+
+def preprocessing_overrides(opts: dict[str, Any]) -> dict[str, Any]:
+    """The explicit preprocessing settings given on the command line (none given: the model's defaults)."""
+    given = {
+        "mean": _numbers("--mean", opts.get("mean")),
+        "std": _numbers("--std", opts.get("std")),
+        "interpolation": opts.get("interpolation"),
+        "crop_pct": opts.get("crop_pct"),
+        "crop_mode": opts.get("crop_mode"),
+    }
+    return {key: value for key, value in given.items() if value is not None}
+
+
 def _run_extract(**opts: Any) -> None:
     from .dataset_registry import get as get_registered
     from .dataset_registry import open_registered
@@ -160,6 +194,8 @@ def _run_extract(**opts: Any) -> None:
 
             if opts["text_labels"] is not None or opts["patches"]:
                 raise OodbenchError("--text-labels and --patches apply to open_clip models only")
+            if opts["convert"] != "auto" and opts["checkpoint"] is None:
+                raise OodbenchError("--convert applies to --checkpoint files only")
             if opts["pretrained"] not in ("default", "true", "none", "false"):
                 raise OodbenchError(
                     "for timm models --pretrained takes 'default' (hub weights); use --checkpoint PATH for a file"
@@ -173,6 +209,8 @@ def _run_extract(**opts: Any) -> None:
                 nac_layers=nac_layers,
                 num_classes=opts["num_classes"],
                 image_size=opts["image_size"],
+                preprocessing=preprocessing_overrides(opts),
+                convert=opts["convert"],
             )
             bundle = None
         else:
@@ -180,6 +218,11 @@ def _run_extract(**opts: Any) -> None:
 
             if nac_layers:
                 raise OodbenchError("--nac applies to supervised timm models only")
+            if preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto":
+                raise OodbenchError(
+                    "--mean/--std/--interpolation/--crop-pct/--crop-mode/--image-size/--convert apply to timm models; "
+                    "open_clip models use the preprocessing their weights were trained with"
+                )
             tag = None if opts["no_pretrained"] or opts["pretrained"] in ("none", "false") else opts["pretrained"]
             if opts["checkpoint"] is not None:
                 tag = str(opts["checkpoint"])
@@ -191,6 +234,10 @@ def _run_extract(**opts: Any) -> None:
             backbone = OpenClipBackbone(bundle, patches=opts["patches"])
     for warning in caught:
         console.print(f"[yellow]warning:[/yellow] {warning.message}")
+    from .backbones.base import describe_preprocessing
+
+    overrides = getattr(backbone, "preprocessing_overrides", None)
+    console.print(f"preprocessing of {backbone.name}: {describe_preprocessing(backbone.preprocessing, overrides)}")
     model_id = opts["model_id"] or backbone.default_model_id()
     if bundle is not None and opts["text_labels"] is not None:
         from .openclip import cached_text_embeddings
@@ -231,6 +278,17 @@ def _run_extract(**opts: Any) -> None:
         from .datasets import ImageList
 
         images = ImageList(images.root, images.items, None, None, images.source)
+    if opts["checkpoint"] is not None and kind == "timm":
+        from .checks import probe_predictions
+
+        if opts["engine"] == "local":
+            backbone.to(opts["device"])
+        check = probe_predictions(backbone, images)
+        if check is not None:
+            hits = "" if check.correct is None else f", {check.correct} matching their labels"
+            console.print(f"probe: top-1 of the first {check.n} images: {check.top1[:8]}{hits}")
+            for message in check.warnings:
+                console.print(f"[yellow]warning:[/yellow] {message}")
     engine_options: dict[str, Any] = {}
     if opts["engine"] == "ray":
         engine_options = {"address": opts["ray_address"], "num_actors": opts["num_actors"]}
@@ -267,9 +325,7 @@ def probe_command(
     model_id: str = typer.Option(..., "--model-id", help="Model id of the frozen backbone's embeddings."),
     fit_dataset: str = typer.Option(..., "--fit-dataset", help="Labelled dataset id to train the probe on."),
     apply_to: list[str] = typer.Option([], "--apply-to", help="Dataset ids to write probe logits for (repeatable)."),
-    probe_id: str | None = typer.Option(
-        None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."
-    ),
+    probe_id: str | None = typer.Option(None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."),
     method: str = typer.Option("auto", "--method", help="auto | lbfgs (full batch) | minibatch."),
     val_fraction: float = typer.Option(0.1, "--val-fraction", help="Held-out share of every class for early stopping."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and of mini-batch order."),
