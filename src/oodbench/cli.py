@@ -140,6 +140,7 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
 
 
 # Each pipeline area owns its commands and adds them here.
+from . import accuracy_cli as _accuracy_cli  # noqa: E402
 from .analysis import cli as _analysis_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
 from .construct import cli as _construct_cli  # noqa: E402
@@ -148,7 +149,16 @@ from .report import cli as _report_cli  # noqa: E402
 from .runner import cli as _runner_cli  # noqa: E402
 from .zeroshot import cli as _zeroshot_cli  # noqa: E402
 
-for _area in (_extract_cli, _zeroshot_cli, _analysis_cli, _report_cli, _audit_cli, _construct_cli, _runner_cli):
+for _area in (
+    _extract_cli,
+    _accuracy_cli,
+    _zeroshot_cli,
+    _analysis_cli,
+    _report_cli,
+    _audit_cli,
+    _construct_cli,
+    _runner_cli,
+):
     _area.register(app)
 
 

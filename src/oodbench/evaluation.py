@@ -234,6 +234,10 @@ def evaluate_store(
                 save_scores(run_dir, model_id, dataset, per_detector, replace=True)
         write_rows(result.rows, run_dir / "results.parquet")
         atomic_write_text(run_dir / "table.md", result.table_markdown)
+        if id_test.labels is not None and id_test.logits is not None:
+            from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
+
+            record_accuracy(run_dir, store, model_id, id_dataset)
         ran_keys = {name: keys[name] for name in plan if name not in result.skipped}
         _write_run_json(
             run_dir,
