@@ -214,11 +214,13 @@ def accuracy_rows(
     *,
     multilabels: Mapping[str, MultiLabels] | None = None,
     text_embeddings: np.ndarray | None = None,
+    need_items: bool = True,
 ) -> list[AccuracyRow]:
     """Top-1 rows of one entry: original labels, then each re-annotation; zero-shot when text embeddings are given.
 
     Classifiers predict from the stored logits; a VLM (pass `text_embeddings` of the ID classes, in label order)
-    predicts from its stored image embeddings.
+    predicts from its stored image embeddings. Re-annotations need the entry's item list; without one they raise,
+    or are skipped when `need_items` is False.
     """
     outputs = store.read(model_id, dataset_id)
     if text_embeddings is not None:
@@ -234,7 +236,12 @@ def accuracy_rows(
         accuracy, n = top1(predicted, outputs.labels)
         rows.append(AccuracyRow(dataset_id, "original", accuracy, n, len(predicted) - n))
     if multilabels:
-        items = entry_items(store, model_id, dataset_id)
+        try:
+            items = entry_items(store, model_id, dataset_id)
+        except AccuracyError:
+            if need_items:
+                raise
+            return rows
         for name, labels in multilabels.items():
             sets, covered = labels.for_items(items)
             if not covered.any():
@@ -300,13 +307,19 @@ def record_accuracy(
     multilabels: Mapping[str, MultiLabels] | None = None,
     text_embeddings: np.ndarray | None = None,
 ) -> list[AccuracyRow]:
-    """Compute `accuracy_rows` (with ReaL by default when timm ships it) and write them into `run_dir`."""
+    """Compute `accuracy_rows` and write them into `run_dir`.
+
+    Without `multilabels`, ReaL is scored when timm ships it and the entry lists its images (skipped otherwise).
+    """
+    automatic = multilabels is None
     if multilabels is None:
         try:
             multilabels = {"real": _real_labels_cached()}
         except AccuracyError:
             multilabels = {}
-    rows = accuracy_rows(store, model_id, dataset_id, multilabels=multilabels, text_embeddings=text_embeddings)
+    rows = accuracy_rows(
+        store, model_id, dataset_id, multilabels=multilabels, text_embeddings=text_embeddings, need_items=not automatic
+    )
     if run_dir is not None and rows:
         write_accuracy(run_dir, model_id, rows)
     return rows
