@@ -1,27 +1,104 @@
-"""`oodbench …` commands. Thin: parse arguments, call the library, print."""
+"""`oodbench …` commands. Thin: parse arguments, call the library, print.
+
+Errors are handled in one place, the root command group (`OodbenchGroup`) that every command runs under, and
+`main()`: an expected error (an `OodbenchError`, a bad parameter, a file that cannot be read or written) is one
+line on stderr and exit status 2; anything else is one line with the exception type and the path of a log file
+that holds the traceback, and exit status 1. No command ends in a raw traceback.
+"""
 
 from __future__ import annotations
 
+import datetime as _dt
+import os
 import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # typer vendors click
+from typer.core import TyperGroup
 
 from .cli_params import parse_params
 from .errors import OodbenchError
 
+EXPECTED = 2  # exit status of an expected error (bad input, bad parameter)
+UNEXPECTED = 1  # exit status of a bug or an environment failure (traceback in the log file)
+
+
+class CliError(ClickException):
+    """An error reduced to one line: expected (exit 2) or unexpected (exit 1, traceback in a log file)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(" ".join(message.split()) or "(no message)")  # one line, whatever the cause printed
+        self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        """Print ``error: …`` on stderr (red on a terminal)."""
+        typer.secho(f"error: {self.message}", fg=typer.colors.RED, err=True)
+
+
+def log_dir() -> Path:
+    """Where tracebacks of unexpected errors go: $OODBENCH_LOG_DIR, else ~/.cache/oodbench/logs (else the temp dir)."""
+    configured = os.environ.get("OODBENCH_LOG_DIR")
+    if configured:
+        return Path(configured)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "oodbench" / "logs"
+
+
+def _write_log(exc: BaseException) -> Path:
+    """Write the traceback (and the command line) to a new log file; its path."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    text = "oodbench " + " ".join(sys.argv[1:]) + "\n\n" + "".join(traceback.format_exception(exc))
+    for directory in (log_dir(), Path(tempfile.gettempdir()) / "oodbench-logs"):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"error-{stamp}-{os.getpid()}.log"
+            path.write_text(text, encoding="utf-8")
+            return path
+        except OSError:
+            continue
+    return Path("(no writable log directory)")
+
+
+def as_cli_error(exc: BaseException) -> CliError:
+    """The one-line error a command failure becomes (see the module docstring)."""
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, OodbenchError):
+        return CliError(str(exc), EXPECTED)
+    if isinstance(exc, ClickException):  # a bad parameter found while the command ran
+        return CliError(exc.format_message(), EXPECTED)
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        # A file the user named cannot be read or written: their input, not a bug.
+        return CliError(f"{exc.filename}: {exc.strerror.lower()}", EXPECTED)
+    log = _write_log(exc)
+    return CliError(f"unexpected {type(exc).__name__}: {exc} (traceback in {log})", UNEXPECTED)
+
+
+class OodbenchGroup(TyperGroup):
+    """The root command group: every command's failure becomes one line and an exit status (2 or 1)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, UsageError, CliError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise as_cli_error(exc) from exc
+
+
 app = typer.Typer(
     name="oodbench",
+    cls=OodbenchGroup,
     help="Out-of-distribution detection research at ImageNet scale: extract, evaluate, analyse, audit, report.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
 
 
 @app.command()
@@ -53,18 +130,15 @@ def evaluate(
     from . import detectors as registry
     from .evaluation import evaluate_store
 
-    try:
-        names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else registry.available()
-        overrides = parse_params(param)
-        unknown = sorted(set(overrides) - set(names))
-        if unknown:
-            raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
-        plan = {name: overrides.get(name, {}) for name in names}
-        result = evaluate_store(
-            store, model, fit, id_dataset, ood, plan, out_dir=out, tpr=tpr, strict=strict, progress=progress
-        )
-    except OodbenchError as exc:
-        _fail(exc)
+    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else registry.available()
+    overrides = parse_params(param)
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
+    plan = {name: overrides.get(name, {}) for name in names}
+    result = evaluate_store(
+        store, model, fit, id_dataset, ood, plan, out_dir=out, tpr=tpr, strict=strict, progress=progress
+    )
     sys.stdout.write(result.table_markdown)
     for name, reason in result.skipped.items():
         typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
@@ -107,10 +181,7 @@ def demo(
     """
     from .demo.run import print_summary, run_demo
 
-    try:
-        result = run_demo(out, seed, progress=progress)
-    except OodbenchError as exc:
-        _fail(exc)
+    result = run_demo(out, seed, progress=progress)
     print_summary(result)
 
 
@@ -162,9 +233,28 @@ for _area in (
     _area.register(app)
 
 
-def main() -> None:
-    """Console entry point."""
-    app()
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point (``oodbench``): run the command, then exit 0, 2 (expected error) or 1 (unexpected)."""
+    try:
+        code = app(args=list(argv) if argv is not None else None, prog_name="oodbench", standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # `oodbench AREA` alone: the area's help
+        exc.show()
+        code = EXPECTED
+    except UsageError as exc:  # a missing or malformed option: one line, and where to look
+        command = exc.ctx.command_path if exc.ctx is not None else "oodbench"
+        CliError(f"{exc.format_message()} (see: {command} --help)", EXPECTED).show()
+        code = EXPECTED
+    except typer.Abort:
+        typer.secho("aborted", err=True)
+        code = 130
+    except KeyboardInterrupt:
+        typer.secho("interrupted", err=True)
+        code = 130
+    except Exception as exc:  # raised outside a command (while parsing), or a CliError from one
+        error = as_cli_error(exc)
+        error.show()
+        code = error.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

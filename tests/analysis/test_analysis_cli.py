@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from oodbench import metrics
 from oodbench.analysis.cli import register
+from oodbench.cli import OodbenchGroup
 from oodbench.scores import load_scores
 
 runner = CliRunner()
@@ -19,7 +20,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def cli() -> typer.Typer:
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
 
     @app.command("noop")
@@ -116,7 +117,7 @@ def test_ci_and_compare(cli, synthetic_run, tmp_path) -> None:
 def test_errors_are_clear(cli, synthetic_run, tmp_path, args, message) -> None:
     args = [a.format(run=synthetic_run, missing=tmp_path / "nope") for a in args]
     result = runner.invoke(cli, ["analyze", *args, "--quiet"] if args[0] in ("subsample", "ci") else ["analyze", *args])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert message in result.stderr
 
 

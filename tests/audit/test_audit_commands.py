@@ -13,13 +13,14 @@ from typer.testing import CliRunner
 from oodbench import Outputs, Store
 from oodbench.audit import train_probe
 from oodbench.audit.cli import register
+from oodbench.cli import OodbenchGroup
 
 PROVENANCE = {"model": "toy", "checkpoint": "abc", "preprocessing": "none"}
 
 
 @pytest.fixture(scope="module")
 def cli():
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
     runner = CliRunner()
     return lambda *args: runner.invoke(app, ["audit", *args], catch_exceptions=False)

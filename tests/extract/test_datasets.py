@@ -9,6 +9,7 @@ import typer
 from extract_helpers import write_images
 from typer.testing import CliRunner
 
+from oodbench.cli import OodbenchGroup
 from oodbench.errors import DataError
 from oodbench.extract import dataset_registry
 from oodbench.extract.cli import register
@@ -195,7 +196,7 @@ def test_datasets_cli(tmp_path):
 
 def test_extract_a_registered_dataset(tmp_path):
     root = _fake_root(tmp_path)
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
     result = CliRunner().invoke(
         app,

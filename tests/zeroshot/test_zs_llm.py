@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from oodbench.cli import OodbenchGroup
 from oodbench.errors import ZeroShotError
 from oodbench.zeroshot.classes import ClassList
 from oodbench.zeroshot.llm import ChatClient, LLMConfig, LLMError, RateLimiter
@@ -327,7 +328,7 @@ def test_cli_builds_llm_vocabularies_and_resumes(tmp_path, monkeypatch):
 
     for name in ("OODBENCH_LLM_BASE_URL", "OPENAI_BASE_URL", "OODBENCH_LLM_MODEL"):
         monkeypatch.delenv(name, raising=False)
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
     classes = tmp_path / "classes.txt"
     classes.write_text("tench\ngoldfish\n")

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from ..atomic import atomic_write_json
-from ..errors import OodbenchError
 
 app = typer.Typer(
     help="Statistics on an evaluation run directory: subsampling (Table A6), confidence intervals, "
@@ -20,11 +19,6 @@ RunDir = Annotated[Path, typer.Argument(help="Evaluation run directory (written 
 Datasets = Annotated[list[str] | None, typer.Option("--dataset", help="Only these OOD datasets (repeatable).")]
 Detectors = Annotated[list[str] | None, typer.Option("--detector", help="Only these detectors (repeatable).")]
 Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bar.")]
-
-
-def _fail(exc: Exception) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(1)
 
 
 def _write_json(target: Path, payload: dict[str, object]) -> None:
@@ -62,53 +56,50 @@ def subsample_command(
     from .spread import spread_vs_noise
     from .subsample import subsample_run
 
-    try:
-        run = load_run(run_dir)
-        requested = n or ["auto"]
-        results: list[dict[str, object]] = []
-        per_n = []
-        for value in requested:
-            studies, notes = subsample_run(
-                run,
-                value,
-                draws=draws,
-                seed=seed,
-                tpr=tpr,
-                ood_datasets=dataset,
-                detectors=detector,
-                progress=not quiet,
-            )
-            summaries = [s.summary() for s in studies]
-            spreads = spread_vs_noise(summaries)
-            per_n.append(studies)
-            for note in notes:
-                typer.echo(f"note: {note}", err=True)
-            if str(value).lower() == "auto":
-                typer.echo(f"note: n=auto resolved to n={studies[0].n}", err=True)
-            typer.echo(render_markdown(table_a6(summaries, spreads)))
-            results.append(
-                {
-                    "n": studies[0].n,
-                    "requested": str(value),
-                    "notes": notes,
-                    "summaries": [s.as_dict() for s in summaries],
-                    "spread": [s.as_dict() for s in spreads],
-                }
-            )
-        target = out or run_dir / "analysis" / "subsample.json"
-        _write_json(target, {"run": str(run_dir), "draws": draws, "seed": seed, "tpr": tpr, "results": results})
-        if figure is not None:
-            from ..report.figures import fig_subsample_curves, save_figure
+    run = load_run(run_dir)
+    requested = n or ["auto"]
+    results: list[dict[str, object]] = []
+    per_n = []
+    for value in requested:
+        studies, notes = subsample_run(
+            run,
+            value,
+            draws=draws,
+            seed=seed,
+            tpr=tpr,
+            ood_datasets=dataset,
+            detectors=detector,
+            progress=not quiet,
+        )
+        summaries = [s.summary() for s in studies]
+        spreads = spread_vs_noise(summaries)
+        per_n.append(studies)
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
+        if str(value).lower() == "auto":
+            typer.echo(f"note: n=auto resolved to n={studies[0].n}", err=True)
+        typer.echo(render_markdown(table_a6(summaries, spreads)))
+        results.append(
+            {
+                "n": studies[0].n,
+                "requested": str(value),
+                "notes": notes,
+                "summaries": [s.as_dict() for s in summaries],
+                "spread": [s.as_dict() for s in spreads],
+            }
+        )
+    target = out or run_dir / "analysis" / "subsample.json"
+    _write_json(target, {"run": str(run_dir), "draws": draws, "seed": seed, "tpr": tpr, "results": results})
+    if figure is not None:
+        from ..report.figures import fig_subsample_curves, save_figure
 
-            curves: dict[str, list] = {}
-            for studies in per_n:
-                for study in studies:
-                    curves.setdefault(f"{study.model}/{study.ood_dataset}", []).append(study)
-            fmt = figure.suffix.lstrip(".").lower() or "png"
-            save_figure(fig_subsample_curves(curves), figure.parent, figure.stem, [fmt])
-            typer.echo(f"wrote {figure}", err=True)
-    except OodbenchError as exc:
-        _fail(exc)
+        curves: dict[str, list] = {}
+        for studies in per_n:
+            for study in studies:
+                curves.setdefault(f"{study.model}/{study.ood_dataset}", []).append(study)
+        fmt = figure.suffix.lstrip(".").lower() or "png"
+        save_figure(fig_subsample_curves(curves), figure.parent, figure.stem, [fmt])
+        typer.echo(f"wrote {figure}", err=True)
 
 
 @app.command("ci")
@@ -135,25 +126,22 @@ def ci_command(
     from .rundata import load_run
     from .runs import INTERVAL_METHODS, intervals_for_run
 
-    try:
-        records = intervals_for_run(
-            load_run(run_dir),
-            detectors=detector,
-            ood_datasets=dataset,
-            methods=tuple(method or INTERVAL_METHODS),
-            resamples=resamples,
-            confidence=confidence,
-            seed=seed,
-            progress=not quiet,
+    records = intervals_for_run(
+        load_run(run_dir),
+        detectors=detector,
+        ood_datasets=dataset,
+        methods=tuple(method or INTERVAL_METHODS),
+        resamples=resamples,
+        confidence=confidence,
+        seed=seed,
+        progress=not quiet,
+    )
+    typer.echo(render_markdown(table_intervals(records, confidence)))
+    if out is not None:
+        _write_json(
+            out,
+            {"run": str(run_dir), "resamples": resamples, "seed": seed, "records": [r.as_dict() for r in records]},
         )
-        typer.echo(render_markdown(table_intervals(records, confidence)))
-        if out is not None:
-            _write_json(
-                out,
-                {"run": str(run_dir), "resamples": resamples, "seed": seed, "records": [r.as_dict() for r in records]},
-            )
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 @app.command("compare")
@@ -174,19 +162,16 @@ def compare_command(
     from .rundata import load_run
     from .runs import compare_in_run
 
-    try:
-        results = compare_in_run(load_run(run_dir), a, b, ood_datasets=dataset, confidence=confidence)
-        typer.echo(render_markdown(table_delong(results, confidence)))
-        if out is not None:
-            _write_json(
-                out,
-                {
-                    "run": str(run_dir),
-                    "results": [{"model": m, "ood_dataset": o, **r.as_dict()} for m, o, r in results],
-                },
-            )
-    except OodbenchError as exc:
-        _fail(exc)
+    results = compare_in_run(load_run(run_dir), a, b, ood_datasets=dataset, confidence=confidence)
+    typer.echo(render_markdown(table_delong(results, confidence)))
+    if out is not None:
+        _write_json(
+            out,
+            {
+                "run": str(run_dir),
+                "results": [{"model": m, "ood_dataset": o, **r.as_dict()} for m, o, r in results],
+            },
+        )
 
 
 def register(main: typer.Typer) -> None:

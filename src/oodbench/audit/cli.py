@@ -9,7 +9,6 @@ from typing import Any
 import typer
 
 from ..cli_params import parse_params
-from ..errors import OodbenchError
 
 app = typer.Typer(
     help="Benchmark audit: leak fingerprint, exclusion contrast, controlled battery, class-list scan.",
@@ -22,11 +21,6 @@ __all__ = ["app", "register"]
 def register(main: typer.Typer) -> None:
     """Mount the audit commands under `oodbench audit`."""
     main.add_typer(app, name="audit")
-
-
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
@@ -157,31 +151,26 @@ def fingerprint_command(
     from .report import AuditDocument, split_sections, write_document
     from .split import audit_store
 
-    try:
-        config = _config(
-            pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed
-        )
-        audits = audit_store(
-            store,
-            model,
-            fit,
-            id_dataset,
-            ood,
-            suspects=_suspects(suspect),
-            mode=mode,
-            config=config,
-            contrast=contrast,
-            progress=progress,
-        )
-        document = AuditDocument(
-            f"oodbench audit: {model}",
-            split_sections(audits, config),
-            {"config": config.to_dict(), "splits": [a.to_dict() for a in audits]},
-            subject=f"store {store}, model {model}, fit {fit}, ID test {id_dataset}",
-        )
-        paths = write_document(document, out, "audit")
-    except OodbenchError as exc:
-        _fail(exc)
+    config = _config(pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed)
+    audits = audit_store(
+        store,
+        model,
+        fit,
+        id_dataset,
+        ood,
+        suspects=_suspects(suspect),
+        mode=mode,
+        config=config,
+        contrast=contrast,
+        progress=progress,
+    )
+    document = AuditDocument(
+        f"oodbench audit: {model}",
+        split_sections(audits, config),
+        {"config": config.to_dict(), "splits": [a.to_dict() for a in audits]},
+        subject=f"store {store}, model {model}, fit {fit}, ID test {id_dataset}",
+    )
+    paths = write_document(document, out, "audit")
     sys.stdout.write(document.markdown())
     typer.echo("report: " + ", ".join(str(p) for p in paths.values()))
 
@@ -229,43 +218,38 @@ def battery_command(
     from .battery import battery_document, battery_from_demo, battery_from_store, run_battery
     from .report import write_document
 
-    try:
-        config = _config(
-            pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed
-        )
-        wanted = _classes(classes)
-        if demo is not None:
-            if store is not None:
-                raise typer.BadParameter("give either --demo or --store, not both")
-            from ..demo import prepare
+    config = _config(pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed)
+    wanted = _classes(classes)
+    if demo is not None:
+        if store is not None:
+            raise typer.BadParameter("give either --demo or --store, not both")
+        from ..demo import prepare
 
-            setup = prepare(demo, seed)
-            store, model, train, test = setup.store.root, setup.model_id, setup.fit_dataset, setup.id_dataset
-            splits = battery_from_demo(setup, classes=wanted, far=far, config=config)
-        elif store is None or model is None or train is None or test is None:
-            raise typer.BadParameter("give --demo DIR, or --store, --model, --train and --test")
-        else:
-            splits = battery_from_store(
-                store,
-                model,
-                train,
-                test,
-                extra_train=extra_train,
-                extra_test=extra_test,
-                far=far or (),
-                classes=wanted,
-                config=config,
-            )
-        result = run_battery(splits, config, progress=progress)
-        document = battery_document(
-            result,
-            config,
-            f"store {store}, model {model}, train {train}, test {test}",
-            f"oodbench audit battery: {model}",
+        setup = prepare(demo, seed)
+        store, model, train, test = setup.store.root, setup.model_id, setup.fit_dataset, setup.id_dataset
+        splits = battery_from_demo(setup, classes=wanted, far=far, config=config)
+    elif store is None or model is None or train is None or test is None:
+        raise typer.BadParameter("give --demo DIR, or --store, --model, --train and --test")
+    else:
+        splits = battery_from_store(
+            store,
+            model,
+            train,
+            test,
+            extra_train=extra_train,
+            extra_test=extra_test,
+            far=far or (),
+            classes=wanted,
+            config=config,
         )
-        paths = write_document(document, out, "battery")
-    except OodbenchError as exc:
-        _fail(exc)
+    result = run_battery(splits, config, progress=progress)
+    document = battery_document(
+        result,
+        config,
+        f"store {store}, model {model}, train {train}, test {test}",
+        f"oodbench audit battery: {model}",
+    )
+    paths = write_document(document, out, "battery")
     typer.echo(
         f"sensitivity {result.sensitivity:.3f}  specificity {result.specificity:.3f}  "
         f"(rule alone: {result.rule_sensitivity:.3f} / {result.rule_specificity:.3f}; "
@@ -306,23 +290,20 @@ def scan_command(
     from .suites import load_suites
     from .wordnet import label_space as load_space
 
-    try:
-        suites = load_suites(list(suite) if suite else None)
-        spaces = [load_space(s) for s in (label_space or ["imagenet-1k", "imagenet-21k"])]
-        scans = scan_suites(suites, spaces)
-        sections = scan_sections(scans, suites, details=details)
-        document = AuditDocument(
-            "oodbench audit: suite class-list scan",
-            sections,
-            {
-                "scans": [s.to_dict() for s in scans],
-                "scope": suite_scope(scans, spaces[0].name, spaces[1].name if len(spaces) > 1 else "imagenet-21k"),
-            },
-            subject="label spaces: " + ", ".join(f"{s.name} ({len(s)} classes)" for s in spaces),
-        )
-        paths = write_document(document, out, "scan") if out is not None else {}
-    except OodbenchError as exc:
-        _fail(exc)
+    suites = load_suites(list(suite) if suite else None)
+    spaces = [load_space(s) for s in (label_space or ["imagenet-1k", "imagenet-21k"])]
+    scans = scan_suites(suites, spaces)
+    sections = scan_sections(scans, suites, details=details)
+    document = AuditDocument(
+        "oodbench audit: suite class-list scan",
+        sections,
+        {
+            "scans": [s.to_dict() for s in scans],
+            "scope": suite_scope(scans, spaces[0].name, spaces[1].name if len(spaces) > 1 else "imagenet-21k"),
+        },
+        subject="label spaces: " + ", ".join(f"{s.name} ({len(s)} classes)" for s in spaces),
+    )
+    paths = write_document(document, out, "scan") if out is not None else {}
     from ..report.markdown import render_markdown
 
     sys.stdout.write(render_markdown(sections[0].tables[0]))
@@ -339,15 +320,12 @@ def suites_command() -> None:
     """
     from .suites import load_suites
 
-    try:
-        for suite in load_suites():
-            count = f"{suite.num_classes} classes" if suite.available else "no class list"
-            source = suite.source
-            typer.echo(
-                f"{suite.name:<26} {suite.kind:<11} {count:<14} {source.get('repository', '')} ({source.get('licence', '')})"
-            )
-    except OodbenchError as exc:
-        _fail(exc)
+    for suite in load_suites():
+        count = f"{suite.num_classes} classes" if suite.available else "no class list"
+        source = suite.source
+        typer.echo(
+            f"{suite.name:<26} {suite.kind:<11} {count:<14} {source.get('repository', '')} ({source.get('licence', '')})"
+        )
 
 
 @app.command("overlap")
@@ -368,15 +346,12 @@ def overlap_command(
     from ..store import Store
     from .overlap import pair_overlap
 
-    try:
-        root = Store(store)
-        root.check_compatible(*[(model, d) for d in (id_dataset, *ood)])
-        id_set = root.read(model, id_dataset)
-        for dataset in ood:
-            value = pair_overlap(id_set, root.read(model, dataset), k=k, max_rows_per_side=max_rows, seed=seed)
-            typer.echo(
-                f"{dataset}: L_{k} = {value.value:.4f}  (chance {value.chance:.4f}, {value.relative:.2f}x chance; "
-                f"ID {value.per_label[1]:.4f}, OOD {value.per_label[0]:.4f}; n = {value.n})"
-            )
-    except OodbenchError as exc:
-        _fail(exc)
+    root = Store(store)
+    root.check_compatible(*[(model, d) for d in (id_dataset, *ood)])
+    id_set = root.read(model, id_dataset)
+    for dataset in ood:
+        value = pair_overlap(id_set, root.read(model, dataset), k=k, max_rows_per_side=max_rows, seed=seed)
+        typer.echo(
+            f"{dataset}: L_{k} = {value.value:.4f}  (chance {value.chance:.4f}, {value.relative:.2f}x chance; "
+            f"ID {value.per_label[1]:.4f}, OOD {value.per_label[0]:.4f}; n = {value.n})"
+        )

@@ -66,9 +66,7 @@ def init(
     mturk: Path | None = typer.Option(
         None, "--mturk", help="Northcutt et al. imagenet_mturk.json: majority 'neither'."
     ),
-    mturk_min_neither: int | None = typer.Option(
-        None, help="Votes for 'neither' needed (default: a strict majority)."
-    ),
+    mturk_min_neither: int | None = typer.Option(None, help="Votes for 'neither' needed (default: a strict majority)."),
     table: Path | None = typer.Option(None, "--table", help="Generic JSONL/JSON/CSV/TSV re-annotation with flags."),
     mapping: Path | None = typer.Option(None, "--mapping", help="JSON column mapping for --table (see docs)."),
     original_labels: Path | None = typer.Option(

@@ -23,11 +23,6 @@ datasets_app = typer.Typer(
 )
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
-    return typer.Exit(2)
-
-
 def _open_clip_names() -> set[str]:
     """open_clip architecture names, without importing open_clip (slow) unless it is already loaded."""
     import importlib.util
@@ -149,10 +144,7 @@ def extract_command(
 
     Example: oodbench extract --model resnet50.a1_in1k --store store --data /data/imagenet --format imagenet --split val
     """
-    try:
-        _run_extract(**locals())
-    except OodbenchError as exc:
-        raise _fail(exc) from None
+    _run_extract(**locals())
 
 
 def _numbers(option: str, text: str | None) -> list[float] | None:
@@ -342,22 +334,19 @@ def probe_command(
     """
     from .probe import ProbeConfig, run_probe
 
-    try:
-        config = ProbeConfig(
-            val_fraction=val_fraction,
-            seed=seed,
-            weight_decay=weight_decay,
-            method=method,
-            max_epochs=max_epochs,
-            patience=patience,
-            batch_size=batch_size,
-            lr=lr,
-        )
-        report = run_probe(
-            Store(store), model_id, fit_dataset, apply_to=apply_to, probe_id=probe_id, config=config, device=device
-        )
-    except OodbenchError as exc:
-        raise _fail(exc) from None
+    config = ProbeConfig(
+        val_fraction=val_fraction,
+        seed=seed,
+        weight_decay=weight_decay,
+        method=method,
+        max_epochs=max_epochs,
+        patience=patience,
+        batch_size=batch_size,
+        lr=lr,
+    )
+    report = run_probe(
+        Store(store), model_id, fit_dataset, apply_to=apply_to, probe_id=probe_id, config=config, device=device
+    )
     if report.result is not None:
         r = report.result
         console.print(
@@ -401,10 +390,7 @@ def datasets_check(
     """
     from .dataset_registry import check
 
-    try:
-        report = check(root, datasets=only or None, verify=verify)
-    except OodbenchError as exc:
-        raise _fail(exc) from None
+    report = check(root, datasets=only or None, verify=verify)
     if json_output:
         typer.echo(json.dumps([status.as_dict() for status in report], indent=2))
     else:

@@ -8,8 +8,6 @@ from typing import Annotated
 
 import typer
 
-from ..errors import OodbenchError
-
 
 def run_command(
     experiment: Annotated[Path, typer.Argument(help="Experiment file (TOML), e.g. configs/demo.toml.")],
@@ -49,18 +47,12 @@ def run_command(
     from .engine import run_experiment
     from .plan import STAGES, build_plan, format_plan, plan_json
 
-    try:
-        config = load_config(experiment, overrides=set_values or (), workdir=out)
-        if dry_run:
-            plan = build_plan(config)
-            sys.stdout.write(plan_json(plan) + "\n" if as_json else format_plan(plan, units=not summary))
-            return
-        report = run_experiment(
-            config, engine=engine, only=only, progress=progress, device=device, ray_address=ray_address
-        )
-    except OodbenchError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code=2)
+    config = load_config(experiment, overrides=set_values or (), workdir=out)
+    if dry_run:
+        plan = build_plan(config)
+        sys.stdout.write(plan_json(plan) + "\n" if as_json else format_plan(plan, units=not summary))
+        return
+    report = run_experiment(config, engine=engine, only=only, progress=progress, device=device, ray_address=ray_address)
     for stage in STAGES:
         ran, cached = len(report.executed[stage]), len(report.cached[stage])
         if ran or cached:

@@ -1,7 +1,7 @@
 """Run a plan: stage by stage, only the units that are not cached, in this process or fanned out on Ray.
 
-Before any work the run checks that every dataset root it will read exists and that every capability the pending
-units need is installed, so a missing piece fails at once with its name. Each stage is re-planned from disk
+Before any work the run checks that every dataset root it will read exists, so a missing input fails at once with
+its key. Each stage is re-planned from disk
 when it starts (what the previous stage wrote is then cached), and its pending units run in dependency waves.
 On Ray, extraction runs one task per (model, dataset) — the digits demo, which fills its whole store in one
 go, is one task — and fitting/scoring one task per (model, detector); metrics, analyses and the report are
@@ -20,7 +20,6 @@ from .config import ExperimentConfig
 from .plan import STAGES, Plan, Unit, build_plan, report_files
 from .stages import (
     Context,
-    availability,
     record_adopted,
     reset_changed_models,
     run_analysis_unit,
@@ -54,7 +53,7 @@ class RunReport:
 
 
 def check_runnable(plan: Plan, stages: Sequence[str]) -> None:
-    """Raise before any work when inputs are missing, a needed capability is absent, or --only skips prerequisites."""
+    """Raise before any work when inputs are missing or --only skips prerequisites."""
     pending = [u for u in plan.units if u.todo and u.stage in stages]
     extract_datasets = {u.dataset for u in pending if u.stage == "extract"}
     zeroshot_pending = any(u.spec.get("zeroshot") for u in pending)
@@ -68,9 +67,6 @@ def check_runnable(plan: Plan, stages: Sequence[str]) -> None:
     if problems:
         listed = "; ".join(f"{key}: {problem}" for key, problem in problems.items())
         raise ConfigError(f"{listed} (fix the experiment file or pass --set KEY=VALUE)")
-    missing = availability(pending, plan.config)
-    if missing:
-        raise OodbenchError("cannot run this experiment here: " + "; ".join(missing))
     if len(stages) == 1:
         stage = stages[0]
         for unit in pending:
@@ -102,11 +98,12 @@ def _waves(units: Sequence[Unit]) -> list[list[Unit]]:
     return waves
 
 
-def _extract_groups(units: Sequence[Unit]) -> list[list[Unit]]:
-    """Units that must run in one task: the demo's units (one call fills its store), else one unit each."""
+def _extract_groups(config: ExperimentConfig, units: Sequence[Unit]) -> list[list[Unit]]:
+    """Units that must run in one task: those of a model that fills its store in one call (the demo), else one each."""
     groups: dict[str, list[Unit]] = {}
     for unit in units:
-        key = f"demo:{unit.model}" if unit.spec.get("kind") == "demo-digits" else unit.id
+        fills_store = config.models[unit.spec["model"]].kind_of.fills_store
+        key = f"model:{unit.model}" if fills_store and unit.spec["step"] == "extract" else unit.id
         groups.setdefault(key, []).append(unit)
     return list(groups.values())
 
@@ -311,7 +308,7 @@ def _run_stage(
         if stage == "extract":
             reset_changed_models(ctx, pending)
             for wave in _waves(pending):
-                for group in executor.extract(_extract_groups(wave)):
+                for group in executor.extract(_extract_groups(ctx.config, wave)):
                     for unit in group:
                         finished(unit)
             ctx._backbone = None  # free the last model (GPU memory) before scoring

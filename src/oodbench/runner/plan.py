@@ -151,35 +151,6 @@ class Plan:
 
 
 # ----------------------------------------------------------------------------------------------- sizes
-def _demo_counts(seed: int) -> dict[str, int]:
-    """Image counts of the demo's datasets (its data are small and bundled, so they are counted, not guessed)."""
-    from ..demo.data import digits_splits, lfw_faces, uniform_noise
-
-    counts = {name: len(images.labels) for name, images in digits_splits(seed).items()}
-    counts["lfw-faces"] = len(lfw_faces().labels)
-    counts["noise"] = len(uniform_noise(seed=seed).labels)
-    return counts
-
-
-def _registry_count(config: ExperimentConfig, dataset: str) -> int | None:
-    spec = config.datasets[dataset]
-    if "count" in spec.params:
-        return int(spec.params["count"])
-    if spec.kind == "demo":
-        seeds = [m.params["seed"] for m in config.models.values() if m.kind == "demo-digits"]
-        return _demo_counts(seeds[0]).get(dataset) if seeds else None
-    if spec.kind == "imagenet":
-        return 50_000 if spec.params.get("split") == "val" else 1_281_167
-    if spec.kind == "registry":
-        try:
-            from ..extract import dataset_registry
-        except ImportError:
-            return None
-        entry = dataset_registry.REGISTRY.get(spec.params["name"].lower())
-        return entry.expected_count if entry is not None else None
-    return None
-
-
 def _complete_meta(store: Store, model: str, dataset: str) -> dict[str, Any] | None:
     """The metadata of a complete store entry, else None."""
     try:
@@ -220,24 +191,12 @@ def _extract_datasets(config: ExperimentConfig, model: ModelSpec) -> list[str]:
     wanted = config.datasets_of(model)
     ordered: list[str] = []
     for name in wanted:
-        spec = config.datasets[name]
-        if spec.kind == "subset" and spec.params["of"] not in ordered:
-            ordered.append(spec.params["of"])
+        parent = config.datasets[name].parent
+        if parent is not None and parent not in ordered:
+            ordered.append(parent)
         if name not in ordered:
             ordered.append(name)
     return ordered
-
-
-def _adoptable(model: ModelSpec, store: Store, meta: Mapping[str, Any]) -> bool:
-    """Whether a store entry made outside this runner is what the model spec would produce."""
-    provenance = meta.get("provenance", {})
-    if model.kind == "demo-digits":
-        if not store.has_head(model.id):
-            return False
-        recorded = store.head_meta(model.id).get("provenance", {})
-        return recorded.get("seed") == model.params["seed"] and recorded.get("epochs") == model.params["epochs"]
-    name = model.params.get("name") or model.params.get("backbone")
-    return provenance.get("model") == name and not model.params.get("checkpoint")
 
 
 def _plan_extract(
@@ -253,7 +212,7 @@ def _plan_extract(
             if (sid, dataset) in keys:
                 continue  # a backbone shared by several probes is extracted once
             spec = config.datasets[dataset]
-            parent_key = keys.get((sid, spec.params["of"])) if spec.kind == "subset" else None
+            parent_key = keys.get((sid, spec.parent)) if spec.parent is not None else None
             key = content_key("extract", identity, spec.identity(), parent_key, _list_files_identity(spec.params))
             keys[(sid, dataset)] = key
             label = f"{sid}/{dataset}"
@@ -263,16 +222,16 @@ def _plan_extract(
                 key,
                 model=sid,
                 dataset=dataset,
-                deps=(f"extract:{sid}/{spec.params['of']}",) if parent_key else (),
+                deps=(f"extract:{sid}/{spec.parent}",) if parent_key else (),
                 spec={
-                    "kind": "subset" if spec.kind == "subset" else model.kind,
+                    "step": "derive" if spec.parent is not None else "extract",
                     "model": model.id,
                     "model_key": model_key,
                 },
             )
             meta = _complete_meta(store, sid, dataset)
             rows, nbytes = _entry_size(meta) if meta is not None else (None, None)
-            unit.items = rows if rows is not None else _registry_count(config, dataset)
+            unit.items = rows if rows is not None else spec.kind_of.count(spec, config)
             unit.nbytes = nbytes
             if rows:
                 per_row = nbytes // rows if nbytes else per_row
@@ -281,7 +240,12 @@ def _plan_extract(
                 unit.status = "cached" if record.get("fingerprint") == fingerprint(meta) else "stale"
                 if unit.status == "stale":
                     unit.note = "store entry changed since it was recorded"
-            elif meta is not None and record is None and spec.kind != "subset" and _adoptable(model, store, meta):
+            elif (
+                meta is not None
+                and record is None
+                and spec.parent is None
+                and model.kind_of.adoptable(model, store, meta)
+            ):
                 unit.status, unit.note = "cached", "found in store"
                 unit.spec["adopt"] = fingerprint(meta)
             elif record is not None or meta is not None:
@@ -295,11 +259,11 @@ def _plan_extract(
                 unit.nbytes = per_row * unit.items
                 unit.spec["estimated_bytes"] = True
         units.extend(model_units)
-        if model.kind == "probe":
-            _plan_probe(config, model, store, ledger, units, keys)
+        if model.kind_of.trains_head:
+            _plan_head(config, model, store, ledger, units, keys)
 
 
-def _plan_probe(
+def _plan_head(
     config: ExperimentConfig,
     model: ModelSpec,
     store: Store,
@@ -320,7 +284,7 @@ def _plan_probe(
         dataset=config.fit,
         deps=tuple(f"extract:{sid}/{d}" for d in datasets),
         items=next((u.items for u in units if u.id == f"extract:{sid}/{config.fit}"), None),
-        spec={"kind": "probe-train", "model": model.id},
+        spec={"step": "head", "model": model.id},
     )
     record = ledger.done("extract", unit.label, key)
     complete = store.has_head(model.id) and all(store.exists(model.id, d) for d in datasets)
@@ -396,7 +360,7 @@ def _plan_fit_score(
     extract_units = {u.id: u for u in units if u.stage == "extract"}
     for model in config.classifiers:
         sid = model.store_id
-        probe = (f"extract:{model.id}/probe",) if model.kind == "probe" else ()
+        probe = (f"extract:{model.id}/probe",) if model.kind_of.trains_head else ()
         extract_ids = {f"extract:{sid}/{d}" for d in (config.fit, *test_sets)} | set(probe)
         extract_done = all(extract_units[i].status in DONE for i in extract_ids if i in extract_units)
         arrays = _model_arrays(store, model.id, [config.fit, *test_sets]) if extract_done else None
@@ -479,11 +443,8 @@ def load_ref_vocabularies(config: ExperimentConfig) -> tuple[dict[str, Any], dic
     problems: dict[str, str] = {}
     if spec is None or not any("ref" in v for v in spec.vocabularies.values()):
         return found, problems
-    try:
-        from ..zeroshot.vocab.artefact import VocabStore
-    except ImportError:
-        return found, {"zeroshot": "zero-shot scoring is not available in this build (no oodbench.zeroshot.vocab)"}
     from ..errors import ZeroShotError
+    from ..zeroshot.vocab.artefact import VocabStore
 
     store = VocabStore(vocab_store_root(config))
     for name, vocab in spec.vocabularies.items():
@@ -505,10 +466,8 @@ def zeroshot_columns(config: ExperimentConfig, refs: Mapping[str, Any]) -> list[
     spec = config.zeroshot
     if spec is None:
         return []
-    try:
-        from ..zeroshot.scores import SCORES
-    except ImportError:
-        return list(spec.scores)
+    from ..zeroshot.scores import SCORES
+
     columns = [name for name in spec.scores if SCORES[name].vocabulary is None]
     for name, vocab in spec.vocabularies.items():
         kind = refs[name].kind if name in refs else vocab.get("build") or vocab.get("kind", "custom")
@@ -679,9 +638,7 @@ def build_plan(config: ExperimentConfig) -> Plan:
     _plan_analysis(config, lay, ledger, units, keys)
     _plan_report(config, lay, ledger, units, keys)
     _propagate(units)
-    pending_extract = {
-        u.dataset for u in units if u.stage == "extract" and u.todo and u.spec.get("kind") != "probe-train"
-    }
+    pending_extract = {u.dataset for u in units if u.stage == "extract" and u.todo and u.spec["step"] != "head"}
     problems.update(missing_roots(config, sorted(d for d in pending_extract if d is not None)))
     return Plan(config, lay, units, problems)
 

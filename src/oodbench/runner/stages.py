@@ -2,14 +2,14 @@
 
 Every function here writes its outputs first and its ledger record last, so it can run in this process or in a
 Ray worker (which shares the work directory), and an interrupted run redoes only units without a record. The
-pieces come from the other packages (`extract`, `detectors`, `zeroshot`, `analysis`, `report`); when one is
-missing from the installed build, the unit fails with an error that says which capability is not available.
+pieces come from the other packages (`extract`, `detectors`, `zeroshot`, `analysis`, `report`); what differs
+between model and dataset kinds is asked of the kind objects (`runner/kinds.py`).
 """
 
 from __future__ import annotations
 
-import importlib
 import re
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +23,13 @@ from ..errors import ExtractError, OodbenchError, StoreError
 from ..results import ResultRow, read_rows, rows_from_metrics, write_rows
 from ..scores import save_scores
 from ..store import Store, hash_items
-from .config import DatasetSpec, ExperimentConfig, ModelSpec
+from .config import DatasetSpec, ExperimentConfig
+from .kinds import ModelSpec
 from .ledger import Ledger
 from .plan import REPORT_FORMATS, Layout, Unit, fingerprint, layout, load_ref_vocabularies, unmet_requirements
 
 __all__ = [
     "Context",
-    "require",
     "reset_changed_models",
     "run_extract_unit",
     "run_fit_score",
@@ -38,7 +38,6 @@ __all__ = [
     "run_combine_unit",
     "run_analysis_unit",
     "run_report_unit",
-    "availability",
     "record_adopted",
 ]
 
@@ -64,85 +63,13 @@ class Context:
     def ledger(self) -> Ledger:
         return Ledger(self.layout.ledger)
 
-
-# ----------------------------------------------------------------------------------------------- availability
-# (capability, module, attribute) needed per kind of unit; checked before a run starts so that a missing piece
-# stops the run at once with its name, not hours into it.
-_NEEDS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "timm": (
-        ("timm extraction", "oodbench.extract.backbones.timm_backbone", "load_timm"),
-        ("the extraction pipeline", "oodbench.extract.pipeline", "extract"),
-    ),
-    "probe": (
-        ("timm extraction", "oodbench.extract.backbones.timm_backbone", "load_timm"),
-        ("the extraction pipeline", "oodbench.extract.pipeline", "extract"),
-    ),
-    "probe-train": (("linear-probe training", "oodbench.extract.probe", "run_probe"),),
-    "open_clip": (
-        ("open_clip extraction", "oodbench.extract.openclip", "OpenClipBackbone"),
-        ("the extraction pipeline", "oodbench.extract.pipeline", "extract"),
-    ),
-    "datasets": (
-        ("dataset reading", "oodbench.extract.datasets", "open_dataset"),
-        ("the dataset registry", "oodbench.extract.dataset_registry", "open_registered"),
-    ),
-    "zeroshot": (
-        ("zero-shot evaluation", "oodbench.zeroshot.evaluate", "evaluate_zeroshot_store"),
-        ("zero-shot class lists", "oodbench.zeroshot.classes", "load_classes"),
-        ("label embeddings", "oodbench.zeroshot.text", "store_embedder"),
-    ),
-    "wordnet": (("NegMining vocabularies", "oodbench.zeroshot.vocab.wordnet_negmining", "mine_wordnet_negatives"),),
-    "union": (("vocabulary unions", "oodbench.zeroshot.vocab.builders", "build_union"),),
-    "subsample": (("the subsampling study", "oodbench.analysis.subsample", "subsample_run"),),
-    "intervals": (("confidence intervals", "oodbench.analysis.runs", "intervals_for_run"),),
-    "report": (
-        ("the report builder", "oodbench.report.build", "build_report"),
-        ("the report writer", "oodbench.report.output", "write_report"),
-    ),
-}
-
-
-def require(kind: str) -> None:
-    """Raise a clear 'not available' error when a capability a unit needs is missing from this build."""
-    for capability, module_name, attribute in _NEEDS.get(kind, ()):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise OodbenchError(
-                f"{capability} is not available in this build of oodbench ({module_name} cannot be imported: {exc})"
-            ) from None
-        if not hasattr(module, attribute):
-            raise OodbenchError(
-                f"{capability} is not available in this build of oodbench ({module_name} has no {attribute})"
-            )
-
-
-def availability(units: Iterable[Unit], config: ExperimentConfig) -> list[str]:
-    """Problems (one line each) with the capabilities the given units need; empty when all are there."""
-    kinds: set[str] = set()
-    for unit in units:
-        if unit.stage == "extract":
-            kind = unit.spec.get("kind")
-            if kind == "probe-train":
-                kinds.add(kind)
-            elif kind in ("timm", "open_clip", "probe"):
-                kinds.update((kind, "datasets"))
-        elif unit.stage == "score" and unit.spec.get("zeroshot"):
-            kinds.add("zeroshot")
-            for vocab in config.zeroshot.vocabularies.values() if config.zeroshot else ():
-                if "build" in vocab:
-                    kinds.add(vocab["build"])
-        elif unit.stage == "analysis":
-            kinds.add(unit.spec["analysis"])
-        elif unit.stage == "report":
-            kinds.add("report")
-    problems = []
-    for kind in sorted(kinds):
-        try:
-            require(kind)
-        except OodbenchError as exc:
-            problems.append(str(exc))
-    return problems
+    def backbone(self, model: ModelSpec) -> Any:
+        """The model's extraction backbone, loaded once for consecutive units of the model (models can be GBs)."""
+        if self._backbone is not None and self._backbone[0] == model.store_id:
+            return self._backbone[1]
+        self._backbone = None
+        self._backbone = (model.store_id, model.kind_of.backbone(model, self.device))
+        return self._backbone[1]
 
 
 # ----------------------------------------------------------------------------------------------- extraction
@@ -164,116 +91,43 @@ def reset_changed_models(ctx: Context, units: Iterable[Unit]) -> list[str]:
     The extractor refuses to mix checkpoints under one model id, so a changed model is re-extracted from scratch.
     """
     store = ctx.store
+    config = ctx.config
     reset = sorted(
         {
             u.model
             for u in units
             if u.spec.get("model_changed")
-            and u.spec.get("kind") not in ("demo-digits", "subset")
+            and u.spec["step"] == "extract"
+            and not config.models[u.spec["model"]].kind_of.fills_store
             and u.model is not None
         }
     )
     for model_id in reset:
-        import shutil
-
         path = store.root / model_id
         if path.is_dir():
             shutil.rmtree(path)
     return reset
 
 
-def _open_images(spec: DatasetSpec) -> Any:
-    """The dataset's images as an extraction ImageList."""
-    require("datasets")
-    from ..extract import dataset_registry
-    from ..extract.datasets import file_list, image_folder, imagenet
-
-    params = spec.params
-    root = Path(params["root"])
-    if not root.exists():
-        raise ExtractError(f"{spec.key_path}.root: {root} does not exist")
-    if spec.kind == "registry":
-        return dataset_registry.open_registered(params["name"], root)
-    if spec.kind == "folder":
-        return image_folder(root, labels=params.get("labels", False))
-    if spec.kind == "list":
-        return file_list(root, root=params.get("images"))
-    if spec.kind == "imagenet":
-        return imagenet(root, split=params.get("split", "val"))
-    raise ExtractError(f"{spec.key_path}: datasets of kind {spec.kind!r} have no images to extract")
-
-
-def _backbone(ctx: Context, model: ModelSpec) -> Any:
-    """The model's backbone, loaded once per model for consecutive units (models can be GBs)."""
-    if ctx._backbone is not None and ctx._backbone[0] == model.store_id:
-        return ctx._backbone[1]
-    ctx._backbone = None
-    params = model.params
-    if model.kind in ("timm", "probe"):
-        from ..extract.backbones.timm_backbone import load_timm
-
-        name = params["name"] if model.kind == "timm" else params["backbone"]
-        kwargs: dict[str, Any] = {"checkpoint": params.get("checkpoint")}
-        if params.get("nac_layers"):
-            from ..extract.nac import NacLayer
-
-            kwargs["nac_layers"] = [NacLayer.parse(spec) for spec in params["nac_layers"]]
-        backbone = load_timm(name, pretrained=not params.get("checkpoint"), **kwargs)
-    elif model.kind == "open_clip":
-        from ..extract.openclip import OpenClipBackbone, load_openclip
-        from .config import register_open_clip_config
-
-        if params.get("config_file"):  # a Ray worker has not seen the driver's registration
-            register_open_clip_config(params["config_file"], params["name"], f"{model.key_path}.config_file")
-        from ..extract.backbones.base import resolve_device
-
-        bundle = load_openclip(
-            params["name"], params.get("checkpoint") or params.get("pretrained"), resolve_device(ctx.device)
-        )
-        backbone = OpenClipBackbone(bundle, patches=params.get("patches", False))
-    else:
-        raise ExtractError(f"{model.key_path}: no backbone for model kind {model.kind!r}")
-    ctx._backbone = (model.store_id, backbone)
-    return backbone
-
-
 def run_extract_unit(ctx: Context, unit: Unit) -> None:
-    """Fill one store entry (or train a probe), then record it."""
+    """Fill one store entry (extracted by the model's kind, or derived from a parent entry) or train a head; record it."""
     config, store = ctx.config, ctx.store
     model = config.models[unit.spec["model"]]
-    kind = unit.spec["kind"]
-    if kind == "probe-train":
-        _train_probe(ctx, model, unit)
+    step = unit.spec["step"]
+    if step == "head":
+        details = model.kind_of.train_head(ctx, model, stale=unit.status == "stale")
+        ctx.ledger.write("extract", unit.label, unit.key, **details)
         return
     sid, dataset_id = model.store_id, unit.dataset
     assert dataset_id is not None
-    if unit.status == "stale" and kind != "demo-digits":
+    dataset = config.datasets[dataset_id]
+    if unit.status == "stale" and not model.kind_of.fills_store:
         store.delete(sid, dataset_id)  # made from other inputs: the store's writer would refuse to mix them
-    if kind == "demo-digits":
-        from ..demo import prepare
-
-        root = Path(config.store).parent
-        prepare(root, model.params["seed"], epochs=model.params["epochs"], verbose=ctx.progress)
-    elif kind == "subset":
-        derive_subset(
-            store, sid, config.datasets[dataset_id], config.datasets[config.datasets[dataset_id].params["of"]]
-        )
+    if step == "derive":
+        assert dataset.parent is not None
+        derive_subset(store, sid, dataset, config.datasets[dataset.parent])
     else:
-        require(kind)
-        from ..extract.pipeline import extract
-
-        images = _open_images(config.datasets[dataset_id])
-        extract(
-            store,
-            _backbone(ctx, model),
-            images,
-            dataset_id=dataset_id,
-            model_id=sid,
-            batch_size=model.params.get("batch_size", 64),
-            num_workers=config.engine["workers"],
-            device=ctx.device,
-            progress=ctx.progress,
-        )
+        model.kind_of.extract(ctx, model, dataset)
     if not store.exists(sid, dataset_id):
         raise StoreError(f"extraction of {sid}/{dataset_id} finished without a complete store entry")
     ctx.ledger.write(
@@ -282,35 +136,6 @@ def run_extract_unit(ctx: Context, unit: Unit) -> None:
         unit.key,
         fingerprint=fingerprint(store.meta(sid, dataset_id)),
         model_key=unit.spec.get("model_key"),
-    )
-
-
-def _train_probe(ctx: Context, model: ModelSpec, unit: Unit) -> None:
-    require("probe-train")
-    from ..extract.probe import ProbeConfig, run_probe
-
-    config, store = ctx.config, ctx.store
-    datasets = config.datasets_of(model)
-    if unit.status == "stale":
-        for dataset in datasets:
-            store.delete(model.id, dataset)
-        head_dir = store.root / model.id / "head"
-        if head_dir.exists():
-            import shutil
-
-            shutil.rmtree(head_dir)
-    device = "cpu" if ctx.device == "auto" else ctx.device
-    run_probe(
-        store,
-        model.store_id,
-        config.fit,
-        apply_to=[d for d in datasets if d != config.fit],
-        probe_id=model.id,
-        config=ProbeConfig(**model.params.get("probe", {})),
-        device=device,
-    )
-    ctx.ledger.write(
-        "extract", unit.label, unit.key, head=store.head_meta(model.id).get("provenance", {}).get("checkpoint")
     )
 
 
@@ -387,13 +212,13 @@ def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: Datase
         for file in spec.params.get(which, []):
             wanted = _read_list(Path(file))
             hits = [index_of.find(entry) for entry in wanted]
-            ambiguous = [entry for entry, h in zip(wanted, hits) if len(h) > 1]
+            ambiguous = [entry for entry, h in zip(wanted, hits, strict=True) if len(h) > 1]
             if ambiguous:
                 raise ExtractError(
                     f"{spec.key_path}.{which}: {len(ambiguous)} entries of {file} match several items of "
                     f"{parent.id} (e.g. {ambiguous[0]!r}); give longer paths"
                 )
-            unknown = [entry for entry, h in zip(wanted, hits) if not h]
+            unknown = [entry for entry, h in zip(wanted, hits, strict=True) if not h]
             if which == "include" and unknown:
                 raise ExtractError(
                     f"{spec.key_path}.include: {len(unknown)} of {len(wanted)} entries of {file} are not "
@@ -500,7 +325,6 @@ def _vocab_summary(vocab: Any) -> dict[str, Any]:
 
 def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
-    require("zeroshot")
     from ..zeroshot.classes import load_classes
     from ..zeroshot.evaluate import evaluate_zeroshot_store, make_plan
     from ..zeroshot.text import bundle_loader, store_embedder
@@ -532,7 +356,6 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
             if "ref" in vocab:
                 vocabularies[name] = refs[name]
             elif vocab["build"] == "wordnet":
-                require("wordnet")
                 from ..zeroshot.vocab.wordnet_negmining import mine_wordnet_negatives
 
                 vocabularies[name] = built.save(
@@ -541,7 +364,6 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
                     )
                 )
             elif all(part in vocabularies for part in vocab["of"]):
-                require("union")
                 from ..zeroshot.vocab.builders import build_union
 
                 first, second = (vocabularies[p] for p in vocab["of"])
@@ -660,7 +482,6 @@ def run_analysis_unit(ctx: Context, unit: Unit) -> None:
     from ..analysis.rundata import load_run
 
     name, params = unit.spec["analysis"], dict(unit.spec["params"])
-    require(name)
     assert unit.model is not None
     run = load_run(ctx.layout.run_dir(unit.model))
     target = ctx.layout.analysis / name / f"{unit.model}.json"
@@ -720,7 +541,6 @@ def run_analysis_unit(ctx: Context, unit: Unit) -> None:
 # ----------------------------------------------------------------------------------------------- report
 def run_report_unit(ctx: Context, unit: Unit) -> None:
     """Tables, figures and the self-contained HTML report of every model's run."""
-    require("report")
     from ..report.build import ReportOptions, build_report
     from ..report.output import write_report
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
-
-from ..errors import OodbenchError
 
 app = typer.Typer(
     help="Zero-shot VLM OOD scores (MCM … GL-MCM, NegLabel, EOE) and negative-label vocabularies.", no_args_is_help=True
@@ -28,20 +25,6 @@ vocab_app.add_typer(build_app, name="build")
 def register(main: typer.Typer) -> None:
     """Mount `oodbench zeroshot …` on the main CLI."""
     main.add_typer(app, name="zeroshot")
-
-
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=2)
-
-
-@contextlib.contextmanager
-def _reported() -> Iterator[None]:
-    """Turn a library error into `error: …` on stderr and exit status 2 (never a traceback)."""
-    try:
-        yield
-    except OodbenchError as exc:
-        _fail(exc)
 
 
 def _default_vocab_dir() -> Path:
@@ -139,12 +122,8 @@ def evaluate_command(
         help="Score(s) every vocabulary feeds (default: eoe for EOE lists, neglabel for the others).",
     ),
     sweep_k: str | None = typer.Option(None, "--sweep-k", help="Siblings per class to sweep, e.g. 1,2,5,10,20."),
-    sweep_m: str | None = typer.Option(
-        None, "--sweep-m", help="WordNet prefix sizes to sweep, e.g. 1000,5000,10000."
-    ),
-    param: list[str] | None = typer.Option(
-        None, "--param", "-p", help="SCORE.PARAM=VALUE, e.g. neglabel.groups=100."
-    ),
+    sweep_m: str | None = typer.Option(None, "--sweep-m", help="WordNet prefix sizes to sweep, e.g. 1000,5000,10000."),
+    param: list[str] | None = typer.Option(None, "--param", "-p", help="SCORE.PARAM=VALUE, e.g. neglabel.groups=100."),
     tau: float | None = typer.Option(None, "--tau", help="Temperature of every score (default 0.01)."),
     out: Path = typer.Option(Path("oodbench-zeroshot"), "--out", help="Output folder; one run directory per model."),
     pretrained: str | None = typer.Option(
@@ -169,44 +148,41 @@ def evaluate_command(
     from .table import load_run, table2_markdown
     from .vocab.artefact import VocabStore
 
-    with _reported():
-        id_classes = load_classes(classes)
-        vocabularies = VocabStore(vocab_dir or _default_vocab_dir()).load_many(vocab or [])
-        names = [s.strip() for s in scores.split(",") if s.strip()] if scores else list(DEFAULT_SCORES)
-        views = []
-        for model_id in model:
-            # WordNet lists are mined with one model's text tower: each model gets only its own (or model-free) ones.
-            usable = [v for v in vocabularies if v.provenance.get("model") in (None, model_id)]
-            for other in sorted({v.ref for v in vocabularies} - {v.ref for v in usable}):
-                typer.secho(
-                    f"{model_id}: not using {other} (mined with another model)", fg=typer.colors.YELLOW, err=True
-                )
-            plan = make_plan(
-                names,
-                usable,
-                vocab_scores=vocab_score or None,
-                sweep_k=_ints(sweep_k, "--sweep-k"),
-                sweep_m=_ints(sweep_m, "--sweep-m"),
-                params=parse_params(param),
-                tau=tau,
-            )
-            typer.echo(f"{model_id}: {len(plan.detectors)} score columns", err=True)
-            embed = _embedder(store, model_id, None, pretrained, device)
-            result = evaluate_zeroshot_store(
-                Store(store),
-                model_id,
-                id_dataset,
-                ood,
-                id_classes,
-                embed,
-                plan,
-                out_dir=out / model_id,
-                progress=progress,
-            )
-            for name, reason in result.skipped.items():
-                typer.secho(f"{model_id}: skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
-            views.append(load_run(out / model_id))
-        sys.stdout.write(table2_markdown(views, metric=metric))
+    id_classes = load_classes(classes)
+    vocabularies = VocabStore(vocab_dir or _default_vocab_dir()).load_many(vocab or [])
+    names = [s.strip() for s in scores.split(",") if s.strip()] if scores else list(DEFAULT_SCORES)
+    views = []
+    for model_id in model:
+        # WordNet lists are mined with one model's text tower: each model gets only its own (or model-free) ones.
+        usable = [v for v in vocabularies if v.provenance.get("model") in (None, model_id)]
+        for other in sorted({v.ref for v in vocabularies} - {v.ref for v in usable}):
+            typer.secho(f"{model_id}: not using {other} (mined with another model)", fg=typer.colors.YELLOW, err=True)
+        plan = make_plan(
+            names,
+            usable,
+            vocab_scores=vocab_score or None,
+            sweep_k=_ints(sweep_k, "--sweep-k"),
+            sweep_m=_ints(sweep_m, "--sweep-m"),
+            params=parse_params(param),
+            tau=tau,
+        )
+        typer.echo(f"{model_id}: {len(plan.detectors)} score columns", err=True)
+        embed = _embedder(store, model_id, None, pretrained, device)
+        result = evaluate_zeroshot_store(
+            Store(store),
+            model_id,
+            id_dataset,
+            ood,
+            id_classes,
+            embed,
+            plan,
+            out_dir=out / model_id,
+            progress=progress,
+        )
+        for name, reason in result.skipped.items():
+            typer.secho(f"{model_id}: skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+        views.append(load_run(out / model_id))
+    sys.stdout.write(table2_markdown(views, metric=metric))
     typer.echo(f"runs: {', '.join(str(out / m) for m in model)}  (per-run table.md, results.parquet, run.json)")
 
 
@@ -224,14 +200,13 @@ def table_command(
     """
     from .table import find_runs, load_run, sweep_markdown, table2_markdown
 
-    with _reported():
-        views = [load_run(path) for path in find_runs(runs)]
-        sys.stdout.write(table2_markdown(views, metric=metric, ood=ood))
-        if sweeps:
-            for view in views:
-                block = sweep_markdown(view, metric=metric)
-                if block:
-                    sys.stdout.write(f"\n### {view.model}\n\n{block}")
+    views = [load_run(path) for path in find_runs(runs)]
+    sys.stdout.write(table2_markdown(views, metric=metric, ood=ood))
+    if sweeps:
+        for view in views:
+            block = sweep_markdown(view, metric=metric)
+            if block:
+                sys.stdout.write(f"\n### {view.model}\n\n{block}")
 
 
 @app.command("scores")
@@ -294,8 +269,7 @@ def vocab_show(
     """
     from .vocab.artefact import VocabStore
 
-    with _reported():
-        vocab = VocabStore(vocab_dir or _default_vocab_dir()).load(ref)
+    vocab = VocabStore(vocab_dir or _default_vocab_dir()).load(ref)
     typer.echo(f"{vocab.ref} kind={vocab.kind} deployable={vocab.deployable} size={len(vocab)} hash={vocab.hash}")
     typer.echo("params: " + json.dumps(vocab.params, default=str))
     typer.echo(
@@ -323,11 +297,10 @@ def vocab_import(
     from .classes import load_classes
     from .vocab.builders import import_vocabulary
 
-    with _reported():
-        vocab = import_vocabulary(
-            path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
-        )
-        _save(vocab_dir or _default_vocab_dir(), vocab)
+    vocab = import_vocabulary(
+        path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
+    )
+    _save(vocab_dir or _default_vocab_dir(), vocab)
 
 
 @build_app.command("wordnet")
@@ -358,18 +331,17 @@ def build_wordnet(
     from .vocab.lexicon import NEGLABEL_EXCLUDED_LEXNAMES, Lexicon
     from .vocab.wordnet_negmining import mine_wordnet_negatives
 
-    with _reported():
-        vocab = mine_wordnet_negatives(
-            load_classes(classes),
-            _embedder(store, model, openclip_model, pretrained, device),
-            m=m,
-            percentile=percentile,
-            exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
-            lexicon=Lexicon.read(lexicon) if lexicon is not None else None,
-            name=name or f"wordnet-{model}",
-            model=model,
-        )
-        _save(vocab_dir or _default_vocab_dir(), vocab)
+    vocab = mine_wordnet_negatives(
+        load_classes(classes),
+        _embedder(store, model, openclip_model, pretrained, device),
+        m=m,
+        percentile=percentile,
+        exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
+        lexicon=Lexicon.read(lexicon) if lexicon is not None else None,
+        name=name or f"wordnet-{model}",
+        model=model,
+    )
+    _save(vocab_dir or _default_vocab_dir(), vocab)
 
 
 @build_app.command("siblings")
@@ -394,9 +366,7 @@ def build_siblings(
         help="API key (default $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
     ),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
-    llm_cache: Path | None = typer.Option(
-        None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."
-    ),
+    llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
     rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request (default 120)."),
@@ -415,35 +385,34 @@ def build_siblings(
     from .vocab.siblings import generate_siblings
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        id_classes = load_classes(classes)
-        client = _llm_client(
-            directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, temperature
+    id_classes = load_classes(classes)
+    client = _llm_client(
+        directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, temperature
+    )
+    with progress_bar() as bar:
+        task = bar.add_task("LLM siblings", total=len(id_classes) * generations)
+        vocab = generate_siblings(
+            id_classes,
+            client,
+            per_class=per_class,
+            generations=generations,
+            k=k,
+            seed=seed,
+            workers=workers,
+            context=context,
+            name=name,
+            on_progress=lambda _i: bar.advance(task),
         )
-        with progress_bar() as bar:
-            task = bar.add_task("LLM siblings", total=len(id_classes) * generations)
-            vocab = generate_siblings(
-                id_classes,
-                client,
-                per_class=per_class,
-                generations=generations,
-                k=k,
-                seed=seed,
-                workers=workers,
-                context=context,
-                name=name,
-                on_progress=lambda _i: bar.advance(task),
-            )
-        missing = vocab.provenance["classes_without_enough_names"]
-        if missing:
-            typer.secho(
-                f"{len(missing)} classes got too few usable siblings (e.g. {missing[:3]}); rerun to retry "
-                "them or raise --retries",
-                fg=typer.colors.YELLOW,
-                err=True,
-            )
-        _save(directory, vocab)
-        typer.echo(f"LLM requests sent {client.stats['requests']}, answered from cache {client.stats['cache_hits']}")
+    missing = vocab.provenance["classes_without_enough_names"]
+    if missing:
+        typer.secho(
+            f"{len(missing)} classes got too few usable siblings (e.g. {missing[:3]}); rerun to retry "
+            "them or raise --retries",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+    _save(directory, vocab)
+    typer.echo(f"LLM requests sent {client.stats['requests']}, answered from cache {client.stats['cache_hits']}")
 
 
 @build_app.command("eoe")
@@ -459,9 +428,7 @@ def build_eoe(
     llm_model: str | None = typer.Option(None, "--llm-model", help="Model name."),
     llm_api_key: str | None = typer.Option(None, "--llm-api-key", envvar="OODBENCH_LLM_API_KEY", help="API key."),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
-    llm_cache: Path | None = typer.Option(
-        None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."
-    ),
+    llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
     rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests (near task)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request."),
@@ -477,22 +444,21 @@ def build_eoe(
     from .vocab.eoe import generate_eoe_outliers
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        client = _llm_client(
-            directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
-        )
-        vocab = generate_eoe_outliers(
-            load_classes(classes),
-            client,
-            task=task,
-            size=size,
-            per_class=per_class,
-            super_class=super_class,
-            max_requests=max_requests,
-            workers=workers,
-            name=name,
-        )
-        _save(directory, vocab)
+    client = _llm_client(
+        directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
+    )
+    vocab = generate_eoe_outliers(
+        load_classes(classes),
+        client,
+        task=task,
+        size=size,
+        per_class=per_class,
+        super_class=super_class,
+        max_requests=max_requests,
+        workers=workers,
+        name=name,
+    )
+    _save(directory, vocab)
 
 
 @build_app.command("union")
@@ -511,9 +477,8 @@ def build_union_command(
     from .vocab.builders import build_union
 
     directory = vocab_dir or _default_vocab_dir()
-    with _reported():
-        vocabs = VocabStore(directory)
-        _save(directory, build_union(vocabs.load(wordnet), vocabs.load(siblings), name=name))
+    vocabs = VocabStore(directory)
+    _save(directory, build_union(vocabs.load(wordnet), vocabs.load(siblings), name=name))
 
 
 @build_app.command("oracle")
@@ -535,14 +500,13 @@ def build_oracle_command(
     from .classes import load_classes
     from .vocab.builders import build_oracle, oracle_labels_from_store, read_label_file
 
-    with _reported():
-        sources: dict[str, list[str]] = {}
-        for path in labels or []:
-            content = read_label_file(path)
-            sources[path.name] = content if isinstance(content, list) else [x for v in content.values() for x in v]
-        if dataset:
-            if store is None or model is None:
-                raise typer.BadParameter("--dataset needs --store and --model")
-            for dataset_id in dataset:
-                sources[dataset_id] = oracle_labels_from_store(Store(store), model, dataset_id)
-        _save(vocab_dir or _default_vocab_dir(), build_oracle(sources, load_classes(classes), name=name))
+    sources: dict[str, list[str]] = {}
+    for path in labels or []:
+        content = read_label_file(path)
+        sources[path.name] = content if isinstance(content, list) else [x for v in content.values() for x in v]
+    if dataset:
+        if store is None or model is None:
+            raise typer.BadParameter("--dataset needs --store and --model")
+        for dataset_id in dataset:
+            sources[dataset_id] = oracle_labels_from_store(Store(store), model, dataset_id)
+    _save(vocab_dir or _default_vocab_dir(), build_oracle(sources, load_classes(classes), name=name))

@@ -1,0 +1,32 @@
+"""The one rule for names that become folder or file names: model, dataset and vocabulary ids.
+
+Letters, digits and ``. _ + @ = , -``, not starting with a symbol, no ``..`` and no slashes, so a name is
+always one safe path component. Vocabulary names leave out ``@`` (``NAME@vN`` selects a stored version).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import OodbenchError
+
+__all__ = ["NAME_PATTERN", "VERSIONLESS_PATTERN", "is_name", "check_name"]
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=,-]*$")
+VERSIONLESS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
+_RULE = "letters, digits and . _ + {at}= , -; no slashes, no '..', not starting with a symbol"
+
+
+def is_name(value: object, *, allow_at: bool = True) -> bool:
+    """True when `value` is a valid name (see the module docstring)."""
+    pattern = NAME_PATTERN if allow_at else VERSIONLESS_PATTERN
+    return isinstance(value, str) and bool(pattern.match(value)) and ".." not in value
+
+
+def check_name(value: object, where: str, *, error: type[OodbenchError] = OodbenchError, allow_at: bool = True) -> str:
+    """`value` when it is a valid name, else `error` saying ``WHERE: 'value' is not a valid name (rule)``."""
+    if not is_name(value, allow_at=allow_at):
+        rule = _RULE.format(at="@ " if allow_at else "")
+        raise error(f"{where}: {value!r} is not a valid name ({rule})")
+    assert isinstance(value, str)
+    return value

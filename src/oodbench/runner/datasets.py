@@ -1,0 +1,242 @@
+"""The built-in dataset kinds of the experiment file: ``demo``, ``registry``, ``folder``, ``list``, ``imagenet``, ``subset``.
+
+Adding a kind is one class here (or in any imported module): a `DatasetKind` subclass with its ``name``, its
+``Table`` of allowed keys, and `open` returning the images as an `oodbench.extract.datasets.ImageList`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ConfigError
+from .kinds import DatasetKind, DatasetSpec, ModelSpec, register_dataset_kind
+from .schema import PositiveInt, StrList, Table, suggest
+
+if TYPE_CHECKING:
+    from .config import ExperimentConfig
+
+__all__ = ["Demo", "Registry", "Folder", "FileList", "ImageNet", "Subset", "DEMO_DATASETS"]
+
+DEMO_DATASETS = ("digits-fit", "digits-id-test", "digits-6to9", "lfw-faces", "noise", "digits-6to9-train")
+
+
+def _path(value: str) -> str:
+    return str(Path(value).expanduser())
+
+
+@register_dataset_kind
+class Demo(DatasetKind):
+    """One of the demo's datasets; its images come with the ``demo-digits`` model."""
+
+    name = "demo"
+
+    class Table(Table):
+        kind: str
+        count: PositiveInt | None = None
+
+    def parse(self, table: Any, name: str, key: str) -> dict[str, Any]:
+        if name not in DEMO_DATASETS:
+            raise ConfigError(
+                f"{key}: the demo has no dataset {name!r}{suggest(name, DEMO_DATASETS)} "
+                f"(it has {', '.join(DEMO_DATASETS)})"
+            )
+        return super().parse(table, name, key)
+
+    def check(
+        self,
+        spec: DatasetSpec,
+        datasets: Mapping[str, DatasetSpec],
+        models: Mapping[str, ModelSpec],
+        used: list[tuple[str, str]],
+    ) -> None:
+        if spec.id in {name for _, name in used} and not any(m.kind == "demo-digits" for m in models.values()):
+            raise ConfigError(
+                f"{spec.key_path}.kind: 'demo' datasets come from a model of kind 'demo-digits'; declare one"
+            )
+
+    def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
+        declared = super().count(spec, config)
+        if declared is not None:
+            return declared
+        seeds = [m.params["seed"] for m in config.models.values() if m.kind == "demo-digits"]
+        return _demo_counts(seeds[0]).get(spec.id) if seeds else None
+
+
+def _demo_counts(seed: int) -> dict[str, int]:
+    """Image counts of the demo's datasets (its data are small and bundled, so they are counted, not guessed)."""
+    from ..demo.data import digits_splits, lfw_faces, uniform_noise
+
+    counts = {name: len(images.labels) for name, images in digits_splits(seed).items()}
+    counts["lfw-faces"] = len(lfw_faces().labels)
+    counts["noise"] = len(uniform_noise(seed=seed).labels)
+    return counts
+
+
+@register_dataset_kind
+class Registry(DatasetKind):
+    """A dataset of the registry (`oodbench datasets list`), laid out as its authors publish it under ``root``."""
+
+    name = "registry"
+
+    class Table(Table):
+        kind: str
+        name: str | None = None
+        root: str
+        count: PositiveInt | None = None
+
+    def parse(self, table: Any, name: str, key: str) -> dict[str, Any]:
+        from ..extract import dataset_registry
+
+        registered = table.name or name
+        if registered.lower() not in dataset_registry.REGISTRY:
+            raise ConfigError(
+                f"{key}.name: no registered dataset {registered!r}{suggest(registered, dataset_registry.REGISTRY)} "
+                f"(registered: {', '.join(dataset_registry.REGISTRY)})"
+            )
+        params = {"root": _path(table.root), "name": registered}
+        return params | ({"count": table.count} if table.count is not None else {})
+
+    def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
+        declared = super().count(spec, config)
+        if declared is not None:
+            return declared
+        from ..extract import dataset_registry
+
+        entry = dataset_registry.REGISTRY.get(spec.params["name"].lower())
+        return entry.expected_count if entry is not None else None
+
+    def open(self, spec: DatasetSpec) -> Any:
+        from ..extract import dataset_registry
+
+        return dataset_registry.open_registered(spec.params["name"], spec.params["root"])
+
+
+@register_dataset_kind
+class Folder(DatasetKind):
+    """Every image under ``root``; with ``labels = true`` the first folder level is the class."""
+
+    name = "folder"
+
+    class Table(Table):
+        kind: str
+        root: str
+        labels: bool = False
+        count: PositiveInt | None = None
+
+    def parse(self, table: Any, name: str, key: str) -> dict[str, Any]:
+        return super().parse(table, name, key) | {"root": _path(table.root)}
+
+    def open(self, spec: DatasetSpec) -> Any:
+        from ..extract.datasets import image_folder
+
+        return image_folder(spec.params["root"], labels=spec.params.get("labels", False))
+
+
+@register_dataset_kind
+class FileList(DatasetKind):
+    """The images a list file names (``root`` is the file; ``images`` the folder its relative paths start from)."""
+
+    name = "list"
+
+    class Table(Table):
+        kind: str
+        root: str
+        images: str | None = None
+        count: PositiveInt | None = None
+
+    def parse(self, table: Any, name: str, key: str) -> dict[str, Any]:
+        params = super().parse(table, name, key) | {"root": _path(table.root)}
+        return params | ({"images": _path(table.images)} if table.images else {})
+
+    def missing(self, spec: DatasetSpec) -> dict[str, str]:
+        problems = super().missing(spec)
+        images = spec.params.get("images")
+        if images and not Path(images).is_dir():
+            problems[f"{spec.key_path}.images"] = f"{images} is not a directory"
+        return problems
+
+    def open(self, spec: DatasetSpec) -> Any:
+        from ..extract.datasets import file_list
+
+        return file_list(spec.params["root"], root=spec.params.get("images"))
+
+
+@register_dataset_kind
+class ImageNet(DatasetKind):
+    """An ImageNet-1k split in its usual layout (``split = "val"`` or ``"train"``)."""
+
+    name = "imagenet"
+    SIZES = {"val": 50_000, "train": 1_281_167}
+
+    class Table(Table):
+        kind: str
+        root: str
+        split: Literal["val", "train"] = "val"
+        count: PositiveInt | None = None
+
+    def parse(self, table: Any, name: str, key: str) -> dict[str, Any]:
+        return super().parse(table, name, key) | {"root": _path(table.root)}
+
+    def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
+        declared = super().count(spec, config)
+        return declared if declared is not None else self.SIZES[spec.params.get("split", "val")]
+
+    def open(self, spec: DatasetSpec) -> Any:
+        from ..extract.datasets import imagenet
+
+        return imagenet(spec.params["root"], split=spec.params.get("split", "val"))
+
+
+@register_dataset_kind
+class Subset(DatasetKind):
+    """Rows of another dataset's store entry kept (``include``) or dropped (``exclude``) by list files."""
+
+    name = "subset"
+
+    class Table(Table):
+        kind: str
+        of: str
+        include: StrList = []
+        exclude: StrList = []
+        count: PositiveInt | None = None
+
+    def parse(self, table: Any, name: str, key: str) -> dict[str, Any]:
+        if not table.include and not table.exclude:
+            raise ConfigError(f"{key}: a subset needs include = [LIST FILES] or exclude = [LIST FILES]")
+        params: dict[str, Any] = {"of": table.of}
+        for which in ("include", "exclude"):
+            files = getattr(table, which)
+            if files:
+                params[which] = [_path(f) for f in files]
+        return params | ({"count": table.count} if table.count is not None else {})
+
+    def check(
+        self,
+        spec: DatasetSpec,
+        datasets: Mapping[str, DatasetSpec],
+        models: Mapping[str, ModelSpec],
+        used: list[tuple[str, str]],
+    ) -> None:
+        parent = spec.params["of"]
+        if parent not in datasets:
+            raise ConfigError(f"{spec.key_path}.of: no dataset {parent!r}{suggest(parent, datasets)}")
+        if datasets[parent].parent is not None:
+            raise ConfigError(f"{spec.key_path}.of: {parent!r} is itself a subset; derive from the full dataset")
+
+    def parent(self, spec: DatasetSpec) -> str | None:
+        return spec.params["of"]
+
+    def identity(self, spec: DatasetSpec) -> dict[str, Any]:
+        # The lists enter a unit key by their content (the planner hashes the files), not by their paths.
+        ignored = ("count", "include", "exclude")
+        return {"id": spec.id, "kind": spec.kind, **{k: v for k, v in spec.params.items() if k not in ignored}}
+
+    def missing(self, spec: DatasetSpec) -> dict[str, str]:
+        problems: dict[str, str] = {}
+        for which in ("include", "exclude"):
+            for i, file in enumerate(spec.params.get(which, [])):
+                if not Path(file).is_file():
+                    problems[f"{spec.key_path}.{which}[{i}]"] = f"list file {file} does not exist"
+        return problems

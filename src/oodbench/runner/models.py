@@ -1,0 +1,325 @@
+"""The built-in model kinds of the experiment file: ``demo-digits``, ``timm``, ``probe`` and ``open_clip``.
+
+Names are checked against the timm and open_clip registries (no weights are touched), so a typo fails at
+``oodbench run --dry-run`` with the closest names, not hours into a run.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, ExtractError
+from ..names import check_name
+from .kinds import DatasetSpec, ModelKind, ModelSpec, register_model_kind
+from .schema import PositiveInt, StrList, Table, suggest
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from .stages import Context
+
+__all__ = ["DemoDigits", "Timm", "Probe", "OpenClip", "register_open_clip_config"]
+
+
+def _checkpoint(value: str | None) -> dict[str, Any]:
+    return {"checkpoint": str(Path(value).expanduser())} if value else {}
+
+
+def _batch_size(value: int | None) -> dict[str, Any]:
+    return {"batch_size": value} if value is not None else {}
+
+
+# ----------------------------------------------------------------------------------------------- demo-digits
+@register_model_kind
+class DemoDigits(ModelKind):
+    """The demo's small CNN on scikit-learn's digits: its "extraction" trains it and fills its store."""
+
+    name = "demo-digits"
+    fills_store = True
+
+    class Table(Table):
+        id: str = "digits-cnn"
+        kind: str
+        epochs: PositiveInt = 40
+        seed: int | None = None
+
+    def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
+        if table.id != "digits-cnn":
+            raise ConfigError(f"{key}.id: the demo model is stored as 'digits-cnn'; got {table.id!r}")
+        return table.id, {"epochs": table.epochs, "seed": table.seed if table.seed is not None else seed}
+
+    def check(
+        self, spec: ModelSpec, datasets: Mapping[str, DatasetSpec], used: list[tuple[str, str]], store: Path
+    ) -> None:
+        for key, name in used:
+            if datasets[name].kind != "demo":
+                raise ConfigError(
+                    f"{key}: the demo-digits model sees only its own digits; {name!r} is a {datasets[name].kind} dataset"
+                )
+        if store.name != "store":
+            raise ConfigError(f"experiment.store: the demo writes its store to <dir>/store; got {store}")
+
+    def adoptable(self, spec: ModelSpec, store: Store, meta: Mapping[str, Any]) -> bool:
+        if not store.has_head(spec.id):
+            return False
+        recorded = store.head_meta(spec.id).get("provenance", {})
+        return recorded.get("seed") == spec.params["seed"] and recorded.get("epochs") == spec.params["epochs"]
+
+    def extract(self, ctx: Context, spec: ModelSpec, dataset: DatasetSpec) -> None:
+        from ..demo import prepare
+
+        prepare(Path(ctx.config.store).parent, spec.params["seed"], epochs=spec.params["epochs"], verbose=ctx.progress)
+
+
+# ----------------------------------------------------------------------------------------------- timm
+@functools.lru_cache(maxsize=1)
+def _timm_pretrained() -> frozenset[str]:
+    import timm
+
+    return frozenset(timm.list_pretrained())
+
+
+def _check_timm_name(name: str, key: str, *, with_checkpoint: bool) -> None:
+    """The name must be a timm architecture and, unless weights come from a local file, a pretrained tag timm knows."""
+    import timm
+    from timm.models import split_model_name_tag
+
+    arch, tag = split_model_name_tag(name)
+    if not timm.is_model(arch):
+        raise ConfigError(f"{key}: timm does not know the model {name!r}{suggest(arch, timm.list_models())}")
+    if tag and not with_checkpoint:
+        pretrained = _timm_pretrained()
+        if name not in pretrained:
+            tags = sorted(p for p in pretrained if p.startswith(arch + "."))
+            raise ConfigError(
+                f"{key}: timm has no pretrained weights {name!r}; tags for {arch}: {', '.join(tags) or 'none'}"
+            )
+    if not tag and not with_checkpoint and not any(p.startswith(arch + ".") for p in _timm_pretrained()):
+        raise ConfigError(f"{key}: timm has no pretrained weights for {arch!r}; give a checkpoint = PATH")
+
+
+def _check_nac_layers(layers: list[str], key: str) -> list[str]:
+    """NAC layer specs (LAYER[:ALPHA[:POOLING]]), checked by the extractor's parser."""
+    from ..extract.nac import NacLayer
+
+    for i, spec in enumerate(layers):
+        try:
+            NacLayer.parse(spec)
+        except (ExtractError, ValueError) as exc:
+            raise ConfigError(f"{key}[{i}]: {exc}") from None
+    return layers
+
+
+def _load_timm(name: str, params: Mapping[str, Any]) -> Any:
+    from ..extract.backbones.timm_backbone import load_timm
+
+    kwargs: dict[str, Any] = {"checkpoint": params.get("checkpoint")}
+    if params.get("nac_layers"):
+        from ..extract.nac import NacLayer
+
+        kwargs["nac_layers"] = [NacLayer.parse(spec) for spec in params["nac_layers"]]
+    return load_timm(name, pretrained=not params.get("checkpoint"), **kwargs)
+
+
+@register_model_kind
+class Timm(ModelKind):
+    """A timm classifier (pretrained weights by tag, or a local checkpoint)."""
+
+    name = "timm"
+
+    class Table(Table):
+        id: str | None = None
+        kind: str
+        name: str
+        checkpoint: str | None = None
+        batch_size: PositiveInt | None = None
+        nac_layers: StrList = []
+
+    def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
+        _check_timm_name(table.name, f"{key}.name", with_checkpoint=bool(table.checkpoint))
+        params = {**_checkpoint(table.checkpoint), **_batch_size(table.batch_size), "name": table.name}
+        if table.nac_layers:
+            params["nac_layers"] = _check_nac_layers(list(table.nac_layers), f"{key}.nac_layers")
+        return table.id or table.name, params
+
+    def backbone(self, spec: ModelSpec, device: str) -> Any:
+        return _load_timm(spec.params["name"], spec.params)
+
+
+# ----------------------------------------------------------------------------------------------- probe
+def _check_probe(params: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """Linear-probe hyper-parameters, checked against the extractor's ProbeConfig."""
+    from dataclasses import fields
+
+    from ..extract.probe import ProbeConfig
+
+    allowed = [f.name for f in fields(ProbeConfig)]
+    for name in params:
+        if name not in allowed:
+            raise ConfigError(
+                f"{key}.{name}: unknown probe parameter{suggest(name, allowed)} (parameters: {', '.join(allowed)})"
+            )
+    try:
+        ProbeConfig(**params)
+    except (ExtractError, TypeError) as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return dict(params)
+
+
+@register_model_kind
+class Probe(ModelKind):
+    """A linear probe trained on a frozen timm backbone's features (the backbone is extracted once, shared)."""
+
+    name = "probe"
+    trains_head = True
+
+    class Table(Table):
+        id: str | None = None
+        kind: str
+        backbone: str
+        backbone_id: str | None = None
+        checkpoint: str | None = None
+        batch_size: PositiveInt | None = None
+        probe: dict[str, Any] = {}
+
+    def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
+        _check_timm_name(table.backbone, f"{key}.backbone", with_checkpoint=bool(table.checkpoint))
+        params = {
+            **_checkpoint(table.checkpoint),
+            **_batch_size(table.batch_size),
+            "backbone": table.backbone,
+            "backbone_id": check_name(table.backbone_id or table.backbone, f"{key}.backbone_id", error=ConfigError),
+            "probe": _check_probe(table.probe, f"{key}.probe"),
+        }
+        return table.id or f"{table.backbone}+probe", params
+
+    def store_id(self, spec: ModelSpec) -> str:
+        return spec.params["backbone_id"]
+
+    def extract_identity(self, spec: ModelSpec) -> dict[str, Any]:
+        identity = {k: v for k, v in self.identity(spec).items() if k not in ("id", "probe")}
+        identity["kind"] = "timm-backbone"
+        return identity
+
+    def adoptable(self, spec: ModelSpec, store: Store, meta: Mapping[str, Any]) -> bool:
+        provenance = meta.get("provenance", {})
+        return provenance.get("model") == spec.params["backbone"] and not spec.params.get("checkpoint")
+
+    def backbone(self, spec: ModelSpec, device: str) -> Any:
+        return _load_timm(spec.params["backbone"], spec.params)
+
+    def train_head(self, ctx: Context, spec: ModelSpec, stale: bool) -> dict[str, Any]:
+        from ..extract.probe import ProbeConfig, run_probe
+
+        config, store = ctx.config, ctx.store
+        datasets = config.datasets_of(spec)
+        if stale:
+            for dataset in datasets:
+                store.delete(spec.id, dataset)
+            head_dir = store.root / spec.id / "head"
+            if head_dir.exists():
+                shutil.rmtree(head_dir)
+        run_probe(
+            store,
+            spec.store_id,
+            config.fit,
+            apply_to=[d for d in datasets if d != config.fit],
+            probe_id=spec.id,
+            config=ProbeConfig(**spec.params.get("probe", {})),
+            device="cpu" if ctx.device == "auto" else ctx.device,
+        )
+        return {"head": store.head_meta(spec.id).get("provenance", {}).get("checkpoint")}
+
+
+# ----------------------------------------------------------------------------------------------- open_clip
+@functools.lru_cache(maxsize=1)
+def _open_clip_registry() -> tuple[frozenset[str], dict[str, tuple[str, ...]]]:
+    """open_clip's model configs and pretrained tags per model (no weights are touched)."""
+    import open_clip
+
+    tags: dict[str, list[str]] = {}
+    for model, tag in open_clip.list_pretrained():
+        tags.setdefault(model, []).append(tag)
+    return frozenset(open_clip.list_models()), {k: tuple(v) for k, v in tags.items()}
+
+
+def register_open_clip_config(path: str, name: str, key: str) -> str:
+    """Make a custom open_clip architecture (a JSON model config named <name>.json) known to open_clip."""
+    import open_clip
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"{key}: {file} does not exist")
+    if file.stem != name:
+        raise ConfigError(
+            f"{key}: open_clip names a config by its file name; {file.name} defines {file.stem!r}, not {name!r}"
+        )
+    if name not in open_clip.list_models():
+        try:
+            open_clip.add_model_config(file)
+        except Exception as exc:  # open_clip raises plain errors for unreadable configs
+            raise ConfigError(f"{key}: open_clip cannot read {file}: {exc}") from None
+        _open_clip_registry.cache_clear()
+    return str(file)
+
+
+def _check_open_clip(name: str, pretrained: str | None, key: str) -> None:
+    models, all_tags = _open_clip_registry()
+    if name not in models:  # registered since the registry was cached (open_clip.add_model_config)?
+        _open_clip_registry.cache_clear()
+        models, all_tags = _open_clip_registry()
+    if name not in models:
+        raise ConfigError(f"{key}.name: open_clip does not know the model {name!r}{suggest(name, models)}")
+    if pretrained is not None:
+        tags = all_tags.get(name, ())
+        if pretrained not in tags:
+            raise ConfigError(
+                f"{key}.pretrained: open_clip has no weights {pretrained!r} for {name!r}; "
+                f"available: {', '.join(tags) or 'none'}"
+            )
+
+
+@register_model_kind
+class OpenClip(ModelKind):
+    """An open_clip VLM, scored zero-shot (image embeddings, optionally patch embeddings)."""
+
+    name = "open_clip"
+    classifier = False
+
+    class Table(Table):
+        id: str | None = None
+        kind: str
+        name: str
+        pretrained: str | None = None
+        checkpoint: str | None = None
+        config_file: str | None = None
+        batch_size: PositiveInt | None = None
+        patches: bool = False
+
+    def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
+        params = {**_checkpoint(table.checkpoint), **_batch_size(table.batch_size)}
+        if table.config_file:
+            params["config_file"] = register_open_clip_config(table.config_file, table.name, f"{key}.config_file")
+        if table.pretrained is None and not table.checkpoint:
+            raise ConfigError(
+                f"{key}.pretrained: missing; name the open_clip weights (e.g. 'openai') or give a checkpoint"
+            )
+        _check_open_clip(table.name, table.pretrained, key)
+        params.update(name=table.name, pretrained=table.pretrained, patches=table.patches)
+        # The default id is the one `oodbench extract` gives.
+        return table.id or (f"{table.name}@{table.pretrained}" if table.pretrained else table.name), params
+
+    def backbone(self, spec: ModelSpec, device: str) -> Any:
+        from ..extract.backbones.base import resolve_device
+        from ..extract.openclip import OpenClipBackbone, load_openclip
+
+        params = spec.params
+        if params.get("config_file"):  # a Ray worker has not seen the driver's registration
+            register_open_clip_config(params["config_file"], params["name"], f"{spec.key_path}.config_file")
+        bundle = load_openclip(
+            params["name"], params.get("checkpoint") or params.get("pretrained"), resolve_device(device)
+        )
+        return OpenClipBackbone(bundle, patches=params.get("patches", False))
