@@ -42,10 +42,14 @@ def _open_clip_names() -> set[str]:
 
 def _kind(model: str, kind: str) -> str:
     """Which library a model name belongs to (`auto`: the one that knows it; ambiguous names need --kind)."""
-    if kind not in ("auto", "timm", "open_clip"):
-        raise OodbenchError(f"--kind must be auto, timm or open_clip; got {kind!r}")
+    if kind not in ("auto", "timm", "open_clip", "hf_clip"):
+        raise OodbenchError(f"--kind must be auto, timm, open_clip or hf_clip; got {kind!r}")
     if kind != "auto":
         return kind
+    if (Path(model).expanduser() / "config.json").is_file() or (
+        "/" in model and not model.startswith(("hf-hub:", "local-dir:")) and not Path(model).exists()
+    ):
+        return "hf_clip"  # a transformers model: a hub id (owner/name) or a save_pretrained directory
     import timm
 
     in_clip = model in _open_clip_names() or model.startswith("local-dir:")
@@ -67,7 +71,11 @@ def _dataset_id_from(path: Path) -> str:
 
 def extract_command(
     model: str = typer.Option(
-        ..., "--model", "-m", help="timm name (resnet50.a1_in1k) or open_clip name (ViT-B-16-quickgelu)."
+        ...,
+        "--model",
+        "-m",
+        help="timm name (resnet50.a1_in1k), open_clip name (ViT-B-16-quickgelu) or transformers image/text model "
+        "(apple/aimv2-large-patch14-224-lit, or a save_pretrained directory).",
     ),
     store: Path = typer.Option(..., "--store", "-s", help="Feature store root."),
     data: Path | None = typer.Option(None, "--data", help="Image folder, file list (.csv/.txt) or ImageNet root."),
@@ -88,7 +96,7 @@ def extract_command(
     model_id: str | None = typer.Option(
         None, "--model-id", help="Store model id (default: derived from the model name and checkpoint)."
     ),
-    kind: str = typer.Option("auto", "--kind", help="auto | timm | open_clip."),
+    kind: str = typer.Option("auto", "--kind", help="auto | timm | open_clip | hf_clip."),
     pretrained: str = typer.Option(
         "default",
         "--pretrained",
@@ -205,6 +213,27 @@ def _run_extract(**opts: Any) -> None:
                 convert=opts["convert"],
             )
             bundle = None
+        elif kind == "hf_clip":
+            from .backbones.base import resolve_device
+            from .hf_clip import HfClipBackbone, load_hf_clip
+
+            if nac_layers or opts["patches"] or opts["checkpoint"] is not None:
+                raise OodbenchError(
+                    "--nac, --patches and --checkpoint do not apply to hf_clip models (give a directory)"
+                )
+            if opts["pretrained"] not in ("default", "true", "none", "false"):
+                raise OodbenchError("hf_clip models take their weights from --model (hub id or directory)")
+            if preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto":
+                raise OodbenchError(
+                    "hf_clip models use their checkpoint's image processor; preprocessing is not overridden"
+                )
+            bundle = load_hf_clip(
+                opts["model"],
+                str(resolve_device(opts["device"])),
+                pretrained=not opts["no_pretrained"] and opts["pretrained"] not in ("none", "false"),
+                seed=opts["seed"],
+            )
+            backbone = HfClipBackbone(bundle)
         else:
             from .openclip import OpenClipBackbone, load_openclip
 
