@@ -19,7 +19,7 @@ __all__ = ["register", "extract_command", "probe_command", "datasets_app"]
 
 console = Console(stderr=True)
 datasets_app = typer.Typer(
-    help="Datasets the seed compares: list them, check what is under a data root.", no_args_is_help=True
+    help="Datasets the Fi-ImageNet-1k paper compares: list them, check what is under a data root.", no_args_is_help=True
 )
 
 
