@@ -116,6 +116,7 @@ def test_dry_run_names_every_model_as_the_paper(tmp_path: Path) -> None:
         (30, "resolution", 336, "takes 378 px images, not 336"),
         (37, "name", "apple aimv2", "neither a Hugging Face hub id"),
         (0, "display", "", "expected a non-empty string"),
+        (1, "display", "ViT-B-384-l2b-12k", "is already the name of models[0]"),
     ],
 )
 def test_a_tag_that_does_not_resolve_is_named(index: int, key: str, value: Any, message: str) -> None:

@@ -488,6 +488,11 @@ def parse_config(
         spec = _parse_model(entry, f"models[{i}]", variables, experiment.seed)
         if spec.id in models:
             raise ConfigError(f"models[{i}].id: {spec.id!r} is already used by {models[spec.id].key_path}")
+        shown = {m.display_name: m for m in models.values()}
+        if spec.display_name in shown:
+            raise ConfigError(
+                f"models[{i}].display: {spec.display_name!r} is already the name of {shown[spec.display_name].key_path}"
+            )
         models[spec.id] = spec
 
     if not top.datasets:
