@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test install install-dev bench clean
+.PHONY: demo test lint install install-dev bench bench-cli clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ demo: install
 
 test: install-dev
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# ruff (style and formatting) and import-linter (the package layers of docs/architecture.md).
+lint: install-dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/lint-imports
+
+bench-cli: install
+	$(BIN)/python benchmarks/cli_startup.py
 
 bench: install-dev
 	$(BIN)/python benchmarks/detectors.py

@@ -57,3 +57,27 @@ def atomic_save_npy(path: str | os.PathLike[str], array: np.ndarray) -> int:
         with open(tmp, "wb") as handle:
             np.lib.format.write_array(handle, np.ascontiguousarray(array), allow_pickle=False)
     return Path(path).stat().st_size
+
+
+def unwritable(directory: str | os.PathLike[str]) -> str | None:
+    """Why `directory` cannot be created or written to (one phrase), or None when it can; creates nothing.
+
+    The nearest existing ancestor must be a directory in which a file can be made; that is tried for real
+    (a temporary directory, removed at once), because permission bits do not tell about read-only or virtual
+    filesystems such as /proc.
+    """
+    path = Path(directory).expanduser().absolute()
+    existing = path
+    while not existing.exists():
+        if existing.is_symlink():
+            return f"{existing} is a broken symbolic link"
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory" if existing == path else f"{existing} is a file, not a directory"
+    try:
+        probe = tempfile.mkdtemp(prefix=".oodbench-write-check-", dir=existing)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        return f"cannot create {path} ({existing}: {reason})"
+    os.rmdir(probe)
+    return None

@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 
 from .cli_params import parse_params
 from .errors import OodbenchError
+from .names import suggest
 
 EXPECTED = 2  # exit status of an expected error (bad input, bad parameter)
 UNEXPECTED = 1  # exit status of a bug or an environment failure (traceback in the log file)
@@ -120,6 +121,12 @@ def evaluate(
     tpr: float = typer.Option(0.95, help="ID acceptance rate of the FPR threshold."),
     strict: bool = typer.Option(False, help="Fail (instead of skip) when a detector's requirements are not met."),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    plugin: list[str] | None = typer.Option(
+        None, "--plugin", help="Import MODULE (or a .py file) to register its detectors (repeatable)."
+    ),
+    save_detectors: Path | None = typer.Option(
+        None, "--save-detectors", help="Keep each fitted detector in DIR/<name> (reload with `oodbench score`)."
+    ),
 ) -> None:
     """Fit detectors on the fit set, score ID test and OOD sets, write tidy results and a table.
 
@@ -128,44 +135,50 @@ def evaluate(
           --ood ninco --ood ssb-hard -d msp,energy,knn -p knn.k=1000 --out runs/resnet50
     """
     from . import detectors as registry
+    from .detectors.cli import warn_plugin_failures
     from .evaluation import evaluate_store
 
+    registry.load_plugins(plugin or ())
+    warn_plugin_failures()
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else registry.available()
+    for name in names:
+        if name not in registry.available():
+            raise typer.BadParameter(
+                f"--detectors: unknown detector {name!r}{suggest(name, registry.available())} "
+                "(list them with `oodbench detectors`)"
+            )
     overrides = parse_params(param)
     unknown = sorted(set(overrides) - set(names))
     if unknown:
         raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
+    for name, given in overrides.items():
+        allowed = registry.get_class(name).param_names()
+        for key in given:
+            if key not in allowed:
+                raise typer.BadParameter(
+                    f"--param {name}.{key}: {name} has no parameter {key!r}{suggest(key, allowed)} "
+                    f"(its parameters: {', '.join(allowed) or 'none'})"
+                )
+    if not store.is_dir():
+        raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
     plan = {name: overrides.get(name, {}) for name in names}
     result = evaluate_store(
-        store, model, fit, id_dataset, ood, plan, out_dir=out, tpr=tpr, strict=strict, progress=progress
+        store,
+        model,
+        fit,
+        id_dataset,
+        ood,
+        plan,
+        out_dir=out,
+        tpr=tpr,
+        strict=strict,
+        progress=progress,
+        save_detectors=save_detectors,
     )
     sys.stdout.write(result.table_markdown)
     for name, reason in result.skipped.items():
         typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
-
-
-@app.command("detectors")
-def list_detectors() -> None:
-    """List registered detectors with their requirements, defaults and papers.
-
-    Example:
-      oodbench detectors
-    """
-    from rich.console import Console
-    from rich.table import Table
-
-    from . import detectors as registry
-
-    table = Table(title="oodbench detectors (higher score = more in-distribution)")
-    for column in ("name", "requires", "defaults", "paper"):
-        table.add_column(column, overflow="fold")
-    for name in registry.available():
-        cls = registry.get_class(name)
-        paper = f"{cls.paper.citation} ({cls.paper.venue})" if cls.paper else ""
-        defaults = ", ".join(f"{k}={v!r}" for k, v in cls.default_params().items())
-        table.add_row(name, cls.requires.describe(), defaults, paper)
-    Console(width=200).print(table)
 
 
 @app.command()
@@ -196,9 +209,14 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
     Example:
       oodbench store ls --store oodbench-demo/store
     """
+    from .errors import StoreError
     from .store import Store
 
+    if not store.is_dir():
+        raise StoreError(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
     root = Store(store)
+    if not root.models():
+        typer.echo(f"{store}: no models in this store")
     for model_id in root.models():
         head = " (head)" if root.has_head(model_id) else ""
         typer.echo(f"{model_id}{head}")
@@ -215,12 +233,14 @@ from . import accuracy_cli as _accuracy_cli  # noqa: E402
 from .analysis import cli as _analysis_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
 from .construct import cli as _construct_cli  # noqa: E402
+from .detectors import cli as _detectors_cli  # noqa: E402
 from .extract import cli as _extract_cli  # noqa: E402
 from .report import cli as _report_cli  # noqa: E402
 from .runner import cli as _runner_cli  # noqa: E402
 from .zeroshot import cli as _zeroshot_cli  # noqa: E402
 
 for _area in (
+    _detectors_cli,
     _extract_cli,
     _accuracy_cli,
     _zeroshot_cli,
@@ -242,7 +262,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = EXPECTED
     except UsageError as exc:  # a missing or malformed option: one line, and where to look
         command = exc.ctx.command_path if exc.ctx is not None else "oodbench"
-        CliError(f"{exc.format_message()} (see: {command} --help)", EXPECTED).show()
+        # A BadParameter raised by the command itself names its option in the message: no "Invalid value:" prefix.
+        bare = getattr(exc, "param", True) is None and getattr(exc, "param_hint", True) is None
+        CliError(f"{exc.message if bare else exc.format_message()} (see: {command} --help)", EXPECTED).show()
         code = EXPECTED
     except typer.Abort:
         typer.secho("aborted", err=True)

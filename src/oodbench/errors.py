@@ -43,3 +43,7 @@ class ConstructError(OodbenchError):
 
 class ConfigError(OodbenchError, ValueError):
     """Invalid experiment configuration; the message names the offending key."""
+
+
+class RunDirError(AnalysisError):
+    """An evaluation run directory that cannot be read or written (missing results, invalid run.json)."""

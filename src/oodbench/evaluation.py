@@ -19,14 +19,12 @@ from typing import Any
 import numpy as np
 
 from . import detectors as detector_registry
-from . import metrics
-from .atomic import atomic_write_json, atomic_write_text
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
 from .progress import progress_bar
 from .report.detector_table import detector_table_markdown
-from .results import ResultRow, rows_from_metrics, write_rows
-from .scores import load_scores, save_scores, score_path
+from .results import ResultRow, metric_rows
+from .rundir import RunDir
 from .store import Store
 
 __all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
@@ -54,23 +52,6 @@ def normalize_detectors(detectors: Sequence[str] | Mapping[str, Mapping[str, Any
     return {name: {} for name in detectors}
 
 
-def _unmet_requirements(
-    detector: detector_registry.Detector, fit_set: Outputs, head: Head | None, tests: Sequence[Outputs]
-) -> str | None:
-    """Why a detector cannot run on these arrays, or None."""
-    req = detector.requirements()
-    missing_fit = sorted(req.fit - fit_set.array_names())
-    if missing_fit:
-        return f"fit set lacks {', '.join(missing_fit)}"
-    if req.head and head is None:
-        return "no head stored for the model"
-    for test in tests:
-        missing = sorted(req.score - test.array_names())
-        if missing:
-            return f"test set lacks {', '.join(missing)}"
-    return None
-
-
 def evaluate_outputs(
     fit_set: Outputs,
     head: Head | None,
@@ -85,6 +66,7 @@ def evaluate_outputs(
     progress: bool = True,
     cached: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     on_detector_done: Any = None,
+    on_detector_fitted: Any = None,
 ) -> EvaluationResult:
     """Fit each detector once, score the ID test set and every OOD set, and compute all metrics.
 
@@ -109,7 +91,7 @@ def evaluate_outputs(
         task = bar.add_task("detectors", total=len(plan))
         for name in plan:
             bar.update(task, description=f"{name}")
-            reason = _unmet_requirements(instances[name], fit_set, head, list(datasets.values()))
+            reason = "; ".join(instances[name].unmet(fit_set, datasets, has_head=head is not None)) or None
             if reason is not None:
                 if strict:
                     raise DetectorError(f"{name} cannot run: {reason}")
@@ -121,19 +103,15 @@ def evaluate_outputs(
                     scores[ds][name] = np.asarray(cached[ds][name])
             else:
                 detector = instances[name].fit(fit_set, head)
+                if on_detector_fitted is not None:
+                    on_detector_fitted(name, detector)
                 for ds, outputs in datasets.items():
                     scores[ds][name] = detector.score(outputs)
                 if on_detector_done is not None:
                     on_detector_done(name, {ds: scores[ds][name] for ds in datasets})
             bar.advance(task)
-    rows: list[ResultRow] = []
     ran = [name for name in plan if name not in skipped]
-    for name in ran:
-        for ood_name in ood_sets:
-            values = metrics.evaluate(scores[id_dataset][name], scores[ood_name][name], tpr)
-            rows.extend(
-                rows_from_metrics(model, id_dataset, ood_name, name, values, len(id_test), len(ood_sets[ood_name]))
-            )
+    rows = metric_rows(model, id_dataset, list(ood_sets), ran, scores, tpr)
     table = detector_table_markdown(rows, ran, list(ood_sets))
     return EvaluationResult(rows=rows, scores=scores, table_markdown=table, skipped=skipped)
 
@@ -153,6 +131,9 @@ def _fingerprint(store: Store, model_id: str, datasets: Sequence[str], name: str
     if store.has_head(model_id):
         digest.update(json.dumps(store.head_meta(model_id).get("written")).encode())
     digest.update(json.dumps([name, dict(params)], sort_keys=True, default=str).encode())
+    plugin = detector_registry.detector_fingerprint(name)  # None for built-ins: their keys stay as they were
+    if plugin is not None:
+        digest.update(plugin.encode())
     return digest.hexdigest()[:16]
 
 
@@ -168,11 +149,18 @@ def evaluate_store(
     tpr: float = 0.95,
     strict: bool = False,
     progress: bool = True,
+    save_detectors: str | os.PathLike[str] | None = None,
 ) -> EvaluationResult:
-    """Evaluate detectors on store entries of one model and (optionally) write a run directory."""
+    """Evaluate detectors on store entries of one model and (optionally) write a run directory.
+
+    With `save_detectors`, each fitted detector is saved to ``save_detectors/<name>`` with its fit provenance.
+    """
     store = store if isinstance(store, Store) else Store(store)
     if not ood_datasets:
         raise OodbenchError("no OOD datasets given: pass at least one --ood")
+    run_dir = RunDir(out_dir) if out_dir is not None else None
+    if run_dir is not None:
+        run_dir.check_writable("out_dir")  # before any work, not after the detectors ran
     names = [fit_dataset, id_dataset, *ood_datasets]
     if len(set(names)) != len(names):
         raise OodbenchError(f"dataset names must be distinct; got {names}")
@@ -190,25 +178,27 @@ def evaluate_store(
     plan = normalize_detectors(detectors)
     keys = {name: _fingerprint(store, model_id, names, name, params) for name, params in plan.items()}
 
-    cached: dict[str, dict[str, np.ndarray]] = {}
-    run_dir = Path(out_dir) if out_dir is not None else None
-    previous_keys: dict[str, str] = {}
-    if run_dir is not None and (run_dir / "run.json").is_file():
-        previous_keys = json.loads((run_dir / "run.json").read_text()).get("score_keys", {})
-        for dataset in [id_dataset, *ood_datasets]:
-            if score_path(run_dir, model_id, dataset).is_file():
-                saved = load_scores(run_dir, model_id, dataset)
-                cached[dataset] = {d: s for d, s in saved.items() if previous_keys.get(d) == keys.get(d)}
+    cached, done = run_dir.resume(model_id, [id_dataset, *ood_datasets], keys) if run_dir is not None else ({}, {})
+
+    keep = Path(save_detectors) if save_detectors is not None else None
+    if keep is not None:
+        # Cached scores skip the fit; reuse them only where the detector fitted for that key is already saved.
+        saved_keys = {name: detector_registry.saved_score_key(keep / name) for name in plan}
+        cached = {ds: {d: s for d, s in per.items() if saved_keys.get(d) == keys.get(d)} for ds, per in cached.items()}
+
+    def keep_fitted(name: str, detector: detector_registry.Detector) -> None:
+        provenance = {**detector_registry.fit_provenance(store, model_id, fit_dataset), "score_key": keys[name]}
+        detector.save(keep / name, provenance=provenance)
 
     def persist(name: str, per_dataset: Mapping[str, np.ndarray]) -> None:
         # Saved as soon as a detector finishes, so an interrupted run resumes from the next detector.
         if run_dir is None:
             return
         for dataset, values in per_dataset.items():
-            save_scores(run_dir, model_id, dataset, {name: values})
-        previous_keys[name] = keys[name]
-        _write_run_json(
-            run_dir, store, model_id, fit_dataset, id_dataset, ood_datasets, plan, previous_keys, complete=False
+            run_dir.save_scores(model_id, dataset, {name: values})
+        done[name] = keys[name]
+        run_dir.write_info(
+            run_description(store, model_id, fit_dataset, id_dataset, ood_datasets, plan, done, complete=False)
         )
 
     result = evaluate_outputs(
@@ -224,34 +214,29 @@ def evaluate_store(
         progress=progress,
         cached=cached,
         on_detector_done=persist,
+        on_detector_fitted=keep_fitted if keep is not None else None,
     )
     if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # Rewrite each score file with exactly this run's detectors, so scores of detectors dropped since an
-        # earlier run in the same directory cannot leak into analyses that read every saved score.
-        for dataset, per_detector in result.scores.items():
-            if per_detector:
-                save_scores(run_dir, model_id, dataset, per_detector, replace=True)
-        write_rows(result.rows, run_dir / "results.parquet")
-        atomic_write_text(run_dir / "table.md", result.table_markdown)
+        run_dir.write_results(model_id, result.rows, result.scores, result.table_markdown)
         if id_test.labels is not None and id_test.logits is not None:
             from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
 
-            record_accuracy(run_dir, store, model_id, id_dataset)
+            record_accuracy(run_dir.path, store, model_id, id_dataset)
         ran_keys = {name: keys[name] for name in plan if name not in result.skipped}
-        _write_run_json(
-            run_dir,
-            store,
-            model_id,
-            fit_dataset,
-            id_dataset,
-            ood_datasets,
-            plan,
-            ran_keys,
-            complete=True,
-            skipped=result.skipped,
+        run_dir.write_info(
+            run_description(
+                store,
+                model_id,
+                fit_dataset,
+                id_dataset,
+                ood_datasets,
+                plan,
+                ran_keys,
+                complete=True,
+                skipped=result.skipped,
+            )
         )
-        result.run_dir = run_dir
+        result.run_dir = run_dir.path
     return result
 
 
@@ -287,24 +272,3 @@ def run_description(
         "entries": entries,
         "complete": complete,
     }
-
-
-def _write_run_json(
-    run_dir: Path,
-    store: Store,
-    model_id: str,
-    fit_dataset: str,
-    id_dataset: str,
-    ood_datasets: Sequence[str],
-    plan: Mapping[str, Mapping[str, Any]],
-    score_keys: Mapping[str, str],
-    *,
-    complete: bool,
-    skipped: Mapping[str, str] | None = None,
-) -> None:
-    atomic_write_json(
-        run_dir / "run.json",
-        run_description(
-            store, model_id, fit_dataset, id_dataset, ood_datasets, plan, score_keys, complete=complete, skipped=skipped
-        ),
-    )

@@ -6,11 +6,13 @@ always one safe path component. Vocabulary names leave out ``@`` (``NAME@vN`` se
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 from .errors import OodbenchError
 
-__all__ = ["NAME_PATTERN", "VERSIONLESS_PATTERN", "is_name", "check_name"]
+__all__ = ["NAME_PATTERN", "VERSIONLESS_PATTERN", "is_name", "check_name", "suggest"]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=,-]*$")
 VERSIONLESS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
@@ -30,3 +32,12 @@ def check_name(value: object, where: str, *, error: type[OodbenchError] = Oodben
         raise error(f"{where}: {value!r} is not a valid name ({rule})")
     assert isinstance(value, str)
     return value
+
+
+def suggest(name: str, options: Iterable[str]) -> str:
+    """``; did you mean 'x'?`` for the options closest to `name` (case-insensitive), or an empty string."""
+    by_lower: dict[str, str] = {}
+    for option in options:
+        by_lower.setdefault(option.lower(), option)
+    close = [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)]
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import numpy as np
 
 from .atomic import atomic_path
 from .errors import AnalysisError
 
-__all__ = ["ResultRow", "SCHEMA", "write_rows", "read_rows", "rows_from_metrics"]
+__all__ = ["ResultRow", "COLUMNS", "schema", "write_rows", "read_rows", "rows_from_metrics", "metric_rows"]
 
 
 @dataclass(frozen=True)
@@ -30,18 +30,25 @@ class ResultRow:
     n_ood: int
 
 
-SCHEMA = pa.schema(
-    [
-        ("model", pa.string()),
-        ("id_dataset", pa.string()),
-        ("ood_dataset", pa.string()),
-        ("detector", pa.string()),
-        ("metric", pa.string()),
-        ("value", pa.float64()),
-        ("n_id", pa.int64()),
-        ("n_ood", pa.int64()),
-    ]
+# (column, Arrow type) of a result table; pyarrow is imported only when a table is written or read.
+COLUMNS = (
+    ("model", "string"),
+    ("id_dataset", "string"),
+    ("ood_dataset", "string"),
+    ("detector", "string"),
+    ("metric", "string"),
+    ("value", "float64"),
+    ("n_id", "int64"),
+    ("n_ood", "int64"),
 )
+_NAMES = [name for name, _ in COLUMNS]
+
+
+def schema() -> Any:
+    """The Arrow schema of a result table."""
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, kind)()) for name, kind in COLUMNS])
 
 
 def rows_from_metrics(
@@ -54,6 +61,27 @@ def rows_from_metrics(
     ]
 
 
+def metric_rows(
+    model: str,
+    id_dataset: str,
+    ood_datasets: Sequence[str],
+    detectors: Sequence[str],
+    scores: Mapping[str, Mapping[str, np.ndarray]],
+    tpr: float,
+) -> list[ResultRow]:
+    """Every metric of every detector on every OOD set, from per-image scores {dataset: {detector: scores}}."""
+    from . import metrics
+
+    rows: list[ResultRow] = []
+    for detector in detectors:
+        id_scores = scores[id_dataset][detector]
+        for ood in ood_datasets:
+            ood_scores = scores[ood][detector]
+            values = metrics.evaluate(id_scores, ood_scores, tpr)
+            rows.extend(rows_from_metrics(model, id_dataset, ood, detector, values, len(id_scores), len(ood_scores)))
+    return rows
+
+
 def write_rows(rows: Iterable[ResultRow], path: str | os.PathLike[str]) -> Path:
     """Write rows to a Parquet file atomically (temporary name, then rename)."""
     path = Path(path)
@@ -62,7 +90,10 @@ def write_rows(rows: Iterable[ResultRow], path: str | os.PathLike[str]) -> Path:
     for row in rows:
         for key, value in asdict(row).items():
             columns[key].append(value)
-    table = pa.Table.from_pydict(columns, schema=SCHEMA)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pydict(columns, schema=schema())
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
     return path
@@ -82,12 +113,18 @@ def read_rows(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) 
             raise AnalysisError(f"no result file or directory at {entry}")
     if not files:
         raise AnalysisError(f"no .parquet result files found in {', '.join(map(str, paths))}")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     rows: list[ResultRow] = []
     for file in files:
-        table = pq.read_table(file)
-        missing = [name for name in SCHEMA.names if name not in table.column_names]
+        try:
+            table = pq.read_table(file)
+        except (pa.ArrowException, OSError) as exc:
+            raise AnalysisError(f"{file} is not a readable Parquet result table: {exc}") from None
+        missing = [name for name in _NAMES if name not in table.column_names]
         if missing:
             raise AnalysisError(f"{file} is not a result table: missing columns {missing}")
-        data = table.select(SCHEMA.names).to_pydict()
-        rows.extend(ResultRow(*values) for values in zip(*(data[name] for name in SCHEMA.names)))
+        data = table.select(_NAMES).to_pydict()
+        rows.extend(ResultRow(*values) for values in zip(*(data[name] for name in _NAMES), strict=True))
     return rows

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shutil
 import sys
 from collections.abc import Iterable, Mapping
@@ -35,6 +34,7 @@ import numpy as np
 
 from .atomic import atomic_path, atomic_save_npy, atomic_write_json
 from .errors import StoreError
+from .names import check_name
 from .outputs import Head, Outputs
 
 __all__ = ["Store", "EntryWriter", "PROVENANCE_KEYS", "hash_items", "library_versions"]
@@ -42,16 +42,11 @@ __all__ = ["Store", "EntryWriter", "PROVENANCE_KEYS", "hash_items", "library_ver
 FORMAT_VERSION = 1
 # Provenance fields that must agree between the datasets of one evaluation (same network, same inputs).
 PROVENANCE_KEYS = ("model", "checkpoint", "preprocessing")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=,-]*$")
 _EXTRA = "extra."
 
 
 def _check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
-        raise StoreError(
-            f"invalid {kind} {name!r}: use letters, digits and . _ + @ = , - (no slashes, no '..', not starting with a symbol)"
-        )
-    return name
+    return check_name(name, f"invalid {kind}", error=StoreError)
 
 
 def hash_items(items: Iterable[str]) -> str:
@@ -138,6 +133,9 @@ class Store:
         """The entry's meta.json, checked to belong to this (model, dataset)."""
         path = self.entry_path(model_id, dataset_id)
         if not (path / "meta.json").is_file():
+            if not self.root.is_dir():
+                what = "is not a directory" if self.root.exists() else "does not exist"
+                raise StoreError(f"the store {self.root} {what} (no store entry {model_id}/{dataset_id})")
             known = self.datasets(model_id)
             hint = (
                 f"; datasets stored for {model_id!r}: {', '.join(known)}"

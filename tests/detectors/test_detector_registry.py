@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from oodbench.detectors import available, create, get_class
-from oodbench.errors import DetectorError
+from oodbench.errors import DataError, DetectorError
 from oodbench.outputs import Outputs
 
 NAMES = (
@@ -48,3 +48,36 @@ def test_every_detector_fits_and_scores_end_to_end(problem, small_params, name):
     )
     # float32 BLAS products may round differently for one row than for a block: 1e-6, far below any leakage.
     np.testing.assert_allclose(single, scores[::37], rtol=1e-6, atol=1e-9)
+
+
+def test_unmet_lists_every_missing_array_and_the_head(problem):
+    maha = create("maha")  # fit: features, labels; score: features
+    assert maha.unmet(problem.fit, {"test": problem.test}, has_head=False) == []
+    assert maha.unmet({"features"}, {"a": {"features"}, "b": set()}, has_head=False) == [
+        "fit set lacks labels",
+        "b lacks features",
+    ]
+    react = create("react")  # fit: features and the head
+    assert react.unmet({"features"}, has_head=False) == ["no head stored for the model"]
+    assert react.unmet({"features"}, has_head=True) == []
+
+
+def test_unmet_honours_parameter_dependent_requirements():
+    arrays = {"features", "labels"}
+    assert create("neco").unmet(arrays, {"ood": arrays}, has_head=False) == []
+    # use_maxlogit adds logits to what scoring needs; the class's `requires` alone would miss it.
+    assert create("neco", use_maxlogit=True).unmet(arrays, {"ood": arrays}, has_head=False) == ["ood lacks logits"]
+    nac = create("nac", layers=("layer4",))
+    assert nac.unmet({"features", "logits"}, has_head=True) == ["fit set lacks extra.nac.layer4"]
+
+
+def test_scoring_hands_the_detector_only_its_declared_arrays(problem):
+    # msp declares logits only: NaN features (unchecked) must not matter, NaN logits must be refused by name.
+    detector = create("msp").fit(problem.fit)
+    nan_features = np.full(problem.test.features.shape, np.nan, dtype=np.float32)
+    unchecked = Outputs(nan_features, problem.test.logits, check_finite=False)
+    np.testing.assert_array_equal(detector.score(unchecked), detector.score(problem.test))
+    logits = np.array(problem.test.logits)
+    logits[7, 2] = np.nan
+    with pytest.raises(DataError, match="logits contains NaN or inf values \\(first at row 7\\)"):
+        detector.score(Outputs(problem.test.features, logits, check_finite=False))

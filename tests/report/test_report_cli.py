@@ -10,6 +10,7 @@ import typer
 from report_fixtures import VOCABULARIES
 from typer.testing import CliRunner
 
+from oodbench.cli import OodbenchGroup
 from oodbench.report.cli import register
 from oodbench.results import write_rows
 
@@ -19,7 +20,7 @@ FAST = ["--draws", "100", "--curve-draws", "30", "--resamples", "100", "--quiet"
 
 @pytest.fixture(scope="module")
 def cli() -> typer.Typer:
-    app = typer.Typer()
+    app = typer.Typer(cls=OodbenchGroup)  # the root CLI's error handling
     register(app)
 
     @app.command("noop")
@@ -87,12 +88,12 @@ def test_report_with_vocabulary_file(cli, zeroshot_rows, tmp_path) -> None:
 )
 def test_report_errors(cli, two_runs, tmp_path, args, message) -> None:
     result = runner.invoke(cli, ["report", str(two_runs[0]), "--out", str(tmp_path / "o"), *args, *FAST])
-    assert result.exit_code == 1 and message in result.stderr
+    assert result.exit_code == 2 and message in result.stderr
 
 
 def test_report_rejects_a_directory_without_results(cli, tmp_path) -> None:
     result = runner.invoke(cli, ["report", str(tmp_path), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 1 and "no results.parquet" in result.stderr
+    assert result.exit_code == 2 and "no results.parquet" in result.stderr
 
 
 def test_help_shows_an_example(cli) -> None:

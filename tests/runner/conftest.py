@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from runner_helpers import demo_config
+
+from .helpers import demo_config
 
 # The model runs reuse the extraction tests' generated images and tiny open_clip config (tests/extract/extract_helpers.py).
 # Appended, not prepended: pytest puts each test folder first when it imports that folder's conftest.py.
@@ -24,7 +25,7 @@ def offline_hubs(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     """A demo work directory after one complete run, and that run's report."""
-    from oodbench.runner.engine import run_experiment
+    from oodbench.runner.executor import run_experiment
 
     workdir = tmp_path_factory.mktemp("demo") / "run"
     report = run_experiment(demo_config(workdir), progress=False)

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_helpers import CONFIGS
 
 from oodbench.errors import ConfigError
 from oodbench.runner.config import apply_overrides, load_config, missing_roots, parse_config
+
+from .helpers import CONFIGS
 
 DEMO = tomllib.loads((CONFIGS / "demo.toml").read_text(encoding="utf-8"))
 

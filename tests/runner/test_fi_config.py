@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import typer
-from runner_helpers import CONFIGS
 from typer.testing import CliRunner
 
 from oodbench import detectors
 from oodbench.runner.config import load_config
 from oodbench.runner.plan import build_plan
+
+from .helpers import CONFIGS
 
 FI = CONFIGS / "fi-imagenet-1k.toml"
 OOD = [

@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 import typer
-from runner_helpers import CONFIGS, FAST_DEMO, demo_config
 from typer.testing import CliRunner
 
 from oodbench.cli import OodbenchGroup
 from oodbench.detectors.base import Detector
 from oodbench.errors import ConfigError, OodbenchError
 from oodbench.results import read_rows
-from oodbench.runner.engine import run_experiment
+from oodbench.runner.executor import run_experiment
 from oodbench.runner.plan import build_plan
+
+from .helpers import CONFIGS, FAST_DEMO, demo_config
 
 ALL_DETECTORS = 21
 
@@ -169,6 +170,7 @@ def test_cli_run_and_dry_run(demo_copy: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "everything cached" in result.output and "report.html" in result.output
+    assert "## digits-cnn" in result.output and "| knn" in result.output  # the results table, not only counts
     result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--out", str(demo_copy), "--dry-run", *sets])
     assert result.exit_code == 0, result.output
     assert "cached   digits-cnn/knn/noise" in result.output

@@ -11,7 +11,7 @@ from extract_helpers import TINY_CLIP, register_tiny_clip, single_torch_thread, 
 
 from oodbench.results import read_rows
 from oodbench.runner.config import load_config
-from oodbench.runner.engine import run_experiment
+from oodbench.runner.executor import run_experiment
 from oodbench.runner.plan import build_plan
 from oodbench.store import Store
 

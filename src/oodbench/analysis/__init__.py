@@ -1,60 +1,45 @@
-"""Statistics on evaluation results: subsampling, confidence intervals, DeLong's test, spread versus noise."""
+"""Statistics on evaluation results: subsampling, confidence intervals, DeLong's test, spread versus noise.
 
-from .delong import DeLongResult, delong_covariance, delong_interval, delong_test, structural_components
-from .intervals import (
-    BootstrapResult,
-    Interval,
-    bootstrap,
-    bootstrap_replicates,
-    clopper_pearson_interval,
-    fpr_interval,
-    wilson_interval,
-)
-from .roc import roc_curve
-from .rundata import RunData, load_run, load_runs
-from .runs import IntervalRecord, compare_in_run, intervals_for_run
-from .spread import SpreadSummary, spread_vs_noise
-from .subsample import (
-    SEED_N,
-    SubsampleStudy,
-    SubsampleSummary,
-    closed_form_se,
-    rank_correlation,
-    resolve_n,
-    subsample_curve,
-    subsample_fpr,
-    subsample_run,
-)
+Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+(and `oodbench --help`) stays fast.
+"""
 
-__all__ = [
-    "BootstrapResult",
-    "DeLongResult",
-    "Interval",
-    "IntervalRecord",
-    "RunData",
-    "SEED_N",
-    "SpreadSummary",
-    "SubsampleStudy",
-    "SubsampleSummary",
-    "bootstrap",
-    "bootstrap_replicates",
-    "clopper_pearson_interval",
-    "closed_form_se",
-    "compare_in_run",
-    "delong_covariance",
-    "delong_interval",
-    "delong_test",
-    "fpr_interval",
-    "intervals_for_run",
-    "load_run",
-    "load_runs",
-    "rank_correlation",
-    "resolve_n",
-    "roc_curve",
-    "spread_vs_noise",
-    "structural_components",
-    "subsample_curve",
-    "subsample_fpr",
-    "subsample_run",
-    "wilson_interval",
-]
+from __future__ import annotations
+
+from ..lazy import lazy_package
+
+_EXPORTS = {
+    "BootstrapResult": ".intervals",
+    "DeLongResult": ".delong",
+    "Interval": ".intervals",
+    "IntervalRecord": ".runs",
+    "RunData": ".rundata",
+    "SEED_N": ".subsample",
+    "SpreadSummary": ".spread",
+    "SubsampleStudy": ".subsample",
+    "SubsampleSummary": ".subsample",
+    "bootstrap": ".intervals",
+    "bootstrap_replicates": ".intervals",
+    "clopper_pearson_interval": ".intervals",
+    "closed_form_se": ".subsample",
+    "compare_in_run": ".runs",
+    "delong_covariance": ".delong",
+    "delong_interval": ".delong",
+    "delong_test": ".delong",
+    "fpr_interval": ".intervals",
+    "intervals_for_run": ".runs",
+    "load_run": ".rundata",
+    "load_runs": ".rundata",
+    "rank_correlation": ".subsample",
+    "resolve_n": ".subsample",
+    "roc_curve": ".roc",
+    "spread_vs_noise": ".spread",
+    "structural_components": ".delong",
+    "subsample_curve": ".subsample",
+    "subsample_fpr": ".subsample",
+    "subsample_run": ".subsample",
+    "wilson_interval": ".intervals",
+}
+
+__all__ = list(_EXPORTS)
+lazy_package(__name__, _EXPORTS)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,11 +12,9 @@ import numpy as np
 
 from ..errors import AnalysisError
 from ..results import ResultRow, read_rows
-from ..scores import load_scores, score_path
+from ..rundir import RUN_KINDS, RunDir
 
 __all__ = ["RunData", "RUN_KINDS", "load_run", "load_runs"]
-
-RUN_KINDS = ("supervised", "zeroshot")  # run.json "kind"; absent means supervised (`oodbench evaluate`)
 
 
 @dataclass
@@ -68,7 +65,7 @@ class RunData:
 
     def has_scores(self, model: str, dataset: str) -> bool:
         """Whether per-image scores of (model, dataset) were saved."""
-        return score_path(self.path, model, dataset).is_file()
+        return RunDir(self.path).has_scores(model, dataset)
 
     def scores(self, model: str, dataset: str) -> dict[str, np.ndarray]:
         """{detector: per-image scores} of (model, dataset); cached after the first read."""
@@ -76,7 +73,7 @@ class RunData:
         if key not in self._scores:
             if not self.path.is_dir():
                 raise AnalysisError(f"{self.path} is a result file, not a run directory: it has no per-image scores")
-            self._scores[key] = load_scores(self.path, model, dataset)
+            self._scores[key] = RunDir(self.path).load_scores(model, dataset)
         return self._scores[key]
 
     def paired_scores(
@@ -109,26 +106,11 @@ def load_run(path: str | os.PathLike[str]) -> RunData:
     path = Path(path)
     if path.is_file():
         return RunData(path=path, info={}, rows=read_rows(path))
-    if not path.is_dir():
+    if not path.exists():
         raise AnalysisError(f"no run directory at {path}")
-    results = path / "results.parquet"
-    if not results.is_file():
-        raise AnalysisError(
-            f"{path} is not an evaluation run directory: it has no results.parquet "
-            f"(create one with `oodbench evaluate --out {path}`)"
-        )
-    info: dict[str, Any] = {}
-    if (path / "run.json").is_file():
-        try:
-            info = json.loads((path / "run.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise AnalysisError(f"{path / 'run.json'} is not valid JSON: {exc}") from exc
-    kind = info.get("kind")
-    if kind not in (None, *RUN_KINDS):
-        raise AnalysisError(f"{path / 'run.json'}: unknown run kind {kind!r}; expected one of {', '.join(RUN_KINDS)}")
-    rows = read_rows(results)
-    if not rows:
-        raise AnalysisError(f"{results} holds no result rows")
+    run_dir = RunDir(path)
+    rows = run_dir.read_rows()
+    info = run_dir.read_info()
     return RunData(path=path, info=info, rows=rows)
 
 

@@ -7,65 +7,60 @@
 - `make_battery` + `run_battery`: splits with known answers; sensitivity and specificity of the rule.
 - `scan_suites`: published suites' OOD class lists against a training label space (WordNet), no images.
 - `overlap_index`: L_k, a cheap pre-check of how mixed two sets are.
+
+Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+(and `oodbench --help`) stays fast.
 """
 
 from __future__ import annotations
 
-from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, Verdict, adjudicate
-from .battery import BatteryResult, BatterySplit, battery_from_store, make_battery, run_battery
-from .config import DEFAULT_POOL, AuditConfig
-from .contrast import ContrastResult, exclusion_contrast, find_suspects
-from .fingerprint import Fingerprint, OracleLDA, fingerprint, oracle_lda, prepare_pool
-from .leave_class_out import LeaveClassOutResult, leave_class_out, train_probe
-from .overlap import OverlapIndex, overlap_index, pair_overlap
-from .pool import IsolationForestScorer
-from .scan import ClassFinding, SuiteScan, scan_suite, scan_suites, suite_scope
-from .split import SplitAudit, audit_split, audit_store
-from .suites import SuiteManifest, load_suite, load_suites, shipped_suites
-from .wordnet import LabelSpace, label_space, load_wordnet
+from ..lazy import lazy_package
 
-__all__ = [
-    "AuditConfig",
-    "DEFAULT_POOL",
-    "OracleLDA",
-    "oracle_lda",
-    "Fingerprint",
-    "fingerprint",
-    "prepare_pool",
-    "IsolationForestScorer",
-    "ContrastResult",
-    "exclusion_contrast",
-    "find_suspects",
-    "LeaveClassOutResult",
-    "leave_class_out",
-    "train_probe",
-    "Verdict",
-    "adjudicate",
-    "LEAK",
-    "HARD_CLEAN",
-    "CLEAN",
-    "INCONCLUSIVE",
-    "SplitAudit",
-    "audit_split",
-    "audit_store",
-    "BatterySplit",
-    "BatteryResult",
-    "make_battery",
-    "run_battery",
-    "battery_from_store",
-    "OverlapIndex",
-    "overlap_index",
-    "pair_overlap",
-    "SuiteManifest",
-    "load_suite",
-    "load_suites",
-    "shipped_suites",
-    "LabelSpace",
-    "label_space",
-    "load_wordnet",
-    "ClassFinding",
-    "SuiteScan",
-    "scan_suite",
-    "scan_suites",
-    "suite_scope",
-]
+_EXPORTS = {
+    "AuditConfig": ".config",
+    "DEFAULT_POOL": ".config",
+    "OracleLDA": ".fingerprint",
+    "oracle_lda": ".fingerprint",
+    "Fingerprint": ".fingerprint",
+    "fingerprint": ".fingerprint",
+    "prepare_pool": ".fingerprint",
+    "IsolationForestScorer": ".pool",
+    "ContrastResult": ".contrast",
+    "exclusion_contrast": ".contrast",
+    "find_suspects": ".contrast",
+    "LeaveClassOutResult": ".leave_class_out",
+    "leave_class_out": ".leave_class_out",
+    "train_probe": ".leave_class_out",
+    "Verdict": ".adjudicate",
+    "adjudicate": ".adjudicate",
+    "LEAK": ".adjudicate",
+    "HARD_CLEAN": ".adjudicate",
+    "CLEAN": ".adjudicate",
+    "INCONCLUSIVE": ".adjudicate",
+    "SplitAudit": ".split",
+    "audit_split": ".split",
+    "audit_store": ".split",
+    "BatterySplit": ".battery",
+    "BatteryResult": ".battery",
+    "make_battery": ".battery",
+    "run_battery": ".battery",
+    "battery_from_store": ".battery",
+    "OverlapIndex": ".overlap",
+    "overlap_index": ".overlap",
+    "pair_overlap": ".overlap",
+    "SuiteManifest": ".suites",
+    "load_suite": ".suites",
+    "load_suites": ".suites",
+    "shipped_suites": ".suites",
+    "LabelSpace": ".wordnet",
+    "label_space": ".wordnet",
+    "load_wordnet": ".wordnet",
+    "ClassFinding": ".scan",
+    "SuiteScan": ".scan",
+    "scan_suite": ".scan",
+    "scan_suites": ".scan",
+    "suite_scope": ".scan",
+}
+
+__all__ = list(_EXPORTS)
+lazy_package(__name__, _EXPORTS)

@@ -3,59 +3,42 @@ annotation protocol, a multi-annotator web app and the benchmark export.
 
 The pure parts (importers, evidence, protocol) import only numpy; the database, web app and LLM
 client need the `web` extra and live in `db`, `web`, `project`, `export` and `llm`.
+
+Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+(and `oodbench --help`) stays fast.
 """
 
-from .classes import ClassList, imagenet_classes, load_classes
-from .evidence import top_confusions, vlm_topk
-from .importers import (
-    Candidate,
-    Import,
-    TableMapping,
-    load_original_labels,
-    merge_candidates,
-    read_mturk,
-    read_real,
-    read_table,
-)
-from .protocol import (
-    AMBIGUITY_REASONS,
-    Event,
-    EventKind,
-    ImageRecord,
-    Judgement,
-    LabelMatcher,
-    Outcome,
-    Status,
-    Verdict,
-    agree,
-    normalise_label,
-    replay,
-)
+from __future__ import annotations
 
-__all__ = [
-    "AMBIGUITY_REASONS",
-    "Candidate",
-    "ClassList",
-    "Event",
-    "EventKind",
-    "ImageRecord",
-    "Import",
-    "Judgement",
-    "LabelMatcher",
-    "Outcome",
-    "Status",
-    "TableMapping",
-    "Verdict",
-    "agree",
-    "imagenet_classes",
-    "load_classes",
-    "load_original_labels",
-    "merge_candidates",
-    "normalise_label",
-    "read_mturk",
-    "read_real",
-    "read_table",
-    "replay",
-    "top_confusions",
-    "vlm_topk",
-]
+from ..lazy import lazy_package
+
+_EXPORTS = {
+    "AMBIGUITY_REASONS": ".protocol",
+    "Candidate": ".importers",
+    "ClassList": ".classes",
+    "Event": ".protocol",
+    "EventKind": ".protocol",
+    "ImageRecord": ".protocol",
+    "Import": ".importers",
+    "Judgement": ".protocol",
+    "LabelMatcher": ".protocol",
+    "Outcome": ".protocol",
+    "Status": ".protocol",
+    "TableMapping": ".importers",
+    "Verdict": ".protocol",
+    "agree": ".protocol",
+    "imagenet_classes": ".classes",
+    "load_classes": ".classes",
+    "load_original_labels": ".importers",
+    "merge_candidates": ".importers",
+    "normalise_label": ".protocol",
+    "read_mturk": ".importers",
+    "read_real": ".importers",
+    "read_table": ".importers",
+    "replay": ".protocol",
+    "top_confusions": ".evidence",
+    "vlm_topk": ".evidence",
+}
+
+__all__ = list(_EXPORTS)
+lazy_package(__name__, _EXPORTS)

@@ -1,26 +1,50 @@
 """Post-hoc OOD detectors: `create(name, **params).fit(fit_set, head).score(test)`; higher = more ID."""
 
-# Importing the detector modules registers them, in documentation order.
-from . import (
-    activation,  # noqa: E402,F401
-    feature,  # noqa: E402,F401
-    hybrid,  # noqa: E402,F401
-    logit,  # noqa: E402,F401
-    nac,  # noqa: E402,F401
-)
+# Importing the detector modules registers them, in documentation order (so the import sorter must keep off).
+# isort: off
+from . import logit  # noqa: F401
+from . import activation  # noqa: F401
+from . import feature  # noqa: F401
+from . import nac  # noqa: F401
+from . import hybrid  # noqa: F401
+
+# isort: on
+from .artefact import check_provenance, fit_provenance, load, read_meta, saved_score_key
 from .base import Detector, Paper, Requirements
-from .registry import available, create, get_class, register
+from .registry import (
+    Origin,
+    available,
+    create,
+    detector_fingerprint,
+    get_class,
+    load_plugins,
+    origin,
+    plugin_failures,
+    plugin_versions,
+    register,
+)
 from .tune import TunePoint, TuneResult, tune  # noqa: E402
 
 __all__ = [
     "Detector",
+    "Origin",
     "Paper",
     "Requirements",
     "TunePoint",
     "TuneResult",
     "available",
+    "check_provenance",
     "create",
+    "detector_fingerprint",
+    "fit_provenance",
     "get_class",
+    "load",
+    "load_plugins",
+    "origin",
+    "plugin_failures",
+    "plugin_versions",
+    "read_meta",
     "register",
+    "saved_score_key",
     "tune",
 ]

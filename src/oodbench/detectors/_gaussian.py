@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import scipy.sparse
 
 from ..errors import DetectorError
 from ..outputs import Outputs
@@ -63,6 +62,8 @@ class ScatterAccumulator:
         rows = centred.shape[0]
         # A sparse one-hot (classes x rows) times the block sums rows per class in O(rows x D).
         # float64 ones make the product accumulate in float64 whatever the block's dtype.
+        import scipy.sparse  # imported on use: `oodbench --help` does not load scipy
+
         one_hot = scipy.sparse.csr_matrix(
             (np.ones(rows), (labels, np.arange(rows))), shape=(self.class_counts.shape[0], rows)
         )

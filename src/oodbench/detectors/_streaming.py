@@ -21,17 +21,9 @@ def _progress_bar(description: str, total_rows: int) -> Iterator[Callable[[int],
     if total_rows < _PROGRESS_MIN_ROWS or not sys.stderr.isatty():
         yield lambda rows: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from ..progress import make_progress
 
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    progress = make_progress(transient=True)
     with progress:
         task = progress.add_task(description, total=total_rows)
         yield lambda rows: progress.advance(task, rows)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+import os
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ..errors import DetectorError
+from ..errors import DataError, DetectorError
 from ..outputs import Head, Outputs
 
 __all__ = ["Detector", "Requirements", "Paper"]
@@ -58,6 +60,47 @@ class _FitInfo:
     extras: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
+_EXTRA = "extra."
+
+
+def _array_names(arrays: Outputs | Collection[str]) -> set[str]:
+    return arrays.array_names() if isinstance(arrays, Outputs) else set(arrays)
+
+
+def _per_row(shape: tuple[int, ...]) -> str:
+    return f"{shape[0]} units" if len(shape) == 1 else f"shape {shape}"
+
+
+def _declared_rows(test: Outputs, rows: slice, declared: frozenset[str]) -> Outputs:
+    """The chunk `rows` of the test set holding only the declared arrays (in memory), checked finite when unchecked.
+
+    Undeclared arrays are never read: a detector sees no logits, labels or extras it did not declare, and
+    features it did not declare are a NaN placeholder of the right shape (a broadcast view, no memory).
+    """
+    num_rows = rows.stop - rows.start
+
+    def take(name: str, array: np.ndarray) -> np.ndarray:
+        block = np.asarray(array[rows])
+        # Outputs built with check_finite=True were checked whole at construction; others are checked here, per
+        # chunk, so a NaN reaches no detector (some would turn it into a plausible finite score).
+        if not test.check_finite and np.issubdtype(block.dtype, np.floating) and not np.isfinite(block).all():
+            bad = int(np.flatnonzero(~np.isfinite(block).reshape(num_rows, -1).all(axis=1))[0]) + rows.start
+            raise DataError(f"test set {name} contains NaN or inf values (first at row {bad})")
+        return block
+
+    if "features" in declared:
+        features = take("features", test.features)
+    else:
+        features = np.broadcast_to(np.float32(np.nan), (num_rows, test.num_features))
+    return Outputs(
+        features,
+        take("logits", test.logits) if "logits" in declared and test.logits is not None else None,
+        take("labels", test.labels) if "labels" in declared and test.labels is not None else None,
+        {k: take(f"extra.{k}", v) for k, v in test.extras.items() if _EXTRA + k in declared},
+        check_finite=False,
+    )
+
+
 class Detector:
     """Base class of every post-hoc detector. Subclasses set `name`, `requires`, `paper`, and implement `_fit`/`_score_chunk`."""
 
@@ -99,6 +142,31 @@ class Detector:
     def requirements(self) -> Requirements:
         """What this instance needs: the class's `requires`, extended by detectors whose needs depend on parameters."""
         return self.requires
+
+    def unmet(
+        self,
+        fit: Outputs | Collection[str],
+        tests: Mapping[str, Outputs | Collection[str]] | None = None,
+        *,
+        has_head: bool,
+    ) -> list[str]:
+        """What this instance needs that the fit set, the test sets and the head do not provide (empty: it can run).
+
+        `fit` and each test set are an `Outputs` or the names of its arrays (features, logits, labels, extra.<name>);
+        `tests` maps a dataset name to its arrays. Each item is one line such as "fit set lacks labels".
+        """
+        requires = self.requirements()
+        reasons = []
+        missing_fit = sorted(requires.fit - _array_names(fit))
+        if missing_fit:
+            reasons.append(f"fit set lacks {', '.join(missing_fit)}")
+        if requires.head and not has_head:
+            reasons.append("no head stored for the model")
+        for dataset, arrays in (tests or {}).items():
+            missing = sorted(requires.score - _array_names(arrays))
+            if missing:
+                reasons.append(f"{dataset} lacks {', '.join(missing)}")
+        return reasons
 
     # ----------------------------------------------------------------- the protocol
     def fit(self, fit_set: Outputs, head: Head | None = None) -> Detector:
@@ -146,14 +214,31 @@ class Detector:
             raise DetectorError(
                 f"{self.name}: test logits have C={test.num_classes} classes but the detector was fit with C={info.num_classes}"
             )
+        for key in sorted(name[len(_EXTRA) :] for name in requires.score if name.startswith(_EXTRA)):
+            fitted, given = info.extras.get(key), tuple(test.extras[key].shape[1:])
+            if fitted is not None and given != fitted:
+                raise DetectorError(
+                    f"{self.name}: test extra.{key} has {_per_row(given)} per row but the detector was fit on "
+                    f"{_per_row(fitted)}"
+                )
         scores = np.empty(len(test), dtype=np.float64)
         for rows in self._score_chunks(test):
-            scores[rows] = self._score_chunk(test.subset(rows))
+            scores[rows] = self._score_chunk(_declared_rows(test, rows, requires.score))
         if not np.isfinite(scores).all():
             raise DetectorError(
                 f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale"
             )
         return scores
+
+    # ----------------------------------------------------------------- artefacts
+    def save(self, directory: str | os.PathLike[str], *, provenance: Mapping[str, Any] | None = None) -> Path:
+        """Write the fitted detector to `directory` (parameters, state, versions, fit provenance); see `load`.
+
+        The fitted state is every attribute whose name ends with an underscore: name what `_fit` learns so.
+        """
+        from .artefact import save
+
+        return save(self, directory, provenance=provenance)
 
     # ----------------------------------------------------------------- hooks
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:

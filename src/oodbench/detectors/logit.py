@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import xlogy
 
 from ..outputs import Head, Outputs
 from ._math import energy, logsumexp_in_place, softmax
@@ -92,6 +91,8 @@ class KLMatching(Detector):
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         probs = softmax(chunk.logits)
+        from scipy.special import xlogy  # imported on use: `oodbench --help` does not load scipy
+
         neg_entropy = xlogy(probs, probs).sum(axis=1)
         divergences = neg_entropy[:, None] - probs @ self.log_templates_.T  # KL(p || d_c) for every c at once
         return -divergences.min(axis=1)

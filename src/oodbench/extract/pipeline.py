@@ -13,7 +13,6 @@ import torch
 
 from ..atomic import atomic_write_text
 from ..errors import ExtractError
-from ..progress import console
 from ..store import PROVENANCE_KEYS, EntryWriter, Store
 from .backbones.base import Backbone
 from .datasets import ImageList
@@ -128,33 +127,9 @@ class _ShardAssembler:
 
 
 def _progress(total: int, completed: int, enabled: bool, description: str):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        ProgressColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.text import Text
+    from ..progress import make_progress
 
-    class Rate(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            speed = task.finished_speed or task.speed
-            return Text("  -- img/s" if speed is None else f"{speed:7.1f} img/s")
-
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        Rate(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not enabled,
-    )  # stderr, like every progress bar of oodbench
+    progress = make_progress(enabled, rate_unit="img")  # stderr, like every progress bar of oodbench
     task = progress.add_task(description, total=total, completed=completed)
     return progress, task
 

@@ -1,17 +1,15 @@
 """Tables and figures in the paper's layouts, rendered from tidy result rows, and the self-contained HTML report.
 
-Only the detector table is imported eagerly (``oodbench evaluate`` needs it); everything that pulls in matplotlib
-is loaded on first use.
+Every name is imported from its module on first use (`oodbench.lazy`): matplotlib and pyarrow load only when a
+report is built.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_package
 
-from .detector_table import detector_table_markdown
-
-_LAZY = {
+_EXPORTS = {
+    "detector_table_markdown": ".detector_table",
     "write_html_report": ".html_report",
     "render_html_document": ".html_report",
     "build_report": ".build",
@@ -31,10 +29,5 @@ _LAZY = {
     "table_detectors": ".tables",
 }
 
-__all__ = ["detector_table_markdown", *_LAZY]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = list(_EXPORTS)
+lazy_package(__name__, _EXPORTS)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import AnalysisError, OodbenchError
+from ..errors import AnalysisError
 
 
 def report_command(
@@ -47,33 +47,29 @@ def report_command(
     from .build import ReportOptions, build_report
     from .output import parse_formats, write_report
 
-    try:
-        formats = parse_formats(format)
-        figure_formats = [f.strip().lower() for f in figure_format.split(",") if f.strip()]
-        vocabularies = None
-        if vocab is not None:
-            try:
-                vocabularies = json.loads(vocab.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise AnalysisError(f"cannot read vocabulary file {vocab}: {exc}") from exc
-            if not isinstance(vocabularies, dict):
-                raise AnalysisError(f"{vocab} must hold a JSON object {{key: {{label, size, deployable, family}}}}")
-        options = ReportOptions(
-            n=n,
-            draws=draws,
-            curve_draws=curve_draws,
-            resamples=resamples,
-            seed=seed,
-            plot_detectors=tuple(plot_detector) if plot_detector else None,
-            score_figures=score_figures,
-            vocabularies=vocabularies,
-            title=title,
-        )
-        content = build_report(run_dirs, options, progress=not quiet)
-        written = write_report(content, out, formats, figure_formats)
-    except OodbenchError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1)
+    formats = parse_formats(format)
+    figure_formats = [f.strip().lower() for f in figure_format.split(",") if f.strip()]
+    vocabularies = None
+    if vocab is not None:
+        try:
+            vocabularies = json.loads(vocab.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise AnalysisError(f"cannot read vocabulary file {vocab}: {exc}") from exc
+        if not isinstance(vocabularies, dict):
+            raise AnalysisError(f"{vocab} must hold a JSON object {{key: {{label, size, deployable, family}}}}")
+    options = ReportOptions(
+        n=n,
+        draws=draws,
+        curve_draws=curve_draws,
+        resamples=resamples,
+        seed=seed,
+        plot_detectors=tuple(plot_detector) if plot_detector else None,
+        score_figures=score_figures,
+        vocabularies=vocabularies,
+        title=title,
+    )
+    content = build_report(run_dirs, options, progress=not quiet)
+    written = write_report(content, out, formats, figure_formats)
     for note in content.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(f"{len(written['tables'])} table files, {len(written['figures'])} figure files in {out}")

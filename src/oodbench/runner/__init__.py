@@ -1,18 +1,25 @@
-"""`oodbench run EXPERIMENT.toml`: one declarative file → extraction, detectors, zero-shot scores, statistics, report."""
+"""`oodbench run EXPERIMENT.toml`: one declarative file → extraction, detectors, zero-shot scores, statistics, report.
 
-from .config import ExperimentConfig, load_config, parse_config
-from .engine import RunReport, run_experiment
-from .plan import STAGES, Plan, Unit, build_plan, format_plan
+Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+(and `oodbench --help`) stays fast.
+"""
 
-__all__ = [
-    "ExperimentConfig",
-    "load_config",
-    "parse_config",
-    "RunReport",
-    "run_experiment",
-    "STAGES",
-    "Plan",
-    "Unit",
-    "build_plan",
-    "format_plan",
-]
+from __future__ import annotations
+
+from ..lazy import lazy_package
+
+_EXPORTS = {
+    "ExperimentConfig": ".config",
+    "load_config": ".config",
+    "parse_config": ".config",
+    "RunReport": ".executor",
+    "run_experiment": ".executor",
+    "STAGES": ".plan",
+    "Plan": ".plan",
+    "Unit": ".plan",
+    "build_plan": ".plan",
+    "format_plan": ".plan",
+}
+
+__all__ = list(_EXPORTS)
+lazy_package(__name__, _EXPORTS)

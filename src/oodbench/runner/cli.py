@@ -44,7 +44,7 @@ def run_command(
     Example: oodbench run configs/fi-imagenet-1k.toml --engine ray --only extract
     """
     from .config import load_config
-    from .engine import run_experiment
+    from .executor import run_experiment
     from .plan import STAGES, build_plan, format_plan, plan_json
 
     config = load_config(experiment, overrides=set_values or (), workdir=out)
@@ -53,6 +53,15 @@ def run_command(
         sys.stdout.write(plan_json(plan) + "\n" if as_json else format_plan(plan, units=not summary))
         return
     report = run_experiment(config, engine=engine, only=only, progress=progress, device=device, ray_address=ray_address)
+    # The results first: each model's detector table (from its run directory), then what ran.
+    from ..rundir import RunDir
+    from .plan import layout
+
+    for model_id in [m.id for m in config.classifiers] + list(config.zeroshot.models if config.zeroshot else ()):
+        table = RunDir(layout(config).run_dir(model_id)).table_path
+        if table.is_file():
+            typer.echo(f"## {model_id}\n\n{table.read_text(encoding='utf-8').strip()}\n")
+            typer.echo("cells: FPR@95 / AUROC in % (ID positive; lower FPR and higher AUROC are better)\n")
     for stage in STAGES:
         ran, cached = len(report.executed[stage]), len(report.cached[stage])
         if ran or cached:

@@ -81,6 +81,8 @@ class ExperimentConfig:
     analysis: dict[str, dict[str, Any]]
     report: dict[str, Any]
     engine: dict[str, Any]
+    plugins: tuple[str, ...] = ()
+    save_detectors: bool = False
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -103,6 +105,7 @@ class ExperimentConfig:
 class _File(Table):
     """The top level of an experiment file; each table is validated by its own schema below."""
 
+    plugins: StrList = []  # modules (or .py files, relative to the file) registering more detectors
     experiment: dict[str, Any] = {}
     paths: dict[str, str] = {}
     models: list[dict[str, Any]]
@@ -137,6 +140,7 @@ class _Detectors(Table):
     include: Any = "all"  # "all" or a list of names (checked below, against the registry)
     exclude: StrList = []
     params: dict[str, dict[str, Any]] = {}
+    save: bool = False  # keep each fitted detector under <workdir>/detectors/<model>/<detector>
 
 
 class _Subsample(Table):
@@ -327,6 +331,23 @@ def _parse_dataset(name: str, entry: Mapping[str, Any], variables: Mapping[str, 
 
 
 # ----------------------------------------------------------------------------------------------- detectors
+def _load_plugins(plugins: Sequence[str], path: Path | None) -> tuple[str, ...]:
+    """Import the detector plugins the file names (a .py file is relative to the file); detectors use them."""
+    from .. import detectors as registry
+    from ..errors import DetectorError
+
+    resolved = []
+    for i, plugin in enumerate(plugins):
+        if plugin.endswith(".py") and path is not None and not Path(plugin).is_absolute():
+            plugin = str((path.parent / plugin).resolve())
+        try:
+            registry.load_plugins([plugin])
+        except DetectorError as exc:
+            raise ConfigError(f"plugins[{i}]: {exc}") from None
+        resolved.append(plugin)
+    return tuple(resolved)
+
+
 def _parse_detectors(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     from .. import detectors as registry
     from ..errors import DetectorError
@@ -526,6 +547,7 @@ def parse_config(
     for model in models.values():
         model.kind_of.check(model, datasets, used, store)
 
+    plugins = _load_plugins(top.plugins, path)
     detectors = _parse_detectors(top.detectors)
     zeroshot = _parse_zeroshot(top.zeroshot, models, variables)
     if any(not m.is_classifier for m in models.values()) and zeroshot is None:
@@ -548,6 +570,8 @@ def parse_config(
         analysis=_parse_analysis(top.analysis),
         report=validate(_Report, top.report, "report").model_dump(),
         engine=validate(_Engine, top.engine, "engine").model_dump(),
+        plugins=plugins,
+        save_detectors=validate(_Detectors, top.detectors, "detectors").save,
         raw=dict(raw),
     )
 

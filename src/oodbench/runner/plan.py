@@ -9,8 +9,9 @@ Keys are content addresses of a unit's inputs: a unit's key hashes its own param
 reads, so changing a model, a dataset definition or a detector's hyper-parameter changes exactly the keys
 downstream of it. A unit is *cached* when the ledger holds a record with its key and its outputs verify.
 
-Fitted detectors are not persisted (k-NN keeps the whole fit set; refitting is cheaper than storing it): a fit
-unit is cached when every score unit it feeds is, and otherwise runs together with its pending score units.
+Fitted detectors are not persisted by default (k-NN keeps the whole fit set; refitting is cheaper than storing
+it): a fit unit is cached when every score unit it feeds is, and otherwise runs together with its pending score
+units. ``[detectors] save = true`` keeps each fitted detector under ``<workdir>/detectors/<model>/<detector>``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class Layout:
     def score_file(self, model: str, detector: str, dataset: str) -> Path:
         """Per-image scores of one (model, detector, dataset) unit."""
         return self.workdir / "units" / "scores" / model / detector / f"{dataset}.npy"
+
+    def detector_dir(self, model: str, detector: str) -> Path:
+        """A fitted detector kept by ``[detectors] save = true`` (load with oodbench.detectors.load)."""
+        return self.workdir / "detectors" / model / detector
 
     def run_dir(self, model: str) -> Path:
         """The evaluation run directory of one model (the layout of `oodbench evaluate --out`)."""
@@ -325,25 +330,14 @@ def _model_arrays(store: Store, model: str, datasets: Iterable[str]) -> dict[str
     return arrays
 
 
-def unmet_requirements(
+def skip_reason(
     detector: str, params: Mapping[str, Any], arrays: Mapping[str, set[str]], fit: str, has_head: bool
 ) -> str | None:
-    """Why a detector (with these hyper-parameters) cannot run on a model's arrays, or None."""
+    """Why a detector (with these hyper-parameters) cannot run on a model's arrays (`Detector.unmet`), or None."""
     from .. import detectors as registry
 
-    requires = registry.create(detector, **params).requirements()
-    missing_fit = sorted(requires.fit - arrays[fit])
-    if missing_fit:
-        return f"fit set lacks {', '.join(missing_fit)}"
-    if requires.head and not has_head:
-        return "no head stored for the model"
-    for dataset, names in arrays.items():
-        if dataset == fit:
-            continue
-        missing = sorted(requires.score - names)
-        if missing:
-            return f"{dataset} lacks {', '.join(missing)}"
-    return None
+    tests = {dataset: names for dataset, names in arrays.items() if dataset != fit}
+    return "; ".join(registry.create(detector, **params).unmet(arrays[fit], tests, has_head=has_head)) or None
 
 
 def _plan_fit_score(
@@ -354,6 +348,8 @@ def _plan_fit_score(
     units: list[Unit],
     keys: dict[tuple[str, str], str],
 ) -> None:
+    from .. import detectors as detector_registry
+
     fit_units: list[Unit] = []
     score_units: list[Unit] = []
     test_sets = [config.id_test, *config.ood]
@@ -368,6 +364,9 @@ def _plan_fit_score(
         fit_items = extract_units[f"extract:{sid}/{config.fit}"].items
         for detector, params in config.detectors.items():
             fit_key = content_key("fit", keys[(model.id, config.fit)], detector, params, __version__)
+            plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
+            if plugin is not None:
+                fit_key = content_key(fit_key, plugin)
             fit_label = f"{model.id}/{detector}"
             fit_unit = Unit(
                 "fit",
@@ -379,7 +378,7 @@ def _plan_fit_score(
                 deps=(f"extract:{sid}/{config.fit}",) + probe,
                 spec={"params": params},
             )
-            reason = unmet_requirements(detector, params, arrays, config.fit, has_head) if arrays is not None else None
+            reason = skip_reason(detector, params, arrays, config.fit, has_head) if arrays is not None else None
             mine: list[Unit] = []
             for dataset in test_sets:
                 key = content_key("score", fit_key, keys[(model.id, dataset)], config.tpr)
@@ -402,6 +401,8 @@ def _plan_fit_score(
                 elif record is not None and _scores_verify(lay.score_file(model.id, detector, dataset), record):
                     unit.status = "cached"
                     unit.nbytes = lay.score_file(model.id, detector, dataset).stat().st_size
+                    if config.save_detectors and not (lay.detector_dir(model.id, detector) / "detector.json").is_file():
+                        unit.status = "stale"  # the scores are there, the fitted detector to keep is not
                 if unit.todo and reason is not None:
                     unit.note = f"will be skipped: {reason}"
                 mine.append(unit)

@@ -8,13 +8,13 @@ unknown key, suggests the closest allowed one.
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
+from ..names import suggest
 
 __all__ = ["Table", "StrList", "PositiveInt", "suggest", "validate", "join_key", "as_mapping"]
 
@@ -34,15 +34,6 @@ def _one_or_many(value: Any) -> Any:
 
 StrList = Annotated[list[Annotated[str, Field(min_length=1)]], BeforeValidator(_one_or_many)]
 PositiveInt = Annotated[int, Field(ge=1)]
-
-
-def suggest(name: str, options: Iterable[str]) -> str:
-    """``; did you mean 'x'?`` for the options closest to `name` (case-insensitive), or an empty string."""
-    by_lower: dict[str, str] = {}
-    for option in options:
-        by_lower.setdefault(option.lower(), option)
-    close = [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)]
-    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 def join_key(prefix: str, *parts: str | int) -> str:

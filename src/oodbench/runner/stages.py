@@ -18,16 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import metrics
 from ..atomic import atomic_save_npy, atomic_write_json, atomic_write_text
 from ..errors import ExtractError, OodbenchError, StoreError
-from ..results import ResultRow, read_rows, rows_from_metrics, write_rows
-from ..scores import save_scores
+from ..results import metric_rows, write_rows
+from ..rundir import RunDir
 from ..store import Store, hash_items
 from .config import DatasetSpec, ExperimentConfig
 from .kinds import ModelSpec
 from .ledger import Ledger
-from .plan import REPORT_FORMATS, Layout, Unit, fingerprint, layout, load_ref_vocabularies, unmet_requirements
+from .plan import REPORT_FORMATS, Layout, Unit, fingerprint, layout, load_ref_vocabularies, skip_reason
 
 __all__ = [
     "Context",
@@ -51,6 +50,12 @@ class Context:
     progress: bool = True
     device: str = "auto"
     _backbone: tuple[str, Any] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # A Ray worker gets the config, not this process's registry: import the file's detector plugins there too.
+        from .. import detectors as detector_registry
+
+        detector_registry.load_plugins(self.config.plugins)
 
     @property
     def layout(self) -> Layout:
@@ -293,7 +298,7 @@ def run_fit_score(
     config, store, ledger, lay = ctx.config, ctx.store, ctx.ledger, ctx.layout
     names = [config.fit, *[item["dataset"] for item in todo]]
     arrays = {name: set(store.meta(model_id, name).get("arrays", {})) - {"index"} for name in dict.fromkeys(names)}
-    reason = unmet_requirements(detector, params, arrays, config.fit, store.has_head(model_id))
+    reason = skip_reason(detector, params, arrays, config.fit, store.has_head(model_id))
     if reason is not None:
         for item in todo:
             ledger.write("score", item["label"], item["key"], skipped=reason)
@@ -301,6 +306,10 @@ def run_fit_score(
     store.check_compatible(*[(model_id, name) for name in dict.fromkeys(names)])
     head = store.read_head(model_id) if store.has_head(model_id) else None
     fitted = registry.create(detector, **params).fit(store.read(model_id, config.fit), head)
+    if config.save_detectors:
+        fitted.save(
+            lay.detector_dir(model_id, detector), provenance=registry.fit_provenance(store, model_id, config.fit)
+        )
     done = []
     for item in todo:
         scores = fitted.score(store.read(model_id, item["dataset"]))
@@ -451,26 +460,12 @@ def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> N
         values = np.load(lay.score_file(model_id, score_unit.detector or "", score_unit.dataset or ""))
         scores.setdefault(score_unit.dataset or "", {})[score_unit.detector or ""] = np.asarray(values)
     ran = [d for d in config.detectors if d not in skipped]
-    rows: list[ResultRow] = []
-    for detector in ran:
-        id_scores = scores[config.id_test][detector]
-        for ood in config.ood:
-            values = metrics.evaluate(id_scores, scores[ood][detector], config.tpr)
-            rows.extend(
-                rows_from_metrics(
-                    model_id, config.id_test, ood, detector, values, len(id_scores), len(scores[ood][detector])
-                )
-            )
-    run_dir = lay.run_dir(model_id)
-    for dataset, per_detector in scores.items():
-        # Replaced, not merged: a detector dropped from the config must not linger in the run's score files.
-        save_scores(run_dir, model_id, dataset, per_detector, replace=True)
-    write_rows(rows, run_dir / "results.parquet")
-    atomic_write_text(run_dir / "table.md", detector_table_markdown(rows, ran, list(config.ood)))
+    rows = metric_rows(model_id, config.id_test, list(config.ood), ran, scores, config.tpr)
+    run_dir = RunDir(lay.run_dir(model_id))
+    run_dir.write_results(model_id, rows, scores, detector_table_markdown(rows, ran, list(config.ood)))
     score_keys = {d: u.key for u in score_units if (d := u.detector or "") in ran and u.dataset == config.id_test}
-    atomic_write_json(
-        run_dir / "run.json",
-        _run_json(ctx, model_id, {d: config.detectors[d] for d in config.detectors}, skipped, score_keys, unit.key),
+    run_dir.write_info(
+        _run_json(ctx, model_id, {d: config.detectors[d] for d in config.detectors}, skipped, score_keys, unit.key)
     )
     _record_accuracy_and_name(ctx, config.models[model_id], run_dir)
     ledger.write("metrics", unit.label, unit.key, rows=len(rows), skipped=skipped)
@@ -485,7 +480,7 @@ def model_run_dirs(ctx: Context) -> list[Path]:
 
 def run_combine_unit(ctx: Context, unit: Unit) -> None:
     """All models' rows in one Parquet file."""
-    rows = read_rows([d / "results.parquet" for d in model_run_dirs(ctx)])
+    rows = [row for d in model_run_dirs(ctx) for row in RunDir(d).read_rows()]
     write_rows(rows, ctx.layout.results)
     ctx.ledger.write("metrics", unit.label, unit.key, rows=len(rows))
 

@@ -4,26 +4,25 @@ Scores (`oodbench.zeroshot.scores`) take arrays: ℓ2-normalised image embedding
 optionally patch embeddings (N, P, D). Vocabularies (`oodbench.zeroshot.vocab`) are versioned artefacts built from
 WordNet (NegMining), an LLM (siblings, EOE outliers), their union, or the benchmark's own OOD labels (oracle).
 `oodbench.zeroshot.evaluate` runs model × score × vocabulary × OOD set from a feature store.
+
+Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+(and `oodbench --help`) stays fast.
 """
 
-from .scores import (
-    LOGIT_SCORES,
-    TAU,
-    available_scores,
-    compute_score,
-    eoe_scores,
-    glmcm_scores,
-    logit_scores,
-    neglabel_scores,
-)
+from __future__ import annotations
 
-__all__ = [
-    "TAU",
-    "LOGIT_SCORES",
-    "available_scores",
-    "compute_score",
-    "logit_scores",
-    "glmcm_scores",
-    "neglabel_scores",
-    "eoe_scores",
-]
+from ..lazy import lazy_package
+
+_EXPORTS = {
+    "TAU": ".scores",
+    "LOGIT_SCORES": ".scores",
+    "available_scores": ".scores",
+    "compute_score": ".scores",
+    "logit_scores": ".scores",
+    "glmcm_scores": ".scores",
+    "neglabel_scores": ".scores",
+    "eoe_scores": ".scores",
+}
+
+__all__ = list(_EXPORTS)
+lazy_package(__name__, _EXPORTS)

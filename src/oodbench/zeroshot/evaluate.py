@@ -24,12 +24,11 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
-from ..atomic import atomic_write_json, atomic_write_text
 from ..errors import ZeroShotError
 from ..outputs import Outputs
 from ..progress import progress_bar
-from ..results import ResultRow, rows_from_metrics, write_rows
-from ..scores import load_scores, save_scores, score_path
+from ..results import ResultRow, rows_from_metrics
+from ..rundir import RunDir
 from ..store import Store
 from .classes import ClassList
 from .scores import LOGIT_SCORES, SCORES, get_score, glmcm_scores, logit_scores
@@ -375,23 +374,15 @@ def evaluate_zeroshot_store(
     vocabularies = list({run.vocab.name: run.vocab for run in plan.runs.values()}.values())
     keys = {d: _detector_key(entries, id_classes, templates, info) for d, info in plan.detectors.items()}
 
-    run_dir = Path(out_dir) if out_dir is not None else None
-    cached: dict[str, dict[str, np.ndarray]] = {}
-    done: dict[str, str] = {}
-    if run_dir is not None and (run_dir / "run.json").is_file():
-        previous = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("score_keys", {})
-        reusable = {d for d, key in keys.items() if previous.get(d) == key}
-        for ds in names:
-            if score_path(run_dir, model_id, ds).is_file():
-                cached[ds] = {d: s for d, s in load_scores(run_dir, model_id, ds).items() if d in reusable}
-        done.update({d: keys[d] for d in reusable if all(d in cached.get(ds, {}) for ds in names)})
+    run_dir = RunDir(out_dir) if out_dir is not None else None
+    cached, done = run_dir.resume(model_id, names, keys) if run_dir is not None else ({}, {})
 
     def persist(detector: str, per_dataset: Mapping[str, np.ndarray]) -> None:
         # Saved as each column finishes, so an interrupted run resumes with the next one.
         if run_dir is None:
             return
         for ds, values in per_dataset.items():
-            save_scores(run_dir, model_id, ds, {detector: values})
+            run_dir.save_scores(model_id, ds, {detector: values})
         done[detector] = keys[detector]
         _write_run_json(
             run_dir,
@@ -423,7 +414,6 @@ def evaluate_zeroshot_store(
     )
     info: dict[str, Any] = {"model": model_id, "zeroshot": {"detectors": result.detectors}}
     if run_dir is not None:
-        write_rows(result.rows, run_dir / "results.parquet")
         info = _write_run_json(
             run_dir,
             store,
@@ -439,10 +429,11 @@ def evaluate_zeroshot_store(
             complete=True,
             skipped=result.skipped,
         )
-        result.run_dir = run_dir
+        result.run_dir = run_dir.path
     result.table_markdown = render_run_tables(result.rows, info)
     if run_dir is not None:
-        atomic_write_text(run_dir / "table.md", result.table_markdown)
+        # Scores were saved column by column as they finished (merged, as the resume reads them).
+        run_dir.write_results(model_id, result.rows, {}, result.table_markdown)
     return result
 
 
@@ -479,7 +470,7 @@ def report_vocabularies(vocabularies: Sequence[Vocabulary]) -> dict[str, dict[st
 
 
 def _write_run_json(
-    run_dir: Path,
+    run_dir: RunDir,
     store: Store,
     model_id: str,
     id_dataset: str,
@@ -530,5 +521,5 @@ def _write_run_json(
             },
         },
     }
-    atomic_write_json(run_dir / "run.json", info)
+    run_dir.write_info(info)
     return info

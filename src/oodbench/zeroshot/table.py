@@ -8,7 +8,6 @@ benchmark's own OOD labels, is a lower bound and is never marked best.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 from ..errors import ZeroShotError
 from ..report.detector_table import detector_table_markdown
 from ..results import ResultRow, read_rows
+from ..rundir import RunDir
 
 __all__ = [
     "RunView",
@@ -55,7 +55,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunView:
     info_path = run_dir / "run.json"
     if not info_path.is_file():
         raise ZeroShotError(f"{run_dir} is not a run directory (no run.json)")
-    info = json.loads(info_path.read_text(encoding="utf-8"))
+    info = RunDir(run_dir).read_info()
     if "zeroshot" not in info:
         raise ZeroShotError(
             f"{run_dir} is not a zero-shot run (run.json has no 'zeroshot' section); "
@@ -81,7 +81,7 @@ def find_runs(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
             found.extend(sorted(p.parent for p in path.rglob("run.json")))
         else:
             raise ZeroShotError(f"no run directory at {path}")
-    runs = [p for p in dict.fromkeys(found) if "zeroshot" in json.loads((p / "run.json").read_text(encoding="utf-8"))]
+    runs = [p for p in dict.fromkeys(found) if "zeroshot" in RunDir(p).read_info()]
     if not runs:
         raise ZeroShotError(f"no zero-shot run directories under {', '.join(map(str, paths))}")
     return runs

@@ -20,6 +20,7 @@ from typing import Any
 
 from ...atomic import atomic_write_text
 from ...errors import ZeroShotError
+from ...names import is_name
 from .labels import dedupe
 
 __all__ = ["Vocabulary", "VocabStore", "KINDS", "NOUN", "ADJECTIVE", "split_prefix"]
@@ -35,7 +36,6 @@ KINDS = {
     "custom": "custom",
 }
 NOUN, ADJECTIVE = "noun", "adjective"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
 _FILE = re.compile(r"^v(\d{3,})-([0-9a-f]{12})\.json$")
 
 
@@ -69,7 +69,7 @@ class Vocabulary:
     version: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name) or ".." in self.name:
+        if not is_name(self.name, allow_at=False):
             raise ZeroShotError(f"invalid vocabulary name {self.name!r}: use letters, digits and . _ + = , -")
         if self.kind not in KINDS:
             raise ZeroShotError(f"unknown vocabulary kind {self.kind!r}; kinds: {', '.join(KINDS)}")

@@ -1,4 +1,4 @@
-"""Run a plan: stage by stage, only the units that are not cached, in this process or fanned out on Ray.
+"""Execute a plan: stage by stage, only the units that are not cached, in this process or fanned out on Ray.
 
 Before any work the run checks that every dataset root it will read exists, so a missing input fails at once with
 its key. Each stage is re-planned from disk
@@ -31,7 +31,7 @@ from .stages import (
     run_zeroshot_unit,
 )
 
-__all__ = ["ENGINES", "RunReport", "run_experiment", "check_runnable"]
+__all__ = ["ENGINES", "RunReport", "run_experiment", "check_runnable", "check_outputs"]
 
 ENGINES = ("local", "ray")
 UnitHook = Callable[[Unit], None]
@@ -50,6 +50,16 @@ class RunReport:
     def total_executed(self) -> int:
         """Units executed over all stages."""
         return sum(len(v) for v in self.executed.values())
+
+
+def check_outputs(config: ExperimentConfig) -> None:
+    """Raise before any work when an output location (work directory, store) cannot be created or written."""
+    from ..atomic import unwritable
+
+    for key, path in (("experiment.workdir", config.workdir), ("experiment.store", config.store)):
+        problem = unwritable(path)
+        if problem is not None:
+            raise ConfigError(f"{key}: {problem}")
 
 
 def check_runnable(plan: Plan, stages: Sequence[str]) -> None:
@@ -251,6 +261,7 @@ def run_experiment(
             "with the scoring it serves; use --only score"
         )
     stages = STAGES if only is None else (only,)
+    check_outputs(config)
     plan = build_plan(config)
     check_runnable(plan, stages)
     ctx = Context(config, progress=progress, device=device)

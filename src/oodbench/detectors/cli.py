@@ -1,0 +1,142 @@
+"""`oodbench detectors` (list, `new` plugin scaffold) and `oodbench score` (a saved detector on new entries)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import OodbenchError
+
+Plugins = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--plugin", help="Import MODULE (or a .py file) to register its detectors (repeatable); see docs/plugins.md."
+    ),
+]
+
+app = typer.Typer(help="List the registered detectors (built-ins and plugins) or scaffold a plugin.")
+
+
+def warn_plugin_failures() -> None:
+    """Print one line per plugin that failed to load (the built-ins and other plugins still work)."""
+    from . import registry
+
+    for plugin, error in registry.plugin_failures().items():
+        typer.secho(f"warning: plugin {plugin} failed to load: {error}", fg=typer.colors.YELLOW, err=True)
+
+
+@app.callback(invoke_without_command=True)
+def list_detectors(ctx: typer.Context, plugin: Plugins = None) -> None:
+    """List registered detectors with their origin, requirements, defaults and papers.
+
+    Example: oodbench detectors
+
+    Example: oodbench detectors --plugin my_detectors.py
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import registry
+
+    registry.load_plugins(plugin or ())
+    table = Table(title="oodbench detectors (higher score = more in-distribution)")
+    for column in ("name", "origin", "requires", "defaults", "paper"):
+        table.add_column(column, overflow="fold")
+    for name in registry.available():
+        cls = registry.get_class(name)
+        paper = f"{cls.paper.citation} ({cls.paper.venue})" if cls.paper else ""
+        defaults = ", ".join(f"{k}={v!r}" for k, v in cls.default_params().items())
+        table.add_row(name, registry.origin(name).describe(), cls.requires.describe(), defaults, paper)
+    Console(width=200).print(table)
+    failures = registry.plugin_failures()
+    if failures:
+        typer.echo(f"{len(failures)} plugin(s) failed to load (their detectors are not listed):")
+        for plugin_name, error in failures.items():
+            typer.secho(f"  {plugin_name}: {error}", fg=typer.colors.RED)
+
+
+@app.command("new")
+def new_plugin(
+    name: Annotated[str, typer.Argument(help="Detector name, e.g. my_detector (the name users pass to -d).")],
+    out: Annotated[Path | None, typer.Option("--out", help="Package directory (default: ./oodbench-NAME).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Write into a non-empty directory.")] = False,
+) -> None:
+    """Scaffold a plugin package: pyproject with the entry point, a detector with its Paper, a check_detector test.
+
+    Example: oodbench detectors new my_detector && pip install -e oodbench-my-detector
+    """
+    from .scaffold import identifiers, scaffold
+
+    root = scaffold(name, out, force=force)
+    ids = identifiers(name)
+    typer.echo(f"wrote {root}: detector {ids['cls']} in src/{ids['package']}/detector.py")
+    typer.echo(f"next: pip install -e {root} && oodbench detectors && pytest {root / 'tests'}")
+
+
+def score_command(
+    detector: Annotated[
+        Path, typer.Option("--detector", help="Saved detector directory (detector.save / --save-detectors).")
+    ],
+    store: Annotated[Path, typer.Option("--store", help="Feature store root.")],
+    dataset: Annotated[list[str], typer.Option("--dataset", help="Dataset id to score (repeatable).")],
+    model: Annotated[
+        str | None, typer.Option("--model", help="Model id in the store (default: the one the detector was fit on).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Directory for <dataset>.npy (float64 scores in row order) and <dataset>.csv."),
+    ] = None,
+    plugin: Plugins = None,
+    ignore_versions: Annotated[
+        bool, typer.Option("--ignore-versions", help="Load even if the detector's code version changed since saving.")
+    ] = False,
+) -> None:
+    """Score store entries with a saved, fitted detector; no fit set needed. Refuses entries of another
+    checkpoint or preprocessing than the fit's.
+
+    Example: oodbench score --detector runs/resnet50/detectors/maha++ --store feats --dataset new-images --out scores
+    """
+    import numpy as np
+
+    from ..store import Store
+    from .artefact import check_provenance, load
+
+    fitted = load(detector, plugins=plugin or (), check_versions=not ignore_versions)
+    provenance = getattr(fitted, "fit_provenance_", None) or {}
+    root = Store(store)
+    model_id = model or provenance.get("model_id")
+    if not model_id:
+        raise OodbenchError("the saved detector does not name its model; pass --model")
+    results = {}
+    for name in dataset:
+        check_provenance(provenance, root, model_id, name)
+        results[name] = fitted.score(root.read(model_id, name))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, scores in results.items():
+            np.save(out / f"{name}.npy", scores)
+            arrays = root.meta(model_id, name).get("arrays", {})
+            index = root.read_array(model_id, name, "index") if "index" in arrays else np.arange(len(scores))
+            table = np.column_stack([index, scores])
+            fmt = ["%d", "%.17g"]  # %.17g: the float64 scores round-trip exactly
+            np.savetxt(out / f"{name}.csv", table, fmt=fmt, delimiter=",", header="item_index,score", comments="")
+    for name, scores in results.items():
+        quartiles = np.percentile(scores, [25, 50, 75])
+        sys.stdout.write(
+            f"{name}: {len(scores)} rows scored by {fitted.name} (fit on {provenance.get('model_id')}/"
+            f"{provenance.get('fit_dataset')}); score quartiles {quartiles[0]:.4g} / {quartiles[1]:.4g} / "
+            f"{quartiles[2]:.4g}\n"
+        )
+    if out is not None:
+        typer.echo(f"scores: {out}/<dataset>.npy and .csv")
+
+
+def register(main: typer.Typer) -> None:
+    """Mount `detectors` and `score` on the main CLI."""
+    main.add_typer(app, name="detectors")
+    main.command("score")(score_command)

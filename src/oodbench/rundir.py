@@ -1,0 +1,160 @@
+"""The evaluation run directory, and its one owner: `RunDir` writes and reads every file in it.
+
+Layout (the same for `oodbench evaluate`, zero-shot evaluation and each model of `oodbench run`)::
+
+    <run>/results.parquet              tidy rows (`results.ResultRow`), one per (model, ID, OOD, detector, metric)
+    <run>/scores/<model>/<dataset>.npz per-image scores, one array per detector
+    <run>/table.md                     the rendered detector table
+    <run>/run.json                     what was evaluated: datasets, detectors and parameters, store provenance,
+                                       ``score_keys`` (the content key of each detector's saved scores),
+                                       ``complete``; ``"kind": "zeroshot"`` for zero-shot runs
+
+Writes are atomic. Scores are saved as each detector finishes and ``run.json`` records their keys, so a rerun
+with the same inputs resumes from the saved scores (`RunDir.resume`); results and the table are written last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .atomic import atomic_write_json, atomic_write_text, unwritable
+from .errors import RunDirError
+from .results import ResultRow, read_rows, write_rows
+from .scores import list_scores, load_scores, save_scores, score_path
+
+__all__ = ["RunDir", "RESULTS", "INFO", "TABLE", "RUN_KINDS"]
+
+RESULTS, INFO, TABLE = "results.parquet", "run.json", "table.md"
+RUN_KINDS = ("supervised", "zeroshot")  # run.json "kind"; absent means supervised (`oodbench evaluate`)
+
+
+class RunDir:
+    """One evaluation run directory (see the module docstring for its files)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def results_path(self) -> Path:
+        """The tidy result rows."""
+        return self.path / RESULTS
+
+    @property
+    def info_path(self) -> Path:
+        """The run description (run.json)."""
+        return self.path / INFO
+
+    @property
+    def table_path(self) -> Path:
+        """The rendered detector table."""
+        return self.path / TABLE
+
+    def score_path(self, model: str, dataset: str) -> Path:
+        """Where the per-image scores of one (model, dataset) live."""
+        return score_path(self.path, model, dataset)
+
+    # ------------------------------------------------------------------ checks
+    def check_writable(self, what: str = "--out") -> None:
+        """Raise (naming `what`) when the directory cannot be created or written; creates nothing."""
+        problem = unwritable(self.path)
+        if problem is not None:
+            raise RunDirError(f"{what}: {problem}")
+
+    def check_readable(self) -> None:
+        """Raise unless this is a run directory with results (the message says how to make one)."""
+        if not self.path.is_dir():
+            what = "is a file, not a run directory" if self.path.exists() else "does not exist"
+            raise RunDirError(f"{self.path} {what}")
+        if not self.results_path.is_file():
+            raise RunDirError(
+                f"{self.path} is not an evaluation run directory: it has no {RESULTS} "
+                f"(create one with `oodbench evaluate --out {self.path}`)"
+            )
+
+    # ------------------------------------------------------------------ run.json
+    def read_info(self) -> dict[str, Any]:
+        """The run description ({} when there is none); a RunDirError when it is not a JSON object."""
+        if not self.info_path.is_file():
+            return {}
+        try:
+            info = json.loads(self.info_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RunDirError(f"{self.info_path} is not valid JSON: {exc}") from None
+        if not isinstance(info, dict):
+            raise RunDirError(f"{self.info_path} must hold a JSON object, not {type(info).__name__}")
+        kind = info.get("kind")
+        if kind not in (None, *RUN_KINDS):
+            raise RunDirError(f"{self.info_path}: unknown run kind {kind!r}; expected one of {', '.join(RUN_KINDS)}")
+        return info
+
+    def write_info(self, info: Mapping[str, Any]) -> None:
+        """Write the run description atomically."""
+        atomic_write_json(self.info_path, dict(info))
+
+    # ------------------------------------------------------------------ scores
+    def has_scores(self, model: str, dataset: str) -> bool:
+        """Whether per-image scores of (model, dataset) were saved."""
+        return self.score_path(model, dataset).is_file()
+
+    def load_scores(self, model: str, dataset: str) -> dict[str, np.ndarray]:
+        """{detector: per-image scores} of one (model, dataset)."""
+        return load_scores(self.path, model, dataset)
+
+    def save_scores(self, model: str, dataset: str, scores: Mapping[str, np.ndarray], *, replace: bool = False) -> Path:
+        """Save {detector: scores}, merged with those already saved (or replacing them)."""
+        return save_scores(self.path, model, dataset, scores, replace=replace)
+
+    def list_scores(self) -> list[tuple[str, str]]:
+        """(model, dataset) pairs with saved scores."""
+        return list_scores(self.path)
+
+    def resume(
+        self, model: str, datasets: Sequence[str], keys: Mapping[str, str]
+    ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, str]]:
+        """Saved scores that a rerun may reuse: those whose recorded key equals `keys[detector]`.
+
+        Returns ({dataset: {detector: scores}}, {detector: key} of the detectors saved for every dataset).
+        """
+        recorded = self.read_info().get("score_keys", {}) if self.info_path.is_file() else {}
+        reusable = {d for d, key in keys.items() if recorded.get(d) == key}
+        cached: dict[str, dict[str, np.ndarray]] = {}
+        for dataset in datasets:
+            if self.has_scores(model, dataset):
+                cached[dataset] = {d: s for d, s in self.load_scores(model, dataset).items() if d in reusable}
+        done = {d: keys[d] for d in reusable if all(d in cached.get(ds, {}) for ds in datasets)}
+        return cached, done
+
+    # ------------------------------------------------------------------ results
+    def write_results(
+        self,
+        model: str,
+        rows: Iterable[ResultRow],
+        scores: Mapping[str, Mapping[str, np.ndarray]],
+        table_markdown: str,
+    ) -> None:
+        """The finished run: every dataset's scores (exactly these detectors), the rows and the table."""
+        # Replaced, not merged: scores of detectors dropped since an earlier run in the same directory must not
+        # leak into analyses that read every saved score.
+        for dataset, per_detector in scores.items():
+            if per_detector:
+                self.save_scores(model, dataset, per_detector, replace=True)
+        write_rows(rows, self.results_path)
+        atomic_write_text(self.table_path, table_markdown)
+
+    def read_rows(self) -> list[ResultRow]:
+        """The tidy result rows (a RunDirError when there are none)."""
+        self.check_readable()
+        rows = read_rows(self.results_path)
+        if not rows:
+            raise RunDirError(f"{self.results_path} holds no result rows")
+        return rows

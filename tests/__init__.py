@@ -1,0 +1,1 @@
+"""oodbench tests: tests/<area>/ mirrors src/oodbench/<area>/."""

@@ -1,0 +1,1 @@
+"""Tests of `oodbench run` (src/oodbench/runner/)."""
