@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_helpers import CONFIGS
 from typer.testing import CliRunner
 
 from oodbench.errors import ConfigError
 from oodbench.runner.config import load_config, parse_config
+
+from .helpers import CONFIGS
 
 FI = CONFIGS / "fi-imagenet-1k.toml"
 

@@ -8,7 +8,6 @@ between model and dataset kinds is asked of the kind objects (`runner/kinds.py`)
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -392,25 +391,23 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     from ..zeroshot.templates import SEED_TEMPLATES
 
     text = embed(list(classes.names), SEED_TEMPLATES)  # cached by the scoring above
-    _record_accuracy_and_name(ctx, model, lay.run_dir(model.id), text_embeddings=text)
+    _record_accuracy_and_name(ctx, model, RunDir(lay.run_dir(model.id)), text_embeddings=text)
     ctx.ledger.write(
         "score", unit.label, unit.key, vocabularies={k: _vocab_summary(v) for k, v in vocabularies.items()}
     )
 
 
-def _record_accuracy_and_name(ctx: Context, model: ModelSpec, run_dir: Path, *, text_embeddings: Any = None) -> None:
+def _record_accuracy_and_name(ctx: Context, model: ModelSpec, run_dir: RunDir, *, text_embeddings: Any = None) -> None:
     """Top-1 of the ID test set into accuracy.json, and the model's display name into run.json."""
     from ..accuracy import record_accuracy
 
     # A classifier's logits live under its own id (a probe's too); a VLM's image embeddings under its store id.
     store_id = model.id if model.is_classifier else model.store_id
-    record_accuracy(run_dir, ctx.store, store_id, ctx.config.id_test, text_embeddings=text_embeddings)
-    run_json = run_dir / "run.json"
-    if run_json.is_file():
-        description = json.loads(run_json.read_text(encoding="utf-8"))
+    record_accuracy(run_dir.path, ctx.store, store_id, ctx.config.id_test, text_embeddings=text_embeddings)
+    if run_dir.info_path.is_file():
+        description = run_dir.read_info()
         if description.get("display") != model.display_name:
-            description["display"] = model.display_name
-            atomic_write_json(run_json, description)
+            run_dir.write_info({**description, "display": model.display_name})
 
 
 # ----------------------------------------------------------------------------------------------- metrics
