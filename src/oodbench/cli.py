@@ -229,6 +229,7 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
 
 
 # Each pipeline area owns its commands and adds them here.
+from . import accuracy_cli as _accuracy_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
 from .construct import cli as _construct_cli  # noqa: E402
 from .detectors import cli as _detectors_cli  # noqa: E402
@@ -241,6 +242,7 @@ from .zeroshot import cli as _zeroshot_cli  # noqa: E402
 for _area in (
     _detectors_cli,
     _extract_cli,
+    _accuracy_cli,
     _zeroshot_cli,
     _analysis_cli,
     _report_cli,

@@ -40,10 +40,15 @@ def experiment(tmp_path):
     text = (CONFIGS / "demo.toml").read_text(encoding="utf-8")
     (tmp_path / "exp.toml").write_text('plugins = ["norm_plugin.py"]\n' + text)
     yield tmp_path
-    registry._restore(saved)
-    # Only the plugin's module: dropping a C extension imported meanwhile would crash its reimport.
-    for name in set(sys.modules) - modules:
-        if name.startswith("oodbench_plugin_"):
+    for table, content in zip(
+        (registry._REGISTRY, registry._ORIGINS, registry._LOADED_MODULES), saved[:3], strict=True
+    ):
+        table.clear()
+        table.update(content)
+    # Forget the plugin modules only (those loaded from this test's folder): a second copy of any other module (e.g.
+    # report.table_model) would make its classes fail isinstance checks against the first, and numpy refuses one.
+    for name in set(sys.modules) - saved[3]:
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(tmp_path)):
             del sys.modules[name]
 
 
