@@ -40,14 +40,10 @@ def experiment(tmp_path):
     text = (CONFIGS / "demo.toml").read_text(encoding="utf-8")
     (tmp_path / "exp.toml").write_text('plugins = ["norm_plugin.py"]\n' + text)
     yield tmp_path
-    for table, content in zip(
-        (registry._REGISTRY, registry._ORIGINS, registry._LOADED_MODULES), saved[:3], strict=True
-    ):
-        table.clear()
-        table.update(content)
+    registry._restore(saved)
     # Forget the plugin modules only (those loaded from this test's folder): a second copy of any other module (e.g.
     # report.table_model) would make its classes fail isinstance checks against the first, and numpy refuses one.
-    for name in set(sys.modules) - saved[3]:
+    for name in set(sys.modules) - modules:
         if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(tmp_path)):
             del sys.modules[name]
 

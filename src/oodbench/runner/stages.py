@@ -335,7 +335,7 @@ def _vocab_summary(vocab: Any) -> dict[str, Any]:
 def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
     from ..classes import load_classes
-    from ..extract.label_embedder import bundle_loader, store_embedder
+    from ..extract.label_embedder import store_embedder
     from ..zeroshot.evaluate import evaluate_zeroshot_store, make_plan
     from ..zeroshot.vocab.artefact import VocabStore
 
