@@ -6,12 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from _audit_synth import digits_features, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 from oodbench import Outputs
 from oodbench.audit import LEAK, make_battery, run_battery, train_probe
 from oodbench.audit.battery import CLEAN_KIND, LEAKED
 from oodbench.errors import AuditError
+
+from .audit_helpers import digits_features, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(scope="module")

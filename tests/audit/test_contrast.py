@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _audit_synth import Orthogonal, Pentagon, fast_config, outputs, single_thread_blas  # noqa: F401 (autouse fixture)
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
@@ -13,6 +12,8 @@ from oodbench.audit import exclusion_contrast, find_suspects, leave_class_out, t
 from oodbench.audit.leave_class_out import balanced_rows
 from oodbench.errors import AuditError
 from oodbench.metrics import auroc
+
+from .audit_helpers import Orthogonal, Pentagon, fast_config, outputs, single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 def test_label_contrast_finds_the_leaked_class_and_recovers():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _audit_synth import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
@@ -12,6 +11,8 @@ from sklearn.model_selection import StratifiedKFold
 from oodbench import Outputs
 from oodbench.audit import AuditConfig, fingerprint, oracle_lda, prepare_pool, train_probe
 from oodbench.errors import AuditError
+
+from .audit_helpers import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 def test_out_of_fold_reader_on_pure_noise_is_at_chance_while_in_sample_is_not():

@@ -7,12 +7,13 @@ import json
 import numpy as np
 import pytest
 import typer
-from _audit_synth import Pentagon, digits_features, single_thread_blas  # noqa: F401 (autouse fixture)
 from typer.testing import CliRunner
 
 from oodbench import Outputs, Store
 from oodbench.audit import train_probe
 from oodbench.audit.cli import register
+
+from .audit_helpers import Pentagon, digits_features, single_thread_blas  # noqa: F401 (autouse fixture)
 
 PROVENANCE = {"model": "toy", "checkpoint": "abc", "preprocessing": "none"}
 
@@ -202,3 +203,4 @@ def test_battery_command_on_the_demo(cli, tmp_path):
     payload = json.loads((tmp_path / "out" / "battery.json").read_text())
     trained = [s for s in payload["splits"] if s["meta"]["family"] == "trained-class"]
     assert all((s["verdict"]["label"] == "leak") == (s["meta"]["kind"] == "leaked") for s in trained)
+

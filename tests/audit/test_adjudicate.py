@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _audit_synth import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 from oodbench import Outputs
 from oodbench.audit import (
@@ -19,6 +18,8 @@ from oodbench.audit import (
     adjudicate,
     audit_split,
 )
+
+from .audit_helpers import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 def _fp(
