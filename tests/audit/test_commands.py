@@ -204,3 +204,21 @@ def test_battery_command_on_the_demo(cli, tmp_path):
     trained = [s for s in payload["splits"] if s["meta"]["family"] == "trained-class"]
     assert all((s["verdict"]["label"] == "leak") == (s["meta"]["kind"] == "leaked") for s in trained)
 
+
+def test_seed_reaches_the_isolation_forest(cli, pentagon_store, tmp_path):
+    """`--seed` drives the forest: three seeds give three AUROCs, and one seed gives the same AUROC twice."""
+
+    def iforest_auroc(seed: int) -> float:
+        out = tmp_path / f"seed{seed}"
+        args = ("--store", str(pentagon_store.root), "--model", "toy", "--fit", "fit", "--id", "id", "--ood", "class4")
+        result = cli(
+            "fingerprint", *args, "--pool", "iforest", "-p", "iforest.n_estimators=10", "--logit", "",
+            "--seed", str(seed), "--out", str(out), "--no-progress",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (split,) = json.loads((out / "audit.json").read_text())["splits"]
+        return split["fingerprint"]["pool_aurocs"]["iforest"]
+
+    aurocs = [iforest_auroc(seed) for seed in (0, 1, 2)]
+    assert len(set(aurocs)) == 3, aurocs
+    assert iforest_auroc(1) == aurocs[1]
