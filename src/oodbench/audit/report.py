@@ -347,7 +347,8 @@ def scan_sections(
     sections.append(DocSection("scan-sources", "Sources", notes, [sources]))
     if details:
         for scan in scans:
-            found = [f for f in scan.findings if f.relation != "none"]
+            # Classes with a relation, and those whose authors' annotation relates (shown as evidence only).
+            found = [f for f in scan.findings if f.relation != "none" or f.evidence]
             if not found:
                 continue
             detail_rows = tuple(
@@ -356,7 +357,8 @@ def scan_sections(
                     Cell(f.relation),
                     Cell(str(f.distance) if f.distance else ""),
                     Cell(", ".join(f.matches[:6]) + (" …" if len(f.matches) > 6 else "")),
-                    Cell(f.via),
+                    Cell(f.via if f.relation != "none" else ""),
+                    Cell("; ".join(f.evidence)),
                 )
                 for f in sorted(found, key=lambda f: (RELATIONS.index(f.relation), f.name))
             )
@@ -369,9 +371,16 @@ def scan_sections(
                         Table(
                             f"scan-{scan.suite}-{scan.label_space}",
                             f"{scan.suite}: related OOD classes",
-                            ("OOD class", "relation", "links", f"{scan.label_space} classes", "via"),
+                            (
+                                "OOD class",
+                                "relation",
+                                "links",
+                                f"{scan.label_space} classes",
+                                "via",
+                                "authors' annotation (its own relation)",
+                            ),
                             detail_rows,
-                            align=("l", "l", "r", "l", "l"),
+                            align=("l", "l", "r", "l", "l", "l"),
                         )
                     ],
                 )
