@@ -175,34 +175,26 @@ def test_battery_command_on_a_store(cli, tmp_path):
         "--no-progress",
     )
     assert result.exit_code == 0, result.output
-    assert "sensitivity 1.000  specificity 1.000" in result.output
+    assert "automatic contrast: sensitivity 1.000  specificity 1.000" in result.output
+    assert "designated class: 1.000 / 1.000" in result.output
     assert "leaked/trained-class-3" in result.output and "verdict=leak" in result.output
     assert (tmp_path / "out" / "battery.md").exists()
 
 
-@pytest.mark.slow
-def test_battery_command_on_the_demo(cli, tmp_path):
+def test_battery_command_on_the_synthetic_battery(cli, tmp_path):
     result = cli(
-        "battery",
-        "--demo",
-        str(tmp_path / "demo"),
-        "--classes",
-        "0,1",
-        "--pool",
-        "maha,rmaha,knn,iforest",
-        "-p",
-        "iforest.n_estimators=20",
-        "--out",
-        str(tmp_path / "out"),
-        "--no-progress",
-    )
+        "battery", "--synthetic", "--classes", "0", "--pool", "maha,knn", "--logit", "",
+        "--out", str(tmp_path / "out"), "--no-progress",
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     first = result.output.splitlines()[0]
-    assert first.startswith("sensitivity ") and "specificity" in first
-    assert "leaked/trained-class-0" in result.output and "clean/far-noise" in result.output
+    assert first.startswith("automatic contrast: sensitivity ") and "designated class: " in first
+    assert "leaked/trained-class-0" in result.output and "clean/near-near-0" in result.output
     payload = json.loads((tmp_path / "out" / "battery.json").read_text())
-    trained = [s for s in payload["splits"] if s["meta"]["family"] == "trained-class"]
-    assert all((s["verdict"]["label"] == "leak") == (s["meta"]["kind"] == "leaked") for s in trained)
+    assert {s["meta"]["family"] for s in payload["splits"]} == {"trained-class", "near", "far"}
+    assert (
+        "designated_sensitivity" in payload and "verdict (designated)" in (tmp_path / "out" / "battery.md").read_text()
+    )
 
 
 def test_seed_reaches_the_isolation_forest(cli, pentagon_store, tmp_path):
