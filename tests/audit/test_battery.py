@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from oodbench import Outputs
-from oodbench.audit import HARD_CLEAN, LEAK, make_battery, run_battery, train_probe
+from oodbench.audit import HARD_CLEAN, LEAK, logistic_regression_head, make_battery, run_battery
 from oodbench.audit.battery import CLEAN_KIND, LEAKED, NOT_IN_FIT
 from oodbench.audit.synthetic import synthetic_battery_data
 from oodbench.errors import AuditError
@@ -19,7 +19,7 @@ from .audit_helpers import digits_features, fast_config, single_thread_blas  # n
 @pytest.fixture(scope="module")
 def digits():
     data = digits_features(seed=0)
-    head = train_probe(data["train"].features, data["train"].labels)
+    head = logistic_regression_head(data["train"].features, data["train"].labels)
 
     def with_logits(o: Outputs) -> Outputs:
         return Outputs(o.features, head.logits(o.features).astype(np.float32), o.labels)

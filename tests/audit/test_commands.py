@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from oodbench import Outputs, Store
-from oodbench.audit import train_probe
+from oodbench.audit import logistic_regression_head
 from oodbench.audit.cli import register
 
 from .audit_helpers import Pentagon, digits_features, single_thread_blas  # noqa: F401 (autouse fixture)
@@ -36,7 +36,7 @@ def pentagon_store(tmp_path_factory):
     world = Pentagon(seed=0)
     store = Store(tmp_path_factory.mktemp("store"))
     fit = world.leaked_fit()
-    head = train_probe(fit.features, fit.labels)
+    head = logistic_regression_head(fit.features, fit.labels)
     store.write_head("toy", head, provenance=PROVENANCE)
     for name, outputs in (
         ("fit", fit),
@@ -146,7 +146,7 @@ def test_scan_command_covers_every_shipped_suite(cli, tmp_path):
 def test_battery_command_on_a_store(cli, tmp_path):
     data = digits_features(seed=1)
     store = Store(tmp_path / "store")
-    head = train_probe(data["train"].features, data["train"].labels)
+    head = logistic_regression_head(data["train"].features, data["train"].labels)
     store.write_head("digits", head, provenance=PROVENANCE)
     for name in ("train", "test", "noise"):
         _write(store, "digits", name, data[name], head)

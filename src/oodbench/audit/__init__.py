@@ -16,7 +16,7 @@ from .battery import BatteryResult, BatterySplit, battery_from_store, make_batte
 from .config import DEFAULT_POOL, AuditConfig
 from .contrast import ContrastResult, exclusion_contrast, find_suspects
 from .fingerprint import Fingerprint, OracleLDA, fingerprint, oracle_lda, prepare_pool
-from .leave_class_out import LeaveClassOutResult, leave_class_out, train_probe
+from .leave_class_out import LeaveClassOutResult, leave_class_out, logistic_regression_head
 from .overlap import OverlapIndex, overlap_index, pair_overlap
 from .pool import IsolationForestScorer
 from .scan import ClassFinding, SuiteScan, scan_suite, scan_suites, suite_scope
@@ -38,7 +38,7 @@ __all__ = [
     "find_suspects",
     "LeaveClassOutResult",
     "leave_class_out",
-    "train_probe",
+    "logistic_regression_head",
     "Verdict",
     "adjudicate",
     "LEAK",

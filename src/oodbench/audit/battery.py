@@ -37,7 +37,7 @@ from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, VERDICTS, Verdict
 from .config import AuditConfig
 from .contrast import ContrastResult, exclusion_contrast
 from .fingerprint import PoolState, prepare_pool, rescore_pool
-from .leave_class_out import probe_without
+from .leave_class_out import head_without
 from .split import SplitAudit, audit_split
 
 __all__ = [
@@ -152,7 +152,7 @@ def make_battery(
             if leaked:
                 return SplitData(train, head, id_test, ood)
             fit = select_rows(train, train.labels != c, scratch=scratch, logits=False)
-            return SplitData(fit, probe_without(train, (c,), config)[0], _without_logits(id_test), _without_logits(ood))
+            return SplitData(fit, head_without(train, (c,), config)[0], _without_logits(id_test), _without_logits(ood))
 
         return build
 
