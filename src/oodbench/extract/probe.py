@@ -41,7 +41,7 @@ __all__ = ["ProbeConfig", "ProbeResult", "ProbeCapWarning", "fit_probe", "train_
 FULL_BATCH_BYTES = 2 * 2**30
 # Weight decays tried when none is given; the one with the lowest held-out loss is kept. With the mean
 # cross-entropy, weight decay λ corresponds to scikit-learn's C = 1 / (λ · n_train).
-DEFAULT_WEIGHT_DECAYS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+DEFAULT_WEIGHT_DECAYS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 METHODS = ("auto", "lbfgs", "streamed", "minibatch")
 
 
