@@ -256,9 +256,9 @@ def class_text_embeddings(store: Store, model_id: str, classes: str = "imagenet1
 
     They are cached by a zero-shot run or by `oodbench extract --text-labels`; nothing is encoded here.
     """
+    from .classes import load_classes
     from .extract.openclip import cached_text_embeddings
-    from .zeroshot.classes import load_classes
-    from .zeroshot.templates import SEED_TEMPLATES
+    from .templates import SEED_TEMPLATES
 
     names = list(load_classes(classes).names)
     return cached_text_embeddings(store, model_id, names, SEED_TEMPLATES)

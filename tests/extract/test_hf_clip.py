@@ -12,7 +12,7 @@ from oodbench.cli import app
 from oodbench.errors import ExtractError
 from oodbench.extract.hf_clip import check_hf_id, load_hf_clip
 from oodbench.store import Store
-from oodbench.zeroshot.templates import SEED_TEMPLATES
+from oodbench.templates import SEED_TEMPLATES
 
 pytest.importorskip("transformers")
 

@@ -52,12 +52,24 @@ def run_demo(out: str | os.PathLike[str] = "oodbench-demo", seed: int = 0, *, pr
 
 def _audit_battery(setup: DemoSetup, out: Path, progress: bool) -> Any:
     """The controlled leak battery on the demo model (leaked and clean splits with known answers)."""
-    from ..audit.battery import battery_document, battery_from_demo, run_battery
+    from ..audit.battery import battery_from_store, run_battery
     from ..audit.config import AuditConfig
-    from ..audit.report import write_document
+    from ..audit.report import battery_document, write_document
+    from . import EXTRA_SETS
 
     config = AuditConfig()
-    result = run_battery(battery_from_demo(setup, config=config), config, progress=progress)
+    # Trained digits 0-5, never-learned digits 6-9 (fit-only leaks), the far sets.
+    splits = battery_from_store(
+        setup.store,
+        setup.model_id,
+        setup.fit_dataset,
+        setup.id_dataset,
+        extra_train=EXTRA_SETS[0],
+        extra_test="digits-6to9",
+        far=[d for d in setup.ood_datasets if d != "digits-6to9"],
+        config=config,
+    )
+    result = run_battery(splits, config, progress=progress)
     document = battery_document(
         result, config, f"the digits demo ({setup.store.root})", f"oodbench audit battery: {setup.model_id}"
     )

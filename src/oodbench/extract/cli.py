@@ -347,14 +347,18 @@ def probe_command(
     fit_dataset: str = typer.Option(..., "--fit-dataset", help="Labelled dataset id to train the probe on."),
     apply_to: list[str] = typer.Option([], "--apply-to", help="Dataset ids to write probe logits for (repeatable)."),
     probe_id: str | None = typer.Option(None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."),
-    method: str = typer.Option("auto", "--method", help="auto | lbfgs (full batch) | minibatch."),
+    method: str = typer.Option(
+        "auto", "--method", help="auto | lbfgs (full batch in memory) | streamed (full batch, chunked) | minibatch."
+    ),
     val_fraction: float = typer.Option(0.1, "--val-fraction", help="Held-out share of every class for early stopping."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and of mini-batch order."),
-    weight_decay: float = typer.Option(1e-4, "--weight-decay", help="L2 penalty on the (standardised) weights."),
+    weight_decay: float | None = typer.Option(
+        None, "--weight-decay", help="L2 penalty on the standardised weights (default: chosen on the held-out rows)."
+    ),
     max_epochs: int = typer.Option(100, "--max-epochs", help="Upper bound on epochs (L-BFGS: outer steps)."),
     patience: int = typer.Option(5, "--patience", help="Epochs without validation improvement before stopping."),
     batch_size: int = typer.Option(4096, "--batch-size", help="Mini-batch size."),
-    lr: float = typer.Option(1e-3, "--lr", help="AdamW learning rate (mini-batch)."),
+    lr: float = typer.Option(1e-2, "--lr", help="AdamW peak learning rate, cosine-decayed (mini-batch)."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda."),
 ) -> None:
     """Train a linear probe on cached embeddings, store it as a head, and write logits for datasets.
@@ -380,8 +384,12 @@ def probe_command(
         r = report.result
         console.print(
             f"probe trained ({r.method}): {r.train_rows} train / {r.val_rows} held-out rows, best epoch "
-            f"{r.best_epoch}, held-out loss {r.val_loss:.4f}, accuracy {r.val_accuracy:.4f}"
+            f"{r.best_epoch}, weight decay {r.weight_decay:g}, held-out loss {r.val_loss:.4f}, accuracy {r.val_accuracy:.4f}"
         )
+        if r.stopped_at_cap:
+            console.print(
+                "[yellow]warning: the epoch cap stopped the probe while it still improved; raise --max-epochs"
+            )
     else:
         console.print(f"reusing the stored probe {report.probe_id}")
     console.print(f"[green]{report.probe_id}[/green]: head and logits for {', '.join(report.datasets)}")

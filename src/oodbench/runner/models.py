@@ -384,7 +384,7 @@ class OpenClip(ModelKind):
 
     def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
         from ..extract.backbones.base import resolve_device
-        from ..zeroshot.text import bundle_loader
+        from ..extract.label_embedder import bundle_loader
 
         pretrained = spec.params.get("checkpoint") or spec.params.get("pretrained")
         device = str(resolve_device(ctx.device))

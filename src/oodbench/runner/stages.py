@@ -388,7 +388,7 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
         tpr=config.tpr,
         progress=ctx.progress,
     )
-    from ..zeroshot.templates import SEED_TEMPLATES
+    from ..templates import SEED_TEMPLATES
 
     text = embed(list(classes.names), SEED_TEMPLATES)  # cached by the scoring above
     _record_accuracy_and_name(ctx, model, RunDir(lay.run_dir(model.id)), text_embeddings=text)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _audit_synth import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 
 from oodbench import Outputs
-from oodbench.audit import AuditConfig, fingerprint, oracle_lda, prepare_pool, train_probe
+from oodbench.audit import AuditConfig, fingerprint, logistic_regression_head, oracle_lda, prepare_pool
 from oodbench.errors import AuditError
+
+from .audit_helpers import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 def test_out_of_fold_reader_on_pure_noise_is_at_chance_while_in_sample_is_not():
@@ -83,7 +84,7 @@ def test_thresholds_are_configurable():
 def test_logit_detectors_are_reported_beside_the_rule_not_in_it():
     world = Pentagon(seed=0)
     fit = world.leaked_fit()
-    head = train_probe(fit.features, fit.labels)
+    head = logistic_regression_head(fit.features, fit.labels)
     with_logits = lambda o: Outputs(o.features, head.logits(o.features).astype(np.float32), o.labels)  # noqa: E731
     config = fast_config(logit_detectors=("msp", "energy", "kl_matching"))  # KL matching reads fit-set logits
     result = fingerprint(with_logits(fit), with_logits(world.id_test()), with_logits(world.ood()), head, config=config)

@@ -36,7 +36,10 @@ def outputs(blocks: list[np.ndarray], labels: list[int] | None) -> Outputs:
     if labels is None:
         return Outputs(features)
     return Outputs(
-        features, labels=np.concatenate([np.full(len(b), l, dtype=np.int64) for b, l in zip(blocks, labels)])
+        features,
+        labels=np.concatenate(
+            [np.full(len(b), label, dtype=np.int64) for b, label in zip(blocks, labels, strict=True)]
+        ),
     )
 
 

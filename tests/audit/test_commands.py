@@ -7,13 +7,14 @@ import json
 import numpy as np
 import pytest
 import typer
-from _audit_synth import Pentagon, digits_features, single_thread_blas  # noqa: F401 (autouse fixture)
 from typer.testing import CliRunner
 
 from oodbench import Outputs, Store
-from oodbench.audit import train_probe
+from oodbench.audit import logistic_regression_head
 from oodbench.audit.cli import register
 from oodbench.cli import OodbenchGroup
+
+from .audit_helpers import Pentagon, digits_features, single_thread_blas  # noqa: F401 (autouse fixture)
 
 PROVENANCE = {"model": "toy", "checkpoint": "abc", "preprocessing": "none"}
 
@@ -36,7 +37,7 @@ def pentagon_store(tmp_path_factory):
     world = Pentagon(seed=0)
     store = Store(tmp_path_factory.mktemp("store"))
     fit = world.leaked_fit()
-    head = train_probe(fit.features, fit.labels)
+    head = logistic_regression_head(fit.features, fit.labels)
     store.write_head("toy", head, provenance=PROVENANCE)
     for name, outputs in (
         ("fit", fit),
@@ -146,7 +147,7 @@ def test_scan_command_covers_every_shipped_suite(cli, tmp_path):
 def test_battery_command_on_a_store(cli, tmp_path):
     data = digits_features(seed=1)
     store = Store(tmp_path / "store")
-    head = train_probe(data["train"].features, data["train"].labels)
+    head = logistic_regression_head(data["train"].features, data["train"].labels)
     store.write_head("digits", head, provenance=PROVENANCE)
     for name in ("train", "test", "noise"):
         _write(store, "digits", name, data[name], head)
@@ -175,31 +176,42 @@ def test_battery_command_on_a_store(cli, tmp_path):
         "--no-progress",
     )
     assert result.exit_code == 0, result.output
-    assert "sensitivity 1.000  specificity 1.000" in result.output
+    assert "automatic contrast: sensitivity 1.000  specificity 1.000" in result.output
+    assert "designated class: 1.000 / 1.000" in result.output
     assert "leaked/trained-class-3" in result.output and "verdict=leak" in result.output
     assert (tmp_path / "out" / "battery.md").exists()
 
 
-@pytest.mark.slow
-def test_battery_command_on_the_demo(cli, tmp_path):
+def test_battery_command_on_the_synthetic_battery(cli, tmp_path):
     result = cli(
-        "battery",
-        "--demo",
-        str(tmp_path / "demo"),
-        "--classes",
-        "0,1",
-        "--pool",
-        "maha,rmaha,knn,iforest",
-        "-p",
-        "iforest.n_estimators=20",
-        "--out",
-        str(tmp_path / "out"),
-        "--no-progress",
-    )
+        "battery", "--synthetic", "--classes", "0", "--pool", "maha,knn", "--logit", "",
+        "--out", str(tmp_path / "out"), "--no-progress",
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     first = result.output.splitlines()[0]
-    assert first.startswith("sensitivity ") and "specificity" in first
-    assert "leaked/trained-class-0" in result.output and "clean/far-noise" in result.output
+    assert first.startswith("automatic contrast: sensitivity ") and "designated class: " in first
+    assert "leaked/trained-class-0" in result.output and "clean/near-near-0" in result.output
     payload = json.loads((tmp_path / "out" / "battery.json").read_text())
-    trained = [s for s in payload["splits"] if s["meta"]["family"] == "trained-class"]
-    assert all((s["verdict"]["label"] == "leak") == (s["meta"]["kind"] == "leaked") for s in trained)
+    assert {s["meta"]["family"] for s in payload["splits"]} == {"trained-class", "near", "far"}
+    assert (
+        "designated_sensitivity" in payload and "verdict (designated)" in (tmp_path / "out" / "battery.md").read_text()
+    )
+
+
+def test_seed_reaches_the_isolation_forest(cli, pentagon_store, tmp_path):
+    """`--seed` drives the forest: three seeds give three AUROCs, and one seed gives the same AUROC twice."""
+
+    def iforest_auroc(seed: int) -> float:
+        out = tmp_path / f"seed{seed}"
+        args = ("--store", str(pentagon_store.root), "--model", "toy", "--fit", "fit", "--id", "id", "--ood", "class4")
+        result = cli(
+            "fingerprint", *args, "--pool", "iforest", "-p", "iforest.n_estimators=10", "--logit", "",
+            "--seed", str(seed), "--out", str(out), "--no-progress",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (split,) = json.loads((out / "audit.json").read_text())["splits"]
+        return split["fingerprint"]["pool_aurocs"]["iforest"]
+
+    aurocs = [iforest_auroc(seed) for seed in (0, 1, 2)]
+    assert len(set(aurocs)) == 3, aurocs
+    assert iforest_auroc(1) == aurocs[1]

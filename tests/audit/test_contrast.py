@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _audit_synth import Orthogonal, Pentagon, fast_config, outputs, single_thread_blas  # noqa: F401 (autouse fixture)
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from oodbench import Outputs
-from oodbench.audit import exclusion_contrast, find_suspects, leave_class_out, train_probe
+from oodbench.audit import exclusion_contrast, find_suspects, leave_class_out, logistic_regression_head
 from oodbench.audit.leave_class_out import balanced_rows
 from oodbench.errors import AuditError
 from oodbench.metrics import auroc
+
+from .audit_helpers import Orthogonal, Pentagon, fast_config, outputs, single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 def test_label_contrast_finds_the_leaked_class_and_recovers():
@@ -90,10 +91,10 @@ def test_nearest_contrast_is_cross_fitted():
     assert naive_auroc > 0.75
 
 
-def test_train_probe_reproduces_scikit_learn_on_raw_features():
+def test_logistic_regression_head_reproduces_scikit_learn_on_raw_features():
     world = Orthogonal(seed=1, classes=4, dim=6)
     fit = world.fit()
-    head = train_probe(fit.features, fit.labels, max_per_class=None)
+    head = logistic_regression_head(fit.features, fit.labels, max_per_class=None)
     x = np.asarray(fit.features, dtype=np.float64)
     scaler = StandardScaler().fit(x)
     reference = LogisticRegression(C=1.0, max_iter=1000, random_state=0).fit(scaler.transform(x), fit.labels)
@@ -103,15 +104,15 @@ def test_train_probe_reproduces_scikit_learn_on_raw_features():
     np.testing.assert_allclose(probabilities, reference.predict_proba(scaler.transform(x)), atol=1e-6)
 
 
-def test_train_probe_binary_head_has_two_rows():
+def test_logistic_regression_head_binary_head_has_two_rows():
     rng = np.random.default_rng(0)
     x = np.r_[rng.normal(size=(50, 3)), rng.normal(loc=2, size=(50, 3))]
     y = np.r_[np.full(50, 3), np.full(50, 7)]
-    head = train_probe(x, y)
+    head = logistic_regression_head(x, y)
     assert head.num_classes == 2
     assert (head.logits(x).argmax(1) == (y == 7)).mean() > 0.9
     with pytest.raises(AuditError, match="2 classes"):
-        train_probe(x, np.zeros(100, int))
+        logistic_regression_head(x, np.zeros(100, int))
 
 
 def test_balanced_rows_caps_each_class():
@@ -126,7 +127,7 @@ def test_balanced_rows_caps_each_class():
 def test_leave_class_out_lifts_the_logit_detectors():
     world = Orthogonal(seed=0)
     fit = world.fit()
-    head = train_probe(fit.features, fit.labels)
+    head = logistic_regression_head(fit.features, fit.labels)
     config = fast_config(logit_detectors=("msp", "energy"))
     result = leave_class_out(fit, world.test_without(4), world.test_of(4), head, [4], config=config)
     assert result.excluded == (4,) and result.kept_classes == (0, 1, 2, 3)

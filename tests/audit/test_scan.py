@@ -98,16 +98,51 @@ def test_relations_on_hand_made_label_space(tiny):
 
 
 def test_name_only_suites(tiny):
-    space = LabelSpace("toy-space", "", ("n00000003",), names=("Tench",))
+    space = LabelSpace("toy-space", "", ("n00000003", "n00000008"), names=("Tench",))
     suite = _suite(
-        names=("Beagle", "zebra", "tench (fish)", "mystery"),
-        annotations={"related_21k_wnids": {"mystery": ["n00000004"]}},
+        names=("Beagle", "zebra", "tench (fish)", "mystery", "toy-beagle", "show crane", "big animal"),
+        annotations={
+            "related_21k_wnids": {
+                "mystery": ["n00000004"],  # resembles a beagle; the name does not say it is one
+                "toy-beagle": ["n00000004"],  # the name's head is the annotated class: a kind of beagle
+                "show crane": ["n00000006"],  # a kind of the bird crane, whose lemma collides with the machine
+                "big animal": ["n00000002"],  # a kind of animal, above the trained dog: not a hypernym of it
+            }
+        },
     )
     found = {f.ood: f for f in scan_suite(suite, space, tiny).findings}
     assert found["Beagle"].relation == "hyponym" and found["Beagle"].via.startswith("name")
     assert found["zebra"].relation == "none"
     assert found["tench (fish)"].relation == "lemma" and "Tench" in found["tench (fish)"].matches
-    assert found["mystery"].relation == "hyponym" and found["mystery"].via.startswith("annotation")
+    # The relation is the class's own; the authors' annotation is shown beside it with the annotation's relation.
+    assert found["mystery"].relation == "none"
+    assert found["mystery"].evidence == ("n00000004 beagle: hyponym of n00000003",)
+    toy = found["toy-beagle"]
+    assert (toy.relation, toy.matches, toy.distance) == ("hyponym", ("n00000003",), 2)
+    assert toy.via.startswith("annotation n00000004")
+    assert found["show crane"].relation == "none"
+    assert found["show crane"].evidence == ("n00000006 crane: lemma with n00000008",)
+    assert found["big animal"].relation == "none"
+    assert found["big animal"].evidence == ("n00000002 animal: hypernym of n00000003",)
+
+
+def test_ninco_against_imagenet_1k_makes_only_claims_about_its_own_classes():
+    """0 exact / 3 hyponym / 1 hypernym / 0 lemma; the four classes whose annotated ImageNet-21K class (not the
+    class itself) relates to ImageNet-1k keep that relation as evidence only."""
+    scan = scan_suite(load_suite("ninco"), label_space("imagenet-1k"), load_wordnet())
+    assert [scan.count(r) for r in ("exact", "hyponym", "hypernym", "lemma")] == [0, 3, 1, 0]
+    found = {f.ood: f for f in scan.findings}
+    assert {f.ood for f in scan.findings if f.relation == "hyponym"} == {"cable", "caracal", "Lumholtz's tree-kangaroo"}
+    assert found["door"].relation == "hypernym"
+    assert found["Lumholtz's tree-kangaroo"].matches == ("n01877812",)  # wallaby, through tree kangaroo
+    for name, evidence in (
+        ("marbled newt", "n01630284 newt: hypernym of"),
+        ("Indo-Pacific bottlenose dolphin", "n02068974 dolphin: hypernym of n02071294"),
+        ("California two-spot octopus", "n01970164 octopus: lemma with n02066245"),
+        ("ruby octopus", "n01970164 octopus: lemma with n02066245"),
+    ):
+        assert found[name].relation == "none"
+        assert found[name].evidence[0].startswith(evidence)
 
 
 def test_unavailable_suites_and_scope():

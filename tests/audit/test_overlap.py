@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _audit_synth import single_thread_blas  # noqa: F401 (autouse fixture)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +13,8 @@ from oodbench.audit.config import AuditConfig
 from oodbench.audit.neighbours import class_means, nearest_class_mean, nearest_rows
 from oodbench.audit.pool import knn_k_for, resolve_pool
 from oodbench.errors import AuditError
+
+from .audit_helpers import single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 def _brute_overlap(x: np.ndarray, y: np.ndarray, k: int) -> float:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _audit_synth import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 from oodbench import Outputs
 from oodbench.audit import (
@@ -19,6 +18,8 @@ from oodbench.audit import (
     adjudicate,
     audit_split,
 )
+
+from .audit_helpers import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 def _fp(
@@ -43,14 +44,19 @@ def _fp(
 
 
 def _contrast(
-    after: float, removed: int = 50, identity: float | None = None, config: AuditConfig = AuditConfig()
+    after: float,
+    removed: int = 50,
+    identity: float | None = None,
+    config: AuditConfig = AuditConfig(),
+    auto: bool = False,
+    limit: float | None = None,
 ) -> ContrastResult:
     recovered = after >= config.recovery_threshold
     return ContrastResult(
         "label",
         (3,),
         {3: 1.0},
-        True,
+        auto,
         removed,
         450,
         {"maha": 0.5},
@@ -62,6 +68,9 @@ def _contrast(
         recovered,
         not recovered and after >= config.collapse_threshold,
         None if identity is None else OracleLDA(identity, (identity,) * 5, 100, 100),
+        identity_class=None if identity is None else 3,
+        identity_null=() if limit is None else (0.5,) * 19,
+        identity_limit=limit,
     )
 
 
@@ -95,6 +104,18 @@ def test_margin_and_identity_threshold_are_configurable():
     assert adjudicate(_fp(0.99, 0.55), _contrast(0.90, identity=0.99), strict).label == INCONCLUSIVE
     assert adjudicate(_fp(0.99, 0.55), _contrast(0.90, identity=0.52), strict).label == LEAK
     assert adjudicate(_fp(0.99, 0.55), _contrast(0.90, identity=0.99)).label == LEAK  # off by default
+
+
+def test_automatic_contrast_needs_the_ood_set_to_be_the_excluded_class():
+    """Suspects found by proximity: a recovery is a leak only if the identity reading stays within its null."""
+    fires = _fp(0.99, 0.55)
+    assert adjudicate(fires, _contrast(0.93, identity=0.52, auto=True, limit=0.58)).label == LEAK
+    verdict = adjudicate(fires, _contrast(0.93, identity=0.87, auto=True, limit=0.58))
+    assert verdict.label == HARD_CLEAN and "0.870 > 0.580" in verdict.reasons[-1]
+    assert adjudicate(fires, _contrast(0.93, auto=True)).label == INCONCLUSIVE  # identity could not be read
+    # A designated class is the auditor's claim: the identity reading is reported, not required.
+    assert adjudicate(fires, _contrast(0.93, identity=0.87, auto=False)).label == LEAK
+    assert adjudicate(fires, _contrast(0.60, identity=0.87, auto=True, limit=0.58)).label == HARD_CLEAN
 
 
 def test_end_to_end_leak_and_clean():

@@ -6,18 +6,20 @@ import json
 
 import numpy as np
 import pytest
-from _audit_synth import digits_features, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 from oodbench import Outputs
-from oodbench.audit import LEAK, make_battery, run_battery, train_probe
-from oodbench.audit.battery import CLEAN_KIND, LEAKED
+from oodbench.audit import HARD_CLEAN, LEAK, logistic_regression_head, make_battery, run_battery
+from oodbench.audit.battery import CLEAN_KIND, LEAKED, NOT_IN_FIT
+from oodbench.audit.synthetic import synthetic_battery_data
 from oodbench.errors import AuditError
+
+from .audit_helpers import digits_features, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(scope="module")
 def digits():
     data = digits_features(seed=0)
-    head = train_probe(data["train"].features, data["train"].labels)
+    head = logistic_regression_head(data["train"].features, data["train"].labels)
 
     def with_logits(o: Outputs) -> Outputs:
         return Outputs(o.features, head.logits(o.features).astype(np.float32), o.labels)
@@ -93,3 +95,31 @@ def test_battery_validation(digits):
         make_battery(
             digits["train"], digits["test"], classes=[0], extra_train=digits["train"], extra_test=digits["test"]
         )
+
+
+def test_automatic_contrast_spares_hard_clean_pairs_on_the_synthetic_battery():
+    """Near sets are distinct classes next to a fit class: the rule fires and excluding the neighbour (the automatic
+    suspect) recovers detection, yet they are clean. The identity reading against its permutation null tells them
+    from leaks, with no threshold tuned on this battery; the designated path needs no such reading."""
+    data = synthetic_battery_data(0, classes=4, near_of=(0, 1), n_train=200, n_test=100)
+    config = fast_config(pool=("maha", "knn"))
+    result = run_battery(
+        make_battery(data.train, data.test, None, classes=[0, 1], near=data.near, config=config), config
+    )
+    by_name = {a.name: a for a in result.audits}
+    for name in ("clean/near-near-0", "clean/near-near-1"):
+        audit = by_name[name]
+        assert audit.fingerprint.fires and audit.contrast.recovered and audit.contrast.suspects_auto
+        assert audit.contrast.identity_distinct and audit.verdict.label == HARD_CLEAN, audit.verdict.reasons
+        designated = result.designated[name]
+        assert designated.suspect == NOT_IN_FIT and designated.contrast.removed_rows == 0
+        assert designated.verdict.label == HARD_CLEAN
+    for c in (0, 1):
+        leak = by_name[f"leaked/trained-class-{c}"]
+        assert leak.verdict.label == LEAK and not leak.contrast.identity_distinct
+        assert leak.contrast.identity.auroc <= leak.contrast.identity_limit
+        assert result.designated[leak.name].verdict.label == LEAK
+    assert (result.sensitivity, result.specificity) == (1.0, 1.0)
+    assert (result.designated_sensitivity, result.designated_specificity) == (1.0, 1.0)
+    payload = json.loads(json.dumps(result.to_dict()))
+    assert payload["designated_specificity"] == 1.0 and len(payload["splits"]) == 6
