@@ -18,5 +18,12 @@ def on_page_read_source(page: Any, config: Any) -> str | None:
     if page.file.src_uri != "index.md":
         return None
     text = README.read_text(encoding="utf-8").replace("](docs/", "](")
-    # Links to repository files that are not documentation pages: keep the name, drop the link.
-    return re.sub(r"\[([^\]]+)\]\((?!https?://|#)(?![\w/-]+\.md(?:#[\w-]+)?\))([^)]+)\)", r"\1", text)
+    docs = Path(config["docs_dir"])
+
+    def link(match: re.Match[str]) -> str:
+        label, target = match[1], match[2]
+        if target.startswith(("http://", "https://", "#")) or (docs / target.split("#", 1)[0]).is_file():
+            return match[0]
+        return label  # a repository file that is not a page: keep the name, drop the link
+
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", link, text)
