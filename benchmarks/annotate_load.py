@@ -9,6 +9,12 @@ event log exactly once, nothing else is, every image has exactly two Stage 1 ann
 outcome. Reports p50/p95/p99 latency per request kind and throughput.
 
     python benchmarks/annotate_load.py --annotators 20 --images 1000 --out load.json
+
+With --kill-after S the server is killed with SIGKILL S seconds into Stage 1, mid-traffic; the check
+is then that no acknowledged verdict is missing from the log (a verdict committed whose answer the
+kill swallowed may be logged unacknowledged) and that SQLite's integrity check passes.
+
+    python benchmarks/annotate_load.py --annotators 20 --images 1000 --kill-after 30
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ import os
 import random
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -92,6 +100,10 @@ def answer(image_id: int, annotator: int, seed: int) -> dict[str, str]:
     )
 
 
+class ServerGone(Exception):
+    """The server stopped answering (killed on purpose with --kill-after)."""
+
+
 class Annotator:
     """One simulated annotator with its own cookie jar."""
 
@@ -105,7 +117,10 @@ class Annotator:
 
     async def timed(self, kind: str, method: str, path: str, **kwargs) -> httpx.Response:
         start = time.perf_counter()
-        response = await self.client.request(method, path, **kwargs)
+        try:
+            response = await self.client.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerGone(str(exc)) from None
         self.timings[kind].append(time.perf_counter() - start)
         if response.status_code >= 500:
             raise RuntimeError(f"{self.name}: {method} {path} -> {response.status_code}")
@@ -121,15 +136,21 @@ class Annotator:
         )
         if response.status_code != 303 or response.headers["location"] != "/":
             raise RuntimeError(f"{self.name} could not log in")
+        home = await self.timed("home", "GET", "/")
+        self.csrf = CSRF.search(home.text).group(1)  # one token per session: it serves every form
+
+    async def claim(self) -> httpx.Response:
+        """Take the next image (claims are POSTs; GET /annotate never writes)."""
+        return await self.timed("next (claim)", "POST", "/annotate", data={"csrf_token": self.csrf})
 
     async def stage1(self, deadline: float) -> None:
-        nxt = await self.timed("next (claim)", "GET", "/annotate")
+        nxt = await self.claim()
         while time.monotonic() < deadline:
             if nxt.status_code == 200:  # the empty-queue page
                 return
             location = nxt.headers["location"]
             if location == "/annotate":  # the queue ran dry after the last verdict
-                nxt = await self.timed("next (claim)", "GET", "/annotate")
+                nxt = await self.claim()
                 continue
             image_id = int(location.rsplit("/", 1)[1])
             page = await self.timed("Stage 1 page", "GET", location)
@@ -188,6 +209,8 @@ class Annotator:
 
 def percentiles(values: list[float]) -> dict[str, float]:
     """Milliseconds at p50/p95/p99/max."""
+    if not values:
+        return {"n": 0}
     arr = np.asarray(values) * 1000
     return {
         "n": len(values),
@@ -203,7 +226,7 @@ async def baseline(url: str, n: int = 200) -> dict[str, dict[str, float]]:
     timings: dict[str, list[float]] = defaultdict(list)
     probe = Annotator(0, url, timings, [], 0)
     await probe.login()
-    claim = await probe.client.get("/annotate")
+    claim = await probe.claim()
     page_path = claim.headers["location"]
     for _ in range(n):
         await probe.timed("healthz", "GET", "/healthz")
@@ -212,18 +235,72 @@ async def baseline(url: str, n: int = 200) -> dict[str, dict[str, float]]:
     return {kind: percentiles(timings[kind]) for kind in ("healthz", "Stage 1 page")}
 
 
-async def run_clients(url: str, n: int, seed: int, deadline_s: float) -> tuple[dict, list, dict]:
+async def throttle_probe(url: str, owner: str) -> dict:
+    """Login throttling seen from outside: a stranger and a sprayer fail on purpose, then the owner logs in.
+
+    Clients are told apart by X-Forwarded-For, which uvicorn trusts from 127.0.0.1 (its default).
+    """
+
+    async def attempts(address: str, pairs: list[tuple[str, str]]) -> tuple[list[float], list[bool]]:
+        times, refused = [], []
+        async with httpx.AsyncClient(base_url=url, timeout=60.0, headers={"X-Forwarded-For": address}) as client:
+            for name, password in pairs:
+                page = await client.get("/login")
+                start = time.perf_counter()
+                response = await client.post(
+                    "/login",
+                    data={"username": name, "password": password, "csrf_token": CSRF.search(page.text).group(1)},
+                )
+                times.append(time.perf_counter() - start)
+                refused.append("Too+many" in response.headers.get("location", ""))
+        return times, refused
+
+    stranger_t, stranger_refused = await attempts("203.0.113.5", [(owner, f"guess {i}") for i in range(30)])
+    sprayer_t, sprayer_refused = await attempts("203.0.113.9", [(f"user{i}", "Summer2026!") for i in range(40)])
+    owner_t, _ = await attempts("198.51.100.7", [(owner, PASSWORD)])
+    hashed = [t for t, r in zip(stranger_t + sprayer_t, stranger_refused + sprayer_refused, strict=True) if not r]
+    throttled = [t for t, r in zip(stranger_t + sprayer_t, stranger_refused + sprayer_refused, strict=True) if r]
+    async with httpx.AsyncClient(base_url=url, headers={"X-Forwarded-For": "198.51.100.7"}) as client:
+        page = await client.get("/login")
+        done = await client.post(
+            "/login", data={"username": owner, "password": PASSWORD, "csrf_token": CSRF.search(page.text).group(1)}
+        )
+    return {
+        "stranger_attempts_on_owner": len(stranger_t),
+        "stranger_attempts_checked": stranger_refused.index(True) if True in stranger_refused else len(stranger_t),
+        "sprayer_names_tried": len(sprayer_t),
+        "sprayer_attempts_checked": sprayer_refused.index(True) if True in sprayer_refused else len(sprayer_t),
+        "owner_logs_in_from_elsewhere": done.status_code == 303 and done.headers["location"] == "/",
+        "checked_attempt_ms_p50": round(float(np.median(hashed)) * 1000, 1) if hashed else None,
+        "throttled_attempt_ms_p50": round(float(np.median(throttled)) * 1000, 1) if throttled else None,
+        "owner_login_ms": round(owner_t[0] * 1000, 1),
+    }
+
+
+async def until_gone(work) -> None:
+    """Run an annotator's work until it ends or the server is gone."""
+    try:
+        await work
+    except ServerGone:
+        pass
+
+
+async def run_clients(
+    url: str, n: int, seed: int, deadline_s: float, kill: tuple[float, Any] | None = None
+) -> tuple[dict, list, dict]:
     timings: dict[str, list[float]] = defaultdict(list)
     acks: list = []
-    phases: dict = {"single_client": await baseline(url)}
+    phases: dict = {"single_client": await baseline(url), "throttle": await throttle_probe(url, "ann00")}
     annotators = [Annotator(k, url, timings, acks, seed) for k in range(n)]
     await asyncio.gather(*(a.login() for a in annotators))
     deadline = time.monotonic() + deadline_s
+    if kill is not None:  # (seconds into Stage 1, the function that kills the server)
+        asyncio.get_running_loop().call_later(*kill)
     start = time.perf_counter()
-    await asyncio.gather(*(a.stage1(deadline) for a in annotators))
+    await asyncio.gather(*(until_gone(a.stage1(deadline)) for a in annotators))
     phases["stage1_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    await asyncio.gather(*(a.stage3(deadline) for a in annotators))
+    await asyncio.gather(*(until_gone(a.stage3(deadline)) for a in annotators))
     phases["stage3_s"] = time.perf_counter() - start
     for a in annotators:
         await a.close()
@@ -271,6 +348,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds; the run stops by itself")
     parser.add_argument("--out", type=Path, help="write the report as JSON here")
+    parser.add_argument("--kill-after", type=float, help="SIGKILL the server this many seconds into Stage 1")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="annotate-load-") as tmp:
@@ -304,11 +382,16 @@ def main() -> int:
                     time.sleep(0.1)
             else:
                 raise RuntimeError("the server did not start: " + server.stderr.read().decode()[-2000:])
-            timings, acks, phases = asyncio.run(run_clients(url, args.annotators, args.seed, args.deadline))
+            kill = None if args.kill_after is None else (args.kill_after, server.kill)
+            timings, acks, phases = asyncio.run(run_clients(url, args.annotators, args.seed, args.deadline, kill))
         finally:
             server.terminate()
             server.wait(timeout=30)
         check = verify(project, acks)
+        if args.kill_after is not None:
+            with sqlite3.connect(project.dir / "annotate.db") as conn:
+                check["integrity_check"] = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            check["killed"] = server.returncode == -9
         project.close()
 
     requests = sum(len(v) for v in timings.values())
@@ -322,17 +405,22 @@ def main() -> int:
         "stage1_s": round(phases["stage1_s"], 1),
         "stage3_s": round(phases["stage3_s"], 1),
         "requests": requests,
-        "requests_per_s": round(requests / (phases["stage1_s"] + phases["stage3_s"]), 1),
-        "verdicts_per_s_stage1": round(len(timings["Stage 1 POST"]) / phases["stage1_s"], 1),
+        "requests_per_s": round(requests / max(phases["stage1_s"] + phases["stage3_s"], 1e-9), 1),
+        "verdicts_per_s_stage1": round(len(timings["Stage 1 POST"]) / max(phases["stage1_s"], 1e-9), 1),
         "verdict_posts": verdict_posts,
         "latency": {kind: percentiles(v) for kind, v in sorted(timings.items())},
         "all_pages": percentiles(pages),
         "single_client": phases["single_client"],
+        "throttle": phases["throttle"],
         "check": check,
     }
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.kill_after is not None:
+        ok = check["lost"] == 0 and check.get("integrity_check") == "ok" and check["killed"]
+        print("OK: killed mid-traffic, no acknowledged verdict lost" if ok else "FAILED: see check", file=sys.stderr)
+        return 0 if ok else 1
     ok = (
         check["lost"] == 0
         and check["unacknowledged_in_log"] == 0

@@ -70,7 +70,7 @@ def as_cli_error(exc: BaseException) -> CliError:
     if isinstance(exc, CliError):
         return exc
     if isinstance(exc, OodbenchError):
-        return CliError(str(exc), EXPECTED)
+        return CliError(str(exc), getattr(exc, "exit_code", EXPECTED))
     if isinstance(exc, ClickException):  # a bad parameter found while the command ran
         return CliError(exc.format_message(), EXPECTED)
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
@@ -229,11 +229,11 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
 
 
 # Each pipeline area owns its commands and adds them here.
-from .analysis import cli as _analysis_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
 from .construct import cli as _construct_cli  # noqa: E402
 from .detectors import cli as _detectors_cli  # noqa: E402
 from .extract import cli as _extract_cli  # noqa: E402
+from .report import analyze as _analysis_cli  # noqa: E402
 from .report import cli as _report_cli  # noqa: E402
 from .runner import cli as _runner_cli  # noqa: E402
 from .zeroshot import cli as _zeroshot_cli  # noqa: E402
@@ -249,6 +249,16 @@ for _area in (
     _runner_cli,
 ):
     _area.register(app)
+
+
+def _openclip_text_embedder(*args: object) -> object:
+    """The zeroshot commands' label embedder: extract's open_clip one (wired here: zeroshot never imports extract)."""
+    from .extract.label_embedder import embedder_for
+
+    return embedder_for(*args)
+
+
+_zeroshot_cli.use_text_embedder(_openclip_text_embedder)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

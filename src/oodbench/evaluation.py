@@ -22,10 +22,10 @@ from . import detectors as detector_registry
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
 from .progress import progress_bar
-from .report.detector_table import detector_table_markdown
 from .results import ResultRow, metric_rows
 from .rundir import RunDir
 from .store import Store
+from .tabular import detector_table_markdown
 
 __all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
 

@@ -182,12 +182,14 @@ def _close(name: str, actual: np.ndarray, expected: np.ndarray, rtol: float) -> 
     if not (error <= bound).all():
         row = int(np.argmax(error))
         raise CheckFailed(
-            f"{name}: row {row} scores {actual[row]!r} instead of {expected[row]!r} "
+            f"{name}: row {row} scores {float(actual[row])!r} instead of {float(expected[row])!r} "
             f"(max difference {error.max():.3g} > {bound:.3g} = {rtol:g} x score scale)"
         )
 
 
 def _identical(name: str, actual: np.ndarray, expected: np.ndarray) -> None:
+    if np.shape(actual) != np.shape(expected):
+        raise CheckFailed(f"{name}: shape {np.shape(actual)}, expected {np.shape(expected)}")
     if not np.array_equal(np.asarray(actual), np.asarray(expected)):
         difference = np.abs(np.asarray(actual, dtype=np.float64) - expected)
         raise CheckFailed(f"{name}: scores differ (max difference {difference.max():.3g}; expected bit-identical)")
@@ -505,7 +507,7 @@ def _nan_refused(ctx: _Context) -> None:
             scores = detector.score(_replaced(ctx.data.test, name, poisoned))
         except OodbenchError:
             continue
-        raise CheckFailed(f"a NaN in the test set's {name} was scored ({scores[3]!r}) instead of refused")
+        raise CheckFailed(f"a NaN in the test set's {name} was scored ({float(scores[3])!r}) instead of refused")
 
 
 def _shape_errors_clear(ctx: _Context) -> None:

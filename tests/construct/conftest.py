@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from construct_helpers import DB_BACKENDS, PASSWORD, build_project, login
+
+from .helpers import DB_BACKENDS, PASSWORD, build_project, login
 
 
 @pytest.fixture(autouse=True)

@@ -101,6 +101,10 @@ def test_saving_refuses_unfitted_detectors_and_foreign_objects(problem, tmp_path
     detector.holder_ = Holder()
     with pytest.raises(DetectorError, match="cannot save holder_: a .*Holder is not an array"):
         detector.save(tmp_path / "foreign")
+    detector.holder_ = [1]
+    detector.holder_.append(detector.holder_)
+    with pytest.raises(DetectorError, match=r"cannot save holder_\[1\]: it refers back to itself"):
+        detector.save(tmp_path / "cycle")
     detector.holder_ = np.array(["text"])
     with pytest.raises(DetectorError, match="arrays of dtype <U4 are not supported"):
         detector.save(tmp_path / "strings")
@@ -229,7 +233,7 @@ def test_fit_provenance_reads_the_store_entry(tiny_store):
 def test_evaluate_takes_plugin_files_and_keys_their_scores_by_source(tiny_store, tmp_path):
     from oodbench.detectors import registry
 
-    saved = (dict(registry._REGISTRY), dict(registry._ORIGINS), dict(registry._LOADED_MODULES))
+    saved = registry._snapshot()
     plugin = tmp_path / "neg_norm.py"
     source = (
         "import numpy as np\nfrom oodbench.detectors import Detector, Requirements, register\n\n\n"
@@ -252,8 +256,4 @@ def test_evaluate_takes_plugin_files_and_keys_their_scores_by_source(tiny_store,
         second = json.loads((run / "run.json").read_text())["score_keys"]
         assert second["energy"] == first["energy"] and second["neg_norm"] != first["neg_norm"]
     finally:
-        for table, content in zip(
-            (registry._REGISTRY, registry._ORIGINS, registry._LOADED_MODULES), saved, strict=True
-        ):
-            table.clear()
-            table.update(content)
+        registry._restore(saved)

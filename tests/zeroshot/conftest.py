@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from zeroshot_helpers import HashEmbedder
 
 from oodbench.zeroshot.vocab.lexicon import Lexicon, Synset
+
+from .zeroshot_helpers import HashEmbedder
 
 
 @pytest.fixture

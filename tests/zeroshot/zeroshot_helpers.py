@@ -1,25 +1,18 @@
-"""Helpers shared by the zero-shot tests (imported by name: tests are not a package)."""
+"""Helpers shared by the zero-shot tests.
+
+No zero-shot test needs ../shared: the NegLabel lists ship with the package or as a test fixture (tests/zeroshot/data,
+with their licence), and class lists come from timm's metadata.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
-import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-
-
-def shared_or_skip(*parts: str) -> Path:
-    """A path under ../shared/data, or skip the test when the reference data are absent."""
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"reference data {path} not available")
-    return path
 
 
 class HashEmbedder:

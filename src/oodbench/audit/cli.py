@@ -304,7 +304,7 @@ def scan_command(
         subject="label spaces: " + ", ".join(f"{s.name} ({len(s)} classes)" for s in spaces),
     )
     paths = write_document(document, out, "scan") if out is not None else {}
-    from ..report.markdown import render_markdown
+    from ..tabular import render_markdown
 
     sys.stdout.write(render_markdown(sections[0].tables[0]))
     if paths:

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from ..report.markdown import render_markdown
-from ..report.table_model import MISSING, Cell, Table
+from ..tabular import MISSING, Cell, Table, render_markdown
 from .battery import CLEAN_KIND, LEAKED, BatteryResult
 from .config import AuditConfig
 from .scan import RELATIONS, SuiteScan, suite_scope

@@ -23,9 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..classes import normalize_label as normalize_lemma
 from ..errors import AuditError
 from .suites import SuiteManifest
-from .wordnet import LabelSpace, WordNet, load_wordnet, normalize_lemma
+from .wordnet import LabelSpace, WordNet, load_wordnet
 
 __all__ = ["ClassFinding", "SuiteScan", "scan_suite", "scan_suites", "RELATIONS", "suite_scope"]
 

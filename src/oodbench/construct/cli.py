@@ -61,10 +61,17 @@ PROJECT_ARG = typer.Argument(..., help="Project folder (created by `init`).")
 @_friendly
 def init(
     project: Path = PROJECT_ARG,
-    images: Path = typer.Option(..., "--images", help="Folder holding the candidate images (searched recursively)."),
-    real: Path | None = typer.Option(None, "--real", help="ReaL real.json: images with an empty label list."),
+    images: Path | None = typer.Option(
+        None, "--images", help="Folder holding the candidate images (searched recursively)."
+    ),
+    demo: bool = typer.Option(
+        False, "--demo", help="Build a sample project (real ReaL/MTurk candidates, generated images, accounts)."
+    ),
+    real: Path | None = typer.Option(
+        None, "--real", help="ReaL real.json (images with an empty label list), or 'builtin' (timm's copy)."
+    ),
     mturk: Path | None = typer.Option(
-        None, "--mturk", help="Northcutt et al. imagenet_mturk.json: majority 'neither'."
+        None, "--mturk", help="Northcutt et al. imagenet_mturk.json (majority 'neither'), or 'builtin' (shipped)."
     ),
     mturk_min_neither: int | None = typer.Option(None, help="Votes for 'neither' needed (default: a strict majority)."),
     table: Path | None = typer.Option(None, "--table", help="Generic JSONL/JSON/CSV/TSV re-annotation with flags."),
@@ -72,9 +79,13 @@ def init(
     original_labels: Path | None = typer.Option(
         None,
         "--original-labels",
-        help="Original labels for --real: .npy, one int per line, or imagenet_val_set_index_to_filepath.json.",
+        help="Original labels for --real: .npy, one int per line, imagenet_val_set_index_to_filepath.json, "
+        "or 'builtin' (the shipped copy of that file).",
     ),
-    classes: str = typer.Option("imagenet-1k", help="Class list: 'imagenet-1k' or a .txt/.json file."),
+    classes: str = typer.Option(
+        "imagenet1k:timm",
+        help="Class list: imagenet1k:timm (timm's lemmas), imagenet1k (CLIP names), a .txt/.json file.",
+    ),
     examples: Path | None = typer.Option(None, "--examples", help="ImageFolder-style ID root for example images."),
     public_url: str | None = typer.Option(
         None, "--public-url", help="Public URL template of the images for reverse search, e.g. https://host/{path}."
@@ -84,13 +95,18 @@ def init(
 ) -> None:
     """Create a project from candidate sources and a folder of images (reruns add new candidates).
 
-    Example: oodbench annotate init proj --images /data/imagenet/val --real real.json
-    --original-labels imagenet_val_set_index_to_filepath.json --mturk imagenet_mturk.json
+    Example: oodbench annotate init proj --images /data/imagenet/val --real builtin
+    --original-labels builtin --mturk builtin
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .importers import TableMapping, load_original_labels, read_mturk, read_real, read_table
     from .project import Project, import_candidates
 
+    if demo:
+        _init_demo(project, other=[images, real, mturk, table, original_labels, examples, public_url])
+        return
+    if images is None:
+        raise typer.BadParameter("give --images (the folder of the candidate images), or --demo for a sample")
     class_list = load_classes(classes)
     sources = []
     if real is not None:
@@ -120,6 +136,20 @@ def init(
     typer.echo(f"{proj.dir}: {counts['added']} images added, {counts['updated']} updated, {counts['skipped']} skipped")
     if not proj.store().users():
         typer.echo(f"next: oodbench annotate user add {project} NAME --admin")
+    proj.close()
+
+
+def _init_demo(project: Path, other: list[Any]) -> None:
+    from .sample import ACCOUNTS, build_sample
+
+    if any(value is not None for value in other):
+        raise typer.BadParameter("--demo builds its own candidates and images; give it only the project folder")
+    proj, password = build_sample(project)
+    progress = proj.store().progress()
+    typer.echo(f"{proj.dir}: sample project with {progress['total']} images (real ReaL and MTurk candidates,")
+    typer.echo("  generated images, evidence from a tiny colour-histogram model)")
+    typer.echo(f"accounts: {', '.join(ACCOUNTS)} (admin is an administrator); password for all: {password}")
+    typer.echo(f"next: oodbench annotate serve {project}   then open http://127.0.0.1:8000")
     proj.close()
 
 
@@ -189,9 +219,17 @@ def user_list(project: Path = PROJECT_ARG) -> None:
 @_friendly
 def evidence(
     project: Path = PROJECT_ARG,
-    image_embeddings: Path = typer.Option(..., help="N×D .npy of image embeddings (e.g. cached open_clip)."),
-    keys: Path = typer.Option(..., help="Text file naming the image of each embedding row (file name or key)."),
-    text_embeddings: Path = typer.Option(..., help="C×D .npy of class-name embeddings, in class order."),
+    image_embeddings: Path | None = typer.Option(
+        None, help="N×D .npy of image embeddings (e.g. cached open_clip); or use --store."
+    ),
+    keys: Path | None = typer.Option(None, help="Text file naming the image of each embedding row (file name or key)."),
+    text_embeddings: Path | None = typer.Option(
+        None, help="C×D .npy of class-name embeddings, in class order (with --store: default the model's head)."
+    ),
+    store: Path | None = typer.Option(
+        None, "--store", help="Feature store holding the images' features (instead of --image-embeddings/--keys)."
+    ),
+    entry: str | None = typer.Option(None, "--entry", help="The store entry MODEL/DATASET to read (with --store)."),
     k: int = typer.Option(5, help="How many nearest ID classes to show."),
     model: str | None = typer.Option(None, help="Model name to show with the evidence."),
     per_class: int = typer.Option(3, help="Example images per class (when the project has an example root)."),
@@ -200,11 +238,27 @@ def evidence(
 
     Example: oodbench annotate evidence proj --image-embeddings val_img.npy --keys val_keys.txt
     --text-embeddings classnames.npy --model ViT-B-16/openai
-    """
-    from .project import add_vlm_evidence, read_keys
 
+    From a feature store: oodbench annotate evidence proj --store store --entry clip-vit-b16/imagenet-val
+    --text-embeddings classnames.npy (without --text-embeddings: the model's classifier head rows)
+    """
+    from .project import add_vlm_evidence, read_keys, store_evidence_inputs
+
+    if store is not None:
+        if image_embeddings is not None or keys is not None or entry is None or "/" not in entry:
+            raise typer.BadParameter("--store goes with --entry MODEL/DATASET, not with --image-embeddings or --keys")
+        model_id, dataset_id = entry.split("/", 1)
+        row_keys, images, head = store_evidence_inputs(store, model_id, dataset_id)
+        texts = text_embeddings if text_embeddings is not None else head
+        if texts is None:
+            raise typer.BadParameter(f"{model_id} has no stored head; give --text-embeddings")
+        model = model or (model_id if text_embeddings is not None else f"{model_id} (classifier head)")
+    elif image_embeddings is None or keys is None or text_embeddings is None:
+        raise typer.BadParameter("give --image-embeddings, --keys and --text-embeddings, or --store and --entry")
+    else:
+        row_keys, images, texts = read_keys(keys), image_embeddings, text_embeddings
     proj = _open(project)
-    done = add_vlm_evidence(proj, read_keys(keys), image_embeddings, text_embeddings, k=k, model=model)
+    done = add_vlm_evidence(proj, row_keys, images, texts, k=k, model=model)
     typer.echo(f"VLM evidence added to {done} images")
     if proj.config.example_root:
         typer.echo(f"example images indexed for {proj.index_examples(per_class)} classes")
@@ -219,8 +273,8 @@ def describe(
     model: str | None = typer.Option(None, help="Multimodal model name (or OODBENCH_LLM_MODEL)."),
     limit: int | None = typer.Option(None, help="Describe at most this many images."),
     redo: bool = typer.Option(False, help="Describe images that already have a description (the cache still applies)."),
-    timeout: float = typer.Option(60.0, help="Seconds per request."),
-    retries: int = typer.Option(3, help="Retries on timeouts, 429 and 5xx."),
+    timeout: float | None = typer.Option(None, help="Seconds per request (default: project llm.timeout, else 60)."),
+    retries: int | None = typer.Option(None, help="Retries on timeouts, 429, 5xx (default: llm.max_retries, else 3)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Add evidence A: closed-/open-world descriptions from a multimodal LLM (key: OODBENCH_LLM_API_KEY).
@@ -234,11 +288,11 @@ def describe(
 
     proj = _open(project)
     settings = dict(proj.config.llm)
+    # Options override the project's llm settings, which override the defaults.
+    given = {"timeout": timeout, "max_retries": retries}
+    options = {k: v for k, v in settings.items() if k in given} | {k: v for k, v in given.items() if v is not None}
     config = LLMConfig.resolve(
-        base_url or settings.pop("base_url", None),
-        model or settings.pop("model", None),
-        timeout=timeout,
-        max_retries=retries,
+        base_url or settings.pop("base_url", None), model or settings.pop("model", None), **options
     )
     describer = LLMDescriber(config, proj.llm_cache)
     total = len(proj.store().images())

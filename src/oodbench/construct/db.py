@@ -9,13 +9,15 @@ make UPDATE and DELETE on them fail.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from ..errors import ConstructError
 from .importers import Candidate
 from .protocol import (
+    PANEL_SIZE,
     STAGE1_ANNOTATORS,
     Event,
     EventKind,
@@ -34,8 +37,16 @@ from .protocol import (
     LabelMatcher,
     Outcome,
     Status,
+    check_label_text,
 )
 from .security import hash_password, needs_rehash, verify_password
+
+MAX_ROW_ID = 2**63 - 1  # SQLite and PostgreSQL (bigint) ids are signed 64-bit integers
+
+
+def in_range(row_id: int) -> bool:
+    """Whether a database row could have this id (larger ones overflow the driver)."""
+    return 0 < row_id <= MAX_ROW_ID
 
 
 def utcnow() -> datetime:
@@ -99,6 +110,7 @@ class EventRow(Base):
     """One append-only protocol event (a verdict, a vote, a closing)."""
 
     __tablename__ = "events"
+    __table_args__ = (sa.Index("ix_events_image_kind", "image_id", "kind"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     image_id: Mapped[int] = mapped_column(ForeignKey("images.id"), index=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
@@ -130,6 +142,7 @@ class AssignmentRow(Base):
     __table_args__ = (
         UniqueConstraint("image_id", "slot", name="uq_assignment_slot"),
         UniqueConstraint("user_id", "image_id", name="uq_assignment_user"),
+        sa.Index("ix_assignments_user_open", "user_id", "submitted", "id"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     image_id: Mapped[int] = mapped_column(ForeignKey("images.id"))
@@ -157,6 +170,80 @@ def _sqlite_setup(engine: sa.Engine) -> None:
     def _on_begin(conn: sa.Connection) -> None:
         # Writers take the write lock up front, so read-then-write sequences cannot interleave.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
+
+
+def _create_private(path: Path) -> None:
+    """Create an empty SQLite file readable by its owner only (it holds password hashes and session tokens).
+
+    SQLite gives its -wal and -shm files the database file's mode, so they stay private too.
+    """
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConstructError(f"cannot create the database file {path}: {exc.strerror}") from None
+
+
+def _append_only_triggers(conn: sa.Connection) -> None:
+    """Triggers that make UPDATE and DELETE on the append-only tables fail."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(
+            "CREATE OR REPLACE FUNCTION oodbench_append_only() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$"
+        )
+        for table in _APPEND_ONLY:
+            conn.exec_driver_sql(
+                f"CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION oodbench_append_only()"
+            )
+    elif conn.dialect.name == "sqlite":
+        for table in _APPEND_ONLY:
+            for action in ("UPDATE", "DELETE"):
+                conn.exec_driver_sql(
+                    f"CREATE TRIGGER IF NOT EXISTS {table}_no_{action.lower()} BEFORE {action} ON {table} "
+                    f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
+                )
+
+
+# -- schema versions ---------------------------------------------------------------------------
+# SQLite keeps the version in PRAGMA user_version; other databases in a one-row table. Version 0 is
+# every database written before versions existed. To change the schema: change the models (new
+# databases get them from create_all), add the step that brings version N-1 to N below, raise
+# SCHEMA_VERSION, and test it on a database of the previous version (tests/construct/data/).
+SCHEMA_VERSION = 1
+_VERSION_TABLE = "oodbench_schema"
+
+
+def _read_version(conn: sa.Connection) -> int:
+    if conn.dialect.name == "sqlite":
+        return int(conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+    if not sa.inspect(conn).has_table(_VERSION_TABLE):
+        return 0
+    return int(conn.exec_driver_sql(f"SELECT version FROM {_VERSION_TABLE}").scalar_one())
+
+
+def _write_version(conn: sa.Connection, version: int) -> None:
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(f"PRAGMA user_version = {int(version)}")
+        return
+    conn.exec_driver_sql(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version INTEGER NOT NULL)")
+    conn.exec_driver_sql(f"DELETE FROM {_VERSION_TABLE}")
+    conn.exec_driver_sql(f"INSERT INTO {_VERSION_TABLE} (version) VALUES ({int(version)})")
+
+
+def _to_v1(conn: sa.Connection) -> None:
+    """Version 0 -> 1: indexes for the queue and per-image event queries; append-only triggers if missing."""
+    for table, name in (
+        (EventRow.__table__, "ix_events_image_kind"),
+        (AssignmentRow.__table__, "ix_assignments_user_open"),
+    ):
+        index = next(i for i in table.indexes if i.name == name)
+        index.create(conn, checkfirst=True)
+    _append_only_triggers(conn)
+
+
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {1: _to_v1}
 
 
 @dataclass(frozen=True)
@@ -219,9 +306,12 @@ class AnnotationStore:
         self.url = url
         self.session_lifetime = timedelta(hours=session_hours)
         try:
-            is_sqlite = sa.engine.make_url(url).get_backend_name() == "sqlite"
+            parsed = sa.engine.make_url(url)
         except sa.exc.ArgumentError as exc:
             raise ConstructError(f"invalid database URL {url!r}: {exc}") from None
+        is_sqlite = parsed.get_backend_name() == "sqlite"
+        if is_sqlite and parsed.database and parsed.database != ":memory:":
+            _create_private(Path(parsed.database))
         options: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}} if is_sqlite else {}
         self.engine = sa.create_engine(url, future=True, **options)
         self.is_sqlite = is_sqlite
@@ -231,27 +321,41 @@ class AnnotationStore:
 
     # -- schema ---------------------------------------------------------------------------------
     def create_schema(self) -> None:
-        """Create missing tables and the triggers that make events and matches append-only."""
-        Base.metadata.create_all(self.engine)
-        if self.engine.dialect.name == "postgresql":
-            with self.engine.begin() as conn:
-                conn.exec_driver_sql(
-                    "CREATE OR REPLACE FUNCTION oodbench_append_only() RETURNS trigger LANGUAGE plpgsql AS "
-                    "$$ BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$"
-                )
-                for table in _APPEND_ONLY:
-                    conn.exec_driver_sql(
-                        f"CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
-                        "FOR EACH ROW EXECUTE FUNCTION oodbench_append_only()"
+        """Create the schema of a new database, or bring an older one up to SCHEMA_VERSION (see `migrate`)."""
+        self.migrate()
+
+    def schema_version(self) -> int:
+        """The schema version stored in the database (0: before versions, or no schema yet)."""
+        with self.engine.connect() as conn:
+            return _read_version(conn)
+
+    def migrate(self) -> int:
+        """Create a new schema, or apply the forward migrations an older database lacks; returns the old version.
+
+        One transaction holding the write lock: a crash leaves the old version intact, and two processes
+        opening the same database migrate it once. A database written by a newer oodbench is refused.
+        """
+        with self._write_lock, self.engine.connect() as conn:
+            conn = conn.execution_options(write=True)
+            with conn.begin():
+                if self.engine.dialect.name == "postgresql":
+                    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7340163)")  # serialise migrations
+                fresh = not sa.inspect(conn).has_table("images")
+                old = 0 if fresh else _read_version(conn)
+                if old > SCHEMA_VERSION:
+                    raise ConstructError(
+                        f"the annotation database has schema version {old}, newer than this oodbench's "
+                        f"{SCHEMA_VERSION}; upgrade oodbench"
                     )
-        if self.is_sqlite:
-            with self.engine.begin() as conn:
-                for table in _APPEND_ONLY:
-                    for action in ("UPDATE", "DELETE"):
-                        conn.exec_driver_sql(
-                            f"CREATE TRIGGER IF NOT EXISTS {table}_no_{action.lower()} BEFORE {action} ON {table} "
-                            f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END"
-                        )
+                if fresh:
+                    Base.metadata.create_all(conn)
+                    _append_only_triggers(conn)
+                else:
+                    for version in range(old + 1, SCHEMA_VERSION + 1):
+                        MIGRATIONS[version](conn)
+                if fresh or old < SCHEMA_VERSION:
+                    _write_version(conn, SCHEMA_VERSION)
+        return old
 
     def close(self) -> None:
         """Release pooled connections."""
@@ -326,6 +430,8 @@ class AnnotationStore:
 
     def image(self, image_id: int) -> ImageInfo | None:
         """One image, or None."""
+        if not in_range(image_id):
+            return None
         with self.read() as session:
             row = session.get(ImageRow, image_id)
             return None if row is None else _image_info(row)
@@ -441,6 +547,8 @@ class AnnotationStore:
         )
 
     def _locked_image(self, session: Session, image_id: int) -> ImageRow:
+        if not in_range(image_id):
+            raise ConstructError(f"no image with id {image_id}")
         row = session.scalar(sa.select(ImageRow).where(ImageRow.id == image_id).with_for_update())
         if row is None:
             raise ConstructError(f"no image with id {image_id}")
@@ -449,8 +557,14 @@ class AnnotationStore:
     def _append(
         self, user: User, image_id: int, kind: EventKind, judgement: Judgement | None, note: str | None = None
     ) -> Outcome:
+        # New labels only: events already stored replay as they are, whatever they hold.
+        if judgement is not None and judgement.label is not None:
+            check_label_text(judgement.label)
         with self.write() as session:
             image = self._locked_image(session, image_id)
+            # Checked inside the write transaction: a concurrent `annotate release` cannot slip in between.
+            if kind is EventKind.STAGE1 and session.scalar(self._assignment_query(user, image_id)) is None:
+                raise ConstructError("this image is not in your queue")
             matcher = self._matcher(session)
             record = self._record(session, image_id, matcher)
             now = utcnow()
@@ -482,8 +596,6 @@ class AnnotationStore:
 
     def submit_stage1(self, user: User, image_id: int, judgement: Judgement) -> Outcome:
         """Record an independent verdict by an annotator the image is assigned to."""
-        if not self.is_assigned(user, image_id):
-            raise ConstructError("this image is not in your queue")
         return self._append(user, image_id, EventKind.STAGE1, judgement)
 
     def vote_stage3(self, user: User, image_id: int, judgement: Judgement, note: str | None = None) -> Outcome:
@@ -497,6 +609,8 @@ class AnnotationStore:
     def add_match(self, user: User, label_a: str, label_b: str) -> int:
         """Declare two OOD labels the same concept; returns how many images changed status."""
         LabelMatcher([(label_a, label_b)])  # validates both labels
+        check_label_text(label_a)
+        check_label_text(label_b)
         changed = 0
         with self.write() as session:
             session.add(MatchRow(label_a=label_a.strip(), label_b=label_b.strip(), user_id=user.id))
@@ -570,10 +684,14 @@ class AnnotationStore:
         return {i: ImageRecord.from_events(per_image.get(i, []), matcher).outcome(matcher) for i in ids}
 
     # -- queues ---------------------------------------------------------------------------------
+    def pending_stage1(self, user: User) -> int | None:
+        """The first image claimed by the annotator and still waiting for their verdict (never claims)."""
+        with self.read() as session:
+            return session.scalar(self._pending_query(user))
+
     def next_stage1(self, user: User) -> int | None:
         """The next image in the annotator's queue, claiming a free Stage 1 slot when needed."""
-        with self.read() as session:
-            pending = session.scalar(self._pending_query(user))
+        pending = self.pending_stage1(user)
         if pending is not None:
             return pending
         for _attempt in range(20):
@@ -582,16 +700,9 @@ class AnnotationStore:
                     pending = session.scalar(self._pending_query(user))
                     if pending is not None:
                         return pending
-                    mine = sa.select(AssignmentRow.id).where(
-                        AssignmentRow.image_id == ImageRow.id, AssignmentRow.user_id == user.id
-                    )
                     image = session.scalar(
                         sa.select(ImageRow)
-                        .where(
-                            ImageRow.status == Status.STAGE1.value,
-                            ImageRow.n_assigned < STAGE1_ANNOTATORS,
-                            ~sa.exists(mine),
-                        )
+                        .where(*self._free_slot(user))
                         # Half-claimed images first, so pairs complete and reach Stage 2 early.
                         .order_by(ImageRow.n_assigned.desc(), ImageRow.id)
                         .limit(1)
@@ -616,6 +727,14 @@ class AnnotationStore:
         raise ConstructError("could not claim an image after 20 attempts; the database is very busy")
 
     @staticmethod
+    def _free_slot(user: User) -> tuple[sa.ColumnElement[bool], ...]:
+        """Conditions on ImageRow: in Stage 1, a slot free, not already in this user's queue."""
+        mine = sa.select(AssignmentRow.id).where(
+            AssignmentRow.image_id == ImageRow.id, AssignmentRow.user_id == user.id
+        )
+        return (ImageRow.status == Status.STAGE1.value, ImageRow.n_assigned < STAGE1_ANNOTATORS, ~sa.exists(mine))
+
+    @staticmethod
     def _pending_query(user: User) -> sa.Select:
         return (
             sa.select(AssignmentRow.image_id)
@@ -629,17 +748,38 @@ class AnnotationStore:
             .limit(1)
         )
 
+    @staticmethod
+    def _assignment_query(user: User, image_id: int) -> sa.Select:
+        return sa.select(AssignmentRow.id).where(AssignmentRow.image_id == image_id, AssignmentRow.user_id == user.id)
+
     def is_assigned(self, user: User, image_id: int) -> bool:
         """Whether the image is (or was) in this annotator's Stage 1 queue."""
+        if not in_range(image_id):
+            return False
         with self.read() as session:
-            return (
-                session.scalar(
-                    sa.select(AssignmentRow.id).where(
-                        AssignmentRow.image_id == image_id, AssignmentRow.user_id == user.id
-                    )
-                )
-                is not None
-            )
+            return session.scalar(self._assignment_query(user, image_id)) is not None
+
+    def may_view(self, user: User, image_id: int) -> bool:
+        """Whether the user may see the image: admins all, annotators their own queue's and joint reviews'."""
+        if user.is_admin:
+            return True
+        if not in_range(image_id):
+            return False
+        reviewed = sa.select(EventRow.id).where(
+            EventRow.image_id == image_id, EventRow.kind.in_([EventKind.STAGE3.value, EventKind.CLOSE.value])
+        )
+        with self.read() as session:
+            status = session.scalar(sa.select(ImageRow.status).where(ImageRow.id == image_id))
+            if status is None:
+                return False
+            if status == Status.STAGE3.value or session.scalar(self._assignment_query(user, image_id)) is not None:
+                return True
+            return session.scalar(sa.select(sa.exists(reviewed))) is True
+
+    def claimable(self, user: User) -> int:
+        """How many images have a free Stage 1 slot this annotator could claim."""
+        with self.read() as session:
+            return int(session.scalar(sa.select(sa.func.count()).select_from(ImageRow).where(*self._free_slot(user))))
 
     def own_stage1(self, user: User, image_id: int) -> Judgement | None:
         """The annotator's own latest Stage 1 verdict on an image (never anyone else's)."""
@@ -685,6 +825,61 @@ class AnnotationStore:
                 sa.select(ImageRow).where(ImageRow.status == Status.STAGE3.value).order_by(ImageRow.id)
             )
             return [_image_info(r) for r in rows]
+
+    def stage3_votes(self) -> dict[int, list[str]]:
+        """Panel members who voted so far, per image waiting for joint review (a revised vote counts once)."""
+        with self.read() as session:
+            rows = session.execute(
+                sa.select(EventRow.image_id, UserRow.name)
+                .join(UserRow, UserRow.id == EventRow.user_id)
+                .join(ImageRow, ImageRow.id == EventRow.image_id)
+                .where(ImageRow.status == Status.STAGE3.value, EventRow.kind == EventKind.STAGE3.value)
+                .order_by(EventRow.id)
+            )
+            votes: dict[int, list[str]] = {}
+            for image_id, name in rows:
+                voters = votes.setdefault(image_id, [])
+                if name not in voters:
+                    voters.append(name)
+            return votes
+
+    def stage3_open_for(self, user: User) -> list[int]:
+        """Images in joint review that still need this user's vote: not voted yet, panel not full, in id order."""
+        votes = sa.select(EventRow.user_id).where(
+            EventRow.image_id == ImageRow.id, EventRow.kind == EventKind.STAGE3.value
+        )
+        panel = sa.select(sa.func.count(sa.distinct(EventRow.user_id))).where(
+            EventRow.image_id == ImageRow.id, EventRow.kind == EventKind.STAGE3.value
+        )
+        with self.read() as session:  # ids only, one query: every Stage 3 page asks this
+            return list(
+                session.scalars(
+                    sa.select(ImageRow.id)
+                    .where(
+                        ImageRow.status == Status.STAGE3.value,
+                        ~sa.exists(votes.where(EventRow.user_id == user.id)),
+                        panel.scalar_subquery() < PANEL_SIZE,
+                    )
+                    .order_by(ImageRow.id)
+                )
+            )
+
+    def stage1_history(self, user: User) -> list[tuple[ImageInfo, Judgement]]:
+        """The user's own Stage 1 verdicts (the latest per image), in the order they were first given."""
+        with self.read() as session:
+            rows = session.execute(
+                sa.select(EventRow, ImageRow)
+                .join(ImageRow, ImageRow.id == EventRow.image_id)
+                .where(EventRow.user_id == user.id, EventRow.kind == EventKind.STAGE1.value)
+                .order_by(EventRow.id)
+            )
+            latest: dict[int, tuple[ImageInfo, Judgement]] = {}
+            for event_row, image_row in rows:
+                judgement = _judgement(event_row)
+                if judgement is not None:
+                    first = latest.get(image_row.id)
+                    latest[image_row.id] = (first[0] if first else _image_info(image_row), judgement)
+            return list(latest.values())
 
     def progress(self, user: User | None = None) -> dict[str, int]:
         """Counts by status, plus the user's own submitted and pending Stage 1 items."""

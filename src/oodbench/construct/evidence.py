@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 import numpy as np
 
+from ..classes import ClassList
 from ..errors import ConstructError
-from .classes import ClassList
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 SOURCES = ("original", "vlm", "confusions", "llm", "reverse_search")
@@ -95,10 +95,10 @@ def vlm_evidence(
             "model": model,
             "classes": [
                 {"class": int(c), "name": classes.name(int(c)), "score": round(float(s), 4)}
-                for c, s in zip(row_idx, row_sim)
+                for c, s in zip(row_idx, row_sim, strict=True)
             ],
         }
-        for row_idx, row_sim in zip(indices, similarities)
+        for row_idx, row_sim in zip(indices, similarities, strict=True)
     ]
 
 
@@ -118,9 +118,11 @@ def top_confusions(pairs: np.ndarray, labels: Iterable[int], k: int = 5) -> dict
     unique, counts = unique[order], counts[order]
     starts = np.flatnonzero(np.r_[True, unique[1:, 0] != unique[:-1, 0]])
     ends = np.r_[starts[1:], len(unique)]
-    for start, end in zip(starts, ends):
+    for start, end in zip(starts, ends, strict=True):
         stop = min(end, start + k)
-        result[int(unique[start, 0])] = [(int(c), int(n)) for c, n in zip(unique[start:stop, 1], counts[start:stop])]
+        result[int(unique[start, 0])] = [
+            (int(c), int(n)) for c, n in zip(unique[start:stop, 1], counts[start:stop], strict=True)
+        ]
     return result
 
 
@@ -179,8 +181,8 @@ def example_images(
     if not root.is_dir():
         raise ConstructError(f"ID example root is not a folder: {root}")
     folders: Sequence[str]
-    if classes.folders is not None:
-        folders = classes.folders
+    if classes.wnids is not None:
+        folders = [str(w) for w in classes.wnids]
     else:
         folders = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
         if len(folders) != len(classes):

@@ -8,6 +8,9 @@ the classes most often confused with an image's original label, is counted.
 from __future__ import annotations
 
 import csv
+import gzip
+import importlib.resources
+import importlib.util
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,6 +49,39 @@ class Import:
     source: str
 
 
+BUILTIN = "builtin"  # a source argument naming the copy that ships with oodbench (or timm, for ReaL)
+_BUILTIN_FILES = {
+    "mturk": "imagenet_mturk.json.gz",
+    "val-index": "imagenet_val_set_index_to_filepath.json.gz",
+}
+
+
+def builtin_file(kind: str) -> Path:
+    """The shipped copy of a re-annotation file: 'real' (from timm), 'mturk' or 'val-index' (Northcutt et al.).
+
+    Northcutt et al.'s files ship in `oodbench/data/label-errors/` (Apache-2.0, see its SOURCE);
+    Beyer et al.'s ReaL labels ship in timm (`timm/data/_info/imagenet_real_labels.json`).
+    """
+    if kind == "real":
+        spec = importlib.util.find_spec("timm")  # finds the package without importing it (and torch)
+        if spec is None or not spec.submodule_search_locations:
+            raise ConstructError("the built-in ReaL labels come with timm, which is not installed: pip install timm")
+        path = Path(spec.submodule_search_locations[0]) / "data" / "_info" / "imagenet_real_labels.json"
+        if not path.is_file():
+            raise ConstructError(f"this timm has no ReaL labels ({path}); upgrade it: pip install -U timm")
+        return path
+    if kind not in _BUILTIN_FILES:
+        raise ConstructError(
+            f"no built-in file {kind!r}; choose among ['real', {', '.join(map(repr, _BUILTIN_FILES))}]"
+        )
+    return Path(str(importlib.resources.files("oodbench") / "data" / "label-errors" / _BUILTIN_FILES[kind]))
+
+
+def _source(path: Path | str, kind: str) -> Path:
+    """A reader's path argument: a file, or BUILTIN for the shipped copy."""
+    return builtin_file(kind) if str(path) == BUILTIN else Path(path)
+
+
 def imagenet_val_name(number: int) -> str:
     """File name of the ImageNet-1k validation image with the given 1-based number."""
     return f"ILSVRC2012_val_{number:08d}.JPEG"
@@ -56,8 +92,11 @@ def _read_json(path: Path | str, what: str) -> Any:
     if not path.is_file():
         raise ConstructError(f"{what} file not found: {path}")
     try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as handle:
+                return json.load(handle)
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, gzip.BadGzipFile, EOFError) as exc:
         raise ConstructError(f"{what} file {path} is not valid JSON: {exc}") from None
 
 
@@ -66,14 +105,15 @@ def load_original_labels(path: Path | str) -> np.ndarray:
 
     Accepts a `.npy` array, a text file with one integer per line, a JSON list of integers, or
     Northcutt et al.'s `imagenet_val_set_index_to_filepath.json` (paths `val/<wnid>/<file>`,
-    classes in sorted-WordNet-id order, images ordered by their validation number).
+    classes in sorted-WordNet-id order, images ordered by their validation number; BUILTIN: the
+    shipped copy). JSON files may be gzip-compressed (`.json.gz`).
     """
-    path = Path(path)
+    path = _source(path, "val-index")
     if not path.is_file():
         raise ConstructError(f"original-labels file not found: {path}")
     if path.suffix == ".npy":
         labels = np.load(path, allow_pickle=False)
-    elif path.suffix == ".json":
+    elif path.name.endswith((".json", ".json.gz")):
         data = _read_json(path, "original-labels")
         if isinstance(data, list) and data and all(isinstance(x, str) for x in data):
             return _labels_from_val_paths(data, path)
@@ -129,7 +169,9 @@ def read_real(
 
     Entry i of `real.json` belongs to `ILSVRC2012_val_{i+1:08d}.JPEG`. Without `original_labels`
     (one per entry) the candidates carry no original label and no confusion pairs are counted.
+    BUILTIN reads the copy that ships with timm.
     """
+    path = _source(path, "real")
     data = _read_json(path, "ReaL")
     if not isinstance(data, list) or not all(isinstance(x, list) for x in data):
         raise ConstructError(f"{path}: expected a JSON list of label lists (ReaL's real.json)")
@@ -158,7 +200,9 @@ def read_mturk(path: Path | str, *, min_neither: int | None = None, flag: str = 
 
     `min_neither` defaults to a strict majority of each image's votes. Confusion pairs are the
     (given, guessed) labels of images whose majority said the guessed label fits ("guessed" or "both").
+    BUILTIN reads the copy that ships with oodbench.
     """
+    path = _source(path, "mturk")
     data = _read_json(path, "MTurk")
     if not isinstance(data, list):
         raise ConstructError(f"{path}: expected a JSON list of dicts (imagenet_mturk.json)")

@@ -4,7 +4,7 @@ Talks to any OpenAI-compatible `/chat/completions` endpoint. The model answers i
 closed-world (pick one of the candidate ID classes shown, or NONE) and open-world (name the main
 object freely), plus a one-sentence description. Answers are cached on disk per image and prompt,
 so reruns never pay twice; transient failures (timeouts, 429, 5xx) are retried with backoff. The HTTP
-exchange itself is the zero-shot vocabulary client's (`oodbench.zeroshot.llm.post_chat_completion`).
+exchange itself is the core LLM client's (`oodbench.llm.post_chat_completion`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from ..atomic import atomic_write_text
 from ..errors import ConstructError
-from ..zeroshot.llm import ChatAttemptError, post_chat_completion
+from ..llm import ChatAttemptError, json_depth_ok, post_chat_completion
 from .protocol import normalise_label
 
 PROMPT_VERSION = "closed-open-v1"
@@ -74,7 +74,9 @@ class LLMConfig:
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in a reply (models often wrap it in prose or code fences)."""
+    """The first JSON object in a reply (models often wrap it in prose or code fences); None for absurd nesting."""
+    if not json_depth_ok(text):
+        return None  # deeper than any answer needs: json.loads would exhaust the stack (RecursionError)
     start = text.find("{")
     while start != -1:
         depth = 0
@@ -174,8 +176,8 @@ class LLMDescriber:
                 problem = exc.problem
                 if not exc.retryable:
                     break
-                if exc.retry_after is not None:
-                    wait = min(exc.retry_after, 30.0)
+                if exc.retry_after is not None:  # lengthens the backoff, never shortens it ("Retry-After: 0")
+                    wait = max(wait, min(exc.retry_after, 30.0))
             if attempt < cfg.max_retries:
                 time.sleep(wait)
         raise ConstructError(f"LLM endpoint {url} failed after {attempt + 1} attempt(s): {problem}")

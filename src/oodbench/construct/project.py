@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_path
+from ..classes import ClassList
 from ..errors import ConstructError
-from .classes import ClassList
 from .db import AnnotationStore, ImageInfo
 from .evidence import (
     IMAGE_SUFFIXES,
@@ -138,7 +138,7 @@ class Project:
             write_atomic(directory / "secret.key", secrets.token_urlsafe(48), mode=0o600)
         write_atomic(config_path, json.dumps(asdict(config), indent=2))
         project = cls(directory, config, classes)
-        project.store().create_schema()
+        project.store()  # creates the schema
         if config.example_root is not None:
             project.index_examples()
         return project
@@ -175,9 +175,15 @@ class Project:
         return self.dir / "llm-cache"
 
     def store(self) -> AnnotationStore:
-        """The project's database (one engine per opened project)."""
+        """The project's database (one engine per opened project), its schema brought up to date on first use."""
         if self._store is None:
-            self._store = AnnotationStore(self.db_url, session_hours=self.config.session_hours)
+            store = AnnotationStore(self.db_url, session_hours=self.config.session_hours)
+            try:
+                store.migrate()
+            except BaseException:
+                store.close()
+                raise
+            self._store = store
         return self._store
 
     def close(self) -> None:
@@ -374,3 +380,33 @@ def read_keys(path: str | Path) -> list[str]:
     if not path.is_file():
         raise ConstructError(f"keys file not found: {path}")
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def store_evidence_inputs(
+    store_root: str | Path, model_id: str, dataset_id: str
+) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """The inputs of `add_vlm_evidence` from a feature-store entry: (keys, image embeddings, class embeddings).
+
+    Row r of the entry's `features` is the image `items.txt[index[r]]` (paths relative to the dataset root,
+    which `add_vlm_evidence` matches by key, path or file name). The class embeddings are the rows of the
+    model's stored classifier head, or None when it has none (then pass class-name embeddings yourself).
+    """
+    from ..errors import StoreError
+    from ..store import Store
+
+    store = Store(store_root)
+    try:
+        if not store.exists(model_id, dataset_id):
+            raise ConstructError(f"{store_root} has no entry {model_id}/{dataset_id}; see `oodbench store list`")
+        items_file = store.entry_path(model_id, dataset_id) / "items.txt"
+        if not items_file.is_file():
+            raise ConstructError(f"{model_id}/{dataset_id} records no item list (items.txt): rows cannot be matched")
+        items = items_file.read_text(encoding="utf-8").splitlines()
+        index = np.asarray(store.read_array(model_id, dataset_id, "index"))
+        features = store.read_array(model_id, dataset_id, "features")
+        head = store.read_head(model_id).weight if store.has_head(model_id) else None
+    except StoreError as exc:
+        raise ConstructError(str(exc)) from None
+    if index.size and (index.min() < 0 or index.max() >= len(items)):
+        raise ConstructError(f"{model_id}/{dataset_id}: its index points outside its {len(items)} items")
+    return np.asarray(items, dtype=object)[index].tolist(), features, None if head is None else np.asarray(head)

@@ -51,6 +51,18 @@ class EventKind(StrEnum):
     CLOSE = "close"  # the panel ends the review without consensus
 
 
+# Control characters (NUL, newlines, escapes), surrogates and bidirectional overrides: invisible or
+# misleading in a label, and harmful in the exported files.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def check_label_text(text: str) -> None:
+    """Refuse a free-text label holding control characters, surrogates or bidirectional overrides."""
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Cs") or char in _BIDI:
+            raise ConstructError(f"a label may not contain the control character U+{ord(char):04X}")
+
+
 _ARTICLE = re.compile(r"^(?:a|an|the)\s+")
 _NOT_WORD = re.compile(r"[^\w\s']+")
 _SPACES = re.compile(r"\s+")

@@ -7,9 +7,8 @@ session's CSRF token; images are served only from the project's configured roots
 
 from __future__ import annotations
 
+import difflib
 import re
-import threading
-import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
@@ -20,11 +19,11 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from ..errors import ConstructError
-from .db import User
+from .db import MAX_ROW_ID, User
 from .evidence import SOURCE_TITLES, SOURCES
 from .project import Project
 from .protocol import AMBIGUITY_REASONS, PANEL_SIZE, Judgement, Status, Verdict
-from .security import LoginCsrf, tokens_equal
+from .security import LoginCsrf, LoginThrottle, tokens_equal
 from .stats import outcome_stats
 
 HERE = Path(__file__).parent
@@ -73,30 +72,22 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-class LoginThrottle:
-    """Refuses logins for a name after too many recent failures (in memory, per process)."""
-
-    def __init__(self, max_failures: int = 8, window_s: float = 300.0) -> None:
-        self.max_failures = max_failures
-        self.window_s = window_s
-        self._failures: dict[str, list[float]] = {}
-        self._lock = threading.Lock()
-
-    def blocked(self, name: str) -> bool:
-        """Whether the name has used up its failures in the window."""
-        now = time.monotonic()
-        with self._lock:
-            recent = [t for t in self._failures.get(name, []) if now - t < self.window_s]
-            self._failures[name] = recent
-            return len(recent) >= self.max_failures
-
-    def failed(self, name: str) -> None:
-        """Count one failure."""
-        with self._lock:
-            self._failures.setdefault(name, []).append(time.monotonic())
-
-
 FormText = Annotated[str, Form()]
+
+
+def image_id_in_range(image_id: int) -> int:
+    """The image id of a path, or 404 when no database row can have it (SQLite ids are signed 64-bit)."""
+    if not 0 < image_id <= MAX_ROW_ID:
+        raise _Denied(404, "There is no such image.")
+    return image_id
+
+
+ImageId = Annotated[int, Depends(image_id_in_range)]
+
+
+def client_of(request: Request) -> str:
+    """The client's address (uvicorn puts the X-Forwarded-For address here for trusted proxies)."""
+    return request.client.host if request.client else "unknown"
 
 
 async def verdict_fields(
@@ -139,7 +130,10 @@ def parse_class(text: str, names: tuple[str, ...]) -> int:
         raise ConstructError("an ID verdict needs a class: type its index or name")
     if hits:
         raise ConstructError(f"{text!r} names several classes ({', '.join(map(str, hits))}); give the index")
-    raise ConstructError(f"unknown class {text!r}; type its index or exact name")
+    close = difflib.get_close_matches(text.casefold(), [n.casefold() for n in names], n=3, cutoff=0.6)
+    folded = {n.casefold(): i for i, n in reversed(list(enumerate(names)))}
+    hint = "; did you mean " + " or ".join(f"“{folded[c]}: {names[folded[c]]}”" for c in close) + "?" if close else ""
+    raise ConstructError(f"unknown class {text!r}{hint or '; type its index or exact name'}")
 
 
 def judgement_from_form(form: Any, names: tuple[str, ...]) -> Judgement:
@@ -226,13 +220,15 @@ def create_app(project: Project) -> FastAPI:
     ) -> Response:
         if not same_origin(request) or not login_csrf.check(request.cookies.get(LOGIN_COOKIE), csrf_token):
             raise _Denied(403, "The login form expired. Reload the page and try again.")
-        name = username.strip()
-        if throttle.blocked(name):
+        name, client = username.strip()[:64], client_of(request)
+        # Checked before authenticate(): a throttled attempt costs no password hash.
+        if throttle.blocked(client, name):
             return RedirectResponse("/login?error=Too+many+failed+attempts%3B+wait+a+few+minutes", 303)
         user = store.authenticate(name, password)
         if user is None:
-            throttle.failed(name)
+            throttle.failed(client, name)
             return RedirectResponse("/login?error=Wrong+name+or+password", 303)
+        throttle.succeeded(client, name)
         token, _csrf = store.open_session(user)
         response = RedirectResponse("/", 303)
         response.set_cookie(
@@ -263,19 +259,39 @@ def create_app(project: Project) -> FastAPI:
 
     @app.get("/annotate")
     def next_item(request: Request) -> Response:
+        # A GET never claims an image (a cross-site link must not change a queue): it shows the
+        # pending image if there is one, else a button that claims the next one by POST.
         user, csrf = current(request)
+        image_id = store.pending_stage1(user)
+        if image_id is not None:
+            return RedirectResponse(f"/annotate/{image_id}", 303)
+        return page(request, "empty.html", user, csrf, progress=store.progress(user), claimable=store.claimable(user))
+
+    @app.post("/annotate")
+    def claim_item(request: Request, csrf_token: FormText = "") -> Response:
+        user, csrf = current(request)
+        check_csrf(request, csrf, csrf_token)
         image_id = store.next_stage1(user)
         if image_id is None:
-            return page(request, "empty.html", user, csrf, progress=store.progress(user))
+            return page(request, "empty.html", user, csrf, progress=store.progress(user), claimable=0)
         return RedirectResponse(f"/annotate/{image_id}", 303)
 
     def stage1_page(
-        request: Request, user: User, csrf: str, image_id: int, error: str | None = None, status: int = 200
+        request: Request,
+        user: User,
+        csrf: str,
+        image_id: int,
+        error: str | None = None,
+        status: int = 200,
+        typed: dict | None = None,
     ) -> Response:
         image = store.image(image_id)
         if image is None or not store.is_assigned(user, image_id):
             raise _Denied(404, "This image is not in your queue.")
         mine = store.own_stage1(user, image_id)
+        progress = store.progress(user)
+        # Position: this image's number among the user's verdicts; left: what the user can still do after it.
+        waiting = mine is None and image.status is Status.STAGE1
         return page(
             request,
             "annotate.html",
@@ -285,34 +301,62 @@ def create_app(project: Project) -> FastAPI:
             image=image,
             mine=mine,
             error=error,
+            typed=typed,
             open=image.status is Status.STAGE1,
             examples=project.examples,
+            position=progress["mine_done"] + 1 if waiting else None,
+            left=progress["mine_open"] - int(waiting) + store.claimable(user),
         )
 
     @app.get("/annotate/{image_id}", response_class=HTMLResponse)
-    def annotate_form(request: Request, image_id: int) -> Response:
+    def annotate_form(request: Request, image_id: ImageId) -> Response:
         user, csrf = current(request)
         return stage1_page(request, user, csrf, image_id)
 
     @app.post("/annotate/{image_id}")
-    def annotate_submit(request: Request, image_id: int, form: VerdictForm) -> Response:
+    def annotate_submit(request: Request, image_id: ImageId, form: VerdictForm) -> Response:
         user, csrf = current(request)
         check_csrf(request, csrf, form["csrf_token"])
         try:  # the store refuses images outside the user's queue; stage1_page then answers 404
             store.submit_stage1(user, image_id, judgement_from_form(form, names))
-        except ConstructError as exc:
-            return stage1_page(request, user, csrf, image_id, error=str(exc), status=400)
+        except ConstructError as exc:  # the page comes back with the form as typed
+            return stage1_page(request, user, csrf, image_id, error=str(exc), status=400, typed=form)
         following = store.next_stage1(user)  # straight to the next item: one round trip fewer
         return RedirectResponse("/annotate" if following is None else f"/annotate/{following}", 303)
+
+    @app.get("/mine", response_class=HTMLResponse)
+    def my_verdicts(request: Request) -> Response:
+        user, csrf = current(request)
+        return page(request, "mine.html", user, csrf, history=store.stage1_history(user))
 
     # -- Stage 3 --------------------------------------------------------------------------------
     @app.get("/stage3", response_class=HTMLResponse)
     def stage3_list(request: Request) -> Response:
         user, csrf = current(request)
-        return page(request, "stage3_list.html", user, csrf, images=store.stage3_images())
+        return page(
+            request,
+            "stage3_list.html",
+            user,
+            csrf,
+            images=store.stage3_images(),
+            votes=store.stage3_votes(),
+            panel_size=PANEL_SIZE,
+        )
+
+    @app.get("/stage3/next")
+    def stage3_next(request: Request) -> Response:
+        user, _csrf = current(request)
+        waiting = store.stage3_open_for(user)
+        return RedirectResponse(f"/stage3/{waiting[0]}" if waiting else "/stage3", 303)
 
     def stage3_page(
-        request: Request, user: User, csrf: str, image_id: int, error: str | None = None, status: int = 200
+        request: Request,
+        user: User,
+        csrf: str,
+        image_id: int,
+        error: str | None = None,
+        status: int = 200,
+        typed: dict | None = None,
     ) -> Response:
         image = store.image(image_id)
         # Stage 1 verdicts are shown only once both are in: the page does not exist before that.
@@ -321,6 +365,7 @@ def create_app(project: Project) -> FastAPI:
         outcome = store.outcome(image_id)
         if outcome.decided_in != 3 and outcome.status is not Status.STAGE3:
             raise _Denied(404, "This image was decided by agreement in Stage 2; it has no joint review.")
+        waiting = [i for i in store.stage3_open_for(user) if i != image_id]
         return page(
             request,
             "stage3.html",
@@ -333,25 +378,27 @@ def create_app(project: Project) -> FastAPI:
             examples=project.examples,
             panel_size=PANEL_SIZE,
             mine=outcome.stage3.get(user.name),
+            typed=typed,
+            waiting=len(waiting),
         )
 
     @app.get("/stage3/{image_id}", response_class=HTMLResponse)
-    def stage3_form(request: Request, image_id: int) -> Response:
+    def stage3_form(request: Request, image_id: ImageId) -> Response:
         user, csrf = current(request)
         return stage3_page(request, user, csrf, image_id)
 
     @app.post("/stage3/{image_id}/vote")
-    def stage3_vote(request: Request, image_id: int, form: VerdictForm) -> Response:
+    def stage3_vote(request: Request, image_id: ImageId, form: VerdictForm) -> Response:
         user, csrf = current(request)
         check_csrf(request, csrf, form["csrf_token"])
         try:
             store.vote_stage3(user, image_id, judgement_from_form(form, names), note=form["note"])
         except ConstructError as exc:
-            return stage3_page(request, user, csrf, image_id, error=str(exc), status=400)
+            return stage3_page(request, user, csrf, image_id, error=str(exc), status=400, typed=form)
         return RedirectResponse(f"/stage3/{image_id}", 303)
 
     @app.post("/stage3/{image_id}/close")
-    def stage3_close(request: Request, image_id: int, csrf_token: FormText = "") -> Response:
+    def stage3_close(request: Request, image_id: ImageId, csrf_token: FormText = "") -> Response:
         user, csrf = current(request)
         check_csrf(request, csrf, csrf_token)
         try:
@@ -417,10 +464,12 @@ def create_app(project: Project) -> FastAPI:
         return None
 
     @app.get("/image/{image_id}")
-    def image_file(request: Request, image_id: int) -> Response:
-        if (denied := login_required(request)) is not None:
-            return denied
-        image = store.image(image_id)
+    def image_file(request: Request, image_id: ImageId) -> Response:
+        found = store.session_user(request.cookies.get(SESSION_COOKIE))
+        if found is None:
+            return Response("login required", status_code=401, media_type="text/plain")
+        # An annotator sees the images of their own Stage 1 queue and those in joint review; admins all.
+        image = store.image(image_id) if store.may_view(found[0], image_id) else None
         return image_response(None if image is None else project.image_file(image))
 
     @app.get("/example/{class_index}/{number}")

@@ -46,7 +46,7 @@ def run_demo(out: str | os.PathLike[str] = "oodbench-demo", seed: int = 0, *, pr
     battery = _audit_battery(setup, out / "audit", progress)
     report_path = out / "report.md"
     atomic_write_text(report_path, _markdown_report(setup, evaluation, battery))
-    html_path = _html_report(run_dir, out / "report.html")
+    html_path = _html_report(run_dir, out / "report.html", _context(setup, battery))
     return DemoResult(setup, evaluation, report_path, html_path, battery)
 
 
@@ -65,14 +65,45 @@ def _audit_battery(setup: DemoSetup, out: Path, progress: bool) -> Any:
     return result
 
 
-def _html_report(run_dir: Path, path: Path) -> Path | None:
-    """The self-contained HTML report, when the report package provides it."""
+def _html_report(run_dir: Path, path: Path, intro: tuple[Any, ...] = ()) -> Path | None:
+    """The self-contained HTML report, when the report package provides it, opening with the demo's context."""
     try:
         from ..report.html_report import write_html_report
     except ImportError:
         return None
-    write_html_report(run_dir, path)
+    write_html_report(run_dir, path, intro=intro)
     return path
+
+
+def _context(setup: DemoSetup, battery: Any) -> tuple[Any, ...]:
+    """What report.md says before the results, for the HTML report: the model, the datasets, the audit battery."""
+    from ..tabular import Cell, Table
+
+    info, sizes = setup.info, setup.info.get("sizes", {})
+    roles = [
+        (setup.fit_dataset, "fit (train split, digits 0-5)"),
+        (setup.id_dataset, "ID test (test split, digits 0-5)"),
+        ("digits-6to9", "near-OOD (test split, digits 6-9)"),
+        ("lfw-faces", "far-OOD (scikit-image LFW subset, resized)"),
+        ("noise", "far-OOD (uniform noise)"),
+    ]
+    datasets = Table(
+        "demo-datasets",
+        "The demo's datasets",
+        ("set", "role", "images"),
+        tuple((Cell(name), Cell(role), Cell(str(sizes.get(name, "?")))) for name, role in roles),
+        align=("l", "l", "r"),
+    )
+    leaked = sum(a.meta["kind"] == "leaked" for a in battery.audits)
+    return (
+        "A small CNN trained on the CPU on scikit-learn's digits 0-5 (real 8x8 scans); ID test accuracy "
+        f"{100 * info.get('test_accuracy', float('nan')):.1f}%.",
+        f"Leak audit battery: {leaked} leaked and {len(battery.audits) - leaked} clean splits of the digits model with "
+        f"known answers: sensitivity {battery.sensitivity:.2f}, specificity {battery.specificity:.2f} (the firing rule "
+        f"alone: {battery.rule_sensitivity:.2f} / {battery.rule_specificity:.2f}); per-split verdicts in "
+        "audit/battery.md.",
+        datasets,
+    )
 
 
 def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult, battery: Any) -> str:

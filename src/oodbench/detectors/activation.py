@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DetectorError
+from ..numerics import logsumexp_in_place
 from ..outputs import Head, Outputs
-from ._math import logsumexp_in_place
 from ._streaming import column_mean, exact_percentile
 from .base import Detector, Paper, Requirements
 from .registry import register

@@ -78,6 +78,7 @@ class _Encoder:
     def __init__(self, home: str) -> None:
         self.home = home
         self.arrays: dict[str, np.ndarray] = {}
+        self._open: set[int] = set()  # containers and objects being encoded: a cycle would recurse forever
 
     def _array_key(self, path: str) -> str:
         key, n = path, 1
@@ -87,6 +88,17 @@ class _Encoder:
         return key
 
     def encode(self, value: Any, path: str) -> Any:
+        if value is None or isinstance(value, (bool, str, int, float, np.generic, np.ndarray, np.dtype)):
+            return self._encode_value(value, path)
+        if id(value) in self._open:
+            raise DetectorError(f"cannot save {path}: it refers back to itself (a cycle in the fitted state)")
+        self._open.add(id(value))
+        try:
+            return self._encode_value(value, path)
+        finally:
+            self._open.discard(id(value))
+
+    def _encode_value(self, value: Any, path: str) -> Any:
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, np.generic):

@@ -14,6 +14,7 @@ import numpy as np
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..errors import DataError, DetectorError
 from ..outputs import Head, Outputs
+from ..papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
 
 __all__ = ["Detector", "Requirements", "Paper"]
 
@@ -41,16 +42,6 @@ class Requirements:
         if self.score:
             parts.append("score: " + ", ".join(sorted(self.score)))
         return "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class Paper:
-    """Reference for a detector: short citation, venue/year and a URL."""
-
-    citation: str
-    venue: str
-    url: str
-    notes: str = ""
 
 
 @dataclass

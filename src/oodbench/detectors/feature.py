@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import DetectorError
+from ..numerics import l2_normalize, logsumexp_in_place
 from ..outputs import Head, Outputs
 from ._gaussian import ClassGaussians, Gaussian, accumulate, symmetric_eigh
-from ._math import l2_normalize, logsumexp_in_place
 from ._streaming import column_mean, fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register

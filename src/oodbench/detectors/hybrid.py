@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DetectorError
+from ..numerics import energy, l2_normalize
 from ..outputs import Head, Outputs
 from ._gaussian import accumulate, symmetric_eigh
-from ._math import energy, l2_normalize
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register

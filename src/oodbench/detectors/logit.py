@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..numerics import energy, logsumexp_in_place, softmax
 from ..outputs import Head, Outputs
-from ._math import energy, logsumexp_in_place, softmax
 from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
 from .registry import register

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import DetectorError
+from ..numerics import softmax
 from ..outputs import Head, Outputs
-from ._math import softmax
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register

@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from ..errors import DetectorError
+from ..names import check_name
 from .base import Detector
 
 __all__ = [
@@ -126,8 +127,8 @@ def register(name: str) -> Callable[[D], D]:
     def decorate(cls: D) -> D:
         if not (isinstance(cls, type) and issubclass(cls, Detector)):
             raise DetectorError(f"detector {name!r}: {cls!r} is not a subclass of oodbench.detectors.Detector")
-        if not isinstance(name, str) or not name or name != name.strip():
-            raise DetectorError(f"detector names must be non-empty strings without surrounding spaces; got {name!r}")
+        # The name becomes a folder (run directories, kept detectors), so it follows the one rule for names.
+        check_name(name, "detector name", error=DetectorError)
         taken = _REGISTRY.get(name)
         if taken is not None and taken is not cls:
             raise DetectorError(
@@ -261,6 +262,22 @@ def detector_fingerprint(name: str) -> str | None:
     if where.builtin:
         return None
     return f"{where.distribution or where.module}=={where.version or '?'}+{where.source_hash or '?'}"
+
+
+def _snapshot() -> tuple[Any, ...]:
+    """The registry and its plugin bookkeeping, for tests that register and must leave no trace."""
+    tables = (_REGISTRY, _ORIGINS, _FAILURES, _LOADED_MODULES, _FILE_MODULES)
+    return (*(dict(t) for t in tables), _entry_points_state)
+
+
+def _restore(snapshot: tuple[Any, ...]) -> None:
+    """Put back a `_snapshot()` (and forget cached distribution lookups)."""
+    global _entry_points_state
+    for table, content in zip((_REGISTRY, _ORIGINS, _FAILURES, _LOADED_MODULES, _FILE_MODULES), snapshot, strict=False):
+        table.clear()
+        table.update(content)
+    _entry_points_state = snapshot[-1]
+    _package_distributions.cache_clear()
 
 
 # ----------------------------------------------------------------------------------------------- lookup

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ExtractError, ZeroShotError
+from ..errors import ExtractError
 from ..store import Store
-from ..zeroshot.templates import SEED_TEMPLATES
+from ..templates import SEED_TEMPLATES
 from .backbones.base import Backbone, autocast, resolve_device, safe_id, sha256_file
 
 __all__ = [
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-class TextEmbeddingsMissing(ExtractError, ZeroShotError):
+class TextEmbeddingsMissing(ExtractError):
     """Text embeddings are not cached in the store and no model was given to compute them."""
 
 

@@ -334,9 +334,9 @@ def _vocab_summary(vocab: Any) -> dict[str, Any]:
 
 def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
-    from ..zeroshot.classes import load_classes
+    from ..classes import load_classes
+    from ..extract.label_embedder import bundle_loader, store_embedder
     from ..zeroshot.evaluate import evaluate_zeroshot_store, make_plan
-    from ..zeroshot.text import bundle_loader, store_embedder
     from ..zeroshot.vocab.artefact import VocabStore
 
     config, store, lay = ctx.config, ctx.store, ctx.layout
@@ -430,7 +430,7 @@ def _run_json(
 
 def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> None:
     """One model's run directory: per-image scores, tidy rows, the detector table and run.json."""
-    from ..report.detector_table import detector_table_markdown
+    from ..tabular import detector_table_markdown
 
     config, lay, ledger = ctx.config, ctx.layout, ctx.ledger
     model_id = unit.model

@@ -11,6 +11,8 @@ from typing import Any
 
 import typer
 
+from ..errors import OodbenchError
+
 app = typer.Typer(
     help="Zero-shot VLM OOD scores (MCM … GL-MCM, NegLabel, EOE) and negative-label vocabularies.", no_args_is_help=True
 )
@@ -22,9 +24,22 @@ app.add_typer(vocab_app, name="vocab")
 vocab_app.add_typer(build_app, name="build")
 
 
+# Makes the label embedder of a store model: (store, model id, open_clip model, pretrained, device) -> EmbedFn.
+# zeroshot does not import extract: the command layer that mounts these commands hands the open_clip one in
+# (`use_text_embedder(oodbench.extract.label_embedder.embedder_for)`).
+TextEmbedderFactory = Callable[[Path, str, "str | None", "str | None", str], Callable[..., Any]]
+_text_embedder: TextEmbedderFactory | None = None
+
+
 def register(main: typer.Typer) -> None:
     """Mount `oodbench zeroshot …` on the main CLI."""
     main.add_typer(app, name="zeroshot")
+
+
+def use_text_embedder(factory: TextEmbedderFactory) -> None:
+    """Set the factory of label embedders the commands use (the main CLI hands in extract's open_clip one)."""
+    global _text_embedder
+    _text_embedder = factory
 
 
 def _default_vocab_dir() -> Path:
@@ -52,21 +67,9 @@ def _embedder(
     store: Path, model_id: str, openclip_model: str | None, pretrained: str | None, device: str
 ) -> Callable[..., Any]:
     """Embedding function over the store's text cache, loading the open_clip model only if something is missing."""
-    from ..store import Store
-    from .text import bundle_loader, store_embedder
-
-    root = Store(store)
-    if openclip_model:
-        from ..extract.openclip import load_openclip
-
-        return store_embedder(root, model_id, load_bundle=lambda: load_openclip(openclip_model, pretrained, device))
-    images = [d for d in root.datasets(model_id) if not d.startswith("text-")]
-    if not images:
-        # Text-only work on a fresh model id: nothing records which network it is.
-        return store_embedder(root, model_id)
-    return store_embedder(
-        root, model_id, load_bundle=bundle_loader(root, model_id, images[0], pretrained=pretrained, device=device)
-    )
+    if _text_embedder is None:
+        raise OodbenchError("no text encoder is wired into the zeroshot commands (see use_text_embedder)")
+    return _text_embedder(store, model_id, openclip_model, pretrained, device)
 
 
 def _llm_client(
@@ -81,7 +84,7 @@ def _llm_client(
     retries: int | None,
     temperature: float | None,
 ) -> Any:
-    from .llm import ChatClient, LLMConfig
+    from ..llm import ChatClient, LLMConfig
 
     options = {"requests_per_minute": rpm, "timeout_s": timeout, "max_retries": retries, "temperature": temperature}
     config_obj = LLMConfig.resolve(
@@ -141,9 +144,9 @@ def evaluate_command(
       oodbench zeroshot evaluate --store feats --model ViT-B-16@openai --id imagenet-val --ood ninco \\
           --ood ssb-hard --vocab all --vocab-dir vocab --sweep-k 1,5,10,20 -p neglabel.groups=100 --out runs/zs
     """
+    from ..classes import load_classes
     from ..cli_params import parse_params
     from ..store import Store
-    from .classes import load_classes
     from .evaluate import DEFAULT_SCORES, evaluate_zeroshot_store, make_plan
     from .table import load_run, table2_markdown
     from .vocab.artefact import VocabStore
@@ -193,7 +196,7 @@ def table_command(
     metric: str = typer.Option("fpr95", "--metric", help="fpr95, auroc, aupr_in or aupr_out."),
     sweeps: bool = typer.Option(False, "--sweeps", help="Also print the k / M sweep tables of each run."),
 ) -> None:
-    """Print the seed's Table-2 layout (rows = models; best logit-space, EOE, WN, LLM, WN+LLM, oracle).
+    """Print the Fi-ImageNet-1k paper's Table-2 layout (rows = models; best logit-space, EOE, WN, LLM, WN+LLM, oracle).
 
     Example:
       oodbench zeroshot table runs/zs --metric fpr95
@@ -281,7 +284,11 @@ def vocab_show(
 
 @vocab_app.command("import")
 def vocab_import(
-    path: Path = typer.Argument(..., help="A .txt (one label per line) or .json (list, or object of lists) file."),
+    path: Path = typer.Argument(
+        ...,
+        help="A .txt (one label per line) or .json (list, or object of lists) file, optionally .gz; "
+        "'neglabel:in1k-10k' imports NegLabel's shipped reference negatives.",
+    ),
     name: str = typer.Option(..., "--name", help="Vocabulary name."),
     kind: str = typer.Option("custom", "--kind", help="wordnet, siblings, union, oracle, eoe or custom."),
     classes: str = CLASSES,
@@ -294,9 +301,11 @@ def vocab_import(
     Example:
       oodbench zeroshot vocab import selected_neg_labels_in1k_10k.txt --name neglabel-ref --kind wordnet
     """
-    from .classes import load_classes
-    from .vocab.builders import import_vocabulary
+    from ..classes import load_classes
+    from .vocab.builders import import_vocabulary, neglabel_reference_list
 
+    if str(path) == "neglabel:in1k-10k":
+        path = neglabel_reference_list()
     vocab = import_vocabulary(
         path, name=name, kind=kind, id_classes=load_classes(classes), k=k, strip_prompts=not keep_prompts
     )
@@ -327,7 +336,7 @@ def build_wordnet(
     Example:
       oodbench zeroshot vocab build wordnet --store feats --model ViT-B-16@openai --m 5000 --vocab-dir vocab
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .vocab.lexicon import NEGLABEL_EXCLUDED_LEXNAMES, Lexicon
     from .vocab.wordnet_negmining import mine_wordnet_negatives
 
@@ -362,8 +371,7 @@ def build_siblings(
     llm_api_key: str | None = typer.Option(
         None,
         "--llm-api-key",
-        envvar="OODBENCH_LLM_API_KEY",
-        help="API key (default $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
+        help="API key (else the --llm-config file's api_key, else $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY).",
     ),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
     llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
@@ -372,6 +380,12 @@ def build_siblings(
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request (default 120)."),
     retries: int | None = typer.Option(None, "--retries", help="Retries of transient failures (default 5)."),
     temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature (default 1.0)."),
+    max_attempts: int = typer.Option(
+        3, "--max-attempts", help="How often one run asks a class whose reply gave too few usable names."
+    ),
+    allow_incomplete: bool = typer.Option(
+        False, "--allow-incomplete", help="Save the vocabulary even if some classes got no usable answer."
+    ),
     vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Ask an LLM for fine-grained near siblings of every ID class (cached, resumable).
@@ -380,8 +394,8 @@ def build_siblings(
       oodbench zeroshot vocab build siblings --llm-base-url http://127.0.0.1:8000/v1 --llm-model qwen2.5-7b-instruct \\
           --generations 3 --k 20 --context ImageNet-1k --vocab-dir vocab
     """
+    from ..classes import load_classes
     from ..progress import progress_bar
-    from .classes import load_classes
     from .vocab.siblings import generate_siblings
 
     directory = vocab_dir or _default_vocab_dir()
@@ -401,13 +415,15 @@ def build_siblings(
             workers=workers,
             context=context,
             name=name,
+            max_attempts=max_attempts,
+            allow_incomplete=allow_incomplete,
             on_progress=lambda _i: bar.advance(task),
         )
     missing = vocab.provenance["classes_without_enough_names"]
     if missing:
         typer.secho(
-            f"{len(missing)} classes got too few usable siblings (e.g. {missing[:3]}); rerun to retry "
-            "them or raise --retries",
+            f"saved with --allow-incomplete: {len(missing)} classes got too few usable siblings "
+            f"(e.g. {missing[:3]}); a rerun asks them again",
             fg=typer.colors.YELLOW,
             err=True,
         )
@@ -426,13 +442,18 @@ def build_eoe(
     name: str | None = typer.Option(None, "--name", help="Vocabulary name (default eoe-<task>)."),
     llm_base_url: str | None = typer.Option(None, "--llm-base-url", help="OpenAI-compatible base URL."),
     llm_model: str | None = typer.Option(None, "--llm-model", help="Model name."),
-    llm_api_key: str | None = typer.Option(None, "--llm-api-key", envvar="OODBENCH_LLM_API_KEY", help="API key."),
+    llm_api_key: str | None = typer.Option(
+        None, "--llm-api-key", help="API key (else the config file's, else $OODBENCH_LLM_API_KEY or $OPENAI_API_KEY)."
+    ),
     llm_config: Path | None = typer.Option(None, "--llm-config", help="JSON/TOML file with LLM settings."),
     llm_cache: Path | None = typer.Option(None, "--llm-cache", help="Request cache (default <vocab-dir>/.llm-cache)."),
     rpm: float | None = typer.Option(None, "--rpm", help="Requests per minute limit."),
     workers: int = typer.Option(4, "--workers", help="Concurrent requests (near task)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per request."),
     retries: int | None = typer.Option(None, "--retries", help="Retries of transient failures."),
+    allow_incomplete: bool = typer.Option(
+        False, "--allow-incomplete", help="near task: save even if some classes got no usable answer."
+    ),
     vocab_dir: Path | None = VOCAB_DIR,
 ) -> None:
     """Generate EOE outlier class names (far / near / fine-grained) with an LLM (cached, resumable).
@@ -440,7 +461,7 @@ def build_eoe(
     Example:
       oodbench zeroshot vocab build eoe --task far --size 500 --llm-base-url http://127.0.0.1:8000/v1 --llm-model m
     """
-    from .classes import load_classes
+    from ..classes import load_classes
     from .vocab.eoe import generate_eoe_outliers
 
     directory = vocab_dir or _default_vocab_dir()
@@ -457,6 +478,7 @@ def build_eoe(
         max_requests=max_requests,
         workers=workers,
         name=name,
+        allow_incomplete=allow_incomplete,
     )
     _save(directory, vocab)
 
@@ -496,8 +518,8 @@ def build_oracle_command(
     Example:
       oodbench zeroshot vocab build oracle --store feats --model ViT-B-16@openai --dataset inat-plants --dataset places
     """
+    from ..classes import load_classes
     from ..store import Store
-    from .classes import load_classes
     from .vocab.builders import build_oracle, oracle_labels_from_store, read_label_file
 
     sources: dict[str, list[str]] = {}

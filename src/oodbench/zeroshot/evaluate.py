@@ -24,15 +24,15 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
+from ..classes import ClassList
 from ..errors import ZeroShotError
 from ..outputs import Outputs
 from ..progress import progress_bar
 from ..results import ResultRow, rows_from_metrics
 from ..rundir import RunDir
 from ..store import Store
-from .classes import ClassList
+from ..templates import SEED_TEMPLATES
 from .scores import LOGIT_SCORES, SCORES, get_score, glmcm_scores, logit_scores
-from .templates import SEED_TEMPLATES
 from .text import EmbedFn, embed_labels
 from .vocab.artefact import KINDS, Vocabulary
 from .vocab.labels import IdFilter
@@ -303,6 +303,12 @@ def evaluate_zeroshot(
         for detector, run in plan.runs.items():
             bar.update(task, description=detector)
             labels, dropped = id_filter.keep(run.labels())
+            if not labels:
+                # No negatives would make NegLabel 1 for every image (AUROC 0.5): a silent, meaningless column.
+                raise ZeroShotError(
+                    f"{detector}: vocabulary {run.vocab.name!r} has no label left after removing the ID class names "
+                    f"and their WordNet synonyms ({len(run.labels())} labels, {len(dropped)} of them ID names)"
+                )
             detectors[detector].update(num_labels=len(labels), dropped_id_labels=len(dropped))
             if not from_cache(detector):
                 matrix = vocab_text(run, labels)
@@ -440,8 +446,8 @@ def evaluate_zeroshot_store(
 def report_vocabularies(vocabularies: Sequence[Vocabulary]) -> dict[str, dict[str, Any]]:
     """How the report shows each vocabulary: {name: {label, size, deployable, family, classes?, k?, m?}}.
 
-    label: the seed's Table-2 column of its kind (WN, LLM siblings, WN+LLM, EOE, oracle), with the name added when
-    the run has several vocabularies of that kind (a custom list goes by its name); family: its kind; size: its label
+    label: the Fi-ImageNet-1k paper's Table-2 column of its kind (WN, LLM siblings, WN+LLM, EOE, oracle), with the
+    name added when the run has several vocabularies of that kind (a custom list goes by its name); family: its kind; size: its label
     count; k / m: its own siblings per class / WordNet prefix size, and classes: how many ID classes its per-class
     lists cover, from which the report sizes the k and M sweep points as `Vocabulary.select` does.
     """

@@ -1,7 +1,7 @@
 """Zero-shot OOD scores from cached vision-language embeddings; every score is higher for more in-distribution images.
 
-Notation (seed Eq. 1-3): h is the ℓ2-normalised image embedding, t_c the ID label embeddings, z_c = hᵀt_c / τ the
-scaled cosine logits (τ = 0.01) and a(x, t) = exp(hᵀt / τ).
+Notation (the Fi-ImageNet-1k paper's Eq. 1-3): h is the ℓ2-normalised image embedding, t_c the ID label
+embeddings, z_c = hᵀt_c / τ the scaled cosine logits (τ = 0.01) and a(x, t) = exp(hᵀt / τ).
 
 - ``mcm``: max_c softmax(z)_c; ``maxlogit``: max_c z_c; ``energy``: log Σ_c exp z_c; ``gen``: −Σ_{top-M} p^γ(1−p)^γ;
   ``entropy``: Σ_c p_c log p_c (negative entropy); ``margin``: top-1 minus top-2 probability.
@@ -9,25 +9,32 @@ scaled cosine logits (τ = 0.01) and a(x, t) = exp(hᵀt / τ).
 - ``neglabel``: Σ_ID a / (Σ_ID a + Σ_neg a), averaged over g seeded groups of negatives when g > 1.
 - ``eoe``: max ID probability − β · max outlier probability, both under one softmax over ID ∪ outlier labels.
 
-Everything runs over row chunks of images and column blocks of labels with streaming log-sum-exp, so no more than
-one (rows × label-block) array is ever in memory, whatever the number of images or labels. Similarities are
+Everything runs over row tiles of images and column blocks of labels with streaming log-sum-exp, so no more than
+one (tile × label-block) array is ever in memory, whatever the number of images or labels. Similarities are
 computed in float32 (BLAS). The vocabulary scores exponentiate in float32 after subtracting the running maximum
 (values in (0, 1]) and accumulate in float64; the logit-space scores work in float64 on the ID logits.
+
+Results do not depend on ``chunk_bytes``, by construction: the images are cut into fixed tiles of ``ROW_TILE``
+rows at fixed offsets (0, ROW_TILE, 2·ROW_TILE, …), every BLAS call and every reduction sees one whole tile, and
+``chunk_bytes`` only decides how many whole tiles are read at once. A BLAS sums a dot product in an order that
+depends on the shapes of the call (a one-row product takes another kernel than a 37-row one), so cutting rows
+anywhere else would change the float32 similarities in their last bits and, through exp(z / τ), the scores at
+~1e-5 relative.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import expit, xlogy
+from scipy.special import expit
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ..detectors._math import logsumexp
-from ..detectors.base import Paper
 from ..errors import ZeroShotError
+from ..numerics import logsumexp
+from ..papers import Paper
 
 __all__ = [
     "TAU",
@@ -47,15 +54,62 @@ __all__ = [
 
 TAU = 0.01
 LOGIT_SCORES = ("mcm", "maxlogit", "energy", "gen", "entropy", "margin")
-# Labels per column block of the streaming reductions; rows per block follow from the memory budget.
+# Labels per column block of the streaming reductions.
 LABEL_BLOCK = 4096
+# Image rows per tile: the unit of every BLAS call and reduction (see the module docstring); a multiple of every
+# BLAS micro-kernel height. Chunks read from the (memory-mapped) arrays are whole tiles.
+ROW_TILE = 256
 
 
-def unit_rows(array: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit ℓ2 norm as float32 (a copy); all-zero rows stay zero."""
-    values = np.asarray(array, dtype=np.float32)
-    norms = np.linalg.norm(values, axis=-1, keepdims=True)
-    return values / np.maximum(norms, np.float32(1e-12))
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _bad_row(array: np.ndarray) -> tuple[int, str] | None:
+    """(first bad row, what is wrong with it) of a 2-D array the scores cannot use, or None."""
+    finite = np.isfinite(array).all(axis=1)
+    if not finite.all():
+        return int(np.flatnonzero(~finite)[0]), "contains NaN or inf"
+    magnitude = np.abs(array).max(axis=1) if array.size else np.zeros(array.shape[0])
+    if array.dtype.itemsize > 4:
+        above = magnitude > _FLOAT32_MAX
+        if above.any():
+            row = int(np.flatnonzero(above)[0])
+            return row, (
+                f"has a value of magnitude {magnitude[row]:.3g}, above the float32 range (largest {_FLOAT32_MAX:.3g}) "
+                "the scores compute in; rescale the embeddings"
+            )
+    zero = magnitude == 0
+    if zero.any():
+        return int(np.flatnonzero(zero)[0]), "is all zeros: an embedding with no direction (a failed or padded row?)"
+    return None
+
+
+def _unit(values: np.ndarray) -> np.ndarray:
+    """Rows of a checked array scaled to unit ℓ2 norm in float32.
+
+    Each row is first scaled by the power of two that brings its largest |value| into [0.5, 1): exact, so the
+    result is bit for bit x / ‖x‖ wherever that is computable, and squares of values near the float32 limit
+    cannot overflow nor squares of tiny values underflow.
+    """
+    values = np.asarray(values, dtype=np.float32)
+    _, exponent = np.frexp(np.abs(values).max(axis=-1, keepdims=True))
+    scaled = np.ldexp(values, -exponent).astype(np.float32, copy=False)
+    scaled /= np.linalg.norm(scaled, axis=-1, keepdims=True)
+    return scaled
+
+
+def unit_rows(array: np.ndarray, what: str = "embedding", first_row: int = 0) -> np.ndarray:
+    """Rows scaled to unit ℓ2 norm as float32 (a copy).
+
+    A row that cannot be normalised — NaN or inf, a value beyond the float32 range, all zeros — raises a
+    ZeroShotError naming `what` and the row (numbered from `first_row`).
+    """
+    values = np.asarray(array)
+    values2d = values.reshape(-1, values.shape[-1]) if values.ndim != 2 else values
+    bad = _bad_row(values2d)
+    if bad is not None:
+        raise ZeroShotError(f"{what} row {first_row + bad[0]} {bad[1]}")
+    return _unit(values)
 
 
 def _check_texts(name: str, texts: object, dim: int | None, *, allow_empty: bool = False) -> np.ndarray:
@@ -70,9 +124,9 @@ def _check_texts(name: str, texts: object, dim: int | None, *, allow_empty: bool
         raise ZeroShotError(
             f"{name} has D={array.shape[1]} but the image embeddings have D={dim}; were they made by the same model?"
         )
-    if not np.isfinite(array).all():
-        raise ZeroShotError(f"{name} contains NaN or inf")
-    return unit_rows(array)
+    if array.shape[0] == 0:
+        return array.astype(np.float32)
+    return unit_rows(array, name)
 
 
 def _check_images(images: object) -> np.ndarray:
@@ -90,40 +144,49 @@ def _check_tau(tau: float) -> float:
     return float(tau)
 
 
-def _image_chunk(images: np.ndarray, rows: slice) -> np.ndarray:
-    chunk = unit_rows(images[rows])
-    if not np.isfinite(chunk).all():
-        bad = rows.start + int(np.flatnonzero(~np.isfinite(chunk).all(axis=1))[0])
-        raise ZeroShotError(f"image embedding row {bad} contains NaN or inf")
-    return chunk
+def _chunk_rows(row_width: int, chunk_bytes: int) -> int:
+    """Rows read at once: as many whole tiles as fit `chunk_bytes` at `row_width` float64 values a row, at least one."""
+    return max(1, rows_per_chunk(row_width, budget_bytes=chunk_bytes) // ROW_TILE) * ROW_TILE
+
+
+def _chunks_of_tiles(num_rows: int, row_width: int, chunk_bytes: int) -> Iterator[tuple[slice, list[slice]]]:
+    """(chunk, its tiles): chunks of whole tiles to read at once, and the fixed tiles inside each one."""
+    for chunk in iter_chunks(num_rows, _chunk_rows(row_width, chunk_bytes)):
+        yield chunk, list(iter_chunks(chunk.stop - chunk.start, ROW_TILE))
+
+
+def _image_tile(block: np.ndarray, tile: slice, offset: int) -> np.ndarray:
+    """Unit rows of `block[tile]` (a tile of a chunk starting at image row `offset`), checked (see `unit_rows`)."""
+    return unit_rows(block[tile], "image embedding", offset + tile.start)
+
+
+def _scaled(h: np.ndarray, tau: float) -> np.ndarray:
+    """The tile's unit rows times 1/τ (float32), so that one product gives z = hᵀt/τ with no pass over z."""
+    return h * np.float32(1.0 / tau)
 
 
 def _logits(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
-    return (h @ texts.T).astype(np.float64) / tau
+    """z = hᵀt / τ as float64: the float32 cosines, divided by τ in float64 (exactly the logits a classifier
+    head would hand the supervised detectors)."""
+    z = np.empty((h.shape[0], texts.shape[0]))
+    return np.divide(h @ texts.T, tau, out=z, dtype=np.float64)  # converted and divided in one pass
 
 
-def _scaled_similarities(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
-    """z = hᵀt / τ in float32 (one BLAS call, scaled in place); callers shift and exponentiate it in place."""
-    z = h @ texts.T
-    z *= np.float32(1.0 / tau)
-    return z
+def _block_width(num_labels: int, dim: int) -> int:
+    """Float64-equivalent values per image row of one (rows × label-block) working set."""
+    return 2 * min(max(num_labels, 1), LABEL_BLOCK) + dim
 
 
-def _block_rows(num_labels: int, dim: int, chunk_bytes: int) -> int:
-    """Image rows per block so that one (rows × label-block) working set stays within the budget."""
-    return rows_per_chunk(2 * min(max(num_labels, 1), LABEL_BLOCK) + dim, budget_bytes=chunk_bytes)
-
-
-def _streaming_lse(h: np.ndarray, texts: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
-    """(log Σ_l exp z_l, max_l z_l) per row over all labels, one label block at a time.
+def _streaming_lse(hs: np.ndarray, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(log Σ_l exp z_l, max_l z_l) per row over all labels, one label block at a time; `hs` = h/τ (`_scaled`).
 
     Exponentials are taken in float32 after subtracting the running maximum (so they lie in (0, 1] and terms
     that underflow are below 1e-38 of the largest); sums accumulate in float64.
     """
-    peak = np.full(h.shape[0], -np.inf)
-    total = np.zeros(h.shape[0])
+    peak = np.full(hs.shape[0], -np.inf)
+    total = np.zeros(hs.shape[0])
     for cols in iter_chunks(texts.shape[0], LABEL_BLOCK):
-        z = _scaled_similarities(h, texts[cols], tau)
+        z = hs @ texts[cols].T
         new_peak = np.maximum(peak, z.max(axis=1))
         z -= new_peak.astype(np.float32)[:, None]
         np.exp(z, out=z)
@@ -143,25 +206,25 @@ def _equal_width_runs(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _group_lse(h: np.ndarray, grouped: np.ndarray, sizes: Sequence[int], tau: float) -> np.ndarray:
+def _group_lse(hs: np.ndarray, grouped: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
     """log Σ exp z over each group of `grouped`'s consecutive rows (group g has sizes[g] labels): (rows, groups).
 
     Groups of equal width w are taken LABEL_BLOCK // w at a time as one (rows, q, w) block, so per-group maxima
     and sums are plain axis reductions; a group wider than a block is streamed on its own.
     """
-    out = np.empty((h.shape[0], len(sizes)))
+    out = np.empty((hs.shape[0], len(sizes)))
     start = first_group = 0
     for width, count in _equal_width_runs(sizes):
         if width > LABEL_BLOCK:
             for j in range(count):
                 columns = slice(start + j * width, start + (j + 1) * width)
-                out[:, first_group + j] = _streaming_lse(h, grouped[columns], tau)[0]
+                out[:, first_group + j] = _streaming_lse(hs, grouped[columns])[0]
         else:
             per_block = max(1, LABEL_BLOCK // width)
             for offset in range(0, count, per_block):
                 q = min(per_block, count - offset)
                 columns = slice(start + offset * width, start + (offset + q) * width)
-                z = _scaled_similarities(h, grouped[columns], tau).reshape(h.shape[0], q, width)
+                z = (hs @ grouped[columns].T).reshape(hs.shape[0], q, width)
                 peak = z.max(axis=2)
                 z -= peak[..., None]
                 np.exp(z, out=z)
@@ -172,45 +235,49 @@ def _group_lse(h: np.ndarray, grouped: np.ndarray, sizes: Sequence[int], tau: fl
 
 
 # ---------------------------------------------------------------------------------------------- logit-space scores
-def _gen(probs: np.ndarray, gamma: float, top_m: int) -> np.ndarray:
-    """−Σ_{top-M} p^γ (1 − p)^γ with 1 − p_max summed from the other probabilities.
-
-    At τ = 0.01 the top probability is often within 1e-17 of 1, where 1.0 − p rounds to 0 and would drop the
-    largest term; the sum of the remaining probabilities keeps it exact.
-    """
-    m = min(top_m, probs.shape[1])
-    top = np.partition(probs, probs.shape[1] - m, axis=1)[:, probs.shape[1] - m :]
-    complement = 1.0 - top
-    rows = np.arange(probs.shape[0])
-    winner = probs.argmax(axis=1)
-    rest = probs.copy()
-    rest[rows, winner] = 0.0
-    complement[rows, top.argmax(axis=1)] = rest.sum(axis=1)
-    return -np.sum(top**gamma * complement**gamma, axis=1)
-
-
 def _scores_from_logits(z: np.ndarray, names: Sequence[str], gen_gamma: float, gen_top_m: int) -> dict[str, np.ndarray]:
-    lse = logsumexp(z)
-    probs = np.exp(z - lse[:, None])
+    """The logit-space scores of float64 logits `z` (rows × C), sharing one shifted exponential pass.
+
+    With e = exp(z − max z) (the top term is exactly 1) and s = Σ e ≥ 1: lse = max z + log s, p = e/s, MCM = 1/s,
+    Σ p log p = Σ e·(z − max z)/s − log s (both terms small where p_max ≈ 1: no cancellation, no logarithm per
+    element). The other probabilities' sum is summed with the winner set to 0 rather than taken as 1 − p_max:
+    at τ = 0.01 p_max is often within 1e-17 of 1, where 1 − p_max rounds to 0 and GEN would lose its largest term.
+    Only what the requested scores need is computed; no (rows × C) array is normalised.
+    """
+    rows = np.arange(z.shape[0])
+    peak = z.max(axis=1)
     out: dict[str, np.ndarray] = {}
-    for name in names:
-        if name == "mcm":
-            out[name] = np.exp(z.max(axis=1) - lse)
-        elif name == "maxlogit":
-            out[name] = z.max(axis=1)
-        elif name == "energy":
-            out[name] = lse
-        elif name == "gen":
-            out[name] = _gen(probs, gen_gamma, gen_top_m)
-        elif name == "entropy":
-            out[name] = xlogy(probs, probs).sum(axis=1)
-        elif name == "margin":
-            if probs.shape[1] == 1:
-                out[name] = probs[:, 0]
-            else:
-                top2 = np.partition(probs, probs.shape[1] - 2, axis=1)[:, -2:]
-                out[name] = top2[:, 1] - top2[:, 0]
-    return out
+    if "maxlogit" in names:
+        out["maxlogit"] = peak.copy()
+    if set(names) <= {"maxlogit"}:
+        return out
+    shifted = z - peak[:, None]
+    e = np.exp(shifted)
+    total = e.sum(axis=1)
+    log_total = np.log(total)
+    if "mcm" in names:
+        out["mcm"] = 1.0 / total
+    if "energy" in names:
+        out["energy"] = peak + log_total
+    if "entropy" in names:
+        out["entropy"] = np.einsum("ij,ij->i", e, shifted) / total - log_total
+    if "gen" in names or "margin" in names:
+        winner = z.argmax(axis=1)
+        e[rows, winner] = 0.0  # e of the winner is exactly exp(0) = 1: restored below
+        if "margin" in names:
+            # top-1 minus top-2 probability; a single class has no second (margin = p = 1).
+            second = e.max(axis=1) if e.shape[1] > 1 else np.zeros(len(rows))
+            out["margin"] = (1.0 - second) / total
+        if "gen" in names:
+            others = e.sum(axis=1) / total  # Σ_{c ≠ winner} p_c
+            e[rows, winner] = 1.0
+            m = min(gen_top_m, e.shape[1])
+            e.partition(e.shape[1] - m, axis=1)  # in place: e is not needed after this
+            top = e[:, e.shape[1] - m :] / total[:, None]
+            complement = 1.0 - top
+            complement[rows, top.argmax(axis=1)] = others
+            out["gen"] = -np.sum(top**gen_gamma * complement**gen_gamma, axis=1)
+    return {name: out[name] for name in names}
 
 
 def logit_scores(
@@ -236,11 +303,13 @@ def logit_scores(
     tau = _check_tau(tau)
     out = {name: np.empty(images.shape[0]) for name in names}
     # Every ID logit of a row is needed at once (top-M, top-2, entropy); rows per chunk keep rows × C bounded.
-    step = rows_per_chunk(4 * texts.shape[0] + images.shape[1], budget_bytes=chunk_bytes)
-    for rows in iter_chunks(images.shape[0], step):
-        z = _logits(_image_chunk(images, rows), texts, tau)
-        for name, values in _scores_from_logits(z, names, gen_gamma, gen_top_m).items():
-            out[name][rows] = values
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], 4 * texts.shape[0] + images.shape[1], chunk_bytes):
+        block = np.asarray(images[chunk])
+        for tile in tiles:
+            z = _logits(_image_tile(block, tile, chunk.start), texts, tau)
+            rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
+            for name, values in _scores_from_logits(z, names, gen_gamma, gen_top_m).items():
+                out[name][rows] = values
     return out
 
 
@@ -266,16 +335,22 @@ def glmcm_scores(
     tau = _check_tau(tau)
     num_patches = patches.shape[1]
     out = np.empty(images.shape[0])
-    step = rows_per_chunk(3 * num_patches * texts.shape[0] + num_patches * images.shape[1], budget_bytes=chunk_bytes)
-    for rows in iter_chunks(images.shape[0], step):
-        z = _logits(_image_chunk(images, rows), texts, tau)
-        global_mcm = np.exp(z.max(axis=1) - logsumexp(z))
-        local = unit_rows(patches[rows].reshape(-1, patches.shape[2]))
-        if not np.isfinite(local).all():
-            raise ZeroShotError(f"patch embeddings of rows {rows.start}..{rows.stop - 1} contain NaN or inf")
-        zl = _logits(local, texts, tau)
-        local_mcm = np.exp(zl.max(axis=1) - logsumexp(zl)).reshape(-1, num_patches).max(axis=1)
-        out[rows] = global_mcm + lam * local_mcm
+    width = 3 * num_patches * texts.shape[0] + num_patches * images.shape[1]
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
+        block, patch_block = np.asarray(images[chunk]), np.asarray(patches[chunk])
+        for tile in tiles:
+            rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
+            z = _logits(_image_tile(block, tile, chunk.start), texts, tau)
+            global_mcm = np.exp(z.max(axis=1) - logsumexp(z))
+            flat = patch_block[tile].reshape(-1, patches.shape[2])
+            bad = _bad_row(flat)
+            if bad is not None:
+                image, patch = divmod(bad[0], num_patches)
+                raise ZeroShotError(f"patch embedding {patch} of image row {rows.start + image} {bad[1]}")
+            local = _unit(flat)
+            zl = _logits(local, texts, tau)
+            local_mcm = np.exp(zl.max(axis=1) - logsumexp(zl)).reshape(-1, num_patches).max(axis=1)
+            out[rows] = global_mcm + lam * local_mcm
     return out
 
 
@@ -312,12 +387,15 @@ def neglabel_scores(
     sizes = [len(p) for p in parts]
     grouped = negatives[np.concatenate(parts)]  # each group becomes a contiguous run of rows
     out = np.empty(images.shape[0])
-    step = _block_rows(texts.shape[0] + grouped.shape[0], images.shape[1], chunk_bytes)
-    for rows in iter_chunks(images.shape[0], step):
-        h = _image_chunk(images, rows)
-        lse_id, _ = _streaming_lse(h, texts, tau)
-        # Σ_ID a / (Σ_ID a + Σ_g a) = sigmoid(lse_ID − lse_g), exact and overflow-free.
-        out[rows] = expit(lse_id[:, None] - _group_lse(h, grouped, sizes, tau)).mean(axis=1)
+    width = _block_width(texts.shape[0] + grouped.shape[0], images.shape[1])
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
+        block = np.asarray(images[chunk])
+        for tile in tiles:
+            hs = _scaled(_image_tile(block, tile, chunk.start), tau)
+            lse_id, _ = _streaming_lse(hs, texts)
+            # Σ_ID a / (Σ_ID a + Σ_g a) = sigmoid(lse_ID − lse_g), exact and overflow-free.
+            shares = expit(lse_id[:, None] - _group_lse(hs, grouped, sizes))
+            out[chunk.start + tile.start : chunk.start + tile.stop] = shares.mean(axis=1)
     return out
 
 
@@ -338,16 +416,19 @@ def eoe_scores(
     if not np.isfinite(beta):
         raise ZeroShotError(f"beta must be a finite number; got {beta!r}")
     out = np.empty(images.shape[0])
-    step = _block_rows(texts.shape[0] + outliers.shape[0], images.shape[1], chunk_bytes)
-    for rows in iter_chunks(images.shape[0], step):
-        h = _image_chunk(images, rows)
-        lse_id, max_id = _streaming_lse(h, texts, tau)
-        if outliers.shape[0] == 0:
-            out[rows] = np.exp(max_id - lse_id)
-            continue
-        lse_out, max_out = _streaming_lse(h, outliers, tau)
-        lse_all = np.logaddexp(lse_id, lse_out)
-        out[rows] = np.exp(max_id - lse_all) - beta * np.exp(max_out - lse_all)
+    width = _block_width(texts.shape[0] + outliers.shape[0], images.shape[1])
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
+        block = np.asarray(images[chunk])
+        for tile in tiles:
+            rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
+            hs = _scaled(_image_tile(block, tile, chunk.start), tau)
+            lse_id, max_id = _streaming_lse(hs, texts)
+            if outliers.shape[0] == 0:
+                out[rows] = np.exp(max_id - lse_id)
+                continue
+            lse_out, max_out = _streaming_lse(hs, outliers)
+            lse_all = np.logaddexp(lse_id, lse_out)
+            out[rows] = np.exp(max_id - lse_all) - beta * np.exp(max_out - lse_all)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Zero-shot tables: the seed's Table-2 layout (rows = models, columns = vocabulary families) and k/M sweeps.
+"""Zero-shot tables: the Fi-ImageNet-1k paper's Table-2 layout (rows = models, columns = vocabulary families)
+and k/M sweeps.
 
 Columns: the best logit-space score (MCM, MaxLogit, Energy, GEN, entropy, margin, GL-MCM; the winner is named),
 EOE, WN (WordNet NegMining), LLM siblings, WN+LLM and oracle. Cells are FPR@95 in % averaged over the run's OOD
@@ -15,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ZeroShotError
-from ..report.detector_table import detector_table_markdown
 from ..results import ResultRow, read_rows
 from ..rundir import RunDir
+from ..tabular import detector_table_markdown
 
 __all__ = [
     "RunView",
@@ -116,7 +117,7 @@ def _cells(view: RunView, metric: str, oods: Sequence[str]) -> dict[str, tuple[f
 
 
 def table2_markdown(views: Sequence[RunView], *, metric: str = "fpr95", ood: str | None = None) -> str:
-    """Markdown table in the seed's Table-2 layout, one row per model, best deployable vocabulary in bold."""
+    """Markdown table in the Fi-ImageNet-1k paper's Table-2 layout: a row per model, best deployable vocabulary bold."""
     if not views:
         raise ZeroShotError("no runs to tabulate")
     better = _better(metric)
@@ -196,7 +197,7 @@ def render_run_tables(rows: Sequence[ResultRow], run_info: Mapping[str, Any], *,
     oods = list(run_info.get("ood_datasets") or dict.fromkeys(r.ood_dataset for r in rows))
     view = RunView(run_info["model"], list(rows), detectors, oods)
     parts = [
-        "## Zero-shot summary (seed Table 2 layout)",
+        "## Zero-shot summary (Fi-ImageNet-1k paper, Table 2 layout)",
         "",
         table2_markdown([view], metric=metric),
         "## Per OOD set: FPR@95 / AUROC (%)",

@@ -16,17 +16,30 @@
     return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT";
   }
 
+  function submit(form) { if (form.requestSubmit) { form.requestSubmit(); } else { form.submit(); } }
+
+  function zoomable(target) { return target && target.tagName === "IMG" && target.closest(".thumbs"); }
+
   document.addEventListener("keydown", function (event) {
+    if (zoomable(event.target) && (event.key === "Enter" || event.key === " ")) {
+      event.preventDefault(); event.target.classList.toggle("zoomed"); return;
+    }
     var form = $("verdict-form");
     if (!form || event.ctrlKey || event.metaKey || event.altKey) { return; }
     if (event.key === "Escape" && typing(event.target)) { event.target.blur(); return; }
+    // A select does not submit its form on Enter by itself; the reason dropdown should.
+    if (event.key === "Enter" && event.target.tagName === "SELECT" && form.contains(event.target)) {
+      event.preventDefault(); choose("ambiguous"); submit(form); return;
+    }
     if (typing(event.target)) { return; }
     var key = event.key.toLowerCase();
     if (key === "o") { event.preventDefault(); choose("ood", "label"); }
     else if (key === "i") { event.preventDefault(); choose("id", "class"); }
     else if (key === "a") { event.preventDefault(); choose("ambiguous", "reason"); }
     else if (key === "f") { event.preventDefault(); var fine = $("fine"); if (fine) { fine.checked = !fine.checked; } }
-    else if (key === "enter") { event.preventDefault(); form.requestSubmit ? form.requestSubmit() : form.submit(); }
+    else if (key === "enter" && event.target.tagName !== "BUTTON" && event.target.tagName !== "A") {
+      event.preventDefault(); submit(form);
+    }
   });
 
   document.addEventListener("DOMContentLoaded", function () {
@@ -42,7 +55,12 @@
       button.addEventListener("click", function () {
         if (button.dataset.class && $("class")) { $("class").value = button.dataset.class; choose("id", "class"); }
         if (button.dataset.label && $("label")) { $("label").value = button.dataset.label; choose("ood", "label"); }
+        if (button.dataset.reason && $("reason")) { $("reason").value = button.dataset.reason; choose("ambiguous", "reason"); }
       });
+    });
+    // Example images grow on click (or Enter) and shrink on the next one.
+    document.querySelectorAll(".thumbs img").forEach(function (img) {
+      img.addEventListener("click", function () { img.classList.toggle("zoomed"); });
     });
     var list = $("class-list");
     if (list && window.fetch) {

@@ -26,7 +26,7 @@ from .labels import dedupe
 __all__ = ["Vocabulary", "VocabStore", "KINDS", "NOUN", "ADJECTIVE", "split_prefix"]
 
 FORMAT_VERSION = 1
-# kind -> column of the seed's Table 2 it feeds.
+# kind -> column of the Fi-ImageNet-1k paper's Table 2 it feeds.
 KINDS = {
     "wordnet": "WN",
     "siblings": "LLM siblings",
@@ -197,7 +197,7 @@ class VocabStore:
         """Store `vocab` (a new version unless identical content is stored); returns it with its version set."""
         digest = vocab.hash
         versions = self._versions(vocab.name)
-        for number, short, path in versions:
+        for _number, short, path in versions:
             if short == digest[:12]:
                 return self._read(path)
         vocab.version = (versions[-1][0] + 1) if versions else 1

@@ -2,20 +2,57 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ...classes import ClassList, normalize_label
 from ...errors import ZeroShotError
-from ..classes import ClassList, read_list_file
-from ..templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from ...templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from .artefact import ADJECTIVE, KINDS, NOUN, Vocabulary
-from .labels import IdFilter, dedupe, normalize_label
+from .labels import IdFilter, dedupe
 from .lexicon import Lexicon, packaged_lexicon
 from .siblings import class_keys
 
-__all__ = ["build_union", "build_oracle", "oracle_labels_from_store", "import_vocabulary", "read_label_file"]
+__all__ = [
+    "build_union",
+    "build_oracle",
+    "oracle_labels_from_store",
+    "import_vocabulary",
+    "read_label_file",
+    "neglabel_reference_list",
+    "NEGLABEL_REFERENCE",
+]
+
+# NegLabel's 10k reference negatives for ImageNet-1k (Apache-2.0 + WordNet licence; see the NOTICE beside it).
+NEGLABEL_REFERENCE = ("data", "neglabel", "selected_neg_labels_in1k_10k.txt.gz")
+
+
+def neglabel_reference_list() -> Path:
+    """Path of NegLabel's reference list as shipped (gzip-compressed text, readable by `import_vocabulary`)."""
+    resource = resources.files("oodbench").joinpath(*NEGLABEL_REFERENCE)
+    if not resource.is_file():
+        raise ZeroShotError(f"the packaged NegLabel list {'/'.join(NEGLABEL_REFERENCE)} is missing; reinstall oodbench")
+    return Path(str(resource))
+
+
+def read_list_file(path: str | os.PathLike[str], what: str) -> tuple[Any, bool]:
+    """(parsed value, True) for a `.json` file; (stripped lines without blanks and '#' comments, False) otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ZeroShotError(f"{what} {path} does not exist")
+    compressed = path.suffix.lower() == ".gz"
+    text = gzip.decompress(path.read_bytes()).decode("utf-8") if compressed else path.read_text(encoding="utf-8")
+    if (path.with_suffix("") if compressed else path).suffix.lower() != ".json":
+        return [line for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")], False
+    try:
+        return json.loads(text), True
+    except json.JSONDecodeError as exc:
+        raise ZeroShotError(f"{path} is not valid JSON: {exc}") from None
 
 
 def build_union(wordnet: Vocabulary, siblings: Vocabulary, *, name: str = "union") -> Vocabulary:
@@ -107,7 +144,7 @@ def import_vocabulary(
 
     if isinstance(content, dict):
         class_names = (
-            {normalize_label(n): key for n, key in zip(id_classes.names, class_keys(id_classes))}
+            {normalize_label(n): key for n, key in zip(id_classes.names, class_keys(id_classes), strict=True)}
             if id_classes is not None
             else {}
         )
@@ -125,8 +162,8 @@ def import_vocabulary(
         positions = [_strip_prompt(lbl)[1] for lbl in raw] if strip_prompts else [None] * len(raw)
         if kind == "wordnet" and raw and all(p is not None for p in positions):
             ranked = {
-                NOUN: clean([l for l, p in zip(raw, positions) if p == NOUN]),
-                ADJECTIVE: clean([l for l, p in zip(raw, positions) if p == ADJECTIVE]),
+                NOUN: clean([label for label, p in zip(raw, positions, strict=True) if p == NOUN]),
+                ADJECTIVE: clean([label for label, p in zip(raw, positions, strict=True) if p == ADJECTIVE]),
             }
         labels = clean(raw)
     params: dict[str, Any] = {
@@ -152,6 +189,13 @@ def import_vocabulary(
         },
     )
     vocab.labels = vocab.select() if (ranked is not None or per_class is not None) else labels
+    if not vocab.labels:
+        if dropped:
+            raise ZeroShotError(
+                f"{path}: every label is an ID class name or one of its WordNet synonyms ({len(set(dropped))} "
+                "dropped), so the vocabulary would be empty"
+            )
+        raise ZeroShotError(f"{path} holds no labels")
     return vocab
 
 

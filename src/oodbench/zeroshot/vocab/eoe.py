@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ...classes import ClassList
 from ...errors import ZeroShotError
-from ..classes import ClassList
-from ..llm import ChatClient, Messages
+from ...llm import ChatClient, Messages
 from .artefact import Vocabulary
 from .labels import IdFilter
 from .lexicon import Lexicon, packaged_lexicon
 from .parsing import parse_name_list
-from .siblings import collect_replies
+from .siblings import collect_replies, unanswered_error
 
 __all__ = ["EOE_TASKS", "eoe_messages", "generate_eoe_outliers", "DEFAULT_SIZE", "PROMPT_VERSION"]
 
@@ -73,9 +73,13 @@ def generate_eoe_outliers(
     workers: int = 4,
     lexicon: Lexicon | None = None,
     name: str | None = None,
+    allow_incomplete: bool = False,
     on_progress: Callable[[int], None] | None = None,
 ) -> Vocabulary:
-    """An 'eoe' vocabulary of up to `size` (L) envisioned outlier names for the ID classes."""
+    """An 'eoe' vocabulary of up to `size` (L) envisioned outlier names for the ID classes.
+
+    For the per-class 'near' task, classes left without a usable answer are refused unless `allow_incomplete`.
+    """
     if task not in EOE_TASKS:
         raise ZeroShotError(f"unknown EOE task {task!r}; tasks: {', '.join(EOE_TASKS)}")
     if task == "fine_grained" and not super_class:
@@ -97,9 +101,12 @@ def generate_eoe_outliers(
             min_items=min(min_items, per_class),
             max_attempts=max_requests,
             workers=workers,
+            max_items=per_class,
             on_progress=on_progress,
         )
         failures = len(failed)
+        if failed and not allow_incomplete:
+            raise unanswered_error([names[p] for p, _ in failed], len(names), max_requests, "near outliers")
         for per_prompt in parsed:
             kept, gone = id_filter.keep(per_prompt[0])
             collected.update(dict.fromkeys(kept))
@@ -110,7 +117,10 @@ def generate_eoe_outliers(
         for generation in range(max_requests):
             if len(collected) >= size:
                 break
-            found = parse_name_list(client.complete(messages, generation=generation))
+            found = parse_name_list(
+                client.complete(messages, generation=generation, accept=lambda r: len(parse_name_list(r)) >= min_items),
+                max_names=size,
+            )
             if len(found) < min_items:
                 failures += 1
             kept, gone = id_filter.keep(found)

