@@ -216,6 +216,17 @@ CASES = [
             "{bad}/nan.npy",
         ],
     ),
+    ("score-missing-detector", ["score", "--detector", "{bad}/nope", "--store", "{bad}/store", "--dataset", "id"]),
+    (
+        "score-detector-is-empty-folder",
+        ["score", "--detector", "{bad}/empty-folder", "--store", "{bad}/store", "--dataset", "id"],
+    ),
+    (
+        "score-detector-is-a-file",
+        ["score", "--detector", "{bad}/malformed.json", "--store", "{bad}/store", "--dataset", "id"],
+    ),
+    ("detectors-new-bad-name", ["detectors", "new", "a/b", "--out", "{out}"]),
+    ("detectors-new-out-is-a-file", ["detectors", "new", "mydet", "--out", "{bad}/a-file/x"]),
     # the annotation app
     ("annotate-init-missing-images", ["annotate", "init", "{out}/project", "--images", "{bad}/nope"]),
     ("annotate-status-missing", ["annotate", "status", "{bad}/nope"]),

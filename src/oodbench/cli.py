@@ -161,6 +161,9 @@ def evaluate(
                 )
     if not store.is_dir():
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
+    from .rundir import RunDir
+
+    RunDir(out).check_writable("--out")  # before any work, not after the detectors ran
     plan = {name: overrides.get(name, {}) for name in names}
     result = evaluate_store(
         store,
