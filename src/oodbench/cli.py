@@ -234,6 +234,7 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
 # Each pipeline area owns its commands and adds them here.
 from . import accuracy_cli as _accuracy_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
+from .audit import render as _audit_render  # noqa: E402
 from .construct import cli as _construct_cli  # noqa: E402
 from .detectors import cli as _detectors_cli  # noqa: E402
 from .extract import cli as _extract_cli  # noqa: E402
@@ -264,6 +265,16 @@ def _openclip_text_embedder(*args: object) -> object:
 
 
 _zeroshot_cli.use_text_embedder(_openclip_text_embedder)
+
+
+def _audit_html(*args: Any) -> str:
+    """Audit documents' HTML: the report package renders it (wired here: audit sits below report)."""
+    from .report.html_report import render_audit_html
+
+    return render_audit_html(*args)
+
+
+_audit_render.use_html_renderer(_audit_html)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,6 +14,7 @@ from ..atomic import atomic_write_text
 from ..tabular import MISSING, Cell, Table, render_markdown
 from .battery import CLEAN_KIND, LEAKED, BatteryResult
 from .config import AuditConfig
+from .render import html_renderer
 from .scan import RELATIONS, SuiteScan, suite_scope
 from .split import SplitAudit
 from .suites import SuiteManifest
@@ -66,14 +67,12 @@ class AuditDocument:
         return "\n".join(lines).rstrip() + "\n"
 
     def html(self) -> str | None:
-        """The report as one self-contained HTML page, or None when the report package cannot render it."""
-        try:
-            from ..report.build import ReportContent, Section
-            from ..report.html_report import render_html_document
-        except ImportError:
+        """The report as one self-contained HTML page, or None when no renderer was handed in (see `audit.render`)."""
+        renderer = html_renderer()
+        if renderer is None:
             return None
-        sections = [Section(s.key, s.title, " ".join(s.paragraphs), list(s.tables)) for s in self.sections]
-        return render_html_document(ReportContent(self.title, sections, [self.subject or "audit"]))
+        sections = [(s.key, s.title, " ".join(s.paragraphs), list(s.tables)) for s in self.sections]
+        return renderer(self.title, sections, self.subject or "audit")
 
 
 def definitions_text(config: AuditConfig) -> str:

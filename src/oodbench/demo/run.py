@@ -54,7 +54,11 @@ def _audit_battery(setup: DemoSetup, out: Path, progress: bool) -> Any:
     """The controlled leak battery on the demo model (leaked and clean splits with known answers)."""
     from ..audit.battery import battery_from_store, run_battery
     from ..audit.config import AuditConfig
+    from ..audit.render import use_html_renderer
     from ..audit.report import battery_document, write_document
+    from ..report.html_report import render_audit_html
+
+    use_html_renderer(render_audit_html)
     from . import EXTRA_SETS
 
     config = AuditConfig()

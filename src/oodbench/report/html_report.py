@@ -132,3 +132,10 @@ def write_html_report(
     out_path = Path(out_path)
     atomic_write_text(out_path, render_html_document(content))
     return out_path
+
+
+def render_audit_html(title: str, sections: Sequence[tuple[str, str, str, list[Any]]], subject: str) -> str:
+    """An audit document (title, (key, title, text, tables) sections, subject) as one self-contained HTML page."""
+    from .build import Section
+
+    return render_html_document(ReportContent(title, [Section(*section) for section in sections], [subject]))
