@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint install install-dev bench bench-cli clean
+.PHONY: demo test lint docs install install-dev bench bench-cli clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: install-dev
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/lint-imports
 
+# The docs site; --strict fails on a broken link, a missing page or an API reference to a moved function.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
+
 bench-cli: install
 	$(BIN)/python benchmarks/cli_startup.py
 
@@ -41,4 +45,4 @@ bench: install-dev
 	$(BIN)/python benchmarks/detectors.py
 
 clean:
-	rm -rf $(VENV) oodbench-demo .pytest_cache
+	rm -rf $(VENV) oodbench-demo .pytest_cache site

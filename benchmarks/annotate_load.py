@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from oodbench.construct.classes import ClassList
+from oodbench.classes import ClassList
 from oodbench.construct.importers import TableMapping, read_table
 from oodbench.construct.project import Project, import_candidates
 from oodbench.construct.protocol import Status

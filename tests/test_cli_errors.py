@@ -216,6 +216,17 @@ CASES = [
             "{bad}/nan.npy",
         ],
     ),
+    ("score-missing-detector", ["score", "--detector", "{bad}/nope", "--store", "{bad}/store", "--dataset", "id"]),
+    (
+        "score-detector-is-empty-folder",
+        ["score", "--detector", "{bad}/empty-folder", "--store", "{bad}/store", "--dataset", "id"],
+    ),
+    (
+        "score-detector-is-a-file",
+        ["score", "--detector", "{bad}/malformed.json", "--store", "{bad}/store", "--dataset", "id"],
+    ),
+    ("detectors-new-bad-name", ["detectors", "new", "a/b", "--out", "{out}"]),
+    ("detectors-new-out-is-a-file", ["detectors", "new", "mydet", "--out", "{bad}/a-file/x"]),
     # the annotation app
     ("annotate-init-missing-images", ["annotate", "init", "{out}/project", "--images", "{bad}/nope"]),
     ("annotate-status-missing", ["annotate", "status", "{bad}/nope"]),
@@ -226,17 +237,9 @@ CASES = [
 
 
 # Known gaps that another area's open fix (issue 14) closes; strict, so the fix makes the mark fail and go.
-KNOWN = {
-    "vocab-import-empty": "an empty vocabulary file is imported as 0 labels (zeroshot, issue 14)",
-}
-
-
 @pytest.mark.parametrize(
     "argv",
-    [
-        pytest.param(argv, id=name, marks=[pytest.mark.xfail(reason=KNOWN[name], strict=True)] if name in KNOWN else [])
-        for name, argv in CASES
-    ],
+    [pytest.param(argv, id=name) for name, argv in CASES],
 )
 def test_bad_input_is_one_line_and_exit_2(
     argv: list[str], bad: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

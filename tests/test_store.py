@@ -47,6 +47,13 @@ def test_round_trip_is_memory_mapped(tmp_path):
     assert store.models() == ["m"] and store.datasets("m") == ["ds"]
 
 
+def test_writing_empty_outputs_fails_and_leaves_no_entry(tmp_path):
+    store = Store(tmp_path)
+    with pytest.raises(StoreError, match="m/empty: the outputs have no rows"):
+        store.write_outputs("m", "empty", Outputs(np.zeros((0, 6), np.float32)), provenance=PROV)
+    assert not store.exists("m", "empty") and not (tmp_path / "m" / "empty").exists()
+
+
 def test_head_round_trip(tmp_path):
     store = Store(tmp_path)
     head = Head(np.ones((3, 2), np.float32), np.zeros(3, np.float32))

@@ -164,6 +164,9 @@ def evaluate(
                 )
     if not store.is_dir():
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
+    from .rundir import RunDir
+
+    RunDir(out).check_writable("--out")  # before any work, not after the detectors ran
     plan = {name: overrides.get(name, {}) for name in names}
     result = evaluate_store(
         store,
@@ -234,12 +237,14 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
 
 
 # Each pipeline area owns its commands and adds them here.
+from . import accuracy_cli as _accuracy_cli  # noqa: E402
 from . import quick_cli as _quick_cli  # noqa: E402
-from .analysis import cli as _analysis_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
+from .audit import render as _audit_render  # noqa: E402
 from .construct import cli as _construct_cli  # noqa: E402
 from .detectors import cli as _detectors_cli  # noqa: E402
 from .extract import cli as _extract_cli  # noqa: E402
+from .report import analyze as _analysis_cli  # noqa: E402
 from .report import cli as _report_cli  # noqa: E402
 from .runner import cli as _runner_cli  # noqa: E402
 from .zeroshot import cli as _zeroshot_cli  # noqa: E402
@@ -247,6 +252,7 @@ from .zeroshot import cli as _zeroshot_cli  # noqa: E402
 for _area in (
     _detectors_cli,
     _extract_cli,
+    _accuracy_cli,
     _quick_cli,
     _zeroshot_cli,
     _analysis_cli,
@@ -270,6 +276,16 @@ def _openclip_text_embedder(*args: object) -> object:
 
 
 _zeroshot_cli.use_text_embedder(_openclip_text_embedder)
+
+
+def _audit_html(*args: Any) -> str:
+    """Audit documents' HTML: the report package renders it (wired here: audit sits below report)."""
+    from .report.html_report import render_audit_html
+
+    return render_audit_html(*args)
+
+
+_audit_render.use_html_renderer(_audit_html)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -22,10 +22,10 @@ from . import detectors as detector_registry
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
 from .progress import progress_bar
-from .report.detector_table import detector_table_markdown
 from .results import ResultRow, metric_rows
 from .rundir import RunDir
 from .store import Store
+from .tabular import detector_table_markdown
 
 __all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
 
@@ -218,6 +218,10 @@ def evaluate_store(
     )
     if run_dir is not None:
         run_dir.write_results(model_id, result.rows, result.scores, result.table_markdown)
+        if id_test.labels is not None and id_test.logits is not None:
+            from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
+
+            record_accuracy(run_dir.path, store, model_id, id_dataset)
         ran_keys = {name: keys[name] for name in plan if name not in result.skipped}
         run_dir.write_info(
             run_description(

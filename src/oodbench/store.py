@@ -185,6 +185,9 @@ class Store:
         overwrite: bool = False,
     ) -> Path:
         """Write a whole in-memory `Outputs` as a complete entry (sharded, atomic)."""
+        if len(outputs) == 0:
+            # Checked before anything touches the disk: a zero-row entry would have no shard to define its arrays.
+            raise StoreError(f"{model_id}/{dataset_id}: the outputs have no rows; an entry needs at least one")
         if overwrite:
             self.delete(model_id, dataset_id)
         n = len(outputs)

@@ -7,7 +7,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from analysis_run_factory import make_run  # noqa: E402  (this folder is on sys.path in pytest's default import mode)
+from .helpers import make_run  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from scipy import stats
 from oodbench import metrics
 from oodbench.analysis.rundata import load_run
 from oodbench.analysis.subsample import (
-    SEED_N,
+    PAPER_N,
     acceptance_bits,
     average_ranks,
     closed_form_se,
@@ -107,7 +107,7 @@ def test_rank_correlation_matches_scipy_spearmanr() -> None:
     values[0] = 3.0  # a constant row: undefined
     rho = rank_correlation(values, reference)
     assert np.isnan(rho[0])
-    for row, got in zip(values[1:], rho[1:]):
+    for row, got in zip(values[1:], rho[1:], strict=False):
         assert got == pytest.approx(stats.spearmanr(row, reference).statistic, abs=1e-12)
 
 
@@ -179,7 +179,7 @@ def test_run_skips_sets_smaller_than_n_and_errors_when_none_fit(synthetic_run) -
 
 
 def test_resolve_n() -> None:
-    assert resolve_n("auto", {"a": 5000, "b": 20000}) == SEED_N
+    assert resolve_n("auto", {"a": 5000, "b": 20000}) == PAPER_N
     assert resolve_n("auto", {"a": 300, "b": 220}) == 110
     assert resolve_n(None, {"a": 3}) == 1
     assert resolve_n("42", {"a": 3}) == 42
@@ -208,7 +208,7 @@ def test_curve_shares_the_fixed_best_detector_and_shrinks_std() -> None:
     studies = subsample_curve(ids, oods, [20, 80, 320, 600], draws=400, seed=2)
     assert len({s.best for s in studies}) == 1
     shared = subsample_curve(ids, oods, [20, 80], draws=400, seed=2, bits=acceptance_bits(ids, oods))
-    for passed, own in zip(shared, studies):
+    for passed, own in zip(shared, studies, strict=False):
         np.testing.assert_array_equal(passed.draw_counts, own.draw_counts)
     stds = [s.summary().std for s in studies]
     assert stds[0] > stds[1] > stds[2] > stds[3] == 0.0

@@ -8,11 +8,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from oodbench.analysis.cli import register
 from oodbench.analysis.rundata import load_run
 from oodbench.analysis.subsample import subsample_run
 from oodbench.cli import OodbenchGroup
 from oodbench.errors import AnalysisError
+from oodbench.report.analyze import register
 
 runner = CliRunner()
 

@@ -58,3 +58,31 @@ def single_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def write_tiny_hf_clip(folder: Path, *, seed: int = 0) -> Path:
+    """A tiny random transformers CLIPModel with its processor (character tokenizer, 32 px), saved to `folder`."""
+    import string
+
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for char in string.ascii_lowercase + string.digits + ".,'-":
+        vocab[char] = len(vocab)
+        vocab[char + "</w>"] = len(vocab)
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=[])
+    text = {"vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    text.update(num_attention_heads=2, max_position_embeddings=32, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    vision.update(image_size=32, patch_size=8)
+    torch.manual_seed(seed)
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
+    processor = CLIPProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        tokenizer=tokenizer,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

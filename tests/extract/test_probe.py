@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import typer
@@ -145,3 +147,98 @@ def test_probe_cli(tmp_path, digits):
     assert "probe trained (lbfgs)" in result.output
     assert store.exists("dino-lin", "ood") and store.has_head("dino-lin")
     assert "Example" in CliRunner().invoke(app, ["probe", "--help"]).output
+
+
+def _gaussian_classes(n: int, seed: int, classes: int = 10, dim: int = 32):
+    """Overlapping Gaussian classes (test accuracy well below 1, so a probe that stops early is visible)."""
+    rng = np.random.default_rng(seed)
+    means = np.random.default_rng(123).normal(scale=0.45, size=(classes, dim))
+    labels = rng.integers(0, classes, n)
+    return (means[labels] + rng.normal(size=(n, dim))).astype(np.float32), labels.astype(np.int64)
+
+
+def test_probe_beyond_the_memory_budget_converges_like_scikit_learn(monkeypatch):
+    """The path taken when the training features exceed the in-memory budget (forced here by a zero budget) must
+    reach scikit-learn's best-C accuracy. Tolerance: the two classifiers' accuracies differ by the share of test rows
+    on which exactly one is right; with d the disagreement rate, that difference has standard deviation <= sqrt(d/n),
+    and we allow 3 of them (plus one row)."""
+    import oodbench.extract.probe as probe
+
+    monkeypatch.setattr(probe, "FULL_BATCH_BYTES", 0)
+    x, y = _gaussian_classes(6000, seed=0)
+    x_test, y_test = _gaussian_classes(3000, seed=1)
+    result = fit_probe(x, y)
+    ours = result.head.logits(x_test).argmax(1)
+    best = None
+    for c in (0.001, 0.01, 0.1, 1.0):
+        predicted = LogisticRegression(C=c, max_iter=3000).fit(x, y).predict(x_test)
+        accuracy = float((predicted == y_test).mean())
+        if best is None or accuracy > best[0]:
+            best = (accuracy, predicted)
+    reference_accuracy, reference = best
+    disagreement = float((ours != reference).mean())
+    bound = 3 * np.sqrt(max(disagreement, 1 / len(y_test)) / len(y_test)) + 1 / len(y_test)
+    assert abs(float((ours == y_test).mean()) - reference_accuracy) <= bound, (ours == y_test).mean()
+    assert result.method != "lbfgs" and not result.stopped_at_cap
+
+
+def test_streamed_lbfgs_is_the_in_memory_optimiser(digits):
+    x, y, _, _ = digits
+    in_memory = fit_probe(x, y, method="lbfgs", weight_decay=1e-3)
+    streamed = fit_probe(x, y, method="streamed", weight_decay=1e-3, chunk_rows=97)
+    assert streamed.method == "streamed"
+    # Same objective, gradients summed over chunks in another order: float32 rounding only, on a converged problem.
+    scale = float(np.abs(in_memory.head.weight).max())
+    np.testing.assert_allclose(streamed.head.weight, in_memory.head.weight, atol=1e-3 * scale)
+    assert streamed.val_loss == pytest.approx(in_memory.val_loss, rel=1e-3)
+
+
+def test_weight_decay_is_chosen_on_the_held_out_rows(digits):
+    x, y, _, _ = digits
+    result = fit_probe(x[:300], y[:300], weight_decays=(1e-1, 1e-3, 1e-6))
+    assert [row["weight_decay"] for row in result.search] == [1e-1, 1e-3, 1e-6]
+    losses = {row["weight_decay"]: row["val_loss"] for row in result.search}
+    assert result.weight_decay == min(losses, key=losses.get)
+    assert result.val_loss == pytest.approx(min(losses.values()))
+    fixed = fit_probe(x[:300], y[:300], weight_decay=1e-6)
+    assert fixed.weight_decay == 1e-6 and len(fixed.search) == 1
+
+
+def test_epoch_cap_on_an_improving_run_warns(digits):
+    from oodbench.extract.probe import ProbeCapWarning
+
+    x, y, _, _ = digits
+    with pytest.warns(ProbeCapWarning, match="max_epochs=2"):
+        result = fit_probe(x, y, method="minibatch", batch_size=256, lr=1e-3, max_epochs=2, weight_decay=1e-4)
+    assert result.stopped_at_cap and result.best_epoch == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProbeCapWarning)
+        assert not fit_probe(x, y, weight_decay=1e-3).stopped_at_cap
+
+
+def test_single_class_fit_set_is_refused(digits):
+    x, _, _, _ = digits
+    with pytest.raises(ExtractError, match="single class"):
+        fit_probe(x[:50], np.full(50, 3))
+
+
+def _probe_ids(store: Store) -> list[str]:
+    return [m for m in store.models() if "probe" in m]
+
+
+def test_apply_to_entries_are_checked_before_training(tmp_path, digits):
+    store = _frozen_store(tmp_path, digits)
+    x_test = digits[2]
+    prov = store.meta("dino", "test")["provenance"]
+    bad = x_test[:40].copy()
+    bad[7, 3] = np.nan
+    store.write_outputs("dino", "nan", Outputs(bad, check_finite=False), provenance=prov)
+    store.write_outputs("dino", "narrow", Outputs(x_test[:40, :32]), provenance=prov)
+    with pytest.raises(ExtractError, match="no store entry dino/tset"):
+        run_probe(store, "dino", "fit", apply_to=["test", "tset"], config=ProbeConfig(weight_decay=1e-3))
+    with pytest.raises(ExtractError, match=r"dino/nan: features contain NaN or inf \(first at row 7\)"):
+        run_probe(store, "dino", "fit", apply_to=["test", "nan"], config=ProbeConfig(weight_decay=1e-3))
+    with pytest.raises(ExtractError, match=r"dino/narrow: features have shape \(40, 32\); the probe reads 64"):
+        run_probe(store, "dino", "fit", apply_to=["narrow"], config=ProbeConfig(weight_decay=1e-3))
+    # Nothing was trained or written: no head, no entry (complete or not) under the probe id.
+    assert not store.has_head("dino+probe") and not (store.root / "dino+probe").exists()

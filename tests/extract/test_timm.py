@@ -137,3 +137,32 @@ def test_checkpoint_with_other_class_count_sets_the_head(tmp_path):
         load_timm("test_efficientnet", checkpoint=tmp_path / "ft.pth")
     with pytest.raises(ExtractError, match="does not exist"):
         load_timm("test_resnet", checkpoint=tmp_path / "nope.pth")
+
+
+def test_preprocessing_overrides_are_validated_and_applied():
+    from oodbench.extract.backbones.base import check_preprocessing, describe_preprocessing
+
+    assert check_preprocessing({"mean": 0.5, "std": [0.25], "input_size": 64, "crop_pct": 1}) == {
+        "mean": [0.5] * 3,
+        "std": [0.25] * 3,
+        "input_size": [3, 64, 64],
+        "crop_pct": 1.0,
+    }
+    assert check_preprocessing({"input_size": [48, 64]})["input_size"] == [3, 48, 64]
+    for bad, message in [
+        ({"mean": [0.1, 0.2]}, "one number or three"),
+        ({"std": 0}, "std must be positive"),
+        ({"input_size": [1, 32, 32]}, "S, \\[H, W\\] or \\[3, H, W\\]"),
+        ({"interpolation": "cubic"}, "interpolation must be one of"),
+        ({"crop_mode": "centre"}, "crop_mode must be one of"),
+        ({"gamma": 2.2}, "unknown preprocessing setting 'gamma'"),
+    ]:
+        with pytest.raises(ExtractError, match=message):
+            check_preprocessing(bad)
+    # A ViT is created at the overridden resolution, and the transform produces it.
+    backbone = load_timm("test_vit", pretrained=False, preprocessing={"input_size": 64, "mean": 0.5, "std": 0.5})
+    assert backbone.input_size() == (3, 64, 64)
+    assert backbone.preprocessing["mean"] == [0.5] * 3 and backbone.provenance()["preprocessing_overrides"]["mean"]
+    assert backbone.infer(torch.zeros(2, 3, 64, 64))["features"].shape[0] == 2
+    line = describe_preprocessing(backbone.preprocessing, backbone.preprocessing_overrides)
+    assert "input_size=3x64x64*" in line and "mean=(0.5, 0.5, 0.5)*" in line and "interpolation=" in line

@@ -5,16 +5,17 @@ import os
 from pathlib import Path
 
 import pytest
-from report_fixtures import metric_rows  # this folder is on sys.path in pytest's default import mode
 
 from oodbench.results import ResultRow
+
+from .helpers import metric_rows
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _load_make_run():
     # The run factory lives with the analysis tests; load it by path so both folders share one definition.
-    path = Path(__file__).parents[1] / "analysis" / "analysis_run_factory.py"
+    path = Path(__file__).parents[1] / "analysis" / "helpers.py"
     spec = importlib.util.spec_from_file_location("oodbench_tests_synthetic_run", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -75,3 +76,28 @@ def zeroshot_rows() -> list[ResultRow]:
         + metric_rows("clip-l14", "ninco", 5879, second)
         + metric_rows("clip-l14", "openimage-o", 17632, second)
     )
+
+
+@pytest.fixture(scope="session")
+def paper_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Runs named like a reproduction of the Fi-ImageNet-1k paper (checkpoint tags, its dataset names), with
+    accuracy.json files: ResNet50 and EVA02-L-448 on Fi-ImageNet-1k, NINCO and Textures."""
+    from .helpers import write_accuracy
+
+    make_run = _load_make_run()
+    root = tmp_path_factory.mktemp("paper-runs")
+    names = {"near": "fi-imagenet-1k", "far": "ninco", "noise": "textures"}
+    runs = []
+    for index, (model, top1) in enumerate(
+        (("resnet50.a1_in1k", (0.801, 0.849)), ("eva02_large_patch14_448.mim_m38m_ft_in22k_in1k", (0.899, 0.915)))
+    ):
+        run = make_run(root, model, seed=index, names=names)
+        write_accuracy(run, model, {"original": (top1[0], 400), "real": (top1[1], 380)})
+        runs.append(run)
+    return runs
+
+
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real evaluation run directory (5 logit detectors, 3 OOD sets of 300/260/220 images), for `analyze`."""
+    return _load_make_run()(tmp_path_factory.mktemp("analyze-run"))

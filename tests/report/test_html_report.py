@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from report_fixtures import VOCABULARIES
 
 from oodbench.report.html_report import write_html_report
 from oodbench.results import write_rows
+
+from .helpers import VOCABULARIES
 
 FAST = dict(draws=200, curve_draws=40, curve_points=4, resamples=200)
 
@@ -39,7 +40,7 @@ def test_report_holds_tables_figures_and_provenance(report, two_runs) -> None:
         with Image.open(io.BytesIO(base64.b64decode(encoded))) as image:
             assert image.format == "PNG" and image.size[0] > 200
     run = json.loads((two_runs[0] / "run.json").read_text())
-    for dataset, entry in run["entries"].items():
+    for _dataset, entry in run["entries"].items():
         assert entry["item_hash"] in html
     assert run["entries"]["far"]["provenance"]["checkpoint"] in html
     assert "numpy" in html and "matplotlib" in html
@@ -104,3 +105,49 @@ def test_report_renders_in_headless_chromium(report, tmp_path) -> None:
     assert pixels.shape == (2000, 1280)
     assert pixels.std() > 20  # not a blank page
     assert (pixels < 128).mean() > 0.01  # text, rules and plots drawn in dark ink
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian Chromium (/usr/bin/chromium) is not installed")
+def test_provenance_values_stay_inside_a_1400px_window(two_runs, tmp_path) -> None:
+    """A 579-character head description (as the demo's) must neither push the values off-screen nor clip the table."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    run = tmp_path / "run"
+    shutil.copytree(two_runs[0], run)
+    info = json.loads((run / "run.json").read_text())
+    info.setdefault("head", {}).setdefault("provenance", {})["description"] = "linear head " + "x" * 567
+    (run / "run.json").write_text(json.dumps(info))
+    out = write_html_report(run, tmp_path / "report.html", score_figures=False, **FAST)
+    width = 1400
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        page.goto(out.resolve().as_uri())
+        checked = 0
+        for selector in ('table[data-table^="prov-"] td', 'table[data-table^="entries-"] td'):
+            cells = page.locator(selector)
+            assert cells.count() > 0, selector
+            for index in range(cells.count()):
+                box = cells.nth(index).bounding_box()
+                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (selector, index, box)
+                checked += 1
+        # Values read from the left edge of their column, next to their label.
+        value = page.locator('table[data-table^="prov-"] td:nth-child(2)').first
+        assert value.evaluate("e => getComputedStyle(e).textAlign") in ("left", "start")
+        browser.close()
+    assert checked > 10
+
+
+def test_intro_becomes_a_context_section_first(two_runs, tmp_path) -> None:
+    from oodbench.tabular import Cell, Table
+
+    datasets = Table("demo-datasets", "The datasets", ("set", "images"), ((Cell("near"), Cell("300")),))
+    html = write_html_report(
+        two_runs[0], tmp_path / "r.html", intro=("First paragraph.", "Second paragraph.", datasets), **FAST
+    ).read_text(encoding="utf-8")
+    context = html.index('<section id="context">')
+    assert context < html.index('<section id="overview">')
+    assert "<p>First paragraph.</p>" in html and "<p>Second paragraph.</p>" in html
+    assert 'data-table="demo-datasets"' in html

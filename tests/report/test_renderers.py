@@ -9,8 +9,7 @@ import pytest
 from oodbench.errors import AnalysisError
 from oodbench.report.html import render_html
 from oodbench.report.latex import latex_escape, render_latex
-from oodbench.report.markdown import render_markdown
-from oodbench.report.table_model import Cell, Table
+from oodbench.tabular import Cell, Table, render_markdown
 
 TRICKY = Table(
     "tricky",

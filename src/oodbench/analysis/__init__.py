@@ -14,7 +14,7 @@ _EXPORTS = {
     "Interval": ".intervals",
     "IntervalRecord": ".runs",
     "RunData": ".rundata",
-    "SEED_N": ".subsample",
+    "PAPER_N": ".subsample",
     "SpreadSummary": ".spread",
     "SubsampleStudy": ".subsample",
     "SubsampleSummary": ".subsample",

@@ -45,7 +45,7 @@ def delong_covariance(id_scores: Sequence[object], ood_scores: Sequence[object])
     """AUROCs (K,) and their DeLong covariance (K, K) for K detectors scored on the same ID and OOD images."""
     if len(id_scores) != len(ood_scores) or not id_scores:
         raise AnalysisError("give one ID and one OOD score array per detector")
-    components = [_twice_wins(i, o) for i, o in zip(id_scores, ood_scores)]
+    components = [_twice_wins(i, o) for i, o in zip(id_scores, ood_scores, strict=False)]
     n_id = {c[0].shape[0] for c in components}
     n_ood = {c[1].shape[0] for c in components}
     if len(n_id) != 1 or len(n_ood) != 1:

@@ -121,6 +121,12 @@ def load_runs(paths: Sequence[str | os.PathLike[str]]) -> list[RunData]:
     are told apart by the run kind, so only two runs of the same kind clash.
     """
     runs = [load_run(p) for p in paths]
+    check_distinct(runs)
+    return runs
+
+
+def check_distinct(runs: Sequence[RunData]) -> None:
+    """Refuse two runs of the same kind with a row of the same (model, ID, OOD, detector, metric)."""
     seen: dict[tuple[bool, str, str, str, str, str], Path] = {}
     for run in runs:
         for r in run.rows:
@@ -131,4 +137,3 @@ def load_runs(paths: Sequence[str | os.PathLike[str]]) -> list[RunData]:
                     f"and {run.path}; pass each model's run once"
                 )
             seen[key] = run.path
-    return runs

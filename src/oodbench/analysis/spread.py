@@ -1,4 +1,4 @@
-"""Between-dataset spread versus sampling noise (seed §4.6): are OOD sets really different, or just small?
+"""Between-dataset spread versus sampling noise (the Fi-ImageNet-1k paper's §4.6): are OOD sets really different, or just small?
 
 Per (model, ID set): the spread is the standard deviation, across OOD sets, of the best detector's full-set FPR@95;
 the sampling noise is the mean, across the same sets, of the FPR@95 standard deviation over subsets of n images.

@@ -1,4 +1,4 @@
-"""Subsampling study (seed §4.6, Appendix C, Table A6, Fig. A4): how much would FPR@95 move on a smaller OOD set?
+"""Subsampling study (the Fi-ImageNet-1k paper's §4.6, Appendix C, Table A6, Fig. A4): how much would FPR@95 move on a smaller OOD set?
 
 For one (model, OOD set): every detector's ID threshold is fixed from the full ID test set, so whether an OOD image
 is accepted is one bit per (image, detector), computed once. A draw of n OOD images without replacement then gives
@@ -27,7 +27,7 @@ from .records import plain_dict
 from .rundata import RunData
 
 __all__ = [
-    "SEED_N",
+    "PAPER_N",
     "AcceptanceBits",
     "SubsampleStudy",
     "SubsampleSummary",
@@ -42,8 +42,9 @@ __all__ = [
     "subsample_run",
 ]
 
-# The seed's subset size: the size of its smallest OOD benchmark, so every set can be compared at equal n.
-SEED_N = 655
+# The Fi-ImageNet-1k paper's subset size: the size of Fi-ImageNet-1k, its smallest OOD set, so every set is
+# compared at equal n.
+PAPER_N = 655
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def acceptance_bits(
     if not names:
         raise AnalysisError("no detector scores given")
     oods = [metrics.as_scores(f"ood_scores[{name!r}]", ood_scores[name]) for name in names]
-    sizes = {name: o.shape[0] for name, o in zip(names, oods)}
+    sizes = {name: o.shape[0] for name, o in zip(names, oods, strict=False)}
     if len(set(sizes.values())) != 1:
         raise AnalysisError(f"OOD score arrays of one dataset must have one length; got {sizes}")
     cache = thresholds if thresholds is not None else {}
@@ -90,7 +91,7 @@ def acceptance_bits(
             cache[name] = metrics.threshold_at_tpr(id_scores[name], tpr)
     values = np.array([cache[name] for name in names])
     accepted = np.empty((oods[0].shape[0], len(names)), dtype=bool)
-    for column, (ood, threshold) in enumerate(zip(oods, values)):
+    for column, (ood, threshold) in enumerate(zip(oods, values, strict=False)):
         np.greater_equal(ood, threshold, out=accepted[:, column])
     return AcceptanceBits(tuple(names), values, accepted, {})
 
@@ -351,11 +352,11 @@ def subsample_curve(
 
 
 def resolve_n(n: int | str | None, sizes: Mapping[str, int]) -> int:
-    """The subset size to use: an explicit n, or 'auto' = the seed's 655 capped at half the smallest OOD set."""
+    """The subset size to use: an explicit n, or 'auto' = the paper's 655 capped at half the smallest OOD set."""
     if n is None or (isinstance(n, str) and n.strip().lower() == "auto"):
         if not sizes:
             raise AnalysisError("no OOD datasets to subsample")
-        return max(1, min(SEED_N, min(sizes.values()) // 2))
+        return max(1, min(PAPER_N, min(sizes.values()) // 2))
     try:
         value = int(n)
     except (TypeError, ValueError):

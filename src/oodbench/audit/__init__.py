@@ -30,7 +30,7 @@ _EXPORTS = {
     "find_suspects": ".contrast",
     "LeaveClassOutResult": ".leave_class_out",
     "leave_class_out": ".leave_class_out",
-    "train_probe": ".leave_class_out",
+    "logistic_regression_head": ".leave_class_out",
     "Verdict": ".adjudicate",
     "adjudicate": ".adjudicate",
     "LEAK": ".adjudicate",

@@ -34,7 +34,9 @@ def adjudicate(fp: Fingerprint, contrast: ContrastResult | None, config: AuditCo
       the pool has collapsed, which would make the rule hinge on fold noise: then ``inconclusive``).
     - ``leak``: the rule fires and refitting without the suspect data recovers detection
       (best AUROC >= collapse threshold + margin).
-    - ``hard-clean``: the rule fires but the refit pool stays below the collapse threshold.
+    - ``hard-clean``: the rule fires but the refit pool stays below the collapse threshold; or, on the automatic
+      contrast (suspects found by proximity), detection recovers but the OOD images are distinct from the excluded
+      class's own fit rows beyond the identity reading's permutation null (a close neighbour, not the OOD class).
     - ``inconclusive``: the rule fires and there is no contrast, or the recovery is only partial (between the
       collapse threshold and the recovery threshold), or (when ``identity_threshold`` is set) the OOD images are
       linearly separable from the excluded class's own fit data, i.e. a close but distinct class.
@@ -68,6 +70,25 @@ def adjudicate(fp: Fingerprint, contrast: ContrastResult | None, config: AuditCo
     )
     if contrast.removed_rows == 0:
         return Verdict(HARD_CLEAN, reasons + [f"{change}; {contrast.note}"])
+    if contrast.recovered and contrast.suspects_auto and contrast.identity_distinct:
+        # The excluded class was chosen by proximity; the OOD images are distinct from it beyond what chance gives.
+        identity = contrast.identity
+        return Verdict(
+            HARD_CLEAN,
+            reasons
+            + [
+                f"{change}, but the OOD images are distinct from the nearest excluded class "
+                f"{contrast.identity_class}'s own fit rows (OracleLDA {identity.auroc:.3f} > {contrast.identity_limit:.3f}, "
+                f"the mean + {config.identity_null_z:g} sd of {len(contrast.identity_null)} label permutations): "
+                "excluding a close neighbour lets detection recover, as on an intrinsically hard clean pair "
+                "(designate the class as suspect if the OOD set is that class from another source)"
+            ],
+        )
+    if contrast.recovered and contrast.suspects_auto and contrast.identity is None:
+        return Verdict(
+            INCONCLUSIVE,
+            reasons + [f"{change}, but the suspects were found automatically and too few rows remain to read identity"],
+        )
     if contrast.recovered:
         identity = contrast.identity
         if (

@@ -8,7 +8,13 @@ Families of splits (each class gives one leaked and one clean split):
   the fit set and a head is retrained without it on cached features (the backbone still saw it; see README).
 - ``fit-only-class``: a class outside the model's label space (``extra_train``/``extra_test``) is designated OOD.
   Leaked: its training rows are added to the fit set (the head is unchanged). Clean: the fit set is left as is.
+- ``near``: near-OOD sets known to be clean (none of their classes is in the fit set) but close to a fit class:
+  intrinsically hard clean pairs, the rule's documented false-fire mode. Clean only.
 - ``far``: whole OOD sets (e.g. faces, noise) against the untouched fit set; clean only.
+
+Every split is audited twice where the rule fires: with suspects found automatically (as an auditor who does not
+know the answer would) and with the class the benchmark designates (the OOD class itself; for near and far sets,
+a class that is not in the fit set). Both paths' sensitivity and specificity are reported.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ from ..outputs import Head, Outputs
 from ..progress import progress_bar
 from ..store import Store
 from ._rows import select_rows
-from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, VERDICTS
+from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, VERDICTS, Verdict, adjudicate
 from .config import AuditConfig
+from .contrast import ContrastResult, exclusion_contrast
 from .fingerprint import PoolState, prepare_pool, rescore_pool
-from .leave_class_out import probe_without
+from .leave_class_out import head_without
 from .split import SplitAudit, audit_split
 
 __all__ = [
@@ -45,6 +52,8 @@ __all__ = [
 ]
 
 LEAKED, CLEAN_KIND = "leaked", "clean"
+# The designated class of a near or far split: no fit-set class carries it (labels are non-negative).
+NOT_IN_FIT = -1
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,11 @@ class BatterySplit:
     ood_class: int | None
     build: Callable[[Path | None], SplitData] = field(repr=False)
     pool_key: tuple[Any, ...] | None = None
+
+    @property
+    def designated(self) -> int:
+        """The fit-set class the benchmark designates as OOD (NOT_IN_FIT for near and far sets)."""
+        return NOT_IN_FIT if self.ood_class is None else self.ood_class
 
     def materialize(self, scratch: Path | None = None) -> SplitData:
         """Build the split's arrays (large selections go to memory maps under `scratch`)."""
@@ -97,6 +111,7 @@ def make_battery(
     extra_train: Outputs | None = None,
     extra_test: Outputs | None = None,
     far: Mapping[str, Outputs] | None = None,
+    near: Mapping[str, Outputs] | None = None,
     config: AuditConfig | None = None,
 ) -> list[BatterySplit]:
     """Leaked and clean splits from labelled train/test outputs (see module docstring); arrays are built lazily."""
@@ -110,7 +125,7 @@ def make_battery(
         raise AuditError(f"classes {missing.tolist()} are not in the training labels {train_classes.tolist()}")
     if train_classes.shape[0] < 3 and chosen.size:
         raise AuditError("trained-class splits need at least 3 training classes (2 must remain for a clean head)")
-    test_counts = dict(zip(*np.unique(test.labels, return_counts=True)))
+    test_counts = dict(zip(*np.unique(test.labels, return_counts=True), strict=True))
     empty = [int(c) for c in chosen if test_counts.get(c, 0) == 0]
     if empty:
         raise AuditError(f"classes {empty} have no test rows to designate as OOD")
@@ -137,7 +152,7 @@ def make_battery(
             if leaked:
                 return SplitData(train, head, id_test, ood)
             fit = select_rows(train, train.labels != c, scratch=scratch, logits=False)
-            return SplitData(fit, probe_without(train, (c,), config)[0], _without_logits(id_test), _without_logits(ood))
+            return SplitData(fit, head_without(train, (c,), config)[0], _without_logits(id_test), _without_logits(ood))
 
         return build
 
@@ -168,12 +183,13 @@ def make_battery(
                 f"clean/fit-only-class-{e}", CLEAN_KIND, "fit-only-class", e, extra_split(e, False), pool_key=untouched
             )
         )
-    for name, outputs in (far or {}).items():
-        splits.append(
-            BatterySplit(f"clean/far-{name}", CLEAN_KIND, "far", None, far_split(outputs), pool_key=untouched)
-        )
+    for family, sets in (("near", near), ("far", far)):
+        for name, outputs in (sets or {}).items():
+            splits.append(
+                BatterySplit(f"clean/{family}-{name}", CLEAN_KIND, family, None, far_split(outputs), pool_key=untouched)
+            )
     if not splits:
-        raise AuditError("the battery is empty: give classes, extra sets or far OOD sets")
+        raise AuditError("the battery is empty: give classes, extra sets, near or far OOD sets")
     return splits
 
 
@@ -184,6 +200,7 @@ class BatteryResult:
     audits: list[SplitAudit]
     config: AuditConfig
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    designated: dict[str, DesignatedReading] = field(default_factory=dict)
 
     def _of(self, kind: str) -> list[SplitAudit]:
         return [a for a in self.audits if a.meta.get("kind") == kind]
@@ -215,6 +232,23 @@ class BatteryResult:
         """Share of clean splits not adjudicated 'leak' (clean, hard-clean or inconclusive)."""
         clean = self._of(CLEAN_KIND)
         return self._rate(sum(a.verdict.label != LEAK for a in clean), len(clean))
+
+    def designated_label(self, audit: SplitAudit) -> str:
+        """The split's verdict with the designated class as suspect (the automatic one where the rule is silent)."""
+        reading = self.designated.get(audit.name)
+        return audit.verdict.label if reading is None else reading.verdict.label
+
+    @property
+    def designated_sensitivity(self) -> float:
+        """Share of leaked splits adjudicated 'leak' when the contrast excludes the designated class."""
+        leaked = self._of(LEAKED)
+        return self._rate(sum(self.designated_label(a) == LEAK for a in leaked), len(leaked))
+
+    @property
+    def designated_specificity(self) -> float:
+        """Share of clean splits not adjudicated 'leak' when the contrast excludes the designated class."""
+        clean = self._of(CLEAN_KIND)
+        return self._rate(sum(self.designated_label(a) != LEAK for a in clean), len(clean))
 
     def misses(self) -> list[tuple[SplitAudit, str]]:
         """Splits where the rule or the adjudication disagreed with the truth, with a one-line reason."""
@@ -252,8 +286,11 @@ class BatteryResult:
             f"On this battery ({len(leaked)} leaked / {len(clean)} clean splits) the single-threshold rule "
             f"(OracleLDA >= {self.config.oracle_threshold:.2f} and best unsupervised AUROC < {self.config.collapse_threshold:.2f}) "
             f"fired on {fired}/{len(leaked)} leaked splits and stayed silent on {silent}/{len(clean)} clean splits; "
-            f"with the exclusion contrast, {sum(a.verdict.label == LEAK for a in leaked)}/{len(leaked)} leaks were confirmed "
-            f"and {sum(a.verdict.label == LEAK for a in clean)}/{len(clean)} clean splits were wrongly called leaks."
+            f"with the automatic exclusion contrast (suspects found by proximity), "
+            f"{sum(a.verdict.label == LEAK for a in leaked)}/{len(leaked)} leaks were confirmed "
+            f"and {sum(a.verdict.label == LEAK for a in clean)}/{len(clean)} clean splits were wrongly called leaks; "
+            f"excluding the designated class instead, {sum(self.designated_label(a) == LEAK for a in leaked)}/{len(leaked)} "
+            f"and {sum(self.designated_label(a) == LEAK for a in clean)}/{len(clean)}."
         ]
         families = sorted({a.meta.get("family", "") for a in self.audits})
         for family in families:
@@ -279,10 +316,28 @@ class BatteryResult:
             "rule_specificity": rate(self.rule_specificity),
             "sensitivity": rate(self.sensitivity),
             "specificity": rate(self.specificity),
+            "designated_sensitivity": rate(self.designated_sensitivity),
+            "designated_specificity": rate(self.designated_specificity),
             "counts": self.counts,
             "scope": self.scope_statement(),
-            "splits": [a.to_dict() for a in self.audits],
+            "splits": [
+                {**a.to_dict(), "designated": self.designated[a.name].to_dict() if a.name in self.designated else None}
+                for a in self.audits
+            ],
         }
+
+
+@dataclass
+class DesignatedReading:
+    """A split's contrast and verdict with the designated class as the suspect."""
+
+    suspect: int
+    contrast: ContrastResult
+    verdict: Verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data view."""
+        return {"suspect": self.suspect, "contrast": self.contrast.to_dict(), "verdict": self.verdict.to_dict()}
 
 
 def run_battery(
@@ -296,6 +351,7 @@ def run_battery(
     config = config or AuditConfig()
     shared: dict[tuple[Any, ...], PoolState] = {}
     audits = []
+    designated: dict[str, DesignatedReading] = {}
     with progress_bar(progress) as bar, tempfile.TemporaryDirectory(prefix="oodbench-battery-") as scratch:
         task = bar.add_task("battery splits", total=len(splits))
         for split in splits:
@@ -308,26 +364,39 @@ def run_battery(
             else:
                 state = rescore_pool(cached, data.id_test)
             # Suspects are found automatically, as an auditor who does not know the answer would.
-            audits.append(
-                audit_split(
+            audit = audit_split(
+                data.fit,
+                data.id_test,
+                data.ood,
+                data.head,
+                name=split.name,
+                config=config,
+                state=state,
+                contrast=contrast,
+                meta={"kind": split.kind, "family": split.family, "ood_class": split.ood_class},
+            )
+            audits.append(audit)
+            if audit.fingerprint.fires and data.fit.labels is not None:
+                # The same split with the benchmark's designated class as the suspect (the rule's other input).
+                result = exclusion_contrast(
                     data.fit,
                     data.id_test,
                     data.ood,
                     data.head,
-                    name=split.name,
+                    suspects=(split.designated,),
                     config=config,
                     state=state,
-                    contrast=contrast,
-                    meta={"kind": split.kind, "family": split.family, "ood_class": split.ood_class},
                 )
-            )
+                designated[split.name] = DesignatedReading(
+                    split.designated, result, adjudicate(audit.fingerprint, result, config)
+                )
             del data
             bar.advance(task)
     counts = {
         kind: {v: sum(a.verdict.label == v for a in audits if a.meta["kind"] == kind) for v in VERDICTS}
         for kind in (LEAKED, CLEAN_KIND)
     }
-    return BatteryResult(audits, config, counts)
+    return BatteryResult(audits, config, counts, designated)
 
 
 def battery_from_store(
@@ -339,12 +408,13 @@ def battery_from_store(
     extra_train: str | None = None,
     extra_test: str | None = None,
     far: Sequence[str] = (),
+    near: Sequence[str] = (),
     classes: Sequence[int] | None = None,
     config: AuditConfig | None = None,
 ) -> list[BatterySplit]:
     """Battery splits from stored entries of one model (provenance checked); the stored head is used when present."""
     store = store if isinstance(store, Store) else Store(store)
-    names = [train_dataset, test_dataset, *(d for d in (extra_train, extra_test) if d), *far]
+    names = [train_dataset, test_dataset, *(d for d in (extra_train, extra_test) if d), *near, *far]
     store.check_compatible(*[(model_id, n) for n in names])
     read = lambda name: store.read(model_id, name)  # noqa: E731
     head = store.read_head(model_id) if store.has_head(model_id) else None
@@ -356,45 +426,10 @@ def battery_from_store(
         extra_train=read(extra_train) if extra_train else None,
         extra_test=read(extra_test) if extra_test else None,
         far={name: read(name) for name in far},
+        near={name: read(name) for name in near},
         config=config,
-    )
-
-
-def battery_from_demo(
-    setup: Any,
-    *,
-    classes: Sequence[int] | None = None,
-    far: Sequence[str] | None = None,
-    config: AuditConfig | None = None,
-) -> list[BatterySplit]:
-    """Battery splits on the digits demo's store: trained digits 0-5, never-learned digits 6-9, far sets."""
-    from ..demo import EXTRA_SETS
-
-    far = list(far) if far else [d for d in setup.ood_datasets if d != "digits-6to9"]
-    return battery_from_store(
-        setup.store,
-        setup.model_id,
-        setup.fit_dataset,
-        setup.id_dataset,
-        extra_train=EXTRA_SETS[0],
-        extra_test="digits-6to9",
-        far=far,
-        classes=classes,
-        config=config,
-    )
-
-
-def battery_document(result: BatteryResult, config: AuditConfig, subject: str, title: str) -> Any:
-    """The battery's report document (summary, per-split details), ready for `write_document`."""
-    from .report import AuditDocument, battery_sections, split_sections
-
-    return AuditDocument(
-        title,
-        battery_sections(result) + split_sections(result.audits, config, prefix="battery-detail"),
-        result.to_dict(),
-        subject=subject,
     )
 
 
 # Verdict names re-exported for report code that groups battery rows.
-__all__ += ["CLEAN", "HARD_CLEAN", "INCONCLUSIVE", "LEAK", "battery_from_demo", "battery_document"]
+__all__ += ["CLEAN", "HARD_CLEAN", "INCONCLUSIVE", "LEAK", "DesignatedReading", "NOT_IN_FIT"]

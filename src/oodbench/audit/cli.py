@@ -177,10 +177,12 @@ def fingerprint_command(
 
 @app.command("battery")
 def battery_command(
-    demo: Path | None = typer.Option(
-        None, "--demo", help="Use the digits demo's store under this directory (prepared if missing)."
+    synthetic: bool = typer.Option(
+        False,
+        "--synthetic",
+        help="Run the synthetic controlled battery (Gaussian classes with leaks and hard clean pairs; no store).",
     ),
-    store: Path | None = typer.Option(None, "--store", help="Feature store root (instead of --demo)."),
+    store: Path | None = typer.Option(None, "--store", help="Feature store root."),
     model: str | None = typer.Option(None, "--model", help="Model id in the store."),
     train: str | None = typer.Option(
         None, "--train", help="Labelled train split of the model's classes (the fit set)."
@@ -191,6 +193,11 @@ def battery_command(
     ),
     extra_test: str | None = typer.Option(None, "--extra-test", help="Labelled test rows of those classes."),
     far: list[str] | None = typer.Option(None, "--far", help="Far-OOD set for clean splits (repeatable)."),
+    near: list[str] | None = typer.Option(
+        None,
+        "--near",
+        help="Near-OOD set known to be clean (none of its classes in the fit set), e.g. a hard pair (repeatable).",
+    ),
     classes: str | None = typer.Option(
         None, "--classes", help="Comma-separated trained classes to designate (default: all)."
     ),
@@ -210,26 +217,26 @@ def battery_command(
 ) -> None:
     """Audit splits with known answers (leaked / clean) and report the rule's sensitivity and specificity.
 
-    Example (the digits demo: 10 leaked / 12 clean splits, about 20 s on 2 cores):
-      oodbench audit battery --demo oodbench-demo
-    Example (any labelled store):
+    Example (synthetic: 5 leaked / 8 clean splits, two of them hard clean pairs; no store needed):
+      oodbench audit battery --synthetic
+    Example (any labelled store; `oodbench demo` runs it on the digits demo's store):
       oodbench audit battery --store feats --model m --train cifar10-train --test cifar10-test --far svhn
     """
-    from .battery import battery_document, battery_from_demo, battery_from_store, run_battery
-    from .report import write_document
+    from .battery import battery_from_store, make_battery, run_battery
+    from .report import battery_document, write_document
 
     config = _config(pool, param, logit, oracle_threshold, collapse_threshold, margin, folds, identity_threshold, seed)
     wanted = _classes(classes)
-    if demo is not None:
+    if synthetic:
         if store is not None:
-            raise typer.BadParameter("give either --demo or --store, not both")
-        from ..demo import prepare
+            raise typer.BadParameter("give either --synthetic or --store, not both")
+        from .synthetic import synthetic_battery_data
 
-        setup = prepare(demo, seed)
-        store, model, train, test = setup.store.root, setup.model_id, setup.fit_dataset, setup.id_dataset
-        splits = battery_from_demo(setup, classes=wanted, far=far, config=config)
+        data = synthetic_battery_data(seed)
+        splits = make_battery(data.train, data.test, None, classes=wanted, near=data.near, far=data.far, config=config)
+        subject, model = f"the synthetic controlled battery (seed {seed})", "synthetic"
     elif store is None or model is None or train is None or test is None:
-        raise typer.BadParameter("give --demo DIR, or --store, --model, --train and --test")
+        raise typer.BadParameter("give --synthetic, or --store, --model, --train and --test")
     else:
         splits = battery_from_store(
             store,
@@ -239,21 +246,19 @@ def battery_command(
             extra_train=extra_train,
             extra_test=extra_test,
             far=far or (),
+            near=near or (),
             classes=wanted,
             config=config,
         )
+        subject = f"store {store}, model {model}, train {train}, test {test}"
     result = run_battery(splits, config, progress=progress)
-    document = battery_document(
-        result,
-        config,
-        f"store {store}, model {model}, train {train}, test {test}",
-        f"oodbench audit battery: {model}",
-    )
+    document = battery_document(result, config, subject, f"oodbench audit battery: {model}")
     paths = write_document(document, out, "battery")
     typer.echo(
-        f"sensitivity {result.sensitivity:.3f}  specificity {result.specificity:.3f}  "
-        f"(rule alone: {result.rule_sensitivity:.3f} / {result.rule_specificity:.3f}; "
-        f"{sum(a.meta['kind'] == 'leaked' for a in result.audits)} leaked, "
+        f"automatic contrast: sensitivity {result.sensitivity:.3f}  specificity {result.specificity:.3f}; "
+        f"designated class: {result.designated_sensitivity:.3f} / {result.designated_specificity:.3f}; "
+        f"rule alone: {result.rule_sensitivity:.3f} / {result.rule_specificity:.3f} "
+        f"({sum(a.meta['kind'] == 'leaked' for a in result.audits)} leaked, "
         f"{sum(a.meta['kind'] == 'clean' for a in result.audits)} clean splits)"
     )
     width = max(len(a.name) for a in result.audits)
@@ -261,6 +266,7 @@ def battery_command(
         fp = a.fingerprint
         typer.echo(
             f"{a.name:<{width}}  truth={a.meta['kind']:<6}  verdict={a.verdict.label:<12}  "
+            f"designated={result.designated_label(a):<12}  "
             f"OracleLDA={fp.oracle.auroc:.3f}  best={fp.best_auroc:.3f} ({fp.best_detector})"
         )
     typer.echo(result.scope_statement())
@@ -304,7 +310,7 @@ def scan_command(
         subject="label spaces: " + ", ".join(f"{s.name} ({len(s)} classes)" for s in spaces),
     )
     paths = write_document(document, out, "scan") if out is not None else {}
-    from ..report.markdown import render_markdown
+    from ..tabular import render_markdown
 
     sys.stdout.write(render_markdown(sections[0].tables[0]))
     if paths:

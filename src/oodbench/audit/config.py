@@ -21,6 +21,11 @@ DEFAULT_LOGIT_DETECTORS = ("msp", "maxlogit", "energy")
 class AuditConfig:
     """Thresholds of the firing rule, the contrast and the adjudication, plus the detector pool.
 
+    ``identity_permutations`` / ``identity_null_z``: on the automatic contrast (suspects found, not given) a
+    recovery counts as a leak only if the OOD images are indistinguishable from the excluded class's own fit rows:
+    their OracleLDA must not exceed the mean + ``identity_null_z`` standard deviations of its permutation null
+    (3.09: one-sided 0.1 % under a normal approximation). No number here was tuned on a battery.
+
     ``pool=None`` means the default pool restricted to detectors registered now (the Isolation Forest is always
     there); ``pool_params`` maps a pool member to its hyper-parameters, e.g. ``{"knn": {"k": 10}}``.
     """
@@ -37,6 +42,8 @@ class AuditConfig:
     max_suspects: int = 3
     nearest_per_ood: int = 10
     identity_threshold: float | None = None
+    identity_permutations: int = 19
+    identity_null_z: float = 3.09
     probe_max_per_class: int = 500
     probe_c: float = 1.0
     overlap_k: int = 10
@@ -57,7 +64,16 @@ class AuditConfig:
             raise AuditError(
                 f"folds must be an integer >= 2 (out-of-fold reading needs held-out folds); got {self.folds}"
             )
-        for name in ("max_rows_per_side", "max_suspects", "nearest_per_ood", "probe_max_per_class", "overlap_k"):
+        if not self.identity_null_z > 0:
+            raise AuditError(f"identity_null_z must be positive; got {self.identity_null_z}")
+        for name in (
+            "max_rows_per_side",
+            "max_suspects",
+            "nearest_per_ood",
+            "probe_max_per_class",
+            "overlap_k",
+            "identity_permutations",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AuditError(f"{name} must be a positive integer; got {value!r}")

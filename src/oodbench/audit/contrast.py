@@ -29,7 +29,7 @@ from ..metrics import auroc
 from ..outputs import Head, Outputs
 from ._rows import sample_index, select_rows
 from .config import AuditConfig
-from .fingerprint import OracleLDA, PoolState, oracle_lda, prepare_pool
+from .fingerprint import OracleLDA, PoolState, oracle_lda, oracle_lda_null, prepare_pool
 from .neighbours import class_means, nearest_class_mean, nearest_rows
 from .pool import FittedPool, PoolMember, best_of, fit_pool, pool_aurocs
 
@@ -59,10 +59,22 @@ class ContrastResult:
     identity: OracleLDA | None = None
     note: str = ""
     skipped: dict[str, str] = field(default_factory=dict)
+    identity_class: int | None = None
+    identity_null: tuple[float, ...] = ()
+    identity_limit: float | None = None
+
+    @property
+    def identity_distinct(self) -> bool:
+        """True when the identity reading exceeds its permutation null's limit: the OOD images are not the excluded
+        class (computed on the automatic contrast only, where the excluded class was chosen by proximity)."""
+        return (
+            self.identity is not None and self.identity_limit is not None and self.identity.auroc > self.identity_limit
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view."""
         data = asdict(self)
+        data["identity_distinct"] = self.identity_distinct
         data["identity"] = None if self.identity is None else self.identity.to_dict()
         data["suspect_shares"] = {str(k): v for k, v in self.suspect_shares.items()}
         return data
@@ -185,19 +197,8 @@ def _by_label(
         refit = _refit(fit_set, ~drop, members, Path(scratch))
         after = pool_aurocs(refit.score(id_test), refit.score(ood))
     name, best_after = best_of(after)
-    rng = np.random.default_rng(config.seed)
-    suspect_rows = np.flatnonzero(drop)
-    identity = None
-    if len(suspect_rows) >= config.folds and len(ood) >= config.folds:
-        picked = suspect_rows[sample_index(len(suspect_rows), config.max_rows_per_side, rng)]
-        identity = oracle_lda(
-            np.asarray(fit_set.features[picked]),
-            ood.features,
-            folds=config.folds,
-            seed=config.seed,
-            max_rows_per_side=config.max_rows_per_side,
-        )
     recovered, partial = _recovery(best_before, best_after, config)
+    identity, identity_class, null, limit = _identity(fit_set, ood, labels, chosen, auto and recovered, config)
     return ContrastResult(
         "label",
         chosen,
@@ -215,7 +216,51 @@ def _by_label(
         bool(partial),
         identity,
         skipped=dict(refit.skipped),
+        identity_class=identity_class,
+        identity_null=null,
+        identity_limit=limit,
     )
+
+
+def _identity(
+    fit_set: Outputs, ood: Outputs, labels: np.ndarray, chosen: Sequence[int], with_null: bool, config: AuditConfig
+) -> tuple[OracleLDA | None, int | None, tuple[float, ...], float | None]:
+    """The identity reading: out-of-fold OracleLDA of the OOD images against each excluded class's own fit rows,
+    the lowest one (≈ 0.5: the OOD set *is* that class), and, when asked, its permutation null and limit
+    (mean + `identity_null_z` standard deviations of `identity_permutations` label permutations)."""
+    rng = np.random.default_rng(config.seed)
+    if len(ood) < config.folds:
+        return None, None, (), None
+    readings: dict[int, tuple[OracleLDA, np.ndarray]] = {}
+    for c in chosen:
+        rows = np.flatnonzero(labels == c)
+        if len(rows) < config.folds:
+            continue
+        picked = rows[sample_index(len(rows), config.max_rows_per_side, rng)]
+        reading = oracle_lda(
+            np.asarray(fit_set.features[picked]),
+            ood.features,
+            folds=config.folds,
+            seed=config.seed,
+            max_rows_per_side=config.max_rows_per_side,
+        )
+        readings[int(c)] = (reading, picked)
+    if not readings:
+        return None, None, (), None
+    closest = min(readings, key=lambda c: readings[c][0].auroc)
+    identity, picked = readings[closest]
+    if not with_null:
+        return identity, closest, (), None
+    null = oracle_lda_null(
+        np.asarray(fit_set.features[picked]),
+        ood.features,
+        permutations=config.identity_permutations,
+        folds=config.folds,
+        seed=config.seed,
+        max_rows_per_side=config.max_rows_per_side,
+    )
+    spread = float(np.std(null, ddof=1)) if len(null) > 1 else 0.0
+    return identity, closest, tuple(float(v) for v in null), float(np.mean(null) + config.identity_null_z * spread)
 
 
 def _by_nearest(

@@ -23,7 +23,7 @@ from ._rows import relabel, with_head
 from .config import AuditConfig
 from .pool import fit_logit_detectors, pool_aurocs
 
-__all__ = ["train_probe", "probe_without", "LeaveClassOutResult", "leave_class_out", "balanced_rows"]
+__all__ = ["logistic_regression_head", "head_without", "LeaveClassOutResult", "leave_class_out", "balanced_rows"]
 
 
 def balanced_rows(labels: np.ndarray, max_per_class: int, rng: np.random.Generator) -> np.ndarray:
@@ -41,7 +41,7 @@ def balanced_rows(labels: np.ndarray, max_per_class: int, rng: np.random.Generat
     return np.sort(order[rank < max_per_class])
 
 
-def train_probe(
+def logistic_regression_head(
     features: np.ndarray,
     labels: np.ndarray,
     *,
@@ -50,7 +50,10 @@ def train_probe(
     max_iter: int = 1000,
     seed: int = 0,
 ) -> Head:
-    """A multinomial logistic-regression head (C = number of distinct labels, in sorted label order) on features.
+    """A scikit-learn multinomial logistic-regression head (C = number of distinct labels, in sorted label order).
+
+    Not the torch linear probe of `oodbench.extract.probe.train_probe` (the classifier head of a frozen backbone):
+    this one is the audit's small class-balanced head for leave-class-out retraining.
 
     Features are standardised for the solver and the scaling is folded back into the returned weights, so the
     head applies to raw features: logits = features @ W.T + b.
@@ -79,7 +82,7 @@ def train_probe(
     return Head(weight.astype(np.float64), bias.astype(np.float64))
 
 
-def probe_without(fit_set: Outputs, exclude: Sequence[int], config: AuditConfig) -> tuple[Head, np.ndarray, np.ndarray]:
+def head_without(fit_set: Outputs, exclude: Sequence[int], config: AuditConfig) -> tuple[Head, np.ndarray, np.ndarray]:
     """A probe head trained on a class-balanced sample of the fit rows outside `exclude`: (head, sampled rows, kept classes).
 
     Only the sampled rows' features are read, so a memory-mapped ImageNet-size fit set is never loaded whole.
@@ -95,7 +98,7 @@ def probe_without(fit_set: Outputs, exclude: Sequence[int], config: AuditConfig)
         )
     rng = np.random.default_rng(config.seed)
     picked = np.flatnonzero(keep)[balanced_rows(kept_labels, config.probe_max_per_class, rng)]
-    probe = train_probe(
+    probe = logistic_regression_head(
         np.asarray(fit_set.features[picked]), labels[picked], c=config.probe_c, max_per_class=None, seed=config.seed
     )
     return probe, picked, kept_classes
@@ -140,7 +143,7 @@ def leave_class_out(
         skipped.update({f"{k} (original head)": v for k, v in original.skipped.items()})
         if original.detectors and (id_test.logits is not None or head is not None):
             before = pool_aurocs(original.score(id_test), original.score(ood))
-    probe, picked, kept_classes = probe_without(fit_set, exclude, config)
+    probe, picked, kept_classes = head_without(fit_set, exclude, config)
     fit_view = Outputs(
         features=fit_set.features[picked],
         labels=np.searchsorted(kept_classes, fit_set.labels[picked]),

@@ -115,7 +115,11 @@ def resolve_pool(config: AuditConfig) -> tuple[list[PoolMember], dict[str, str]]
             missing[name] = "not registered in this installation"
             continue
         _check_head_free(name)
-        members.append(PoolMember(name, dict(config.pool_params.get(name, {}))))
+        params = dict(config.pool_params.get(name, {}))
+        if name == ISOLATION_FOREST:
+            # The run's seed drives the forest too (an explicit `iforest.seed` parameter still wins).
+            params.setdefault("seed", config.seed)
+        members.append(PoolMember(name, params))
     return members, missing
 
 

@@ -11,15 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from ..report.markdown import render_markdown
-from ..report.table_model import MISSING, Cell, Table
+from ..tabular import MISSING, Cell, Table, render_markdown
 from .battery import CLEAN_KIND, LEAKED, BatteryResult
 from .config import AuditConfig
+from .render import html_renderer
 from .scan import RELATIONS, SuiteScan, suite_scope
 from .split import SplitAudit
 from .suites import SuiteManifest
 
-__all__ = ["AuditDocument", "split_sections", "battery_sections", "scan_sections", "definitions_text", "write_document"]
+__all__ = [
+    "AuditDocument",
+    "split_sections",
+    "battery_sections",
+    "battery_document",
+    "scan_sections",
+    "definitions_text",
+    "write_document",
+]
 
 
 def _f(value: float | None, digits: int = 3) -> str:
@@ -59,14 +67,12 @@ class AuditDocument:
         return "\n".join(lines).rstrip() + "\n"
 
     def html(self) -> str | None:
-        """The report as one self-contained HTML page, or None when the report package cannot render it."""
-        try:
-            from ..report.build import ReportContent, Section
-            from ..report.html_report import render_html_document
-        except ImportError:
+        """The report as one self-contained HTML page, or None when no renderer was handed in (see `audit.render`)."""
+        renderer = html_renderer()
+        if renderer is None:
             return None
-        sections = [Section(s.key, s.title, " ".join(s.paragraphs), list(s.tables)) for s in self.sections]
-        return render_html_document(ReportContent(self.title, sections, [self.subject or "audit"]))
+        sections = [(s.key, s.title, " ".join(s.paragraphs), list(s.tables)) for s in self.sections]
+        return renderer(self.title, sections, self.subject or "audit")
 
 
 def definitions_text(config: AuditConfig) -> str:
@@ -81,6 +87,10 @@ def definitions_text(config: AuditConfig) -> str:
         f"Firing rule: out-of-fold OracleLDA ({config.folds}-fold, shrinkage LDA) >= {config.oracle_threshold:.2f} and "
         f"best unsupervised pool AUROC < {config.collapse_threshold:.2f}. Contrast: refit the pool without the suspect "
         f"data; recovery means best AUROC >= {config.recovery_threshold:.2f} (collapse + {config.recovery_margin:.2f}). "
+        "When the suspects are found automatically (by proximity), a recovery is a leak only if the OOD images are "
+        "indistinguishable from the nearest excluded class's own fit rows: their OracleLDA must not exceed the mean + "
+        f"{config.identity_null_z:g} sd of {config.identity_permutations} label permutations (else hard-clean: a close "
+        "neighbour was excluded). "
         "Verdicts: leak = fires and recovers; hard-clean = fires, no recovery; clean = does not fire; "
         f"inconclusive = partial recovery, no contrast, or the oracle's fold range straddling its threshold.{identity} "
         "Logit-based AUROCs (†) depend on the head and are reported beside the rule, never in it."
@@ -235,11 +245,22 @@ def battery_sections(result: BatteryResult) -> list[DocSection]:
         ("", "sensitivity (leaks caught)", "specificity (clean spared)"),
         (
             (Cell("firing rule alone"), Cell(_f(result.rule_sensitivity)), Cell(_f(result.rule_specificity))),
-            (Cell("rule + contrast (adjudicated)"), Cell(_f(result.sensitivity)), Cell(_f(result.specificity))),
+            (
+                Cell("rule + contrast, suspects found automatically"),
+                Cell(_f(result.sensitivity)),
+                Cell(_f(result.specificity)),
+            ),
+            (
+                Cell("rule + contrast, designated class excluded"),
+                Cell(_f(result.designated_sensitivity)),
+                Cell(_f(result.designated_specificity)),
+            ),
         ),
         notes=(
             f"{len(leaked)} leaked and {len(clean)} clean splits. Adjudicated sensitivity counts only 'leak' "
-            "verdicts; specificity counts every verdict but 'leak'.",
+            "verdicts; specificity counts every verdict but 'leak'. The automatic path finds the suspect classes by "
+            "proximity and requires the OOD images to be indistinguishable from the excluded class (identity reading "
+            "within its permutation null); the designated path excludes the class the benchmark designates.",
         ),
     )
     counts = Table(
@@ -270,20 +291,51 @@ def battery_sections(result: BatteryResult) -> list[DocSection]:
                 Cell(_f(fp.best_auroc), note=fp.best_detector),
                 Cell("yes" if fp.fires else "no"),
                 Cell(MISSING if a.contrast is None else _f(a.contrast.best_after)),
+                Cell(_identity_cell(a)),
                 Cell(a.verdict.label, bold=not right),
+                Cell(result.designated_label(a), bold=(truth == LEAKED) != (result.designated_label(a) == "leak")),
             )
         )
     per_split = Table(
         "battery-splits",
         "Per-split verdicts (bold: verdict disagrees with the truth)",
-        ("split", "truth", "OracleLDA", "best unsupervised", "fires", "best after exclusion", "verdict"),
+        (
+            "split",
+            "truth",
+            "OracleLDA",
+            "best unsupervised",
+            "fires",
+            "best after exclusion",
+            "identity (limit)",
+            "verdict (automatic)",
+            "verdict (designated)",
+        ),
         tuple(rows),
-        align=("l", "l", "r", "r", "l", "r", "l"),
+        align=("l", "l", "r", "r", "l", "r", "r", "l", "l"),
     )
     return [
         DocSection("battery", "Controlled battery", [definitions_text(result.config)], [summary, counts, per_split]),
         DocSection("battery-scope", "Scope: where the rule held", [result.scope_statement()]),
     ]
+
+
+def _identity_cell(audit: SplitAudit) -> str:
+    """The automatic contrast's identity reading and, when computed, its permutation-null limit."""
+    contrast = audit.contrast
+    if contrast is None or contrast.identity is None:
+        return MISSING
+    limit = "" if contrast.identity_limit is None else f" ({_f(contrast.identity_limit)})"
+    return _f(contrast.identity.auroc) + limit
+
+
+def battery_document(result: BatteryResult, config: AuditConfig, subject: str, title: str) -> AuditDocument:
+    """The battery's report document (summary, per-split details), ready for `write_document`."""
+    return AuditDocument(
+        title,
+        battery_sections(result) + split_sections(result.audits, config, prefix="battery-detail"),
+        result.to_dict(),
+        subject=subject,
+    )
 
 
 def scan_sections(
@@ -347,7 +399,8 @@ def scan_sections(
     sections.append(DocSection("scan-sources", "Sources", notes, [sources]))
     if details:
         for scan in scans:
-            found = [f for f in scan.findings if f.relation != "none"]
+            # Classes with a relation, and those whose authors' annotation relates (shown as evidence only).
+            found = [f for f in scan.findings if f.relation != "none" or f.evidence]
             if not found:
                 continue
             detail_rows = tuple(
@@ -356,7 +409,8 @@ def scan_sections(
                     Cell(f.relation),
                     Cell(str(f.distance) if f.distance else ""),
                     Cell(", ".join(f.matches[:6]) + (" …" if len(f.matches) > 6 else "")),
-                    Cell(f.via),
+                    Cell(f.via if f.relation != "none" else ""),
+                    Cell("; ".join(f.evidence)),
                 )
                 for f in sorted(found, key=lambda f: (RELATIONS.index(f.relation), f.name))
             )
@@ -369,9 +423,16 @@ def scan_sections(
                         Table(
                             f"scan-{scan.suite}-{scan.label_space}",
                             f"{scan.suite}: related OOD classes",
-                            ("OOD class", "relation", "links", f"{scan.label_space} classes", "via"),
+                            (
+                                "OOD class",
+                                "relation",
+                                "links",
+                                f"{scan.label_space} classes",
+                                "via",
+                                "authors' annotation (its own relation)",
+                            ),
                             detail_rows,
-                            align=("l", "l", "r", "l", "l"),
+                            align=("l", "l", "r", "l", "l", "l"),
                         )
                     ],
                 )

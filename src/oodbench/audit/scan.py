@@ -11,16 +11,22 @@ For every OOD class and a training label space S, the strongest relation found i
   collision that matters for text-based (vision-language) detectors and for human labelling.
 - ``none``.
 
-Name-only suites (NINCO) are matched by name: a name that is a WordNet lemma is looked up as those synsets
-(relations marked 'via name'), and the authors' own ImageNet-21K overlap annotations are checked as synsets
-(marked 'via annotation').
+Name-only suites (NINCO) are related through their own names: a name that is a WordNet lemma is looked up as
+those synsets (every sense; relations marked 'via name'). The authors' own ImageNet-21K overlap annotations are
+evidence shown beside the finding (each with its own relation to the label space), not the class's relation: an
+annotated class A often only resembles the OOD class (NINCO's 'marbled newt' is annotated with 'newt', a hypernym of
+ImageNet-1k's 'common newt'; the marbled newt itself is a sibling of it). One inference from an annotation is
+sound and is used: when the name's head (its last words; hyphens read as spaces; before any 'of') is a lemma of A,
+the class is a kind of A ('Lumholtz's tree-kangaroo' under 'tree wallaby, tree kangaroo'), so it is a hyponym of
+whatever A is or lies under (marked 'via annotation'). Relations that A has only downwards or by name (a training
+class under A, a lemma of A) say nothing about the class and are not carried over.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..classes import normalize_label as normalize_lemma
@@ -43,6 +49,7 @@ class ClassFinding:
     matches: tuple[str, ...] = ()
     distance: int = 0
     via: str = "wnid"
+    evidence: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view."""
@@ -53,6 +60,7 @@ class ClassFinding:
             "matches": list(self.matches),
             "distance": self.distance,
             "via": self.via,
+            "evidence": list(self.evidence),
         }
 
 
@@ -147,21 +155,59 @@ class _SpaceIndex:
             return ClassFinding(wnid, name, "lemma", tuple(sorted(hits)), 0, via)
         return ClassFinding(wnid, name, "none", (), 0, via)
 
-    def relate_name(self, name: str, extra_wnids: Sequence[str] = ()) -> ClassFinding:
-        """Strongest relation of a named class: via its WordNet lemma lookup, the given annotations, or its name."""
+    def relate_name(self, name: str, annotated: Sequence[str] = ()) -> ClassFinding:
+        """Strongest relation of a named class, computed for the class itself (its name), with the authors'
+        annotated classes shown as evidence; an annotation counts only where the name says the class is a kind of
+        it (see the module docstring)."""
         candidates = [self.relate(w, "name") for w in sorted(self._name_synsets(name))]
-        candidates += [self.relate(w, "annotation") for w in extra_wnids if w in self.wordnet]
         candidates = [
             ClassFinding(name, name, c.relation, c.matches, c.distance, f"{c.via} {c.ood}") for c in candidates
         ]
+        known = [w for w in annotated if w in self.wordnet]
+        for wnid in known:
+            if self._names_a_kind_of(name, wnid):
+                above = self.relate(wnid)
+                if above.relation in ("exact", "hyponym"):  # the class lies under A, so under what A lies under
+                    candidates.append(
+                        ClassFinding(
+                            name,
+                            name,
+                            "hyponym",
+                            above.matches,
+                            above.distance + 1,
+                            f"annotation {wnid}, a kind of it by name",
+                        )
+                    )
         hits = set()
         for key in self._name_keys(name):
             hits |= self.lemmas.get(key, set())
         if hits:
             candidates.append(ClassFinding(name, name, "lemma", tuple(sorted(hits)), 0, "name"))
+        evidence = tuple(self._describe(wnid) for wnid in known) + tuple(
+            f"{wnid}: not a WordNet 3.0 noun" for wnid in annotated if wnid not in self.wordnet
+        )
         if not candidates:
-            return ClassFinding(name, name, "none", (), 0, "name")
-        return min(candidates, key=lambda c: (RELATIONS.index(c.relation), c.distance))
+            return ClassFinding(name, name, "none", (), 0, "name", evidence)
+        best = min(candidates, key=lambda c: (RELATIONS.index(c.relation), c.distance))
+        return replace(best, evidence=evidence)
+
+    def _describe(self, wnid: str) -> str:
+        """An annotated class and its own relation to the space, e.g. 'n01630284 newt: hypernym of n01630670'."""
+        own = self.relate(wnid)
+        text = f"{wnid} {own.name}: {own.relation}"
+        if own.matches and own.relation != "exact":
+            text += (" of " if own.relation in ("hyponym", "hypernym") else " with ") + ", ".join(own.matches[:6])
+            text += " …" if len(own.matches) > 6 else ""
+        return text
+
+    def _names_a_kind_of(self, name: str, wnid: str) -> bool:
+        """True when the name's head (its last words, before any 'of') is a lemma of `wnid`."""
+        words = _words(re.sub(r"\s*\(.*?\)\s*", " ", name).split(" of ")[0])
+        for lemma in self.wordnet.get(wnid).lemmas:
+            head = _words(lemma)
+            if head and words[-len(head) :] == head:
+                return True
+        return False
 
     @staticmethod
     def _name_keys(name: str) -> set[str]:
@@ -173,6 +219,11 @@ class _SpaceIndex:
         for key in self._name_keys(name):
             found |= self.wordnet.lookup(key)
         return frozenset(found)
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words of a name, hyphens and underscores read as spaces."""
+    return normalize_lemma(text.replace("-", " ")).split()
 
 
 def scan_suite(

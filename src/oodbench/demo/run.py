@@ -46,18 +46,34 @@ def run_demo(out: str | os.PathLike[str] = "oodbench-demo", seed: int = 0, *, pr
     battery = _audit_battery(setup, out / "audit", progress)
     report_path = out / "report.md"
     atomic_write_text(report_path, _markdown_report(setup, evaluation, battery))
-    html_path = _html_report(run_dir, out / "report.html")
+    html_path = _html_report(run_dir, out / "report.html", _context(setup, battery))
     return DemoResult(setup, evaluation, report_path, html_path, battery)
 
 
 def _audit_battery(setup: DemoSetup, out: Path, progress: bool) -> Any:
     """The controlled leak battery on the demo model (leaked and clean splits with known answers)."""
-    from ..audit.battery import battery_document, battery_from_demo, run_battery
+    from ..audit.battery import battery_from_store, run_battery
     from ..audit.config import AuditConfig
-    from ..audit.report import write_document
+    from ..audit.render import use_html_renderer
+    from ..audit.report import battery_document, write_document
+    from ..report.html_report import render_audit_html
+
+    use_html_renderer(render_audit_html)
+    from . import EXTRA_SETS
 
     config = AuditConfig()
-    result = run_battery(battery_from_demo(setup, config=config), config, progress=progress)
+    # Trained digits 0-5, never-learned digits 6-9 (fit-only leaks), the far sets.
+    splits = battery_from_store(
+        setup.store,
+        setup.model_id,
+        setup.fit_dataset,
+        setup.id_dataset,
+        extra_train=EXTRA_SETS[0],
+        extra_test="digits-6to9",
+        far=[d for d in setup.ood_datasets if d != "digits-6to9"],
+        config=config,
+    )
+    result = run_battery(splits, config, progress=progress)
     document = battery_document(
         result, config, f"the digits demo ({setup.store.root})", f"oodbench audit battery: {setup.model_id}"
     )
@@ -65,14 +81,45 @@ def _audit_battery(setup: DemoSetup, out: Path, progress: bool) -> Any:
     return result
 
 
-def _html_report(run_dir: Path, path: Path) -> Path | None:
-    """The self-contained HTML report, when the report package provides it."""
+def _html_report(run_dir: Path, path: Path, intro: tuple[Any, ...] = ()) -> Path | None:
+    """The self-contained HTML report, when the report package provides it, opening with the demo's context."""
     try:
         from ..report.html_report import write_html_report
     except ImportError:
         return None
-    write_html_report(run_dir, path)
+    write_html_report(run_dir, path, intro=intro)
     return path
+
+
+def _context(setup: DemoSetup, battery: Any) -> tuple[Any, ...]:
+    """What report.md says before the results, for the HTML report: the model, the datasets, the audit battery."""
+    from ..tabular import Cell, Table
+
+    info, sizes = setup.info, setup.info.get("sizes", {})
+    roles = [
+        (setup.fit_dataset, "fit (train split, digits 0-5)"),
+        (setup.id_dataset, "ID test (test split, digits 0-5)"),
+        ("digits-6to9", "near-OOD (test split, digits 6-9)"),
+        ("lfw-faces", "far-OOD (scikit-image LFW subset, resized)"),
+        ("noise", "far-OOD (uniform noise)"),
+    ]
+    datasets = Table(
+        "demo-datasets",
+        "The demo's datasets",
+        ("set", "role", "images"),
+        tuple((Cell(name), Cell(role), Cell(str(sizes.get(name, "?")))) for name, role in roles),
+        align=("l", "l", "r"),
+    )
+    leaked = sum(a.meta["kind"] == "leaked" for a in battery.audits)
+    return (
+        "A small CNN trained on the CPU on scikit-learn's digits 0-5 (real 8x8 scans); ID test accuracy "
+        f"{100 * info.get('test_accuracy', float('nan')):.1f}%.",
+        f"Leak audit battery: {leaked} leaked and {len(battery.audits) - leaked} clean splits of the digits model with "
+        f"known answers: sensitivity {battery.sensitivity:.2f}, specificity {battery.specificity:.2f} (the firing rule "
+        f"alone: {battery.rule_sensitivity:.2f} / {battery.rule_specificity:.2f}); per-split verdicts in "
+        "audit/battery.md.",
+        datasets,
+    )
 
 
 def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult, battery: Any) -> str:

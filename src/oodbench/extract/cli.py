@@ -20,7 +20,7 @@ __all__ = ["register", "extract_command", "probe_command", "datasets_app"]
 
 console = Console(stderr=True)
 datasets_app = typer.Typer(
-    help="Datasets the seed compares: list them, check what is under a data root.", no_args_is_help=True
+    help="Datasets the Fi-ImageNet-1k paper compares: list them, check what is under a data root.", no_args_is_help=True
 )
 
 
@@ -53,10 +53,14 @@ def _open_clip_names() -> set[str]:
 
 def _kind(model: str, kind: str) -> str:
     """Which library a model name belongs to (`auto`: the one that knows it; ambiguous names need --kind)."""
-    if kind not in ("auto", "timm", "open_clip"):
-        raise OodbenchError(f"--kind must be auto, timm or open_clip; got {kind!r}")
+    if kind not in ("auto", "timm", "open_clip", "hf_clip"):
+        raise OodbenchError(f"--kind must be auto, timm, open_clip or hf_clip; got {kind!r}")
     if kind != "auto":
         return kind
+    if (Path(model).expanduser() / "config.json").is_file() or (
+        "/" in model and not model.startswith(("hf-hub:", "local-dir:")) and not Path(model).exists()
+    ):
+        return "hf_clip"  # a transformers model: a hub id (owner/name) or a save_pretrained directory
     import timm
 
     in_clip = model in _open_clip_names() or model.startswith("local-dir:")
@@ -78,7 +82,11 @@ def _dataset_id_from(path: Path) -> str:
 
 def extract_command(
     model: str = typer.Option(
-        ..., "--model", "-m", help="timm name (resnet50.a1_in1k) or open_clip name (ViT-B-16-quickgelu)."
+        ...,
+        "--model",
+        "-m",
+        help="timm name (resnet50.a1_in1k), open_clip name (ViT-B-16-quickgelu) or transformers image/text model "
+        "(apple/aimv2-large-patch14-224-lit, or a save_pretrained directory).",
     ),
     store: Path = typer.Option(..., "--store", "-s", help="Feature store root."),
     data: Path | None = typer.Option(None, "--data", help="Image folder, file list (.csv/.txt) or ImageNet root."),
@@ -99,7 +107,7 @@ def extract_command(
     model_id: str | None = typer.Option(
         None, "--model-id", help="Store model id (default: derived from the model name and checkpoint)."
     ),
-    kind: str = typer.Option("auto", "--kind", help="auto | timm | open_clip."),
+    kind: str = typer.Option("auto", "--kind", help="auto | timm | open_clip | hf_clip."),
     pretrained: str = typer.Option(
         "default",
         "--pretrained",
@@ -118,6 +126,18 @@ def extract_command(
     image_size: int | None = typer.Option(
         None, "--image-size", help="timm: override the input resolution (default: the model's)."
     ),
+    convert: str = typer.Option(
+        "auto",
+        "--convert",
+        help="timm --checkpoint key naming: auto (detect) | none | efficientnet_pytorch (see docs/extract.md).",
+    ),
+    mean: str | None = typer.Option(None, "--mean", help="timm: normalisation mean, one value or R,G,B."),
+    std: str | None = typer.Option(None, "--std", help="timm: normalisation std, one value or R,G,B."),
+    interpolation: str | None = typer.Option(
+        None, "--interpolation", help="timm: resize interpolation (bicubic, bilinear, …)."
+    ),
+    crop_pct: float | None = typer.Option(None, "--crop-pct", help="timm: centre-crop fraction in (0, 1]."),
+    crop_mode: str | None = typer.Option(None, "--crop-mode", help="timm: center | squash | border."),
     nac: list[str] = typer.Option([], "--nac", help="NAC layer LAYER[:ALPHA[:POOLING]], repeatable (e.g. layer3:300)."),
     patches: bool | None = typer.Option(
         None,
@@ -146,6 +166,28 @@ def extract_command(
     _run_extract(**locals())
 
 
+def _numbers(option: str, text: str | None) -> list[float] | None:
+    """'0.5' or '0.485,0.456,0.406' as floats (validated further by check_preprocessing)."""
+    if text is None:
+        return None
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise OodbenchError(f"{option} takes one number or three separated by commas; got {text!r}") from None
+
+
+def preprocessing_overrides(opts: dict[str, Any]) -> dict[str, Any]:
+    """The explicit preprocessing settings given on the command line (none given: the model's defaults)."""
+    given = {
+        "mean": _numbers("--mean", opts.get("mean")),
+        "std": _numbers("--std", opts.get("std")),
+        "interpolation": opts.get("interpolation"),
+        "crop_pct": opts.get("crop_pct"),
+        "crop_mode": opts.get("crop_mode"),
+    }
+    return {key: value for key, value in given.items() if value is not None}
+
+
 def _run_extract(**opts: Any) -> None:
     from .dataset_registry import get as get_registered
     from .dataset_registry import open_registered
@@ -163,6 +205,8 @@ def _run_extract(**opts: Any) -> None:
 
             if opts["text_labels"] is not None or opts["patches"]:
                 raise OodbenchError("--text-labels and --patches apply to open_clip models only")
+            if opts["convert"] != "auto" and opts["checkpoint"] is None:
+                raise OodbenchError("--convert applies to --checkpoint files only")
             if opts["pretrained"] not in ("default", "true", "none", "false"):
                 raise OodbenchError(
                     "for timm models --pretrained takes 'default' (hub weights); use --checkpoint PATH for a file"
@@ -176,13 +220,41 @@ def _run_extract(**opts: Any) -> None:
                 nac_layers=nac_layers,
                 num_classes=opts["num_classes"],
                 image_size=opts["image_size"],
+                preprocessing=preprocessing_overrides(opts),
+                convert=opts["convert"],
             )
             bundle = None
+        elif kind == "hf_clip":
+            from .backbones.base import resolve_device
+            from .hf_clip import HfClipBackbone, load_hf_clip
+
+            if nac_layers or opts["patches"] or opts["checkpoint"] is not None:
+                raise OodbenchError(
+                    "--nac, --patches and --checkpoint do not apply to hf_clip models (give a directory)"
+                )
+            if opts["pretrained"] not in ("default", "true", "none", "false"):
+                raise OodbenchError("hf_clip models take their weights from --model (hub id or directory)")
+            if preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto":
+                raise OodbenchError(
+                    "hf_clip models use their checkpoint's image processor; preprocessing is not overridden"
+                )
+            bundle = load_hf_clip(
+                opts["model"],
+                str(resolve_device(opts["device"])),
+                pretrained=not opts["no_pretrained"] and opts["pretrained"] not in ("none", "false"),
+                seed=opts["seed"],
+            )
+            backbone = HfClipBackbone(bundle)
         else:
             from .openclip import OpenClipBackbone, load_openclip
 
             if nac_layers:
                 raise OodbenchError("--nac applies to supervised timm models only")
+            if preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto":
+                raise OodbenchError(
+                    "--mean/--std/--interpolation/--crop-pct/--crop-mode/--image-size/--convert apply to timm models; "
+                    "open_clip models use the preprocessing their weights were trained with"
+                )
             tag = None if opts["no_pretrained"] or opts["pretrained"] in ("none", "false") else opts["pretrained"]
             if opts["checkpoint"] is not None:
                 tag = str(opts["checkpoint"])
@@ -194,6 +266,10 @@ def _run_extract(**opts: Any) -> None:
             backbone = OpenClipBackbone(bundle, patches=opts["patches"])
     for warning in caught:
         console.print(f"[yellow]warning:[/yellow] {warning.message}")
+    from .backbones.base import describe_preprocessing
+
+    overrides = getattr(backbone, "preprocessing_overrides", None)
+    console.print(f"preprocessing of {backbone.name}: {describe_preprocessing(backbone.preprocessing, overrides)}")
     model_id = opts["model_id"] or backbone.default_model_id()
     if bundle is not None and opts["text_labels"] is not None:
         from .openclip import cached_text_embeddings
@@ -234,6 +310,17 @@ def _run_extract(**opts: Any) -> None:
         from .datasets import ImageList
 
         images = ImageList(images.root, images.items, None, None, images.source)
+    if opts["checkpoint"] is not None and kind == "timm":
+        from .checks import probe_predictions
+
+        if opts["engine"] == "local":
+            backbone.to(opts["device"])
+        check = probe_predictions(backbone, images)
+        if check is not None:
+            hits = "" if check.correct is None else f", {check.correct} matching their labels"
+            console.print(f"probe: top-1 of the first {check.n} images: {check.top1[:8]}{hits}")
+            for message in check.warnings:
+                console.print(f"[yellow]warning:[/yellow] {message}")
     engine_options: dict[str, Any] = {}
     if opts["engine"] == "ray":
         engine_options = {"address": opts["ray_address"], "num_actors": opts["num_actors"]}
@@ -271,14 +358,18 @@ def probe_command(
     fit_dataset: str = typer.Option(..., "--fit-dataset", help="Labelled dataset id to train the probe on."),
     apply_to: list[str] = typer.Option([], "--apply-to", help="Dataset ids to write probe logits for (repeatable)."),
     probe_id: str | None = typer.Option(None, "--probe-id", help="Model id of the probe (default <model-id>+probe)."),
-    method: str = typer.Option("auto", "--method", help="auto | lbfgs (full batch) | minibatch."),
+    method: str = typer.Option(
+        "auto", "--method", help="auto | lbfgs (full batch in memory) | streamed (full batch, chunked) | minibatch."
+    ),
     val_fraction: float = typer.Option(0.1, "--val-fraction", help="Held-out share of every class for early stopping."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and of mini-batch order."),
-    weight_decay: float = typer.Option(1e-4, "--weight-decay", help="L2 penalty on the (standardised) weights."),
+    weight_decay: float | None = typer.Option(
+        None, "--weight-decay", help="L2 penalty on the standardised weights (default: chosen on the held-out rows)."
+    ),
     max_epochs: int = typer.Option(100, "--max-epochs", help="Upper bound on epochs (L-BFGS: outer steps)."),
     patience: int = typer.Option(5, "--patience", help="Epochs without validation improvement before stopping."),
     batch_size: int = typer.Option(4096, "--batch-size", help="Mini-batch size."),
-    lr: float = typer.Option(1e-3, "--lr", help="AdamW learning rate (mini-batch)."),
+    lr: float = typer.Option(1e-2, "--lr", help="AdamW peak learning rate, cosine-decayed (mini-batch)."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda."),
 ) -> None:
     """Train a linear probe on cached embeddings, store it as a head, and write logits for datasets.
@@ -304,8 +395,12 @@ def probe_command(
         r = report.result
         console.print(
             f"probe trained ({r.method}): {r.train_rows} train / {r.val_rows} held-out rows, best epoch "
-            f"{r.best_epoch}, held-out loss {r.val_loss:.4f}, accuracy {r.val_accuracy:.4f}"
+            f"{r.best_epoch}, weight decay {r.weight_decay:g}, held-out loss {r.val_loss:.4f}, accuracy {r.val_accuracy:.4f}"
         )
+        if r.stopped_at_cap:
+            console.print(
+                "[yellow]warning: the epoch cap stopped the probe while it still improved; raise --max-epochs"
+            )
     else:
         console.print(f"reusing the stored probe {report.probe_id}")
     console.print(f"[green]{report.probe_id}[/green]: head and logits for {', '.join(report.datasets)}")

@@ -216,7 +216,7 @@ def file_list(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | No
             label = record[label_col].strip() if label_col is not None and label_col < len(record) else None
             rows.append((record[path_col].strip(), label))
     else:
-        for number, line in enumerate(text.splitlines()):
+        for line in text.splitlines():
             line = line.strip()
             if not line or line.startswith("#"):
                 continue

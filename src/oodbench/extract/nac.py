@@ -142,7 +142,7 @@ def neuron_states(
             "(e.g. ReLU(inplace=True)) can cause this: choose the module after it"
         ) from exc
     states: dict[str, np.ndarray] = {}
-    for layer, output, grad in zip(layers, tensors, grads):
+    for layer, output, grad in zip(layers, tensors, grads, strict=True):
         o = pool_units(output.detach().float(), layer.pooling)
         g = pool_units(grad.float(), layer.pooling)
         states[layer.extra_name] = torch.sigmoid(layer.alpha * o * g).cpu().numpy().astype(np.float32, copy=False)

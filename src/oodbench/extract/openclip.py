@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from ..errors import ExtractError
 from ..store import Store
 from ..templates import SEED_TEMPLATES
 from .backbones.base import Backbone, autocast, resolve_device, safe_id, sha256_file
+
+if TYPE_CHECKING:
+    from .hf_clip import HfClipBundle
 
 __all__ = [
     "OpenClipBundle",
@@ -81,6 +84,10 @@ class OpenClipBundle:
             "preprocessing": self.preprocessing(),
             "kind": "open_clip",
         }
+
+    def encode_texts(self, texts: list[str]) -> torch.Tensor:
+        """Text embeddings (N, D) of raw strings (not normalised)."""
+        return self.model.encode_text(self.tokenizer(texts).to(self.device))
 
     def default_model_id(self) -> str:
         """Store id: the model name plus the pretrained tag (or a short hash of a local checkpoint)."""
@@ -300,23 +307,25 @@ def _check_labels(labels: Sequence[str], templates: Sequence[str]) -> tuple[list
 
 
 def text_embeddings(
-    model_bundle: OpenClipBundle,
+    model_bundle: OpenClipBundle | HfClipBundle,
     labels: Sequence[str],
     templates: Sequence[str] = SEED_TEMPLATES,
     batch_size: int = 256,
 ) -> np.ndarray:
-    """(L, D) float32 label embeddings: each template embedding ℓ2-normalised, averaged over templates, renormalised."""
+    """(L, D) float32 label embeddings: each template embedding ℓ2-normalised, averaged over templates, renormalised.
+
+    Any bundle with ``encode_texts`` and ``device`` works (open_clip, or the transformers kind `HfClipBundle`).
+    """
     labels, templates = _check_labels(labels, templates)
     if batch_size <= 0:
         raise ExtractError(f"batch_size must be positive; got {batch_size}")
-    model, tokenizer, device = model_bundle.model, model_bundle.tokenizer, model_bundle.device
     per_step = max(1, batch_size // len(templates))  # labels per forward pass
     chunks: list[np.ndarray] = []
-    with torch.no_grad(), autocast(device, True):
+    with torch.no_grad(), autocast(model_bundle.device, True):
         for start in range(0, len(labels), per_step):
             block = labels[start : start + per_step]
             texts = [template.format(label) for label in block for template in templates]
-            encoded = model.encode_text(tokenizer(texts).to(device)).float()
+            encoded = model_bundle.encode_texts(texts).float()
             encoded = F.normalize(encoded, dim=-1).reshape(len(block), len(templates), -1).mean(dim=1)
             chunks.append(F.normalize(encoded, dim=-1).cpu().numpy().astype(np.float32))
     return np.concatenate(chunks, axis=0)
@@ -335,7 +344,7 @@ def cached_text_embeddings(
     model_id: str,
     labels: Sequence[str],
     templates: Sequence[str] = SEED_TEMPLATES,
-    model_bundle: OpenClipBundle | None = None,
+    model_bundle: OpenClipBundle | HfClipBundle | None = None,
     *,
     batch_size: int = 256,
 ) -> np.ndarray:

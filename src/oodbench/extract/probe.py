@@ -1,10 +1,13 @@
 """Linear probes on frozen embeddings: multinomial logistic regression in torch, stored as the model's head.
 
-`train_probe` fits a (C, D) head with cross-entropy (+ optional L2) on a seeded, class-stratified training
-split and early-stops on the held-out split (patience on validation loss; the best epoch's weights are kept).
+`train_probe` fits a (C, D) head with cross-entropy + L2 on a seeded, class-stratified training split and
+early-stops on the held-out split (patience on validation loss; the best epoch's weights are kept). The weight
+decay is chosen on the held-out rows from a small grid (strongest first, each run warm-started from the previous).
 Features are standardised internally (better-conditioned optimisation); the standardisation is folded back into
-W and b, so the returned head applies to the raw features. Full-batch L-BFGS for sets that fit in memory,
-mini-batch AdamW (rows gathered chunk-wise from a memory map) for larger ones.
+W and b, so the returned head applies to the raw features. Full-batch L-BFGS: in memory for sets up to 2 GiB,
+streamed chunk by chunk from the memory map for larger ones (the same optimiser and solution; each pass reads the
+rows once). Mini-batch AdamW with a cosine learning-rate decay remains as an option. A run that the epoch cap stops
+while its held-out loss still improves raises a `ProbeCapWarning`.
 
 `run_probe` does this on a store entry and writes a new model id (default ``<backbone>+probe``) whose entries
 hold the backbone's features with the probe's logits, for the fit set and any other dataset.
@@ -16,7 +19,8 @@ import hashlib
 import json
 import math
 import shutil
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,43 +34,78 @@ from ..errors import ExtractError
 from ..outputs import Head
 from ..store import Store
 
-__all__ = ["ProbeConfig", "ProbeResult", "fit_probe", "train_probe", "run_probe", "ProbeReport"]
+__all__ = ["ProbeConfig", "ProbeResult", "ProbeCapWarning", "fit_probe", "train_probe", "run_probe", "ProbeReport"]
 
-# Above this many bytes of training features, "auto" switches from full-batch L-BFGS to mini-batches.
+# Above this many bytes of training features, "auto" streams the L-BFGS passes from the memory map in chunks
+# instead of holding the training rows in memory (same optimiser, same solution).
 FULL_BATCH_BYTES = 2 * 2**30
+# Weight decays tried when none is given; the one with the lowest held-out loss is kept. With the mean
+# cross-entropy, weight decay λ corresponds to scikit-learn's C = 1 / (λ · n_train).
+DEFAULT_WEIGHT_DECAYS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+METHODS = ("auto", "lbfgs", "streamed", "minibatch")
+
+
+class ProbeCapWarning(UserWarning):
+    """The epoch cap stopped a probe whose held-out loss was still improving."""
 
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    """Hyper-parameters of a linear probe (all recorded in the probe's provenance)."""
+    """Hyper-parameters of a linear probe (all recorded in the probe's provenance).
+
+    ``weight_decay=None`` chooses it from ``weight_decays`` on the held-out rows (lowest held-out loss).
+    ``method``: ``lbfgs`` (full batch in memory), ``streamed`` (full-batch L-BFGS whose every pass reads the
+    training rows chunk by chunk), ``minibatch`` (AdamW, cosine-decayed learning rate), ``auto`` (``lbfgs`` up to
+    2 GiB of training features, else ``streamed``).
+    """
 
     val_fraction: float = 0.1
     seed: int = 0
-    weight_decay: float = 1e-4
-    method: str = "auto"  # auto | lbfgs | minibatch
+    weight_decay: float | None = None
+    weight_decays: tuple[float, ...] = DEFAULT_WEIGHT_DECAYS
+    method: str = "auto"
     max_epochs: int = 100
     patience: int = 5
     batch_size: int = 4096
-    lr: float = 1e-3
+    lr: float = 1e-2
     lbfgs_iterations: int = 20
+    chunk_rows: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.val_fraction < 1.0:
             raise ExtractError(f"val_fraction must be in (0, 1); got {self.val_fraction}")
-        if self.method not in ("auto", "lbfgs", "minibatch"):
-            raise ExtractError(f"method must be auto, lbfgs or minibatch; got {self.method!r}")
-        if self.weight_decay < 0 or not math.isfinite(self.weight_decay):
-            raise ExtractError(f"weight_decay must be >= 0; got {self.weight_decay}")
+        if self.method not in METHODS:
+            raise ExtractError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        object.__setattr__(self, "weight_decays", tuple(float(v) for v in self.weight_decays))
+        decays = self.weight_decays if self.weight_decay is None else (self.weight_decay,)
+        if not decays:
+            raise ExtractError("weight_decays is empty: give at least one weight decay to try")
+        for value in decays:
+            if value < 0 or not math.isfinite(value):
+                raise ExtractError(f"weight decay must be finite and >= 0; got {value}")
         for name in ("max_epochs", "patience", "batch_size", "lbfgs_iterations"):
             if getattr(self, name) <= 0:
                 raise ExtractError(f"{name} must be positive; got {getattr(self, name)}")
+        if self.chunk_rows is not None and self.chunk_rows <= 0:
+            raise ExtractError(f"chunk_rows must be positive; got {self.chunk_rows}")
         if not self.lr > 0:
             raise ExtractError(f"lr must be positive; got {self.lr}")
+
+    @property
+    def grid(self) -> tuple[float, ...]:
+        """The weight decays to try, strongest first (each run starts from the previous one's weights)."""
+        return (
+            (self.weight_decay,) if self.weight_decay is not None else tuple(sorted(self.weight_decays, reverse=True))
+        )
 
 
 @dataclass
 class ProbeResult:
-    """A trained probe: its head, the split sizes, the chosen epoch and the training history."""
+    """A trained probe: its head, the split sizes, the chosen epoch and weight decay, and the training history.
+
+    ``search`` holds one row per weight decay tried (held-out loss and accuracy at its best epoch);
+    ``stopped_at_cap`` is True when the epoch cap stopped the chosen run while its held-out loss still improved.
+    """
 
     head: Head
     method: str
@@ -76,6 +115,23 @@ class ProbeResult:
     val_loss: float
     val_accuracy: float
     history: list[dict[str, float]] = field(default_factory=list)
+    weight_decay: float = 0.0
+    search: list[dict[str, float]] = field(default_factory=list)
+    stopped_at_cap: bool = False
+
+
+@dataclass
+class _Run:
+    """One weight decay's training run: the best epoch's weights and held-out numbers."""
+
+    weight_decay: float
+    val_loss: float
+    val_accuracy: float
+    best_epoch: int
+    weight: torch.Tensor
+    bias: torch.Tensor
+    history: list[dict[str, float]]
+    stopped_at_cap: bool
 
 
 def _stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -116,6 +172,41 @@ def _moments(features: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     return mean, np.where(std > 1e-6 * max(1.0, float(np.abs(mean).max(initial=0.0))), std, 1.0)
 
 
+class _Rows:
+    """Standardised training rows as torch chunks: held in memory (one chunk) or read from the source per pass."""
+
+    def __init__(
+        self,
+        features: np.ndarray,
+        labels: np.ndarray,
+        rows: np.ndarray,
+        mean: torch.Tensor,
+        std: torch.Tensor,
+        device: torch.device,
+        *,
+        in_memory: bool,
+        chunk_rows: int,
+    ) -> None:
+        self.features, self.labels, self.rows = features, labels, rows
+        self.mean, self.std, self.device, self.chunk_rows = mean, std, device, chunk_rows
+        self.cached = [self._load(rows)] if in_memory else None
+
+    def _load(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x = (torch.as_tensor(_gather(self.features, rows), device=self.device) - self.mean) / self.std
+        return x, torch.as_tensor(self.labels[rows], dtype=torch.long, device=self.device)
+
+    def chunks(
+        self, order: np.ndarray | None = None, size: int | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Every training row once, in chunks (in `order`, in chunks of `size`, when given)."""
+        if self.cached is not None and order is None:
+            yield from self.cached
+            return
+        rows = self.rows if order is None else order
+        for part in iter_chunks(rows.shape[0], size or self.chunk_rows):
+            yield self._load(np.sort(rows[part]))
+
+
 def fit_probe(
     features: np.ndarray,
     labels: np.ndarray,
@@ -125,7 +216,8 @@ def fit_probe(
     device: str = "cpu",
     **overrides: Any,
 ) -> ProbeResult:
-    """Train a multinomial logistic-regression head on (features, labels) with a held-out split and early stopping."""
+    """Train a multinomial logistic-regression head on (features, labels): held-out split, early stopping, and the
+    weight decay chosen on the held-out rows (see `ProbeConfig`)."""
     config = config or ProbeConfig()
     if overrides:
         config = ProbeConfig(**{**asdict(config), **overrides})
@@ -134,6 +226,9 @@ def fit_probe(
         raise ExtractError(f"need features (N, D) and labels (N,); got {features.shape} and {labels.shape}")
     if not np.issubdtype(labels.dtype, np.integer) or labels.size == 0 or labels.min() < 0:
         raise ExtractError("labels must be non-negative integers (class indices)")
+    present = np.unique(labels)
+    if present.size < 2:
+        raise ExtractError(f"the fit set holds a single class ({int(present[0])}); a probe needs at least two")
     num_classes = int(num_classes if num_classes is not None else labels.max() + 1)
     if labels.max() >= num_classes:
         raise ExtractError(f"label {labels.max()} is out of range for {num_classes} classes")
@@ -143,88 +238,173 @@ def fit_probe(
     mean, std = _moments(features, train_rows)
     method = config.method
     if method == "auto":
-        method = "lbfgs" if train_rows.size * features.shape[1] * 4 <= FULL_BATCH_BYTES else "minibatch"
+        method = "lbfgs" if train_rows.size * features.shape[1] * 4 <= FULL_BATCH_BYTES else "streamed"
     dev = torch.device(device)
     torch.manual_seed(config.seed)
     mean_t = torch.as_tensor(mean, dtype=torch.float32, device=dev)
     std_t = torch.as_tensor(std, dtype=torch.float32, device=dev)
-    weight = torch.zeros(num_classes, features.shape[1], device=dev, requires_grad=True)
-    bias = torch.zeros(num_classes, device=dev, requires_grad=True)
-    y_val = torch.as_tensor(labels[val_rows], dtype=torch.long, device=dev)
-    x_val = (torch.as_tensor(_gather(features, val_rows), device=dev) - mean_t) / std_t
+    chunk_rows = config.chunk_rows or rows_per_chunk(features.shape[1], bytes_per_value=4)
+    data = _Rows(features, labels, train_rows, mean_t, std_t, dev, in_memory=method == "lbfgs", chunk_rows=chunk_rows)
+    x_val, y_val = data._load(val_rows)
+    weight = torch.zeros(num_classes, features.shape[1], device=dev)
+    bias = torch.zeros(num_classes, device=dev)
+    runs: list[_Run] = []
+    for decay in config.grid:
+        train = _train_minibatch if method == "minibatch" else _train_lbfgs
+        run = train(data, x_val, y_val, weight, bias, decay, config)
+        runs.append(run)
+        weight, bias = run.weight, run.bias  # warm start: the next, weaker decay starts from this solution
+    best = min(runs, key=lambda r: (r.val_loss, -r.weight_decay))
+    if best.stopped_at_cap:
+        warnings.warn(
+            f"the linear probe (weight decay {best.weight_decay:g}) reached max_epochs={config.max_epochs} while its "
+            "held-out loss was still improving; raise max_epochs",
+            ProbeCapWarning,
+            stacklevel=2,
+        )
+    # Fold the standardisation into the head: (x - μ)/σ · Wᵀ + b = x · (W/σ)ᵀ + (b - (W/σ)·μ).
+    w_raw = best.weight.double().cpu().numpy() / std[None, :]
+    b_raw = best.bias.double().cpu().numpy() - w_raw @ mean
+    head = Head(w_raw.astype(np.float32), b_raw.astype(np.float32))
+    search = [
+        {
+            "weight_decay": r.weight_decay,
+            "val_loss": r.val_loss,
+            "val_accuracy": r.val_accuracy,
+            "best_epoch": r.best_epoch,
+        }
+        for r in runs
+    ]
+    return ProbeResult(
+        head,
+        method,
+        int(train_rows.size),
+        int(val_rows.size),
+        best.best_epoch,
+        best.val_loss,
+        best.val_accuracy,
+        best.history,
+        best.weight_decay,
+        search,
+        best.stopped_at_cap,
+    )
 
-    def penalty() -> torch.Tensor:
-        return 0.5 * config.weight_decay * weight.square().sum()
 
-    def evaluate() -> tuple[float, float]:
+# A run counts as still improving at the cap when its last epoch lowered the held-out loss by more than this share.
+_IMPROVING = 1e-4
+
+
+def _early_stopping(
+    epochs: Iterator[tuple[float, torch.Tensor, torch.Tensor, bool]],
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    decay: float,
+    config: ProbeConfig,
+) -> _Run:
+    """Follow a run epoch by epoch: keep the best held-out epoch, stop after `patience` epochs without improvement
+    or when the optimiser reports convergence, and flag a run that the epoch cap stopped while improving."""
+    history: list[dict[str, float]] = []
+    best: tuple[float, float, int, torch.Tensor, torch.Tensor] | None = None
+    stale, previous_val, capped = 0, math.inf, False
+    for epoch, (train_loss, weight, bias, converged) in enumerate(epochs, start=1):
         with torch.no_grad():
             logits = x_val @ weight.T + bias
-            return float(F.cross_entropy(logits, y_val)), float((logits.argmax(1) == y_val).float().mean())
+            val_loss = float(F.cross_entropy(logits, y_val))
+            val_acc = float((logits.argmax(1) == y_val).float().mean())
+        history.append({"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_acc})
+        if best is None or val_loss < best[0] - 1e-7:
+            best, stale = (val_loss, val_acc, epoch, weight.detach().clone(), bias.detach().clone()), 0
+        else:
+            stale += 1
+        improving = previous_val - val_loss > _IMPROVING * max(abs(val_loss), 1e-12)
+        previous_val = val_loss
+        if stale >= config.patience or converged:
+            break
+        if epoch == config.max_epochs:
+            capped = improving
+            break
+    assert best is not None
+    return _Run(decay, best[0], best[1], best[2], best[3], best[4], history, capped)
 
-    history: list[dict[str, float]] = []
-    best = (math.inf, 0.0, 0, weight.detach().clone(), bias.detach().clone())
-    stale = 0
-    if method == "lbfgs":
-        x_train = (torch.as_tensor(_gather(features, train_rows), device=dev) - mean_t) / std_t
-        y_train = torch.as_tensor(labels[train_rows], dtype=torch.long, device=dev)
-        optimizer = torch.optim.LBFGS(
-            [weight, bias],
-            lr=1.0,
-            max_iter=config.lbfgs_iterations,
-            history_size=20,
-            line_search_fn="strong_wolfe",
-            tolerance_grad=1e-9,
-            tolerance_change=1e-12,
-        )
 
-        def closure() -> torch.Tensor:
-            optimizer.zero_grad()
-            loss = F.cross_entropy(x_train @ weight.T + bias, y_train) + penalty()
+def _train_lbfgs(
+    data: _Rows,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    weight0: torch.Tensor,
+    bias0: torch.Tensor,
+    decay: float,
+    config: ProbeConfig,
+) -> _Run:
+    """Full-batch L-BFGS (strong Wolfe line search); each loss evaluation is one pass over the training chunks,
+    so the rows need not fit in memory. An epoch is `lbfgs_iterations` L-BFGS iterations."""
+    weight = weight0.detach().clone().requires_grad_(True)
+    bias = bias0.detach().clone().requires_grad_(True)
+    n = float(data.rows.shape[0])
+    optimizer = torch.optim.LBFGS(
+        [weight, bias],
+        lr=1.0,
+        max_iter=config.lbfgs_iterations,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+    )
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        total = 0.0
+        for x, y in data.chunks():
+            loss = F.cross_entropy(x @ weight.T + bias, y, reduction="sum") / n  # gradients add up over chunks
             loss.backward()
-            return loss
+            total += float(loss.detach())
+        penalty = 0.5 * decay * weight.square().sum()
+        penalty.backward()
+        return torch.tensor(total + float(penalty.detach()))
 
+    def epochs() -> Iterator[tuple[float, torch.Tensor, torch.Tensor, bool]]:
         previous = math.inf
-        for epoch in range(1, config.max_epochs + 1):
-            train_loss = float(optimizer.step(closure).detach())
-            val_loss, val_acc = evaluate()
-            history.append({"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_acc})
-            if val_loss < best[0] - 1e-7:
-                best, stale = (val_loss, val_acc, epoch, weight.detach().clone(), bias.detach().clone()), 0
-            else:
-                stale += 1
-            if stale >= config.patience or abs(previous - train_loss) < 1e-10:
-                break
+        for _ in range(config.max_epochs):
+            train_loss = float(optimizer.step(closure))
+            yield train_loss, weight.detach(), bias.detach(), abs(previous - train_loss) <= 1e-10 * max(1.0, train_loss)
             previous = train_loss
-    else:
-        optimizer = torch.optim.AdamW([weight, bias], lr=config.lr, weight_decay=0.0)
-        rng = np.random.default_rng(config.seed)
-        for epoch in range(1, config.max_epochs + 1):
-            order = train_rows[rng.permutation(train_rows.size)]
+
+    return _early_stopping(epochs(), x_val, y_val, decay, config)
+
+
+def _train_minibatch(
+    data: _Rows,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    weight0: torch.Tensor,
+    bias0: torch.Tensor,
+    decay: float,
+    config: ProbeConfig,
+) -> _Run:
+    """Mini-batch AdamW whose learning rate decays from `lr` to 0 over `max_epochs` (cosine), so the last epochs
+    settle instead of hovering at a fixed step size."""
+    weight = weight0.detach().clone().requires_grad_(True)
+    bias = bias0.detach().clone().requires_grad_(True)
+    optimizer = torch.optim.AdamW([weight, bias], lr=config.lr, weight_decay=0.0)
+    steps_per_epoch = math.ceil(data.rows.shape[0] / config.batch_size)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.max_epochs * steps_per_epoch)
+    rng = np.random.default_rng(config.seed)
+
+    def epochs() -> Iterator[tuple[float, torch.Tensor, torch.Tensor, bool]]:
+        for _ in range(config.max_epochs):
+            order = data.rows[rng.permutation(data.rows.shape[0])]
             total, seen = 0.0, 0
-            for part in iter_chunks(order.size, config.batch_size):
-                rows = np.sort(order[part])
-                x = (torch.as_tensor(_gather(features, rows), device=dev) - mean_t) / std_t
-                y = torch.as_tensor(labels[rows], dtype=torch.long, device=dev)
+            for x, y in data.chunks(order, config.batch_size):
                 optimizer.zero_grad()
-                loss = F.cross_entropy(x @ weight.T + bias, y) + penalty()
+                loss = F.cross_entropy(x @ weight.T + bias, y) + 0.5 * decay * weight.square().sum()
                 loss.backward()
                 optimizer.step()
-                total += float(loss.detach()) * rows.size
-                seen += rows.size
-            val_loss, val_acc = evaluate()
-            history.append({"epoch": epoch, "train_loss": total / seen, "val_loss": val_loss, "val_accuracy": val_acc})
-            if val_loss < best[0] - 1e-7:
-                best, stale = (val_loss, val_acc, epoch, weight.detach().clone(), bias.detach().clone()), 0
-            else:
-                stale += 1
-            if stale >= config.patience:
-                break
-    val_loss, val_acc, best_epoch, best_w, best_b = best
-    # Fold the standardisation into the head: (x - μ)/σ · Wᵀ + b = x · (W/σ)ᵀ + (b - (W/σ)·μ).
-    w_raw = best_w.double().cpu().numpy() / std[None, :]
-    b_raw = best_b.double().cpu().numpy() - w_raw @ mean
-    head = Head(w_raw.astype(np.float32), b_raw.astype(np.float32))
-    return ProbeResult(head, method, int(train_rows.size), int(val_rows.size), best_epoch, val_loss, val_acc, history)
+                schedule.step()
+                total += float(loss.detach()) * y.shape[0]
+                seen += y.shape[0]
+            yield total / seen, weight.detach(), bias.detach(), False
+
+    return _early_stopping(epochs(), x_val, y_val, decay, config)
 
 
 def train_probe(features: np.ndarray, labels: np.ndarray, **kwargs: Any) -> Head:
@@ -268,12 +448,18 @@ def run_probe(
     fit = store.read(model_id, fit_dataset)
     if fit.labels is None:
         raise ExtractError(f"{model_id}/{fit_dataset} has no labels; a probe needs a labelled fit set")
-    params = {
-        **asdict(config),
-        "fit_dataset": fit_dataset,
-        "fit_item_hash": fit_meta.get("item_hash"),
-        "backbone_model_id": model_id,
-    }
+    targets = list(dict.fromkeys([fit_dataset, *apply_to]))
+    _check_targets(store, model_id, fit_dataset, targets, fit.num_features)  # before any training or writing
+    params = json.loads(
+        json.dumps(
+            {
+                **asdict(config),
+                "fit_dataset": fit_dataset,
+                "fit_item_hash": fit_meta.get("item_hash"),
+                "backbone_model_id": model_id,
+            }
+        )
+    )
     trained, result = False, None
     if store.has_head(probe_id):
         stored = store.head_meta(probe_id).get("provenance", {})
@@ -297,11 +483,35 @@ def run_probe(
     if trained:
         store.write_head(probe_id, head, provenance=provenance)
     written: list[str] = []
-    for dataset_id in dict.fromkeys([fit_dataset, *apply_to]):
-        store.check_compatible((model_id, fit_dataset), (model_id, dataset_id))
+    for dataset_id in targets:
         _write_probe_entry(store, model_id, dataset_id, probe_id, head, provenance, shard_size)
         written.append(dataset_id)
     return ProbeReport(probe_id, trained, result, written)
+
+
+def _check_targets(store: Store, model_id: str, fit_dataset: str, targets: Sequence[str], width: int) -> None:
+    """Every entry to write logits for exists, is complete, matches the fit set's provenance and width, and holds
+    finite features; checked before training so that a typo or a bad entry costs nothing and leaves nothing."""
+    missing = [d for d in targets if not store.exists(model_id, d)]
+    if missing:
+        raise ExtractError(f"no store entry {model_id}/{missing[0]}: nothing to apply the probe to (check --apply-to)")
+    for dataset_id in targets:
+        store.check_compatible((model_id, fit_dataset), (model_id, dataset_id))
+        source = store.read(model_id, dataset_id, check_finite=False)
+        if source.features.ndim != 2 or source.features.shape[1] != width:
+            raise ExtractError(
+                f"{model_id}/{dataset_id}: features have shape {tuple(source.features.shape)}; the probe reads "
+                f"{width} features per row (the width of {model_id}/{fit_dataset})"
+            )
+        step = rows_per_chunk(width, bytes_per_value=4)
+        for part in iter_chunks(len(source), step):
+            block = np.asarray(source.features[part])
+            if not np.isfinite(block).all():
+                row = part.start + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
+                raise ExtractError(
+                    f"{model_id}/{dataset_id}: features contain NaN or inf (first at row {row}); the probe's logits "
+                    "would not be finite"
+                )
 
 
 def _write_probe_entry(

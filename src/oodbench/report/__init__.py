@@ -1,7 +1,8 @@
 """Tables and figures in the paper's layouts, rendered from tidy result rows, and the self-contained HTML report.
 
 Every name is imported from its module on first use (`oodbench.lazy`): matplotlib and pyarrow load only when a
-report is built.
+report is built. The renderer-neutral `Table`, its Markdown rendering and the detector table live in the core
+module `oodbench.tabular` (the evaluation layer writes tables with them).
 """
 
 from __future__ import annotations
@@ -9,17 +10,17 @@ from __future__ import annotations
 from ..lazy import lazy_package
 
 _EXPORTS = {
-    "detector_table_markdown": ".detector_table",
+    "detector_table_markdown": "..tabular",
     "write_html_report": ".html_report",
     "render_html_document": ".html_report",
     "build_report": ".build",
     "ReportOptions": ".build",
     "write_report": ".output",
-    "render_markdown": ".markdown",
+    "render_markdown": "..tabular",
     "render_latex": ".latex",
     "render_html": ".html",
-    "Table": ".table_model",
-    "Cell": ".table_model",
+    "Table": "..tabular",
+    "Cell": "..tabular",
     "Vocabulary": ".tables",
     "table1": ".tables",
     "table_a1": ".tables",

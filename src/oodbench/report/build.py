@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..analysis.breakdown import class_acceptance
 from ..analysis.delong import DeLongResult, delong_test
-from ..analysis.rundata import RunData, load_runs
+from ..analysis.published import PUBLISHED_SETS, Accuracy, Comparison, compare_published, read_accuracy, top1_fpr_points
+from ..analysis.rundata import RunData, check_distinct, load_run
 from ..analysis.runs import IntervalRecord, best_detectors, interval_record
 from ..analysis.spread import spread_vs_noise
 from ..analysis.subsample import (
@@ -29,10 +31,12 @@ from ..analysis.subsample import (
 from ..errors import AnalysisError
 from ..progress import progress_bar
 from ..results import ResultRow
+from ..tabular import Cell, Table
 from . import figures, tables
-from .table_model import Cell, Table
 
 __all__ = [
+    "CONVENTION",
+    "label_variants",
     "ReportOptions",
     "FigureItem",
     "Section",
@@ -43,6 +47,15 @@ __all__ = [
     "split_rows",
     "merge_vocabularies",
 ]
+
+
+CONVENTION = (
+    "Convention: a higher score means more in-distribution, and ID is the positive class. FPR@95 is the share of OOD "
+    "images accepted as ID at the threshold that accepts 95% of the ID test images (ties at the threshold count as "
+    "accepted); AUROC is the probability that an ID image outscores an OOD image (ties count one half). OpenOOD and "
+    "pytorch-ood report FPR@95 with OOD as the positive class (the share of ID images rejected when 95% of the OOD "
+    "images are caught): a different number. Values in %."
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,9 @@ class ReportOptions:
     score_figures: bool = True  # ROC curves and score histograms per (model, OOD set)
     vocabularies: Mapping[str, Any] | None = None
     title: str = "oodbench report"
+    against: str | None = None  # a published set (e.g. "fi-imagenet-1k") to put beside the run's numbers
+    # A "Context" section first: paragraphs (str, blank lines between) and tables, e.g. the demo's datasets.
+    intro: tuple[str | Table, ...] = ()
 
 
 @dataclass
@@ -93,6 +109,7 @@ class ReportContent:
     subsample: list[SubsampleSummary] = field(default_factory=list)
     intervals: list[IntervalRecord] = field(default_factory=list)
     comparisons: list[tuple[str, str, DeLongResult]] = field(default_factory=list)
+    published: list[Comparison] = field(default_factory=list)  # with --against: every published cell
 
     def tables(self) -> list[Table]:
         return [item for section in self.sections for item in section.items if isinstance(item, Table)]
@@ -135,6 +152,8 @@ def provenance_tables(run: RunData) -> list[Table]:
                 f"Run {run.path}",
                 ("item", "value"),
                 ((Cell("run.json"), Cell("absent: no provenance recorded")),),
+                align=("l", "l"),
+                wrap=True,
             )
         ]
     head = info.get("head") or {}
@@ -169,6 +188,8 @@ def provenance_tables(run: RunData) -> list[Table]:
             f"Run: {info.get('model', run.path.name)}",
             ("item", "value"),
             tuple((Cell(k), Cell(v)) for k, v in general),
+            align=("l", "l"),
+            wrap=True,
         )
     ]
     entries = info.get("entries") or {}
@@ -200,6 +221,7 @@ def provenance_tables(run: RunData) -> list[Table]:
                 ("dataset", "rows", "item hash (SHA-256)", "model", "checkpoint", "preprocessing", "extracted"),
                 tuple(body),
                 align=("l", "r", "l", "l", "l", "l", "l"),
+                wrap=True,
             )
         )
         if versions:
@@ -245,14 +267,19 @@ def build_report(
 ) -> ReportContent:
     """Tables, figures and provenance for one or more evaluation runs (e.g. one per model)."""
     options = options or ReportOptions()
+    if options.against is not None and options.against not in PUBLISHED_SETS:
+        # Checked before any statistics run: a typo should not cost the whole report's time.
+        raise AnalysisError(f"unknown published set {options.against!r}; available: {', '.join(PUBLISHED_SETS)}")
     if all(isinstance(r, RunData) for r in run_dirs):
         runs = list(run_dirs)  # type: ignore[arg-type]
     elif any(isinstance(r, RunData) for r in run_dirs):
         raise AnalysisError("pass either run directories or loaded RunData objects, not a mix")
     else:
-        runs = load_runs(run_dirs)  # type: ignore[arg-type]
+        runs = [load_run(p) for p in run_dirs]  # type: ignore[arg-type]
     if not runs:
         raise AnalysisError("no runs to report on")
+    runs = label_variants(runs)
+    check_distinct(runs)
     supervised, zeroshot = split_rows(runs)
     content = ReportContent(options.title, [], [str(run.path) for run in runs])
     vocabularies, conflicts = merge_vocabularies(runs, options.vocabularies)
@@ -268,9 +295,25 @@ def build_report(
             if pair in pairs and pair not in scored and run.path.is_dir() and run.has_scores(*pair):
                 scored[pair] = run
 
+    if options.intro:
+        content.sections.append(
+            Section(
+                "context",
+                "Context",
+                "\n\n".join(i for i in options.intro if isinstance(i, str)),
+                [i for i in options.intro if isinstance(i, Table)],
+            )
+        )
     if supervised:
-        overview = Section("overview", "Overview", "Best detectors per model and OOD set (values in %).")
-        overview.items.append(tables.table1(supervised))
+        overview = Section("overview", "Overview", "Best detectors per model and OOD set.\n\n" + CONVENTION)
+        accuracy = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
+        top1: dict[str, dict[str, float]] = {}
+        for acc in accuracy:
+            top1.setdefault(acc.model, {})[acc.labels] = acc.top1
+        for run in runs:  # a model shown under a label (runs of one model that differ) keeps its accuracy
+            if isinstance(run, _Variant) and run.model_name in top1:
+                top1[run.label] = top1[run.model_name]
+        overview.items.append(tables.table1(supervised, top1=top1))
         overview.items.append(tables.table_a2(supervised))
         overview.items.append(tables.table_a1(supervised))
         content.sections.append(overview)
@@ -280,7 +323,7 @@ def build_report(
             section.items.append(
                 FigureItem(
                     f"fig1-{_slug(model)}",
-                    f"Fig. 1: best detector per OOD set for {model}",
+                    f"Best detector per OOD set for {model} (paper Fig. 1)",
                     lambda m=model, i=id_dataset: figures.fig_best_detectors(supervised, m, i),
                 )
             )
@@ -292,14 +335,15 @@ def build_report(
             "zeroshot",
             "Zero-shot vocabularies",
             "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
-            "vocabulary-size figure only, not in the supervised tables, subsampling or intervals.",
+            "vocabulary-size figure only, not in the supervised tables, subsampling or intervals."
+            + ("" if supervised else "\n\n" + CONVENTION),
         )
         zero.items.append(tables.table2(zeroshot, vocabularies, pairs=zero_pairs))
         if figures.vocab_sweep_lines(zeroshot, vocabularies):
             zero.items.append(
                 FigureItem(
                     "figA1-vocabulary-sweep",
-                    "Fig. A1/A2: FPR@95 against vocabulary size",
+                    "FPR@95 against negative-vocabulary size (paper Figs. A1 and A2)",
                     lambda: figures.fig_vocab_sweep(zeroshot, vocabularies),
                 )
             )
@@ -316,6 +360,9 @@ def build_report(
     if scored_pairs:
         _add_score_sections(content, supervised, scored, scored_pairs, options, progress)
 
+    if options.against:
+        _add_published_section(content, runs, options.against)
+
     provenance = Section("provenance", "Provenance", "Models, checkpoints, dataset hashes and library versions.")
     for run in runs:
         provenance.items.extend(provenance_tables(run))
@@ -323,6 +370,129 @@ def build_report(
     content.sections.append(provenance)
     _unique_names(content)
     return content
+
+
+def _add_published_section(content: ReportContent, runs: Sequence[RunData], against: str) -> None:
+    """The published tables' layouts with the runs' values beside the paper's (after the Overview)."""
+    from ..analysis.published import load_published
+    from .published import published_tables, summary_table
+
+    rows = [r for run in runs for r in run.rows]
+    accuracy: list[Accuracy] = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
+    owners: dict[tuple[str, str], RunData] = {}
+    for run in runs:
+        for pair in run.pairs():
+            owners.setdefault(pair, run)
+
+    def scores(model: str, id_dataset: str, ood_dataset: str) -> tuple[dict, dict] | None:
+        run = owners.get((model, id_dataset))
+        if run is None or not run.path.is_dir() or not run.has_scores(model, ood_dataset):
+            return None
+        if not run.has_scores(model, id_dataset):
+            return None
+        return run.paired_scores(model, id_dataset, ood_dataset)
+
+    content.published = compare_published(rows, accuracy, scores=scores, name=against, subsample=content.subsample)
+    if not any(c.run_model for c in content.published):
+        content.notes.append(
+            f"--against {against}: no model of the runs ({', '.join(sorted({r.model for r in rows}))}) names a model "
+            "of the paper's Table A8 (by display name or checkpoint); every published cell is shown without a "
+            "reproduction."
+        )
+    section = Section(
+        "published",
+        "Beside the Fi-ImageNet-1k paper",
+        "The paper's Tables 1, 2, 3 and A1–A7 in their printed layouts, each cell holding this run's value beside the "
+        "published one (Rozumnyi et al., Fi-ImageNet-1k: An OOD benchmark From the Inside of the ImageNet-1k "
+        "validation set). Models match by their Table A8 name or checkpoint, datasets by name.",
+    )
+    section.items.append(summary_table(content.published))
+    section.items.extend(published_tables(content.published, accuracy))
+    points = top1_fpr_points(rows, accuracy, against)
+    rho = next((c for c in content.published if c.cell.metric == "spearman_top1_fpr95"), None)
+    cells = load_published(against, "A7")
+    top1 = {c.model: c.value for c in cells if c.metric == "top1"}
+    published_points = [(c.model, top1[c.model], c.value) for c in cells if c.metric == "fpr95"]
+    section.items.append(
+        FigureItem(
+            "top1-vs-fpr95",
+            "Top-1 (re-annotated labels) against best FPR@95 on Fi-ImageNet-1k: the run's models and the paper's "
+            "Table A7",
+            lambda: figures.fig_top1_fpr(
+                points, published_points, (rho.reproduced if rho else None, rho.cell.value if rho else None)
+            ),
+        )
+    )
+    keys = [s.key for s in content.sections]
+    position = keys.index("overview") + 1 if "overview" in keys else len([k for k in keys if k == "context"])
+    content.sections.insert(position, section)
+
+
+@dataclass
+class _Variant(RunData):
+    """A run whose model is shown under a label (its rows say the label); scores are read under the real name."""
+
+    model_name: str = ""
+    label: str = ""
+
+    def _real(self, model: str) -> str:
+        return self.model_name if model == self.label else model
+
+    def has_scores(self, model: str, dataset: str) -> bool:
+        return super().has_scores(self._real(model), dataset)
+
+    def scores(self, model: str, dataset: str) -> dict[str, np.ndarray]:
+        return super().scores(self._real(model), dataset)
+
+
+def _settings(run: RunData) -> dict[str, str]:
+    """What a run was evaluated with, flattened: each detector's parameters, the fit set, the head, the store."""
+    info = run.info
+    flat = {
+        f"{name}": ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
+        for name, params in (info.get("detectors") or {}).items()
+    }
+    flat["fit set"] = str(info.get("fit_dataset") or "")
+    flat["head"] = ", ".join(f"{k}={v}" for k, v in sorted(((info.get("head") or {}).get("provenance") or {}).items()))
+    flat["store"] = str(info.get("store") or "")
+    return flat
+
+
+def label_variants(runs: Sequence[RunData]) -> list[RunData]:
+    """Runs of one (model, ID set) that differ in their settings, relabelled by what differs (e.g.
+    ``resnet50 [energy: temperature=2]``) so that tables keep them apart; runs without a difference are labelled
+    by their directory name."""
+    by_pair: dict[tuple[str, str], list[int]] = {}
+    for index, run in enumerate(runs):
+        for pair in run.pairs():
+            by_pair.setdefault(pair, []).append(index)
+    labels: dict[int, tuple[str, str]] = {}
+    for (model, _), indices in by_pair.items():
+        if len(indices) < 2 or any(runs[i].is_zeroshot or len({m for m, _ in runs[i].pairs()}) > 1 for i in indices):
+            continue
+        settings = [_settings(runs[i]) for i in indices]
+        keys = sorted({k for s in settings for k in s})
+        differing = [k for k in keys if len({s.get(k, "(absent)") for s in settings}) > 1]
+        for i, setting in zip(indices, settings, strict=True):
+            parts = [
+                f"{k}: {setting.get(k) or '(default)'}" if setting.get(k) is not None else f"{k}: absent"
+                for k in differing
+            ]
+            labels[i] = (model, f"{model} [{'; '.join(parts) if parts else runs[i].path.name}]")
+    if not labels:
+        return list(runs)
+    seen = [label for _, label in labels.values()]
+    if len(set(seen)) != len(seen):
+        raise AnalysisError(f"runs of one model cannot be told apart: {sorted(seen)}; give them distinct directories")
+    result: list[RunData] = []
+    for index, run in enumerate(runs):
+        if index not in labels:
+            result.append(run)
+            continue
+        model, label = labels[index]
+        rows = [replace(r, model=label) if r.model == model else r for r in run.rows]
+        result.append(_Variant(run.path, run.info, rows, model_name=model, label=label))
+    return result
 
 
 def split_rows(runs: Sequence[RunData]) -> tuple[list[ResultRow], list[ResultRow]]:
@@ -401,7 +571,7 @@ def _add_score_sections(
         )
     sub = Section(
         "subsampling",
-        "Subsampling (Table A6, Fig. A4)",
+        "Subsampling (paper Table A6, Fig. A4)",
         f"The best detector's FPR@95 over {options.draws} draws of n={n} OOD images without replacement.",
     )
     stats_section = Section(
@@ -410,6 +580,13 @@ def _add_score_sections(
         "Intervals of each OOD set's best detector, and DeLong's test of the two best by AUROC.",
     )
     score_section = Section("scores", "ROC curves and score distributions")
+    class_section = Section(
+        "ood-classes",
+        "Which OOD classes pass as ID",
+        "For OOD sets whose store entry carries class labels: each class's images accepted as ID by the best detector "
+        "(by FPR@95) at the threshold that accepts 95% of the ID test set, most accepted first, with Wilson 95% "
+        "intervals.",
+    )
     curves: dict[tuple[str, str], dict[str, list[SubsampleStudy]]] = {}
     thresholds: dict[tuple[str, str], dict[str, float]] = {}  # ID thresholds per (model, ID set): computed once
     with progress_bar(progress) as bar:
@@ -468,6 +645,15 @@ def _add_score_sections(
                     tpr=options.tpr,
                 )
             )
+            labelled = _ood_labels(run, pair[0], ood, total)
+            if labelled is not None:
+                class_section.items.append(
+                    tables.table_class_acceptance(
+                        class_acceptance(id_scores[best], ood_scores[best], labelled[0], labelled[1], tpr=options.tpr),
+                        key=f"classes-{_slug(pair[0])}-{_slug(ood)}",
+                        title=f"{pair[0]} on {ood}: acceptance per OOD class ({best})",
+                    )
+                )
             top_auroc = [
                 d for d in best_detectors(run, pair[0], pair[1], ood, "auroc", count=len(id_scores)) if d in id_scores
             ][:2]
@@ -518,8 +704,8 @@ def _add_score_sections(
         sub.items.append(
             FigureItem(
                 f"figA4-{_slug(pair[0])}",
-                f"Fig. A4: FPR@95 over subset size n, {pair[0]} "
-                f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE)",
+                f"FPR@95 over subset size n, {pair[0]} "
+                f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE) (paper Fig. A4)",
                 lambda c=per_ood, m=pair[0]: figures.fig_subsample_curves(c, m),
             )
         )
@@ -529,5 +715,32 @@ def _add_score_sections(
     if content.comparisons:
         stats_section.items.append(tables.table_delong(content.comparisons, options.confidence))
     content.sections.append(stats_section)
+    if class_section.items:
+        content.sections.append(class_section)
     if score_section.items:
         content.sections.append(score_section)
+
+
+def _ood_labels(run: RunData, model: str, ood: str, count: int) -> tuple[np.ndarray, list[str] | None] | None:
+    """The class labels (and names) of an OOD set's store entry, when it has them row for row with the scores."""
+    from ..errors import StoreError
+    from ..store import Store
+
+    root = run.info.get("store")
+    real = run.model_name if isinstance(run, _Variant) and model == run.label else model
+    if not root or not os.path.isdir(root):
+        return None
+    try:
+        store = Store(root)
+        meta = store.meta(real, ood)
+        if "labels" not in meta.get("arrays", {}):
+            return None
+        labels = np.asarray(store.read_array(real, ood, "labels"))
+    except StoreError:
+        return None
+    if labels.shape != (count,) or not np.issubdtype(labels.dtype, np.integer) or (labels.size and labels.min() < 0):
+        return None
+    names = (meta.get("dataset") or {}).get("class_names")
+    if names is not None and labels.size and labels.max() >= len(names):
+        names = None
+    return labels, names

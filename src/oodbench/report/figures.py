@@ -1,4 +1,4 @@
-"""The seed's figures with matplotlib (object API on the Agg canvas: no pyplot state, no display needed).
+"""The Fi-ImageNet-1k paper's figures with matplotlib (object API on the Agg canvas: no pyplot state, no display needed).
 
 Each `fig_*` function returns a `matplotlib.figure.Figure`; `save_figure` writes PNG and PDF atomically and
 `figure_png_base64` embeds one in HTML. Values are shown in %.
@@ -34,6 +34,7 @@ __all__ = [
     "fig_score_histograms",
     "fig_vocab_sweep",
     "vocab_sweep_lines",
+    "fig_top1_fpr",
 ]
 
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
@@ -100,15 +101,28 @@ def fig_best_detectors(
     for ax, metric, title in ((axes[0], "fpr95", "FPR@95 (%) ↓"), (axes[1], "auroc", "AUROC (%) ↑")):
         bests = [grid.best(pair, [o], metric) for o in oods]
         heights = [100 * b[1] if b else np.nan for b in bests]
+        present = [h for h in heights if h == h]
+        # FPR@95 axis: as tall as the data needs (bars of 1 % are invisible on 0–100), at least 0–5 %.
+        top = 105.0 if metric == "auroc" else min(105.0, max(5.0, 1.35 * max(present, default=0.0)))
         bars = ax.bar(range(len(oods)), heights, color=_COLORS[0] if metric == "fpr95" else _COLORS[2], width=0.7)
-        for bar, best in zip(bars, bests):
+        for bar, best in zip(bars, bests, strict=True):
             if best:
-                # Names go inside tall bars (reading up from the base) and above short ones, never off the axes.
-                inside = bar.get_height() > 50
+                height = bar.get_height()
+                # The value above every bar (a bar of 0 % has no height to show); the name inside tall bars.
+                ax.annotate(
+                    f"{height:.1f}",
+                    (bar.get_x() + bar.get_width() / 2, height),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
+                inside = height > 0.5 * top
                 ax.annotate(
                     best[0],
-                    (bar.get_x() + bar.get_width() / 2, 0 if inside else bar.get_height()),
-                    xytext=(0, 3),
+                    (bar.get_x() + bar.get_width() / 2, 0 if inside else height),
+                    xytext=(0, 3) if inside else (0, 12),
                     textcoords="offset points",
                     ha="center",
                     va="bottom",
@@ -117,7 +131,7 @@ def fig_best_detectors(
                     color="white" if inside else "black",
                 )
         ax.set_xticks(range(len(oods)), oods, rotation=30, ha="right", fontsize=8)
-        ax.set_ylim(0, 105)
+        ax.set_ylim(0, top if metric == "auroc" else top * (1.6 if top < 105 else 1.0))
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     figure.suptitle(f"{grid.label(pair)}: best detector per OOD set", fontsize=11)
@@ -131,7 +145,7 @@ def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: 
     rows, columns = _grid_shape(len(curves))
     figure = _figure(3.6 * columns, 2.9 * rows)
     axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False).ravel())
-    for ax, (name, studies) in zip(axes, curves.items()):
+    for ax, (name, studies) in zip(axes, curves.items(), strict=False):
         studies = sorted(studies, key=lambda s: s.n)
         if not studies:
             raise AnalysisError(f"curve {name!r} has no points")
@@ -157,6 +171,9 @@ def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: 
         ax.plot(ns, np.clip(full - 2 * se, 0, 100), "--", color=_COLORS[1], linewidth=1)
         ax.axhline(full, color="black", linewidth=0.8, linestyle=":", label="full set")
         ax.set_xscale("log")
+        # A rate cannot be negative: the axis starts at 0, and an all-zero curve gets a 0–1 % axis, not ±0.04.
+        high = float(np.nanmax(np.concatenate([mean + 2 * std, full + 2 * se, [full]])))
+        ax.set_ylim(0, max(1.0, 1.1 * min(high, 100.0)))
         ax.set_title(f"{name} ({summaries[0].detector}, N={summaries[0].n_total})", fontsize=9)
         ax.set_xlabel("n (OOD images drawn)", fontsize=8)
         ax.set_ylabel("FPR@95 (%)", fontsize=8)
@@ -180,34 +197,49 @@ def _check_detectors(id_scores: Mapping[str, object], ood_scores: Mapping[str, o
 def fig_roc(
     id_scores: Mapping[str, object], ood_scores: Mapping[str, object], title: str = "", tpr: float = 0.95
 ) -> Figure:
-    """ROC curves (ID positive: x = OOD accepted, y = ID accepted) with each detector's FPR@95 point marked."""
+    """ROC curves (ID positive: x = OOD accepted, y = ID accepted), each detector's FPR@95 point marked.
+
+    Two panels: the full [0, 1] square, and the same curves on a log-FPR axis from half an OOD image (1 / 2n) to 1,
+    where curves that hug the corner of the square come apart.
+    """
     names = _check_detectors(id_scores, ood_scores)
-    figure = _figure(4.6, 4.2)
-    ax = figure.subplots()
+    figure = _figure(8.8, 4.2)
+    linear, logarithmic = figure.subplots(1, 2)
+    smallest, lowest = 1.0, 1.0
     for index, name in enumerate(names):
         fpr, tpr_values, thresholds = roc_curve(id_scores[name], ood_scores[name])
         color = _COLORS[index % len(_COLORS)]
         fpr95 = metrics.fpr_at_tpr(id_scores[name], ood_scores[name], tpr)
         auc = metrics.auroc(id_scores[name], ood_scores[name])
-        ax.plot(
-            fpr,
-            tpr_values,
-            color=color,
-            linewidth=1.3,
-            label=f"{name}: AUROC {100 * auc:.1f}, FPR@95 {100 * fpr95:.1f}",
-        )
+        n_ood = metrics.as_scores("ood_scores", ood_scores[name]).shape[0]
+        floor = 0.5 / n_ood  # FPR = 0 has no place on a log axis: drawn at half an image
+        smallest = min(smallest, floor)
+        positive = np.flatnonzero(fpr > 0)
+        lowest = min(lowest, float(tpr_values[positive[0]]) if positive.size else 1.0)
         # The operating point: the curve's vertex at the FPR@95 threshold (an ID score, so always a vertex).
         point = int(np.flatnonzero(thresholds == metrics.threshold_at_tpr(id_scores[name], tpr))[0])
-        ax.plot([fpr[point]], [tpr_values[point]], "o", color=color, markersize=4)
-    ax.axhline(tpr, color="gray", linewidth=0.7, linestyle="--")
-    ax.plot([0, 1], [0, 1], color="gray", linewidth=0.6, linestyle=":")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.01)
-    ax.set_xlabel("OOD accepted (FPR)", fontsize=9)
-    ax.set_ylabel("ID accepted (TPR)", fontsize=9)
-    ax.set_title(title or "ROC", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.grid(alpha=0.3)
+        label = f"{name}: AUROC {100 * auc:.1f}, FPR@95 {100 * fpr95:.1f}"
+        for ax, xs in ((linear, fpr), (logarithmic, np.maximum(fpr, floor))):
+            ax.plot(xs, tpr_values, color=color, linewidth=1.3, label=label)
+            ax.plot([xs[point]], [tpr_values[point]], "o", color=color, markersize=4)
+    for ax in (linear, logarithmic):
+        ax.axhline(tpr, color="gray", linewidth=0.7, linestyle="--")
+        ax.set_ylim(0, 1.01)
+        ax.set_ylabel("ID accepted (TPR)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    linear.plot([0, 1], [0, 1], color="gray", linewidth=0.6, linestyle=":")
+    linear.set_xlim(0, 1)
+    linear.set_xlabel("OOD accepted (FPR)", fontsize=9)
+    linear.set_title("full range", fontsize=9)
+    linear.legend(fontsize=7, loc="lower right")
+    logarithmic.set_xscale("log")
+    logarithmic.set_xlim(smallest, 1)
+    # Zoom in on the part a log axis adds: from a little below the TPR where the first OOD image is accepted.
+    logarithmic.set_ylim(max(0.0, np.floor(10 * lowest - 0.5) / 10), 1.01)
+    logarithmic.set_xlabel("OOD accepted (FPR, log scale; 0 drawn at 1/2n)", fontsize=9)
+    logarithmic.set_title("log FPR", fontsize=9)
+    figure.suptitle(title or "ROC", fontsize=10)
     return _finish(figure)
 
 
@@ -222,9 +254,9 @@ def fig_score_histograms(
     """ID and OOD score histograms per detector (shared bins, densities) with the FPR@95 threshold marked."""
     names = _check_detectors(id_scores, ood_scores)
     rows, columns = _grid_shape(len(names))
-    figure = _figure(3.4 * columns, 2.5 * rows)
+    figure = _figure(3.4 * columns, 2.6 * rows + 0.5)  # + room for the shared legend
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=False):
         ids = metrics.as_scores(f"id_scores[{name!r}]", id_scores[name])
         ood = metrics.as_scores(f"ood_scores[{name!r}]", ood_scores[name])
         low, high = float(min(ids.min(), ood.min())), float(max(ids.max(), ood.max()))
@@ -239,13 +271,30 @@ def fig_score_histograms(
             label=f"threshold (TPR {100 * tpr:g}%)",
         )
         ax.set_title(name, fontsize=9)
+        ax.set_xlabel("score (higher = more ID)", fontsize=8)
+        ax.set_ylabel("density", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in axes[len(names) :]:
         ax.set_visible(False)
-    axes[0].legend(fontsize=7)
+    # One legend for all panels, above them: inside a panel it would cover a histogram.
+    handles, texts = axes[0].get_legend_handles_labels()
+    # Lay out the panels, then free a band at the top (inches: title 0.3, legend 0.25, panel titles 0.25).
+    figure.tight_layout()
+    height = float(figure.get_figheight())
+    title_room = 0.3 / height if title else 0.0
+    figure.subplots_adjust(top=1 - title_room - 0.5 / height)
     if title:
-        figure.suptitle(title, fontsize=10)
-    return _finish(figure)
+        figure.suptitle(title, fontsize=10, y=1 - 0.05 / height, va="top")
+    figure.legend(
+        handles,
+        texts,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1 - title_room),
+        ncol=3,
+        fontsize=7,
+        frameon=False,
+    )
+    return figure
 
 
 def _sweep_line(vocab: Vocabulary, method: str, parameter: str) -> str:
@@ -333,7 +382,7 @@ def fig_vocab_sweep(
     rows_count, columns = _grid_shape(len(lines))
     figure = _figure(4.2 * columns, 3.2 * rows_count)
     axes = figure.subplots(rows_count, columns, squeeze=False).ravel()
-    for ax, (panel, per_line) in zip(axes, lines.items()):
+    for ax, (panel, per_line) in zip(axes, lines.items(), strict=False):
         for index, (label, points) in enumerate(per_line.items()):
             ax.plot(
                 list(points),
@@ -352,4 +401,43 @@ def fig_vocab_sweep(
         ax.legend(fontsize=7)
     for ax in axes[len(lines) :]:
         ax.set_visible(False)
+    return _finish(figure)
+
+
+def fig_top1_fpr(
+    reproduced: Sequence[tuple[str, float, float]],
+    published: Sequence[tuple[str, float, float]] = (),
+    rho: tuple[float | None, float | None] = (None, None),
+) -> Figure:
+    """Top-1 against best FPR@95 on Fi-ImageNet-1k, one point per model: the run's and the paper's (Appendix E)."""
+    if not reproduced and not published:
+        raise AnalysisError("no models with both Top-1 and FPR@95 to plot")
+    figure = _figure(5.6, 4.6)
+    ax = figure.subplots()
+    for points, color, marker, label, value in (
+        (published, "#9aa3ae", "o", "paper (Table A7)", rho[1]),
+        (reproduced, _COLORS[0], "D", "this run", rho[0]),
+    ):
+        if not points:
+            continue
+        suffix = f", ρ = {value:.2f}".replace("-", "−") if value is not None else ""
+        ax.scatter(
+            [p[1] for p in points],
+            [p[2] for p in points],
+            s=22,
+            color=color,
+            marker=marker,
+            label=f"{label}{suffix}",
+            zorder=3,
+        )
+    for name, top1, fpr in reproduced:
+        ax.annotate(name, (top1, fpr), xytext=(3, 3), textcoords="offset points", fontsize=6)
+    ax.set_xlabel("Top-1 on re-annotated labels (%)", fontsize=9)
+    ax.set_ylabel("best FPR@95 on Fi-ImageNet-1k (%) ↓", fontsize=9)
+    ax.set_title("Accuracy against OOD detection", fontsize=10)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax.margins(x=0.1, y=0.08)  # room for the names beside the outermost points
+    # Below the axes: inside, the legend would cover points wherever they fall.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     return _finish(figure)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from .table_model import Cell, Table
+from ..tabular import Cell, Table
 
 __all__ = ["render_html", "html_cell"]
 
@@ -26,7 +26,7 @@ def render_html(table: Table) -> str:
     align = table.alignment
     lines = [
         f'<figure class="table" id="{escape(table.key)}">',
-        f'<table class="oodb" data-table="{escape(table.key)}">',
+        f'<table class="oodb{" wrap" if table.wrap else ""}" data-table="{escape(table.key)}">',
         f"<caption>{escape(table.title)}</caption>",
         "<thead>",
     ]
@@ -40,7 +40,10 @@ def render_html(table: Table) -> str:
         lines.append(f"<tr>{cells}</tr>")
     lines.append(
         "<tr>"
-        + "".join(f'<th class="{"num" if a == "r" else "txt"}">{escape(c)}</th>' for c, a in zip(table.columns, align))
+        + "".join(
+            f'<th class="{"num" if a == "r" else "txt"}">{escape(c)}</th>'
+            for c, a in zip(table.columns, align, strict=False)
+        )
         + "</tr>"
     )
     lines += ["</thead>", "<tbody>"]
@@ -48,7 +51,10 @@ def render_html(table: Table) -> str:
         rule = ' class="rule"' if index in table.rules_after else ""
         lines.append(
             f"<tr{rule}>"
-            + "".join(f'<td class="{"num" if a == "r" else "txt"}">{html_cell(c)}</td>' for c, a in zip(row, align))
+            + "".join(
+                f'<td class="{"num" if a == "r" else "txt"}">{html_cell(c)}</td>'
+                for c, a in zip(row, align, strict=False)
+            )
             + "</tr>"
         )
     lines += ["</tbody>", "</table>"]

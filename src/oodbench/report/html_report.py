@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
+from ..tabular import Table
 from .build import FigureItem, ReportContent, ReportOptions, build_report
 from .html import render_html
-from .table_model import Table
 
 __all__ = ["CSS", "render_html_document", "write_html_report"]
 
@@ -47,6 +47,10 @@ table.oodb tr.rule td { border-bottom: 1px solid var(--line); }
 table.oodb .num { text-align: right; }
 table.oodb .txt { text-align: left; }
 table.oodb .note { color: var(--muted); font-size: 11px; }
+/* Provenance: free text (hashes, head descriptions) wraps inside the page instead of running off to the right. */
+table.oodb.wrap { width: 100%; }
+table.oodb.wrap th, table.oodb.wrap td { white-space: normal; overflow-wrap: anywhere; vertical-align: top; }
+table.oodb.wrap caption { white-space: normal; }
 figcaption { color: var(--muted); font-size: 12px; margin-top: 4px; max-width: 1000px; }
 figure.plot img { max-width: 100%; height: auto; border: 1px solid var(--line); }
 ul.notes { color: var(--muted); }
@@ -95,8 +99,8 @@ def render_html_document(
     parts.append("<main>")
     for section in content.sections:
         parts.append(f'<section id="{escape(section.key)}"><h2>{escape(section.title)}</h2>')
-        if section.text:
-            parts.append(f"<p>{escape(section.text)}</p>")
+        for paragraph in section.text.split("\n\n") if section.text else ():
+            parts.append(f"<p>{escape(paragraph)}</p>")
         for item in section.items:
             parts.append(render_html(item) if isinstance(item, Table) else _figure_html(item, figure_png(item)))
         parts.append("</section>")
@@ -128,3 +132,10 @@ def write_html_report(
     out_path = Path(out_path)
     atomic_write_text(out_path, render_html_document(content))
     return out_path
+
+
+def render_audit_html(title: str, sections: Sequence[tuple[str, str, str, list[Any]]], subject: str) -> str:
+    """An audit document (title, (key, title, text, tables) sections, subject) as one self-contained HTML page."""
+    from .build import Section
+
+    return render_html_document(ReportContent(title, [Section(*section) for section in sections], [subject]))

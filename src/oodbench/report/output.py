@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import base64
+import csv
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..atomic import atomic_write_text
 from ..errors import AnalysisError
+from ..tabular import Table, render_markdown
 from .build import FigureItem, ReportContent
 from .figures import save_figure
 from .html import render_html
 from .html_report import render_html_document
 from .latex import latex_escape, render_latex
-from .markdown import render_markdown
-from .table_model import Table
 
 __all__ = ["TABLE_FORMATS", "parse_formats", "write_report"]
 
@@ -60,6 +61,8 @@ def _latex_document(content: ReportContent, has_pdf: bool) -> str:
     ]
     for section in content.sections:
         lines.append(rf"\subsection*{{{latex_escape(section.title)}}}")
+        for paragraph in section.text.split("\n\n") if section.text else ():
+            lines += [latex_escape(paragraph), ""]
         for item in section.items:
             if isinstance(item, Table):
                 lines.append(render_latex(item).replace(r"\begin{table}[t]", r"\begin{table}[!htbp]"))
@@ -100,6 +103,16 @@ def write_report(
         written["figures"].extend(paths)
         pngs[item.stem] = base64.b64encode((out / "figures" / f"{item.stem}.png").read_bytes()).decode("ascii")
         del figure
+    if content.published:
+        from .published import comparison_records
+
+        records = comparison_records(content.published)
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, list(records[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in records)
+        atomic_write_text(out / "published-comparison.csv", buffer.getvalue())
+        written["reports"].append(out / "published-comparison.csv")
     if "md" in formats:
         atomic_write_text(out / "report.md", _markdown_document(content))
         written["reports"].append(out / "report.md")

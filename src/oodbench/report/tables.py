@@ -1,4 +1,4 @@
-"""The seed's table layouts, built from tidy result rows (and subsampling summaries) as renderer-neutral `Table`s.
+"""The Fi-ImageNet-1k paper's table layouts, built from tidy result rows (and subsampling summaries) as renderer-neutral `Table`s.
 
 - Table 1: per model, the best FPR@95 and the best AUROC on each OOD set (and their mean), with the detector's name.
 - Table A1: detector × model, mean FPR@95 / AUROC over the OOD sets.
@@ -20,13 +20,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..analysis.breakdown import ClassAcceptance
 from ..analysis.delong import DeLongResult
 from ..analysis.runs import IntervalRecord
 from ..analysis.spread import SpreadSummary
 from ..analysis.subsample import SubsampleSummary
 from ..errors import AnalysisError
 from ..results import ResultRow
-from .table_model import MISSING, Cell, Table, percent
+from ..tabular import MISSING, Cell, Table, detector_table, percent
 
 __all__ = [
     "ResultGrid",
@@ -44,6 +45,8 @@ __all__ = [
     "table_detectors",
     "table_intervals",
     "table_delong",
+    "format_p",
+    "table_class_acceptance",
 ]
 
 _VOCAB_SCORE = re.compile(r"^(?P<method>[^@\[\]\s]+)@(?P<vocab>[^@\[\]\s]+)(?:\[(?P<param>[km])=(?P<value>\d+)\])?$")
@@ -196,8 +199,13 @@ def table1(
     ood_datasets: Sequence[str] | None = None,
     models: Sequence[str] | None = None,
     mean: bool = True,
+    top1: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Table:
-    """Table 1: per model, the best FPR@95 and AUROC on each OOD set (and on average), with the detector's name."""
+    """Table 1: per model, the best FPR@95 and AUROC on each OOD set (and on average), with the detector's name.
+
+    `top1` ({model: {label set: top-1 fraction}}, from the runs' accuracy.json) adds the "Top-1" (original labels) and
+    "Top-1 (ReaL)" (re-annotated: ReImageNet when given, else ReaL) columns when any model has them.
+    """
     grid = ResultGrid(supervised_rows(rows))
     oods = _select(grid.oods, ood_datasets, "OOD datasets")
     pairs = [p for p in grid.pairs if models is None or p[0] in models]
@@ -205,22 +213,34 @@ def table1(
         raise AnalysisError(f"no rows for models {list(models or [])}")
     blocks = [(ood, [ood]) for ood in oods] + ([("mean", oods)] if mean and len(oods) > 1 else [])
     body: list[list[Cell]] = [[Cell(grid.label(p))] for p in pairs]
+    with_top1 = bool(top1) and any(p[0] in top1 for p in pairs)  # type: ignore[operator]
+    if with_top1:
+        for line, pair in zip(body, pairs, strict=True):
+            found = top1.get(pair[0], {})  # type: ignore[union-attr]
+            relabelled = next((found[k] for k in ("reimagenet", "real") if k in found), None)
+            line += [Cell(percent(found.get("original"))), Cell(percent(relabelled))]
     for _, block_oods in blocks:
         for metric in ("fpr95", "auroc"):
             bests = [grid.best(p, block_oods, metric) for p in pairs]
             bold = _bold_extreme([b[1] if b else None for b in bests], lowest=metric == "fpr95")
-            for line, best, strong in zip(body, bests, bold):
+            for line, best, strong in zip(body, bests, bold, strict=False):
                 line.append(Cell(percent(best[1]), best[0], strong) if best else Cell(MISSING))
-    groups = [("", 1)] + [(label, 2) for label, _ in blocks]
-    names = ["model"] + [name for _ in blocks for name in (FPR, AUROC)]
+    lead = ["model"] + (["Top-1", "Top-1 (ReaL)"] if with_top1 else [])
+    groups = [("", len(lead))] + [(label, 2) for label, _ in blocks]
+    names = lead + [name for _ in blocks for name in (FPR, AUROC)]
     notes = [
         "Best detector per model and column (its name in parentheses); best model per column in bold. Values in %."
     ]
+    if with_top1:
+        notes.append(
+            "Top-1: ImageNet-1k accuracy on the original labels; Top-1 (ReaL): multi-label top-1 on re-annotated "
+            "labels (ReImageNet when the run gives it, else ReaL), from each run's accuracy.json."
+        )
     if mean and len(oods) > 1:
         notes.append(f"mean: the detector with the best mean over {len(oods)} OOD sets.")
     return Table(
         "table1",
-        "Table 1: best FPR@95 and AUROC per model",
+        "Best FPR@95 and AUROC per model and OOD set (paper Table 1)",
         tuple(names),
         tuple(tuple(r) for r in body),
         tuple(groups),
@@ -246,7 +266,7 @@ def table_a1(
     bold = {}
     for pair in grid.pairs:
         flags = _bold_extreme([cells[(d, pair)][0] if cells[(d, pair)] else None for d in names], lowest=True)
-        bold.update({(d, pair): f for d, f in zip(names, flags)})
+        bold.update({(d, pair): f for d, f in zip(names, flags, strict=False)})
     body = []
     for detector in names:
         line = [Cell(detector)]
@@ -263,7 +283,13 @@ def table_a1(
         f"Cells: FPR@95 / AUROC (%) averaged over the OOD sets of each model ({', '.join(oods)}); "
         "lowest mean FPR@95 per model in bold."
     )
-    return Table("tableA1", "Table A1: detectors × models", columns, tuple(body), notes=(note,))
+    return Table(
+        "tableA1",
+        "Every detector on every model, mean over the OOD sets (paper Table A1)",
+        columns,
+        tuple(body),
+        notes=(note,),
+    )
 
 
 def table_a2(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = None) -> Table:
@@ -277,12 +303,14 @@ def table_a2(rows: Sequence[ResultRow], *, ood_datasets: Sequence[str] | None = 
         bests = [grid.best(p, [ood], "fpr95") if ood in grid.values[p] else None for p in grid.pairs]
         bold = _bold_extreme([b[1] if b else None for b in bests], lowest=True)
         line = [Cell(ood), Cell(n_text)]
-        for best, strong in zip(bests, bold):
+        for best, strong in zip(bests, bold, strict=False):
             line.append(Cell(f"{percent(best[1])} / {percent(best[2])}", best[0], strong) if best else Cell(MISSING))
         body.append(tuple(line))
     columns = ("OOD dataset", "n") + tuple(grid.label(p) for p in grid.pairs)
     note = "Cells: FPR@95 / AUROC (%) of each model's best detector by FPR@95 (in parentheses); best model per dataset in bold."
-    return Table("tableA2", "Table 3 / A2: OOD datasets × models", columns, tuple(body), notes=(note,))
+    return Table(
+        "tableA2", "Best detector per OOD set and model (paper Tables 3 and A2)", columns, tuple(body), notes=(note,)
+    )
 
 
 _VOCAB_FIELDS = ("label", "size", "deployable", "family", "classes", "k", "m")
@@ -454,8 +482,8 @@ def table2(
             best = grid.best(pair, oods, metric, among=list(notes)) if notes else None
             cells.append((best[1], notes[best[0]]) if best else None)
             stand_ins = stand_ins or bool(best and parse_vocabulary_score(best[0]).sweep)  # type: ignore[union-attr]
-        deployable = [cell[0] if cell and flag else None for cell, (_, flag) in zip(cells, columns)]
-        for cell, strong in zip(cells, _bold_extreme(deployable, lowest=lowest)):
+        deployable = [cell[0] if cell and flag else None for cell, (_, flag) in zip(cells, columns, strict=False)]
+        for cell, strong in zip(cells, _bold_extreme(deployable, lowest=lowest), strict=False):
             line.append(Cell(percent(cell[0]), cell[1], strong) if cell else Cell(MISSING))
         body.append(tuple(line))
     headers = ["model", "best logit score"]
@@ -475,7 +503,13 @@ def table2(
         notes.append("Columns joining several vocabularies (each model's own): " + "; ".join(shared) + ".")
     if any(not v.deployable for v in vocabs.values()):
         notes.append("† not deployable (built from the benchmark's own OOD labels): a lower bound, not a method.")
-    return Table("table2", f"Table 2: zero-shot {name} by vocabulary", tuple(headers), tuple(body), notes=tuple(notes))
+    return Table(
+        "table2",
+        f"Zero-shot {name} by negative vocabulary (paper Table 2)",
+        tuple(headers),
+        tuple(body),
+        notes=tuple(notes),
+    )
 
 
 def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSummary] = ()) -> Table:
@@ -524,44 +558,27 @@ def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSumm
         )
     align = ("l",) * (2 if multi_model else 1) + ("r", "r", "l") + ("r",) * 6
     return Table(
-        "tableA6", "Table A6: FPR@95 on subsets of the OOD sets", columns, tuple(body), align=align, notes=tuple(notes)
+        "tableA6",
+        "FPR@95 on random subsets of the OOD sets (paper Table A6)",
+        columns,
+        tuple(body),
+        align=align,
+        notes=tuple(notes),
     )
 
 
 def table_detectors(
     rows: Sequence[ResultRow], model: str, id_dataset: str | None = None, ood_datasets: Sequence[str] | None = None
 ) -> Table:
-    """One model's detectors × OOD sets, cells FPR@95 / AUROC (%), the best FPR@95 per column in bold, and the mean."""
-    grid = ResultGrid(supervised_rows(rows))
+    """One model's detectors × OOD sets (the core `detector_table`), for a model of a multi-model result set."""
+    supervised = supervised_rows(rows)
+    grid = ResultGrid(supervised)
     pair = grid.model_pair(model, id_dataset)
     oods = [o for o in _select(grid.oods, ood_datasets, "OOD datasets") if o in grid.values[pair]]
     detectors = [d for d in grid.detectors if any(d in grid.values[pair][o] for o in oods)]
-    bold: dict[tuple[str, str], bool] = {}
-    for ood in oods:
-        flags = _bold_extreme([grid.metric(pair, ood, d, "fpr95") for d in detectors], lowest=True)
-        bold.update({(d, ood): f for d, f in zip(detectors, flags)})
-    body = []
-    for detector in detectors:
-        line, fprs, aucs = [Cell(detector)], [], []
-        for ood in oods:
-            fpr, auc = grid.metric(pair, ood, detector, "fpr95"), grid.metric(pair, ood, detector, "auroc")
-            if fpr is None or auc is None:
-                line.append(Cell(MISSING))
-                continue
-            fprs.append(fpr)
-            aucs.append(auc)
-            line.append(Cell(f"{percent(fpr)} / {percent(auc)}", bold=bold[(detector, ood)]))
-        line.append(
-            Cell(f"{percent(sum(fprs) / len(fprs))} / {percent(sum(aucs) / len(aucs))}") if fprs else Cell(MISSING)
-        )
-        body.append(tuple(line))
-    columns = ("detector",) + tuple(f"{o} (n={grid.n_ood[(pair, o)]})" for o in oods) + ("mean",)
-    return Table(
-        f"detectors-{model}",
-        f"{grid.label(pair)}: detectors × OOD sets",
-        columns,
-        tuple(body),
-        notes=("Cells: FPR@95 / AUROC (%); lowest FPR@95 per OOD set in bold.",),
+    selected = [r for r in supervised if (r.model, r.id_dataset) == pair and r.ood_dataset in oods]
+    return detector_table(
+        selected, detectors, oods, key=f"detectors-{model}", title=f"{grid.label(pair)}: detectors × OOD sets"
     )
 
 
@@ -605,7 +622,52 @@ def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95)
         "resamples ID and OOD images (percentile and BCa); DeLong is the normal approximation of the AUROC U-statistic."
     )
     align = ("l",) * len(lead) + ("r",) * (len(columns) - len(lead))
-    return Table("intervals", "Confidence intervals", tuple(columns), tuple(body), tuple(groups), align, (note,))
+    return Table(
+        "intervals",
+        "Confidence intervals of the best detector per OOD set",
+        tuple(columns),
+        tuple(body),
+        tuple(groups),
+        align,
+        (note,),
+    )
+
+
+def table_class_acceptance(
+    rows: Sequence[ClassAcceptance], *, key: str = "classes", title: str = "Acceptance per OOD class", limit: int = 30
+) -> Table:
+    """Per OOD class: images, accepted as ID, rate and Wilson interval (%), most accepted first (the first `limit`)."""
+    if not rows:
+        raise AnalysisError("no OOD classes to tabulate")
+    shown = list(rows)[:limit]
+    body = tuple(
+        (
+            Cell(r.name),
+            Cell(f"{r.n:,}"),
+            Cell(f"{r.accepted:,}"),
+            Cell(percent(r.rate)),
+            Cell(f"[{percent(r.low)}, {percent(r.high)}]"),
+        )
+        for r in shown
+    )
+    notes = ["Rate and 95% Wilson interval in %; the threshold accepts 95% of the ID test images."]
+    if len(rows) > limit:
+        notes.append(f"The {limit} most accepted of {len(rows)} classes.")
+    return Table(
+        key,
+        title,
+        ("OOD class", "images", "accepted", "rate", "95% CI"),
+        body,
+        align=("l", "r", "r", "r", "r"),
+        notes=tuple(notes),
+    )
+
+
+def format_p(p: float) -> str:
+    """A p-value at the precision of the table's other numbers: three decimals, and "< 0.001" below that."""
+    if p != p:
+        return MISSING
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def table_delong(results: Sequence[tuple[str, str, DeLongResult]], confidence: float = 0.95) -> Table:
@@ -625,7 +687,7 @@ def table_delong(results: Sequence[tuple[str, str, DeLongResult]], confidence: f
             Cell(_signed(100 * r.difference)),
             Cell(f"[{_signed(100 * r.low)}, {_signed(100 * r.high)}]"),
             Cell(f"{r.z:.2f}".replace("-", "−")),
-            Cell(f"{r.p_value:.2g}", bold=significant),
+            Cell(format_p(r.p_value), bold=significant),
         ]
         body.append(tuple(line))
     columns = (("model",) if multi_model else ()) + (

@@ -307,9 +307,14 @@ def _parse_model(entry: Mapping[str, Any], key: str, variables: Mapping[str, str
     if not isinstance(kind_name, str):
         raise ConfigError(f"{key}.kind: expected a string, got {type(kind_name).__name__} {kind_name!r}")
     kind = model_kind(kind_name, f"{key}.kind")
-    table = validate(kind.Table, _expand_tree(dict(entry), variables, key), key)
+    entry = dict(entry)
+    # Every kind takes `display`: the name tables show (free text, e.g. "DINOv2-g/14"); not part of any identity.
+    display = entry.pop("display", None)
+    if display is not None and (not isinstance(display, str) or not display.strip()):
+        raise ConfigError(f"{key}.display: expected a non-empty string, got {display!r}")
+    table = validate(kind.Table, _expand_tree(entry, variables, key), key)
     model_id, params = kind.parse(table, key, seed=seed)
-    return ModelSpec(check_id(model_id, f"{key}.id"), kind.name, params, key)
+    return ModelSpec(check_id(model_id, f"{key}.id"), kind.name, params, key, display)
 
 
 def _parse_dataset(name: str, entry: Mapping[str, Any], variables: Mapping[str, str]) -> DatasetSpec:
@@ -504,6 +509,11 @@ def parse_config(
         spec = _parse_model(entry, f"models[{i}]", variables, experiment.seed)
         if spec.id in models:
             raise ConfigError(f"models[{i}].id: {spec.id!r} is already used by {models[spec.id].key_path}")
+        shown = {m.display_name: m for m in models.values()}
+        if spec.display_name in shown:
+            raise ConfigError(
+                f"models[{i}].display: {spec.display_name!r} is already the name of {shown[spec.display_name].key_path}"
+            )
         models[spec.id] = spec
 
     if not top.datasets:

@@ -12,7 +12,7 @@ Adding a kind is one class: subclass `ModelKind` or `DatasetKind`, set ``name`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -54,6 +54,12 @@ class ModelSpec:
     kind: str
     params: dict[str, Any]
     key_path: str  # where it was declared, for error messages (e.g. "models[2]")
+    display: str | None = None  # the name tables show (e.g. the paper's "DINOv2-g/14"); the id when unset
+
+    @property
+    def display_name(self) -> str:
+        """The name tables and the plan show: `display` when given, else the id."""
+        return self.display or self.id
 
     @property
     def kind_of(self) -> ModelKind:
@@ -148,6 +154,10 @@ class ModelKind:
         """What determines the extracted arrays (defaults to the model's identity)."""
         return self.identity(spec)
 
+    def weights(self, spec: ModelSpec) -> str:
+        """What the weights resolve to offline, for the plan (e.g. ``timm vit_base_patch16_384.augreg_in1k``)."""
+        return spec.params.get("checkpoint") or spec.params.get("name", "")
+
     def adoptable(self, spec: ModelSpec, store: Store, meta: Mapping[str, Any]) -> bool:
         """Whether a store entry made outside the runner is what this spec would produce."""
         return meta.get("provenance", {}).get("model") == spec.params.get("name") and not spec.params.get("checkpoint")
@@ -171,6 +181,10 @@ class ModelKind:
             device=ctx.device,
             progress=ctx.progress,
         )
+
+    def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
+        """VLM kinds: a loader of the model's text side (a bundle with ``encode_texts``), called on first need."""
+        raise ConfigError(f"{spec.key_path}: model kind {spec.kind!r} has no text encoder")
 
     def train_head(self, ctx: Context, spec: ModelSpec, stale: bool) -> dict[str, Any]:
         """Train the head on the extracted arrays (kinds with `trains_head`); returns details for the ledger."""
@@ -236,7 +250,7 @@ def register_dataset_kind(cls: D) -> D:
 
 
 def _builtins() -> None:
-    from . import datasets, models  # noqa: F401  (registers the built-in kinds)
+    from . import datasets, hf, models  # noqa: F401  (registers the built-in kinds)
 
 
 def model_kinds() -> dict[str, ModelKind]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +101,17 @@ def _check_timm_name(name: str, key: str, *, with_checkpoint: bool) -> None:
         raise ConfigError(f"{key}: timm has no pretrained weights for {arch!r}; give a checkpoint = PATH")
 
 
+def _default_tag_note(name: str) -> str:
+    """For an untagged timm name, which pretrained tag timm will load (it picks a default silently)."""
+    import timm
+    from timm.models import split_model_name_tag
+
+    if split_model_name_tag(name)[1]:
+        return ""
+    cfg = timm.models.get_pretrained_cfg(name)
+    return f" (no tag: timm loads its default {name}.{cfg.tag})" if cfg is not None and cfg.tag else " (no tag)"
+
+
 def _check_nac_layers(layers: list[str], key: str) -> list[str]:
     """NAC layer specs (LAYER[:ALPHA[:POOLING]]), checked by the extractor's parser."""
     from ..extract.nac import NacLayer
@@ -116,12 +127,36 @@ def _check_nac_layers(layers: list[str], key: str) -> list[str]:
 def _load_timm(name: str, params: Mapping[str, Any]) -> Any:
     from ..extract.backbones.timm_backbone import load_timm
 
-    kwargs: dict[str, Any] = {"checkpoint": params.get("checkpoint")}
+    kwargs: dict[str, Any] = {
+        "checkpoint": params.get("checkpoint"),
+        "preprocessing": params.get("preprocessing"),
+        "convert": params.get("convert", "auto"),
+    }
     if params.get("nac_layers"):
         from ..extract.nac import NacLayer
 
         kwargs["nac_layers"] = [NacLayer.parse(spec) for spec in params["nac_layers"]]
     return load_timm(name, pretrained=not params.get("checkpoint"), **kwargs)
+
+
+def _weights_options(table: Any, key: str) -> dict[str, Any]:
+    """The `preprocessing` overrides and checkpoint `convert` of a timm-backed table, checked by the extractor."""
+    from ..extract.backbones.base import check_preprocessing
+    from ..extract.convert import CONVERTERS
+
+    options: dict[str, Any] = {}
+    if table.preprocessing:
+        try:
+            options["preprocessing"] = check_preprocessing(table.preprocessing)
+        except ExtractError as exc:
+            raise ConfigError(f"{key}.preprocessing: {exc}") from None
+    if table.convert is not None:
+        if table.convert not in CONVERTERS:
+            raise ConfigError(f"{key}.convert: unknown converter {table.convert!r}; use one of {', '.join(CONVERTERS)}")
+        if not table.checkpoint:
+            raise ConfigError(f"{key}.convert: applies to a checkpoint file only")
+        options["convert"] = table.convert
+    return options
 
 
 @register_model_kind
@@ -135,15 +170,24 @@ class Timm(ModelKind):
         kind: str
         name: str
         checkpoint: str | None = None
+        convert: str | None = None
+        preprocessing: dict[str, Any] = {}
         batch_size: PositiveInt | None = None
         nac_layers: StrList = []
 
     def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
         _check_timm_name(table.name, f"{key}.name", with_checkpoint=bool(table.checkpoint))
         params = {**_checkpoint(table.checkpoint), **_batch_size(table.batch_size), "name": table.name}
+        params.update(_weights_options(table, key))
         if table.nac_layers:
             params["nac_layers"] = _check_nac_layers(list(table.nac_layers), f"{key}.nac_layers")
         return table.id or table.name, params
+
+    def weights(self, spec: ModelSpec) -> str:
+        name = spec.params["name"]
+        if "checkpoint" in spec.params:
+            return f"timm {name} + {spec.params['checkpoint']}"
+        return f"timm {name}" + _default_tag_note(name)
 
     def backbone(self, spec: ModelSpec, device: str) -> Any:
         return _load_timm(spec.params["name"], spec.params)
@@ -182,6 +226,8 @@ class Probe(ModelKind):
         backbone: str
         backbone_id: str | None = None
         checkpoint: str | None = None
+        convert: str | None = None
+        preprocessing: dict[str, Any] = {}
         batch_size: PositiveInt | None = None
         probe: dict[str, Any] = {}
 
@@ -193,8 +239,12 @@ class Probe(ModelKind):
             "backbone": table.backbone,
             "backbone_id": check_name(table.backbone_id or table.backbone, f"{key}.backbone_id", error=ConfigError),
             "probe": _check_probe(table.probe, f"{key}.probe"),
+            **_weights_options(table, key),
         }
         return table.id or f"{table.backbone}+probe", params
+
+    def weights(self, spec: ModelSpec) -> str:
+        return f"timm {spec.params['backbone']} (frozen) + linear probe"
 
     def store_id(self, spec: ModelSpec) -> str:
         return spec.params["backbone_id"]
@@ -282,6 +332,16 @@ def _check_open_clip(name: str, pretrained: str | None, key: str) -> None:
             )
 
 
+def _check_open_clip_resolution(name: str, resolution: int, key: str) -> None:
+    """The declared input resolution must be the architecture's (open_clip configs fix it)."""
+    import open_clip
+
+    size = (open_clip.get_model_config(name) or {}).get("vision_cfg", {}).get("image_size")
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    if size is not None and int(size) != resolution:
+        raise ConfigError(f"{key}: {name} takes {size} px images, not {resolution}")
+
+
 @register_model_kind
 class OpenClip(ModelKind):
     """An open_clip VLM, scored zero-shot (image embeddings, optionally patch embeddings)."""
@@ -298,6 +358,7 @@ class OpenClip(ModelKind):
         config_file: str | None = None
         batch_size: PositiveInt | None = None
         patches: bool = False
+        resolution: PositiveInt | None = None  # checked against the architecture's input size; not a setting
 
     def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
         params = {**_checkpoint(table.checkpoint), **_batch_size(table.batch_size)}
@@ -308,9 +369,26 @@ class OpenClip(ModelKind):
                 f"{key}.pretrained: missing; name the open_clip weights (e.g. 'openai') or give a checkpoint"
             )
         _check_open_clip(table.name, table.pretrained, key)
+        if table.resolution is not None:
+            _check_open_clip_resolution(table.name, table.resolution, f"{key}.resolution")
         params.update(name=table.name, pretrained=table.pretrained, patches=table.patches)
         # The default id is the one `oodbench extract` gives.
         return table.id or (f"{table.name}@{table.pretrained}" if table.pretrained else table.name), params
+
+    def weights(self, spec: ModelSpec) -> str:
+        import open_clip
+
+        tag = spec.params.get("checkpoint") or spec.params.get("pretrained")
+        size = (open_clip.get_model_config(spec.params["name"]) or {}).get("vision_cfg", {}).get("image_size")
+        return f"open_clip {spec.params['name']} / {tag}" + (f", {size} px" if size else "")
+
+    def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
+        from ..extract.backbones.base import resolve_device
+        from ..extract.label_embedder import bundle_loader
+
+        pretrained = spec.params.get("checkpoint") or spec.params.get("pretrained")
+        device = str(resolve_device(ctx.device))
+        return bundle_loader(ctx.store, spec.store_id, ctx.config.id_test, pretrained=pretrained, device=device)
 
     def backbone(self, spec: ModelSpec, device: str) -> Any:
         from ..extract.backbones.base import resolve_device

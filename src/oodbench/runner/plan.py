@@ -676,6 +676,9 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
         f"work directory {plan.layout.workdir}   store {plan.layout.store}",
         "",
     ]
+    lines.append(f"{'model':<22} {'kind':<9} weights (resolved offline)")
+    lines += [f"{m.display_name:<22} {m.kind:<9} {m.kind_of.weights(m)}" for m in config.models.values()]
+    lines.append("")
     lines.append(f"{'stage':<9} {'units':>7} {'cached':>7} {'skipped':>7} {'to run':>7} {'images':>14} {'size':>12}")
     for stage in STAGES:
         stage_units = plan.stage(stage)
@@ -720,6 +723,10 @@ def plan_json(plan: Plan) -> str:
     return json.dumps(
         {
             "experiment": plan.config.name,
+            "models": [
+                {"id": m.id, "display": m.display_name, "kind": m.kind, "weights": m.kind_of.weights(m)}
+                for m in plan.config.models.values()
+            ],
             "summary": plan.summary(),
             "problems": plan.problems,
             "units": [

@@ -335,7 +335,7 @@ def _vocab_summary(vocab: Any) -> dict[str, Any]:
 def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
     from ..classes import load_classes
-    from ..extract.label_embedder import bundle_loader, store_embedder
+    from ..extract.label_embedder import store_embedder
     from ..zeroshot.evaluate import evaluate_zeroshot_store, make_plan
     from ..zeroshot.vocab.artefact import VocabStore
 
@@ -343,16 +343,9 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     spec = config.zeroshot
     assert spec is not None and unit.model is not None
     model = config.models[unit.model]
-    from ..extract.backbones.base import resolve_device
 
     classes = load_classes(spec.classes)
-    device = str(resolve_device(ctx.device))
-    pretrained = model.params.get("checkpoint") or model.params.get("pretrained")
-    embed = store_embedder(
-        store,
-        model.store_id,
-        load_bundle=bundle_loader(store, model.store_id, config.id_test, pretrained=pretrained, device=device),
-    )
+    embed = store_embedder(store, model.store_id, load_bundle=model.kind_of.text_model(ctx, model))
     refs, problems = load_ref_vocabularies(config)
     if problems:
         key, problem = next(iter(problems.items()))
@@ -395,9 +388,26 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
         tpr=config.tpr,
         progress=ctx.progress,
     )
+    from ..templates import SEED_TEMPLATES
+
+    text = embed(list(classes.names), SEED_TEMPLATES)  # cached by the scoring above
+    _record_accuracy_and_name(ctx, model, RunDir(lay.run_dir(model.id)), text_embeddings=text)
     ctx.ledger.write(
         "score", unit.label, unit.key, vocabularies={k: _vocab_summary(v) for k, v in vocabularies.items()}
     )
+
+
+def _record_accuracy_and_name(ctx: Context, model: ModelSpec, run_dir: RunDir, *, text_embeddings: Any = None) -> None:
+    """Top-1 of the ID test set into accuracy.json, and the model's display name into run.json."""
+    from ..accuracy import record_accuracy
+
+    # A classifier's logits live under its own id (a probe's too); a VLM's image embeddings under its store id.
+    store_id = model.id if model.is_classifier else model.store_id
+    record_accuracy(run_dir.path, ctx.store, store_id, ctx.config.id_test, text_embeddings=text_embeddings)
+    if run_dir.info_path.is_file():
+        description = run_dir.read_info()
+        if description.get("display") != model.display_name:
+            run_dir.write_info({**description, "display": model.display_name})
 
 
 # ----------------------------------------------------------------------------------------------- metrics
@@ -430,7 +440,7 @@ def _run_json(
 
 def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> None:
     """One model's run directory: per-image scores, tidy rows, the detector table and run.json."""
-    from ..report.detector_table import detector_table_markdown
+    from ..tabular import detector_table_markdown
 
     config, lay, ledger = ctx.config, ctx.layout, ctx.ledger
     model_id = unit.model
@@ -454,6 +464,7 @@ def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> N
     run_dir.write_info(
         _run_json(ctx, model_id, {d: config.detectors[d] for d in config.detectors}, skipped, score_keys, unit.key)
     )
+    _record_accuracy_and_name(ctx, config.models[model_id], run_dir)
     ledger.write("metrics", unit.label, unit.key, rows=len(rows), skipped=skipped)
 
 

@@ -381,6 +381,8 @@ def evaluate_zeroshot_store(
     keys = {d: _detector_key(entries, id_classes, templates, info) for d, info in plan.detectors.items()}
 
     run_dir = RunDir(out_dir) if out_dir is not None else None
+    if run_dir is not None:
+        run_dir.check_writable("out_dir")
     cached, done = run_dir.resume(model_id, names, keys) if run_dir is not None else ({}, {})
 
     def persist(detector: str, per_dataset: Mapping[str, np.ndarray]) -> None:

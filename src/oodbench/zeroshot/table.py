@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ZeroShotError
-from ..report.detector_table import detector_table_markdown
 from ..results import ResultRow, read_rows
 from ..rundir import RunDir
+from ..tabular import detector_table_markdown
 
 __all__ = [
     "RunView",

@@ -6,16 +6,32 @@ import abc
 import contextlib
 import hashlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from ...errors import ExtractError
 from ...outputs import Head
 
-__all__ = ["Backbone", "sha256_file", "safe_id", "autocast", "resolve_device"]
+__all__ = [
+    "Backbone",
+    "sha256_file",
+    "safe_id",
+    "autocast",
+    "resolve_device",
+    "PREPROCESSING_KEYS",
+    "INTERPOLATIONS",
+    "check_preprocessing",
+    "describe_preprocessing",
+]
+
+# Image preprocessing settings a user may override (timm's data-config names).
+PREPROCESSING_KEYS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")
+_CROP_MODES = ("center", "squash", "border")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+@=,-]+")
 
@@ -40,6 +56,77 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def _triple(key: str, value: Any, *, positive: bool) -> list[float]:
+    values = [value] * 3 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    if not isinstance(values, (list, tuple)) or len(values) not in (1, 3):
+        raise ExtractError(f"preprocessing {key} must be one number or three (R, G, B); got {value!r}")
+    try:
+        numbers = [float(v) for v in values] * (3 if len(values) == 1 else 1)
+    except (TypeError, ValueError):
+        raise ExtractError(f"preprocessing {key} must be numbers; got {value!r}") from None
+    if positive and any(v <= 0 for v in numbers):
+        raise ExtractError(f"preprocessing {key} must be positive; got {value!r}")
+    return numbers
+
+
+def check_preprocessing(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate user preprocessing overrides; returns them normalised (3-vectors, (3, H, W) input size).
+
+    `input_size` takes an int (square), [H, W] or [3, H, W]; `mean`/`std` one number or three; `crop_pct` in
+    (0, 1]; `interpolation` one of `INTERPOLATIONS`; `crop_mode` center, squash or border.
+    """
+    result: dict[str, Any] = {}
+    for key, value in dict(overrides or {}).items():
+        if value is None:
+            continue
+        if key not in PREPROCESSING_KEYS:
+            raise ExtractError(f"unknown preprocessing setting {key!r}; use {', '.join(PREPROCESSING_KEYS)}")
+        if key == "input_size":
+            size = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+            if not isinstance(size, (list, tuple)) or not all(isinstance(v, int) and v > 0 for v in size):
+                raise ExtractError(f"preprocessing input_size must be positive integers; got {value!r}")
+            if len(size) == 1:
+                size = [3, size[0], size[0]]
+            elif len(size) == 2:
+                size = [3, *size]
+            if len(size) != 3 or size[0] != 3:
+                raise ExtractError(f"preprocessing input_size must be S, [H, W] or [3, H, W]; got {value!r}")
+            result[key] = list(size)
+        elif key in ("mean", "std"):
+            result[key] = _triple(key, value, positive=key == "std")
+        elif key == "crop_pct":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) <= 1:
+                raise ExtractError(f"preprocessing crop_pct must be in (0, 1]; got {value!r}")
+            result[key] = float(value)
+        elif key == "interpolation":
+            if value not in INTERPOLATIONS:
+                raise ExtractError(
+                    f"preprocessing interpolation must be one of {', '.join(INTERPOLATIONS)}; got {value!r}"
+                )
+            result[key] = value
+        else:
+            if value not in _CROP_MODES:
+                raise ExtractError(f"preprocessing crop_mode must be one of {', '.join(_CROP_MODES)}; got {value!r}")
+            result[key] = value
+    return result
+
+
+def describe_preprocessing(preprocessing: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> str:
+    """One line naming the resolved preprocessing, with the overridden settings marked ``*``."""
+
+    def fmt(key: str) -> str:
+        value = preprocessing.get(key)
+        if isinstance(value, (list, tuple)) and key != "input_size":
+            value = "(" + ", ".join(f"{float(v):.4g}" for v in value) + ")"
+        elif isinstance(value, (list, tuple)):
+            value = "x".join(str(v) for v in value)
+        return f"{key}={value}" + ("*" if overrides and key in overrides else "")
+
+    parts = [fmt(key) for key in PREPROCESSING_KEYS if key in preprocessing]
+    parts += [f"{key}={value}" for key, value in sorted(preprocessing.items()) if key not in PREPROCESSING_KEYS]
+    return ", ".join(parts) + (" (* = overridden)" if overrides else "")
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ model's two averaged heads become one linear map of their concatenated inputs.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from ...errors import ExtractError
 from ...outputs import Head
 from ..nac import NacLayer, capture_outputs, neuron_states
-from .base import Backbone, autocast, safe_id, sha256_file
+from .base import Backbone, autocast, check_preprocessing, safe_id, sha256_file
 
 __all__ = ["TimmBackbone", "load_timm", "MISSING_WEIGHTS_HINT"]
 
@@ -53,11 +54,20 @@ class TimmBackbone(Backbone):
         checkpoint_sha256: str | None = None,
         nac_layers: Sequence[NacLayer | str] = (),
         image_size: int | None = None,
+        preprocessing: Mapping[str, Any] | None = None,
+        checkpoint_format: str | None = None,
     ) -> None:
         import timm.data
 
-        overrides = {} if image_size is None else {"input_size": (3, int(image_size), int(image_size))}
-        config = timm.data.resolve_data_config(overrides, model=model)
+        overrides = check_preprocessing(preprocessing)
+        if image_size is not None:
+            overrides.setdefault("input_size", [3, int(image_size), int(image_size)])
+        # Defaults come from the architecture's pretrained config; explicit settings win, key by key.
+        config = timm.data.resolve_data_config(
+            {key: tuple(v) if isinstance(v, list) else v for key, v in overrides.items()}, model=model
+        )
+        self.preprocessing_overrides = overrides
+        self.checkpoint_format = checkpoint_format
         preprocessing = {
             key: list(value) if isinstance(value, tuple) else value for key, value in sorted(config.items())
         }
@@ -115,6 +125,10 @@ class TimmBackbone(Backbone):
             )
         if self.nac_layers:
             info["nac"] = [layer.as_dict() for layer in self.nac_layers]
+        if self.preprocessing_overrides:
+            info["preprocessing_overrides"] = dict(self.preprocessing_overrides)
+        if self.checkpoint_format:
+            info["checkpoint_format"] = self.checkpoint_format
         return info
 
     def default_model_id(self) -> str:
@@ -207,6 +221,15 @@ def _create(name: str, *, pretrained: bool, image_size: int | None, **kwargs: An
     return timm.create_model(name, pretrained=pretrained, **kwargs)
 
 
+def _architecture_classes(name: str) -> int | None:
+    import timm
+
+    try:
+        return int(timm.models.get_pretrained_cfg(name).num_classes)  # type: ignore[union-attr]
+    except Exception:
+        return None
+
+
 def load_timm(
     name: str,
     *,
@@ -216,17 +239,28 @@ def load_timm(
     nac_layers: Sequence[NacLayer | str] = (),
     num_classes: int | None = None,
     image_size: int | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
+    convert: str = "auto",
 ) -> TimmBackbone:
     """Create a timm backbone: hub weights (cache honoured), a local checkpoint file, or seeded random init.
 
     `image_size` overrides the model's input resolution (preprocessing, and the position embeddings of ViTs).
+    `preprocessing` overrides settings of the architecture's default data config (see `check_preprocessing`).
+    `convert` renames a checkpoint's keys first (``auto`` detects the naming; see `oodbench.extract.convert`).
     """
     import timm
+
+    from ..convert import convert_state_dict, detect_format
 
     if not timm.is_model(name.split(":", 1)[-1].split("/")[-1].split(".")[0]) and not name.startswith("hf-hub:"):
         close = timm.list_models(f"*{name.split('.')[0][:12]}*")[:8]
         raise ExtractError(f"unknown timm model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
+    overrides = check_preprocessing(preprocessing)
+    size = overrides.get("input_size")
+    if image_size is None and size is not None and size[1] == size[2]:
+        image_size = int(size[1])  # ViTs need the resolution at creation (position embeddings)
     kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
+    common = {"nac_layers": nac_layers, "image_size": image_size, "preprocessing": overrides}
     if checkpoint is not None:
         path = Path(checkpoint)
         if not path.is_file():
@@ -235,30 +269,51 @@ def load_timm(
             state = timm.models.load_state_dict(str(path))
         except Exception as exc:
             raise ExtractError(f"cannot read checkpoint {path}: {exc}") from exc
-        key = _classifier_key(name)
-        if num_classes is None and key and f"{key}.weight" in state:
-            kwargs["num_classes"] = int(state[f"{key}.weight"].shape[0])
+        fmt = detect_format(state) if convert == "auto" else convert
+        key = "_fc" if fmt == "efficientnet_pytorch" else _classifier_key(name)
+        if key and f"{key}.weight" in state:
+            rows = int(state[f"{key}.weight"].shape[0])
+            expected = _architecture_classes(name)
+            if num_classes is None:
+                kwargs["num_classes"] = rows
+            if expected is not None and rows != expected:
+                warnings.warn(
+                    f"the classifier of {path.name} has {rows} classes but {name} is a {expected}-class architecture; "
+                    "check that the checkpoint belongs to this model (logits and the stored head have "
+                    f"{kwargs.get('num_classes', rows)} columns)",
+                    UserWarning,
+                    stacklevel=2,
+                )
         torch.manual_seed(seed)
         model = _create(name, pretrained=False, image_size=image_size, **kwargs)
+        state, used = convert_state_dict(state, convert, model)
+        if used == "efficientnet_pytorch" and not name.split(".")[0].startswith("tf_"):
+            warnings.warn(
+                f"efficientnet_pytorch weights use TensorFlow 'same' padding; {name} pads symmetrically, so features "
+                f"are shifted: use the tf_ variant (tf_{name.split('.')[0]})",
+                UserWarning,
+                stacklevel=2,
+            )
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as exc:
-            raise ExtractError(f"checkpoint {path} does not fit {name}: {str(exc)[:600]}") from exc
+            hint = (
+                "" if used != "none" else " (a checkpoint in another naming needs --convert, e.g. efficientnet_pytorch)"
+            )
+            raise ExtractError(f"checkpoint {path} does not fit {name}{hint}: {str(exc)[:600]}") from exc
         digest = sha256_file(path)
         return TimmBackbone(
             model,
             name=name,
             checkpoint=f"sha256:{digest}",
             checkpoint_sha256=digest,
-            nac_layers=nac_layers,
-            image_size=image_size,
+            checkpoint_format=None if used == "none" else used,
+            **common,
         )
     if not pretrained:
         torch.manual_seed(seed)
         model = _create(name, pretrained=False, image_size=image_size, **kwargs)
-        return TimmBackbone(
-            model, name=name, checkpoint=f"random-init:seed={seed}", nac_layers=nac_layers, image_size=image_size
-        )
+        return TimmBackbone(model, name=name, checkpoint=f"random-init:seed={seed}", **common)
     try:
         model = _create(name, pretrained=True, image_size=image_size, **kwargs)
     except Exception as exc:
@@ -270,4 +325,4 @@ def load_timm(
         ) from exc
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     tag = cfg.get("hf_hub_id") or cfg.get("url") or name
-    return TimmBackbone(model, name=name, checkpoint=f"pretrained:{tag}", nac_layers=nac_layers, image_size=image_size)
+    return TimmBackbone(model, name=name, checkpoint=f"pretrained:{tag}", **common)
