@@ -14,7 +14,7 @@ from PIL import Image
 
 import oodbench
 from oodbench.cli import main
-from oodbench.errors import ExtractError
+from oodbench.errors import ExtractError, OodbenchError
 from oodbench.extract.backbones.timm_backbone import TimmBackbone
 from oodbench.quick import ModuleBackbone
 
@@ -172,3 +172,44 @@ def test_missing_folder_is_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "nope" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_detector_fails_before_any_extraction(folders, tmp_path, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model ran before the detectors were checked")
+
+    monkeypatch.setattr(TimmBackbone, "infer", forbidden)
+    with pytest.raises(OodbenchError, match="unknown detector 'mps'"):
+        oodbench.evaluate_model(
+            "test_resnet",
+            pretrained=False,
+            fit=folders / "train",
+            id=folders / "val",
+            ood={"photos": folders / "photos"},
+            store=tmp_path / "store",
+            detectors=["mps"],
+            progress=False,
+        )
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
+
+
+def test_cli_suggests_the_detector_meant(folders, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "evaluate-model",
+                "test_resnet",
+                "--no-pretrained",
+                "--fit",
+                str(folders / "train"),
+                "--id",
+                str(folders / "val"),
+                "--ood",
+                f"photos={folders / 'photos'}",
+                "-d",
+                "mps",
+                "--no-progress",
+            ]
+        )
+    assert exit_info.value.code == 2
+    assert "did you mean 'msp'" in capsys.readouterr().err

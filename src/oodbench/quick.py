@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import detectors as detector_registry
 from .errors import DataError, ExtractError, OodbenchError
-from .evaluation import EvaluationResult, evaluate_store
+from .evaluation import EvaluationResult, evaluate_store, normalize_detectors
 from .extract.backbones.base import Backbone, autocast, safe_id
 from .outputs import Head
 from .store import Store
@@ -311,6 +312,9 @@ def evaluate_model(
     clash = sorted({FIT, ID} & set(ood))
     if clash:
         raise OodbenchError(f"OOD set names {clash} are reserved for the fit and ID test sets; rename them")
+    plan = normalize_detectors(detectors)
+    for name, params in plan.items():
+        detector_registry.create(name, **params)  # unknown names and bad parameters fail before any extraction
     backbone = as_backbone(
         model,
         pretrained=pretrained,
@@ -335,7 +339,7 @@ def evaluate_model(
             backbone,
             resolved,
             list(ood),
-            detectors,
+            plan,
             model_id=model_id,
             out=out,
             batch_size=batch_size,

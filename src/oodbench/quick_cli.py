@@ -65,9 +65,15 @@ def evaluate_model_command(
     named = _named(ood)
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
     overrides = parse_params(param)
-    if names is None and overrides:
-        from .detectors import available
+    from .detectors import available
+    from .names import suggest
 
+    for name in names or ():
+        if name not in available():
+            raise typer.BadParameter(
+                f"--detectors: unknown detector {name!r}{suggest(name, available())} (list them with `oodbench detectors`)"
+            )
+    if names is None and overrides:
         names = available()
     unknown = sorted(set(overrides) - set(names or ()))
     if unknown:
