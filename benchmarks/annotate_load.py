@@ -39,10 +39,10 @@ from typing import Any
 import httpx
 import numpy as np
 
+from oodbench.annotate.importers import TableMapping, read_table
+from oodbench.annotate.project import Project, import_candidates
+from oodbench.annotate.protocol import Status
 from oodbench.classes import ClassList
-from oodbench.construct.importers import TableMapping, read_table
-from oodbench.construct.project import Project, import_candidates
-from oodbench.construct.protocol import Status
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 PASSWORD = "load-test-password"
@@ -360,7 +360,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-c",
-                "from oodbench.construct.cli import app; app()",
+                "from oodbench.annotate.cli import app; app()",
                 "serve",
                 str(project.dir),
                 "--host",

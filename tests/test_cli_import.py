@@ -22,7 +22,7 @@ def _loaded_after(code: str) -> list[str]:
     [
         "import oodbench.cli",
         "import oodbench",
-        "import oodbench.analysis, oodbench.audit, oodbench.zeroshot, oodbench.runner, oodbench.construct",
+        "import oodbench.analysis, oodbench.audit, oodbench.zeroshot, oodbench.runner, oodbench.annotate",
         "import oodbench.report, oodbench.extract, oodbench.detectors",
     ],
 )
@@ -39,7 +39,7 @@ def test_lazy_exports_still_resolve() -> None:
         callable(oodbench.audit.fingerprint) and oodbench.audit.fingerprint.__module__ == "oodbench.audit.fingerprint"
     )
     assert oodbench.metrics.__name__ == "oodbench.metrics" and oodbench.Store.__name__ == "Store"
-    for package in ("analysis", "audit", "zeroshot", "runner", "construct", "report"):
+    for package in ("analysis", "audit", "zeroshot", "runner", "annotate", "report"):
         module = __import__(f"oodbench.{package}", fromlist=["*"])
         for name in module.__all__:
             assert getattr(module, name) is not None, f"oodbench.{package}.{name}"

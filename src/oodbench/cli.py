@@ -239,9 +239,9 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
 # Each pipeline area owns its commands and adds them here.
 from . import accuracy_cli as _accuracy_cli  # noqa: E402
 from . import quick_cli as _quick_cli  # noqa: E402
+from .annotate import cli as _annotate_cli  # noqa: E402
 from .audit import cli as _audit_cli  # noqa: E402
 from .audit import render as _audit_render  # noqa: E402
-from .construct import cli as _construct_cli  # noqa: E402
 from .detectors import cli as _detectors_cli  # noqa: E402
 from .extract import cli as _extract_cli  # noqa: E402
 from .report import analyze as _analysis_cli  # noqa: E402
@@ -258,7 +258,7 @@ for _area in (
     _analysis_cli,
     _report_cli,
     _audit_cli,
-    _construct_cli,
+    _annotate_cli,
     _runner_cli,
 ):
     _area.register(app)

@@ -37,7 +37,7 @@ class AuditError(OodbenchError):
     """Benchmark audit problems."""
 
 
-class ConstructError(OodbenchError):
+class AnnotateError(OodbenchError):
     """Benchmark construction and annotation problems."""
 
 

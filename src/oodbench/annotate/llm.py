@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from ..errors import ConstructError
+from ..errors import AnnotateError
 from ..llm import ChatAttemptError, json_depth_ok, post_chat_completion
 from .protocol import normalise_label
 
@@ -63,13 +63,13 @@ class LLMConfig:
         model = model or env.get("OODBENCH_LLM_MODEL")
         api_key = api_key or env.get("OODBENCH_LLM_API_KEY") or env.get("OPENAI_API_KEY")
         if not base_url:
-            raise ConstructError(
+            raise AnnotateError(
                 "no LLM endpoint: set llm.base_url in project.json, --llm-base-url or OODBENCH_LLM_BASE_URL"
             )
         if not model:
-            raise ConstructError("no LLM model: set llm.model in project.json, --llm-model or OODBENCH_LLM_MODEL")
+            raise AnnotateError("no LLM model: set llm.model in project.json, --llm-model or OODBENCH_LLM_MODEL")
         if not base_url.startswith(("http://", "https://")):
-            raise ConstructError(f"LLM base URL must be http(s), got {base_url!r}")
+            raise AnnotateError(f"LLM base URL must be http(s), got {base_url!r}")
         return cls(base_url=base_url.rstrip("/"), model=model, api_key=api_key, **options)
 
 
@@ -130,7 +130,7 @@ class LLMDescriber:
         try:
             data = image_path.read_bytes()
         except OSError as exc:
-            raise ConstructError(f"cannot read image {image_path}: {exc}") from None
+            raise AnnotateError(f"cannot read image {image_path}: {exc}") from None
         cache = self._cache_path(hashlib.sha256(data).hexdigest(), candidates)
         if cache.is_file():
             return json.loads(cache.read_text(encoding="utf-8"))
@@ -172,7 +172,7 @@ class LLMDescriber:
                 return post_chat_completion(cfg.base_url, body, api_key=cfg.api_key, timeout_s=cfg.timeout)[0]
             except ChatAttemptError as exc:
                 if exc.kind == "malformed":
-                    raise ConstructError(f"LLM endpoint {url} returned an unexpected body: {exc.detail}") from None
+                    raise AnnotateError(f"LLM endpoint {url} returned an unexpected body: {exc.detail}") from None
                 problem = exc.problem
                 if not exc.retryable:
                     break
@@ -180,4 +180,4 @@ class LLMDescriber:
                     wait = max(wait, min(exc.retry_after, 30.0))
             if attempt < cfg.max_retries:
                 time.sleep(wait)
-        raise ConstructError(f"LLM endpoint {url} failed after {attempt + 1} attempt(s): {problem}")
+        raise AnnotateError(f"LLM endpoint {url} failed after {attempt + 1} attempt(s): {problem}")

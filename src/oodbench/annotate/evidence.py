@@ -14,7 +14,7 @@ from urllib.parse import quote
 import numpy as np
 
 from ..classes import ClassList
-from ..errors import ConstructError
+from ..errors import AnnotateError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 SOURCES = ("original", "vlm", "confusions", "llm", "reverse_search")
@@ -37,13 +37,13 @@ def open_matrix(source: np.ndarray | str | Path, what: str) -> np.ndarray:
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
-            raise ConstructError(f"{what}: file not found: {path}")
+            raise AnnotateError(f"{what}: file not found: {path}")
         source = np.load(path, mmap_mode="r", allow_pickle=False)
     array = np.asarray(source)
     if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
-        raise ConstructError(f"{what}: expected a non-empty 2-D array (rows × dims), got shape {array.shape}")
+        raise AnnotateError(f"{what}: expected a non-empty 2-D array (rows × dims), got shape {array.shape}")
     if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
-        raise ConstructError(f"{what}: expected numbers, got dtype {array.dtype}")
+        raise AnnotateError(f"{what}: expected numbers, got dtype {array.dtype}")
     return array
 
 
@@ -51,10 +51,10 @@ def _unit_rows(block: np.ndarray, what: str) -> np.ndarray:
     """float32 copy of a block with ℓ2-normalised rows; NaN, inf and zero rows are errors."""
     block = np.asarray(block, dtype=np.float32)
     if not np.isfinite(block).all():
-        raise ConstructError(f"{what}: contains NaN or infinite values")
+        raise AnnotateError(f"{what}: contains NaN or infinite values")
     norms = np.linalg.norm(block, axis=1, keepdims=True)
     if (norms == 0).any():
-        raise ConstructError(f"{what}: contains all-zero rows, which have no direction")
+        raise AnnotateError(f"{what}: contains all-zero rows, which have no direction")
     # Cached open_clip embeddings are normalised already; re-normalising makes cosine exact either way.
     return block / norms
 
@@ -69,9 +69,9 @@ def vlm_topk(
     images = open_matrix(image_embeddings, "image embeddings")
     texts = _unit_rows(open_matrix(text_embeddings, "class-name embeddings"), "class-name embeddings")
     if images.shape[1] != texts.shape[1]:
-        raise ConstructError(f"image embeddings have {images.shape[1]} dims but class-name embeddings {texts.shape[1]}")
+        raise AnnotateError(f"image embeddings have {images.shape[1]} dims but class-name embeddings {texts.shape[1]}")
     if not 1 <= k <= texts.shape[0]:
-        raise ConstructError(f"k must be between 1 and the number of classes ({texts.shape[0]}), got {k}")
+        raise AnnotateError(f"k must be between 1 and the number of classes ({texts.shape[0]}), got {k}")
     n = images.shape[0]
     top = np.empty((n, k), dtype=np.int64)
     sims = np.empty((n, k), dtype=np.float32)
@@ -164,7 +164,7 @@ def reverse_search_evidence(url: str | None) -> dict[str, Any]:
     if not url:
         return absent("no public URL is known for this image (set a public URL template in project.json)")
     if not url.startswith(("http://", "https://")):
-        raise ConstructError(f"a public image URL must be http(s), got {url!r}")
+        raise AnnotateError(f"a public image URL must be http(s), got {url!r}")
     encoded = quote(url, safe="")
     return {"url": url, "links": [{"name": name, "href": tpl.format(encoded)} for name, tpl in REVERSE_SEARCH]}
 
@@ -179,14 +179,14 @@ def example_images(
     """
     root = Path(root)
     if not root.is_dir():
-        raise ConstructError(f"ID example root is not a folder: {root}")
+        raise AnnotateError(f"ID example root is not a folder: {root}")
     folders: Sequence[str]
     if classes.wnids is not None:
         folders = [str(w) for w in classes.wnids]
     else:
         folders = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
         if len(folders) != len(classes):
-            raise ConstructError(
+            raise AnnotateError(
                 f"{root} has {len(folders)} class folders but the class list has {len(classes)} classes"
             )
     indices = range(len(classes)) if wanted is None else sorted(set(wanted))

@@ -1,4 +1,4 @@
-"""Fixtures of the construct tests: a tiny project with accounts, its web app, logged-in clients."""
+"""Fixtures of the annotate tests: a tiny project with accounts, its web app, logged-in clients."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def cheap_password_hashing(monkeypatch):
     try:
         from argon2 import PasswordHasher
 
-        from oodbench.construct import security
+        from oodbench.annotate import security
     except ModuleNotFoundError:  # no 'web' extra: the tests that need it skip themselves
         return
     monkeypatch.setattr(security, "_HASHER", PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1))
@@ -43,7 +43,7 @@ def project(tmp_path: Path, backend: str):
 def app(project):
     """The web app of the fixture project."""
     pytest.importorskip("fastapi", reason="the annotation app needs the 'web' extra")
-    from oodbench.construct.web import create_app
+    from oodbench.annotate.web import create_app
 
     return create_app(project)
 

@@ -8,14 +8,14 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 
-from oodbench.construct.evidence import (
+from oodbench.annotate.evidence import (
     confusion_evidence,
     example_images,
     reverse_search_evidence,
     top_confusions,
     vlm_topk,
 )
-from oodbench.errors import ConstructError
+from oodbench.errors import AnnotateError
 
 from .helpers import CLASSES, build_project, write_png
 
@@ -58,7 +58,7 @@ def test_vlm_topk_reads_npy(tmp_path):
     ],
 )
 def test_vlm_topk_rejects_bad_input(images, texts, k, message):
-    with pytest.raises(ConstructError, match=message):
+    with pytest.raises(AnnotateError, match=message):
         vlm_topk(images, texts, k=k)
 
 
@@ -88,7 +88,7 @@ def test_confusion_and_reverse_search_evidence_show_absence():
     for link in links:
         assert link["href"].startswith("https://") and url in unquote(link["href"])
         assert "&y=2" not in link["href"]  # the image URL is encoded, not spliced in
-    with pytest.raises(ConstructError, match="http"):
+    with pytest.raises(AnnotateError, match="http"):
         reverse_search_evidence("file:///etc/passwd")
 
 
@@ -102,7 +102,7 @@ def test_example_images_by_folder_id_and_sorted_folders(tmp_path):
     assert example_images(tmp_path, CLASSES, per_class=1, wanted=[2]) == {2: ["c02/e0.png"]}
     from oodbench.classes import ClassList
 
-    with pytest.raises(ConstructError, match="2 class folders but the class list has 3"):
+    with pytest.raises(AnnotateError, match="2 class folders but the class list has 3"):
         example_images(tmp_path, ClassList(("a", "b", "c")))
 
 
@@ -112,7 +112,7 @@ def test_vlm_evidence_is_stored_per_image(tmp_path):
     texts = unit(rng.normal(size=(len(CLASSES), 8)))
     images = unit(rng.normal(size=(5, 8)))
     keys = ["other.png", "img002.png", "sub0/img000.png", "img001.png", "unrelated.png"]
-    from oodbench.construct.project import add_vlm_evidence
+    from oodbench.annotate.project import add_vlm_evidence
 
     assert add_vlm_evidence(project, keys, images, texts, k=3, model="toy") == 3
     expected_top, _ = vlm_topk(images, texts, k=3)
@@ -121,8 +121,8 @@ def test_vlm_evidence_is_stored_per_image(tmp_path):
         vlm = by_key[key].evidence["vlm"]
         assert [c["class"] for c in vlm["classes"]] == expected_top[row].tolist() and vlm["model"] == "toy"
         assert "absent" not in by_key[key].evidence["original"]
-    with pytest.raises(ConstructError, match="3 keys for 5 embedding rows"):
+    with pytest.raises(AnnotateError, match="3 keys for 5 embedding rows"):
         add_vlm_evidence(project, keys[:3], images, texts)
-    with pytest.raises(ConstructError, match="class-name embeddings for 10 classes"):
+    with pytest.raises(AnnotateError, match="class-name embeddings for 10 classes"):
         add_vlm_evidence(project, keys, images, texts[:4])
     project.close()

@@ -1,4 +1,4 @@
-"""Helpers of the construct tests: a generated project, logins, claims."""
+"""Helpers of the annotate tests: a generated project, logins, claims."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from oodbench.annotate.importers import TableMapping, read_table
 from oodbench.classes import ClassList
-from oodbench.construct.importers import TableMapping, read_table
 
 # Set OODBENCH_TEST_POSTGRES_URL (e.g. postgresql+psycopg://user@/db?host=/run/postgresql) to run the
 # database-backed tests against PostgreSQL as well as SQLite; the database is emptied before each test.
@@ -35,7 +35,7 @@ def fresh_db_url(backend: str) -> str | None:
     """None (SQLite in the project folder) or the test PostgreSQL database, emptied."""
     if backend == "sqlite":
         return None
-    from oodbench.construct.db import AnnotationStore, Base
+    from oodbench.annotate.db import AnnotationStore, Base
 
     store = AnnotationStore(POSTGRES_URL)
     Base.metadata.drop_all(store.engine)
@@ -46,7 +46,7 @@ def fresh_db_url(backend: str) -> str | None:
 def build_project(base: Path, n_images: int = 4, *, examples: bool = False, backend: str = "sqlite"):
     """A project with n generated images flagged 'no-class' (odd ones also 'uncertain')."""
     pytest.importorskip("sqlalchemy", reason="the annotation database needs the 'web' extra")
-    from oodbench.construct.project import Project, import_candidates
+    from oodbench.annotate.project import Project, import_candidates
 
     root = base / "images"
     rows = []

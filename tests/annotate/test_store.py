@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from oodbench.construct.protocol import Judgement, Status, Verdict
-from oodbench.errors import ConstructError
+from oodbench.annotate.protocol import Judgement, Status, Verdict
+from oodbench.errors import AnnotateError
 
 from .helpers import PASSWORD, build_project
 
@@ -29,7 +29,7 @@ def test_queue_gives_each_image_to_exactly_two_annotators(project):
     assert store.next_stage1(u["ann3"]) != first
     store.submit_stage1(u["ann1"], first, Judgement(Verdict.ID, class_index=1))
     assert store.next_stage1(u["ann1"]) not in (None, first)
-    with pytest.raises(ConstructError, match="not in your queue"):
+    with pytest.raises(AnnotateError, match="not in your queue"):
         store.submit_stage1(u["ann4"], first, Judgement(Verdict.ID, class_index=1))
 
 
@@ -86,7 +86,7 @@ def test_revision_stage3_and_explicit_match(project):
     assert store.own_stage1(u["ann2"], image_id) is None
     out = store.submit_stage1(u["ann2"], image_id, Judgement(Verdict.OOD, label="sea kayak"))
     assert out.status is Status.STAGE3 and [i.id for i in store.stage3_images()] == [image_id]
-    with pytest.raises(ConstructError, match="Stage 1 is over"):
+    with pytest.raises(AnnotateError, match="Stage 1 is over"):
         store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.OOD, label="sea kayak"))
     assert store.add_match(u["boss"], "Sea kayak", "kayak") == 1
     final = store.outcome(image_id)
@@ -105,7 +105,7 @@ def test_stage3_panel_close(project):
     store.submit_stage1(u["ann2"], image_id, Judgement(Verdict.ID, class_index=2))
     for name, cls in (("ann1", 1), ("ann2", 2), ("ann3", 1)):
         store.vote_stage3(u[name], image_id, Judgement(Verdict.ID, class_index=cls))
-    with pytest.raises(ConstructError, match="panel of this image is full"):
+    with pytest.raises(AnnotateError, match="panel of this image is full"):
         store.vote_stage3(u["ann4"], image_id, Judgement(Verdict.ID, class_index=1))
     out = store.close_stage3(u["ann2"], image_id)
     assert out.verdict is Verdict.AMBIGUOUS and out.reason == "no-consensus"
@@ -122,7 +122,7 @@ def test_release_returns_claims(project):
     store.submit_stage1(u["ann3"], a, Judgement(Verdict.ID, class_index=0))
     store.submit_stage1(u["ann2"], a, Judgement(Verdict.ID, class_index=0))
     assert store.outcome(a).status is Status.FINAL
-    with pytest.raises(ConstructError, match="no user"):
+    with pytest.raises(AnnotateError, match="no user"):
         store.release("nobody")
 
 
@@ -131,11 +131,11 @@ def test_accounts_and_sessions(project):
     assert store.authenticate("ann1", PASSWORD).name == "ann1"
     assert store.authenticate("ann1", "wrong password") is None
     assert store.authenticate("ghost", PASSWORD) is None
-    with pytest.raises(ConstructError, match="already exists"):
+    with pytest.raises(AnnotateError, match="already exists"):
         store.add_user("ann1", PASSWORD)
-    with pytest.raises(ConstructError, match="invalid user name"):
+    with pytest.raises(AnnotateError, match="invalid user name"):
         store.add_user("a b", PASSWORD)
-    with pytest.raises(ConstructError, match="at least 8"):
+    with pytest.raises(AnnotateError, match="at least 8"):
         store.add_user("short", "1234")
     user = users(store)["ann1"]
     token, csrf = store.open_session(user)
@@ -152,8 +152,8 @@ def test_accounts_and_sessions(project):
 def test_reimport_keeps_events_and_adds_flags(tmp_path, backend):
     import numpy as np
 
-    from oodbench.construct.importers import Candidate, Import
-    from oodbench.construct.project import import_candidates
+    from oodbench.annotate.importers import Candidate, Import
+    from oodbench.annotate.project import import_candidates
 
     project = build_project(tmp_path, n_images=2, backend=backend)
     store = project.store()
@@ -166,7 +166,7 @@ def test_reimport_keeps_events_and_adds_flags(tmp_path, backend):
     image = next(i for i in store.images() if i.key == "img000.png")
     assert image.flags == ("no-class", "mturk:neither") and len(store.events()) == 1
     missing = Import([Candidate("nope.png", "nope.png")], np.zeros((0, 2), np.int64), "x")
-    with pytest.raises(ConstructError, match="not under"):
+    with pytest.raises(AnnotateError, match="not under"):
         import_candidates(project, [missing])
     project.close()
 
@@ -188,7 +188,7 @@ def test_release_between_queue_check_and_write_cannot_slip_in(project, monkeypat
         return original_write(self)
 
     monkeypatch.setattr(type(store), "write", write_after_a_release)
-    with pytest.raises(ConstructError, match="not in your queue"):
+    with pytest.raises(AnnotateError, match="not in your queue"):
         store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.ID, class_index=1))
     monkeypatch.undo()
     assert raced == [1] and store.events() == []
@@ -202,9 +202,9 @@ def test_labels_with_control_characters_are_refused(project, label):
     store = project.store()
     u = users(store)
     image_id = store.next_stage1(u["ann1"])
-    with pytest.raises(ConstructError, match="control character"):
+    with pytest.raises(AnnotateError, match="control character"):
         store.submit_stage1(u["ann1"], image_id, Judgement(Verdict.OOD, label=label))
-    with pytest.raises(ConstructError, match="control character"):
+    with pytest.raises(AnnotateError, match="control character"):
         store.add_match(u["boss"], label, "snow globe")
     assert store.events() == [] and store.matches() == []
     # Letters of any script, accents, apostrophes and joiners inside words stay accepted.
@@ -217,7 +217,7 @@ def test_out_of_range_ids_are_unknown_images(project):
     for image_id in (2**63, 10**20, 0, -1):
         assert store.image(image_id) is None
         assert not store.is_assigned(u["ann1"], image_id) and not store.may_view(u["ann1"], image_id)
-        with pytest.raises(ConstructError, match="no image"):
+        with pytest.raises(AnnotateError, match="no image"):
             store.vote_stage3(u["ann1"], image_id, Judgement(Verdict.ID, class_index=1))
 
 
@@ -240,8 +240,8 @@ V0_SQL = Path(__file__).parent / "data" / "annotate_v0.sql"
 def test_database_of_the_previous_version_is_migrated(tmp_path, backend):
     if backend != "sqlite":
         pytest.skip("the frozen database is SQLite")
-    from oodbench.construct.db import SCHEMA_VERSION
-    from oodbench.construct.project import Project
+    from oodbench.annotate.db import SCHEMA_VERSION
+    from oodbench.annotate.project import Project
 
     built = build_project(tmp_path)  # the image files and project files; its database is replaced
     built.close()
@@ -277,12 +277,12 @@ def test_database_of_the_previous_version_is_migrated(tmp_path, backend):
     assert Project.open(built.dir).store().migrate() == SCHEMA_VERSION
     with sqlite3.connect(db_file) as conn:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    with pytest.raises(ConstructError, match="newer than this oodbench"):
+    with pytest.raises(AnnotateError, match="newer than this oodbench"):
         Project.open(built.dir).store()
 
 
 def test_new_database_starts_at_the_current_version(project):
-    from oodbench.construct.db import SCHEMA_VERSION
+    from oodbench.annotate.db import SCHEMA_VERSION
 
     assert project.store().schema_version() == SCHEMA_VERSION
     assert project.store().migrate() == SCHEMA_VERSION  # nothing left to do

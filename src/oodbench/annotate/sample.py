@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..classes import load_classes
-from ..errors import ConstructError
+from ..errors import AnnotateError
 from .importers import BUILTIN, Import, load_original_labels, read_mturk, read_real
 from .project import Project, add_vlm_evidence, import_candidates
 
@@ -74,7 +74,7 @@ def build_sample(directory: str | Path, *, n_real: int = 12, n_mturk: int = 6, s
 
     directory = Path(directory).absolute()
     if (directory / "project.json").exists():
-        raise ConstructError(f"{directory} already holds a project; give --demo a new folder")
+        raise AnnotateError(f"{directory} already holds a project; give --demo a new folder")
     classes = load_classes("imagenet1k:timm")
     real = _subset(read_real(BUILTIN, load_original_labels(BUILTIN)), n_real)
     mturk = _subset(read_mturk(BUILTIN), n_mturk)

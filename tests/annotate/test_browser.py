@@ -34,7 +34,7 @@ pytestmark = [
 def serving(project):
     """Serve a project's app by uvicorn on a random loopback port; yields its URL."""
     uvicorn = pytest.importorskip("uvicorn")
-    from oodbench.construct.web import create_app
+    from oodbench.annotate.web import create_app
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -128,7 +128,7 @@ def test_disagreement_resolved_in_stage3_reaches_the_export(served, tmp_path):
         pages["ann3"].wait_for_selector("#final")
         assert "hot air balloon" in pages["ann3"].inner_text("#final").lower()
 
-    from oodbench.construct.export import export
+    from oodbench.annotate.export import export
 
     manifest = export(project, tmp_path / "bench")
     assert manifest["counts"]["ood"] == 1

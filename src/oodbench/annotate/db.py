@@ -25,7 +25,7 @@ from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Uni
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from ..errors import ConstructError
+from ..errors import AnnotateError
 from .importers import Candidate
 from .protocol import (
     PANEL_SIZE,
@@ -182,7 +182,7 @@ def _create_private(path: Path) -> None:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise ConstructError(f"cannot create the database file {path}: {exc.strerror}") from None
+        raise AnnotateError(f"cannot create the database file {path}: {exc.strerror}") from None
 
 
 def _append_only_triggers(conn: sa.Connection) -> None:
@@ -210,7 +210,7 @@ def _append_only_triggers(conn: sa.Connection) -> None:
 # SQLite keeps the version in PRAGMA user_version; other databases in a one-row table. Version 0 is
 # every database written before versions existed. To change the schema: change the models (new
 # databases get them from create_all), add the step that brings version N-1 to N below, raise
-# SCHEMA_VERSION, and test it on a database of the previous version (tests/construct/data/).
+# SCHEMA_VERSION, and test it on a database of the previous version (tests/annotate/data/).
 SCHEMA_VERSION = 1
 _VERSION_TABLE = "oodbench_schema"
 
@@ -296,7 +296,7 @@ def _event(row: EventRow, annotator: str) -> Event:
 
 def _check_password(password: str) -> None:
     if len(password) < 8:
-        raise ConstructError("a password needs at least 8 characters")
+        raise AnnotateError("a password needs at least 8 characters")
 
 
 class AnnotationStore:
@@ -308,7 +308,7 @@ class AnnotationStore:
         try:
             parsed = sa.engine.make_url(url)
         except sa.exc.ArgumentError as exc:
-            raise ConstructError(f"invalid database URL {url!r}: {exc}") from None
+            raise AnnotateError(f"invalid database URL {url!r}: {exc}") from None
         is_sqlite = parsed.get_backend_name() == "sqlite"
         if is_sqlite and parsed.database and parsed.database != ":memory:":
             _create_private(Path(parsed.database))
@@ -343,7 +343,7 @@ class AnnotationStore:
                 fresh = not sa.inspect(conn).has_table("images")
                 old = 0 if fresh else _read_version(conn)
                 if old > SCHEMA_VERSION:
-                    raise ConstructError(
+                    raise AnnotateError(
                         f"the annotation database has schema version {old}, newer than this oodbench's "
                         f"{SCHEMA_VERSION}; upgrade oodbench"
                     )
@@ -409,7 +409,7 @@ class AnnotationStore:
                     added += 1
                     continue
                 if row.original_label is not None and cand.original_label not in (None, row.original_label):
-                    raise ConstructError(
+                    raise AnnotateError(
                         f"image {cand.key} is already in the project with original label "
                         f"{row.original_label}, not {cand.original_label}"
                     )
@@ -446,7 +446,7 @@ class AnnotationStore:
     def add_user(self, name: str, password: str, *, is_admin: bool = False) -> User:
         """Create an annotator account (names: 1-64 letters, digits, . _ -)."""
         if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name):
-            raise ConstructError(f"invalid user name {name!r}: use 1-64 letters, digits, '.', '_' or '-'")
+            raise AnnotateError(f"invalid user name {name!r}: use 1-64 letters, digits, '.', '_' or '-'")
         _check_password(password)
         try:
             with self.write() as session:
@@ -455,7 +455,7 @@ class AnnotationStore:
                 session.flush()
                 return User(row.id, row.name, row.is_admin)
         except IntegrityError:
-            raise ConstructError(f"user {name!r} already exists") from None
+            raise AnnotateError(f"user {name!r} already exists") from None
 
     def set_password(self, name: str, password: str) -> None:
         """Replace a user's password and end their sessions."""
@@ -463,7 +463,7 @@ class AnnotationStore:
         with self.write() as session:
             row = session.scalar(sa.select(UserRow).where(UserRow.name == name))
             if row is None:
-                raise ConstructError(f"no user named {name!r}")
+                raise AnnotateError(f"no user named {name!r}")
             row.password_hash = hash_password(password)
             session.execute(sa.delete(SessionRow).where(SessionRow.user_id == row.id))
 
@@ -548,10 +548,10 @@ class AnnotationStore:
 
     def _locked_image(self, session: Session, image_id: int) -> ImageRow:
         if not in_range(image_id):
-            raise ConstructError(f"no image with id {image_id}")
+            raise AnnotateError(f"no image with id {image_id}")
         row = session.scalar(sa.select(ImageRow).where(ImageRow.id == image_id).with_for_update())
         if row is None:
-            raise ConstructError(f"no image with id {image_id}")
+            raise AnnotateError(f"no image with id {image_id}")
         return row
 
     def _append(
@@ -564,7 +564,7 @@ class AnnotationStore:
             image = self._locked_image(session, image_id)
             # Checked inside the write transaction: a concurrent `annotate release` cannot slip in between.
             if kind is EventKind.STAGE1 and session.scalar(self._assignment_query(user, image_id)) is None:
-                raise ConstructError("this image is not in your queue")
+                raise AnnotateError("this image is not in your queue")
             matcher = self._matcher(session)
             record = self._record(session, image_id, matcher)
             now = utcnow()
@@ -724,7 +724,7 @@ class AnnotationStore:
                     return image.id
             except IntegrityError:
                 continue  # another annotator took the slot first (PostgreSQL); try the next image
-        raise ConstructError("could not claim an image after 20 attempts; the database is very busy")
+        raise AnnotateError("could not claim an image after 20 attempts; the database is very busy")
 
     @staticmethod
     def _free_slot(user: User) -> tuple[sa.ColumnElement[bool], ...]:
@@ -799,7 +799,7 @@ class AnnotationStore:
         with self.write() as session:
             user = session.scalar(sa.select(UserRow).where(UserRow.name == name))
             if user is None:
-                raise ConstructError(f"no user named {name!r}")
+                raise AnnotateError(f"no user named {name!r}")
             rows = session.scalars(
                 sa.select(AssignmentRow).where(AssignmentRow.user_id == user.id, AssignmentRow.submitted.is_(False))
             ).all()

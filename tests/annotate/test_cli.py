@@ -14,7 +14,7 @@ from .helpers import write_png
 pytest.importorskip("sqlalchemy", reason="the annotation database needs the 'web' extra")
 from typer.testing import CliRunner  # noqa: E402
 
-from oodbench.construct.cli import app  # noqa: E402
+from oodbench.annotate.cli import app  # noqa: E402
 
 runner = CliRunner()
 
@@ -24,7 +24,7 @@ def invoke(*args, **kwargs):
 
 
 def test_init_on_shipped_real_and_mturk_files(tmp_path):
-    from oodbench.construct.importers import builtin_file
+    from oodbench.annotate.importers import builtin_file
 
     real = index = mturk_file = "builtin"  # the copies shipped with timm (ReaL) and oodbench (Northcutt et al.)
     empty = [i + 1 for i, labels in enumerate(json.loads(builtin_file("real").read_text())) if not labels][:3]
@@ -60,7 +60,7 @@ def test_init_on_shipped_real_and_mturk_files(tmp_path):
     )
     assert f"{5 - overlap} images added" in result.output
 
-    from oodbench.construct.project import Project
+    from oodbench.annotate.project import Project
 
     proj = Project.open(project)
     images_in = {img.key: img for img in proj.store().images()}
@@ -101,8 +101,8 @@ def test_init_users_status_export(tmp_path, monkeypatch):
     assert dup.exit_code == 2 and "already exists" in dup.output
     assert invoke("user", "list", project).output.split() == ["alice", "(admin)", "bob"]
 
-    from oodbench.construct.project import Project
-    from oodbench.construct.protocol import Judgement, Verdict
+    from oodbench.annotate.project import Project
+    from oodbench.annotate.protocol import Judgement, Verdict
 
     proj = Project.open(project)
     store = proj.store()
@@ -186,7 +186,7 @@ def test_evidence_command(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "VLM evidence added to 2 images" in result.output and "indexed for 3 classes" in result.output
-    from oodbench.construct.project import Project
+    from oodbench.annotate.project import Project
 
     proj = Project.open(project)
     top = {img.key: [c["name"] for c in img.evidence["vlm"]["classes"]] for img in proj.store().images()}
@@ -201,8 +201,8 @@ def test_init_demo_builds_a_working_sample_project(tmp_path):
 
     from fastapi.testclient import TestClient
 
-    from oodbench.construct.project import Project
-    from oodbench.construct.web import create_app
+    from oodbench.annotate.project import Project
+    from oodbench.annotate.web import create_app
 
     from .helpers import login
 
@@ -232,7 +232,7 @@ def test_init_demo_builds_a_working_sample_project(tmp_path):
 
 def test_evidence_from_a_feature_store_entry(tmp_path):
     """The bridge: an extracted store entry (features, index, items.txt, head) feeds evidence D directly."""
-    from oodbench.construct.project import Project
+    from oodbench.annotate.project import Project
     from oodbench.outputs import Head, Outputs
     from oodbench.store import Store
 

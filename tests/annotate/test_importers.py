@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oodbench.construct.importers import (
+from oodbench.annotate.importers import (
     BUILTIN,
     MTURK_FLAG,
     REAL_FLAG,
@@ -25,7 +25,7 @@ from oodbench.construct.importers import (
     read_real,
     read_table,
 )
-from oodbench.errors import ConstructError
+from oodbench.errors import AnnotateError
 
 
 def read_json_gz(path: Path):
@@ -50,12 +50,12 @@ def test_builtin_sources_are_found_without_importing_timm():
     import sys
 
     code = (
-        "import sys; from oodbench.construct.importers import builtin_file; "
+        "import sys; from oodbench.annotate.importers import builtin_file; "
         "print(builtin_file('real').name, 'timm' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["imagenet_real_labels.json", "False", "False"]
-    with pytest.raises(ConstructError, match="no built-in file 'wordnet'"):
+    with pytest.raises(AnnotateError, match="no built-in file 'wordnet'"):
         builtin_file("wordnet")
 
 
@@ -84,7 +84,7 @@ def test_real_without_original_labels_has_no_pairs():
     imp = read_real(builtin_file("real"))
     assert len(imp.candidates) == 3163 and imp.confusion_pairs.shape == (0, 2)
     assert imp.candidates[0].original_label is None
-    with pytest.raises(ConstructError, match="50000 entries but 3 original labels"):
+    with pytest.raises(AnnotateError, match="50000 entries but 3 original labels"):
         read_real(builtin_file("real"), [1, 2, 3])
 
 
@@ -122,7 +122,7 @@ def test_real_and_mturk_merge_flags(val_labels):
 
 
 def test_merge_rejects_conflicting_labels():
-    with pytest.raises(ConstructError, match="disagree on its original label"):
+    with pytest.raises(AnnotateError, match="disagree on its original label"):
         merge_candidates([[Candidate("a.png", "a.png", 1)], [Candidate("a.png", "a.png", 2)]])
 
 
@@ -166,16 +166,16 @@ def test_table_mapping_from_json_and_errors(tmp_path):
     mapping = TableMapping.from_json(mapping_file)
     assert mapping.flags == {"uncertain": "u"}
     mapping_file.write_text(json.dumps({"pth": "p"}))
-    with pytest.raises(ConstructError, match="unknown mapping keys"):
+    with pytest.raises(AnnotateError, match="unknown mapping keys"):
         TableMapping.from_json(mapping_file)
     table = tmp_path / "t.csv"
     table.write_text("p,u\nimg.png,1\n")
-    with pytest.raises(ConstructError, match="missing the flag column 'x'"):
+    with pytest.raises(AnnotateError, match="missing the flag column 'x'"):
         read_table(table, TableMapping(path="p", flags={"x": "x"}))
     table.write_text("p,u,lab\nimg.png,1,zebra\n")
-    with pytest.raises(ConstructError, match="neither a class index nor a known class name"):
+    with pytest.raises(AnnotateError, match="neither a class index nor a known class name"):
         read_table(table, TableMapping(path="p", flags={"u": "u"}, original_label="lab"))
-    with pytest.raises(ConstructError, match="unsupported table format"):
+    with pytest.raises(AnnotateError, match="unsupported table format"):
         read_table(_touch(tmp_path / "t.xlsx"), mapping)
 
 
@@ -191,9 +191,9 @@ def test_original_label_files(tmp_path):
     for name in ("l.npy", "l.txt", "l.json"):
         assert load_original_labels(tmp_path / name).tolist() == [3, 1, 2]
     (tmp_path / "bad.txt").write_text("3\ncat\n")
-    with pytest.raises(ConstructError, match="one integer class index per line"):
+    with pytest.raises(AnnotateError, match="one integer class index per line"):
         load_original_labels(tmp_path / "bad.txt")
-    with pytest.raises(ConstructError, match="not found"):
+    with pytest.raises(AnnotateError, match="not found"):
         load_original_labels(tmp_path / "missing.npy")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConstructError
+from ..errors import AnnotateError
 
 REAL_FLAG = "real:no-label"
 MTURK_FLAG = "mturk:neither"
@@ -65,15 +65,13 @@ def builtin_file(kind: str) -> Path:
     if kind == "real":
         spec = importlib.util.find_spec("timm")  # finds the package without importing it (and torch)
         if spec is None or not spec.submodule_search_locations:
-            raise ConstructError("the built-in ReaL labels come with timm, which is not installed: pip install timm")
+            raise AnnotateError("the built-in ReaL labels come with timm, which is not installed: pip install timm")
         path = Path(spec.submodule_search_locations[0]) / "data" / "_info" / "imagenet_real_labels.json"
         if not path.is_file():
-            raise ConstructError(f"this timm has no ReaL labels ({path}); upgrade it: pip install -U timm")
+            raise AnnotateError(f"this timm has no ReaL labels ({path}); upgrade it: pip install -U timm")
         return path
     if kind not in _BUILTIN_FILES:
-        raise ConstructError(
-            f"no built-in file {kind!r}; choose among ['real', {', '.join(map(repr, _BUILTIN_FILES))}]"
-        )
+        raise AnnotateError(f"no built-in file {kind!r}; choose among ['real', {', '.join(map(repr, _BUILTIN_FILES))}]")
     return Path(str(importlib.resources.files("oodbench") / "data" / "label-errors" / _BUILTIN_FILES[kind]))
 
 
@@ -90,14 +88,14 @@ def imagenet_val_name(number: int) -> str:
 def _read_json(path: Path | str, what: str) -> Any:
     path = Path(path)
     if not path.is_file():
-        raise ConstructError(f"{what} file not found: {path}")
+        raise AnnotateError(f"{what} file not found: {path}")
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rt", encoding="utf-8") as handle:
                 return json.load(handle)
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, gzip.BadGzipFile, EOFError) as exc:
-        raise ConstructError(f"{what} file {path} is not valid JSON: {exc}") from None
+        raise AnnotateError(f"{what} file {path} is not valid JSON: {exc}") from None
 
 
 def load_original_labels(path: Path | str) -> np.ndarray:
@@ -110,7 +108,7 @@ def load_original_labels(path: Path | str) -> np.ndarray:
     """
     path = _source(path, "val-index")
     if not path.is_file():
-        raise ConstructError(f"original-labels file not found: {path}")
+        raise AnnotateError(f"original-labels file not found: {path}")
     if path.suffix == ".npy":
         labels = np.load(path, allow_pickle=False)
     elif path.name.endswith((".json", ".json.gz")):
@@ -123,11 +121,11 @@ def load_original_labels(path: Path | str) -> np.ndarray:
         try:
             labels = np.asarray([int(ln) for ln in lines])
         except ValueError:
-            raise ConstructError(f"{path}: expected one integer class index per line") from None
+            raise AnnotateError(f"{path}: expected one integer class index per line") from None
     if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer):
-        raise ConstructError(f"{path}: original labels must be a non-empty 1-D list of integers")
+        raise AnnotateError(f"{path}: original labels must be a non-empty 1-D list of integers")
     if labels.min() < 0:
-        raise ConstructError(f"{path}: original labels must be non-negative class indices")
+        raise AnnotateError(f"{path}: original labels must be non-negative class indices")
     return labels.astype(np.int64)
 
 
@@ -138,12 +136,12 @@ def _labels_from_val_paths(paths: list[str], source: Path) -> np.ndarray:
         parts = entry.split("/")
         match = _VAL_NAME.search(entry)
         if len(parts) < 2 or match is None:
-            raise ConstructError(f"{source}: {entry!r} is not of the form val/<wnid>/ILSVRC2012_val_<n>.JPEG")
+            raise AnnotateError(f"{source}: {entry!r} is not of the form val/<wnid>/ILSVRC2012_val_<n>.JPEG")
         wnids.append(parts[-2])
         numbers.append(int(match.group(1)))
     numbers_arr = np.asarray(numbers)
     if not np.array_equal(np.sort(numbers_arr), np.arange(1, len(numbers) + 1)):
-        raise ConstructError(f"{source}: validation numbers are not exactly 1..{len(numbers)}")
+        raise AnnotateError(f"{source}: validation numbers are not exactly 1..{len(numbers)}")
     _, codes = np.unique(np.asarray(wnids), return_inverse=True)  # sorted WordNet ids = class order
     labels = np.empty(len(numbers), dtype=np.int64)
     labels[numbers_arr - 1] = codes
@@ -174,12 +172,12 @@ def read_real(
     path = _source(path, "real")
     data = _read_json(path, "ReaL")
     if not isinstance(data, list) or not all(isinstance(x, list) for x in data):
-        raise ConstructError(f"{path}: expected a JSON list of label lists (ReaL's real.json)")
+        raise AnnotateError(f"{path}: expected a JSON list of label lists (ReaL's real.json)")
     original = None
     if original_labels is not None:
         original = np.asarray(original_labels, dtype=np.int64)
         if original.shape != (len(data),):
-            raise ConstructError(f"{path} has {len(data)} entries but {original.shape[0]} original labels were given")
+            raise AnnotateError(f"{path} has {len(data)} entries but {original.shape[0]} original labels were given")
     candidates = [
         Candidate(
             key=imagenet_val_name(i + 1),
@@ -205,7 +203,7 @@ def read_mturk(path: Path | str, *, min_neither: int | None = None, flag: str = 
     path = _source(path, "mturk")
     data = _read_json(path, "MTurk")
     if not isinstance(data, list):
-        raise ConstructError(f"{path}: expected a JSON list of dicts (imagenet_mturk.json)")
+        raise AnnotateError(f"{path}: expected a JSON list of dicts (imagenet_mturk.json)")
     candidates: list[Candidate] = []
     pairs: list[tuple[int, int]] = []
     for row in data:
@@ -215,7 +213,7 @@ def read_mturk(path: Path | str, *, min_neither: int | None = None, flag: str = 
             given = int(row["given_original_label"])
             guessed = int(row["our_guessed_label"])
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise ConstructError(
+            raise AnnotateError(
                 f"{path}: every entry needs id, given_original_label, our_guessed_label and mturk votes"
             ) from None
         total = sum(votes.values())
@@ -267,20 +265,20 @@ class TableMapping:
         """Read a mapping from a JSON object with the field names of this class."""
         data = _read_json(path, "table mapping")
         if not isinstance(data, dict):
-            raise ConstructError(f"{path}: a table mapping must be a JSON object")
+            raise AnnotateError(f"{path}: a table mapping must be a JSON object")
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ConstructError(
+            raise AnnotateError(
                 f"{path}: unknown mapping keys {sorted(unknown)}; allowed: {sorted(cls.__dataclass_fields__)}"
             )
         if not isinstance(data.get("flags", {}), dict):
-            raise ConstructError(f"{path}: 'flags' must map flag names to column names")
+            raise AnnotateError(f"{path}: 'flags' must map flag names to column names")
         return cls(**data)
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
-        raise ConstructError(f"table file not found: {path}")
+        raise AnnotateError(f"table file not found: {path}")
     text = path.read_text(encoding="utf-8")
     if path.suffix in {".jsonl", ".ndjson"}:
         rows = []
@@ -289,16 +287,16 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
-                    raise ConstructError(f"{path}:{number}: not valid JSON ({exc})") from None
+                    raise AnnotateError(f"{path}:{number}: not valid JSON ({exc})") from None
         return rows
     if path.suffix == ".json":
         rows = json.loads(text)
         if not isinstance(rows, list):
-            raise ConstructError(f"{path}: expected a JSON list of objects")
+            raise AnnotateError(f"{path}: expected a JSON list of objects")
         return rows
     if path.suffix in {".csv", ".tsv"}:
         return list(csv.DictReader(text.splitlines(), delimiter="\t" if path.suffix == ".tsv" else ","))
-    raise ConstructError(f"{path}: unsupported table format {path.suffix!r} (use .jsonl, .json, .csv or .tsv)")
+    raise AnnotateError(f"{path}: unsupported table format {path.suffix!r} (use .jsonl, .json, .csv or .tsv)")
 
 
 def _truthy(value: Any) -> bool:
@@ -313,7 +311,7 @@ def _label(value: Any, names: Mapping[str, int] | None, where: str) -> int | Non
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, bool):
-        raise ConstructError(f"{where}: {value!r} is not a class")
+        raise AnnotateError(f"{where}: {value!r} is not a class")
     if isinstance(value, int):
         return value
     text = str(value).strip()
@@ -321,7 +319,7 @@ def _label(value: Any, names: Mapping[str, int] | None, where: str) -> int | Non
         return int(text)
     if names is not None and text.casefold() in names:
         return names[text.casefold()]
-    raise ConstructError(f"{where}: {text!r} is neither a class index nor a known class name")
+    raise AnnotateError(f"{where}: {text!r} is neither a class index nor a known class name")
 
 
 def read_table(
@@ -335,18 +333,18 @@ def read_table(
     rows = _read_rows(path)
     names = {n.casefold(): i for i, n in enumerate(class_names)} if class_names else None
     if not mapping.flags and not mapping.include_all:
-        raise ConstructError("a table mapping needs at least one flag column, or include_all")
+        raise AnnotateError("a table mapping needs at least one flag column, or include_all")
     candidates: list[Candidate] = []
     pairs: list[tuple[int, int]] = []
     for number, row in enumerate(rows, 1):
         where = f"{path}, row {number}"
         if not isinstance(row, dict):
-            raise ConstructError(f"{where}: expected an object")
+            raise AnnotateError(f"{where}: expected an object")
         if mapping.path not in row or not str(row[mapping.path]).strip():
-            raise ConstructError(f"{where}: missing the path column {mapping.path!r}")
+            raise AnnotateError(f"{where}: missing the path column {mapping.path!r}")
         for column in mapping.flags.values():
             if column not in row:
-                raise ConstructError(f"{where}: missing the flag column {column!r}")
+                raise AnnotateError(f"{where}: missing the flag column {column!r}")
         relpath = str(row[mapping.path]).strip().replace("\\", "/")
         key = str(row[mapping.key]).strip() if mapping.key else PurePosixPath(relpath).name
         original = _label(row.get(mapping.original_label), names, where) if mapping.original_label else None
@@ -383,7 +381,7 @@ def merge_candidates(groups: Iterable[Iterable[Candidate]]) -> list[Candidate]:
                 merged[cand.key] = cand
                 continue
             if None not in (old.original_label, cand.original_label) and old.original_label != cand.original_label:
-                raise ConstructError(
+                raise AnnotateError(
                     f"image {cand.key}: sources disagree on its original label "
                     f"({old.original_label} vs {cand.original_label})"
                 )

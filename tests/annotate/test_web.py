@@ -176,7 +176,7 @@ def test_images_only_from_configured_roots(client_for, project, tmp_path):
     ):
         response = ann.get(path)
         assert response.status_code in (404, 422), path
-        assert "top secret" not in response.text and "ConstructError" not in response.text
+        assert "top secret" not in response.text and "AnnotateError" not in response.text
     # Rows pointing outside the root (edited database, symlink) are refused at serving time too.
     store = project.store()
     link = project.root("images") / "sub0" / "escape.png"
@@ -318,7 +318,7 @@ def test_image_files_follow_queue_and_stage(client_for, project):
 
 
 def test_throttle_never_lets_a_stranger_lock_out_a_user(app, monkeypatch):
-    from oodbench.construct import db
+    from oodbench.annotate import db
 
     hashed = []
     real_verify = db.verify_password
@@ -333,7 +333,7 @@ def test_throttle_never_lets_a_stranger_lock_out_a_user(app, monkeypatch):
 
 
 def test_throttle_limits_one_password_across_many_names(app, monkeypatch):
-    from oodbench.construct import db
+    from oodbench.annotate import db
 
     hashed = []
     real_verify = db.verify_password
@@ -434,12 +434,12 @@ def image_id_of_stage3(response) -> int:
 
 
 def test_unknown_class_names_get_the_closest_suggestions():
-    from oodbench.construct.web import parse_class
-    from oodbench.errors import ConstructError
+    from oodbench.annotate.web import parse_class
+    from oodbench.errors import AnnotateError
 
     names = ("cat", "dog", "cattle", "hot dog")
     assert parse_class("CAT", names) == 0 and parse_class("3: hot dog", names) == 3
-    with pytest.raises(ConstructError, match="unknown class 'catt'; did you mean “0: cat” or “2: cattle”"):
+    with pytest.raises(AnnotateError, match="unknown class 'catt'; did you mean “0: cat” or “2: cattle”"):
         parse_class("catt", names)
-    with pytest.raises(ConstructError, match="unknown class 'zebra'; type its index or exact name"):
+    with pytest.raises(AnnotateError, match="unknown class 'zebra'; type its index or exact name"):
         parse_class("zebra", names)  # nothing close: no suggestion

@@ -14,8 +14,8 @@ from .helpers import build_project
 
 pytest.importorskip("httpx", reason="the LLM client needs the 'web' extra")
 
-from oodbench.construct.llm import LLMConfig, LLMDescriber, parse_answer  # noqa: E402
-from oodbench.errors import ConstructError  # noqa: E402
+from oodbench.annotate.llm import LLMConfig, LLMDescriber, parse_answer  # noqa: E402
+from oodbench.errors import AnnotateError  # noqa: E402
 
 
 class FakeLLM:
@@ -102,10 +102,10 @@ def test_timeouts_and_client_errors_fail_clearly(tmp_path, fake):
     image.write_bytes(b"jpeg")
     slow = fake([(200, ANSWER, 1.0), (200, ANSWER, 1.0)])
     config = LLMConfig(slow.url, "m", timeout=0.2, max_retries=1, backoff=0.01)
-    with pytest.raises(ConstructError, match=r"failed after 2 attempt\(s\): no answer within 0.2 s"):
+    with pytest.raises(AnnotateError, match=r"failed after 2 attempt\(s\): no answer within 0.2 s"):
         LLMDescriber(config, tmp_path / "c").describe(image, [])
     refused = fake([(401, "bad key", 0), (200, ANSWER, 0)])
-    with pytest.raises(ConstructError, match="after 1 attempt.*HTTP 401"):
+    with pytest.raises(AnnotateError, match="after 1 attempt.*HTTP 401"):
         LLMDescriber(LLMConfig(refused.url, "m", backoff=0.01), tmp_path / "c").describe(image, [])
     assert not list((tmp_path / "c").glob("*.json"))  # failures are not cached
 
@@ -132,7 +132,7 @@ def test_config_from_environment(monkeypatch):
         "OPENAI_API_KEY",
     ):
         monkeypatch.delenv(var, raising=False)
-    with pytest.raises(ConstructError, match="no LLM endpoint"):
+    with pytest.raises(AnnotateError, match="no LLM endpoint"):
         LLMConfig.resolve()
     monkeypatch.setenv("OODBENCH_LLM_BASE_URL", "http://127.0.0.1:9/v1/")
     monkeypatch.setenv("OODBENCH_LLM_MODEL", "m")
@@ -142,7 +142,7 @@ def test_config_from_environment(monkeypatch):
 
 
 def test_describe_images_fills_project_evidence(tmp_path, fake):
-    from oodbench.construct.project import describe_images
+    from oodbench.annotate.project import describe_images
 
     project = build_project(tmp_path, n_images=2)
     server = fake([(200, ANSWER, 0), (200, ANSWER, 0)])
@@ -159,7 +159,7 @@ def test_describe_images_fills_project_evidence(tmp_path, fake):
 def test_describe_command(tmp_path, fake, monkeypatch):
     from typer.testing import CliRunner
 
-    from oodbench.construct.cli import app
+    from oodbench.annotate.cli import app
 
     project = build_project(tmp_path, n_images=2)
     project.close()
@@ -183,7 +183,7 @@ def test_describe_command(tmp_path, fake, monkeypatch):
 
 def test_retry_after_zero_does_not_turn_off_the_backoff(tmp_path, monkeypatch):
     # Before: "Retry-After: 0" replaced the backoff, so a persistent 429 was retried with no pause.
-    import oodbench.construct.llm as construct_llm
+    import oodbench.annotate.llm as construct_llm
     from oodbench.llm import ChatAttemptError
 
     waits: list[float] = []
@@ -207,7 +207,7 @@ def test_describe_honours_the_projects_timeout_and_retries(tmp_path, fake):
     # Before: the command's own defaults (60 s, 3 retries) replaced the project's llm settings.
     from typer.testing import CliRunner
 
-    from oodbench.construct.cli import app
+    from oodbench.annotate.cli import app
 
     project = build_project(tmp_path, n_images=1)
     project.close()

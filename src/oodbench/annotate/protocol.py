@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from ..errors import ConstructError
+from ..errors import AnnotateError
 
 STAGE1_ANNOTATORS = 2
 PANEL_SIZE = 3
@@ -60,7 +60,7 @@ def check_label_text(text: str) -> None:
     """Refuse a free-text label holding control characters, surrogates or bidirectional overrides."""
     for char in text:
         if unicodedata.category(char) in ("Cc", "Cs") or char in _BIDI:
-            raise ConstructError(f"a label may not contain the control character U+{ord(char):04X}")
+            raise AnnotateError(f"a label may not contain the control character U+{ord(char):04X}")
 
 
 _ARTICLE = re.compile(r"^(?:a|an|the)\s+")
@@ -90,7 +90,7 @@ class Judgement:
         try:
             verdict = Verdict(self.verdict)
         except ValueError:
-            raise ConstructError(
+            raise AnnotateError(
                 f"unknown verdict {self.verdict!r}; expected one of {[v.value for v in Verdict]}"
             ) from None
         object.__setattr__(self, "verdict", verdict)
@@ -98,26 +98,26 @@ class Judgement:
         object.__setattr__(self, "label", label or None)
         if verdict is Verdict.OOD:
             if not self.label or not normalise_label(self.label):
-                raise ConstructError("an OOD verdict needs a proposed label (a word or phrase)")
+                raise AnnotateError("an OOD verdict needs a proposed label (a word or phrase)")
             if len(self.label) > MAX_LABEL_LENGTH:
-                raise ConstructError(f"an OOD label has at most {MAX_LABEL_LENGTH} characters")
+                raise AnnotateError(f"an OOD label has at most {MAX_LABEL_LENGTH} characters")
             if self.class_index is not None or self.reason is not None:
-                raise ConstructError("an OOD verdict takes a label only, not a class or a reason")
+                raise AnnotateError("an OOD verdict takes a label only, not a class or a reason")
         elif verdict is Verdict.ID:
             if self.class_index is None or isinstance(self.class_index, bool):
-                raise ConstructError("an ID verdict needs the ID class it belongs to")
+                raise AnnotateError("an ID verdict needs the ID class it belongs to")
             if int(self.class_index) != self.class_index or self.class_index < 0:
-                raise ConstructError(f"class index must be a non-negative integer, got {self.class_index!r}")
+                raise AnnotateError(f"class index must be a non-negative integer, got {self.class_index!r}")
             object.__setattr__(self, "class_index", int(self.class_index))
             if self.label is not None or self.reason is not None:
-                raise ConstructError("an ID verdict takes a class only, not a label or a reason")
+                raise AnnotateError("an ID verdict takes a class only, not a label or a reason")
         else:
             if self.reason not in AMBIGUITY_REASONS and self.reason != NO_CONSENSUS:
-                raise ConstructError(
+                raise AnnotateError(
                     f"an ambiguous verdict needs a reason among {list(AMBIGUITY_REASONS)}, got {self.reason!r}"
                 )
             if self.label is not None or self.class_index is not None:
-                raise ConstructError("an ambiguous verdict takes a reason only, not a label or a class")
+                raise AnnotateError("an ambiguous verdict takes a reason only, not a label or a class")
         object.__setattr__(self, "fine_grained", bool(self.fine_grained))
 
 
@@ -141,7 +141,7 @@ class LabelMatcher:
         """Declare two labels the same concept (an explicit match)."""
         a, b = normalise_label(first), normalise_label(second)
         if not a or not b:
-            raise ConstructError("an explicit label match needs two non-empty labels")
+            raise AnnotateError("an explicit label match needs two non-empty labels")
         ra, rb = self._root(a), self._root(b)
         if ra != rb:
             # The lexicographically smaller root wins so the concept name is order-independent.
@@ -234,12 +234,12 @@ class ImageRecord:
         for event in sorted(events, key=lambda e: e.seq):
             try:
                 record.apply(event, matcher)
-            except ConstructError:
+            except AnnotateError:
                 continue
         return record
 
     def apply(self, event: Event, matcher: LabelMatcher | None = None) -> None:
-        """Apply one event, or raise `ConstructError` if the protocol does not allow it now."""
+        """Apply one event, or raise `AnnotateError` if the protocol does not allow it now."""
         self.check(event, matcher)
         if event.kind is EventKind.STAGE1:
             self.stage1[event.annotator] = event.judgement  # type: ignore[assignment]
@@ -272,34 +272,34 @@ class ImageRecord:
         return Outcome(Status.STAGE3, **seen)
 
     def check(self, event: Event, matcher: LabelMatcher | None = None) -> None:
-        """Raise `ConstructError` if the protocol does not allow this event now."""
+        """Raise `AnnotateError` if the protocol does not allow this event now."""
         state = self.outcome(matcher)
         if event.kind is EventKind.STAGE1:
             if event.judgement is None:
-                raise ConstructError("a Stage 1 event needs a judgement")
+                raise AnnotateError("a Stage 1 event needs a judgement")
             if state.status is not Status.STAGE1:
-                raise ConstructError("Stage 1 is over for this image: both independent verdicts are in")
+                raise AnnotateError("Stage 1 is over for this image: both independent verdicts are in")
             if event.annotator not in self.stage1 and len(self.stage1) >= STAGE1_ANNOTATORS:
-                raise ConstructError("this image already has its two Stage 1 annotators")
+                raise AnnotateError("this image already has its two Stage 1 annotators")
         elif event.kind is EventKind.STAGE3:
             if event.judgement is None:
-                raise ConstructError("a Stage 3 vote needs a judgement")
+                raise AnnotateError("a Stage 3 vote needs a judgement")
             if state.status is not Status.STAGE3:
-                raise ConstructError(f"this image is not in Stage 3 review (it is {state.status.value})")
+                raise AnnotateError(f"this image is not in Stage 3 review (it is {state.status.value})")
             if event.annotator not in self.stage3 and len(self.stage3) >= PANEL_SIZE:
-                raise ConstructError(f"the Stage 3 panel of this image is full ({', '.join(self.stage3)})")
+                raise AnnotateError(f"the Stage 3 panel of this image is full ({', '.join(self.stage3)})")
         elif event.kind is EventKind.CLOSE:
             if state.status is not Status.STAGE3:
-                raise ConstructError(f"only an open Stage 3 review can be closed (it is {state.status.value})")
+                raise AnnotateError(f"only an open Stage 3 review can be closed (it is {state.status.value})")
             if len(self.stage3) < PANEL_SIZE:
-                raise ConstructError(
+                raise AnnotateError(
                     f"the panel needs {PANEL_SIZE} votes before it can close without consensus "
                     f"({len(self.stage3)} so far)"
                 )
             if event.annotator not in self.stage3:
-                raise ConstructError("only a member of the panel can close its review")
+                raise AnnotateError("only a member of the panel can close its review")
         else:  # pragma: no cover - EventKind is closed
-            raise ConstructError(f"unknown event kind {event.kind!r}")
+            raise AnnotateError(f"unknown event kind {event.kind!r}")
 
 
 def replay(events: Iterable[Event], matches: Iterable[tuple[str, str]] = ()) -> dict[int | str, Outcome]:

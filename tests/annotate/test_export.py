@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from oodbench.construct.export import export
-from oodbench.construct.protocol import Judgement, Verdict
-from oodbench.errors import ConstructError
+from oodbench.annotate.export import export
+from oodbench.annotate.protocol import Judgement, Verdict
+from oodbench.errors import AnnotateError
 
 from .helpers import PASSWORD, build_project
 
@@ -159,7 +159,7 @@ def test_export_recomputes_from_events_and_checks_files(decided, tmp_path):
         conn.execute(sa.text("UPDATE images SET status = 'stage1'"))
     assert export(decided, tmp_path / "x")["counts"]["ood"] == 2
     next(decided.root("images").rglob("img000.png")).unlink()
-    with pytest.raises(ConstructError, match="no longer inside their roots"):
+    with pytest.raises(AnnotateError, match="no longer inside their roots"):
         export(decided, tmp_path / "y")
-    with pytest.raises(ConstructError, match="invalid export name"):
+    with pytest.raises(AnnotateError, match="invalid export name"):
         export(decided, tmp_path / "z", name="../evil")

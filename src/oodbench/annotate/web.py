@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from ..errors import ConstructError
+from ..errors import AnnotateError
 from .db import MAX_ROW_ID, User
 from .evidence import SOURCE_TITLES, SOURCES
 from .project import Project
@@ -121,19 +121,19 @@ def parse_class(text: str, names: tuple[str, ...]) -> int:
     if match:
         index = int(match.group(1))
         if index >= len(names):
-            raise ConstructError(f"class {index} is outside 0..{len(names) - 1}")
+            raise AnnotateError(f"class {index} is outside 0..{len(names) - 1}")
         return index
     hits = [i for i, n in enumerate(names) if n.casefold() == text.casefold()]
     if len(hits) == 1:
         return hits[0]
     if not text:
-        raise ConstructError("an ID verdict needs a class: type its index or name")
+        raise AnnotateError("an ID verdict needs a class: type its index or name")
     if hits:
-        raise ConstructError(f"{text!r} names several classes ({', '.join(map(str, hits))}); give the index")
+        raise AnnotateError(f"{text!r} names several classes ({', '.join(map(str, hits))}); give the index")
     close = difflib.get_close_matches(text.casefold(), [n.casefold() for n in names], n=3, cutoff=0.6)
     folded = {n.casefold(): i for i, n in reversed(list(enumerate(names)))}
     hint = "; did you mean " + " or ".join(f"“{folded[c]}: {names[folded[c]]}”" for c in close) + "?" if close else ""
-    raise ConstructError(f"unknown class {text!r}{hint or '; type its index or exact name'}")
+    raise AnnotateError(f"unknown class {text!r}{hint or '; type its index or exact name'}")
 
 
 def judgement_from_form(form: Any, names: tuple[str, ...]) -> Judgement:
@@ -146,7 +146,7 @@ def judgement_from_form(form: Any, names: tuple[str, ...]) -> Judgement:
         return Judgement(Verdict.ID, class_index=parse_class(str(form.get("class") or ""), names), fine_grained=fine)
     if verdict == Verdict.AMBIGUOUS:
         return Judgement(Verdict.AMBIGUOUS, reason=str(form.get("reason") or "") or None, fine_grained=fine)
-    raise ConstructError("choose a verdict: OOD, ID or ambiguous")
+    raise AnnotateError("choose a verdict: OOD, ID or ambiguous")
 
 
 def create_app(project: Project) -> FastAPI:
@@ -319,7 +319,7 @@ def create_app(project: Project) -> FastAPI:
         check_csrf(request, csrf, form["csrf_token"])
         try:  # the store refuses images outside the user's queue; stage1_page then answers 404
             store.submit_stage1(user, image_id, judgement_from_form(form, names))
-        except ConstructError as exc:  # the page comes back with the form as typed
+        except AnnotateError as exc:  # the page comes back with the form as typed
             return stage1_page(request, user, csrf, image_id, error=str(exc), status=400, typed=form)
         following = store.next_stage1(user)  # straight to the next item: one round trip fewer
         return RedirectResponse("/annotate" if following is None else f"/annotate/{following}", 303)
@@ -393,7 +393,7 @@ def create_app(project: Project) -> FastAPI:
         check_csrf(request, csrf, form["csrf_token"])
         try:
             store.vote_stage3(user, image_id, judgement_from_form(form, names), note=form["note"])
-        except ConstructError as exc:
+        except AnnotateError as exc:
             return stage3_page(request, user, csrf, image_id, error=str(exc), status=400, typed=form)
         return RedirectResponse(f"/stage3/{image_id}", 303)
 
@@ -403,7 +403,7 @@ def create_app(project: Project) -> FastAPI:
         check_csrf(request, csrf, csrf_token)
         try:
             store.close_stage3(user, image_id)
-        except ConstructError as exc:
+        except AnnotateError as exc:
             return stage3_page(request, user, csrf, image_id, error=str(exc), status=400)
         return RedirectResponse(f"/stage3/{image_id}", 303)
 
@@ -447,7 +447,7 @@ def create_app(project: Project) -> FastAPI:
         check_csrf(request, csrf, csrf_token)
         try:
             changed = store.add_match(user, label_a, label_b)
-        except ConstructError as exc:
+        except AnnotateError as exc:
             return RedirectResponse(f"/admin?message={quote(str(exc))}", 303)
         return RedirectResponse(f"/admin?message=Match+recorded%3B+{changed}+image(s)+resolved", 303)
 

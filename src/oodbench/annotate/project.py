@@ -24,7 +24,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..classes import ClassList
-from ..errors import ConstructError
+from ..errors import AnnotateError
 from .db import AnnotationStore, ImageInfo
 from .evidence import (
     IMAGE_SUFFIXES,
@@ -91,9 +91,9 @@ class ProjectConfig:
         """Validated config from project.json content."""
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ConstructError(f"{source}: unknown keys {sorted(unknown)}")
+            raise AnnotateError(f"{source}: unknown keys {sorted(unknown)}")
         if not isinstance(data.get("image_roots"), dict) or not data["image_roots"]:
-            raise ConstructError(f"{source}: 'image_roots' must map root names to folders")
+            raise AnnotateError(f"{source}: 'image_roots' must map root names to folders")
         return cls(**data)
 
 
@@ -119,7 +119,7 @@ class Project:
         directory = Path(directory).absolute()
         root = Path(image_root).absolute()
         if not root.is_dir():
-            raise ConstructError(f"image root is not a folder: {root}")
+            raise AnnotateError(f"image root is not a folder: {root}")
         config_path = directory / PROJECT_FILE
         if config_path.is_file():
             config = Project.open(directory).config
@@ -149,14 +149,14 @@ class Project:
         directory = Path(directory).absolute()
         config_path = directory / PROJECT_FILE
         if not config_path.is_file():
-            raise ConstructError(
+            raise AnnotateError(
                 f"{directory} is not an annotation project (no {PROJECT_FILE}); run `oodbench annotate init`"
             )
         try:
             config = ProjectConfig.from_json(json.loads(config_path.read_text(encoding="utf-8")), config_path)
             classes = ClassList.from_json(json.loads((directory / "classes.json").read_text(encoding="utf-8")))
         except (json.JSONDecodeError, OSError, KeyError) as exc:
-            raise ConstructError(f"{directory}: damaged project files ({exc})") from None
+            raise AnnotateError(f"{directory}: damaged project files ({exc})") from None
         return cls(directory, config, classes)
 
     @property
@@ -198,7 +198,7 @@ class Project:
         try:
             return Path(self.config.image_roots[name])
         except KeyError:
-            raise ConstructError(f"unknown image root {name!r}") from None
+            raise AnnotateError(f"unknown image root {name!r}") from None
 
     def image_file(self, image: ImageInfo) -> Path | None:
         """The image's file, only if it lies inside its configured root."""
@@ -228,7 +228,7 @@ class Project:
     def index_examples(self, per_class: int = 3) -> int:
         """List example images per class under the example root; returns the number of classes found."""
         if self.config.example_root is None:
-            raise ConstructError("the project has no example root (init --examples DIR)")
+            raise AnnotateError("the project has no example root (init --examples DIR)")
         found = example_images(self.config.example_root, self.classes, per_class)
         write_atomic(self.dir / "examples.json", json.dumps({str(k): v for k, v in found.items()}))
         self._examples = found
@@ -263,7 +263,7 @@ def import_candidates(
     """
     candidates = merge_candidates(imp.candidates for imp in imports)
     if not candidates:
-        raise ConstructError("the candidate sources selected no images")
+        raise AnnotateError("the candidate sources selected no images")
     root = project.root(DEFAULT_ROOT).resolve()
     index: dict[str, str | None] | None = None
     rows: list[tuple[Candidate, str, str, dict]] = []
@@ -280,13 +280,13 @@ def import_candidates(
                 index = _file_index(root)
             name = PurePosixPath(cand.path).name
             if name in index and index[name] is None:
-                raise ConstructError(f"{name} occurs more than once under {root}; give candidates relative paths")
+                raise AnnotateError(f"{name} occurs more than once under {root}; give candidates relative paths")
             relpath = index.get(name)
         if relpath is None:
             missing.append(cand.path)
             continue
         if cand.original_label is not None and cand.original_label >= len(project.classes):
-            raise ConstructError(f"{cand.key}: original label {cand.original_label} is outside the class list")
+            raise AnnotateError(f"{cand.key}: original label {cand.original_label} is outside the class list")
         evidence = {
             "original": original_evidence(cand.original_label, project.classes),
             "confusions": confusion_evidence(cand.original_label, confusions, project.classes, source),
@@ -295,12 +295,12 @@ def import_candidates(
         rows.append((cand, DEFAULT_ROOT, relpath, evidence))
     if missing and not skip_missing:
         shown = ", ".join(missing[:5])
-        raise ConstructError(
+        raise AnnotateError(
             f"{len(missing)} of {len(candidates)} candidate images are not under {root} (e.g. {shown}); "
             "pass --skip-missing to import the others"
         )
     if not rows:
-        raise ConstructError(f"none of the {len(candidates)} candidate images is under {root}")
+        raise AnnotateError(f"none of the {len(candidates)} candidate images is under {root}")
     added, updated = project.store().add_images(rows, defaults=NOT_YET)
     return {"added": added, "updated": updated, "skipped": len(missing)}
 
@@ -319,7 +319,7 @@ def add_vlm_evidence(
 
     images = open_matrix(image_embeddings, "image embeddings")
     if len(keys) != images.shape[0]:
-        raise ConstructError(f"{len(keys)} keys for {images.shape[0]} embedding rows")
+        raise AnnotateError(f"{len(keys)} keys for {images.shape[0]} embedding rows")
     row_of: dict[str, int] = {}
     for row, key in enumerate(keys):
         row_of.setdefault(str(key), row)
@@ -330,10 +330,10 @@ def add_vlm_evidence(
         if row is not None:
             targets.append((image.id, row))
     if not targets:
-        raise ConstructError("none of the embedding keys matches an image of the project")
+        raise AnnotateError("none of the embedding keys matches an image of the project")
     texts = open_matrix(text_embeddings, "class-name embeddings")
     if texts.shape[0] != len(project.classes):
-        raise ConstructError(f"{texts.shape[0]} class-name embeddings for {len(project.classes)} classes")
+        raise AnnotateError(f"{texts.shape[0]} class-name embeddings for {len(project.classes)} classes")
     rows = np.asarray([r for _, r in targets])
     order = np.argsort(rows, kind="stable")  # memory-maps read fastest in file order
     top, sims = vlm_topk(images[rows[order]], texts, k)
@@ -365,7 +365,7 @@ def describe_images(
     for image in todo:
         path = project.image_file(image)
         if path is None:
-            raise ConstructError(f"image {image.key} is missing from its root")
+            raise AnnotateError(f"image {image.key} is missing from its root")
         answer = describer.describe(path, candidate_names(image.evidence))
         store.set_evidence({image.id: {"llm": answer}})
         done += 1
@@ -378,7 +378,7 @@ def read_keys(path: str | Path) -> list[str]:
     """Image keys, one per line (the rows of an embedding file)."""
     path = Path(path)
     if not path.is_file():
-        raise ConstructError(f"keys file not found: {path}")
+        raise AnnotateError(f"keys file not found: {path}")
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
@@ -397,16 +397,16 @@ def store_evidence_inputs(
     store = Store(store_root)
     try:
         if not store.exists(model_id, dataset_id):
-            raise ConstructError(f"{store_root} has no entry {model_id}/{dataset_id}; see `oodbench store list`")
+            raise AnnotateError(f"{store_root} has no entry {model_id}/{dataset_id}; see `oodbench store list`")
         items_file = store.entry_path(model_id, dataset_id) / "items.txt"
         if not items_file.is_file():
-            raise ConstructError(f"{model_id}/{dataset_id} records no item list (items.txt): rows cannot be matched")
+            raise AnnotateError(f"{model_id}/{dataset_id} records no item list (items.txt): rows cannot be matched")
         items = items_file.read_text(encoding="utf-8").splitlines()
         index = np.asarray(store.read_array(model_id, dataset_id, "index"))
         features = store.read_array(model_id, dataset_id, "features")
         head = store.read_head(model_id).weight if store.has_head(model_id) else None
     except StoreError as exc:
-        raise ConstructError(str(exc)) from None
+        raise AnnotateError(str(exc)) from None
     if index.size and (index.min() < 0 or index.max() >= len(items)):
-        raise ConstructError(f"{model_id}/{dataset_id}: its index points outside its {len(items)} items")
+        raise AnnotateError(f"{model_id}/{dataset_id}: its index points outside its {len(items)} items")
     return np.asarray(items, dtype=object)[index].tolist(), features, None if head is None else np.asarray(head)

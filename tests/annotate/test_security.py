@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("argon2", reason="the annotation app needs the 'web' extra")
-from oodbench.construct.security import LoginThrottle  # noqa: E402
+from oodbench.annotate.security import LoginThrottle  # noqa: E402
 
 
 class Clock:

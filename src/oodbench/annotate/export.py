@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from ..errors import ConstructError
+from ..errors import AnnotateError
 from .project import Project
 from .protocol import Outcome, Status, Verdict
 from .stats import outcome_stats, stats_markdown
@@ -100,7 +100,7 @@ def export(project: Project, out_dir: str | Path, *, name: str = "ood", relative
     output folder (extract resolves list paths against the list's folder).
     """
     if not name or "/" in name or name.startswith("."):
-        raise ConstructError(f"invalid export name {name!r}: use a plain file stem such as 'fi-imagenet-1k'")
+        raise AnnotateError(f"invalid export name {name!r}: use a plain file stem such as 'fi-imagenet-1k'")
     out = Path(out_dir).absolute()
     store = project.store()
     images = store.images()
@@ -115,7 +115,7 @@ def export(project: Project, out_dir: str | Path, *, name: str = "ood", relative
         path = Path(os.path.relpath(file, out)).as_posix() if relative else str(file)
         rows.append(_row(project, image, outcomes[image.id], path))
     if missing:
-        raise ConstructError(
+        raise AnnotateError(
             f"{len(missing)} image file(s) are no longer inside their roots (e.g. {', '.join(missing[:3])}); "
             "fix the image roots in project.json before exporting"
         )

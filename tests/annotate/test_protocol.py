@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oodbench.construct.protocol import (
+from oodbench.annotate.protocol import (
     NO_CONSENSUS,
     Event,
     EventKind,
@@ -21,7 +21,7 @@ from oodbench.construct.protocol import (
     normalise_label,
     replay,
 )
-from oodbench.errors import ConstructError
+from oodbench.errors import AnnotateError
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -84,7 +84,7 @@ class Log:
     ],
 )
 def test_judgement_validation(kwargs, message):
-    with pytest.raises(ConstructError, match=message):
+    with pytest.raises(AnnotateError, match=message):
         Judgement(**kwargs)
 
 
@@ -114,7 +114,7 @@ def test_matcher_is_transitive_and_order_independent():
     assert a.same("cellular telephone", "Cell Phone")
     assert a.concept("mobile phone") == b.concept("mobile phone") == "cell phone"
     assert not a.same("cell phone", "telephone")
-    with pytest.raises(ConstructError):
+    with pytest.raises(AnnotateError):
         a.add("", "x")
 
 
@@ -190,11 +190,11 @@ def test_consensus_on_id_class():
 def test_no_consensus_stays_open_until_closed_then_ambiguous():
     log = disputed().s3("a", ood("bobsled")).s3("b", id_(7))
     assert log.outcome.status is Status.STAGE3
-    with pytest.raises(ConstructError, match="needs 3 votes"):
+    with pytest.raises(AnnotateError, match="needs 3 votes"):
         log.close("a")
     log.s3("c", ood("bobsled"))
     assert log.outcome.status is Status.STAGE3  # 2 of 3 is not consensus
-    with pytest.raises(ConstructError, match="member of the panel"):
+    with pytest.raises(AnnotateError, match="member of the panel"):
         log.close("z")
     log.close("c")
     out = log.outcome
@@ -210,21 +210,21 @@ def test_panel_member_can_revise_towards_consensus():
 
 def test_protocol_refusals():
     log = Log().s1("a", id_(1)).s1("b", id_(1))
-    with pytest.raises(ConstructError, match="Stage 1 is over"):
+    with pytest.raises(AnnotateError, match="Stage 1 is over"):
         log.s1("c", id_(1))
-    with pytest.raises(ConstructError, match="Stage 1 is over"):
+    with pytest.raises(AnnotateError, match="Stage 1 is over"):
         log.s1("a", id_(2))
-    with pytest.raises(ConstructError, match="not in Stage 3"):
+    with pytest.raises(AnnotateError, match="not in Stage 3"):
         log.s3("c", id_(1))
-    with pytest.raises(ConstructError, match="not in Stage 3"):
+    with pytest.raises(AnnotateError, match="not in Stage 3"):
         Log().s1("a", id_(1)).s3("b", id_(1))
     log = disputed().s3("a", id_(7)).s3("b", id_(6)).s3("c", id_(7))
-    with pytest.raises(ConstructError, match="panel of this image is full"):
+    with pytest.raises(AnnotateError, match="panel of this image is full"):
         log.s3("d", id_(7))
     log.s3("b", id_(7))  # consensus now
-    with pytest.raises(ConstructError, match="not in Stage 3"):
+    with pytest.raises(AnnotateError, match="not in Stage 3"):
         log.s3("a", id_(6))
-    with pytest.raises(ConstructError, match="only an open Stage 3"):
+    with pytest.raises(AnnotateError, match="only an open Stage 3"):
         log.close("a")
 
 
@@ -264,7 +264,7 @@ def test_random_sequences_keep_the_protocol_invariants(steps):
         event = Event(1, who, kind, None if kind is EventKind.CLOSE else judgement, NOW, seq)
         try:
             record.apply(event)
-        except ConstructError:
+        except AnnotateError:
             continue
         accepted.append(event)
         out = record.outcome()

@@ -1,0 +1,1 @@
+"""Tests of the annotation app and benchmark construction (package `oodbench.annotate`)."""

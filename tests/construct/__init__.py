@@ -1,1 +1,0 @@
-"""Tests of the annotation app and benchmark construction (package `oodbench.construct`)."""
