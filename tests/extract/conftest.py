@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from extract_helpers import register_tiny_clip, single_torch_thread, write_images
+
+from .helpers import register_tiny_clip, single_torch_thread, write_images
 
 
 @pytest.fixture(autouse=True)

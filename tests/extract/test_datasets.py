@@ -6,7 +6,6 @@ import json
 
 import pytest
 import typer
-from extract_helpers import write_images
 from typer.testing import CliRunner
 
 from oodbench.cli import OodbenchGroup
@@ -14,6 +13,8 @@ from oodbench.errors import DataError
 from oodbench.extract import dataset_registry
 from oodbench.extract.cli import register
 from oodbench.extract.datasets import UnreadableImage, file_list, image_folder, imagenet, imagenet_synsets, load_rgb
+
+from .helpers import write_images
 
 
 def test_image_folder_labels_follow_sorted_class_folders(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from extract_helpers import write_images, write_tiny_hf_clip
 from typer.testing import CliRunner
 
 from oodbench.cli import app
@@ -13,6 +12,8 @@ from oodbench.errors import ExtractError
 from oodbench.extract.hf_clip import check_hf_id, load_hf_clip
 from oodbench.store import Store
 from oodbench.templates import SEED_TEMPLATES
+
+from .helpers import write_images, write_tiny_hf_clip
 
 pytest.importorskip("transformers")
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
-from extract_helpers import write_images
 from typer.testing import CliRunner
 
 from oodbench import Store, detectors, metrics
@@ -22,6 +21,8 @@ from oodbench.extract.cli import register
 from oodbench.extract.datasets import image_folder
 from oodbench.extract.engines.common import plan_tasks
 from oodbench.extract.pipeline import extract
+
+from .helpers import write_images
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from extract_helpers import write_images
 
 from oodbench import Store
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.datasets import image_folder
 from oodbench.extract.nac import NacLayer
 from oodbench.extract.pipeline import extract
+
+from .helpers import write_images
 
 ray = pytest.importorskip("ray")
 

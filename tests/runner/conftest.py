@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from .helpers import demo_config
-
-# The model runs reuse the extraction tests' generated images and tiny open_clip config (tests/extract/extract_helpers.py).
-# Appended, not prepended: pytest puts each test folder first when it imports that folder's conftest.py.
-EXTRACT_TESTS = str(Path(__file__).resolve().parents[1] / "extract")
-if EXTRACT_TESTS not in sys.path:
-    sys.path.append(EXTRACT_TESTS)
 
 
 @pytest.fixture(autouse=True)

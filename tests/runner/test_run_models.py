@@ -7,13 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from extract_helpers import TINY_CLIP, register_tiny_clip, single_torch_thread, write_images  # via conftest.py
 
 from oodbench.results import read_rows
 from oodbench.runner.config import load_config
 from oodbench.runner.executor import run_experiment
 from oodbench.runner.plan import build_plan
 from oodbench.store import Store
+
+from ..extract.helpers import TINY_CLIP, register_tiny_clip, single_torch_thread, write_images
 
 
 @pytest.fixture(autouse=True)

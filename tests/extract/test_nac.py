@@ -94,11 +94,11 @@ def test_unknown_layer_is_named():
 
 
 def test_extracted_states_feed_the_nac_detector(tmp_path):
-    from extract_helpers import write_images
-
     from oodbench import Store, detectors
     from oodbench.extract.datasets import image_folder
     from oodbench.extract.pipeline import extract
+
+    from .helpers import write_images
 
     store = Store(tmp_path / "store")
     backbone = load_timm("test_resnet", pretrained=False, image_size=32, nac_layers=["layer3:50"])
