@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import scipy.linalg.blas
 import scipy.sparse
 
 from ..chunking import iter_chunks
 from ..errors import DetectorError
-from ..outputs import Outputs
-from ._streaming import fit_chunks, read_rows
 
 # Unit roundoffs of float32 and float64 (round to nearest).
 _U32 = 2.0**-24
@@ -222,25 +218,6 @@ class ScatterAccumulator:
         sums = self.class_sums[present]
         between = (sums / self.class_counts[present, None]).T @ sums  # sum_c n_c m_c m_c^T, with m_c = sums_c / n_c
         return (self.gram - between) / self.count
-
-
-def accumulate(
-    fit_set: Outputs,
-    *,
-    by_class: bool = False,
-    shift: np.ndarray | None = None,
-    with_gram: bool = True,
-    transform: Callable[[np.ndarray], np.ndarray] | None = None,
-    description: str = "statistics",
-) -> ScatterAccumulator:
-    """One streamed pass over the fit set's features (optionally transformed per chunk) into a ScatterAccumulator."""
-    features = fit_set.features
-    stats = ScatterAccumulator(fit_set.num_features, shift=shift, by_class=by_class, with_gram=with_gram)
-    for rows in fit_chunks(len(fit_set), 3 * fit_set.num_features, description):
-        # Untransformed rows go in as stored (update() casts once); a transform gets them as float64.
-        block = np.asarray(features[rows]) if transform is None else transform(read_rows(features, rows))
-        stats.update(block, None if not by_class else np.asarray(fit_set.labels[rows]))
-    return stats
 
 
 def symmetric_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

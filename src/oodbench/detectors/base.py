@@ -5,13 +5,16 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..errors import DetectorError
 from ..outputs import Head, Outputs
+
+if TYPE_CHECKING:
+    from .shared import FitStatistics
 
 __all__ = ["Detector", "Requirements", "Paper"]
 
@@ -101,8 +104,11 @@ class Detector:
         return self.requires
 
     # ----------------------------------------------------------------- the protocol
-    def fit(self, fit_set: Outputs, head: Head | None = None) -> Detector:
-        """Learn from the ID fit set (and the model's head where needed); returns self."""
+    def fit(self, fit_set: Outputs, head: Head | None = None, *, stats: FitStatistics | None = None) -> Detector:
+        """Learn from the ID fit set (and the model's head where needed); returns self.
+
+        `stats` shares one pass of sufficient statistics among detectors fitted on this fit set (`shared.fit_all`).
+        """
         self.validate_params()
         if not isinstance(fit_set, Outputs):
             raise DetectorError(f"{self.name}: fit_set must be an Outputs, got {type(fit_set).__name__}")
@@ -121,7 +127,11 @@ class Detector:
             raise DetectorError(
                 f"{self.name}: fit-set logits have C={fit_set.num_classes} classes but the head has C={head.num_classes}"
             )
-        self._fit(fit_set, head)
+        self._shared_stats = stats  # read by shared.statistics_for during _fit only
+        try:
+            self._fit(fit_set, head)
+        finally:
+            del self._shared_stats
         self.fit_info_ = _FitInfo(
             num_features=fit_set.num_features,
             num_classes=head.num_classes if head is not None else fit_set.num_classes,
