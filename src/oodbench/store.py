@@ -440,6 +440,7 @@ class EntryWriter:
         are copied (written after the copy is on disk, before the shard is deleted); a rerun resumes from it.
         """
         if self.complete:
+            shutil.rmtree(self.shard_dir, ignore_errors=True)  # what a finalize killed after completing left
             return self.meta
         state = self._merge_state()
         _merge_step("planned")
@@ -515,6 +516,8 @@ class EntryWriter:
                 f"finalizing {self.model_id}/{self.dataset_id}: {partial.name} is gone but {spec['copied']} of its "
                 "shards were already released; delete the entry and extract it again"
             )
+        for shard in range(spec["copied"]):  # copied and recorded, but a kill came before their release
+            (self.shard_dir / f"{name}.{shard:05d}.npy").unlink(missing_ok=True)
         with open(partial, "r+b" if partial.exists() else "w+b") as handle:
             handle.seek(0)
             np.lib.format.write_array_header_1_0(
