@@ -7,18 +7,20 @@ import pytest
 from scipy.stats import rankdata
 
 from oodbench.detectors import create
-from oodbench.detectors._gaussian import ClassGaussians
+from oodbench.detectors._gaussian import ClassGaussians, Gaussian
 from oodbench.metrics import auroc
 from oodbench.outputs import Outputs
 
 FAMILY = ("maha", "rmaha", "maha++", "rmaha++")
 
 
-def _float64_scores(detector, test: Outputs, monkeypatch) -> np.ndarray:
+def _float64_scores(detector, test: Outputs) -> np.ndarray:
     """The detector's scores with the all-float64 class search (the reference order)."""
-    with monkeypatch.context() as patch:
-        patch.setattr(ClassGaussians, "min_sq_distance", ClassGaussians.min_sq_distance_float64)
+    detector.gaussians_.float64_search = True
+    try:
         return detector.score(test)
+    finally:
+        detector.gaussians_.float64_search = False
 
 
 def _assert_same_order(fast: np.ndarray, slow: np.ndarray, n_id: int) -> None:
@@ -46,10 +48,10 @@ def _benchmark_like(seed: int = 0, classes: int = 40, dim: int = 24, fit_rows: i
 
 
 @pytest.mark.parametrize("name", FAMILY)
-def test_scores_order_equals_float64_on_benchmark_like_data(name, monkeypatch):
+def test_scores_order_equals_float64_on_benchmark_like_data(name):
     fit, test, n_id = _benchmark_like()
     detector = create(name).fit(fit)
-    _assert_same_order(detector.score(test), _float64_scores(detector, test, monkeypatch), n_id)
+    _assert_same_order(detector.score(test), _float64_scores(detector, test), n_id)
 
 
 def _near_ties(gaussians: ClassGaussians, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -84,13 +86,13 @@ def _near_ties(gaussians: ClassGaussians, rng: np.random.Generator) -> tuple[np.
     return gaussians.centre + whitened @ np.linalg.pinv(gaussians.whitener), whitened
 
 
-def test_adversarial_near_ties_keep_the_float64_order(monkeypatch):
+def test_adversarial_near_ties_keep_the_float64_order():
     fit, _, _ = _benchmark_like(seed=3)
     detector = create("maha").fit(fit)
     gaussians = detector.gaussians_
     features, whitened = _near_ties(gaussians, np.random.default_rng(5))
     test = Outputs(features, check_finite=False)
-    fast, slow = detector.score(test), _float64_scores(detector, test, monkeypatch)
+    fast, slow = detector.score(test), _float64_scores(detector, test)
     half = len(test) // 2
     order = np.random.default_rng(6).permutation(len(test))  # ID/OOD labels interleaved across the ties
     _assert_same_order(fast[order], slow[order], half)
@@ -123,3 +125,38 @@ def test_search_bound_holds_for_every_class():
     assert (np.abs(approx - exact) <= bound[:, None]).all()
     # ...and not vacuous: the float32 search does err, by at least a millionth of the bound.
     assert (np.abs(approx - exact) > 1e-6 * bound[:, None]).any()
+
+
+def test_relative_distance_shares_one_whitening_when_nothing_is_dropped():
+    """B Bᵀ = P and B diag(w) Bᵀ = P_0: the joint basis gives both distances of the two separate whitenings."""
+    fit, test, _ = _benchmark_like(seed=2)
+    detector = create("rmaha").fit(fit)
+    gaussians = detector.gaussians_
+    assert gaussians.background_weights is not None and gaussians.background is None
+    block = np.asarray(test.features, dtype=np.float64)
+    separate = ClassGaussians(detector.means_, detector.covariance_, centre=gaussians.centre)
+    total = detector.gaussians_.centre  # the background's mean is the centre
+    background = Gaussian(total, _total_covariance(fit))
+    expected = separate.min_sq_distance(block) - background.sq_distance(block)
+    np.testing.assert_allclose(
+        gaussians.relative_sq_distance(block), expected, rtol=1e-9, atol=1e-9 * np.abs(expected).max()
+    )
+
+
+def test_relative_distance_falls_back_when_the_background_is_singular():
+    fit, test, _ = _benchmark_like(seed=2)
+    features = np.asarray(fit.features, dtype=np.float64)
+    covariance = np.cov(features.T, bias=True)
+    values, vectors = np.linalg.eigh(covariance)
+    values[:3] = 0.0  # a background with a null space: its pseudo-inverse drops directions
+    singular = (vectors * values) @ vectors.T
+    gaussians = ClassGaussians(features[:40], covariance, centre=features.mean(axis=0), background=singular)
+    assert gaussians.background_weights is None and gaussians.background is not None
+    block = np.asarray(test.features, dtype=np.float64)
+    expected = gaussians.min_sq_distance(block) - Gaussian(gaussians.centre, singular).sq_distance(block)
+    np.testing.assert_allclose(gaussians.relative_sq_distance(block), expected, rtol=1e-12)
+
+
+def _total_covariance(fit: Outputs) -> np.ndarray:
+    features = np.asarray(fit.features, dtype=np.float64)
+    return np.cov(features.T, bias=True)

@@ -240,15 +240,32 @@ def pinv_sqrt(covariance: np.ndarray, rtol: float | None = None) -> np.ndarray:
 class ClassGaussians:
     """Class means and a shared precision, held whitened, for squared Mahalanobis distances by matmuls.
 
-    `min_sq_distance` returns the float64 answer of `min_sq_distance_float64` (same values to float64 rounding,
-    hence the same order of rows) at close to float32 speed for the (rows x classes) product: the class search
-    runs in float32, with a proven bound on its error, and only the classes that the bound cannot rule out are
-    evaluated in float64. The derivation is in `_search_error_scale`.
+    The class search returns the float64 answer of the all-float64 computation (same values to float64 rounding,
+    hence the same order of rows) at close to float32 speed for the (rows x classes) product: it runs in float32,
+    with a proven bound on its error, and only the classes that the bound cannot rule out are evaluated in float64
+    (`float64_search = True` evaluates all of them, the reference). The derivation is in `_search_error_scale`.
+
+    With a `background` covariance (relative Mahalanobis), when neither pseudo-inverse drops a direction the
+    whitener is rotated so that the background's precision is diagonal in the same coordinates: one whitening
+    product serves both distances.
     """
 
-    def __init__(self, means: np.ndarray, covariance: np.ndarray, centre: np.ndarray) -> None:
+    def __init__(
+        self, means: np.ndarray, covariance: np.ndarray, centre: np.ndarray, background: np.ndarray | None = None
+    ) -> None:
         self.centre = centre
-        self.whitener = pinv_sqrt(covariance)  # (D, r)
+        self.float64_search = False
+        whitener = pinv_sqrt(covariance)  # (D, r)
+        # The background distance, either Σ_j y_j² w_j in the whitened coordinates or its own Gaussian.
+        self.background_weights: np.ndarray | None = None
+        self.background: Gaussian | None = None
+        if background is not None:
+            joint = _joint_basis(whitener, background)
+            if joint is None:
+                self.background = Gaussian(centre, background)
+            else:
+                whitener, self.background_weights = joint
+        self.whitener = whitener
         # Whitened, centred class means: M = (mu_c - centre) A; distances follow ||y||^2 - 2 y.M_c + ||M_c||^2.
         self.means = (means - centre) @ self.whitener  # (C, r)
         self.means_sq = np.einsum("cr,cr->c", self.means, self.means)
@@ -264,18 +281,26 @@ class ClassGaussians:
         """Centred and whitened rows y = (z - centre) A."""
         return (block - self.centre) @ self.whitener
 
-    def min_sq_distance_float64(self, block: np.ndarray) -> np.ndarray:
-        """min_c (z - mu_c)^T P (z - mu_c) for every row, all in float64 (the reference `min_sq_distance` matches)."""
-        whitened = self.whiten(block)
-        cross = whitened @ self.means.T  # (n, C): the one large product
-        cross *= -2.0  # in place: ||M_c||^2 - 2 y.M_c without further (n, C) temporaries
-        cross += self.means_sq
-        return np.einsum("nr,nr->n", whitened, whitened) + cross.min(axis=1)
-
     def min_sq_distance(self, block: np.ndarray) -> np.ndarray:
-        """min_c (z - mu_c)^T P (z - mu_c) for every row: a float32 class search, float64 values (see the class)."""
-        whitened = self.whiten(block)  # float64: ‖y‖² and the final values need it
+        """min_c (z - mu_c)^T P (z - mu_c) for every row."""
+        return self._min_sq(self.whiten(block))
+
+    def relative_sq_distance(self, block: np.ndarray) -> np.ndarray:
+        """min_c (z - mu_c)^T P (z - mu_c) − (z − centre)^T P_0 (z − centre), P_0 the background's precision."""
+        whitened = self.whiten(block)
+        if self.background_weights is not None:
+            background = np.einsum("nr,nr,r->n", whitened, whitened, self.background_weights)
+        else:
+            background = self.background.sq_distance(block)
+        return self._min_sq(whitened) - background
+
+    def _min_sq(self, whitened: np.ndarray) -> np.ndarray:
         norms_sq = np.einsum("nr,nr->n", whitened, whitened)
+        if self.float64_search:
+            cross = whitened @ self.means.T  # (n, C): the one large product
+            cross *= -2.0  # in place: ||M_c||^2 - 2 y.M_c without further (n, C) temporaries
+            cross += self.means_sq
+            return norms_sq + cross.min(axis=1)
         rows, rank = whitened.shape
         lifted = np.empty((rows, rank + 1), dtype=np.float32)
         lifted[:, :rank] = whitened
@@ -300,6 +325,25 @@ class ClassGaussians:
             starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
             exact[unresolved] = np.minimum.reduceat(values, starts)
         return norms_sq + exact
+
+
+def _joint_basis(whitener: np.ndarray, background: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(B, w) with B Bᵀ = P and B diag(w) Bᵀ = P_0 = background⁻¹, or None when a pseudo-inverse drops a direction.
+
+    A = whitener (A Aᵀ = P, square and invertible when nothing is dropped). T = Aᵀ Σ_0 A = U Λ Uᵀ; B = A U gives
+    B Bᵀ = A Aᵀ = P and Bᵀ Σ_0 B = Λ, so Σ_0⁻¹ = B Λ⁻¹ Bᵀ: with y = x B, xᵀ P x = ‖y‖², xᵀ P_0 x = Σ_j y_j² / λ_j.
+    """
+    dim = background.shape[0]
+    if whitener.shape[1] != dim:
+        return None
+    spectrum = np.linalg.eigvalsh((background + background.T) / 2.0)
+    # pinv_sqrt's cut-off: when it would drop a direction of the background, P_0 is a pseudo-inverse; keep it apart.
+    if not (spectrum > dim * np.finfo(np.float64).eps * max(spectrum[-1], 0.0)).all():
+        return None
+    values, rotation = symmetric_eigh(whitener.T @ background @ whitener)
+    if not (values > 0).all():
+        return None
+    return whitener @ rotation, 1.0 / values
 
 
 def _search_error_scale(rank: int) -> float:

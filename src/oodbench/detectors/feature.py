@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import DetectorError
 from ..outputs import Head, Outputs
-from ._gaussian import ClassGaussians, Gaussian, symmetric_eigh
+from ._gaussian import ClassGaussians, symmetric_eigh
 from ._math import l2_normalize, logsumexp_in_place
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
@@ -54,17 +54,16 @@ class _MahalanobisFamily(Detector):
         self.classes_ = stats.present_classes
         self.means_ = stats.class_means()
         self.covariance_ = stats.within_class_covariance()
-        self.gaussians_ = ClassGaussians(self.means_, self.covariance_, centre=stats.mean)
-        if self.relative:
-            self.background_ = Gaussian(stats.mean, stats.covariance())
+        # rmaha's background Gaussian (mean and covariance of all fit rows) shares the centre of the class Gaussians.
+        background = stats.covariance() if self.relative else None
+        self.gaussians_ = ClassGaussians(self.means_, self.covariance_, centre=stats.mean, background=background)
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         block = self._prepare(np.asarray(chunk.features, dtype=np.float64))
-        distance = self.gaussians_.min_sq_distance(block)
         if self.relative:
             # min_c [MD_c - MD_0] = min_c MD_c - MD_0, since MD_0 does not depend on c.
-            distance = distance - self.background_.sq_distance(block)
-        return -distance
+            return -self.gaussians_.relative_sq_distance(block)
+        return -self.gaussians_.min_sq_distance(block)
 
     def _row_width(self, test: Outputs) -> int:
         return 4 * test.num_features + 2 * self.means_.shape[0]
