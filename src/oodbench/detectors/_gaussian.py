@@ -277,21 +277,24 @@ class ClassGaussians:
         self.radius_ = float(np.sqrt(self.means_sq.max()))
         self.error_scale_ = _search_error_scale(rank)
 
-    def whiten(self, block: np.ndarray) -> np.ndarray:
-        """Centred and whitened rows y = (z - centre) A."""
+    def whiten(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
+        """Centred and whitened rows y = (z - centre) A (`overwrite`: centre the float64 `block` in place)."""
+        if overwrite:
+            block -= self.centre
+            return block @ self.whitener
         return (block - self.centre) @ self.whitener
 
-    def min_sq_distance(self, block: np.ndarray) -> np.ndarray:
+    def min_sq_distance(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
         """min_c (z - mu_c)^T P (z - mu_c) for every row."""
-        return self._min_sq(self.whiten(block))
+        return self._min_sq(self.whiten(block, overwrite))
 
-    def relative_sq_distance(self, block: np.ndarray) -> np.ndarray:
+    def relative_sq_distance(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
         """min_c (z - mu_c)^T P (z - mu_c) − (z − centre)^T P_0 (z − centre), P_0 the background's precision."""
-        whitened = self.whiten(block)
-        if self.background_weights is not None:
-            background = np.einsum("nr,nr,r->n", whitened, whitened, self.background_weights)
-        else:
-            background = self.background.sq_distance(block)
+        if self.background_weights is None:
+            background = self.background.sq_distance(block)  # before `block` may be overwritten
+            return self._min_sq(self.whiten(block, overwrite)) - background
+        whitened = self.whiten(block, overwrite)
+        background = np.einsum("nr,nr,r->n", whitened, whitened, self.background_weights)
         return self._min_sq(whitened) - background
 
     def _min_sq(self, whitened: np.ndarray) -> np.ndarray:

@@ -45,9 +45,6 @@ class _MahalanobisFamily(Detector):
     normalize: bool = False
     relative: bool = False
 
-    def _prepare(self, block: np.ndarray) -> np.ndarray:
-        return l2_normalize(block) if self.normalize else block
-
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         (need,) = self.shared_statistics
         stats = statistics_for(self, fit_set).get(need)
@@ -59,11 +56,14 @@ class _MahalanobisFamily(Detector):
         self.gaussians_ = ClassGaussians(self.means_, self.covariance_, centre=stats.mean, background=background)
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        block = self._prepare(np.asarray(chunk.features, dtype=np.float64))
+        # One float64 copy, normalised and centred in place (as l2_normalize and whiten would, without temporaries).
+        block = np.array(chunk.features, dtype=np.float64)
+        if self.normalize:
+            block /= np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
         if self.relative:
             # min_c [MD_c - MD_0] = min_c MD_c - MD_0, since MD_0 does not depend on c.
-            return -self.gaussians_.relative_sq_distance(block)
-        return -self.gaussians_.min_sq_distance(block)
+            return -self.gaussians_.relative_sq_distance(block, overwrite=True)
+        return -self.gaussians_.min_sq_distance(block, overwrite=True)
 
     def _row_width(self, test: Outputs) -> int:
         return 4 * test.num_features + 2 * self.means_.shape[0]
