@@ -101,3 +101,14 @@ def test_tune_shares_the_covariance_across_grid_points(problem, accumulators):
     id_val, ood_val = problem.test.subset(slice(0, problem.n_id)), problem.test.subset(slice(problem.n_id, None))
     result = tune("neco", {"dim": [2, 4, 8]}, problem.fit, problem.head, id_val, ood_val)
     assert len(accumulators) == 1 and len(result.points) == 3
+
+
+def test_maha_and_rmaha_share_one_whitener(problem):
+    """The within-class pseudo-inverse (a D x D eigendecomposition) is computed once per accumulator."""
+    maha, rmaha = fit_all([create("maha"), create("rmaha")], problem.fit)
+    assert maha.covariance_ is rmaha.covariance_
+    stats = FitStatistics(problem.fit, ["features_by_class"]).get("features_by_class")
+    first = stats.within_class_whitener()
+    assert stats.within_class_whitener() is first
+    stats.update(np.asarray(problem.fit.features[:10]), np.asarray(problem.fit.labels[:10]))
+    assert stats.within_class_whitener() is not first  # more rows: recomputed

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import scipy.linalg.blas
 import scipy.sparse
@@ -83,11 +86,13 @@ class ScatterAccumulator:
         self._gram: np.ndarray | None = None
         self.gram_depth = 0  # the largest number of float32 roundings on one term (see gram_error_bound)
         self.gram_groups = 0
+        self._derived: dict[str, Any] = {}
 
     def update(self, block: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Add a block of rows (any float dtype) and their integer labels when accumulating per class."""
         if block.shape[0] == 0:
             return
+        self._derived.clear()
         if self.by_class and labels is None:
             raise DetectorError("per-class statistics need labels")
         if not self.with_gram:
@@ -108,6 +113,7 @@ class ScatterAccumulator:
 
     def update_owned(self, values: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Add a float64 block of at most SYRK_ROWS rows that the accumulator may overwrite (centred in place)."""
+        self._derived.clear()
         if self.shift is None:
             self.shift = values.mean(axis=0)
         values -= self.shift
@@ -213,11 +219,26 @@ class ScatterAccumulator:
         return self.shift + self.class_sums[present] / self.class_counts[present, None]
 
     def within_class_covariance(self) -> np.ndarray:
-        """Shared covariance: the rows' scatter about their own class mean, divided by N."""
-        present = self.present_classes
-        sums = self.class_sums[present]
-        between = (sums / self.class_counts[present, None]).T @ sums  # sum_c n_c m_c m_c^T, with m_c = sums_c / n_c
-        return (self.gram - between) / self.count
+        """Shared covariance: the rows' scatter about their own class mean, divided by N (computed once)."""
+
+        def compute() -> np.ndarray:
+            present = self.present_classes
+            sums = self.class_sums[present]
+            between = (sums / self.class_counts[present, None]).T @ sums  # sum_c n_c m_c m_c^T, m_c = sums_c / n_c
+            return (self.gram - between) / self.count
+
+        return self.derived("within_class_covariance", compute)
+
+    def within_class_whitener(self) -> np.ndarray:
+        """pinv_sqrt of the within-class covariance, computed once (maha and rmaha share it: one D x D eigh)."""
+        return self.derived("within_class_whitener", lambda: pinv_sqrt(self.within_class_covariance()))
+
+    def derived(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A quantity derived from the final statistics, computed on first request and kept (do not modify it)."""
+        if key not in self._derived:
+            self._flush()
+            self._derived[key] = compute()
+        return self._derived[key]
 
 
 def symmetric_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -251,11 +272,16 @@ class ClassGaussians:
     """
 
     def __init__(
-        self, means: np.ndarray, covariance: np.ndarray, centre: np.ndarray, background: np.ndarray | None = None
+        self,
+        means: np.ndarray,
+        covariance: np.ndarray,
+        centre: np.ndarray,
+        background: np.ndarray | None = None,
+        whitener: np.ndarray | None = None,
     ) -> None:
         self.centre = centre
         self.float64_search = False
-        whitener = pinv_sqrt(covariance)  # (D, r)
+        whitener = pinv_sqrt(covariance) if whitener is None else whitener  # (D, r); given when already computed
         # The background distance, either Σ_j y_j² w_j in the whitened coordinates or its own Gaussian.
         self.background_weights: np.ndarray | None = None
         self.background: Gaussian | None = None

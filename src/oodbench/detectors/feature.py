@@ -53,7 +53,9 @@ class _MahalanobisFamily(Detector):
         self.covariance_ = stats.within_class_covariance()
         # rmaha's background Gaussian (mean and covariance of all fit rows) shares the centre of the class Gaussians.
         background = stats.covariance() if self.relative else None
-        self.gaussians_ = ClassGaussians(self.means_, self.covariance_, centre=stats.mean, background=background)
+        self.gaussians_ = ClassGaussians(
+            self.means_, self.covariance_, stats.mean, background, whitener=stats.within_class_whitener()
+        )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         # One float64 copy, normalised and centred in place (as l2_normalize and whiten would, without temporaries).
