@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import detectors as detector_registry
+from .detectors.shared import FitStatistics
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
 from .progress import progress_bar
@@ -87,6 +88,11 @@ def evaluate_outputs(
     scores: dict[str, dict[str, np.ndarray]] = {name: {} for name in datasets}
     skipped: dict[str, str] = {}
     cached = cached or {}
+    reuse = {
+        n: all(n in cached.get(ds, {}) and len(cached[ds][n]) == len(out) for ds, out in datasets.items()) for n in plan
+    }
+    # The detectors to fit share one pass over the fit set for their sufficient statistics (detectors.shared).
+    shared = FitStatistics.for_detectors(fit_set, [instances[n] for n in plan if not reuse[n]], head)
     with progress_bar(progress) as bar:
         task = bar.add_task("detectors", total=len(plan))
         for name in plan:
@@ -98,11 +104,11 @@ def evaluate_outputs(
                 skipped[name] = reason
                 bar.advance(task)
                 continue
-            if all(name in cached.get(ds, {}) and len(cached[ds][name]) == len(out) for ds, out in datasets.items()):
+            if reuse[name]:
                 for ds in datasets:
                     scores[ds][name] = np.asarray(cached[ds][name])
             else:
-                detector = instances[name].fit(fit_set, head)
+                detector = instances[name].fit(fit_set, head, stats=shared)
                 if on_detector_fitted is not None:
                     on_detector_fitted(name, detector)
                 for ds, outputs in datasets.items():

@@ -10,8 +10,10 @@ Layout::
 
 Shards are the unit of resumable writing: every file is written under a temporary name and renamed, and a
 shard counts only once its ``done`` marker exists and every file it lists has the recorded size, so a
-killed writer never leaves a shard a reader accepts. ``finalize`` streams the shards of each array into
-one contiguous ``.npy`` (bounded memory) so that readers memory-map a single file even for 1.28 M rows.
+killed writer never leaves a shard a reader accepts. ``finalize`` appends the shards of each array to
+one contiguous ``.npy`` (bounded memory), deleting each shard once it is copied, so that readers memory-map
+a single file even for 1.28 M rows and the entry never needs much more disk than its own size plus one shard;
+``shards/merge.json`` records the merge's progress so that a killed ``finalize`` resumes where it stopped.
 Array names: ``features``, ``logits``, ``labels``, ``index`` (the item position of each row, so skipped
 unreadable items leave no silent hole) and ``extra.<name>`` for extras.
 """
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_path, atomic_save_npy, atomic_write_json
+from .atomic import atomic_save_npy, atomic_write_json
 from .errors import StoreError
 from .names import check_name
 from .outputs import Head, Outputs
@@ -398,7 +400,8 @@ class EntryWriter:
 
     def completed_shards(self) -> set[int]:
         """Shards whose marker and files are all present and of the recorded size."""
-        if self.complete:
+        if self.complete or self._merge_file.is_file():
+            # Once finalize has drawn up its plan every shard is written (and may already be released).
             return set(range(self.num_shards))
         return set(self._done_shards(self.shard_dir))
 
@@ -411,8 +414,8 @@ class EntryWriter:
         self, shard: int, arrays: Mapping[str, np.ndarray], *, skipped: Iterable[Mapping[str, Any]] = ()
     ) -> None:
         """Atomically write one shard: every array file first, the done marker last."""
-        if self.complete:
-            raise StoreError(f"store entry {self.model_id}/{self.dataset_id} is already finalized")
+        if self.complete or self._merge_file.is_file():
+            raise StoreError(f"store entry {self.model_id}/{self.dataset_id} is already finalized (or finalizing)")
         rows = self.shard_rows(shard)
         if "features" not in arrays:
             raise StoreError("a shard needs a 'features' array")
@@ -431,37 +434,27 @@ class EntryWriter:
         atomic_write_json(self.shard_dir / f"{shard:05d}.done.json", record)
 
     def finalize(self, *, extra_meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Merge complete shards into one memory-mappable file per array and mark the entry complete."""
+        """Merge complete shards into one memory-mappable file per array and mark the entry complete.
+
+        Disk: each shard file is deleted as soon as it is copied, so the entry never needs much more than its own
+        size plus one shard. Kill-safe: ``shards/merge.json`` records the plan and how many shards of each array
+        are copied (written after the copy is on disk, before the shard is deleted); a rerun resumes from it.
+        """
         if self.complete:
+            shutil.rmtree(self.shard_dir, ignore_errors=True)  # what a finalize killed after completing left
             return self.meta
-        done = self._done_shards(self.shard_dir)
-        missing = [k for k in range(self.num_shards) if k not in done]
-        if missing:
-            raise StoreError(
-                f"cannot finalize {self.model_id}/{self.dataset_id}: shards {missing[:10]} are not written"
-            )
-        names = sorted({name for record in done.values() for name in record["arrays"]}) or ["features"]
-        specs: dict[str, Any] = {}
-        total_rows = sum(record["rows"] for record in done.values())
-        for name in names:
-            shapes = [done[k]["arrays"].get(name) for k in range(self.num_shards)]
-            if any(spec is None for spec in shapes):
-                raise StoreError(f"array {name!r} is missing from some shards of {self.model_id}/{self.dataset_id}")
-            tails = {tuple(spec["shape"][1:]) for spec in shapes}
-            dtypes = {spec["dtype"] for spec in shapes}
-            if len(tails) != 1 or len(dtypes) != 1:
-                raise StoreError(f"array {name!r} changes shape or dtype across shards: {tails} {dtypes}")
-            shape = (total_rows, *tails.pop())
-            dtype = np.dtype(dtypes.pop())
-            self._merge(name, shape, dtype)
-            specs[name] = {"shape": list(shape), "dtype": str(dtype)}
-        if self.num_shards == 0:
-            specs = {}
-        skipped = [item for k in range(self.num_shards) for item in done[k].get("skipped", [])]
+        state = self._merge_state()
+        _merge_step("planned")
+        for name, spec in state["arrays"].items():
+            self._merge(name, spec, state)
+        plan = state["plan"]
+        skipped = [item for k in range(self.num_shards) for item in plan[str(k)].get("skipped", [])]
         self.meta.update(
             {
-                "arrays": specs,
-                "num_rows": total_rows,
+                "arrays": {
+                    name: {"shape": spec["shape"], "dtype": spec["dtype"]} for name, spec in state["arrays"].items()
+                },
+                "num_rows": sum(record["rows"] for record in plan.values()),
                 "skipped": skipped,
                 "complete": True,
                 "finished": _now(),
@@ -470,18 +463,95 @@ class EntryWriter:
         )
         if extra_meta:
             self.meta.update(dict(extra_meta))
+        _merge_step("merged")
         atomic_write_json(self.path / "meta.json", self.meta)
+        _merge_step("completed")
         shutil.rmtree(self.shard_dir, ignore_errors=True)
         return self.meta
 
-    def _merge(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        """Stream the shards of one array into a contiguous .npy (temporary name, then rename)."""
-        with atomic_path(self.path / f"{name}.npy") as tmp:
-            merged = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
-            row = 0
-            for shard in range(self.num_shards):
-                part = np.load(self.shard_dir / f"{name}.{shard:05d}.npy", mmap_mode="r")
-                merged[row : row + part.shape[0]] = part
-                row += part.shape[0]
-            merged.flush()
-            del merged
+    @property
+    def _merge_file(self) -> Path:
+        return self.shard_dir / _MERGE_STATE
+
+    def _merge_state(self) -> dict[str, Any]:
+        """The merge plan and progress: resumed from merge.json, or drawn up from the complete shards."""
+        if self._merge_file.is_file():
+            return _read_json(self._merge_file)
+        done = self._done_shards(self.shard_dir)
+        missing = [k for k in range(self.num_shards) if k not in done]
+        if missing:
+            raise StoreError(
+                f"cannot finalize {self.model_id}/{self.dataset_id}: shards {missing[:10]} are not written"
+            )
+        names = sorted({name for record in done.values() for name in record["arrays"]})
+        total_rows = sum(record["rows"] for record in done.values())
+        arrays: dict[str, Any] = {}
+        for name in names:
+            shapes = [done[k]["arrays"].get(name) for k in range(self.num_shards)]
+            if any(spec is None for spec in shapes):
+                raise StoreError(f"array {name!r} is missing from some shards of {self.model_id}/{self.dataset_id}")
+            tails = {tuple(spec["shape"][1:]) for spec in shapes}
+            dtypes = {spec["dtype"] for spec in shapes}
+            if len(tails) != 1 or len(dtypes) != 1:
+                raise StoreError(f"array {name!r} changes shape or dtype across shards: {tails} {dtypes}")
+            arrays[name] = {"shape": [total_rows, *tails.pop()], "dtype": dtypes.pop(), "copied": 0}
+        state = {"plan": {str(k): record for k, record in done.items()}, "arrays": arrays}
+        atomic_write_json(self._merge_file, state)
+        return state
+
+    def _merge(self, name: str, spec: dict[str, Any], state: dict[str, Any]) -> None:
+        """Append the shards of one array to `.<name>.npy.partial`, releasing each; rename it when complete.
+
+        Steps per shard: copy its rows (truncating first whatever an interrupted copy left), fsync, record the
+        count in merge.json, delete the shard file. A kill between any two steps leaves a state that the next
+        run recognises: the file beyond the recorded count is cut off and copied again.
+        """
+        final, partial = self.path / f"{name}.npy", self.path / f".{name}.npy.partial"
+        if spec["copied"] == self.num_shards and final.is_file() and not partial.exists():
+            return
+        dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+        row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        plan = state["plan"]
+        if spec["copied"] and not partial.exists():
+            raise StoreError(
+                f"finalizing {self.model_id}/{self.dataset_id}: {partial.name} is gone but {spec['copied']} of its "
+                "shards were already released; delete the entry and extract it again"
+            )
+        for shard in range(spec["copied"]):  # copied and recorded, but a kill came before their release
+            (self.shard_dir / f"{name}.{shard:05d}.npy").unlink(missing_ok=True)
+        with open(partial, "r+b" if partial.exists() else "w+b") as handle:
+            handle.seek(0)
+            np.lib.format.write_array_header_1_0(
+                handle, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+            )
+            header = handle.tell()
+            rows_done = sum(plan[str(k)]["rows"] for k in range(spec["copied"]))
+            handle.truncate(header + rows_done * row_bytes)
+            for shard in range(spec["copied"], self.num_shards):
+                source = self.shard_dir / f"{name}.{shard:05d}.npy"
+                part = np.load(source, mmap_mode="r")
+                handle.seek(header + rows_done * row_bytes)
+                step = max(1, _COPY_BYTES // max(1, row_bytes))
+                for start in range(0, part.shape[0], step):
+                    handle.write(memoryview(np.ascontiguousarray(part[start : start + step])).cast("B"))
+                del part
+                handle.flush()
+                os.fsync(handle.fileno())
+                rows_done += plan[str(shard)]["rows"]
+                _merge_step(f"copied {name} {shard}")
+                spec["copied"] = shard + 1
+                atomic_write_json(self._merge_file, state)
+                _merge_step(f"recorded {name} {shard}")
+                source.unlink(missing_ok=True)
+                _merge_step(f"released {name} {shard}")
+        os.replace(partial, final)
+        _merge_step(f"renamed {name}")
+
+
+# The merge's progress record inside the shard directory, and the bytes copied per write.
+_MERGE_STATE = "merge.json"
+_COPY_BYTES = 64 * 2**20
+
+
+def _merge_step(step: str) -> None:
+    """Hook between the merge's durable steps (tests inject failures here to check every interruption resumes)."""

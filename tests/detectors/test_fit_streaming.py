@@ -97,3 +97,58 @@ def test_logsumexp_in_place(dtype, rtol):
         logits = (rng.standard_normal((40, 300)) * spread).astype(dtype)
         expected = logsumexp(logits.astype(np.float64), axis=1)
         np.testing.assert_allclose(logsumexp_in_place(logits.copy()), expected, rtol=rtol)
+
+
+def _gamma(n: int, unit: float) -> float:
+    return n * unit / (1.0 - n * unit)
+
+
+def test_float32_gram_covariance_stays_within_the_proven_bound(monkeypatch):
+    """|Ĉ − C|_jl ≤ β·sqrt(G_jj G_ll)/N (gram_error_bound), on data built to stress float32 accumulation."""
+    from oodbench.detectors import _gaussian
+
+    # Tiny products and groups: many float64 additions of float32 groups, so a float32 total would show.
+    monkeypatch.setattr(_gaussian, "SYRK_ROWS", 8)
+    monkeypatch.setattr(_gaussian, "GRAM_GROUP_ROWS", 8)
+    rng = np.random.default_rng(7)
+    rows, dim = 60_000, 6
+    mixing = rng.normal(size=(dim, dim))
+    scales = np.array([1e-3, 1.0, 10.0, 1.0, 1e3, 5.0])  # columns of very different scale
+    # A mean far from zero against the spread (the shift must take it out) and correlated columns.
+    features = ((rng.normal(size=(rows, dim)) @ mixing) * scales + 1e4 * scales).astype(np.float32)
+    fast = ScatterAccumulator(dim, gram_dtype="float32")
+    for start in range(0, rows, 997):
+        fast.update(features[start : start + 997])
+    exact = ScatterAccumulator(dim, shift=fast.shift)  # the float64 Gram about the same shift
+    exact.update(features)
+    gram = exact.gram
+    scale = np.sqrt(np.outer(np.diag(gram), np.diag(gram)))
+    beta = fast.gram_error_bound()
+    # Depth: at most 8 rows per product plus 2 products per group (a chunk's last, short block starts a group).
+    assert beta <= _gaussian.gram_error_bound(10, rows) < 1e-6
+    # The float64 reference's own error: γ64 of its accumulation depth on the same Cauchy–Schwarz scale, and the
+    # float64 roundings of G/N − d dᵀ.
+    offset = exact.sum / rows
+    bound = (beta + _gamma(rows + 8, 2.0**-53)) * scale / rows
+    bound += 8 * 2.0**-53 * (np.abs(exact.covariance()) + np.abs(np.outer(offset, offset)))
+    error = np.abs(fast.covariance() - exact.covariance())
+    assert (error <= bound).all(), (error / bound).max()
+    assert error.max() > 0  # the float32 path did run
+    # The bound has teeth: summing the same float32 group Grams in float32 (no float64 total) breaks it.
+    naive = np.zeros((dim, dim), dtype=np.float32)
+    centred = (features.astype(np.float64) - fast.shift).astype(np.float32)
+    for start in range(0, rows, 8):
+        block = centred[start : start + 8]
+        naive += block.T @ block
+    naive_covariance = naive.astype(np.float64) / rows - np.outer(offset, offset)
+    assert (np.abs(naive_covariance - exact.covariance()) > bound).any()
+
+
+def test_moment_about_a_point_matches_direct_computation():
+    rng = np.random.default_rng(4)
+    features = rng.normal(size=(300, 5)) + 50.0
+    point = rng.normal(size=5) * 100.0
+    stats = ScatterAccumulator(5)
+    stats.update(features)
+    direct = (features - point).T @ (features - point) / 300
+    np.testing.assert_allclose(stats.moment_about(point), direct, rtol=1e-11)

@@ -3,53 +3,172 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from ..chunking import iter_chunks
 from ..errors import DetectorError
-from ..outputs import Outputs
-from ._streaming import fit_chunks, read_rows
+
+# Unit roundoffs of float32 and float64 (round to nearest).
+_U32 = 2.0**-24
+_U64 = 2.0**-53
+# Rows per float32 symmetric rank-k product (a cache-sized float64 working block), and rows of float32 products
+# summed before they are added into the float64 Gram. They set the error bound below (gram_error_bound).
+SYRK_ROWS = 512
+GRAM_GROUP_ROWS = 4096
+
+
+def _gamma(n: int, unit: float) -> float:
+    """Higham's γ_n = n·u / (1 − n·u): the relative error bound of n roundings."""
+    return n * unit / (1.0 - n * unit)
+
+
+def gram_error_bound(depth: int, groups: int) -> float:
+    """β with |Ĝ_jl − G_jl| ≤ β·sqrt(G_jj·G_ll) for the Gram Ĝ that ScatterAccumulator builds (float32 products).
+
+    G = Σ_i y_i y_iᵀ with y = x − shift. Derivation (Higham, Accuracy and Stability of Numerical Algorithms, §3.1):
+    1. y is formed in float64 and rounded to float32: ŷ = y(1 + θ), |θ| ≤ ρ = (1 + u64)(1 + u32) − 1.
+    2. Within a group, the float32 BLAS forms each product ŷ_j ŷ_l and sums them in float32; whatever its order
+       and blocking, no term passes through more than `depth` roundings (rows of the largest rank-k product plus
+       the number of products accumulated into the group's buffer), so the group's error is at most
+       γ32_depth · Σ |ŷ_j||ŷ_l|.
+    3. Groups are summed in float64: at most `groups` more roundings, γ64_groups relative.
+    4. Σ |ŷ_j||ŷ_l| ≤ (1 + ρ)² Σ |y_j||y_l| ≤ (1 + ρ)² sqrt(G_jj G_ll) (Cauchy–Schwarz).
+    Together: β = (1 + ρ)²(1 + γ32_depth)(1 + γ64_groups) − 1 ≈ γ32_depth + 2·u32 (3.1e-5 at depth 520).
+    The covariance Ĝ/N − d dᵀ (d the mean offset, exact in float64) inherits β·sqrt(G_jj G_ll)/N.
+    """
+    rho = (1.0 + _U64) * (1.0 + _U32) - 1.0
+    return (1.0 + rho) ** 2 * (1.0 + _gamma(max(depth, 1), _U32)) * (1.0 + _gamma(max(groups, 1), _U64)) - 1.0
+
+
+GRAM_DTYPES = ("float64", "float32")
 
 
 class ScatterAccumulator:
-    """Float64 sufficient statistics over row chunks: count, sum and Gram matrix about a shift, per-class sums."""
+    """Sufficient statistics over row chunks: count, sum and Gram matrix about a shift, per-class sums.
+
+    Sums are float64. The Gram matrix, the one O(N·D²) part, is built by symmetric rank-k products (BLAS syrk)
+    over cache-sized blocks of at most SYRK_ROWS rows. With gram_dtype="float64" (the default) they accumulate in
+    float64. With "float32" they run at float32's speed (about twice float64's), accumulate in a float32 buffer for
+    at most GRAM_GROUP_ROWS rows and are then added into float64; `gram_error_bound()` bounds the result.
+    """
 
     def __init__(
-        self, dim: int, *, shift: np.ndarray | None = None, by_class: bool = False, with_gram: bool = True
+        self,
+        dim: int,
+        *,
+        shift: np.ndarray | None = None,
+        by_class: bool = False,
+        with_gram: bool = True,
+        gram_dtype: str = "float64",
     ) -> None:
+        if gram_dtype not in GRAM_DTYPES:
+            raise DetectorError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
         self.dim = dim
         self.with_gram = with_gram
+        self.gram_dtype = gram_dtype
         # Accumulating (x - shift)(x - shift)^T instead of x x^T avoids the cancellation of E[xx^T] - mu mu^T when
         # the mean is large against the spread; by default the shift is the first chunk's mean.
         self.shift = None if shift is None else np.asarray(shift, dtype=np.float64)
         self.by_class = by_class
         self.count = 0
         self.sum = np.zeros(dim)
-        self.gram = np.zeros((dim, dim) if with_gram else (0, 0))
         self.class_counts = np.zeros(0, dtype=np.int64)
         self.class_sums = np.zeros((0, dim))
+        # The Gram's upper triangle: float64 total (Fortran order, so dsyrk updates it in place) and, for float32,
+        # the buffer of the current group.
+        self._gram_upper = np.zeros((dim, dim) if with_gram else (0, 0), order="F")
+        self._buffer: np.ndarray | None = None
+        self._buffer_rows = self._buffer_calls = self._buffer_widest = 0
+        self._gram: np.ndarray | None = None
+        self.gram_depth = 0  # the largest number of float32 roundings on one term (see gram_error_bound)
+        self.gram_groups = 0
+        self._derived: dict[str, Any] = {}
 
     def update(self, block: np.ndarray, labels: np.ndarray | None = None) -> None:
-        """Add a float64 block of rows (and their integer labels when accumulating per class)."""
+        """Add a block of rows (any float dtype) and their integer labels when accumulating per class."""
         if block.shape[0] == 0:
             return
+        self._derived.clear()
+        if self.by_class and labels is None:
+            raise DetectorError("per-class statistics need labels")
         if not self.with_gram:
-            # Sums alone need no shift; summing the raw (float32) block into float64 avoids a float64 copy.
+            # Sums alone need no shift and no float64 copy: numpy sums the raw rows into float64 directly.
             if self.shift is None:
                 self.shift = np.zeros(self.dim)
             centred = block if not self.shift.any() else block - self.shift
-        else:
-            if self.shift is None:
-                self.shift = block.mean(axis=0, dtype=np.float64)
-            centred = block.astype(np.float64)  # one float64 copy, centred in place
-            centred -= self.shift
-            self.gram += centred.T @ centred  # numpy dispatches A^T A to a symmetric rank-k update
-        self.count += block.shape[0]
-        self.sum += centred.sum(axis=0, dtype=np.float64)
+            self.count += block.shape[0]
+            self.sum += centred.sum(axis=0, dtype=np.float64)
+            if self.by_class:
+                self._update_classes(centred, np.asarray(labels))
+            return
+        for part in iter_chunks(block.shape[0], SYRK_ROWS):
+            # A cache-sized float64 copy: centring, sums and the float32 rounding stay out of main memory.
+            self.update_owned(
+                np.array(block[part], dtype=np.float64), None if labels is None else np.asarray(labels[part])
+            )
+
+    def update_owned(self, values: np.ndarray, labels: np.ndarray | None = None) -> None:
+        """Add a float64 block of at most SYRK_ROWS rows that the accumulator may overwrite (centred in place)."""
+        self._derived.clear()
+        if self.shift is None:
+            self.shift = values.mean(axis=0)
+        values -= self.shift
+        self.count += values.shape[0]
+        self.sum += values.sum(axis=0)
         if self.by_class:
             if labels is None:
                 raise DetectorError("per-class statistics need labels")
-            self._update_classes(centred, labels)
+            self._update_classes(values, labels)
+        if not self.with_gram:
+            return
+        self._gram = None
+        if self.gram_dtype == "float64":
+            import scipy.linalg.blas  # imported on use: `oodbench --help` does not load scipy
+
+            # values.T is Fortran-contiguous, so dsyrk reads it in place: G += values^T values (upper triangle).
+            scipy.linalg.blas.dsyrk(1.0, values.T, beta=1.0, c=self._gram_upper, trans=0, lower=0, overwrite_c=1)
+        else:
+            self._add_gram32(values.astype(np.float32))
+
+    def _add_gram32(self, rows: np.ndarray) -> None:
+        if self._buffer is None:
+            self._buffer = np.zeros((self.dim, self.dim), dtype=np.float32, order="F")
+        import scipy.linalg.blas  # imported on use: `oodbench --help` does not load scipy
+
+        # rows.T is Fortran-contiguous, so ssyrk reads it in place; C += rows^T rows on the upper triangle.
+        scipy.linalg.blas.ssyrk(1.0, rows.T, beta=1.0, c=self._buffer, trans=0, lower=0, overwrite_c=1)
+        self._buffer_rows += rows.shape[0]
+        self._buffer_calls += 1
+        self._buffer_widest = max(self._buffer_widest, rows.shape[0])
+        if self._buffer_rows >= GRAM_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer is None or self._buffer_rows == 0:
+            return
+        self._gram_upper += self._buffer
+        self._buffer[...] = 0.0
+        self.gram_depth = max(self.gram_depth, self._buffer_widest + self._buffer_calls)
+        self.gram_groups += 1
+        self._buffer_rows = self._buffer_calls = self._buffer_widest = 0
+
+    @property
+    def gram(self) -> np.ndarray:
+        """Σ (x − shift)(x − shift)ᵀ over all rows (float64, symmetric)."""
+        if self._gram is None:
+            self._flush()
+            upper = np.triu(self._gram_upper)
+            self._gram = upper + np.triu(upper, 1).T
+        return self._gram
+
+    def gram_error_bound(self) -> float:
+        """β with |gram_jl − exact_jl| ≤ β·sqrt(gram_jj·gram_ll) for a float32 Gram (see the module function)."""
+        if self.gram_dtype != "float32":
+            raise DetectorError("gram_error_bound describes the float32 Gram; this accumulator works in float64")
+        self._flush()
+        return gram_error_bound(self.gram_depth, self.gram_groups)
 
     def _update_classes(self, centred: np.ndarray, labels: np.ndarray) -> None:
         if labels.min() < 0:
@@ -85,6 +204,14 @@ class ScatterAccumulator:
         centred_mean = self.sum / self.count
         return self.gram / self.count - np.outer(centred_mean, centred_mean)
 
+    def moment_about(self, point: np.ndarray) -> np.ndarray:
+        """E[(x − point)(x − point)ᵀ] (divide by N), from the Gram about the shift without a second pass."""
+        # Σ(x − p)(x − p)ᵀ = G + S dᵀ + d Sᵀ + N d dᵀ with d = shift − p and S = Σ(x − shift): sums of terms, no
+        # cancellation of large numbers when the shift sits inside the data.
+        offset = self.shift - np.asarray(point, dtype=np.float64)
+        cross = np.outer(self.sum, offset)
+        return (self.gram + cross + cross.T) / self.count + np.outer(offset, offset)
+
     @property
     def present_classes(self) -> np.ndarray:
         """Class indices with at least one row."""
@@ -96,30 +223,26 @@ class ScatterAccumulator:
         return self.shift + self.class_sums[present] / self.class_counts[present, None]
 
     def within_class_covariance(self) -> np.ndarray:
-        """Shared covariance: the rows' scatter about their own class mean, divided by N."""
-        present = self.present_classes
-        sums = self.class_sums[present]
-        between = (sums / self.class_counts[present, None]).T @ sums  # sum_c n_c m_c m_c^T, with m_c = sums_c / n_c
-        return (self.gram - between) / self.count
+        """Shared covariance: the rows' scatter about their own class mean, divided by N (computed once)."""
 
+        def compute() -> np.ndarray:
+            present = self.present_classes
+            sums = self.class_sums[present]
+            between = (sums / self.class_counts[present, None]).T @ sums  # sum_c n_c m_c m_c^T, m_c = sums_c / n_c
+            return (self.gram - between) / self.count
 
-def accumulate(
-    fit_set: Outputs,
-    *,
-    by_class: bool = False,
-    shift: np.ndarray | None = None,
-    with_gram: bool = True,
-    transform: Callable[[np.ndarray], np.ndarray] | None = None,
-    description: str = "statistics",
-) -> ScatterAccumulator:
-    """One streamed pass over the fit set's features (optionally transformed per chunk) into a ScatterAccumulator."""
-    features = fit_set.features
-    stats = ScatterAccumulator(fit_set.num_features, shift=shift, by_class=by_class, with_gram=with_gram)
-    for rows in fit_chunks(len(fit_set), 3 * fit_set.num_features, description):
-        # Untransformed rows go in as stored (update() casts once); a transform gets them as float64.
-        block = np.asarray(features[rows]) if transform is None else transform(read_rows(features, rows))
-        stats.update(block, None if not by_class else np.asarray(fit_set.labels[rows]))
-    return stats
+        return self.derived("within_class_covariance", compute)
+
+    def within_class_whitener(self) -> np.ndarray:
+        """pinv_sqrt of the within-class covariance, computed once (maha and rmaha share it: one D x D eigh)."""
+        return self.derived("within_class_whitener", lambda: pinv_sqrt(self.within_class_covariance()))
+
+    def derived(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A quantity derived from the final statistics, computed on first request and kept (do not modify it)."""
+        if key not in self._derived:
+            self._flush()
+            self._derived[key] = compute()
+        return self._derived[key]
 
 
 def symmetric_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -140,26 +263,136 @@ def pinv_sqrt(covariance: np.ndarray, rtol: float | None = None) -> np.ndarray:
 
 
 class ClassGaussians:
-    """Class means and a shared precision, held whitened, for squared Mahalanobis distances by matmuls."""
+    """Class means and a shared precision, held whitened, for squared Mahalanobis distances by matmuls.
 
-    def __init__(self, means: np.ndarray, covariance: np.ndarray, centre: np.ndarray) -> None:
+    The class search returns the float64 answer of the all-float64 computation (same values to float64 rounding,
+    hence the same order of rows) at close to float32 speed for the (rows x classes) product: it runs in float32,
+    with a proven bound on its error, and only the classes that the bound cannot rule out are evaluated in float64
+    (`float64_search = True` evaluates all of them, the reference). The derivation is in `_search_error_scale`.
+
+    With a `background` covariance (relative Mahalanobis), when neither pseudo-inverse drops a direction the
+    whitener is rotated so that the background's precision is diagonal in the same coordinates: one whitening
+    product serves both distances.
+    """
+
+    def __init__(
+        self,
+        means: np.ndarray,
+        covariance: np.ndarray,
+        centre: np.ndarray,
+        background: np.ndarray | None = None,
+        whitener: np.ndarray | None = None,
+    ) -> None:
         self.centre = centre
-        self.whitener = pinv_sqrt(covariance)  # (D, r)
+        self.float64_search = False
+        whitener = pinv_sqrt(covariance) if whitener is None else whitener  # (D, r); given when already computed
+        # The background distance, either Σ_j y_j² w_j in the whitened coordinates or its own Gaussian.
+        self.background_weights: np.ndarray | None = None
+        self.background: Gaussian | None = None
+        if background is not None:
+            joint = _joint_basis(whitener, background)
+            if joint is None:
+                self.background = Gaussian(centre, background)
+            else:
+                whitener, self.background_weights = joint
+        self.whitener = whitener
         # Whitened, centred class means: M = (mu_c - centre) A; distances follow ||y||^2 - 2 y.M_c + ||M_c||^2.
         self.means = (means - centre) @ self.whitener  # (C, r)
         self.means_sq = np.einsum("cr,cr->c", self.means, self.means)
+        rank = self.means.shape[1]
+        # The float32 search operand [−2 Mᵀ; ‖M‖²] (r + 1, C): [y, 1] times it gives ‖M_c‖² − 2 y·M_c in one GEMM.
+        self.search_ = np.empty((rank + 1, self.means.shape[0]), dtype=np.float32)
+        self.search_[:rank] = -2.0 * self.means.T
+        self.search_[rank] = self.means_sq
+        self.radius_ = float(np.sqrt(self.means_sq.max()))
+        self.error_scale_ = _search_error_scale(rank)
 
-    def whiten(self, block: np.ndarray) -> np.ndarray:
-        """Centred and whitened rows y = (z - centre) A."""
+    def whiten(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
+        """Centred and whitened rows y = (z - centre) A (`overwrite`: centre the float64 `block` in place)."""
+        if overwrite:
+            block -= self.centre
+            return block @ self.whitener
         return (block - self.centre) @ self.whitener
 
-    def min_sq_distance(self, block: np.ndarray) -> np.ndarray:
-        """min_c (z - mu_c)^T P (z - mu_c) for every row, without a loop over classes."""
-        whitened = self.whiten(block)
-        cross = whitened @ self.means.T  # (n, C): the one large product
-        cross *= -2.0  # in place: ||M_c||^2 - 2 y.M_c without further (n, C) temporaries
-        cross += self.means_sq
-        return np.einsum("nr,nr->n", whitened, whitened) + cross.min(axis=1)
+    def min_sq_distance(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
+        """min_c (z - mu_c)^T P (z - mu_c) for every row."""
+        return self._min_sq(self.whiten(block, overwrite))
+
+    def relative_sq_distance(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
+        """min_c (z - mu_c)^T P (z - mu_c) − (z − centre)^T P_0 (z − centre), P_0 the background's precision."""
+        if self.background_weights is None:
+            background = self.background.sq_distance(block)  # before `block` may be overwritten
+            return self._min_sq(self.whiten(block, overwrite)) - background
+        whitened = self.whiten(block, overwrite)
+        background = np.einsum("nr,nr,r->n", whitened, whitened, self.background_weights)
+        return self._min_sq(whitened) - background
+
+    def _min_sq(self, whitened: np.ndarray) -> np.ndarray:
+        norms_sq = np.einsum("nr,nr->n", whitened, whitened)
+        if self.float64_search:
+            cross = whitened @ self.means.T  # (n, C): the one large product
+            cross *= -2.0  # in place: ||M_c||^2 - 2 y.M_c without further (n, C) temporaries
+            cross += self.means_sq
+            return norms_sq + cross.min(axis=1)
+        rows, rank = whitened.shape
+        lifted = np.empty((rows, rank + 1), dtype=np.float32)
+        lifted[:, :rank] = whitened
+        lifted[:, rank] = 1.0
+        approx = lifted @ self.search_  # (n, C) float32: ĝ_c ≈ ‖M_c‖² − 2 y·M_c
+        best = approx.argmin(axis=1)
+        lowest = approx[np.arange(rows), best].astype(np.float64)
+        # |ĝ_c − g_c| ≤ e for every class, so the float64 minimiser lies within 2e of the float32 minimum.
+        slack = self.error_scale_ * self.radius_ * (2.0 * np.sqrt(norms_sq) + self.radius_)
+        threshold = lowest + 2.0 * slack
+        # Rounded up to float32 so the comparison runs in float32 and the candidate set only grows.
+        threshold32 = np.nextafter(threshold.astype(np.float32), np.float32(np.inf))
+        candidates = approx <= threshold32[:, None]
+        exact = self.means_sq[best] - 2.0 * np.einsum("nr,nr->n", whitened, self.means[best])
+        unresolved = np.flatnonzero((candidates.sum(axis=1) > 1) | ~np.isfinite(threshold))
+        if unresolved.size:
+            # Near ties (and rows beyond float32's range): every class the bound cannot exclude, in float64.
+            mask = candidates[unresolved]
+            mask[~np.isfinite(threshold[unresolved])] = True
+            row, cls = np.nonzero(mask)
+            values = self.means_sq[cls] - 2.0 * np.einsum("kr,kr->k", whitened[unresolved[row]], self.means[cls])
+            starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
+            exact[unresolved] = np.minimum.reduceat(values, starts)
+        return norms_sq + exact
+
+
+def _joint_basis(whitener: np.ndarray, background: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(B, w) with B Bᵀ = P and B diag(w) Bᵀ = P_0 = background⁻¹, or None when a pseudo-inverse drops a direction.
+
+    A = whitener (A Aᵀ = P, square and invertible when nothing is dropped). T = Aᵀ Σ_0 A = U Λ Uᵀ; B = A U gives
+    B Bᵀ = A Aᵀ = P and Bᵀ Σ_0 B = Λ, so Σ_0⁻¹ = B Λ⁻¹ Bᵀ: with y = x B, xᵀ P x = ‖y‖², xᵀ P_0 x = Σ_j y_j² / λ_j.
+    """
+    dim = background.shape[0]
+    if whitener.shape[1] != dim:
+        return None
+    spectrum = np.linalg.eigvalsh((background + background.T) / 2.0)
+    # pinv_sqrt's cut-off: when it would drop a direction of the background, P_0 is a pseudo-inverse; keep it apart.
+    if not (spectrum > dim * np.finfo(np.float64).eps * max(spectrum[-1], 0.0)).all():
+        return None
+    values, rotation = symmetric_eigh(whitener.T @ background @ whitener)
+    if not (values > 0).all():
+        return None
+    return whitener @ rotation, 1.0 / values
+
+
+def _search_error_scale(rank: int) -> float:
+    """κ with |ĝ_c − g_c| ≤ κ·R·(2‖y‖ + R) for the float32 class search of ClassGaussians (R = max_c ‖M_c‖).
+
+    g_c = ‖M_c‖² − 2 y·M_c = Σ_k y_k·(−2 M_ck) + ‖M_c‖²: a dot product of r + 1 terms of [y, 1] and [−2M_c, ‖M_c‖²].
+    The float32 search rounds its inputs (y, M and ‖M‖² are float64): ŷ = y(1 + θ), −2M̂ = −2M(1 + θ')
+    (scaling by 2 is exact), ŝ = ‖M_c‖²(1 + θ''), each |θ| ≤ u = 2⁻²⁴. Exact arithmetic on the rounded inputs
+    then misses g_c by at most (2u + u²)·2Σ|y_k||M_ck| + u‖M_c‖². The float32 GEMM sums r + 1 rounded products
+    in some order: at most γ_{r+1}·(Σ|ŷ_k||2M̂_ck| + ŝ) ≤ γ_{r+1}(1 + u)²·(2Σ|y_k||M_ck| + ‖M_c‖²) more
+    (Higham §3.1). With Σ|y_k||M_ck| ≤ ‖y‖‖M_c‖ (Cauchy–Schwarz) and ‖M_c‖ ≤ R, the sum is at most
+    κ·(2‖y‖R + R²) with κ = γ_{r+1}(1 + u)² + 2u + u². The float64 quantities (y, ‖y‖, R, the threshold) carry
+    relative errors near 1e-16, against κ ≥ 1.2e-7; a factor 1 + 2⁻²⁰ covers them.
+    """
+    gamma = _gamma(rank + 1, _U32)
+    return (gamma * (1.0 + _U32) ** 2 + 2.0 * _U32 + _U32**2) * (1.0 + 2.0**-20)
 
 
 class Gaussian:

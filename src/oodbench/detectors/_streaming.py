@@ -47,14 +47,6 @@ def read_rows(array: np.ndarray, rows: slice) -> np.ndarray:
     return np.asarray(array[rows], dtype=np.float64)
 
 
-def column_mean(array: np.ndarray, description: str = "mean") -> np.ndarray:
-    """Mean over rows of a 2-D array, streamed in chunks with a float64 accumulator."""
-    total = np.zeros(array.shape[1])
-    for rows in fit_chunks(array.shape[0], array.shape[1], description):
-        total += read_rows(array, rows).sum(axis=0)
-    return total / array.shape[0]
-
-
 def sample_rows(num_rows: int, count: int, seed: int) -> np.ndarray:
     """A seeded uniform random subset of `count` row indices, sorted (sequential reads of a memory map)."""
     rng = np.random.default_rng(seed)

@@ -7,9 +7,10 @@ import numpy as np
 from ..errors import DetectorError
 from ..numerics import logsumexp_in_place
 from ..outputs import Head, Outputs
-from ._streaming import column_mean, exact_percentile
+from ._streaming import exact_percentile
 from .base import Detector, Paper, Requirements
 from .registry import register
+from .shared import statistics_for
 
 
 def _kept_count(num_features: int, percentile: float) -> int:
@@ -177,6 +178,7 @@ class DICE(_HeadDetector):
     """DICE: keep the head weights whose contribution mean_fit(z) ⊙ W exceeds its p-th percentile; energy of (W⊙M)z + b."""
 
     requires = Requirements.of(fit=("features",), score=("features",), head=True)
+    shared_statistics = frozenset({"mean"})
     paper = Paper(
         "Sun & Li, DICE: Leveraging Sparsification for Out-of-Distribution Detection",
         "ECCV 2022",
@@ -193,7 +195,7 @@ class DICE(_HeadDetector):
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         self._store_head(head)
-        self.mean_activation_ = column_mean(fit_set.features, "dice: mean activation")
+        self.mean_activation_ = statistics_for(self, fit_set).get("mean").mean
         contribution = self.mean_activation_[None, :] * np.asarray(head.weight, dtype=np.float64)
         self.threshold_ = float(np.percentile(contribution, float(self.p)))
         self.mask_ = contribution > self.threshold_

@@ -7,7 +7,7 @@ import os
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..errors import DataError, DetectorError
 from ..outputs import Head, Outputs
 from ..papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
+
+if TYPE_CHECKING:
+    from .shared import FitStatistics
 
 __all__ = ["Detector", "Requirements", "Paper"]
 
@@ -160,8 +163,11 @@ class Detector:
         return reasons
 
     # ----------------------------------------------------------------- the protocol
-    def fit(self, fit_set: Outputs, head: Head | None = None) -> Detector:
-        """Learn from the ID fit set (and the model's head where needed); returns self."""
+    def fit(self, fit_set: Outputs, head: Head | None = None, *, stats: FitStatistics | None = None) -> Detector:
+        """Learn from the ID fit set (and the model's head where needed); returns self.
+
+        `stats` shares one pass of sufficient statistics among detectors fitted on this fit set (`shared.fit_all`).
+        """
         self.validate_params()
         if not isinstance(fit_set, Outputs):
             raise DetectorError(f"{self.name}: fit_set must be an Outputs, got {type(fit_set).__name__}")
@@ -180,7 +186,11 @@ class Detector:
             raise DetectorError(
                 f"{self.name}: fit-set logits have C={fit_set.num_classes} classes but the head has C={head.num_classes}"
             )
-        self._fit(fit_set, head)
+        self._shared_stats = stats  # read by shared.statistics_for during _fit only
+        try:
+            self._fit(fit_set, head)
+        finally:
+            del self._shared_stats
         self.fit_info_ = _FitInfo(
             num_features=fit_set.num_features,
             num_classes=head.num_classes if head is not None else fit_set.num_classes,

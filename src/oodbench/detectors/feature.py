@@ -10,10 +10,11 @@ import numpy as np
 from ..errors import DetectorError
 from ..numerics import l2_normalize, logsumexp_in_place
 from ..outputs import Head, Outputs
-from ._gaussian import ClassGaussians, Gaussian, accumulate, symmetric_eigh
-from ._streaming import column_mean, fit_chunks, gather_rows, sample_rows
+from ._gaussian import ClassGaussians, symmetric_eigh
+from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register
+from .shared import statistics_for
 
 _LEE = Paper(
     "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks",
@@ -40,33 +41,31 @@ class _MahalanobisFamily(Detector):
     """Class-conditional Gaussians with a shared covariance; optionally relative and/or on ℓ2-normalised features."""
 
     requires = Requirements.of(fit=("features", "labels"), score=("features",))
+    shared_statistics = frozenset({"features_by_class"})
     normalize: bool = False
     relative: bool = False
 
-    def _prepare(self, block: np.ndarray) -> np.ndarray:
-        return l2_normalize(block) if self.normalize else block
-
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
-        stats = accumulate(
-            fit_set,
-            by_class=True,
-            transform=self._prepare if self.normalize else None,
-            description=f"{self.name}: class statistics",
-        )
+        (need,) = self.shared_statistics
+        stats = statistics_for(self, fit_set).get(need)
         self.classes_ = stats.present_classes
         self.means_ = stats.class_means()
         self.covariance_ = stats.within_class_covariance()
-        self.gaussians_ = ClassGaussians(self.means_, self.covariance_, centre=stats.mean)
-        if self.relative:
-            self.background_ = Gaussian(stats.mean, stats.covariance())
+        # rmaha's background Gaussian (mean and covariance of all fit rows) shares the centre of the class Gaussians.
+        background = stats.covariance() if self.relative else None
+        self.gaussians_ = ClassGaussians(
+            self.means_, self.covariance_, stats.mean, background, whitener=stats.within_class_whitener()
+        )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        block = self._prepare(np.asarray(chunk.features, dtype=np.float64))
-        distance = self.gaussians_.min_sq_distance(block)
+        # One float64 copy, normalised and centred in place (as l2_normalize and whiten would, without temporaries).
+        block = np.array(chunk.features, dtype=np.float64)
+        if self.normalize:
+            block /= np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
         if self.relative:
             # min_c [MD_c - MD_0] = min_c MD_c - MD_0, since MD_0 does not depend on c.
-            distance = distance - self.background_.sq_distance(block)
-        return -distance
+            return -self.gaussians_.relative_sq_distance(block, overwrite=True)
+        return -self.gaussians_.min_sq_distance(block, overwrite=True)
 
     def _row_width(self, test: Outputs) -> int:
         return 4 * test.num_features + 2 * self.means_.shape[0]
@@ -91,6 +90,7 @@ class RelativeMahalanobis(_MahalanobisFamily):
 class MahalanobisPlusPlus(_MahalanobisFamily):
     """Mahalanobis on ℓ2-normalised features (at fit and at test)."""
 
+    shared_statistics = frozenset({"normalized_by_class"})
     normalize = True
     paper = _MUELLER
 
@@ -99,6 +99,7 @@ class MahalanobisPlusPlus(_MahalanobisFamily):
 class RelativeMahalanobisPlusPlus(_MahalanobisFamily):
     """Relative Mahalanobis on ℓ2-normalised features, background Gaussian included."""
 
+    shared_statistics = frozenset({"normalized_by_class"})
     normalize = True
     relative = True
     paper = _MUELLER
@@ -211,9 +212,10 @@ class _CentroidDetector(Detector):
     """Shared by the class-centroid scores: class means of the fit features (labels), ℓ2-normalised."""
 
     requires = Requirements.of(fit=("features", "labels"), score=("features",))
+    shared_statistics = frozenset({"class_sums"})
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
-        stats = accumulate(fit_set, by_class=True, with_gram=False, description=f"{self.name}: class means")
+        stats = statistics_for(self, fit_set).get("class_sums")
         self.classes_ = stats.present_classes
         self.centroids_ = l2_normalize(stats.class_means())
         self.centroids_f32_ = self.centroids_.astype(np.float32)
@@ -278,6 +280,7 @@ class FDBD(Detector):
     """fDBD: mean over c ≠ ŷ of |f_ŷ − f_c| / ‖w_ŷ − w_c‖, divided by ‖z − mean_fit(z)‖."""
 
     requires = Requirements.of(fit=("features",), score=("features", "logits"), head=True)
+    shared_statistics = frozenset({"mean"})
     paper = Paper(
         "Liu & Qin, Fast Decision Boundary based Out-of-Distribution Detector",
         "ICML 2024",
@@ -288,7 +291,7 @@ class FDBD(Detector):
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         weight = np.asarray(head.weight, dtype=np.float64)
-        self.train_mean_ = column_mean(fit_set.features, "fdbd: mean feature")
+        self.train_mean_ = statistics_for(self, fit_set).get("mean").mean
         norms = np.einsum("cd,cd->c", weight, weight)
         squared = np.maximum(norms[:, None] + norms[None, :] - 2.0 * (weight @ weight.T), 0.0)
         distances = np.sqrt(squared)
@@ -315,6 +318,7 @@ class NECO(Detector):
     """NECO: ‖PCA_d(x)‖ / ‖x‖ for x the fit-standardised features; optionally times the max logit."""
 
     requires = Requirements.of(fit=("features",), score=("features",))
+    shared_statistics = frozenset({"features"})
     paper = Paper(
         "Ben Ammar et al., NECO: NEural Collapse Based Out-of-distribution Detection",
         "ICLR 2024",
@@ -346,7 +350,7 @@ class NECO(Detector):
         return self.requires
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
-        stats = accumulate(fit_set, description="neco: covariance")
+        stats = statistics_for(self, fit_set).get("features")
         self.mean_ = stats.mean
         covariance = stats.covariance()
         std = np.sqrt(np.maximum(np.diag(covariance), 0.0))

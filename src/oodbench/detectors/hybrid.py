@@ -7,10 +7,11 @@ import numpy as np
 from ..errors import DetectorError
 from ..numerics import energy, l2_normalize
 from ..outputs import Head, Outputs
-from ._gaussian import accumulate, symmetric_eigh
+from ._gaussian import symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements
 from .registry import register
+from .shared import statistics_for
 
 
 def vim_default_dim(num_features: int) -> int:
@@ -27,6 +28,7 @@ class ViM(Detector):
     """ViM: energy(f) − α‖residual of (z − u) off the fit set's principal subspace‖, u = −pinv(W) b."""
 
     requires = Requirements.of(fit=("features", "logits"), score=("features", "logits"), head=True)
+    shared_statistics = frozenset({"features", "max_logit_sum"})
     paper = Paper(
         "Wang, Li, Feng & Zhang, ViM: Out-Of-Distribution with Virtual-logit Matching",
         "CVPR 2022",
@@ -50,17 +52,29 @@ class ViM(Detector):
             raise DetectorError(f"vim: dim={self.dim_} must lie in [1, D) for D={num_features} features")
         weight = np.asarray(head.weight, dtype=np.float64)
         self.origin_ = -np.linalg.pinv(weight) @ np.asarray(head.bias, dtype=np.float64)
-        # Accumulating about u gives (1/N) sum (z - u)(z - u)^T directly, with no cancellation.
-        stats = accumulate(fit_set, shift=self.origin_, description="vim: principal subspace")
-        _, vectors = symmetric_eigh(stats.second_moment())
+        stats = statistics_for(self, fit_set)
+        # (1/N) sum (z - u)(z - u)^T from the Gram about the accumulator's shift (no second pass, no cancellation).
+        _, vectors = symmetric_eigh(stats.get("features").moment_about(self.origin_))
         self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_ :])  # the D − dim least-variance directions
-        residual_sum, max_logit_sum = 0.0, 0.0
-        # alpha is a ratio of means: float32 products (relative error ~1e-6) suffice for its residual norms.
-        origin32, basis32 = self.origin_.astype(np.float32), self.residual_basis_.astype(np.float32)
-        for rows in fit_chunks(len(fit_set), 2 * num_features + fit_set.num_classes, "vim: alpha"):
-            block = np.asarray(fit_set.features[rows], dtype=np.float32)
-            residual_sum += float(np.linalg.norm((block - origin32) @ basis32, axis=1).sum(dtype=np.float64))
-            max_logit_sum += float(np.asarray(fit_set.logits[rows]).max(axis=1).sum(dtype=np.float64))
+        max_logit_sum = stats.get("max_logit_sum")
+        residual_sum = 0.0
+        # alpha is a ratio of means, so its residual norms need no float64 answers; they need the basis, hence this
+        # second pass. Of the two ways to get them, take the cheaper: the D − dim residual directions in float32
+        # (relative error ~1e-6), or ‖x‖² − ‖x V_dim‖² with the dim principal directions in float64 (half float32's
+        # speed; the subtraction loses digits only for residuals below ~1e-6 of ‖x‖).
+        principal = 2 * self.dim_ < num_features - self.dim_
+        basis = np.ascontiguousarray(vectors[:, : self.dim_]) if principal else self.residual_basis_.astype(np.float32)
+        origin = self.origin_ if principal else self.origin_.astype(np.float32)
+        for rows in fit_chunks(len(fit_set), 2 * num_features, "vim: alpha"):
+            block = np.array(fit_set.features[rows], dtype=basis.dtype)  # a copy: centred in place
+            block -= origin
+            projected = block @ basis
+            if principal:
+                squared = np.einsum("nd,nd->n", block, block) - np.einsum("nk,nk->n", projected, projected)
+                norms = np.sqrt(np.maximum(squared, 0.0))
+            else:
+                norms = np.linalg.norm(projected, axis=1)
+            residual_sum += float(norms.sum(dtype=np.float64))
         mean_residual = residual_sum / len(fit_set)
         if mean_residual == 0.0:
             raise DetectorError("vim: the fit features have no residual off the principal subspace; lower dim")

@@ -6,9 +6,9 @@ import numpy as np
 
 from ..numerics import energy, logsumexp_in_place, softmax
 from ..outputs import Head, Outputs
-from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
 from .registry import register
+from .shared import statistics_for
 
 
 @register("msp")
@@ -55,6 +55,7 @@ class KLMatching(Detector):
     """Negative KL divergence from the softmax to the closest class template (mean softmax per predicted class)."""
 
     requires = Requirements.of(fit=("logits",), score=("logits",))
+    shared_statistics = frozenset({"prediction_templates"})
     paper = Paper(
         "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings",
         "ICML 2022",
@@ -70,16 +71,7 @@ class KLMatching(Detector):
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         num_classes = int(fit_set.num_classes)
-        sums = np.zeros((num_classes, num_classes))
-        counts = np.zeros(num_classes, dtype=np.int64)
-        for rows in fit_chunks(len(fit_set), 2 * num_classes, "kl_matching: templates"):
-            probs = softmax(fit_set.logits[rows])
-            predicted = probs.argmax(axis=1)
-            # Group rows by predicted class and sum each run: O(rows x C), no per-sample Python work.
-            order = np.argsort(predicted, kind="stable")
-            classes, starts = np.unique(predicted[order], return_index=True)
-            sums[classes] += np.add.reduceat(probs[order], starts, axis=0)
-            counts += np.bincount(predicted, minlength=num_classes)
+        sums, counts = statistics_for(self, fit_set).get("prediction_templates")
         templates = np.eye(num_classes)
         seen = counts > 0
         templates[seen] = sums[seen] / counts[seen, None]

@@ -13,6 +13,7 @@ from ..errors import DetectorError
 from ..metrics import METRIC_NAMES, evaluate
 from ..outputs import Head, Outputs
 from .registry import create, get_class
+from .shared import FitStatistics
 
 __all__ = ["TunePoint", "TuneResult", "tune", "expand_grid"]
 
@@ -64,7 +65,10 @@ def expand_grid(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]])
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
                 raise DetectorError(f"tune: grid[{name!r}] must be a non-empty list of values; got {values!r}")
         names = list(grid)
-        return [dict(zip(names, combination)) for combination in itertools.product(*(grid[name] for name in names))]
+        return [
+            dict(zip(names, combination, strict=True))
+            for combination in itertools.product(*(grid[name] for name in names))
+        ]
     points = [dict(point) for point in grid]
     if not points:
         raise DetectorError("tune: the grid is empty")
@@ -90,8 +94,10 @@ def tune(
     points = expand_grid(grid)
     detectors = [create(detector_name, **params) for params in points]  # validates every point up front
     result = TuneResult(detector=detector_name, metric=metric)
-    for params, detector in zip(points, detectors):
-        detector.fit(fit, head)
+    # Every grid point learns from the same fit set: one pass of the statistics they share (e.g. NECO's covariance).
+    shared = FitStatistics.for_detectors(fit, detectors, head)
+    for params, detector in zip(points, detectors, strict=True):
+        detector.fit(fit, head, stats=shared)
         id_scores = detector.score(id_val)
         metrics = {name: evaluate(id_scores, detector.score(ood)) for name, ood in ood_sets.items()}
         value = float(np.mean([per_set[metric] for per_set in metrics.values()]))

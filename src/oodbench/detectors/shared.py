@@ -1,0 +1,184 @@
+"""Shared fit statistics: detectors fitted on the same fit set read it once, through one provider.
+
+A detector declares the sufficient statistics it learns from in `shared_statistics` (names of `STATISTICS`) and
+asks `statistics_for(self, fit_set)` for them in `_fit`. Fitted alone, it gets a private provider that computes
+just its own statistics in one pass (as before). Fitted with others through `fit_all`, or with
+`detector.fit(fit_set, head, stats=provider)`, every detector gets the same provider, which computes the union of
+what they declared in a single streamed pass the first time any of them asks, and hands each its part.
+
+    fitted = fit_all([create("maha"), create("rmaha++"), create("vim")], fit_set, head)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..chunking import iter_chunks
+from ..errors import DetectorError
+from ..outputs import Head, Outputs
+from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator
+from ._math import l2_normalize, softmax
+from ._streaming import fit_chunks
+from .base import Detector
+
+__all__ = ["STATISTICS", "FitStatistics", "fit_all", "statistics_for"]
+
+STATISTICS = {
+    "features": "count, mean and Gram matrix of the features (ScatterAccumulator)",
+    "features_by_class": "the same with per-class sums of the features (needs labels)",
+    "class_sums": "per-class sums and counts of the features (needs labels)",
+    "mean": "mean of the features",
+    "normalized_by_class": "count, mean, Gram matrix and per-class sums of the ℓ2-normalised features",
+    "max_logit_sum": "sum over rows of the largest logit",
+    "prediction_templates": "per predicted class: the sum of the softmax vectors and the count of rows",
+}
+# Every raw-feature statistic is one ScatterAccumulator; these need its Gram matrix, these its class sums.
+_RAW = frozenset({"features", "features_by_class", "class_sums", "mean"})
+_RAW_GRAM = frozenset({"features", "features_by_class"})
+_RAW_CLASSES = frozenset({"features_by_class", "class_sums"})
+_LOGITS = frozenset({"max_logit_sum", "prediction_templates"})
+
+
+def declared_statistics(detector: Detector) -> frozenset[str]:
+    """The statistics a detector declares (its `shared_statistics`; none for detectors that do not share)."""
+    return frozenset(getattr(detector, "shared_statistics", frozenset()))
+
+
+class FitStatistics:
+    """Sufficient statistics of one fit set, computed lazily in one streamed pass for every declared need."""
+
+    def __init__(
+        self, fit_set: Outputs, needs: Iterable[str] = (), *, gram_dtype: str = "float64", description: str = ""
+    ) -> None:
+        if not isinstance(fit_set, Outputs):
+            raise DetectorError(f"fit statistics need an Outputs fit set, got {type(fit_set).__name__}")
+        if gram_dtype not in GRAM_DTYPES:
+            raise DetectorError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
+        self.fit_set = fit_set
+        self.gram_dtype = gram_dtype
+        self.description = description or "shared fit statistics"
+        self.declared: set[str] = set()
+        self.declare(needs)
+        self.passes = 0  # streamed passes over the fit set so far (one, when every need was declared up front)
+        self._values: dict[str, Any] = {}
+
+    @classmethod
+    def for_detectors(
+        cls, fit_set: Outputs, detectors: Iterable[Detector], head: Head | None = None, *, gram_dtype: str = "float64"
+    ) -> FitStatistics:
+        """A provider declaring the needs of every detector whose fit requirements this fit set (and head) meet."""
+        names: list[str] = []
+        needs: set[str] = set()
+        available = fit_set.array_names()
+        for detector in detectors:
+            requires = detector.requirements()
+            if requires.fit <= available and (head is not None or not requires.head):
+                declared = declared_statistics(detector)
+                needs |= declared
+                if declared:
+                    names.append(detector.name)
+        description = "shared statistics (" + ", ".join(dict.fromkeys(names)) + ")" if names else ""
+        return cls(fit_set, needs, gram_dtype=gram_dtype, description=description)
+
+    def declare(self, needs: Iterable[str]) -> None:
+        """Add needs to be computed by the next pass."""
+        needs = set(needs)
+        unknown = sorted(needs - set(STATISTICS))
+        if unknown:
+            raise DetectorError(f"unknown fit statistics {unknown}; known: {', '.join(STATISTICS)}")
+        self.declared |= needs
+
+    def get(self, need: str) -> Any:
+        """One statistic; the first request computes every declared statistic not yet computed, in one pass."""
+        if need not in self._values:
+            self.declare([need])
+            self._compute(self.declared - set(self._values))
+        return self._values[need]
+
+    # ----------------------------------------------------------------- the pass
+    def _compute(self, needs: set[str]) -> None:
+        fit_set = self.fit_set
+        dim = fit_set.num_features
+        raw = None
+        if needs & _RAW:
+            raw = ScatterAccumulator(
+                dim, by_class=bool(needs & _RAW_CLASSES), with_gram=bool(needs & _RAW_GRAM), gram_dtype=self.gram_dtype
+            )
+        normalized = None
+        if "normalized_by_class" in needs:
+            normalized = ScatterAccumulator(dim, by_class=True, gram_dtype=self.gram_dtype)
+        labelled = (raw is not None and raw.by_class) or normalized is not None
+        if labelled and fit_set.labels is None:
+            raise DetectorError("per-class fit statistics need labels in the fit set")
+        use_logits = bool(needs & _LOGITS)
+        if use_logits and fit_set.logits is None:
+            raise DetectorError("logit statistics need logits in the fit set")
+        num_classes = int(fit_set.num_classes or 0)
+        max_logit_sum = 0.0
+        template_sums = np.zeros((num_classes, num_classes)) if "prediction_templates" in needs else None
+        template_counts = np.zeros(num_classes, dtype=np.int64)
+        # Working set per row: the raw block, its float64 copy and its normalised copy; softmax over the logits.
+        width = (3 * dim if raw is not None or normalized is not None else 0) + (2 * num_classes if use_logits else 0)
+        for rows in fit_chunks(len(fit_set), max(1, width), self.description):
+            labels = np.asarray(fit_set.labels[rows]) if labelled else None
+            if raw is not None or normalized is not None:
+                block = np.asarray(fit_set.features[rows])
+                if normalized is None and not raw.with_gram:
+                    raw.update(block, labels)  # sums only: no float64 copy needed
+                else:
+                    for part in iter_chunks(block.shape[0], SYRK_ROWS):
+                        # One cache-sized float64 copy feeds both accumulators.
+                        values = np.array(block[part], dtype=np.float64)
+                        part_labels = None if labels is None else labels[part]
+                        if normalized is not None:
+                            normalized.update_owned(l2_normalize(values), part_labels)
+                        if raw is not None:
+                            raw.update_owned(values, part_labels if raw.by_class else None)
+            if use_logits:
+                logits = np.asarray(fit_set.logits[rows])
+                if "max_logit_sum" in needs:
+                    max_logit_sum += float(logits.max(axis=1).sum(dtype=np.float64))
+                if template_sums is not None:
+                    _add_templates(logits, template_sums, template_counts)
+        self.passes += 1
+        if raw is not None:
+            for need in needs & _RAW:
+                self._values[need] = raw
+        if normalized is not None:
+            self._values["normalized_by_class"] = normalized
+        if "max_logit_sum" in needs:
+            self._values["max_logit_sum"] = max_logit_sum
+        if template_sums is not None:
+            self._values["prediction_templates"] = (template_sums, template_counts)
+
+
+def _add_templates(logits: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
+    """Add each row's softmax vector to the sum of its predicted class (and count the rows)."""
+    probs = softmax(logits)
+    predicted = probs.argmax(axis=1)
+    # Group rows by predicted class and sum each run: O(rows x C), no per-sample Python work.
+    order = np.argsort(predicted, kind="stable")
+    classes, starts = np.unique(predicted[order], return_index=True)
+    sums[classes] += np.add.reduceat(probs[order], starts, axis=0)
+    counts += np.bincount(predicted, minlength=counts.shape[0])
+
+
+def statistics_for(detector: Detector, fit_set: Outputs) -> FitStatistics:
+    """The provider handed to `detector.fit(..., stats=)`, or a private one for a detector fitted alone."""
+    stats = getattr(detector, "_shared_stats", None)
+    if stats is None:
+        return FitStatistics(fit_set, declared_statistics(detector), description=f"{detector.name}: fit statistics")
+    if stats.fit_set is not fit_set:
+        raise DetectorError(f"{detector.name}: the shared statistics were computed on another fit set")
+    return stats
+
+
+def fit_all(
+    detectors: Sequence[Detector], fit_set: Outputs, head: Head | None = None, *, gram_dtype: str = "float64"
+) -> list[Detector]:
+    """Fit every detector on one fit set, computing their shared statistics in one pass; returns them fitted."""
+    stats = FitStatistics.for_detectors(fit_set, detectors, head, gram_dtype=gram_dtype)
+    return [detector.fit(fit_set, head, stats=stats) for detector in detectors]

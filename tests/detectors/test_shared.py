@@ -1,0 +1,114 @@
+"""Shared fit statistics: fit_all equals fitting alone, in one pass over the fit set, wired into evaluate and tune."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oodbench.detectors import _gaussian, available, create, tune
+from oodbench.detectors.shared import STATISTICS, FitStatistics, declared_statistics, fit_all
+from oodbench.errors import DetectorError
+from oodbench.evaluation import evaluate_outputs
+from oodbench.outputs import Outputs
+
+SHARING = ("maha", "rmaha", "maha++", "rmaha++", "neco", "vim", "cosine", "mcm", "fdbd", "dice", "kl_matching")
+
+
+@pytest.fixture
+def accumulators(monkeypatch):
+    """Every ScatterAccumulator built from now on (one per accumulated pass of features)."""
+    built = []
+    original = _gaussian.ScatterAccumulator.__init__
+
+    def counting(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(_gaussian.ScatterAccumulator, "__init__", counting)
+    return built
+
+
+def test_every_declared_statistic_is_known():
+    for name in available():
+        assert declared_statistics(create(name)) <= set(STATISTICS)
+    assert {name for name in available() if declared_statistics(create(name))} == set(SHARING)
+
+
+def test_fit_all_equals_fitting_each_alone(problem, small_params):
+    names = available()
+    alone = [create(name, **small_params.get(name, {})).fit(problem.fit, problem.head) for name in names]
+    together = fit_all([create(name, **small_params.get(name, {})) for name in names], problem.fit, problem.head)
+    for name, single, shared in zip(names, alone, together, strict=True):
+        expected, got = single.score(problem.test), shared.score(problem.test)
+        # The same float64 statistics, summed about a different shift at most: equal to float64 rounding.
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max(), err_msg=name)
+
+
+def test_fit_all_reads_the_features_once(problem, small_params, accumulators):
+    detectors = [create(name, **small_params.get(name, {})) for name in SHARING]
+    stats = FitStatistics.for_detectors(problem.fit, detectors, problem.head)
+    for detector in detectors:
+        detector.fit(problem.fit, problem.head, stats=stats)
+    assert stats.passes == 1
+    # One accumulator for the raw features (Gram, class sums, mean) and one for the normalised ones.
+    assert len(accumulators) == 2
+    assert {a.by_class for a in accumulators} == {True} and all(a.with_gram for a in accumulators)
+
+
+def test_fitting_alone_computes_only_its_own_statistics(problem, accumulators):
+    create("cosine").fit(problem.fit)
+    (only,) = accumulators
+    assert only.by_class and not only.with_gram  # class sums, no D x D Gram matrix
+
+
+def test_undeclared_need_gets_a_second_pass(problem):
+    stats = FitStatistics(problem.fit, ["mean"])
+    stats.get("mean")
+    stats.get("normalized_by_class")
+    assert stats.passes == 2
+
+
+def test_provider_errors(problem, make):
+    with pytest.raises(DetectorError, match="unknown fit statistics"):
+        FitStatistics(problem.fit, ["gram"])
+    with pytest.raises(DetectorError, match="gram_dtype"):
+        FitStatistics(problem.fit, ["features"], gram_dtype="float16")
+    other = FitStatistics(make(seed=1).fit, ["features_by_class"])
+    with pytest.raises(DetectorError, match="another fit set"):
+        create("maha").fit(problem.fit, stats=other)
+    unlabelled = Outputs(problem.fit.features, problem.fit.logits)
+    with pytest.raises(DetectorError, match="need labels"):
+        FitStatistics(unlabelled, ["class_sums"]).get("class_sums")
+
+
+def test_unmet_detectors_declare_nothing(problem):
+    unlabelled = Outputs(problem.fit.features, problem.fit.logits)
+    stats = FitStatistics.for_detectors(unlabelled, [create("maha"), create("neco"), create("vim")], head=None)
+    assert stats.declared == {"features"}  # maha lacks labels, vim the head
+
+
+def test_evaluate_fits_through_one_pass(problem, accumulators):
+    id_test, ood = problem.test.subset(slice(0, problem.n_id)), problem.test.subset(slice(problem.n_id, None))
+    result = evaluate_outputs(
+        problem.fit, problem.head, id_test, {"ood": ood}, {"maha": {}, "rmaha": {}, "neco": {"dim": 4}}, progress=False
+    )
+    assert len(accumulators) == 1
+    direct = create("maha").fit(problem.fit).score(id_test)
+    np.testing.assert_allclose(result.scores["id"]["maha"], direct, rtol=1e-12)
+
+
+def test_tune_shares_the_covariance_across_grid_points(problem, accumulators):
+    id_val, ood_val = problem.test.subset(slice(0, problem.n_id)), problem.test.subset(slice(problem.n_id, None))
+    result = tune("neco", {"dim": [2, 4, 8]}, problem.fit, problem.head, id_val, ood_val)
+    assert len(accumulators) == 1 and len(result.points) == 3
+
+
+def test_maha_and_rmaha_share_one_whitener(problem):
+    """The within-class pseudo-inverse (a D x D eigendecomposition) is computed once per accumulator."""
+    maha, rmaha = fit_all([create("maha"), create("rmaha")], problem.fit)
+    assert maha.covariance_ is rmaha.covariance_
+    stats = FitStatistics(problem.fit, ["features_by_class"]).get("features_by_class")
+    first = stats.within_class_whitener()
+    assert stats.within_class_whitener() is first
+    stats.update(np.asarray(problem.fit.features[:10]), np.asarray(problem.fit.labels[:10]))
+    assert stats.within_class_whitener() is not first  # more rows: recomputed
