@@ -18,9 +18,9 @@ import numpy as np
 
 from ..chunking import iter_chunks
 from ..errors import DetectorError
+from ..numerics import l2_normalize, softmax
 from ..outputs import Head, Outputs
 from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator
-from ._math import l2_normalize, softmax
 from ._streaming import fit_chunks
 from .base import Detector
 
