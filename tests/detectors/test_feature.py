@@ -66,7 +66,7 @@ def slow_fdbd(problem):
     mean = _rows(problem.fit).mean(axis=0)
     weight = problem.weight
     scores = []
-    for z, f in zip(_rows(problem.test), np.asarray(problem.test.logits, dtype=np.float64)):
+    for z, f in zip(_rows(problem.test), np.asarray(problem.test.logits, dtype=np.float64), strict=True):
         top = int(np.argmax(f))
         terms = [abs(f[top] - f[c]) / np.linalg.norm(weight[top] - weight[c]) for c in range(len(f)) if c != top]
         scores.append(np.mean(terms) / np.linalg.norm(z - mean))
@@ -79,7 +79,7 @@ def slow_neco(problem, dim, use_maxlogit=False):
     pca = PCA(problem.fit.num_features).fit(scaler.transform(_rows(problem.fit)))
     standardised = scaler.transform(_rows(problem.test))
     reduced = pca.transform(standardised)[:, :dim]
-    scores = np.array([np.linalg.norm(r) / np.linalg.norm(s) for r, s in zip(reduced, standardised)])
+    scores = np.array([np.linalg.norm(r) / np.linalg.norm(s) for r, s in zip(reduced, standardised, strict=True)])
     if use_maxlogit:
         scores = scores * np.asarray(problem.test.logits, dtype=np.float64).max(axis=1)
     return scores

@@ -27,7 +27,9 @@ def slow_vim(problem, dim):
     alpha = fit_logits.max(axis=1).mean() / np.linalg.norm((fit - u) @ null_space, axis=1).mean()
     scores = []
     for z, f in zip(
-        np.asarray(problem.test.features, dtype=np.float64), np.asarray(problem.test.logits, dtype=np.float64)
+        np.asarray(problem.test.features, dtype=np.float64),
+        np.asarray(problem.test.logits, dtype=np.float64),
+        strict=False,
     ):
         scores.append(logsumexp(f) - alpha * np.linalg.norm((z - u) @ null_space))
     return np.array(scores)
@@ -43,7 +45,9 @@ def slow_nnguide(problem, k):
     )
     scores = []
     for z, f in zip(
-        np.asarray(problem.test.features, dtype=np.float64), np.asarray(problem.test.logits, dtype=np.float64)
+        np.asarray(problem.test.features, dtype=np.float64),
+        np.asarray(problem.test.logits, dtype=np.float64),
+        strict=False,
     ):
         products = sorted((float(z @ b) / np.linalg.norm(z) for b in bank), reverse=True)
         scores.append(logsumexp(f) * np.mean(products[:k]))

@@ -87,7 +87,9 @@ def test_kl_matching_against_slow_reference():
     test_logits = rng.normal(size=(20, 4)) * 3
     fit_probs = [_softmax(row) for row in fit_logits]
     predicted = [int(np.argmax(p)) for p in fit_probs]
-    templates = {c: np.mean([p for p, y in zip(fit_probs, predicted) if y == c], axis=0) for c in set(predicted)}
+    templates = {
+        c: np.mean([p for p, y in zip(fit_probs, predicted, strict=True) if y == c], axis=0) for c in set(predicted)
+    }
     scores = []
     for row in test_logits:
         p = np.array(_softmax(row))
