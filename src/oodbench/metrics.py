@@ -1,6 +1,6 @@
 """OOD detection metrics under one documented convention.
 
-Convention (the seed paper's and most papers'): a score is *higher for more in-distribution* inputs and
+Convention (the Fi-ImageNet-1k paper's and most papers'): a score is *higher for more in-distribution* inputs and
 ID is the **positive** class.
 
 - ``fpr_at_tpr``: the threshold t is the largest value such that at least ``tpr`` (95%) of the ID scores

@@ -1,9 +1,9 @@
-"""Registry of the datasets the seed compares: names, expected image counts, where they are looked for, list formats.
+"""Registry of the datasets the Fi-ImageNet-1k paper compares: names, expected image counts, where they are looked for, list formats.
 
 `check(root)` tells what is present under a data root, what is missing and what does not match its expected
 count; `open_registered(name, root)` turns a present set into an `ImageList` for extraction. Counts are the
-published sizes of the versions the seed uses; where no fixed public count exists (sets built per model,
-sets defined by the seed itself) the entry says so and the check reports the count it finds.
+published sizes of the versions the paper uses; where no fixed public count exists (sets built per model,
+sets defined by the paper itself) the entry says so and the check reports the count it finds.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = ["RegisteredDataset", "REGISTRY", "DatasetStatus", "get", "names", "lo
 
 @dataclass(frozen=True)
 class RegisteredDataset:
-    """One dataset of the seed's comparison: where to find it under a root and how many images it must have."""
+    """One dataset of the Fi-ImageNet-1k paper's comparison: where to find it under a root and how many images it must have."""
 
     name: str
     title: str
@@ -96,8 +96,8 @@ REGISTRY: dict[str, RegisteredDataset] = {
             "no fixed public count known to oodbench",
             ("360OpenSet", "360openset", "360_open_set"),
             _FOLDER_FORMAT,
-            "as cited by the seed",
-            "check the count reported here against the seed's table",
+            "as cited by the Fi-ImageNet-1k paper",
+            "check the count reported here against the Fi-ImageNet-1k paper's table",
         ),
         RegisteredDataset(
             "cood",
@@ -178,7 +178,7 @@ REGISTRY: dict[str, RegisteredDataset] = {
             "no fixed public count known to oodbench",
             ("in1k-ood", "IN1k-OOD", "in1k_ood"),
             _FOLDER_FORMAT,
-            "as cited by the seed",
+            "as cited by the Fi-ImageNet-1k paper",
         ),
         RegisteredDataset(
             "ninco",
@@ -199,7 +199,7 @@ REGISTRY: dict[str, RegisteredDataset] = {
             "no fixed public count known to oodbench",
             ("clean-ood", "CLEAN-OOD", "clean_ood"),
             _FOLDER_FORMAT,
-            "as cited by the seed",
+            "as cited by the Fi-ImageNet-1k paper",
         ),
         RegisteredDataset(
             "imagenet-ood",
@@ -216,10 +216,10 @@ REGISTRY: dict[str, RegisteredDataset] = {
             "Fi-ImageNet-1k",
             "ood",
             None,
-            "the seed's benchmark; its manifest (from `oodbench annotate export`) fixes the count",
+            "the Fi-ImageNet-1k paper's benchmark; its manifest (from `oodbench annotate export`) fixes the count",
             ("fi-imagenet-1k", "Fi-ImageNet-1k", "fi_imagenet_1k"),
             "file list fi-imagenet-1k.csv (path,label) as exported, or an image folder",
-            "the seed",
+            "the Fi-ImageNet-1k paper",
         ),
     ]
 }

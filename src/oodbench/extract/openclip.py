@@ -6,7 +6,7 @@ embeddings** (not per-image local similarities), so GL-MCM can be scored against
 follow GL-MCM (Miyai et al. 2023): the last transformer block is run with its attention replaced by the value
 branch — out_proj(v), identical to attention under a diagonal mask — keeping the residuals and the MLP; then
 ``ln_post`` and the projection. Text embeddings average the ℓ2-normalised embeddings of every template
-(the seed's eight, `SEED_TEMPLATES`) per label and renormalise; they are cached in the store per
+(the Fi-ImageNet-1k paper's eight, `SEED_TEMPLATES`) per label and renormalise; they are cached in the store per
 (model, label list, templates).
 """
 
