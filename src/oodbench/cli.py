@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,13 @@ def as_cli_error(exc: BaseException) -> CliError:
 
 class OodbenchGroup(TyperGroup):
     """The root command group: every command's failure becomes one line and an exit status (2 or 1)."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, *rest: Any, **extra: Any) -> Any:
+        """Every way in (the console script, `app()`, typer's test runner) reports failures in one line and exits."""
+        if extra.get("standalone_mode", True) is False:
+            return super().main(args, prog_name, *rest, **extra)
+        extra["standalone_mode"] = False
+        sys.exit(_exit_status(lambda: super(OodbenchGroup, self).main(args, prog_name or "oodbench", *rest, **extra)))
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
@@ -288,10 +295,10 @@ def _audit_html(*args: Any) -> str:
 _audit_render.use_html_renderer(_audit_html)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point (``oodbench``): run the command, then exit 0, 2 (expected error) or 1 (unexpected)."""
+def _exit_status(run: Callable[[], Any]) -> int:
+    """Run a command line (click in non-standalone mode); report any failure in one line; the exit status."""
     try:
-        code = app(args=list(argv) if argv is not None else None, prog_name="oodbench", standalone_mode=False)
+        code = run()
     except NoArgsIsHelpError as exc:  # `oodbench AREA` alone: the area's help
         exc.show()
         code = EXPECTED
@@ -311,7 +318,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         error = as_cli_error(exc)
         error.show()
         code = error.exit_code
-    sys.exit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point (``oodbench``): run the command, then exit 0, 2 (expected error) or 1 (unexpected)."""
+    app(args=list(argv) if argv is not None else None, prog_name="oodbench")
 
 
 if __name__ == "__main__":

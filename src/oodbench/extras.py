@@ -16,22 +16,23 @@ __all__ = ["install_command", "missing_extra_message"]
 
 
 def _editable_source() -> str | None:
-    """The source folder of an editable install of oodbench, or None."""
+    """The source folder of an editable install of oodbench, or None.
+
+    Every distribution record named oodbench is read: a checkout's own ``src/oodbench.egg-info`` (left by the build)
+    comes first on ``sys.path`` when ``src`` is, and holds no ``direct_url.json``; the installed record does.
+    """
     from importlib import metadata
     from urllib.parse import unquote, urlparse
 
-    try:
-        text = metadata.distribution("oodbench").read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return None
-    try:
-        info = json.loads(text or "{}")
-    except ValueError:
-        return None
-    url = info.get("url", "")
-    if not info.get("dir_info", {}).get("editable") or not url.startswith("file://"):
-        return None
-    return unquote(urlparse(url).path)
+    for distribution in metadata.distributions(name="oodbench"):
+        try:
+            info = json.loads(distribution.read_text("direct_url.json") or "{}")
+        except ValueError:
+            continue
+        url = info.get("url", "")
+        if info.get("dir_info", {}).get("editable") and url.startswith("file://"):
+            return unquote(urlparse(url).path)
+    return None
 
 
 def install_command(extra: str) -> str:

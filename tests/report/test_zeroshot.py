@@ -16,6 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 from oodbench import metrics
+from oodbench.analysis.published import read_accuracy
 from oodbench.analysis.rundata import load_run, load_runs
 from oodbench.classes import ClassList
 from oodbench.errors import AnalysisError
@@ -190,13 +191,21 @@ def test_report_cli_puts_zero_shot_runs_in_table2_only(runs, tmp_path) -> None:
     assert not list((out / "figures").glob(f"*{ZS_MODEL}*"))
 
 
+def _top1(run_dir: Path) -> dict[str, dict[str, float]]:
+    """What the report reads from a run's accuracy.json (evaluate writes one when the ID set has labels)."""
+    top1: dict[str, dict[str, float]] = {}
+    for acc in read_accuracy(run_dir):
+        top1.setdefault(acc.model, {})[acc.labels] = acc.top1
+    return top1
+
+
 def test_report_content_matches_the_runs_taken_alone(runs) -> None:
     content = build_report([runs["supervised"], runs["zeroshot"]], ReportOptions(**FAST))
     by_key = {t.key: t for t in content.tables()}
     supervised = load_run(runs["supervised"]).rows
     # Supervised tables: exactly those of the supervised run alone.
     for key, table in (
-        ("table1", table1(supervised)),
+        ("table1", table1(supervised, top1=_top1(runs["supervised"]))),
         ("tableA1", table_a1(supervised)),
         ("tableA2", table_a2(supervised)),
         ("detectors-toy-a", table_detectors(supervised, "toy-a")),
@@ -244,7 +253,7 @@ def test_a_zero_shot_run_without_vocabularies_is_known_by_its_kind(runs) -> None
     content = build_report([runs["supervised"], logit_only], ReportOptions(**FAST))
     by_key = {t.key: t for t in content.tables()}
     supervised = load_run(runs["supervised"]).rows
-    assert render_markdown(by_key["table1"]) == render_markdown(table1(supervised))
+    assert render_markdown(by_key["table1"]) == render_markdown(table1(supervised, top1=_top1(runs["supervised"])))
     assert render_markdown(by_key["tableA1"]) == render_markdown(table_a1(supervised))
     header, line = _cells(render_markdown(by_key["table2"]))
     assert header == ["model", "best logit score"] and line[0] == "clip-logit"
