@@ -18,7 +18,7 @@ from oodbench.annotate.protocol import (
     Status,
     Verdict,
     agree,
-    normalise_label,
+    label_match_key,
     replay,
 )
 from oodbench.errors import AnnotateError
@@ -104,8 +104,8 @@ def test_judgement_coerces_and_strips():
         ("driver's seat", "driver's seat"),
     ],
 )
-def test_normalise_label(raw, norm):
-    assert normalise_label(raw) == norm
+def test_label_match_key(raw, norm):
+    assert label_match_key(raw) == norm
 
 
 def test_matcher_is_transitive_and_order_independent():

@@ -30,7 +30,7 @@ _EXPORTS = {
     "load_classes": "..classes",
     "load_original_labels": ".importers",
     "merge_candidates": ".importers",
-    "normalise_label": ".protocol",
+    "label_match_key": ".protocol",
     "read_mturk": ".importers",
     "read_real": ".importers",
     "read_table": ".importers",

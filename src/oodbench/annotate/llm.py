@@ -22,7 +22,7 @@ from typing import Any
 from ..atomic import atomic_write_text
 from ..errors import AnnotateError
 from ..llm import ChatAttemptError, json_depth_ok, post_chat_completion
-from .protocol import normalise_label
+from .protocol import label_match_key
 
 PROMPT_VERSION = "closed-open-v1"
 _MIME = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp", ".gif": "image/gif"}
@@ -101,12 +101,12 @@ def parse_answer(text: str, candidates: Sequence[str]) -> dict[str, Any]:
     if data is None:
         return {"description": text.strip(), "closed_world": None, "open_world": None, "parse_error": True}
     closed = str(data.get("closed_world") or "").strip()
-    by_norm = {normalise_label(c): c for c in candidates}
-    closed_match = by_norm.get(normalise_label(closed)) if closed else None
+    by_norm = {label_match_key(c): c for c in candidates}
+    closed_match = by_norm.get(label_match_key(closed)) if closed else None
     return {
         "description": str(data.get("description") or "").strip(),
         # None: the model said no candidate fits; a name outside the list is kept but marked.
-        "closed_world": None if normalise_label(closed) in {"none", ""} else (closed_match or closed),
+        "closed_world": None if label_match_key(closed) in {"none", ""} else (closed_match or closed),
         "closed_world_in_list": closed_match is not None,
         "open_world": str(data.get("open_world") or "").strip() or None,
         "parse_error": False,

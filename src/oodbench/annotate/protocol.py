@@ -68,8 +68,12 @@ _NOT_WORD = re.compile(r"[^\w\s']+")
 _SPACES = re.compile(r"\s+")
 
 
-def normalise_label(text: str) -> str:
-    """Canonical spelling of a free-text label: case, width, punctuation, spacing, leading article."""
+def label_match_key(text: str) -> str:
+    """The key two annotators' free-text labels are matched by: case, width, punctuation, spacing, leading article.
+
+    Looser than `oodbench.classes.normalize_label` (the key of vocabularies and class names): it also drops
+    hyphens, punctuation and a leading article, so "A sea-lion" and "sea lion" are one OOD label.
+    """
     folded = unicodedata.normalize("NFKC", text).casefold().replace("_", " ").replace("-", " ")
     folded = _NOT_WORD.sub(" ", folded)
     folded = _SPACES.sub(" ", folded).strip().strip("'").strip()
@@ -97,7 +101,7 @@ class Judgement:
         label = self.label.strip() if isinstance(self.label, str) else self.label
         object.__setattr__(self, "label", label or None)
         if verdict is Verdict.OOD:
-            if not self.label or not normalise_label(self.label):
+            if not self.label or not label_match_key(self.label):
                 raise AnnotateError("an OOD verdict needs a proposed label (a word or phrase)")
             if len(self.label) > MAX_LABEL_LENGTH:
                 raise AnnotateError(f"an OOD label has at most {MAX_LABEL_LENGTH} characters")
@@ -139,7 +143,7 @@ class LabelMatcher:
 
     def add(self, first: str, second: str) -> None:
         """Declare two labels the same concept (an explicit match)."""
-        a, b = normalise_label(first), normalise_label(second)
+        a, b = label_match_key(first), label_match_key(second)
         if not a or not b:
             raise AnnotateError("an explicit label match needs two non-empty labels")
         ra, rb = self._root(a), self._root(b)
@@ -151,7 +155,7 @@ class LabelMatcher:
 
     def concept(self, label: str) -> str:
         """The canonical concept a label belongs to."""
-        return self._root(normalise_label(label))
+        return self._root(label_match_key(label))
 
     def same(self, first: str, second: str) -> bool:
         """Whether two labels name the same concept."""
