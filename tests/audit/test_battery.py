@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from html import escape
 
 import numpy as np
 import pytest
@@ -10,8 +11,11 @@ import pytest
 from oodbench import Outputs
 from oodbench.audit import HARD_CLEAN, LEAK, logistic_regression_head, make_battery, run_battery
 from oodbench.audit.battery import CLEAN_KIND, LEAKED, NOT_IN_FIT
+from oodbench.audit.render import html_renderer, use_html_renderer
+from oodbench.audit.report import battery_document, definitions_text
 from oodbench.audit.synthetic import synthetic_battery_data
 from oodbench.errors import AuditError
+from oodbench.report.html_report import render_audit_html
 
 from .audit_helpers import digits_features, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 
@@ -69,6 +73,18 @@ def test_battery_reports_sensitivity_and_specificity(digits):
         assert audit.name in scope and reason.split(":")[0] in scope
     payload = json.loads(json.dumps(result.to_dict()))
     assert len(payload["splits"]) == 11 and payload["specificity"] == 1.0
+    # The report page: the firing rule stated once, the scope statement's bullets as a list (not one flat paragraph).
+    document = battery_document(result, config, "digits", "battery")
+    rule = definitions_text(config)
+    assert document.markdown().count(rule) == 1
+    before = html_renderer()
+    use_html_renderer(render_audit_html)
+    try:
+        html = document.html()
+    finally:
+        use_html_renderer(before)
+    assert html.count(escape(rule)) == 1
+    assert f"<li>{escape('trained-class: the rule was right on')}" in html
 
 
 def test_clean_splits_use_a_retrained_head(digits):

@@ -71,7 +71,7 @@ class AuditDocument:
         renderer = html_renderer()
         if renderer is None:
             return None
-        sections = [(s.key, s.title, " ".join(s.paragraphs), list(s.tables)) for s in self.sections]
+        sections = [(s.key, s.title, "\n\n".join(s.paragraphs), list(s.tables)) for s in self.sections]
         return renderer(self.title, sections, self.subject or "audit")
 
 
@@ -97,8 +97,13 @@ def definitions_text(config: AuditConfig) -> str:
     )
 
 
-def split_sections(audits: Sequence[SplitAudit], config: AuditConfig, *, prefix: str = "splits") -> list[DocSection]:
-    """Fingerprint, pool, contrast and leave-class-out tables for a list of split audits."""
+def split_sections(
+    audits: Sequence[SplitAudit], config: AuditConfig, *, prefix: str = "splits", definitions: bool = True
+) -> list[DocSection]:
+    """Fingerprint, pool, contrast and leave-class-out tables for a list of split audits.
+
+    `definitions=False` leaves out the rule's paragraph, for documents that state it before these sections.
+    """
     if not audits:
         return []
     fp_rows = []
@@ -150,7 +155,12 @@ def split_sections(audits: Sequence[SplitAudit], config: AuditConfig, *, prefix:
         ),
     )
     sections = [
-        DocSection(f"{prefix}-fingerprint", "Fingerprint", [definitions_text(config)], [fingerprint_table, pool_table])
+        DocSection(
+            f"{prefix}-fingerprint",
+            "Fingerprint",
+            [definitions_text(config)] if definitions else [],
+            [fingerprint_table, pool_table],
+        )
     ]
     contrasted = [a for a in audits if a.contrast is not None]
     if contrasted:
@@ -332,7 +342,8 @@ def battery_document(result: BatteryResult, config: AuditConfig, subject: str, t
     """The battery's report document (summary, per-split details), ready for `write_document`."""
     return AuditDocument(
         title,
-        battery_sections(result) + split_sections(result.audits, config, prefix="battery-detail"),
+        # The battery section states the rule once; the per-split details do not repeat it.
+        battery_sections(result) + split_sections(result.audits, config, prefix="battery-detail", definitions=False),
         result.to_dict(),
         subject=subject,
     )

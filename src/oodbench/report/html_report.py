@@ -65,6 +65,30 @@ def _figure_html(item: FigureItem, png_base64: str) -> str:
     )
 
 
+def _text_html(text: str) -> list[str]:
+    """Paragraphs (blank-line separated) and their ``- `` bullet lines as lists, escaped."""
+    parts: list[str] = []
+    for block in text.split("\n\n") if text else ():
+        prose: list[str] = []
+        items: list[str] = []
+        for line in block.splitlines():
+            if line.startswith("- "):
+                if prose:
+                    parts.append(f"<p>{escape(' '.join(prose))}</p>")
+                    prose = []
+                items.append(f"<li>{escape(line[2:])}</li>")
+            else:
+                if items:
+                    parts.append("<ul>" + "".join(items) + "</ul>")
+                    items = []
+                prose.append(line)
+        if prose:
+            parts.append(f"<p>{escape(' '.join(prose))}</p>")
+        if items:
+            parts.append("<ul>" + "".join(items) + "</ul>")
+    return parts
+
+
 def render_html_document(
     content: ReportContent, figure_png: Callable[[FigureItem], str] | None = None, *, generated: str | None = None
 ) -> str:
@@ -99,8 +123,7 @@ def render_html_document(
     parts.append("<main>")
     for section in content.sections:
         parts.append(f'<section id="{escape(section.key)}"><h2>{escape(section.title)}</h2>')
-        for paragraph in section.text.split("\n\n") if section.text else ():
-            parts.append(f"<p>{escape(paragraph)}</p>")
+        parts += _text_html(section.text)
         for item in section.items:
             parts.append(render_html(item) if isinstance(item, Table) else _figure_html(item, figure_png(item)))
         parts.append("</section>")
