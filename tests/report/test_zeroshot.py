@@ -6,7 +6,6 @@ run alone. Table 2's cells are recomputed here from the saved per-image scores, 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -30,24 +29,17 @@ from oodbench.scores import load_scores
 from oodbench.store import Store
 from oodbench.tabular import render_markdown
 from oodbench.zeroshot.evaluate import evaluate_zeroshot_store, make_plan
-from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 
-TESTS = Path(__file__).resolve().parents[1]
+from ..analysis.helpers import make_run
+from ..zeroshot.zeroshot_helpers import HashEmbedder, toy_vocabularies
+
 DIM = 10
 CLASSES = ClassList(("apple", "bus", "cloud"), None, "three")
 ZS_MODEL = "clip-toy"
 FAST = dict(draws=100, curve_draws=30, curve_points=3, resamples=100, score_figures=False)
 
 
-def _module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 def _embedder():
-    helpers = _module(TESTS / "zeroshot" / "zeroshot_helpers.py", "oodbench_tests_zeroshot_helpers")
     e = np.eye(DIM)
     fixed = {
         "apple": e[0],
@@ -59,32 +51,7 @@ def _embedder():
         "pear": 0.9 * e[0] + 0.4 * e[8],
         "tram": 0.9 * e[1] + 0.4 * e[8],
     }
-    return helpers.HashEmbedder(dim=DIM, fixed=fixed)
-
-
-def _vocabularies() -> list[Vocabulary]:
-    wordnet = Vocabulary(
-        "wn",
-        "wordnet",
-        [],
-        params={"m": 4},
-        ranked={NOUN: ["rock", "bus", "violin", "lamp"], ADJECTIVE: ["shiny", "icy"]},
-    )
-    wordnet.labels = wordnet.select()
-    siblings = Vocabulary(
-        "llm",
-        "siblings",
-        [],
-        params={"k": 1},
-        per_class={"apple": ["pear", "plum"], "bus": ["tram", "coach"], "cloud": ["fog", "smoke"]},
-    )
-    siblings.labels = siblings.select()
-    return [
-        wordnet,
-        siblings,
-        Vocabulary("oracle", "oracle", ["rock", "violin", "lamp"]),
-        Vocabulary("eoe-far", "eoe", ["rock", "lamp", "galaxy"]),
-    ]
+    return HashEmbedder(dim=DIM, fixed=fixed)
 
 
 def make_zeroshot_run(root: Path, model: str = ZS_MODEL, seed: int = 0, vocabularies: bool = True) -> Path:
@@ -106,7 +73,7 @@ def make_zeroshot_run(root: Path, model: str = ZS_MODEL, seed: int = 0, vocabula
         store.write_outputs(model, name, outputs, provenance=provenance, shard_size=64)
     plan = make_plan(
         ["mcm", "maxlogit", "energy", "gen", "neglabel", "eoe"],
-        _vocabularies() if vocabularies else [],
+        toy_vocabularies() if vocabularies else [],
         sweep_k=[2],
         sweep_m=[2, 6],
     )
@@ -119,7 +86,6 @@ def make_zeroshot_run(root: Path, model: str = ZS_MODEL, seed: int = 0, vocabula
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    make_run = _module(TESTS / "analysis" / "helpers.py", "oodbench_tests_synthetic_run_zs").make_run
     root = tmp_path_factory.mktemp("zs-report")
     return {"zeroshot": make_zeroshot_run(root), "supervised": make_run(root, "toy-a", seed=0), "root": root}
 

@@ -178,31 +178,10 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
     text_before = {d for d in Store(store).datasets("tiny") if d.startswith("text-")}
     assert len(text_before) == 3  # mining prompts: ID names, nouns, adjectives
     runs = workspace / "runs"
-    table = _run(
-        app,
-        "zeroshot",
-        "evaluate",
-        "--store",
-        store,
-        "--model",
-        "tiny",
-        "--id",
-        "id-test",
-        "--ood",
-        "ood-textures",
-        "--vocab",
-        "all",
-        "--sweep-k",
-        "1",
-        "--sweep-m",
-        "2",
-        "-p",
-        "neglabel.groups=2",
-        "--out",
-        runs,
-        "--no-progress",
-        *common,
-    )
+    evaluate = ["zeroshot", "evaluate", "--store", store, "--model", "tiny", "--id", "id-test", "--ood", "ood-textures"]
+    evaluate += ["--vocab", "all", "--sweep-k", "1", "--sweep-m", "2", "-p", "neglabel.groups=2"]
+    evaluate += ["--out", runs, "--no-progress", *common]
+    table = _run(app, *evaluate)
     header, _, row = table.splitlines()[:3]
     assert header.startswith("| model | best logit-space | EOE | WN | LLM siblings | WN+LLM | oracle† |")
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -238,31 +217,7 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
 
     # A second run answers from the run directory and the store's text cache.
     text_after = {d for d in Store(store).datasets("tiny") if d.startswith("text-")}
-    again = _run(
-        app,
-        "zeroshot",
-        "evaluate",
-        "--store",
-        store,
-        "--model",
-        "tiny",
-        "--id",
-        "id-test",
-        "--ood",
-        "ood-textures",
-        "--vocab",
-        "all",
-        "--sweep-k",
-        "1",
-        "--sweep-m",
-        "2",
-        "-p",
-        "neglabel.groups=2",
-        "--out",
-        runs,
-        "--no-progress",
-        *common,
-    )
+    again = _run(app, *evaluate)
     assert again.splitlines()[:3] == table.splitlines()[:3]
     assert {d for d in Store(store).datasets("tiny") if d.startswith("text-")} == text_after
 

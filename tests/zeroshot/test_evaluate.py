@@ -22,7 +22,7 @@ from oodbench.zeroshot import scores as S
 from oodbench.zeroshot.table import RunView, find_runs, load_run, sweep_markdown, table2_markdown
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 
-from .zeroshot_helpers import HashEmbedder
+from .zeroshot_helpers import HashEmbedder, toy_vocabularies
 
 DIM = 10
 CLASSES = ClassList(("apple", "bus", "cloud"), None, "three")
@@ -65,31 +65,9 @@ def _datasets(with_patches: bool = True) -> dict[str, Outputs]:
     }
 
 
-def _vocabularies() -> list[Vocabulary]:
-    wordnet = Vocabulary(
-        "wn",
-        "wordnet",
-        [],
-        params={"m": 4},
-        ranked={NOUN: ["rock", "bus", "violin", "lamp"], ADJECTIVE: ["shiny", "icy"]},
-    )
-    wordnet.labels = wordnet.select()
-    siblings = Vocabulary(
-        "llm",
-        "siblings",
-        [],
-        params={"k": 1},
-        per_class={"apple": ["pear", "plum"], "bus": ["tram", "coach"], "cloud": ["fog", "smoke"]},
-    )
-    siblings.labels = siblings.select()
-    oracle = Vocabulary("oracle", "oracle", ["rock", "violin", "lamp"])
-    eoe = Vocabulary("eoe-far", "eoe", ["rock", "lamp", "galaxy"])
-    return [wordnet, siblings, oracle, eoe]
-
-
 def test_plan_names_columns_and_sweeps():
     plan = E.make_plan(
-        vocabularies=_vocabularies(), sweep_k=[1, 2], sweep_m=[2, 6], params={"neglabel": {"groups": 2}}, tau=0.02
+        vocabularies=toy_vocabularies(), sweep_k=[1, 2], sweep_m=[2, 6], params={"neglabel": {"groups": 2}}, tau=0.02
     )
     assert list(plan.detectors)[:7] == ["mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm"]
     assert set(plan.runs) == {
@@ -116,7 +94,7 @@ def test_plan_names_columns_and_sweeps():
     assert all(parse_vocabulary_score(name) is None for name in plan.detectors if name not in plan.runs)
     assert plan.detectors["neglabel@wn"]["params"] == {"tau": 0.02, "groups": 2, "seed": 0}
     assert plan.detectors["eoe@eoe-far"]["params"] == {"tau": 0.02, "beta": 0.25}
-    forced = E.make_plan(["mcm"], _vocabularies()[:1], vocab_scores=["eoe"])
+    forced = E.make_plan(["mcm"], toy_vocabularies()[:1], vocab_scores=["eoe"])
     assert set(forced.runs) == {"eoe@wn"}
     none = E.make_plan(["mcm", "neglabel"])
     assert none.not_run == {"neglabel": "no vocabulary was given"}
@@ -127,7 +105,7 @@ def test_plan_names_columns_and_sweeps():
 def test_scores_and_rows_match_an_independent_computation():
     datasets = _datasets()
     embed = _embedder()
-    vocabs = _vocabularies()
+    vocabs = toy_vocabularies()
     plan = E.make_plan(vocabularies=vocabs, sweep_m=[2])
     result = E.evaluate_zeroshot(datasets, "id-test", CLASSES, embed, plan, model="toy", progress=False)
     # Each vocabulary is embedded once (all its sweep points in one call), the ID names once.
@@ -180,7 +158,7 @@ def _store(tmp_path) -> Store:
 
 def test_run_directory_resumes_and_recomputes_only_what_changed(tmp_path, monkeypatch):
     store = _store(tmp_path)
-    vocabs = _vocabularies()
+    vocabs = toy_vocabularies()
     plan = E.make_plan(vocabularies=vocabs, sweep_k=[2])
     out = tmp_path / "run"
     first = E.evaluate_zeroshot_store(
@@ -270,7 +248,7 @@ def test_table2_layout_marks_best_deployable_and_never_the_oracle():
 
 def test_sweep_tables_and_run_discovery(tmp_path):
     store = _store(tmp_path)
-    vocabs = _vocabularies()
+    vocabs = toy_vocabularies()
     plan = E.make_plan(["mcm", "neglabel"], vocabs, sweep_k=[1, 2], sweep_m=[1, 4])
     E.evaluate_zeroshot_store(
         store,
@@ -295,7 +273,7 @@ def test_sweep_tables_and_run_discovery(tmp_path):
 
 
 def test_report_vocabularies_labels_are_unique_within_a_run():
-    wordnet, siblings, oracle, eoe = _vocabularies()
+    wordnet, siblings, oracle, eoe = toy_vocabularies()
     second = Vocabulary(
         "wn-big",
         "wordnet",

@@ -42,3 +42,28 @@ class HashEmbedder:
             mean = np.mean([self.vector(t.format(label)) for t in templates], axis=0)
             rows.append(mean / np.linalg.norm(mean))
         return np.asarray(rows, dtype=np.float32)
+
+
+def toy_vocabularies() -> list:
+    """Four small vocabularies, one of each kind a zero-shot run sweeps (WordNet, LLM siblings, oracle, EOE)."""
+    from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
+
+    wordnet = Vocabulary(
+        "wn",
+        "wordnet",
+        [],
+        params={"m": 4},
+        ranked={NOUN: ["rock", "bus", "violin", "lamp"], ADJECTIVE: ["shiny", "icy"]},
+    )
+    wordnet.labels = wordnet.select()
+    siblings = Vocabulary(
+        "llm",
+        "siblings",
+        [],
+        params={"k": 1},
+        per_class={"apple": ["pear", "plum"], "bus": ["tram", "coach"], "cloud": ["fog", "smoke"]},
+    )
+    siblings.labels = siblings.select()
+    oracle = Vocabulary("oracle", "oracle", ["rock", "violin", "lamp"])
+    eoe = Vocabulary("eoe-far", "eoe", ["rock", "lamp", "galaxy"])
+    return [wordnet, siblings, oracle, eoe]
