@@ -50,25 +50,9 @@ def test_plan_restarts_batches_at_every_shard():
 
 def test_cli_extract_round_trip_with_corrupt_file(image_dir, tmp_path):
     store_dir = tmp_path / "store"
-    result = _cli(
-        "extract",
-        "--model",
-        "test_resnet",
-        "--no-pretrained",
-        "--image-size",
-        "32",
-        "--store",
-        str(store_dir),
-        "--data",
-        str(image_dir),
-        "--batch-size",
-        "3",
-        "--shard-size",
-        "4",
-        "--workers",
-        "2",
-        "--no-progress",
-    )
+    extract = ["extract", "--model", "test_resnet", "--no-pretrained", "--image-size", "32", "--store", str(store_dir)]
+    extract += ["--data", str(image_dir), "--batch-size", "3", "--shard-size", "4", "--no-progress"]
+    result = _cli(*extract, "--workers", "2")
     assert result.exit_code == 0, result.output
     assert "1 unreadable image(s) skipped" in result.output and "dog/broken.png" in result.output
     store = Store(store_dir)
@@ -97,25 +81,7 @@ def test_cli_extract_round_trip_with_corrupt_file(image_dir, tmp_path):
     pixels = torch.stack([backbone.transform(load_rgb(dataset.path(i))) for i in index.tolist()])
     np.testing.assert_allclose(out.features, backbone.infer(pixels)["features"], rtol=1e-5, atol=1e-6)
     # A rerun finds the entry complete and does nothing.
-    again = _cli(
-        "extract",
-        "--model",
-        "test_resnet",
-        "--no-pretrained",
-        "--image-size",
-        "32",
-        "--store",
-        str(store_dir),
-        "--data",
-        str(image_dir),
-        "--batch-size",
-        "3",
-        "--shard-size",
-        "4",
-        "--workers",
-        "0",
-        "--no-progress",
-    )
+    again = _cli(*extract, "--workers", "0")
     assert again.exit_code == 0 and "already complete" in again.output
 
 
