@@ -1,8 +1,9 @@
-"""Atomic file writes: write under a temporary name in the same directory, fsync, then rename."""
+"""Files: atomic writes (a temporary name in the same directory, fsync, then rename) and streamed digests."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -81,3 +82,12 @@ def unwritable(directory: str | os.PathLike[str]) -> str | None:
         return f"cannot create {path} ({existing}: {reason})"
     os.rmdir(probe)
     return None
+
+
+def sha256_file(path: str | os.PathLike[str], *, block: int = 16 * 2**20) -> str:
+    """SHA-256 hex digest of a file, read in blocks (checkpoints and k-NN indexes can be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(block), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import hashlib
 import importlib
 import json
 import math
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_path, atomic_write_json
+from ..atomic import atomic_path, atomic_write_json, sha256_file
 from ..errors import DetectorError
 from ..store import PROVENANCE_KEYS, Store, library_versions
 from .base import Detector
@@ -279,15 +278,6 @@ def check_provenance(saved: Mapping[str, Any] | None, store: Store, model_id: st
 
 
 # ----------------------------------------------------------------------------------------------- save / load
-def _sha256(path: Path) -> str:
-    """SHA-256 of a file, read in 16 MiB blocks (a k-NN index can be gigabytes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(16 * 2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _origin_record(detector: Detector) -> dict[str, Any]:
     from . import registry
 
@@ -328,7 +318,7 @@ def save(detector: Detector, directory: str | os.PathLike[str], *, provenance: M
         "origin": _origin_record(detector),
         "params": params,
         "state": state,
-        "arrays_sha256": _sha256(path / ARRAYS_FILE),
+        "arrays_sha256": sha256_file(path / ARRAYS_FILE),
         "provenance": None if provenance is None else json.loads(json.dumps(dict(provenance), default=str)),
         "versions": library_versions(),
         "saved": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -394,7 +384,7 @@ def load(directory: str | os.PathLike[str], *, plugins: Iterable[str] = (), chec
         )
     arrays_path = path / ARRAYS_FILE
     try:
-        if _sha256(arrays_path) != meta.get("arrays_sha256"):
+        if sha256_file(arrays_path) != meta.get("arrays_sha256"):
             raise DetectorError(f"{arrays_path} does not match {META_FILE} (modified or from another save)")
         arrays = load_file(str(arrays_path))
     except (OSError, SafetensorError) as exc:

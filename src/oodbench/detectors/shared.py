@@ -74,8 +74,7 @@ class FitStatistics:
         needs: set[str] = set()
         available = fit_set.array_names()
         for detector in detectors:
-            requires = detector.requirements()
-            if requires.fit <= available and (head is not None or not requires.head):
+            if not detector.unmet(available, has_head=head is not None):
                 declared = declared_statistics(detector)
                 needs |= declared
                 if declared:

@@ -25,10 +25,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..atomic import sha256_file
 from ..errors import ExtractError
 from ..store import Store
 from ..templates import SEED_TEMPLATES
-from .backbones.base import Backbone, autocast, resolve_device, safe_id, sha256_file
+from .backbones.base import Backbone, autocast, resolve_device, safe_id
 
 if TYPE_CHECKING:
     from .hf_clip import HfClipBundle

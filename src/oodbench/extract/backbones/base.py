@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import hashlib
 import re
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,7 +16,6 @@ from ...outputs import Head
 
 __all__ = [
     "Backbone",
-    "sha256_file",
     "safe_id",
     "autocast",
     "resolve_device",
@@ -34,15 +31,6 @@ INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box", "hamming")
 _CROP_MODES = ("center", "squash", "border")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+@=,-]+")
-
-
-def sha256_file(path: str | Path, *, block: int = 8 * 2**20) -> str:
-    """SHA-256 hex digest of a file, streamed."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(block), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def safe_id(text: str) -> str:

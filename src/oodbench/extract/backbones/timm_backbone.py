@@ -20,10 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...atomic import sha256_file
 from ...errors import ExtractError
 from ...outputs import Head
 from ..nac import NacLayer, capture_outputs, neuron_states
-from .base import Backbone, autocast, check_preprocessing, safe_id, sha256_file
+from .base import Backbone, autocast, check_preprocessing, safe_id
 
 __all__ = ["TimmBackbone", "load_timm", "MISSING_WEIGHTS_HINT"]
 
