@@ -19,6 +19,7 @@ reports ρ = −0.61 over its classifiers, Appendix E).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ import numpy as np
 from .atomic import atomic_write_json
 from .chunking import iter_chunks, rows_per_chunk
 from .errors import OodbenchError
+from .outputs import Outputs
 from .store import Store
 
 __all__ = [
@@ -215,14 +217,16 @@ def accuracy_rows(
     multilabels: Mapping[str, MultiLabels] | None = None,
     text_embeddings: np.ndarray | None = None,
     need_items: bool = True,
+    outputs: Outputs | None = None,
 ) -> list[AccuracyRow]:
     """Top-1 rows of one entry: original labels, then each re-annotation; zero-shot when text embeddings are given.
 
     Classifiers predict from the stored logits; a VLM (pass `text_embeddings` of the ID classes, in label order)
     predicts from its stored image embeddings. Re-annotations need the entry's item list; without one they raise,
-    or are skipped when `need_items` is False.
+    or are skipped when `need_items` is False. `outputs`: the entry, when the caller has it read already.
     """
-    outputs = store.read(model_id, dataset_id)
+    if outputs is None:
+        outputs = store.read(model_id, dataset_id)
     if text_embeddings is not None:
         predicted = zero_shot_predictions(outputs.features, text_embeddings)
     elif outputs.logits is not None:
@@ -306,6 +310,7 @@ def record_accuracy(
     *,
     multilabels: Mapping[str, MultiLabels] | None = None,
     text_embeddings: np.ndarray | None = None,
+    outputs: Outputs | None = None,
 ) -> list[AccuracyRow]:
     """Compute `accuracy_rows` and write them into `run_dir`.
 
@@ -318,21 +323,23 @@ def record_accuracy(
         except AccuracyError:
             multilabels = {}
     rows = accuracy_rows(
-        store, model_id, dataset_id, multilabels=multilabels, text_embeddings=text_embeddings, need_items=not automatic
+        store,
+        model_id,
+        dataset_id,
+        multilabels=multilabels,
+        text_embeddings=text_embeddings,
+        need_items=not automatic,
+        outputs=outputs,
     )
     if run_dir is not None and rows:
         write_accuracy(run_dir, model_id, rows)
     return rows
 
 
-_REAL: list[MultiLabels] = []
-
-
+@functools.cache
 def _real_labels_cached() -> MultiLabels:
     """timm's ReaL labels, read once per process (50,000 lists)."""
-    if not _REAL:
-        _REAL.append(load_multilabels(real_labels_path()))
-    return _REAL[0]
+    return load_multilabels(real_labels_path())
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:

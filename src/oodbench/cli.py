@@ -25,9 +25,6 @@ from .cli_params import parse_params
 from .errors import OodbenchError
 from .names import suggest
 
-RESULTS_LEGEND = (
-    "cells: FPR@95 / AUROC in % (ID positive; lower FPR, higher AUROC better); bold: lowest FPR@95 per OOD set"
-)
 EXPECTED = 2  # exit status of an expected error (bad input, bad parameter)
 UNEXPECTED = 1  # exit status of a bug or an environment failure (traceback in the log file)
 
@@ -189,8 +186,6 @@ def evaluate(
         save_detectors=save_detectors,
     )
     sys.stdout.write(result.table_markdown)
-    if "Cells:" not in result.table_markdown:  # the table's own note says it once the table carries one
-        typer.echo(RESULTS_LEGEND)
     for name, reason in result.skipped.items():
         typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")

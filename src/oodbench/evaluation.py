@@ -227,7 +227,7 @@ def evaluate_store(
         if id_test.labels is not None and id_test.logits is not None:
             from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
 
-            record_accuracy(run_dir.path, store, model_id, id_dataset)
+            record_accuracy(run_dir.path, store, model_id, id_dataset, outputs=id_test)
         ran_keys = {name: keys[name] for name in plan if name not in result.skipped}
         run_dir.write_info(
             run_description(

@@ -96,10 +96,6 @@ def evaluate_model_command(
         progress=progress,
     )
     sys.stdout.write(result.table_markdown)
-    if "Cells:" not in result.table_markdown:  # the table's own note says it once the table carries one
-        from .cli import RESULTS_LEGEND
-
-        typer.echo(RESULTS_LEGEND)
     for name, reason in result.skipped.items():
         typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
     ran = sum(result.extracted.values())

@@ -139,9 +139,7 @@ def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult, battery: An
         f"| lfw-faces | far-OOD (scikit-image LFW subset, resized) | {sizes.get('lfw-faces', '?')} |",
         f"| noise | far-OOD (uniform noise) | {sizes.get('noise', '?')} |",
         "",
-        "Cells: FPR@95TPR / AUROC in % (ID positive; the threshold accepts 95% of ID). Bold: lowest FPR@95 per column.",
-        "",
-        evaluation.table_markdown,
+        evaluation.table_markdown,  # its own note says what the cells are
     ]
     if evaluation.skipped:
         lines += ["Skipped detectors (requirements not met by the demo's arrays):", ""]
@@ -171,10 +169,6 @@ def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult, battery: An
 def print_summary(result: DemoResult) -> None:
     """Print the table and where the outputs went."""
     sys.stdout.write(result.evaluation.table_markdown)
-    if "Cells:" not in result.evaluation.table_markdown:  # the table's own note says it once it carries one
-        sys.stdout.write(
-            "cells: FPR@95 / AUROC in % (ID positive; lower FPR, higher AUROC better); bold: lowest FPR@95 per OOD set\n"
-        )
     sys.stdout.flush()
     battery = result.battery
     console.print(
