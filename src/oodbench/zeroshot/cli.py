@@ -86,13 +86,15 @@ def _llm_client(
 ) -> Any:
     from ..llm import ChatClient, LLMConfig
 
-    options = {"requests_per_minute": rpm, "timeout_s": timeout, "max_retries": retries, "temperature": temperature}
-    config_obj = LLMConfig.resolve(
+    config_obj = LLMConfig.resolve(  # options left None fall back to the config file, then the defaults
         base_url=base_url,
         model=model,
         api_key=api_key,
         config_file=config,
-        **{k: v for k, v in options.items() if v is not None},
+        requests_per_minute=rpm,
+        timeout_s=timeout,
+        max_retries=retries,
+        temperature=temperature,
     )
     return ChatClient(config_obj, cache or vocab_dir / ".llm-cache")
 

@@ -205,14 +205,15 @@ def evaluate_zeroshot(
     tpr: float = 0.95,
     progress: bool = True,
     cached: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-    on_detector_done: Any = None,
+    on_detectors_done: Any = None,
 ) -> ZeroShotResult:
     """Score the ID test set and every OOD set for each detector column of `plan`; compute all metrics.
 
     `datasets` maps dataset id -> Outputs whose features are image embeddings (patch embeddings, when present, in
     ``extras['patch_embeddings']``). Columns whose inputs are missing (no patch embeddings for glmcm) are skipped
-    and reported. `cached` maps dataset -> detector -> scores to reuse instead of recomputing; `on_detector_done`
-    is called with (detector, {dataset: scores}) as each column finishes.
+    and reported. `cached` maps dataset -> detector -> scores to reuse instead of recomputing;
+    `on_detectors_done` is called with {detector: {dataset: scores}} as each batch of columns (the logit scores of
+    one setting share a pass) finishes.
     """
     if id_dataset not in datasets:
         raise ZeroShotError(f"the ID dataset {id_dataset!r} is not among the datasets {list(datasets)}")
@@ -242,11 +243,12 @@ def evaluate_zeroshot(
             results[ds][detector] = np.asarray(cached[ds][detector], dtype=np.float64)
         return True
 
-    def finish(detector: str, per_dataset: Mapping[str, np.ndarray]) -> None:
-        for ds, values in per_dataset.items():
-            results[ds][detector] = np.asarray(values, dtype=np.float64)
-        if on_detector_done is not None:
-            on_detector_done(detector, dict(per_dataset))
+    def finish(batch: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        for detector, per_dataset in batch.items():
+            for ds, values in per_dataset.items():
+                results[ds][detector] = np.asarray(values, dtype=np.float64)
+        if on_detectors_done is not None:
+            on_detectors_done({detector: dict(per_dataset) for detector, per_dataset in batch.items()})
 
     # Text embeddings are computed on first need and once per label list (one call per vocabulary covers its sweep).
     id_filter = IdFilter(id_classes.names)
@@ -284,20 +286,20 @@ def evaluate_zeroshot(
                 ds: logit_scores(out.features, id_text(), names=names, tau=tau_value, gen_gamma=gamma, gen_top_m=top_m)
                 for ds, out in datasets.items()
             }
-            for name in names:
-                finish(name, {ds: per_dataset[ds][name] for ds in datasets})
+            finish({name: {ds: per_dataset[ds][name] for ds in datasets} for name in names})
         bar.advance(task, len(logit_names))
         if "glmcm" in detectors:
             bar.update(task, description="glmcm")
             if not from_cache("glmcm"):
                 finish(
-                    "glmcm",
                     {
-                        ds: glmcm_scores(
-                            out.features, out.extras[PATCH_EXTRA], id_text(), **detectors["glmcm"]["params"]
-                        )
-                        for ds, out in datasets.items()
-                    },
+                        "glmcm": {
+                            ds: glmcm_scores(
+                                out.features, out.extras[PATCH_EXTRA], id_text(), **detectors["glmcm"]["params"]
+                            )
+                            for ds, out in datasets.items()
+                        }
+                    }
                 )
             bar.advance(task)
         for detector, run in plan.runs.items():
@@ -314,11 +316,12 @@ def evaluate_zeroshot(
                 matrix = vocab_text(run, labels)
                 compute = get_score(run.score).compute
                 finish(
-                    detector,
                     {
-                        ds: compute(out.features, id_text(), matrix, **detectors[detector]["params"])
-                        for ds, out in datasets.items()
-                    },
+                        detector: {
+                            ds: compute(out.features, id_text(), matrix, **detectors[detector]["params"])
+                            for ds, out in datasets.items()
+                        }
+                    }
                 )
             bar.advance(task)
 
@@ -385,13 +388,13 @@ def evaluate_zeroshot_store(
         run_dir.check_writable("out_dir")
     cached, done = run_dir.resume(model_id, names, keys) if run_dir is not None else ({}, {})
 
-    def persist(detector: str, per_dataset: Mapping[str, np.ndarray]) -> None:
-        # Saved as each column finishes, so an interrupted run resumes with the next one.
+    def persist(batch: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        # Saved as each batch of columns finishes (one write per dataset), so an interrupted run resumes after it.
         if run_dir is None:
             return
-        for ds, values in per_dataset.items():
-            run_dir.save_scores(model_id, ds, {detector: values})
-        done[detector] = keys[detector]
+        for ds in next(iter(batch.values())):
+            run_dir.save_scores(model_id, ds, {detector: per_dataset[ds] for detector, per_dataset in batch.items()})
+        done.update({detector: keys[detector] for detector in batch})
         _write_run_json(
             run_dir,
             store,
@@ -418,7 +421,7 @@ def evaluate_zeroshot_store(
         tpr=tpr,
         progress=progress,
         cached=cached,
-        on_detector_done=persist,
+        on_detectors_done=persist,
     )
     info: dict[str, Any] = {"model": model_id, "zeroshot": {"detectors": result.detectors}}
     if run_dir is not None:
