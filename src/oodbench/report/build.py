@@ -304,9 +304,9 @@ def build_report(
                 [i for i in options.intro if isinstance(i, Table)],
             )
         )
+    accuracy: list[Accuracy] = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
     if supervised:
         overview = Section("overview", "Overview", "Best detectors per model and OOD set.\n\n" + CONVENTION)
-        accuracy = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
         top1: dict[str, dict[str, float]] = {}
         for acc in accuracy:
             top1.setdefault(acc.model, {})[acc.labels] = acc.top1
@@ -361,7 +361,7 @@ def build_report(
         _add_score_sections(content, supervised, scored, scored_pairs, options, progress)
 
     if options.against:
-        _add_published_section(content, runs, options.against)
+        _add_published_section(content, runs, options.against, accuracy)
 
     provenance = Section("provenance", "Provenance", "Models, checkpoints, dataset hashes and library versions.")
     for run in runs:
@@ -372,13 +372,14 @@ def build_report(
     return content
 
 
-def _add_published_section(content: ReportContent, runs: Sequence[RunData], against: str) -> None:
+def _add_published_section(
+    content: ReportContent, runs: Sequence[RunData], against: str, accuracy: Sequence[Accuracy]
+) -> None:
     """The published tables' layouts with the runs' values beside the paper's (after the Overview)."""
     from ..analysis.published import load_published
     from .published import published_tables, summary_table
 
     rows = [r for run in runs for r in run.rows]
-    accuracy: list[Accuracy] = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
     owners: dict[tuple[str, str], RunData] = {}
     for run in runs:
         for pair in run.pairs():
