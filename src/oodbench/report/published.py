@@ -108,6 +108,10 @@ class _Index:
             (c.cell.table, c.cell.model, c.cell.dataset, c.cell.subset, c.cell.detector, c.cell.metric): c
             for c in comparisons
         }
+        # Without a detector: the first comparison of the cell, as a scan of by_key in order would find it.
+        self.first: dict[tuple[str, str, str, str, str], Comparison] = {}
+        for (table, model, dataset, subset, _, metric), c in self.by_key.items():
+            self.first.setdefault((table, model, dataset, subset, metric), c)
         self.tables = {c.cell.table for c in comparisons}
 
     def get(
@@ -115,12 +119,7 @@ class _Index:
     ) -> Comparison | None:
         if detector is not None:
             return self.by_key.get((table, model, dataset, subset, detector, metric))
-        found = [
-            c
-            for (t, m, d, s, _, k), c in self.by_key.items()
-            if (t, m, d, s, k) == (table, model, dataset, subset, metric)
-        ]
-        return found[0] if found else None
+        return self.first.get((table, model, dataset, subset, metric))
 
     def rows(self, table: str, attribute: str) -> list[str]:
         return list(dict.fromkeys(getattr(c.cell, attribute) for c in self.by_key.values() if c.cell.table == table))
