@@ -123,6 +123,14 @@ def test_parse_answer_formats():
     assert parse_answer("I cannot tell.", ["tent"])["parse_error"]
 
 
+def test_parse_answer_reads_braces_inside_strings():
+    # Before: braces were counted by hand, so a "}" inside a string cut the object short and the answer was lost.
+    reply = 'Here: {"description": "a sign reading }{", "closed_world": "tent", "open_world": "sign"} done'
+    out = parse_answer(reply, ["tent"])
+    assert not out["parse_error"] and out["closed_world"] == "tent" and out["open_world"] == "sign"
+    assert out["description"] == "a sign reading }{"
+
+
 def test_config_from_environment(monkeypatch):
     for var in (
         "OODBENCH_LLM_BASE_URL",

@@ -77,21 +77,15 @@ def _json_object(text: str) -> dict[str, Any] | None:
     """The first JSON object in a reply (models often wrap it in prose or code fences); None for absurd nesting."""
     if not json_depth_ok(text):
         return None  # deeper than any answer needs: json.loads would exhaust the stack (RecursionError)
+    decoder = json.JSONDecoder()  # raw_decode reads one value and knows about braces inside strings
     start = text.find("{")
     while start != -1:
-        depth = 0
-        for end in range(start, len(text)):
-            if text[end] == "{":
-                depth += 1
-            elif text[end] == "}":
-                depth -= 1
-                if depth == 0:
-                    try:
-                        value = json.loads(text[start : end + 1])
-                    except json.JSONDecodeError:
-                        break
-                    return value if isinstance(value, dict) else None
-        start = text.find("{", start + 1)
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+            continue
+        return value if isinstance(value, dict) else None
     return None
 
 
