@@ -404,10 +404,9 @@ def _record_accuracy_and_name(ctx: Context, model: ModelSpec, run_dir: RunDir, *
     # A classifier's logits live under its own id (a probe's too); a VLM's image embeddings under its store id.
     store_id = model.id if model.is_classifier else model.store_id
     record_accuracy(run_dir.path, ctx.store, store_id, ctx.config.id_test, text_embeddings=text_embeddings)
-    if run_dir.info_path.is_file():
-        description = run_dir.read_info()
-        if description.get("display") != model.display_name:
-            run_dir.write_info({**description, "display": model.display_name})
+    description = run_dir.read_info()  # a classifier's run.json has it already (_run_json); a VLM's is written apart
+    if description and description.get("display") != model.display_name:
+        run_dir.write_info({**description, "display": model.display_name})
 
 
 # ----------------------------------------------------------------------------------------------- metrics
@@ -435,6 +434,7 @@ def _run_json(
         skipped=skipped,
     )
     description["runner"] = {"experiment": config.name, "config": str(config.path) if config.path else None, "key": key}
+    description["display"] = config.models[model_id].display_name
     return description
 
 
