@@ -13,14 +13,17 @@ from .errors import DataError
 _CHECK_CHUNK = 65536
 
 
-def _check_finite(name: str, array: np.ndarray) -> None:
-    """Raise DataError if `array` holds NaN or inf; scans in row chunks to keep memory bounded."""
+def require_finite(name: str, array: np.ndarray, *, offset: int = 0) -> None:
+    """Raise DataError if `array` holds NaN or inf; scans in row chunks to keep memory bounded.
+
+    `offset` is the array's first row in a larger one (a chunk), so the error names the row of the whole.
+    """
     if array.size == 0:
         return
     for start in range(0, array.shape[0], _CHECK_CHUNK):
         block = np.asarray(array[start : start + _CHECK_CHUNK])
         if not np.isfinite(block).all():
-            bad = int(np.flatnonzero(~np.isfinite(block).reshape(block.shape[0], -1).all(axis=1))[0]) + start
+            bad = int(np.flatnonzero(~np.isfinite(block).reshape(block.shape[0], -1).all(axis=1))[0]) + start + offset
             raise DataError(f"{name} contains NaN or inf values (first at row {bad})")
 
 
@@ -32,7 +35,7 @@ def _as_float_matrix(name: str, value: object, *, check_finite: bool = True) -> 
     if not np.issubdtype(array.dtype, np.floating):
         raise DataError(f"{name} must have a floating dtype (float16/32/64); got {array.dtype}")
     if check_finite:
-        _check_finite(name, array)
+        require_finite(name, array)
     return array
 
 
@@ -70,7 +73,7 @@ class Outputs:
             if array.ndim == 0 or array.shape[0] != n:
                 raise DataError(f"extras[{key!r}] must have {n} rows (one per image); got shape {array.shape}")
             if self.check_finite and np.issubdtype(array.dtype, np.floating):
-                _check_finite(f"extras[{key!r}]", array)
+                require_finite(f"extras[{key!r}]", array)
             extras[key] = array
         object.__setattr__(self, "extras", extras)
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ..errors import DataError, DetectorError
-from ..outputs import Head, Outputs
+from ..errors import DetectorError
+from ..outputs import Head, Outputs, require_finite
 from ..papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
 
 if TYPE_CHECKING:
@@ -77,9 +77,8 @@ def _declared_rows(test: Outputs, rows: slice, declared: frozenset[str]) -> Outp
         block = np.asarray(array[rows])
         # Outputs built with check_finite=True were checked whole at construction; others are checked here, per
         # chunk, so a NaN reaches no detector (some would turn it into a plausible finite score).
-        if not test.check_finite and np.issubdtype(block.dtype, np.floating) and not np.isfinite(block).all():
-            bad = int(np.flatnonzero(~np.isfinite(block).reshape(num_rows, -1).all(axis=1))[0]) + rows.start
-            raise DataError(f"test set {name} contains NaN or inf values (first at row {bad})")
+        if not test.check_finite and np.issubdtype(block.dtype, np.floating):
+            require_finite(f"test set {name}", block, offset=rows.start)
         return block
 
     if "features" in declared:
