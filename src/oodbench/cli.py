@@ -23,7 +23,7 @@ from typer.core import TyperGroup
 
 from .cli_params import parse_params
 from .errors import OodbenchError
-from .names import suggest
+from .names import suggest, unknown_parameter
 
 EXPECTED = 2  # exit status of an expected error (bad input, bad parameter)
 UNEXPECTED = 1  # exit status of a bug or an environment failure (traceback in the log file)
@@ -159,13 +159,9 @@ def evaluate(
     if unknown:
         raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
     for name, given in overrides.items():
-        allowed = registry.get_class(name).param_names()
-        for key in given:
-            if key not in allowed:
-                raise typer.BadParameter(
-                    f"--param {name}.{key}: {name} has no parameter {key!r}{suggest(key, allowed)} "
-                    f"(its parameters: {', '.join(allowed) or 'none'})"
-                )
+        unknown_param = unknown_parameter(name, given, registry.get_class(name).param_names())
+        if unknown_param is not None:
+            raise typer.BadParameter(f"--param {name}.{unknown_param[0]}: {unknown_param[1]}")
     if not store.is_dir():
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
     from .rundir import RunDir

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from .errors import OodbenchError
 
@@ -41,3 +41,12 @@ def suggest(name: str, options: Iterable[str]) -> str:
         by_lower.setdefault(option.lower(), option)
     close = [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)]
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+def unknown_parameter(owner: str, given: Iterable[str], allowed: Sequence[str]) -> tuple[str, str] | None:
+    """The first of `given` that `owner` does not take, with the one-line reason (closest name, the valid ones)."""
+    for key in given:
+        if key not in allowed:
+            valid = ", ".join(allowed) or "none"
+            return key, f"{owner} has no parameter {key!r}{suggest(key, allowed)} (its parameters: {valid})"
+    return None

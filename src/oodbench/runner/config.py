@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field
 
 from ..errors import ConfigError
-from ..names import check_name
+from ..names import check_name, unknown_parameter
 from .kinds import DatasetSpec, ModelSpec, dataset_kind, model_kind
 from .schema import PositiveInt, StrList, Table, as_mapping, suggest, validate
 
@@ -377,13 +377,9 @@ def _parse_detectors(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"{key}: unknown detector {name!r}{suggest(name, available)}")
         if name not in chosen:
             raise ConfigError(f"{key}: parameters for {name!r}, which is not evaluated (not included, or excluded)")
-        allowed = registry.get_class(name).param_names()
-        for param in params:
-            if param not in allowed:
-                raise ConfigError(
-                    f"{key}.{param}: {name} has no parameter {param!r}{suggest(param, allowed)} "
-                    f"(its parameters: {', '.join(allowed) or 'none'})"
-                )
+        unknown_param = unknown_parameter(name, params, registry.get_class(name).param_names())
+        if unknown_param is not None:
+            raise ConfigError(f"{key}.{unknown_param[0]}: {unknown_param[1]}")
     resolved: dict[str, dict[str, Any]] = {}
     for name in chosen:
         try:
@@ -451,13 +447,9 @@ def _parse_zeroshot(
         key = f"zeroshot.params.{name}"
         if name not in scores:
             raise ConfigError(f"{key}: parameters for {name!r}, which is not in zeroshot.scores")
-        allowed = list(SCORES[name].defaults)
-        for param in given:
-            if param not in allowed:
-                raise ConfigError(
-                    f"{key}.{param}: {name} has no parameter {param!r}{suggest(param, allowed)} "
-                    f"(its parameters: {', '.join(allowed)})"
-                )
+        unknown_param = unknown_parameter(name, given, list(SCORES[name].defaults))
+        if unknown_param is not None:
+            raise ConfigError(f"{key}.{unknown_param[0]}: {unknown_param[1]}")
     vocabularies = {name: _parse_vocabulary(name, entry, variables) for name, entry in table.vocabularies.items()}
     for name, vocab in vocabularies.items():
         for i, part in enumerate(vocab.get("of", [])):
