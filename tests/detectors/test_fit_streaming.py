@@ -8,8 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from oodbench.detectors import Detector, _streaming, available, create
-from oodbench.detectors._gaussian import ScatterAccumulator, pinv_sqrt
+from oodbench.detectors import Detector, _gaussian, _streaming, available, create
+from oodbench.detectors._gaussian import (
+    ClassGaussians,
+    ScatterAccumulator,
+    pinv_sqrt,
+    triangular_whitener,
+    whiten_triangular,
+)
+from oodbench.errors import DetectorError
 from oodbench.outputs import Outputs
 
 
@@ -152,3 +159,87 @@ def test_moment_about_a_point_matches_direct_computation():
     stats.update(features)
     direct = (features - point).T @ (features - point) / 300
     np.testing.assert_allclose(stats.moment_about(point), direct, rtol=1e-11)
+
+
+def test_class_sums_per_block_equal_class_sums_per_part():
+    """update_classes on a block (the shared pass) and labels given with each part (update_owned) agree."""
+    rng = np.random.default_rng(7)
+    features = rng.normal(size=(900, 5)) * 2 + 50.0
+    labels = rng.integers(0, 30, 900)
+    labels[labels == 4] = 5  # a class absent from the data keeps a zero count
+    by_part = ScatterAccumulator(5, by_class=True)
+    by_block = ScatterAccumulator(5, by_class=True)
+    for start in range(0, 900, 128):
+        rows = slice(start, start + 128)
+        by_part.update_owned(features[rows].copy(), labels[rows])
+        by_block.update_owned(features[rows].copy())
+        by_block.update_classes(features[rows], labels[rows])
+    np.testing.assert_array_equal(by_block.class_counts, by_part.class_counts)
+    assert by_block.class_counts[4] == 0
+    # Two float64 orders of summing the same ≤ 128 values of size ~50 per class: |difference| ≤ 2·128·u·50·128.
+    np.testing.assert_allclose(by_block.class_sums, by_part.class_sums, rtol=0, atol=2 * 128 * 2**-53 * 50 * 128)
+    means = np.stack([features[labels == c].mean(axis=0) for c in by_part.present_classes])
+    np.testing.assert_allclose(by_block.class_means(), means, rtol=1e-12)
+    with pytest.raises(DetectorError, match="about the shift"):
+        ScatterAccumulator(5, by_class=True).update_classes(features[:3], labels[:3])
+
+
+def test_gram_stays_right_when_read_between_updates():
+    """Reading the Gram mirrors it in place; later updates must still give the Gram of all rows."""
+    rng = np.random.default_rng(8)
+    features = rng.normal(size=(1500, 700))
+    for gram_dtype, rtol in (("float64", 1e-12), ("float32", 1e-4)):
+        stats = ScatterAccumulator(700, gram_dtype=gram_dtype, shift=np.zeros(700))
+        stats.update(features[:600])
+        np.testing.assert_allclose(stats.gram, features[:600].T @ features[:600], rtol=rtol, atol=rtol * 600)
+        stats.update(features[600:])
+        expected = features.T @ features
+        # float32: the proven entrywise bound β·sqrt(G_jj G_ll), with G_jj ≈ 1500 here.
+        atol = stats.gram_error_bound() * 1500 * 1.01 if gram_dtype == "float32" else 1e-9
+        np.testing.assert_allclose(stats.gram, expected, rtol=0, atol=atol)
+        np.testing.assert_array_equal(stats.gram, stats.gram.T)
+
+
+def test_triangular_whitener_whitens_and_declines_singular_covariances():
+    rng = np.random.default_rng(9)
+    basis = rng.normal(size=(40, 40))
+    covariance = basis @ basis.T / 40 + 0.1 * np.eye(40)
+    upper = triangular_whitener(covariance)
+    assert upper is not None and np.array_equal(upper, np.triu(upper))
+    # U Uᵀ = Σ⁻¹: relative error a few times cond(Σ)·D·u (cond ≈ 400 here).
+    np.testing.assert_allclose(
+        upper @ upper.T, np.linalg.inv(covariance), rtol=0, atol=1e-9 * np.abs(np.linalg.inv(covariance)).max()
+    )
+    rank_deficient = basis[:, :30] @ basis[:, :30].T
+    assert triangular_whitener(rank_deficient) is None  # pinv_sqrt would drop directions: no triangular factor
+    centred = rng.normal(size=(300, 40))
+    # Column blocks narrower than D exercise the block skipping; each entry is a float64 dot product of ≤ 40 terms.
+    for width in (7, 16, 40, 64):
+        original = _gaussian.TRIANGULAR_BLOCK
+        _gaussian.TRIANGULAR_BLOCK = width
+        try:
+            whitened = whiten_triangular(centred, upper)
+        finally:
+            _gaussian.TRIANGULAR_BLOCK = original
+        bound = 40 * 2**-53 / (1 - 40 * 2**-53) * (np.abs(centred) @ np.abs(upper))
+        assert (np.abs(whitened - centred @ upper) <= 2 * bound + 1e-300).all()
+
+
+def test_mahalanobis_uses_the_triangular_whitener_only_when_the_covariance_is_invertible():
+    rng = np.random.default_rng(10)
+    features = rng.normal(size=(2000, 12)) + rng.integers(0, 5, 2000)[:, None]
+    labels = rng.integers(0, 5, 2000)
+    test = Outputs(rng.normal(size=(300, 12)))
+    full = create("maha").fit(Outputs(features, labels=labels))
+    assert full.gaussians_.triangular
+    # The eigen-based whitener (pinv_sqrt) gives the same distances: the same formula, other rounding.
+    reference = ClassGaussians(
+        full.means_, full.covariance_, full.gaussians_.centre, whitener=pinv_sqrt(full.covariance_)
+    )
+    assert not reference.triangular
+    block = np.asarray(test.features, dtype=np.float64)
+    np.testing.assert_allclose(full.gaussians_.min_sq_distance(block), reference.min_sq_distance(block), rtol=1e-10)
+    # A duplicated column makes the within-class covariance singular: pinv_sqrt's whitener, not a triangular one.
+    singular = create("maha").fit(Outputs(np.hstack([features, features[:, :1]]), labels=labels))
+    assert not singular.gaussians_.triangular
+    assert singular.gaussians_.whitener.shape == (13, 12)

@@ -112,3 +112,35 @@ def test_maha_and_rmaha_share_one_whitener(problem):
     assert stats.within_class_whitener() is first
     stats.update(np.asarray(problem.fit.features[:10]), np.asarray(problem.fit.labels[:10]))
     assert stats.within_class_whitener() is not first  # more rows: recomputed
+
+
+def test_float32_gram_moves_mahalanobis_distances_within_the_propagated_bound(problem, small_params):
+    """Fitting with float32 Grams: distances within the first-order bound ‖ΔΣ‖₂/λ_min(Σ) of the float64 fit's.
+
+    Σ⁻¹ moves by Σ⁻¹ΔΣΣ⁻¹ to first order, so |Δ(xᵀΣ⁻¹x)| ≤ ‖ΔΣ‖₂‖Σ⁻¹x‖² ≤ (‖ΔΣ‖₂/λ_min)·xᵀΣ⁻¹x, for each class
+    and hence for the minimum over classes. ‖ΔΣ‖₂ ≤ ‖ΔΣ‖_F ≤ β·(Σ_j √G_jj)²/N from the entrywise Gram bound.
+    """
+    names = ("maha", "maha++", "rmaha", "rmaha++", "vim", "neco")
+    exact = fit_all([create(name, **small_params.get(name, {})) for name in names], problem.fit, problem.head)
+    stats = FitStatistics.for_detectors(
+        problem.fit, [create(name, **small_params.get(name, {})) for name in names], problem.head, gram_dtype="float32"
+    )
+    fast = [create(name, **small_params.get(name, {})).fit(problem.fit, problem.head, stats=stats) for name in names]
+    assert stats.passes == 1
+    for detector64, detector32, need in zip(
+        exact[:2], fast[:2], ("features_by_class", "normalized_by_class"), strict=True
+    ):
+        accumulator = stats.get(need)
+        covariance = detector64.covariance_
+        bound = accumulator.gram_error_bound() * np.sqrt(np.diag(accumulator.gram)).sum() ** 2 / accumulator.count
+        relative = bound / np.linalg.eigvalsh(covariance)[0]
+        assert 0 < relative < 0.05  # a meaningful bound on this well-conditioned problem
+        np.testing.assert_allclose(detector32.covariance_, covariance, rtol=0, atol=bound)
+        distance64, distance32 = -detector64.score(problem.test), -detector32.score(problem.test)
+        # Beyond first order: |Δd| ≤ r/(1 − r)·d with r = ‖ΔΣ‖₂/λ_min (plus float64 rounding, ~1e-12 relative).
+        limit = (relative / (1 - relative) + 1e-12) * np.abs(distance64)
+        assert (np.abs(distance32 - distance64) <= limit).all()
+        assert (distance32 != distance64).any()  # the float32 Gram did change them: the check is not vacuous
+    for detector64, detector32 in zip(exact[2:], fast[2:], strict=True):
+        assert np.isfinite(detector32.score(problem.test)).all()
+        assert detector32.fit_info_ is not None and detector64.fit_info_ is not None

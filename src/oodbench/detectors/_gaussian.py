@@ -17,6 +17,9 @@ _U64 = 2.0**-53
 # summed before they are added into the float64 Gram. They set the error bound below (gram_error_bound).
 SYRK_ROWS = 512
 GRAM_GROUP_ROWS = 4096
+# Rows per tile of the float32 class search: the tile's (rows x C) float32 product stays in cache while it is
+# reduced (4 MiB at C = 1000).
+SEARCH_ROWS = 1024
 
 
 def _gamma(n: int, unit: float) -> float:
@@ -43,6 +46,14 @@ def gram_error_bound(depth: int, groups: int) -> float:
 
 
 GRAM_DTYPES = ("float64", "float32")
+
+
+def _mirror_upper(matrix: np.ndarray, block: int = 512) -> None:
+    """Copy the upper triangle of a square matrix onto its lower triangle, in place, block by block."""
+    for cols in iter_chunks(matrix.shape[0], block):
+        diagonal = matrix[cols, cols]
+        diagonal[...] = np.triu(diagonal) + np.triu(diagonal, 1).T
+        matrix[cols.stop :, cols] = matrix[cols, cols.stop :].T
 
 
 class ScatterAccumulator:
@@ -97,30 +108,39 @@ class ScatterAccumulator:
             # Sums alone need no shift and no float64 copy: numpy sums the raw rows into float64 directly.
             if self.shift is None:
                 self.shift = np.zeros(self.dim)
-            centred = block if not self.shift.any() else block - self.shift
             self.count += block.shape[0]
-            self.sum += centred.sum(axis=0, dtype=np.float64)
+            self.sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
             if self.by_class:
-                self._update_classes(centred, np.asarray(labels))
+                self.update_classes(block, labels)
             return
         for part in iter_chunks(block.shape[0], SYRK_ROWS):
             # A cache-sized float64 copy: centring, sums and the float32 rounding stay out of main memory.
-            self.update_owned(
-                np.array(block[part], dtype=np.float64), None if labels is None else np.asarray(labels[part])
-            )
+            self.update_owned(np.array(block[part], dtype=np.float64))
+        if self.by_class:
+            self.update_classes(block, labels)  # once per block: its cost is mostly per call
+
+    def update_classes(self, block: np.ndarray, labels: np.ndarray) -> None:
+        """Add per-class sums (about the shift) and counts of a block whose rows update() or update_owned() added."""
+        if self.shift is None:
+            raise DetectorError("class sums are kept about the shift: add the rows (update_owned) first")
+        self._derived.clear()
+        self._add_class_sums(block, np.asarray(labels), subtract_shift=True)
 
     def update_owned(self, values: np.ndarray, labels: np.ndarray | None = None) -> None:
-        """Add a float64 block of at most SYRK_ROWS rows that the accumulator may overwrite (centred in place)."""
+        """Add a float64 block of at most SYRK_ROWS rows that the accumulator may overwrite (centred in place).
+
+        Per-class sums: pass `labels` here, or add them for a whole block of such parts with update_classes.
+        """
         self._derived.clear()
         if self.shift is None:
             self.shift = values.mean(axis=0)
         values -= self.shift
         self.count += values.shape[0]
         self.sum += values.sum(axis=0)
-        if self.by_class:
-            if labels is None:
-                raise DetectorError("per-class statistics need labels")
-            self._update_classes(values, labels)
+        if labels is not None:
+            if not self.by_class:
+                raise DetectorError("labels given to an accumulator without per-class sums")
+            self._add_class_sums(values, np.asarray(labels), subtract_shift=False)
         if not self.with_gram:
             return
         self._gram = None
@@ -159,8 +179,11 @@ class ScatterAccumulator:
         """Σ (x − shift)(x − shift)ᵀ over all rows (float64, symmetric)."""
         if self._gram is None:
             self._flush()
-            upper = np.triu(self._gram_upper)
-            self._gram = upper + np.triu(upper, 1).T
+            self._buffer = None  # the float32 group buffer (D² / 2 values) is not needed until the next update
+            # Mirrored in place (syrk leaves the lower triangle stale; the next update refreshes only the upper):
+            # no D x D temporaries, which at D = 4096 are 134 MB each.
+            _mirror_upper(self._gram_upper)
+            self._gram = self._gram_upper
         return self._gram
 
     def gram_error_bound(self) -> float:
@@ -170,7 +193,7 @@ class ScatterAccumulator:
         self._flush()
         return gram_error_bound(self.gram_depth, self.gram_groups)
 
-    def _update_classes(self, centred: np.ndarray, labels: np.ndarray) -> None:
+    def _add_class_sums(self, rows: np.ndarray, labels: np.ndarray, subtract_shift: bool) -> None:
         if labels.min() < 0:
             raise DetectorError(f"labels must be non-negative class indices; found {int(labels.min())}")
         num_classes = int(labels.max()) + 1
@@ -178,16 +201,22 @@ class ScatterAccumulator:
             grown = num_classes - self.class_counts.shape[0]
             self.class_counts = np.concatenate([self.class_counts, np.zeros(grown, dtype=np.int64)])
             self.class_sums = np.concatenate([self.class_sums, np.zeros((grown, self.dim))])
-        rows = centred.shape[0]
-        # A sparse one-hot (classes x rows) times the block sums rows per class in O(rows x D).
-        # float64 ones make the product accumulate in float64 whatever the block's dtype.
+        present, inverse = np.unique(labels, return_inverse=True)
+        count = rows.shape[0]
+        # A sparse one-hot (present classes x rows) times the rows sums them per class in O(rows x D); float64
+        # ones make it accumulate in float64 whatever the rows' dtype. (numpy's add.at and reduceat cost 4-8x
+        # more here; torch's index_add_ is faster alone but its thread pool then fights the BLAS's.)
         import scipy.sparse  # imported on use: `oodbench --help` does not load scipy
 
         one_hot = scipy.sparse.csr_matrix(
-            (np.ones(rows), (labels, np.arange(rows))), shape=(self.class_counts.shape[0], rows)
+            (np.ones(count), (inverse.ravel(), np.arange(count))), shape=(present.shape[0], count)
         )
-        self.class_sums += one_hot @ centred
-        self.class_counts += np.bincount(labels, minlength=self.class_counts.shape[0])
+        sums = one_hot @ rows
+        counts = np.bincount(inverse.ravel(), minlength=present.shape[0])
+        if subtract_shift:
+            sums -= counts[:, None] * self.shift  # Σ(x − shift) = Σx − n·shift, per class
+        self.class_sums[present] += sums
+        self.class_counts[present] += counts
 
     # ----------------------------------------------------------------- results
     @property
@@ -237,6 +266,12 @@ class ScatterAccumulator:
         """pinv_sqrt of the within-class covariance, computed once (maha and rmaha share it: one D x D eigh)."""
         return self.derived("within_class_whitener", lambda: pinv_sqrt(self.within_class_covariance()))
 
+    def within_class_triangular_whitener(self) -> np.ndarray | None:
+        """triangular_whitener of the within-class covariance (None when singular), computed once."""
+        return self.derived(
+            "within_class_triangular_whitener", lambda: triangular_whitener(self.within_class_covariance())
+        )
+
     def derived(self, key: str, compute: Callable[[], Any]) -> Any:
         """A quantity derived from the final statistics, computed on first request and kept (do not modify it)."""
         if key not in self._derived:
@@ -262,6 +297,45 @@ def pinv_sqrt(covariance: np.ndarray, rtol: float | None = None) -> np.ndarray:
     return vectors[:, keep] / np.sqrt(values[keep])
 
 
+def triangular_whitener(covariance: np.ndarray) -> np.ndarray | None:
+    """Upper-triangular U with U Uᵀ = covariance⁻¹, or None when pinv_sqrt would drop a direction (or Cholesky fails).
+
+    With Σ = R Rᵀ (Cholesky, R lower), U = R⁻ᵀ: ‖(x − c) U‖² = (x − c)ᵀ Σ⁻¹ (x − c). Where pinv_sqrt keeps every
+    eigenvalue its pseudo-inverse is the inverse, so both whiteners give the same distances; the triangular one
+    costs half the multiplications per scored row (whiten_triangular).
+    """
+    dim = covariance.shape[0]
+    symmetric = (covariance + covariance.T) / 2.0
+    spectrum = np.linalg.eigvalsh(symmetric)
+    if not (spectrum > dim * np.finfo(np.float64).eps * max(spectrum[-1], 0.0)).all():
+        return None
+    try:
+        lower = np.linalg.cholesky(symmetric)
+    except np.linalg.LinAlgError:
+        return None
+    import scipy.linalg.lapack  # imported on use: `oodbench --help` does not load scipy
+
+    inverse, info = scipy.linalg.lapack.dtrtri(lower, lower=1)
+    if info != 0:
+        return None
+    return np.ascontiguousarray(np.triu(inverse.T))
+
+
+# Columns per block of the triangular whitening: wide enough for efficient GEMMs, narrow enough that the blocks
+# skip most of the zero half of U (the product costs (1 + width/D)/2 of a full one).
+TRIANGULAR_BLOCK = 256
+
+
+def whiten_triangular(centred: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """centred @ upper for an upper-triangular `upper`, by column blocks that skip its zero lower part."""
+    rows, dim = centred.shape
+    out = np.empty((rows, dim))
+    for block in iter_chunks(dim, TRIANGULAR_BLOCK):
+        # Column block j of U is zero below row block j: only the first block.stop rows of it contribute.
+        np.matmul(centred[:, : block.stop], upper[: block.stop, block], out=out[:, block])
+    return out
+
+
 class ClassGaussians:
     """Class means and a shared precision, held whitened, for squared Mahalanobis distances by matmuls.
 
@@ -282,10 +356,20 @@ class ClassGaussians:
         centre: np.ndarray,
         background: np.ndarray | None = None,
         whitener: np.ndarray | None = None,
+        triangular: np.ndarray | None = None,
     ) -> None:
         self.centre = centre
         self.float64_search = False
-        whitener = pinv_sqrt(covariance) if whitener is None else whitener  # (D, r); given when already computed
+        # An upper-triangular whitener (triangular_whitener) whenever the covariance is invertible: without a
+        # background it halves the multiplications per row; with one it is a cheaper start for the joint basis
+        # than an eigendecomposition. `whitener` (pinv_sqrt) or `triangular` are given when already computed.
+        if whitener is None and triangular is None:
+            triangular = triangular_whitener(covariance)
+        if triangular is not None:
+            whitener = triangular
+        elif whitener is None:
+            whitener = pinv_sqrt(covariance)  # (D, r)
+        self.triangular = background is None and triangular is not None
         # The background distance, either Σ_j y_j² w_j in the whitened coordinates or its own Gaussian.
         self.background_weights: np.ndarray | None = None
         self.background: Gaussian | None = None
@@ -311,8 +395,12 @@ class ClassGaussians:
         """Centred and whitened rows y = (z - centre) A (`overwrite`: centre the float64 `block` in place)."""
         if overwrite:
             block -= self.centre
-            return block @ self.whitener
-        return (block - self.centre) @ self.whitener
+            centred = block
+        else:
+            centred = block - self.centre
+        if self.triangular:
+            return whiten_triangular(centred, self.whitener)
+        return centred @ self.whitener
 
     def min_sq_distance(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
         """min_c (z - mu_c)^T P (z - mu_c) for every row."""
@@ -334,30 +422,42 @@ class ClassGaussians:
             cross *= -2.0  # in place: ||M_c||^2 - 2 y.M_c without further (n, C) temporaries
             cross += self.means_sq
             return norms_sq + cross.min(axis=1)
-        rows, rank = whitened.shape
-        lifted = np.empty((rows, rank + 1), dtype=np.float32)
-        lifted[:, :rank] = whitened
-        lifted[:, rank] = 1.0
+        nearest = np.empty(whitened.shape[0])
+        lifted = np.empty((min(SEARCH_ROWS, whitened.shape[0]), whitened.shape[1] + 1), dtype=np.float32)
+        lifted[:, -1] = 1.0
+        for tile in iter_chunks(whitened.shape[0], SEARCH_ROWS):
+            # A tile's (rows x C) product stays in cache for the reductions that follow it.
+            nearest[tile] = self._search(whitened[tile], norms_sq[tile], lifted[: tile.stop - tile.start])
+        return norms_sq + nearest
+
+    def _search(self, whitened: np.ndarray, norms_sq: np.ndarray, lifted: np.ndarray) -> np.ndarray:
+        """min_c ‖M_c‖² − 2 y·M_c in float64 for a tile of rows: a float32 search, float64 values."""
+        rows = whitened.shape[0]
+        index = np.arange(rows)
+        lifted[:, :-1] = whitened
         approx = lifted @ self.search_  # (n, C) float32: ĝ_c ≈ ‖M_c‖² − 2 y·M_c
         best = approx.argmin(axis=1)
-        lowest = approx[np.arange(rows), best].astype(np.float64)
+        lowest = approx[index, best].astype(np.float64)
         # |ĝ_c − g_c| ≤ e for every class, so the float64 minimiser lies within 2e of the float32 minimum.
         slack = self.error_scale_ * self.radius_ * (2.0 * np.sqrt(norms_sq) + self.radius_)
         threshold = lowest + 2.0 * slack
         # Rounded up to float32 so the comparison runs in float32 and the candidate set only grows.
         threshold32 = np.nextafter(threshold.astype(np.float32), np.float32(np.inf))
-        candidates = approx <= threshold32[:, None]
         exact = self.means_sq[best] - 2.0 * np.einsum("nr,nr->n", whitened, self.means[best])
-        unresolved = np.flatnonzero((candidates.sum(axis=1) > 1) | ~np.isfinite(threshold))
+        # Another class is a candidate iff the smallest of the others is within the threshold: one more min over
+        # the tile, rather than a (rows x C) mask and its count.
+        approx[index, best] = np.inf
+        unresolved = np.flatnonzero((approx.min(axis=1) <= threshold32) | ~np.isfinite(threshold))
         if unresolved.size:
             # Near ties (and rows beyond float32's range): every class the bound cannot exclude, in float64.
-            mask = candidates[unresolved]
+            mask = approx[unresolved] <= threshold32[unresolved, None]
+            mask[np.arange(unresolved.size), best[unresolved]] = True
             mask[~np.isfinite(threshold[unresolved])] = True
             row, cls = np.nonzero(mask)
             values = self.means_sq[cls] - 2.0 * np.einsum("kr,kr->k", whitened[unresolved[row]], self.means[cls])
             starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
             exact[unresolved] = np.minimum.reduceat(values, starts)
-        return norms_sq + exact
+        return exact
 
 
 def _joint_basis(whitener: np.ndarray, background: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

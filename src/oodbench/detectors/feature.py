@@ -52,10 +52,13 @@ class _MahalanobisFamily(Detector):
         self.means_ = stats.class_means()
         self.covariance_ = stats.within_class_covariance()
         # rmaha's background Gaussian (mean and covariance of all fit rows) shares the centre of the class Gaussians.
-        background = stats.covariance() if self.relative else None
-        self.gaussians_ = ClassGaussians(
-            self.means_, self.covariance_, stats.mean, background, whitener=stats.within_class_whitener()
+        # A triangular whitener when the covariance is invertible (see triangular_whitener), else its pseudo-inverse.
+        triangular = stats.within_class_triangular_whitener()
+        whiteners = (
+            {"triangular": triangular} if triangular is not None else {"whitener": stats.within_class_whitener()}
         )
+        background = stats.covariance() if self.relative else None
+        self.gaussians_ = ClassGaussians(self.means_, self.covariance_, stats.mean, background, **whiteners)
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         # One float64 copy, normalised and centred in place (as l2_normalize and whiten would, without temporaries).

@@ -119,7 +119,8 @@ class FitStatistics:
         max_logit_sum = 0.0
         template_sums = np.zeros((num_classes, num_classes)) if "prediction_templates" in needs else None
         template_counts = np.zeros(num_classes, dtype=np.int64)
-        # Working set per row: the raw block, its float64 copy and its normalised copy; softmax over the logits.
+        # Working set per row: the raw block, its float64 copy for the class sums, the normalised rows; softmax over
+        # the logits.
         width = (3 * dim if raw is not None or normalized is not None else 0) + (2 * num_classes if use_logits else 0)
         for rows in fit_chunks(len(fit_set), max(1, width), self.description):
             labels = np.asarray(fit_set.labels[rows]) if labelled else None
@@ -128,14 +129,21 @@ class FitStatistics:
                 if normalized is None and not raw.with_gram:
                     raw.update(block, labels)  # sums only: no float64 copy needed
                 else:
+                    # The normalised rows of the block, kept for its class sums (added once per block: their cost
+                    # is mostly per call).
+                    unit_rows = None if normalized is None else np.empty(block.shape)
                     for part in iter_chunks(block.shape[0], SYRK_ROWS):
                         # One cache-sized float64 copy feeds both accumulators.
                         values = np.array(block[part], dtype=np.float64)
-                        part_labels = None if labels is None else labels[part]
                         if normalized is not None:
-                            normalized.update_owned(l2_normalize(values), part_labels)
+                            unit_rows[part] = l2_normalize(values)
+                            normalized.update_owned(unit_rows[part].copy())
                         if raw is not None:
-                            raw.update_owned(values, part_labels if raw.by_class else None)
+                            raw.update_owned(values)
+                    if normalized is not None:
+                        normalized.update_classes(unit_rows, labels)
+                    if raw is not None and raw.by_class:
+                        raw.update_classes(block, labels)
             if use_logits:
                 logits = np.asarray(fit_set.logits[rows])
                 if "max_logit_sum" in needs:
