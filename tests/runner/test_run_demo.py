@@ -178,3 +178,37 @@ def test_cli_run_and_dry_run(demo_copy: Path) -> None:
     result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--set", "detectors.include=['msp','nope']"])
     assert result.exit_code == 2
     assert "detectors.include[1]: unknown detector 'nope'" in result.output
+
+
+def test_fits_of_one_model_share_one_pass_over_the_fit_set(demo_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local executor hands run_fit_score every detector of the model it fits; their fits read the fit set once."""
+    import numpy as np
+
+    from oodbench.detectors import create, shared
+    from oodbench.runner.stages import Context, run_fit_score
+
+    config = demo_config(demo_copy)
+    ctx = Context(config, progress=False)
+    passes: list[set[str]] = []
+    original = shared.FitStatistics._compute
+
+    def counted(self, needs):
+        passes.append(set(needs))
+        return original(self, needs)
+
+    monkeypatch.setattr(shared.FitStatistics, "_compute", counted)
+    model = config.classifiers[0].id
+    names = ["maha", "rmaha++", "neco", "vim", "knn"]
+    share = [(name, config.detectors[name]) for name in names]
+    for name in names:
+        todo = [{"label": f"{model}/{name}/{config.id_test}", "key": "test", "dataset": config.id_test}]
+        run_fit_score(ctx, model, name, config.detectors[name], todo, share_with=share)
+    assert len(passes) == 1 and {"features_by_class", "normalized_by_class", "features"} <= passes[0]
+    # Each detector's scores are those of fitting it alone (shared statistics change nothing but the reading).
+    store, layout = ctx.store, ctx.layout
+    head = store.read_head(model)
+    for name in names:
+        alone = create(name, **config.detectors[name]).fit(store.read(model, config.fit), head)
+        expected = alone.score(store.read(model, config.id_test))
+        written = np.load(layout.score_file(model, name, config.id_test))
+        np.testing.assert_allclose(written, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())

@@ -152,6 +152,10 @@ class _Local:
             yield list(group)
 
     def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
+        # The detectors fitted per model in this run: their fits share one pass over the model's fit set.
+        per_model: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+        for fit_unit, _ in tasks:
+            per_model.setdefault(fit_unit.model or "", []).append((fit_unit.detector or "", fit_unit.spec["params"]))
         for fit_unit, todo in tasks:
             try:
                 run_fit_score(
@@ -160,6 +164,7 @@ class _Local:
                     fit_unit.detector or "",
                     fit_unit.spec["params"],
                     [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo],
+                    share_with=per_model[fit_unit.model or ""],
                 )
             except OodbenchError as exc:
                 raise _failed(fit_unit.id, exc) from exc

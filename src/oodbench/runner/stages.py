@@ -49,6 +49,7 @@ class Context:
     progress: bool = True
     device: str = "auto"
     _backbone: tuple[str, Any] | None = field(default=None, repr=False)
+    _fit_statistics: tuple[str, Any, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # A Ray worker gets the config, not this process's registry: import the file's detector plugins there too.
@@ -75,6 +76,32 @@ class Context:
         self._backbone = None
         self._backbone = (model.store_id, model.kind_of.backbone(model, self.device))
         return self._backbone[1]
+
+    def fit_statistics(
+        self, model_id: str, head: Any, detectors: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> tuple[Any, Any]:
+        """The model's fit set and one shared-statistics provider for `detectors` ((name, params)), kept per model.
+
+        The fit units of one model that run one after another then read the fit set once for all the statistics
+        they share (Gram matrices, class sums: `detectors.shared`).
+        """
+        if self._fit_statistics is not None and self._fit_statistics[0] == model_id:
+            return self._fit_statistics[1], self._fit_statistics[2]
+        from .. import detectors as registry
+        from ..detectors.shared import FitStatistics
+        from ..errors import DetectorError
+
+        self._fit_statistics = None  # the previous model's statistics go before this model's are computed
+        created = []
+        for name, params in detectors:
+            try:
+                created.append(registry.create(name, **params))
+            except DetectorError:
+                continue  # its own unit reports the error; the others still share
+        fit_set = self.store.read(model_id, self.config.fit)
+        stats = FitStatistics.for_detectors(fit_set, created, head)
+        self._fit_statistics = (model_id, fit_set, stats)
+        return fit_set, stats
 
 
 # ----------------------------------------------------------------------------------------------- extraction
@@ -289,9 +316,18 @@ def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: Datase
 
 # ----------------------------------------------------------------------------------------------- fit and score
 def run_fit_score(
-    ctx: Context, model_id: str, detector: str, params: Mapping[str, Any], todo: Sequence[Mapping[str, str]]
+    ctx: Context,
+    model_id: str,
+    detector: str,
+    params: Mapping[str, Any],
+    todo: Sequence[Mapping[str, str]],
+    share_with: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> list[str]:
-    """Fit one detector on the model's fit set and score the datasets of `todo` ({label, key, dataset}); record each."""
+    """Fit one detector on the model's fit set and score the datasets of `todo` ({label, key, dataset}); record each.
+
+    `share_with`: every (detector, params) of this model that this process fits in this run, this one included;
+    with more than one, their fits share one pass over the fit set (Context.fit_statistics).
+    """
     from .. import detectors as registry
 
     config, store, ledger, lay = ctx.config, ctx.store, ctx.ledger, ctx.layout
@@ -304,7 +340,11 @@ def run_fit_score(
         return []
     store.check_compatible(*[(model_id, name) for name in dict.fromkeys(names)])
     head = store.read_head(model_id) if store.has_head(model_id) else None
-    fitted = registry.create(detector, **params).fit(store.read(model_id, config.fit), head)
+    if len(share_with) > 1:
+        fit_set, stats = ctx.fit_statistics(model_id, head, share_with)
+        fitted = registry.create(detector, **params).fit(fit_set, head, stats=stats)
+    else:
+        fitted = registry.create(detector, **params).fit(store.read(model_id, config.fit), head)
     if config.save_detectors:
         fitted.save(
             lay.detector_dir(model_id, detector), provenance=registry.fit_provenance(store, model_id, config.fit)
