@@ -64,7 +64,9 @@ class _MahalanobisFamily(Detector):
         # One float64 copy, normalised and centred in place (as l2_normalize and whiten would, without temporaries).
         block = np.array(chunk.features, dtype=np.float64)
         if self.normalize:
-            block /= np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12)
+            # Norms by einsum (np.linalg.norm squares the block into a temporary first: two more memory passes).
+            norms = np.sqrt(np.einsum("nd,nd->n", block, block))
+            block /= np.maximum(norms, 1e-12)[:, None]
         if self.relative:
             # min_c [MD_c - MD_0] = min_c MD_c - MD_0, since MD_0 does not depend on c.
             return -self.gaussians_.relative_sq_distance(block, overwrite=True)
