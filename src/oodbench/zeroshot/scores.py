@@ -64,12 +64,20 @@ ROW_TILE = 256
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _bad_row(array: np.ndarray) -> tuple[int, str] | None:
+def _row_magnitudes(array: np.ndarray) -> np.ndarray:
+    """max |value| per row of a 2-D array: NaN where a row holds a NaN, inf where it holds an inf."""
+    if not array.size:
+        return np.zeros(array.shape[0], dtype=array.dtype)
+    # Two reductions instead of np.abs(array).max(): no temporary the size of the array. Both propagate NaN.
+    return np.maximum(array.max(axis=1), -array.min(axis=1))
+
+
+def _bad_row(array: np.ndarray, magnitude: np.ndarray | None = None) -> tuple[int, str] | None:
     """(first bad row, what is wrong with it) of a 2-D array the scores cannot use, or None."""
-    finite = np.isfinite(array).all(axis=1)
+    magnitude = _row_magnitudes(array) if magnitude is None else magnitude
+    finite = np.isfinite(magnitude)
     if not finite.all():
         return int(np.flatnonzero(~finite)[0]), "contains NaN or inf"
-    magnitude = np.abs(array).max(axis=1) if array.size else np.zeros(array.shape[0])
     if array.dtype.itemsize > 4:
         above = magnitude > _FLOAT32_MAX
         if above.any():
@@ -84,17 +92,20 @@ def _bad_row(array: np.ndarray) -> tuple[int, str] | None:
     return None
 
 
-def _unit(values: np.ndarray) -> np.ndarray:
-    """Rows of a checked array scaled to unit ℓ2 norm in float32.
+def _unit(values: np.ndarray, magnitude: np.ndarray | None = None) -> np.ndarray:
+    """Rows of a checked array scaled to unit ℓ2 norm in float32 (`magnitude`: their max |value|, if known).
 
     Each row is first scaled by the power of two that brings its largest |value| into [0.5, 1): exact, so the
     result is bit for bit x / ‖x‖ wherever that is computable, and squares of values near the float32 limit
     cannot overflow nor squares of tiny values underflow.
     """
     values = np.asarray(values, dtype=np.float32)
-    _, exponent = np.frexp(np.abs(values).max(axis=-1, keepdims=True))
+    if magnitude is None:
+        magnitude = _row_magnitudes(values.reshape(-1, values.shape[-1])).reshape(values.shape[:-1])
+    _, exponent = np.frexp(magnitude[..., None])
     scaled = np.ldexp(values, -exponent).astype(np.float32, copy=False)
-    scaled /= np.linalg.norm(scaled, axis=-1, keepdims=True)
+    # Norms by einsum: np.linalg.norm squares the rows into a temporary first.
+    scaled /= np.sqrt(np.einsum("...d,...d->...", scaled, scaled))[..., None]
     return scaled
 
 
@@ -106,10 +117,11 @@ def unit_rows(array: np.ndarray, what: str = "embedding", first_row: int = 0) ->
     """
     values = np.asarray(array)
     values2d = values.reshape(-1, values.shape[-1]) if values.ndim != 2 else values
-    bad = _bad_row(values2d)
+    magnitude = _row_magnitudes(values2d)
+    bad = _bad_row(values2d, magnitude)
     if bad is not None:
         raise ZeroShotError(f"{what} row {first_row + bad[0]} {bad[1]}")
-    return _unit(values)
+    return _unit(values, magnitude.reshape(values.shape[:-1]))
 
 
 def _check_texts(name: str, texts: object, dim: int | None, *, allow_empty: bool = False) -> np.ndarray:
@@ -235,8 +247,38 @@ def _group_lse(hs: np.ndarray, grouped: np.ndarray, sizes: Sequence[int]) -> np.
 
 
 # ---------------------------------------------------------------------------------------------- logit-space scores
-def _scores_from_logits(z: np.ndarray, names: Sequence[str], gen_gamma: float, gen_top_m: int) -> dict[str, np.ndarray]:
+class _LogitTile:
+    """Buffers for one tile's logits, reused from tile to tile (fresh (rows × C) arrays per tile cost page faults)."""
+
+    def __init__(self, num_labels: int, entropy: bool) -> None:
+        self.cosines = np.empty((ROW_TILE, num_labels), dtype=np.float32)
+        self.logits = np.empty((ROW_TILE, num_labels))
+        self.exps = np.empty((ROW_TILE, num_labels)) if entropy else None
+
+    def logits_of(self, h: np.ndarray, texts: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
+        """(z, cosines) for a tile: the float32 cosines hᵀt and z = cosines / τ in float64 (the same values as
+        `_logits`), both views of the reused buffers."""
+        rows = h.shape[0]
+        cosines = np.matmul(h, texts.T, out=self.cosines[:rows])
+        return np.divide(cosines, tau, out=self.logits[:rows], dtype=np.float64), cosines
+
+
+def _scores_from_logits(
+    z: np.ndarray,
+    names: Sequence[str],
+    gen_gamma: float,
+    gen_top_m: int,
+    *,
+    cosines: np.ndarray | None = None,
+    tau: float = 1.0,
+    exps: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """The logit-space scores of float64 logits `z` (rows × C), sharing one shifted exponential pass.
+
+    `z` is overwritten (it becomes z − max z). When `cosines` is given, z = cosines / τ exactly (float64 division
+    of the float32 cosines) and GEN selects its top M there, overwriting them: a float32 partition costs half a
+    float64 one, and the order of the cosines is the order of the logits. `exps`, if given, is a buffer like z for
+    the exponentials (entropy needs z − max z and its exponentials at once; the others take them in place).
 
     With e = exp(z − max z) (the top term is exactly 1) and s = Σ e ≥ 1: lse = max z + log s, p = e/s, MCM = 1/s,
     Σ p log p = Σ e·(z − max z)/s − log s (both terms small where p_max ≈ 1: no cancellation, no logarithm per
@@ -244,39 +286,55 @@ def _scores_from_logits(z: np.ndarray, names: Sequence[str], gen_gamma: float, g
     at τ = 0.01 p_max is often within 1e-17 of 1, where 1 − p_max rounds to 0 and GEN would lose its largest term.
     Only what the requested scores need is computed; no (rows × C) array is normalised.
     """
-    rows = np.arange(z.shape[0])
-    peak = z.max(axis=1)
+    count, num_labels = z.shape
+    rows = np.arange(count)
+    winner = z.argmax(axis=1)
+    peak = z[rows, winner]
     out: dict[str, np.ndarray] = {}
     if "maxlogit" in names:
         out["maxlogit"] = peak.copy()
     if set(names) <= {"maxlogit"}:
         return out
-    shifted = z - peak[:, None]
-    e = np.exp(shifted)
-    total = e.sum(axis=1)
+    shifted = np.subtract(z, peak[:, None], out=z)
+    entropy = "entropy" in names
+    if entropy:
+        e = np.exp(shifted, out=exps if exps is not None else np.empty_like(shifted))
+    else:
+        e = np.exp(shifted, out=shifted)
+    # e of the winner is exactly exp(0) = 1: the others' sum is summed without it, so that it keeps its digits.
+    e[rows, winner] = 0.0
+    others_e = e.sum(axis=1)
+    total = 1.0 + others_e
     log_total = np.log(total)
     if "mcm" in names:
         out["mcm"] = 1.0 / total
     if "energy" in names:
         out["energy"] = peak + log_total
-    if "entropy" in names:
+    if entropy:
+        # The winner's term e·(z − max z) is 1·0: zeroing it above changes nothing.
         out["entropy"] = np.einsum("ij,ij->i", e, shifted) / total - log_total
-    if "gen" in names or "margin" in names:
-        winner = z.argmax(axis=1)
-        e[rows, winner] = 0.0  # e of the winner is exactly exp(0) = 1: restored below
-        if "margin" in names:
-            # top-1 minus top-2 probability; a single class has no second (margin = p = 1).
-            second = e.max(axis=1) if e.shape[1] > 1 else np.zeros(len(rows))
-            out["margin"] = (1.0 - second) / total
-        if "gen" in names:
-            others = e.sum(axis=1) / total  # Σ_{c ≠ winner} p_c
+    if "margin" in names:
+        # top-1 minus top-2 probability; a single class has no second (margin = p = 1).
+        second = e.max(axis=1) if num_labels > 1 else np.zeros(count)
+        out["margin"] = (1.0 - second) / total
+    if "gen" in names:
+        m = min(gen_top_m, num_labels)
+        if cosines is not None:
+            cosines.partition(num_labels - m, axis=1)  # in place: the cosines are not needed after this
+            top_e = np.exp(cosines[:, num_labels - m :] / np.float64(tau) - peak[:, None])
+        else:
             e[rows, winner] = 1.0
-            m = min(gen_top_m, e.shape[1])
-            e.partition(e.shape[1] - m, axis=1)  # in place: e is not needed after this
-            top = e[:, e.shape[1] - m :] / total[:, None]
-            complement = 1.0 - top
-            complement[rows, top.argmax(axis=1)] = others
-            out["gen"] = -np.sum(top**gen_gamma * complement**gen_gamma, axis=1)
+            if exps is None and entropy:
+                e = e.copy()
+            e.partition(num_labels - m, axis=1)
+            top_e = e[:, num_labels - m :]
+        top = top_e / total[:, None]
+        complement = 1.0 - top
+        complement[rows, top.argmax(axis=1)] = others_e / total  # Σ_{c ≠ winner} p_c
+        # One power of the product instead of two: p^γ(1 − p)^γ = (p(1 − p))^γ. Since p(1 − p) ≥ min(p, 1 − p)/2,
+        # the product underflows only where a factor would.
+        complement *= top
+        out["gen"] = -np.power(complement, gen_gamma, out=complement).sum(axis=1)
     return {name: out[name] for name in names}
 
 
@@ -302,13 +360,16 @@ def logit_scores(
     texts = _check_texts("ID label embeddings", id_text, images.shape[1])
     tau = _check_tau(tau)
     out = {name: np.empty(images.shape[0]) for name in names}
+    buffers = _LogitTile(texts.shape[0], entropy="entropy" in names)
     # Every ID logit of a row is needed at once (top-M, top-2, entropy); rows per chunk keep rows × C bounded.
     for chunk, tiles in _chunks_of_tiles(images.shape[0], 4 * texts.shape[0] + images.shape[1], chunk_bytes):
         block = np.asarray(images[chunk])
         for tile in tiles:
-            z = _logits(_image_tile(block, tile, chunk.start), texts, tau)
+            z, cosines = buffers.logits_of(_image_tile(block, tile, chunk.start), texts, tau)
             rows = slice(chunk.start + tile.start, chunk.start + tile.stop)
-            for name, values in _scores_from_logits(z, names, gen_gamma, gen_top_m).items():
+            tile_exps = None if buffers.exps is None else buffers.exps[: z.shape[0]]
+            scores = _scores_from_logits(z, names, gen_gamma, gen_top_m, cosines=cosines, tau=tau, exps=tile_exps)
+            for name, values in scores.items():
                 out[name][rows] = values
     return out
 
@@ -343,11 +404,12 @@ def glmcm_scores(
             z = _logits(_image_tile(block, tile, chunk.start), texts, tau)
             global_mcm = np.exp(z.max(axis=1) - logsumexp(z))
             flat = patch_block[tile].reshape(-1, patches.shape[2])
-            bad = _bad_row(flat)
+            magnitude = _row_magnitudes(flat)
+            bad = _bad_row(flat, magnitude)
             if bad is not None:
                 image, patch = divmod(bad[0], num_patches)
                 raise ZeroShotError(f"patch embedding {patch} of image row {rows.start + image} {bad[1]}")
-            local = _unit(flat)
+            local = _unit(flat, magnitude)
             zl = _logits(local, texts, tau)
             local_mcm = np.exp(zl.max(axis=1) - logsumexp(zl)).reshape(-1, num_patches).max(axis=1)
             out[rows] = global_mcm + lam * local_mcm
