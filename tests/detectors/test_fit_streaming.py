@@ -213,16 +213,17 @@ def test_triangular_whitener_whitens_and_declines_singular_covariances():
     rank_deficient = basis[:, :30] @ basis[:, :30].T
     assert triangular_whitener(rank_deficient) is None  # pinv_sqrt would drop directions: no triangular factor
     centred = rng.normal(size=(300, 40))
-    # Column blocks narrower than D exercise the block skipping; each entry is a float64 dot product of ≤ 40 terms.
-    for width in (7, 16, 40, 64):
-        original = _gaussian.TRIANGULAR_BLOCK
-        _gaussian.TRIANGULAR_BLOCK = width
-        try:
-            whitened = whiten_triangular(centred, upper)
-        finally:
-            _gaussian.TRIANGULAR_BLOCK = original
-        bound = 40 * 2**-53 / (1 - 40 * 2**-53) * (np.abs(centred) @ np.abs(upper))
+    # Each entry is a float64 dot product of ≤ 40 terms, whichever memory order the whitener comes in (a fitted
+    # detector's is Fortran-ordered, a loaded one's C-ordered); in place when asked, a copy otherwise.
+    bound = 40 * 2**-53 / (1 - 40 * 2**-53) * (np.abs(centred) @ np.abs(upper))
+    for order in ("F", "C"):
+        kept = centred.copy()
+        whitened = whiten_triangular(kept, np.asarray(upper, order=order))
         assert (np.abs(whitened - centred @ upper) <= 2 * bound + 1e-300).all()
+        np.testing.assert_array_equal(kept, centred)
+        in_place = whiten_triangular(kept, np.asarray(upper, order=order), overwrite=True)
+        assert np.shares_memory(in_place, kept)
+        np.testing.assert_array_equal(in_place, whitened)
 
 
 def test_mahalanobis_uses_the_triangular_whitener_only_when_the_covariance_is_invertible():

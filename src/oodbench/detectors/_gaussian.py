@@ -20,6 +20,7 @@ GRAM_GROUP_ROWS = 4096
 # Rows per tile of the float32 class search: the tile's (rows x C) float32 product stays in cache while it is
 # reduced (4 MiB at C = 1000).
 SEARCH_ROWS = 1024
+SEARCH_TILE_BYTES = 16 * 2**20
 
 
 def _gamma(n: int, unit: float) -> float:
@@ -319,7 +320,7 @@ def triangular_whitener(covariance: np.ndarray) -> np.ndarray | None:
 
     With Σ = R Rᵀ (Cholesky, R lower), U = R⁻ᵀ: ‖(x − c) U‖² = (x − c)ᵀ Σ⁻¹ (x − c). Where pinv_sqrt keeps every
     eigenvalue its pseudo-inverse is the inverse, so both whiteners give the same distances; the triangular one
-    costs half the multiplications per scored row (whiten_triangular).
+    costs half the multiplications per scored row (whiten_triangular, one BLAS trmm).
     """
     dim = covariance.shape[0]
     symmetric = (covariance + covariance.T) / 2.0
@@ -338,19 +339,45 @@ def triangular_whitener(covariance: np.ndarray) -> np.ndarray | None:
     return np.ascontiguousarray(np.triu(inverse.T))
 
 
-# Columns per block of the triangular whitening: wide enough for efficient GEMMs, narrow enough that the blocks
-# skip most of the zero half of U (the product costs (1 + width/D)/2 of a full one).
-TRIANGULAR_BLOCK = 256
+def whiten_triangular(centred: np.ndarray, upper: np.ndarray, overwrite: bool = False) -> np.ndarray:
+    """centred @ upper for an upper-triangular `upper`: one BLAS trmm (D²/2 multiply-adds a row, the zero half of
+    `upper` skipped), in place on `centred` when `overwrite` and it is a C-contiguous float64 array."""
+    import scipy.linalg.blas  # imported on use: `oodbench --help` does not load scipy
+
+    rows = np.asarray(centred, dtype=np.float64)
+    if not (overwrite and rows.flags.c_contiguous and rows.flags.writeable):
+        rows = np.array(rows, dtype=np.float64, order="C")
+    if rows.shape[0] == 0:
+        return rows
+    # rows.T is Fortran-contiguous: trmm computes (rows · U)ᵀ = Uᵀ · rowsᵀ on it in place. A C-ordered U (a loaded
+    # detector's) is handed over as its transpose, a Fortran-ordered lower triangle: no copy either way.
+    if upper.flags.f_contiguous:
+        product = scipy.linalg.blas.dtrmm(1.0, upper, rows.T, side=0, lower=0, trans_a=1, overwrite_b=1)
+    else:
+        product = scipy.linalg.blas.dtrmm(1.0, upper.T, rows.T, side=0, lower=1, trans_a=0, overwrite_b=1)
+    return product.T
 
 
-def whiten_triangular(centred: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """centred @ upper for an upper-triangular `upper`, by column blocks that skip its zero lower part."""
-    rows, dim = centred.shape
-    out = np.empty((rows, dim))
-    for block in iter_chunks(dim, TRIANGULAR_BLOCK):
-        # Column block j of U is zero below row block j: only the first block.stop rows of it contribute.
-        np.matmul(centred[:, : block.stop], upper[: block.stop, block], out=out[:, block])
-    return out
+def blas_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """a @ b for C-contiguous 2-D float32 or float64 arrays by scipy's BLAS (into `out`, C-contiguous, if given).
+
+    The scoring path's triangular products need scipy's BLAS (trmm), and numpy's matmul runs on another copy of
+    OpenBLAS: alternating the two, each one's idle threads spin while the other's work, which on 2 cores made
+    scoring 1.5x slower. Every product of the scoring path goes through here, so it stays on one thread pool.
+    """
+    import scipy.linalg.blas  # imported on use: `oodbench --help` does not load scipy
+
+    gemm = scipy.linalg.blas.sgemm if a.dtype == np.float32 else scipy.linalg.blas.dgemm
+    a = np.ascontiguousarray(a)
+    # (a b)ᵀ = bᵀ aᵀ: the transpose of a C-contiguous array is the Fortran-contiguous operand BLAS takes; a
+    # transposed view (Fortran-contiguous b) goes as it is, with BLAS transposing it.
+    if b.flags.f_contiguous and not b.flags.c_contiguous:
+        first, transpose = b, 1
+    else:
+        first, transpose = np.ascontiguousarray(b).T, 0
+    if out is None:
+        return gemm(1.0, first, a.T, trans_a=transpose).T
+    return gemm(1.0, first, a.T, beta=0.0, c=out.T, overwrite_c=1, trans_a=transpose).T
 
 
 class ClassGaussians:
@@ -396,7 +423,8 @@ class ClassGaussians:
                 self.background = Gaussian(centre, background)
             else:
                 whitener, self.background_weights = joint
-        self.whitener = whitener
+        # Fortran order: the triangular whitener goes to BLAS trmm as it is, with no copy per scored block.
+        self.whitener = np.asfortranarray(whitener) if self.triangular else whitener
         # Whitened, centred class means: M = (mu_c - centre) A; distances follow ||y||^2 - 2 y.M_c + ||M_c||^2.
         self.means = (means - centre) @ self.whitener  # (C, r)
         self.means_sq = np.einsum("cr,cr->c", self.means, self.means)
@@ -408,51 +436,72 @@ class ClassGaussians:
         self.radius_ = float(np.sqrt(self.means_sq.max()))
         self.error_scale_ = _search_error_scale(rank)
 
-    def whiten(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
-        """Centred and whitened rows y = (z - centre) A (`overwrite`: centre the float64 `block` in place)."""
-        if overwrite:
-            block -= self.centre
-            centred = block
-        else:
-            centred = block - self.centre
+    @property
+    def search_rows(self) -> int:
+        """Rows per tile of the class search: SEARCH_ROWS, fewer when C is so large that the tile's float32
+        product and its operand would pass SEARCH_TILE_BYTES."""
+        per_row = 4 * (self.search_.shape[0] + self.search_.shape[1])
+        return max(1, min(SEARCH_ROWS, SEARCH_TILE_BYTES // per_row))
+
+    def centre_rows(self, block: np.ndarray) -> np.ndarray:
+        """z − centre as a new float64 array, converted and centred in one pass (pass it on with centred=True)."""
+        return np.subtract(block, self.centre, dtype=np.float64)
+
+    def whiten(self, block: np.ndarray, overwrite: bool = False, centred: bool = False) -> np.ndarray:
+        """Centred and whitened rows y = (z - centre) A (`overwrite`: centre the float64 `block` in place;
+        `centred`: `block` already is z − centre)."""
+        owned = overwrite
+        if not centred:
+            if overwrite:
+                block -= self.centre
+            else:
+                block = block - self.centre  # a new array: ours to overwrite
+                owned = True
         if self.triangular:
-            return whiten_triangular(centred, self.whitener)
-        return centred @ self.whitener
+            return whiten_triangular(block, self.whitener, overwrite=owned)
+        return blas_matmul(block, self.whitener)
 
-    def min_sq_distance(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
+    def min_sq_distance(self, block: np.ndarray, overwrite: bool = False, centred: bool = False) -> np.ndarray:
         """min_c (z - mu_c)^T P (z - mu_c) for every row."""
-        return self._min_sq(self.whiten(block, overwrite))
+        return self._min_sq(self.whiten(block, overwrite, centred))
 
-    def relative_sq_distance(self, block: np.ndarray, overwrite: bool = False) -> np.ndarray:
+    def relative_sq_distance(self, block: np.ndarray, overwrite: bool = False, centred: bool = False) -> np.ndarray:
         """min_c (z - mu_c)^T P (z - mu_c) − (z − centre)^T P_0 (z − centre), P_0 the background's precision."""
         if self.background_weights is None:
-            background = self.background.sq_distance(block)  # before `block` may be overwritten
-            return self._min_sq(self.whiten(block, overwrite)) - background
-        whitened = self.whiten(block, overwrite)
+            # The background Gaussian's mean is the centre; before `block` may be overwritten.
+            background = self.background.sq_distance(block + self.centre if centred else block)
+            return self._min_sq(self.whiten(block, overwrite, centred)) - background
+        whitened = self.whiten(block, overwrite, centred)
         background = np.einsum("nr,nr,r->n", whitened, whitened, self.background_weights)
         return self._min_sq(whitened) - background
 
     def _min_sq(self, whitened: np.ndarray) -> np.ndarray:
         norms_sq = np.einsum("nr,nr->n", whitened, whitened)
         if self.float64_search:
-            cross = whitened @ self.means.T  # (n, C): the one large product
+            cross = blas_matmul(whitened, self.means.T)  # (n, C): the one large product
             cross *= -2.0  # in place: ||M_c||^2 - 2 y.M_c without further (n, C) temporaries
             cross += self.means_sq
             return norms_sq + cross.min(axis=1)
         nearest = np.empty(whitened.shape[0])
-        lifted = np.empty((min(SEARCH_ROWS, whitened.shape[0]), whitened.shape[1] + 1), dtype=np.float32)
+        tile_rows = min(self.search_rows, whitened.shape[0])
+        lifted = np.empty((tile_rows, whitened.shape[1] + 1), dtype=np.float32)
         lifted[:, -1] = 1.0
-        for tile in iter_chunks(whitened.shape[0], SEARCH_ROWS):
+        # One (rows x C) product buffer for every tile: a fresh one per tile costs page faults.
+        products = np.empty((tile_rows, self.search_.shape[1]), dtype=np.float32)
+        for tile in iter_chunks(whitened.shape[0], tile_rows):
             # A tile's (rows x C) product stays in cache for the reductions that follow it.
-            nearest[tile] = self._search(whitened[tile], norms_sq[tile], lifted[: tile.stop - tile.start])
+            rows = tile.stop - tile.start
+            nearest[tile] = self._search(whitened[tile], norms_sq[tile], lifted[:rows], products[:rows])
         return norms_sq + nearest
 
-    def _search(self, whitened: np.ndarray, norms_sq: np.ndarray, lifted: np.ndarray) -> np.ndarray:
+    def _search(
+        self, whitened: np.ndarray, norms_sq: np.ndarray, lifted: np.ndarray, products: np.ndarray
+    ) -> np.ndarray:
         """min_c ‖M_c‖² − 2 y·M_c in float64 for a tile of rows: a float32 search, float64 values."""
         rows = whitened.shape[0]
         index = np.arange(rows)
         lifted[:, :-1] = whitened
-        approx = lifted @ self.search_  # (n, C) float32: ĝ_c ≈ ‖M_c‖² − 2 y·M_c
+        approx = blas_matmul(lifted, self.search_, out=products)  # (n, C) float32: ĝ_c ≈ ‖M_c‖² − 2 y·M_c
         best = approx.argmin(axis=1)
         lowest = approx[index, best].astype(np.float64)
         # |ĝ_c − g_c| ≤ e for every class, so the float64 minimiser lies within 2e of the float32 minimum.
