@@ -112,7 +112,6 @@ def _gamma(n: int, unit: float) -> float:
 
 def test_float32_gram_covariance_stays_within_the_proven_bound(monkeypatch):
     """|Ĉ − C|_jl ≤ β·sqrt(G_jj G_ll)/N (gram_error_bound), on data built to stress float32 accumulation."""
-    from oodbench.detectors import _gaussian
 
     # Tiny products and groups: many float64 additions of float32 groups, so a float32 total would show.
     monkeypatch.setattr(_gaussian, "SYRK_ROWS", 8)
