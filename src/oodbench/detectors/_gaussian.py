@@ -209,17 +209,24 @@ class ScatterAccumulator:
             self._class_totals = np.concatenate([self._class_totals, np.zeros((grown, self.dim))])
         count = rows.shape[0]
         counts = np.bincount(labels, minlength=num_classes)
-        indptr = np.zeros(num_classes + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        # A sparse one-hot (classes x rows, built sorted: no coo conversion) times the rows sums them per class in
-        # O(rows x D), in float64 (the rows are converted once here; scipy's own upcast is slower). numpy's add.at
-        # and reduceat cost 3-8x more here; torch's index_add_ is no faster and its thread pool fights the BLAS's.
+        present = np.flatnonzero(counts)
+        indptr = np.zeros(present.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts[present], out=indptr[1:])
+        # A sparse one-hot (present classes x rows, built sorted: no coo conversion) times the rows sums them per
+        # class in O(rows x D), in float64 (the rows are converted once here; scipy's own upcast is slower). Only
+        # the classes present have output rows: a block of fewer rows than classes (D = 4096: ~600 rows) does not
+        # write all C x D sums. numpy's add.at and reduceat cost 3-8x more here; torch's index_add_ is no faster
+        # and its thread pool fights the BLAS's.
         import scipy.sparse  # imported on use: `oodbench --help` does not load scipy
 
         one_hot = scipy.sparse.csr_matrix(
-            (np.ones(count), np.argsort(labels, kind="stable"), indptr), shape=(num_classes, count)
+            (np.ones(count), np.argsort(labels, kind="stable"), indptr), shape=(present.shape[0], count)
         )
-        self._class_totals += one_hot @ np.asarray(rows, dtype=np.float64)
+        sums = one_hot @ np.asarray(rows, dtype=np.float64)
+        if present.shape[0] == num_classes:
+            self._class_totals += sums
+        else:
+            self._class_totals[present] += sums
         self.class_counts += counts
         if subtract_shift:
             self._uncentred_counts += counts
