@@ -105,6 +105,7 @@ CASES = [
     ("evaluate-out-is-a-file", [*EVALUATE, "--store", "{bad}/store", "--out", "{bad}/a-file"]),
     ("evaluate-wrong-type", [*EVALUATE, "--store", "{bad}/store", "--out", "{out}", "--tpr", "high"]),
     ("evaluate-bad-param", [*EVALUATE, "--store", "{bad}/store", "--out", "{out}", "-p", "knn.k=-3"]),
+    ("evaluate-bad-gram-dtype", [*EVALUATE, "--store", "{bad}/store", "--out", "{out}", "--gram-dtype", "half"]),
     ("store-ls-missing", ["store", "ls", "--store", "{bad}/nope"]),
     ("store-ls-file", ["store", "ls", "--store", "{bad}/a-file"]),
     # analyses and reports of a run directory

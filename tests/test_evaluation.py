@@ -175,3 +175,28 @@ def test_rerun_with_fewer_detectors_drops_their_saved_scores(tmp_path):
     evaluate_store(store, "toy", "fit", "id", ["ood_a"], ["msp"], out_dir=out, progress=False)
     assert set(load_scores(out, "toy", "ood_a")) == {"msp"}
     assert {r.detector for r in read_rows(out / "results.parquet")} == {"msp"}
+
+
+def test_a_float32_gram_run_keys_only_the_gram_detectors_apart(tmp_path, monkeypatch):
+    # gram_dtype enters the score keys of the detectors that learn from a Gram matrix (maha: yes, msp: no), so a
+    # float32 rerun of a float64 run directory refits maha and reuses msp, and run.json says which precision ran.
+    store = toy_store(tmp_path)
+    out = tmp_path / "run"
+    first = evaluate_store(store, "toy", "fit", "id", ["ood_a"], ["msp", "maha"], out_dir=out, progress=False)
+    fitted = []
+    for name in ("msp", "maha"):
+        cls = ob.detectors.get_class(name)
+        original = cls._fit
+        monkeypatch.setattr(cls, "_fit", lambda self, *a, _o=original, _n=name: (fitted.append(_n), _o(self, *a)))
+    second = evaluate_store(
+        store, "toy", "fit", "id", ["ood_a"], ["msp", "maha"], out_dir=out, progress=False, gram_dtype="float32"
+    )
+    assert fitted == ["maha"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["gram_dtype"] == "float32"
+    np.testing.assert_array_equal(second.scores["id"]["msp"], first.scores["id"]["msp"])
+    # The float32 Gram moves maha's scores, by far less than the scores themselves (toy data: D = 5, 200 rows).
+    moved = np.abs(second.scores["id"]["maha"] - first.scores["id"]["maha"])
+    assert 0 < moved.max() < 1e-4 * np.abs(first.scores["id"]["maha"]).max()
+    with pytest.raises(OodbenchError, match="gram_dtype must be one of"):
+        evaluate_store(store, "toy", "fit", "id", ["ood_a"], ["maha"], out_dir=out, progress=False, gram_dtype="half")

@@ -134,6 +134,12 @@ def evaluate(
     save_detectors: Path | None = typer.Option(
         None, "--save-detectors", help="Keep each fitted detector in DIR/<name> (reload with `oodbench score`)."
     ),
+    gram_dtype: str = typer.Option(
+        "float64",
+        "--gram-dtype",
+        help="Precision of the Gram matrices the Gaussian-family fits share: float64, or float32 (about twice "
+        "the speed, within a proven bound; docs/detectors.md).",
+    ),
 ) -> None:
     """Fit detectors on the fit set, score ID test and OOD sets, write tidy results and a table.
 
@@ -164,6 +170,8 @@ def evaluate(
             raise typer.BadParameter(f"--param {name}.{unknown_param[0]}: {unknown_param[1]}")
     if not store.is_dir():
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
+    if gram_dtype not in ("float64", "float32"):
+        raise typer.BadParameter(f"--gram-dtype: must be float64 or float32; got {gram_dtype!r}")
     from .rundir import RunDir
 
     RunDir(out).check_writable("--out")  # before any work, not after the detectors ran
@@ -180,6 +188,7 @@ def evaluate(
         strict=strict,
         progress=progress,
         save_detectors=save_detectors,
+        gram_dtype=gram_dtype,
     )
     sys.stdout.write(result.table_markdown)
     for name, reason in result.skipped.items():

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import detectors as detector_registry
-from .detectors.shared import FitStatistics
+from .detectors.shared import GRAM_DTYPES, FitStatistics, uses_gram
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
 from .progress import progress_bar
@@ -68,11 +68,14 @@ def evaluate_outputs(
     cached: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     on_detector_done: Any = None,
     on_detector_fitted: Any = None,
+    gram_dtype: str = "float64",
 ) -> EvaluationResult:
     """Fit each detector once, score the ID test set and every OOD set, and compute all metrics.
 
     With ``strict=False`` detectors whose requirements the arrays cannot meet are skipped and reported;
-    with ``strict=True`` they raise. ``cached`` maps dataset -> detector -> scores to reuse.
+    with ``strict=True`` they raise. ``cached`` maps dataset -> detector -> scores to reuse. ``gram_dtype``
+    is the precision of the shared Gram matrices (``"float32"``: about twice the speed, within the bound of
+    docs/detectors.md).
     """
     if not ood_sets:
         raise OodbenchError("no OOD datasets given: pass at least one")
@@ -92,7 +95,9 @@ def evaluate_outputs(
         n: all(n in cached.get(ds, {}) and len(cached[ds][n]) == len(out) for ds, out in datasets.items()) for n in plan
     }
     # The detectors to fit share one pass over the fit set for their sufficient statistics (detectors.shared).
-    shared = FitStatistics.for_detectors(fit_set, [instances[n] for n in plan if not reuse[n]], head)
+    shared = FitStatistics.for_detectors(
+        fit_set, [instances[n] for n in plan if not reuse[n]], head, gram_dtype=gram_dtype
+    )
     with progress_bar(progress) as bar:
         task = bar.add_task("detectors", total=len(plan))
         for name in plan:
@@ -122,8 +127,15 @@ def evaluate_outputs(
     return EvaluationResult(rows=rows, scores=scores, table_markdown=table, skipped=skipped)
 
 
-def _fingerprint(store: Store, model_id: str, datasets: Sequence[str], name: str, params: Mapping[str, Any]) -> str:
-    """Content key of one detector's scores: inputs' store metadata + detector parameters."""
+def _fingerprint(
+    store: Store,
+    model_id: str,
+    datasets: Sequence[str],
+    name: str,
+    params: Mapping[str, Any],
+    gram_dtype: str = "float64",
+) -> str:
+    """Content key of one detector's scores: inputs' store metadata + detector parameters (+ a float32 Gram)."""
     digest = hashlib.sha256()
     for dataset in datasets:
         meta = store.meta(model_id, dataset)
@@ -140,6 +152,8 @@ def _fingerprint(store: Store, model_id: str, datasets: Sequence[str], name: str
     plugin = detector_registry.detector_fingerprint(name)  # None for built-ins: their keys stay as they were
     if plugin is not None:
         digest.update(plugin.encode())
+    if gram_dtype != "float64" and uses_gram(detector_registry.get_class(name)):
+        digest.update(f"gram:{gram_dtype}".encode())  # float64 keys stay as they were
     return digest.hexdigest()[:16]
 
 
@@ -156,10 +170,12 @@ def evaluate_store(
     strict: bool = False,
     progress: bool = True,
     save_detectors: str | os.PathLike[str] | None = None,
+    gram_dtype: str = "float64",
 ) -> EvaluationResult:
     """Evaluate detectors on store entries of one model and (optionally) write a run directory.
 
     With `save_detectors`, each fitted detector is saved to ``save_detectors/<name>`` with its fit provenance.
+    `gram_dtype` as in `evaluate_outputs`; it enters the score keys of the detectors whose fit it changes.
     """
     store = store if isinstance(store, Store) else Store(store)
     if not ood_datasets:
@@ -182,7 +198,9 @@ def evaluate_store(
             except ValueError as exc:
                 raise StoreError(f"{model_id}/{name}: {exc}") from exc
     plan = normalize_detectors(detectors)
-    keys = {name: _fingerprint(store, model_id, names, name, params) for name, params in plan.items()}
+    if gram_dtype not in GRAM_DTYPES:
+        raise OodbenchError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
+    keys = {name: _fingerprint(store, model_id, names, name, params, gram_dtype) for name, params in plan.items()}
 
     cached, done = run_dir.resume(model_id, [id_dataset, *ood_datasets], keys) if run_dir is not None else ({}, {})
 
@@ -204,7 +222,17 @@ def evaluate_store(
             run_dir.save_scores(model_id, dataset, {name: values})
         done[name] = keys[name]
         run_dir.write_info(
-            run_description(store, model_id, fit_dataset, id_dataset, ood_datasets, plan, done, complete=False)
+            run_description(
+                store,
+                model_id,
+                fit_dataset,
+                id_dataset,
+                ood_datasets,
+                plan,
+                done,
+                complete=False,
+                gram_dtype=gram_dtype,
+            )
         )
 
     result = evaluate_outputs(
@@ -221,6 +249,7 @@ def evaluate_store(
         cached=cached,
         on_detector_done=persist,
         on_detector_fitted=keep_fitted if keep is not None else None,
+        gram_dtype=gram_dtype,
     )
     if run_dir is not None:
         run_dir.write_results(model_id, result.rows, result.scores, result.table_markdown)
@@ -240,6 +269,7 @@ def evaluate_store(
                 ran_keys,
                 complete=True,
                 skipped=result.skipped,
+                gram_dtype=gram_dtype,
             )
         )
         result.run_dir = run_dir.path
@@ -257,6 +287,7 @@ def run_description(
     *,
     complete: bool,
     skipped: Mapping[str, str] | None = None,
+    gram_dtype: str = "float64",
 ) -> dict[str, Any]:
     """The content of a run directory's run.json: inputs, parameters and the store entries' provenance."""
     entries = {}
@@ -272,6 +303,7 @@ def run_description(
         "id_dataset": id_dataset,
         "ood_datasets": list(ood_datasets),
         "detectors": {name: dict(params) for name, params in plan.items()},
+        "gram_dtype": gram_dtype,
         "skipped_detectors": dict(skipped or {}),
         "score_keys": dict(score_keys),
         "head": store.head_meta(model_id) if store.has_head(model_id) else None,

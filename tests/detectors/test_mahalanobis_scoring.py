@@ -170,3 +170,19 @@ def test_relative_distance_falls_back_when_the_background_is_singular():
 def _total_covariance(fit: Outputs) -> np.ndarray:
     features = np.asarray(fit.features, dtype=np.float64)
     return np.cov(features.T, bias=True)
+
+
+def test_blas_matmul_is_the_matrix_product_for_every_operand_layout():
+    from oodbench.detectors._gaussian import blas_matmul
+
+    rng = np.random.default_rng(3)
+    for dtype, rtol in ((np.float32, 1e-5), (np.float64, 1e-13)):
+        a = rng.normal(size=(37, 11)).astype(dtype)
+        b = rng.normal(size=(11, 5)).astype(dtype)
+        expected = a.astype(np.float64) @ b.astype(np.float64)
+        for right in (b, np.asfortranarray(b), np.ascontiguousarray(b.T).T):  # C-ordered, Fortran, a transposed view
+            np.testing.assert_allclose(blas_matmul(a, right), expected, rtol=rtol, atol=rtol)
+            out = np.full((37, 5), np.nan, dtype=dtype)
+            result = blas_matmul(a, right, out=out)
+            assert np.shares_memory(result, out)
+            np.testing.assert_allclose(out, expected, rtol=rtol, atol=rtol)

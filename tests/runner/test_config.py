@@ -209,3 +209,20 @@ def test_environment_path_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("OODB_TEST_ROOT")
     with pytest.raises(ConfigError, match=r"^paths\.base: environment variable 'OODB_TEST_ROOT'"):
         parse_config(data)
+
+
+def test_a_float32_gram_changes_the_fit_keys_of_the_gram_detectors_only(tmp_path: Path) -> None:
+    from oodbench.runner.plan import build_plan
+
+    data = copy.deepcopy(DEMO)
+    data["experiment"]["workdir"] = str(tmp_path)
+    plans = {}
+    for gram_dtype in ("float64", "float32"):
+        data["detectors"]["gram_dtype"] = gram_dtype
+        config = parse_config(data)
+        assert config.gram_dtype == gram_dtype
+        plans[gram_dtype] = {u.label: u.key for u in build_plan(config).units if u.stage == "fit"}
+    changed = {label.split("/")[1] for label in plans["float64"] if plans["float64"][label] != plans["float32"][label]}
+    assert changed == {"maha", "rmaha", "maha++", "rmaha++", "neco", "vim"}
+    with pytest.raises(ConfigError, match="detectors.gram_dtype"):
+        parse_config(mutate(DEMO, _set("detectors.gram_dtype", "half")))

@@ -395,3 +395,19 @@ def test_each_logit_score_alone_equals_the_joint_pass(random_set):
         np.testing.assert_array_equal(S.logit_scores(images, ids, names=[name], gen_top_m=3)[name], together[name])
     single = S.logit_scores(images, ids[:1])
     assert np.all(single["mcm"] == 1.0) and np.all(single["margin"] == 1.0) and np.all(single["entropy"] == 0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), top_m=st.integers(1, 12), ties=st.booleans())
+def test_gen_selects_its_top_m_on_the_cosines_as_on_the_logits(seed, top_m, ties):
+    # logit_scores hands GEN the float32 cosines to select from (a float32 partition); selecting from the float64
+    # exponentials instead must give the same top-M terms, ties at the M-th place included (equal cosines give
+    # equal terms, whichever of them is taken), so GEN agrees to float64 summation order.
+    rng = np.random.default_rng(seed)
+    cosines = rng.uniform(-1, 1, size=(9, 12)).astype(np.float32)
+    if ties:
+        cosines = np.round(cosines * 4) / 4  # many exact ties, at the M-th place too
+    z = cosines.astype(np.float64) / S.TAU
+    via_cosines = S._scores_from_logits(z.copy(), ["gen"], 0.1, top_m, cosines=cosines.copy(), tau=S.TAU)["gen"]
+    via_logits = S._scores_from_logits(z.copy(), ["gen"], 0.1, top_m)["gen"]
+    np.testing.assert_allclose(via_cosines, via_logits, rtol=top_m * 2.0**-52, atol=0)

@@ -24,7 +24,7 @@ from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator
 from ._streaming import fit_chunks
 from .base import Detector
 
-__all__ = ["STATISTICS", "FitStatistics", "fit_all", "statistics_for"]
+__all__ = ["GRAM_DTYPES", "STATISTICS", "FitStatistics", "fit_all", "statistics_for", "uses_gram"]
 
 STATISTICS = {
     "features": "count, mean and Gram matrix of the features (ScatterAccumulator)",
@@ -40,11 +40,17 @@ _RAW = frozenset({"features", "features_by_class", "class_sums", "mean"})
 _RAW_GRAM = frozenset({"features", "features_by_class"})
 _RAW_CLASSES = frozenset({"features_by_class", "class_sums"})
 _LOGITS = frozenset({"max_logit_sum", "prediction_templates"})
+_GRAM = _RAW_GRAM | {"normalized_by_class"}
 
 
-def declared_statistics(detector: Detector) -> frozenset[str]:
-    """The statistics a detector declares (its `shared_statistics`; none for detectors that do not share)."""
+def declared_statistics(detector: Detector | type[Detector]) -> frozenset[str]:
+    """The statistics a detector (or detector class) declares (its `shared_statistics`; none if it does not share)."""
     return frozenset(getattr(detector, "shared_statistics", frozenset()))
+
+
+def uses_gram(detector: Detector | type[Detector]) -> bool:
+    """Whether a detector learns from a Gram matrix, so that the Gram precision (gram_dtype) changes its fit."""
+    return bool(declared_statistics(detector) & _GRAM)
 
 
 class FitStatistics:

@@ -83,8 +83,12 @@ def tune(
     id_val: Outputs,
     ood_val: Outputs | Mapping[str, Outputs],
     metric: str = "auroc",
+    *,
+    gram_dtype: str = "float64",
 ) -> TuneResult:
-    """Fit and score `detector_name` at every grid point on cached arrays; report every point and the best."""
+    """Fit and score `detector_name` at every grid point on cached arrays; report every point and the best.
+
+    `gram_dtype="float32"` builds the shared Gram matrices in float32 (detectors.shared.FitStatistics)."""
     get_class(detector_name)  # unknown names fail before any work
     if metric not in METRIC_NAMES:
         raise DetectorError(f"tune: metric must be one of {', '.join(METRIC_NAMES)}; got {metric!r}")
@@ -95,7 +99,7 @@ def tune(
     detectors = [create(detector_name, **params) for params in points]  # validates every point up front
     result = TuneResult(detector=detector_name, metric=metric)
     # Every grid point learns from the same fit set: one pass of the statistics they share (e.g. NECO's covariance).
-    shared = FitStatistics.for_detectors(fit, detectors, head)
+    shared = FitStatistics.for_detectors(fit, detectors, head, gram_dtype=gram_dtype)
     for params, detector in zip(points, detectors, strict=True):
         detector.fit(fit, head, stats=shared)
         id_scores = detector.score(id_val)

@@ -83,6 +83,7 @@ class ExperimentConfig:
     engine: dict[str, Any]
     plugins: tuple[str, ...] = ()
     save_detectors: bool = False
+    gram_dtype: str = "float64"
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -141,6 +142,7 @@ class _Detectors(Table):
     exclude: StrList = []
     params: dict[str, dict[str, Any]] = {}
     save: bool = False  # keep each fitted detector under <workdir>/detectors/<model>/<detector>
+    gram_dtype: Literal["float64", "float32"] = "float64"  # precision of the shared Gram matrices
 
 
 class _Subsample(Table):
@@ -564,6 +566,7 @@ def parse_config(
         engine=validate(_Engine, top.engine, "engine").model_dump(),
         plugins=plugins,
         save_detectors=validate(_Detectors, top.detectors, "detectors").save,
+        gram_dtype=validate(_Detectors, top.detectors, "detectors").gram_dtype,
         raw=dict(raw),
     )
 

@@ -349,6 +349,7 @@ def _plan_fit_score(
     keys: dict[tuple[str, str], str],
 ) -> None:
     from .. import detectors as detector_registry
+    from ..detectors.shared import uses_gram
 
     fit_units: list[Unit] = []
     score_units: list[Unit] = []
@@ -367,6 +368,8 @@ def _plan_fit_score(
             plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
             if plugin is not None:
                 fit_key = content_key(fit_key, plugin)
+            if config.gram_dtype != "float64" and uses_gram(detector_registry.get_class(detector)):
+                fit_key = content_key(fit_key, f"gram:{config.gram_dtype}")  # float64 keys stay as they were
             fit_label = f"{model.id}/{detector}"
             fit_unit = Unit(
                 "fit",

@@ -99,7 +99,7 @@ class Context:
             except DetectorError:
                 continue  # its own unit reports the error; the others still share
         fit_set = self.store.read(model_id, self.config.fit)
-        stats = FitStatistics.for_detectors(fit_set, created, head)
+        stats = FitStatistics.for_detectors(fit_set, created, head, gram_dtype=self.config.gram_dtype)
         self._fit_statistics = (model_id, fit_set, stats)
         return fit_set, stats
 

@@ -324,9 +324,7 @@ def _scores_from_logits(
             top_e = np.exp(cosines[:, num_labels - m :] / np.float64(tau) - peak[:, None])
         else:
             e[rows, winner] = 1.0
-            if exps is None and entropy:
-                e = e.copy()
-            e.partition(num_labels - m, axis=1)
+            e.partition(num_labels - m, axis=1)  # in place: GEN is the last score to read e
             top_e = e[:, num_labels - m :]
         top = top_e / total[:, None]
         complement = 1.0 - top
