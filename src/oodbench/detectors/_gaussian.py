@@ -117,11 +117,38 @@ class ScatterAccumulator:
             if self.by_class:
                 self.update_classes(block, labels)
             return
-        for part in iter_chunks(block.shape[0], SYRK_ROWS):
-            # A cache-sized float64 copy: centring, sums and the float32 rounding stay out of main memory.
-            self.update_owned(np.array(block[part], dtype=np.float64))
+        if self.float32_input(block):
+            self._update_float32(block)
+        else:
+            for part in iter_chunks(block.shape[0], SYRK_ROWS):
+                # A cache-sized float64 copy: centring, sums and the float32 rounding stay out of main memory.
+                self.update_owned(np.array(block[part], dtype=np.float64))
         if self.by_class:
             self.update_classes(block, labels)  # once per block: its cost is mostly per call
+
+    def float32_input(self, block: np.ndarray) -> bool:
+        """Whether `update` takes the float32 path for this block: a float32 Gram of float32 rows (no float64 copy)."""
+        return self.with_gram and self.gram_dtype == "float32" and block.dtype == np.float32
+
+    def _update_float32(self, block: np.ndarray) -> None:
+        """Add float32 rows to a float32 Gram: centred in float32 about a float32 shift, summed in float64.
+
+        With x and the shift s both float32, the float32 subtraction is correctly rounded, ŷ = (x − s)(1 + θ) with
+        |θ| ≤ u32 ≤ ρ: step 1 of gram_error_bound holds as for float64 centring (float64 rows must be centred in
+        float64 first: rounding x itself to float32 would err by u32·|x|, not u32·|x − s|).
+        """
+        if self.shift is None:
+            self.shift = block.mean(axis=0, dtype=np.float64).astype(np.float32).astype(np.float64)
+        shift32 = self.shift.astype(np.float32)  # exact: the shift is a float32 value
+        self.count += block.shape[0]
+        # Σ(x − s) = Σx − n·s in float64: |Σx| ≤ n·max|x| loses at most u64·n·max|x|, far below the Gram's bound.
+        self.sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
+        self._gram = None
+        centred = np.empty((min(SYRK_ROWS, block.shape[0]), self.dim), dtype=np.float32)
+        for part in iter_chunks(block.shape[0], SYRK_ROWS):
+            rows = centred[: part.stop - part.start]
+            np.subtract(block[part], shift32, out=rows)
+            self._add_gram32(rows)
 
     def update_classes(self, block: np.ndarray, labels: np.ndarray) -> None:
         """Add per-class sums (about the shift) and counts of a block whose rows update() or update_owned() added."""

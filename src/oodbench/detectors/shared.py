@@ -18,7 +18,7 @@ import numpy as np
 
 from ..chunking import iter_chunks
 from ..errors import DetectorError
-from ..numerics import l2_normalize, softmax
+from ..numerics import softmax
 from ..outputs import Head, Outputs
 from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator
 from ._streaming import fit_chunks
@@ -132,23 +132,33 @@ class FitStatistics:
             labels = np.asarray(fit_set.labels[rows]) if labelled else None
             if raw is not None or normalized is not None:
                 block = np.asarray(fit_set.features[rows])
-                if normalized is None and not raw.with_gram:
-                    raw.update(block, labels)  # sums only: no float64 copy needed
-                else:
+                # The raw rows take their own path when it needs no float64 copy: sums only, or a float32 Gram of
+                # float32 rows (ScatterAccumulator.update); otherwise one float64 copy feeds both accumulators.
+                raw_alone = raw is not None and (not raw.with_gram or raw.float32_input(block))
+                if raw_alone:
+                    raw.update(block, labels)
+                if normalized is not None or (raw is not None and not raw_alone):
                     # The normalised rows of the block, kept for its class sums (added once per block: their cost
                     # is mostly per call).
                     unit_rows = None if normalized is None else np.empty(block.shape)
                     for part in iter_chunks(block.shape[0], SYRK_ROWS):
-                        # One cache-sized float64 copy feeds both accumulators.
-                        values = np.array(block[part], dtype=np.float64)
+                        values = np.array(block[part], dtype=np.float64)  # cache-sized
                         if normalized is not None:
-                            unit_rows[part] = l2_normalize(values)
-                            normalized.update_owned(unit_rows[part].copy())
-                        if raw is not None:
+                            # As l2_normalize, without its temporaries: norms by einsum, divided into place.
+                            norms = np.sqrt(np.einsum("nd,nd->n", values, values))
+                            unit = np.divide(values, np.maximum(norms, 1e-12)[:, None], out=unit_rows[part])
+                            # The accumulator centres its rows in place: `values` is free for that once the raw
+                            # rows are not needed from it.
+                            if raw_alone or raw is None:
+                                np.copyto(values, unit)
+                                normalized.update_owned(values)
+                            else:
+                                normalized.update_owned(unit.copy())
+                        if raw is not None and not raw_alone:
                             raw.update_owned(values)
                     if normalized is not None:
                         normalized.update_classes(unit_rows, labels)
-                    if raw is not None and raw.by_class:
+                    if raw is not None and raw.by_class and not raw_alone:
                         raw.update_classes(block, labels)
             if use_logits:
                 logits = np.asarray(fit_set.logits[rows])
