@@ -214,6 +214,11 @@ def evaluate_store(
         provenance = {**detector_registry.fit_provenance(store, model_id, fit_dataset), "score_key": keys[name]}
         detector.save(keep / name, provenance=provenance)
 
+    def describe(score_keys: Mapping[str, str], **status: Any) -> dict[str, Any]:
+        return run_description(
+            store, model_id, fit_dataset, id_dataset, ood_datasets, plan, score_keys, gram_dtype=gram_dtype, **status
+        )
+
     def persist(name: str, per_dataset: Mapping[str, np.ndarray]) -> None:
         # Saved as soon as a detector finishes, so an interrupted run resumes from the next detector.
         if run_dir is None:
@@ -221,19 +226,7 @@ def evaluate_store(
         for dataset, values in per_dataset.items():
             run_dir.save_scores(model_id, dataset, {name: values})
         done[name] = keys[name]
-        run_dir.write_info(
-            run_description(
-                store,
-                model_id,
-                fit_dataset,
-                id_dataset,
-                ood_datasets,
-                plan,
-                done,
-                complete=False,
-                gram_dtype=gram_dtype,
-            )
-        )
+        run_dir.write_info(describe(done, complete=False))
 
     result = evaluate_outputs(
         fit_set,
@@ -258,20 +251,7 @@ def evaluate_store(
 
             record_accuracy(run_dir.path, store, model_id, id_dataset, outputs=id_test)
         ran_keys = {name: keys[name] for name in plan if name not in result.skipped}
-        run_dir.write_info(
-            run_description(
-                store,
-                model_id,
-                fit_dataset,
-                id_dataset,
-                ood_datasets,
-                plan,
-                ran_keys,
-                complete=True,
-                skipped=result.skipped,
-                gram_dtype=gram_dtype,
-            )
-        )
+        run_dir.write_info(describe(ran_keys, complete=True, skipped=result.skipped))
         result.run_dir = run_dir.path
     return result
 
