@@ -76,6 +76,12 @@ def chromium():
             browser.close()
 
 
+def wait_for_focus(page, element_id: str) -> None:
+    """Wait until the browser has applied `autofocus`: Chromium does so after the load event, later under load,
+    and a key pressed before it lands nowhere (a keyboard user sees the focus ring before pressing)."""
+    page.wait_for_function(f"document.activeElement && document.activeElement.id === {element_id!r}")
+
+
 def test_disagreement_resolved_in_stage3_reaches_the_export(served, tmp_path):
     project, url = served
     with chromium() as browser:
@@ -93,6 +99,7 @@ def test_disagreement_resolved_in_stage3_reaches_the_export(served, tmp_path):
         # Stage 1, annotator 1: keyboard only. F flags fine-grained, O selects OOD and focuses the label.
         a = pages["ann1"]
         a.goto(f"{url}/annotate")  # a GET claims nothing: the page offers the next image
+        wait_for_focus(a, "claim")
         a.keyboard.press("Enter")  # the focused "Take the next image" button (a POST)
         a.wait_for_url("**/annotate/*")
         assert a.eval_on_selector("#subject", "img => img.complete && img.naturalWidth") == 16
@@ -162,11 +169,13 @@ def test_one_annotator_works_through_a_queue_with_the_keyboard_only(tmp_path):
         page.set_default_timeout(15_000)
         page.goto(f"{url}/login")  # the one navigation; from here on only keys are pressed
         keys = page.keyboard
+        wait_for_focus(page, "username")
         keys.type("ann1")  # the name field has the focus
         keys.press("Tab")
         keys.type(PASSWORD)
         keys.press("Enter")
         page.wait_for_selector("text=Hello, ann1")
+        wait_for_focus(page, "start")
         keys.press("Enter")  # "Continue with my queue" has the focus: claims the first image
         page.wait_for_url("**/annotate/*")
         assert "Your verdict no. 1 · 2 more image(s)" in page.inner_text("#queue-status")

@@ -141,7 +141,8 @@ class ScatterAccumulator:
             self.shift = block.mean(axis=0, dtype=np.float64).astype(np.float32).astype(np.float64)
         shift32 = self.shift.astype(np.float32)  # exact: the shift is a float32 value
         self.count += block.shape[0]
-        # Σ(x − s) = Σx − n·s in float64: |Σx| ≤ n·max|x| loses at most u64·n·max|x|, far below the Gram's bound.
+        # Σ(x − s) = Σx − n·s in float64: an error of at most γ64(n)·Σ|x| (numpy sums pairwise: far less in
+        # practice), against the float32 Gram's β ≥ 2·u32 relative on the same scale.
         self.sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
         self._gram = None
         centred = np.empty((min(SYRK_ROWS, block.shape[0]), self.dim), dtype=np.float32)

@@ -78,10 +78,10 @@ class _MahalanobisFamily(Detector):
 
     def _row_width(self, test: Outputs) -> int:
         # Per row: the features as read (float32: half a value), their float64 centred copy (whitened in place by
-        # the triangular whitener; a second one for the full whitener of the relative pair). The class search's
-        # (tile x C) buffers are fixed, not per row (ClassGaussians.search_rows). Wider chunks keep the BLAS
-        # products efficient: at 1,650 rows the triangular product ran at half its 4,096-row speed.
-        return 2 * test.num_features + 8
+        # the triangular whitener; the full whitener of the relative pair writes a second array). The class
+        # search's (tile x C) buffers are fixed, not per row (ClassGaussians.search_rows). Wider chunks keep the
+        # BLAS products efficient: at 1,650 rows the triangular product ran at half its 4,096-row speed.
+        return (3 if self.relative else 2) * test.num_features + 8
 
 
 @register("maha")
