@@ -34,8 +34,8 @@ import numpy as np
 from scipy.stats import rankdata
 
 from oodbench.atomic import atomic_write_text
-from oodbench.detectors import available, create
-from oodbench.detectors.shared import fit_all
+from oodbench.detectors import available, create, get_class
+from oodbench.detectors.shared import declared_statistics, fit_all
 from oodbench.metrics import auroc
 from oodbench.outputs import Head, Outputs
 from oodbench.store import Store
@@ -421,8 +421,9 @@ def fit_floor(names: list[str], fit: Outputs, head: Head, gram_s: float) -> dict
     """
     from oodbench.detectors.hybrid import vim_default_dim
 
-    raw = any(name in names for name in ("maha", "rmaha", "neco", "vim"))
-    normalised = any(name in names for name in ("maha++", "rmaha++"))
+    declared = set().union(*(declared_statistics(get_class(name)) for name in names))
+    raw = bool(declared & {"features", "features_by_class"})  # the raw accumulator's Gram
+    normalised = "normalized_by_class" in declared
     floor = {"gram_passes": (raw + normalised) * gram_s}
     if "vim" in names:
         dim = fit.num_features

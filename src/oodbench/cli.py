@@ -170,8 +170,10 @@ def evaluate(
             raise typer.BadParameter(f"--param {name}.{unknown_param[0]}: {unknown_param[1]}")
     if not store.is_dir():
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
-    if gram_dtype not in ("float64", "float32"):
-        raise typer.BadParameter(f"--gram-dtype: must be float64 or float32; got {gram_dtype!r}")
+    from .detectors._gaussian import GRAM_DTYPES
+
+    if gram_dtype not in GRAM_DTYPES:
+        raise typer.BadParameter(f"--gram-dtype: must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
     from .rundir import RunDir
 
     RunDir(out).check_writable("--out")  # before any work, not after the detectors ran

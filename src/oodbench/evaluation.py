@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import detectors as detector_registry
-from .detectors.shared import GRAM_DTYPES, FitStatistics, uses_gram
+from .detectors.shared import FitStatistics, check_gram_dtype, gram_key
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
 from .progress import progress_bar
@@ -152,8 +152,9 @@ def _fingerprint(
     plugin = detector_registry.detector_fingerprint(name)  # None for built-ins: their keys stay as they were
     if plugin is not None:
         digest.update(plugin.encode())
-    if gram_dtype != "float64" and uses_gram(detector_registry.get_class(name)):
-        digest.update(f"gram:{gram_dtype}".encode())  # float64 keys stay as they were
+    precision = gram_key(detector_registry.get_class(name), gram_dtype)
+    if precision is not None:
+        digest.update(precision.encode())
     return digest.hexdigest()[:16]
 
 
@@ -178,6 +179,7 @@ def evaluate_store(
     `gram_dtype` as in `evaluate_outputs`; it enters the score keys of the detectors whose fit it changes.
     """
     store = store if isinstance(store, Store) else Store(store)
+    check_gram_dtype(gram_dtype)  # before any work
     if not ood_datasets:
         raise OodbenchError("no OOD datasets given: pass at least one --ood")
     run_dir = RunDir(out_dir) if out_dir is not None else None
@@ -198,8 +200,6 @@ def evaluate_store(
             except ValueError as exc:
                 raise StoreError(f"{model_id}/{name}: {exc}") from exc
     plan = normalize_detectors(detectors)
-    if gram_dtype not in GRAM_DTYPES:
-        raise OodbenchError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
     keys = {name: _fingerprint(store, model_id, names, name, params, gram_dtype) for name, params in plan.items()}
 
     cached, done = run_dir.resume(model_id, [id_dataset, *ood_datasets], keys) if run_dir is not None else ({}, {})

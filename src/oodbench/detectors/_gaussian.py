@@ -49,6 +49,13 @@ def gram_error_bound(depth: int, groups: int) -> float:
 GRAM_DTYPES = ("float64", "float32")
 
 
+def check_gram_dtype(gram_dtype: str) -> str:
+    """`gram_dtype` if it names a Gram precision, else a DetectorError listing them."""
+    if gram_dtype not in GRAM_DTYPES:
+        raise DetectorError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
+    return gram_dtype
+
+
 def _mirror_upper(matrix: np.ndarray, block: int = 512) -> None:
     """Copy the upper triangle of a square matrix onto its lower triangle, in place, block by block."""
     for cols in iter_chunks(matrix.shape[0], block):
@@ -75,8 +82,7 @@ class ScatterAccumulator:
         with_gram: bool = True,
         gram_dtype: str = "float64",
     ) -> None:
-        if gram_dtype not in GRAM_DTYPES:
-            raise DetectorError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
+        check_gram_dtype(gram_dtype)
         self.dim = dim
         self.with_gram = with_gram
         self.gram_dtype = gram_dtype
@@ -460,8 +466,9 @@ class ClassGaussians:
                 self.background = Gaussian(centre, background)
             else:
                 whitener, self.background_weights = joint
-        # Fortran order: the triangular whitener goes to BLAS trmm as it is, with no copy per scored block.
-        self.whitener = np.asfortranarray(whitener) if self.triangular else whitener
+        # A triangular whitener is kept as given (triangular_whitener builds it in the Fortran order trmm takes;
+        # whiten_triangular takes a C-ordered one as its transpose): a copy here would double its D x D memory.
+        self.whitener = whitener
         # Whitened, centred class means: M = (mu_c - centre) A; distances follow ||y||^2 - 2 y.M_c + ||M_c||^2.
         self.means = (means - centre) @ self.whitener  # (C, r)
         self.means_sq = np.einsum("cr,cr->c", self.means, self.means)

@@ -20,11 +20,20 @@ from ..chunking import iter_chunks
 from ..errors import DetectorError
 from ..numerics import softmax
 from ..outputs import Head, Outputs
-from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator
+from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator, check_gram_dtype
 from ._streaming import fit_chunks
 from .base import Detector
 
-__all__ = ["GRAM_DTYPES", "STATISTICS", "FitStatistics", "fit_all", "statistics_for", "uses_gram"]
+__all__ = [
+    "GRAM_DTYPES",
+    "STATISTICS",
+    "FitStatistics",
+    "check_gram_dtype",
+    "fit_all",
+    "gram_key",
+    "statistics_for",
+    "uses_gram",
+]
 
 STATISTICS = {
     "features": "count, mean and Gram matrix of the features (ScatterAccumulator)",
@@ -53,6 +62,14 @@ def uses_gram(detector: Detector | type[Detector]) -> bool:
     return bool(declared_statistics(detector) & _GRAM)
 
 
+def gram_key(detector: Detector | type[Detector], gram_dtype: str) -> str | None:
+    """What a fit's cache key adds for its Gram precision: None where the default float64 (or no Gram) is used, so
+    those keys stay as they were before the precision was an option."""
+    if check_gram_dtype(gram_dtype) == "float64" or not uses_gram(detector):
+        return None
+    return f"gram:{gram_dtype}"
+
+
 class FitStatistics:
     """Sufficient statistics of one fit set, computed lazily in one streamed pass for every declared need."""
 
@@ -61,8 +78,7 @@ class FitStatistics:
     ) -> None:
         if not isinstance(fit_set, Outputs):
             raise DetectorError(f"fit statistics need an Outputs fit set, got {type(fit_set).__name__}")
-        if gram_dtype not in GRAM_DTYPES:
-            raise DetectorError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
+        check_gram_dtype(gram_dtype)
         self.fit_set = fit_set
         self.gram_dtype = gram_dtype
         self.description = description or "shared fit statistics"
@@ -147,13 +163,7 @@ class FitStatistics:
                             # As l2_normalize, without its temporaries: norms by einsum, divided into place.
                             norms = np.sqrt(np.einsum("nd,nd->n", values, values))
                             unit = np.divide(values, np.maximum(norms, 1e-12)[:, None], out=unit_rows[part])
-                            # The accumulator centres its rows in place: `values` is free for that once the raw
-                            # rows are not needed from it.
-                            if raw_alone or raw is None:
-                                np.copyto(values, unit)
-                                normalized.update_owned(values)
-                            else:
-                                normalized.update_owned(unit.copy())
+                            normalized.update_owned(unit.copy())  # a copy: the accumulator centres it in place
                         if raw is not None and not raw_alone:
                             raw.update_owned(values)
                     if normalized is not None:

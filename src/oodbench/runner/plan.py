@@ -349,7 +349,7 @@ def _plan_fit_score(
     keys: dict[tuple[str, str], str],
 ) -> None:
     from .. import detectors as detector_registry
-    from ..detectors.shared import uses_gram
+    from ..detectors.shared import gram_key
 
     fit_units: list[Unit] = []
     score_units: list[Unit] = []
@@ -368,8 +368,9 @@ def _plan_fit_score(
             plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
             if plugin is not None:
                 fit_key = content_key(fit_key, plugin)
-            if config.gram_dtype != "float64" and uses_gram(detector_registry.get_class(detector)):
-                fit_key = content_key(fit_key, f"gram:{config.gram_dtype}")  # float64 keys stay as they were
+            precision = gram_key(detector_registry.get_class(detector), config.gram_dtype)
+            if precision is not None:
+                fit_key = content_key(fit_key, precision)
             fit_label = f"{model.id}/{detector}"
             fit_unit = Unit(
                 "fit",

@@ -177,11 +177,13 @@ def _scaled(h: np.ndarray, tau: float) -> np.ndarray:
     return h * np.float32(1.0 / tau)
 
 
-def _logits(h: np.ndarray, texts: np.ndarray, tau: float) -> np.ndarray:
+def _logits(
+    h: np.ndarray, texts: np.ndarray, tau: float, out: np.ndarray | None = None, cosines: np.ndarray | None = None
+) -> np.ndarray:
     """z = hᵀt / τ as float64: the float32 cosines, divided by τ in float64 (exactly the logits a classifier
-    head would hand the supervised detectors)."""
-    z = np.empty((h.shape[0], texts.shape[0]))
-    return np.divide(h @ texts.T, tau, out=z, dtype=np.float64)  # converted and divided in one pass
+    head would hand the supervised detectors); into `out` and, for the cosines, `cosines` when given."""
+    z = np.empty((h.shape[0], texts.shape[0])) if out is None else out
+    return np.divide(np.matmul(h, texts.T, out=cosines), tau, out=z, dtype=np.float64)  # converted and divided
 
 
 def _block_width(num_labels: int, dim: int) -> int:
@@ -259,8 +261,8 @@ class _LogitTile:
         """(z, cosines) for a tile: the float32 cosines hᵀt and z = cosines / τ in float64 (the same values as
         `_logits`), both views of the reused buffers."""
         rows = h.shape[0]
-        cosines = np.matmul(h, texts.T, out=self.cosines[:rows])
-        return np.divide(cosines, tau, out=self.logits[:rows], dtype=np.float64), cosines
+        cosines = self.cosines[:rows]
+        return _logits(h, texts, tau, out=self.logits[:rows], cosines=cosines), cosines
 
 
 def _scores_from_logits(
