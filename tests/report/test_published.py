@@ -62,12 +62,25 @@ def test_against_renders_every_published_table_beside_the_run(paper_runs, tmp_pa
     assert float(by_key[("1", "ResNet50", "Fi-ImageNet-1k", "", "top1")]["reproduced"]) == pytest.approx(84.9)
     # Table 3 (EVA02-L-448) has NINCO and Textures from the run, n included.
     assert by_key[("3", "EVA02-L-448", "NINCO", "", "n")]["reproduced"] == "260.0"
-    assert all(r["outside"] in ("0", "1") for r in done)
+    assert all(r["verdict"] in ("reproduced", "within sampling error", "differs") for r in done)
+    assert {r["verdict"] for r in records if not r["reproduced"]} == {"not in the run"}
     table1 = (out / "tables" / "paper-table1.md").read_text()
     assert "| Top-1 | Top-1 (ReaL) |" in table1
     assert "80.1" in table1  # original-label Top-1 of ResNet50
     a7 = (out / "tables" / "paper-tableA7.md").read_text()
-    assert "Spearman ρ" in a7 and "paper −0.61" in a7
+    assert "Spearman ρ" in a7 and "paper −0.61" in a7 and "Appendix E's 26 models" in a7
+    # The header counts the verdicts per table.
+    summary = (out / "tables" / "paper-summary.md").read_text()
+    assert "| published table | cells | reproduced | within sampling error | differs | not in the run |" in summary
+    counts = {v: sum(r["verdict"] == v for r in records) for v in ("reproduced", "within sampling error", "differs")}
+    total_line = next(line for line in summary.splitlines() if line.startswith("| all tables"))
+    assert total_line.split("|")[2:7] == [
+        f" {len(records)} ",
+        f" {counts['reproduced']} ",
+        f" {counts['within sampling error']} ",
+        f" {counts['differs']} ",
+        f" {len(records) - len(done)} ",
+    ]
     # The report's own Table 1 (no --against needed) carries the Top-1 columns of accuracy.json too.
     own = (out / "tables" / "table1.md").read_text()
     assert "| model | Top-1 | Top-1 (ReaL) |" in own and "| resnet50.a1_in1k | 80.1 | 84.9 |" in own

@@ -57,7 +57,7 @@ __all__ = [
     "REPRODUCED",
     "WITHIN",
     "DIFFERS",
-    "MISSING",
+    "NOT_IN_RUN",
     "NUMERICAL_TOLERANCE",
     "APPENDIX_E_EXCLUDED",
     "appendix_e_models",
@@ -82,7 +82,7 @@ FI = "Fi-ImageNet-1k"
 SUBSET_N = 655  # Table A6's draw size: the size of Fi-ImageNet-1k
 CONFIDENCE = 0.95
 VERDICTS = ("reproduced", "within sampling error", "differs", "not in the run")
-REPRODUCED, WITHIN, DIFFERS, MISSING = VERDICTS
+REPRODUCED, WITHIN, DIFFERS, NOT_IN_RUN = VERDICTS
 # Added to the printed rounding: covers the float64 arithmetic and the decimal text of rates k/n and their means
 # (errors below 1e-12 points), and is far below the smallest real step of a rate (100/48,365 ≈ 0.002 points).
 NUMERICAL_TOLERANCE = 1e-6
@@ -322,7 +322,7 @@ class Comparison:
         """One of `VERDICTS`: reproduced, within sampling error, differs, or not in the run."""
         bounds = self.tolerance
         if bounds is None:
-            return MISSING
+            return NOT_IN_RUN
         value = self.cell.value
         if bounds[0] <= value <= bounds[1]:
             return REPRODUCED
@@ -848,11 +848,15 @@ def _rank_correlation(cell: PublishedCell, run: _Run) -> Comparison:
     aside = ((f"over all {len(points)} supervised models of the run", _spearman(points)),) if len(points) >= 3 else ()
     if len(paper) < len(subset):
         missing = len(subset) - len(paper)
-        partial = ((f"over the {len(paper)} of Appendix E's models the run has", _spearman(paper)),)
+        partial = (
+            ((f"over the {len(paper)} of Appendix E's models the run has", _spearman(paper)),)
+            if len(paper) >= 3
+            else ()
+        )
         return Comparison(
             cell,
             note=f"the run lacks {missing} of Appendix E's {len(subset)} models (Top-1 and FPR@95 on {FI})",
-            aside=(partial if len(paper) >= 3 else ()) + aside,
+            aside=partial + aside,
         )
     rho = _spearman(paper)
     span = spearman_span([p[1] for p in paper], [p[2] for p in paper], 1)

@@ -43,7 +43,7 @@ def report_command(
         typer.Option(
             "--against",
             help="Put a published set beside the run's numbers: 'fi-imagenet-1k' (the Fi-ImageNet-1k paper's "
-            "Tables 1, 2, 3, A1–A7), with Δ and a mark where the paper's value lies outside the run's 95% interval.",
+            "Tables 1, 2, 3, A1–A7), with Δ and a verdict per cell: reproduced, within sampling error or differs.",
         ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--no-progress/--progress", "--quiet", help="Hide the progress bar.")] = False,

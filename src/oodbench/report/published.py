@@ -1,21 +1,29 @@
 """The Fi-ImageNet-1k paper's tables in their printed layouts, each published cell beside its reproduction.
 
 Every cell shows the reproduced value (or "–" where the run lacks it), then in parentheses the run's detector, the
-published value with the paper's detector, and Δ = reproduced − published; ‡ marks a published value outside the
-reproduced value's 95% interval (Wilson for FPR@95 and Top-1, DeLong for AUROC when the run has per-image scores).
+published value with the paper's detector, and Δ = reproduced − published. A reproduced cell carries no mark; a cell
+only within sampling error is marked ≈, one that differs ‡ (see `oodbench.analysis.published` for the verdicts).
+The summary table counts the verdicts per published table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from ..analysis.published import (
     ALL_MODELS,
+    APPENDIX_E_EXCLUDED,
+    DIFFERS,
     FI,
     MEAN_OOD,
     MEAN_SUPERVISED,
     MEAN_VLM,
+    NOT_IN_RUN,
+    NUMERICAL_TOLERANCE,
+    REPRODUCED,
+    VERDICTS,
+    WITHIN,
     Accuracy,
     Comparison,
     PublishedCell,
@@ -24,9 +32,9 @@ from ..analysis.published import (
 )
 from ..tabular import MISSING, Cell, Table
 
-__all__ = ["OUTSIDE", "published_tables", "summary_table", "comparison_records", "TITLES"]
+__all__ = ["MARKS", "published_tables", "summary_table", "comparison_records", "TITLES"]
 
-OUTSIDE = "‡"
+MARKS = {REPRODUCED: "", WITHIN: "≈", DIFFERS: "‡", NOT_IN_RUN: ""}
 TITLES = {
     "1": "Best detector per model on Fi-ImageNet-1k, with Top-1 (paper Table 1)",
     "2": "Zero-shot VLMs with negative vocabularies, FPR@95 (paper Table 2)",
@@ -41,9 +49,12 @@ TITLES = {
 }
 LEGEND = (
     "Each cell: the reproduced value (– where the run lacks it); in parentheses the run's detector, the published "
-    "value and detector, and Δ = reproduced − published. ‡: the published value lies outside the reproduced value's "
-    "95% interval (Wilson on the OOD acceptance count for FPR@95 and on the correct count for Top-1; DeLong for AUROC "
-    "when the run has per-image scores). Values in %."
+    "value and detector, and Δ = reproduced − published. No mark: reproduced (|Δ| at most half a unit of the "
+    f"published value's last printed digit, plus {NUMERICAL_TOLERANCE:g}; a mean, Δ, closed-form SE or ρ also allows "
+    "what rounding its inputs to their printed digits can change). ≈: within sampling error (the published value lies "
+    "in the reproduced value's 95% interval: Wilson on the OOD acceptance count for FPR@95 and on the correct count "
+    "for Top-1, DeLong for AUROC when the run has per-image scores; a best-of-pool cell takes the Bonferroni bound over "
+    "the pool's detectors, a mean or Δ over its parts). ‡: differs. Values in %."
 )
 
 
@@ -63,12 +74,11 @@ def _signed(value: float, digits: int) -> str:
 
 
 def _digits(cell: PublishedCell) -> int:
-    if cell.metric == "n":
-        return 0
-    if cell.metric == "spearman_top1_fpr95":
-        return 2
-    text = f"{cell.value}"
-    return len(text.split(".")[1]) if "." in text and not text.endswith(".0") else 1
+    return cell.digits
+
+
+def _aside(comp: Comparison, digits: int) -> list[str]:
+    return [f"{label}: {_number(value, digits)}" for label, value in comp.aside]
 
 
 def _cell(comp: Comparison | None, *, detectors: bool = True) -> Cell:
@@ -80,14 +90,18 @@ def _cell(comp: Comparison | None, *, detectors: bool = True) -> Cell:
     published = _number(pub.value, digits) if pub.metric != "n" else f"{int(pub.value):,}"
     pub_det = f" {_label(pub.detector)}" if detectors and pub.detector and pub.best else ""
     if comp.reproduced is None:
-        return Cell(MISSING, f"paper {published}{pub_det}")
+        return Cell(MISSING, "; ".join([f"paper {published}{pub_det}", *_aside(comp, digits)]))
     text = _number(comp.reproduced, digits) if pub.metric != "n" else f"{int(comp.reproduced):,}"
     parts = []
     if detectors and comp.detector and pub.best:
         parts.append(_label(comp.detector))
     parts.append(f"paper {published}{pub_det}")
     parts.append(f"Δ {_signed(comp.delta, digits)}")  # type: ignore[arg-type]
-    return Cell(text, "; ".join(parts), mark=OUTSIDE if comp.outside else "")
+    if comp.span is not None and abs(comp.delta) > pub.half_unit:  # type: ignore[arg-type]
+        low, high = comp.span
+        parts.append(f"its inputs' printed rounding allows {_number(low, digits + 1)} to {_number(high, digits + 1)}")
+    parts += _aside(comp, digits)
+    return Cell(text, "; ".join(parts), mark=MARKS[comp.verdict])
 
 
 def _pair(fpr: Comparison | None, auroc: Comparison | None) -> Cell:
@@ -99,7 +113,16 @@ def _pair(fpr: Comparison | None, auroc: Comparison | None) -> Cell:
     note = "paper " + " / ".join(MISSING if c is None else _number(c.cell.value, 1) for c in comps)
     if any(c is not None and c.reproduced is not None for c in comps):
         note += "; Δ " + " / ".join(MISSING if c is None or c.delta is None else _signed(c.delta, 1) for c in comps)
-    return Cell(text, note, mark=OUTSIDE if any(c is not None and c.outside for c in comps) else "")
+    return Cell(text, note, mark=_worst(c for c in comps if c is not None))
+
+
+def _worst(comps: Iterable[Comparison]) -> str:
+    """The mark of the worst verdict among the cells shown together."""
+    verdicts = {c.verdict for c in comps}
+    for verdict in (DIFFERS, WITHIN):
+        if verdict in verdicts:
+            return MARKS[verdict]
+    return ""
 
 
 class _Index:
@@ -157,7 +180,12 @@ def _model_rows(index: _Index, table: str, accuracy: Sequence[Accuracy], with_pr
     if rho is not None:
         rules.append(len(body) - 1)
         width = 7 if with_pretraining else 6
-        body.append((Cell("Spearman ρ (Top-1 (ReaL), best FPR@95)"), *[Cell("")] * (width - 2), _cell(rho)))
+        label = "Spearman ρ (Top-1 (ReaL), best FPR@95), Appendix E's 26 models"
+        body.append((Cell(label), *[Cell("")] * (width - 2), _cell(replace(rho, aside=()))))
+        for text, value in rho.aside:
+            body.append(
+                (Cell(f"Spearman ρ {text}"), *[Cell("")] * (width - 2), Cell(_number(value, 2), "no published value"))
+            )
     columns = ["model"] + (["pre-training"] if with_pretraining else []) + ["params", "Top-1", "Top-1 (ReaL)"]
     columns += ["FPR@95 ↓", "AUROC ↑"]
     notes = [
@@ -169,8 +197,11 @@ def _model_rows(index: _Index, table: str, accuracy: Sequence[Accuracy], with_pr
     ]
     if rho is not None:
         notes.append(
-            "ρ: Spearman correlation between Top-1 (ReaL) and best FPR@95 across the run's supervised models; the paper "
-            "prints −0.61 (Appendix E); recomputed from Table A7's 30 rows it is −0.71."
+            "ρ: Spearman correlation (average ranks for ties) between Top-1 (ReaL) and best FPR@95. The paper's −0.61 "
+            "(Appendix E) is over its 26 models: Table A7 without "
+            + ", ".join(APPENDIX_E_EXCLUDED)
+            + "; the row below "
+            "it is over every supervised model of the run (from Table A7's own 30 rows: −0.71, no published value)."
         )
     align = ("l",) * (3 if with_pretraining else 2) + ("r",) * 4
     return Table(
@@ -316,12 +347,14 @@ def _table_a4(index: _Index) -> Table:
     for dataset in index.rows("A4", "dataset"):
         line = [Cell(dataset)]
         for detector, _ in columns:
-            cell = _cell(index.get("A4", MEAN_VLM, dataset, "fpr95", detector))
+            mean = index.get("A4", MEAN_VLM, dataset, "fpr95", detector)
+            cell = _cell(mean)
             std = index.get("A4", MEAN_VLM, dataset, "fpr95_std", detector)
             if std is not None:
-                cell = Cell(
-                    cell.text, f"{cell.note}; ± {std.cell.value:.1f} over the paper's generations", mark=cell.mark
-                )
+                spread = f"paper ± {_number(std.cell.value, std.cell.digits)} over its generations"
+                if std.reproduced is not None:
+                    spread = f"± {_number(std.reproduced, std.cell.digits)} over the run's generations; " + spread
+                cell = Cell(cell.text, f"{cell.note}; {spread}", mark=_worst(c for c in (mean, std) if c is not None))
             line.append(cell)
         body.append(tuple(line))
     return Table(
@@ -332,7 +365,9 @@ def _table_a4(index: _Index) -> Table:
         notes=(
             LEGEND,
             "Means over the eight VLMs: reproduced only when the run has all eight. Runs name the "
-            "prompts' vocabularies eoe-far, eoe-near and eoe (fine-grained).",
+            "prompts' vocabularies eoe-far, eoe-near and eoe (fine-grained). A run with several generations of a "
+            "vocabulary, named <vocabulary>.g1, <vocabulary>.g2, …, is averaged over them, and ± is the standard "
+            "deviation (ddof = 1) over the generations of the mean over the VLMs, as the paper's caption defines it.",
         ),
     )
 
@@ -408,30 +443,47 @@ def published_tables(comparisons: Sequence[Comparison], accuracy: Sequence[Accur
 
 
 def summary_table(comparisons: Sequence[Comparison]) -> Table:
-    """Per published table: cells, reproduced cells, cells outside the interval, mean and largest |Δ|."""
+    """Per published table: its cells, how many get each verdict, and the mean and largest |Δ| of the measured ones."""
     body = []
+    totals = dict.fromkeys(VERDICTS, 0)
     for table in TITLES:
         comps = [c for c in comparisons if c.cell.table == table]
         if not comps:
             continue
+        counts = {v: sum(c.verdict == v for c in comps) for v in VERDICTS}
+        for verdict, count in counts.items():
+            totals[verdict] += count
         done = [c for c in comps if c.reproduced is not None and c.cell.metric in ("fpr95", "auroc", "top1")]
         deltas = [abs(c.delta) for c in done]  # type: ignore[arg-type]
         body.append(
             (
                 Cell(TITLES[table]),
                 Cell(str(len(comps))),
-                Cell(str(sum(c.reproduced is not None for c in comps))),
-                Cell(str(sum(c.outside for c in comps))),
+                *(Cell(str(counts[v])) for v in VERDICTS),
                 Cell(f"{sum(deltas) / len(deltas):.2f}" if deltas else MISSING),
                 Cell(f"{max(deltas):.2f}" if deltas else MISSING),
             )
         )
+    body.append(
+        (
+            Cell("all tables"),
+            Cell(str(sum(totals.values()))),
+            *(Cell(str(totals[v])) for v in VERDICTS),
+            Cell(""),
+            Cell(""),
+        )
+    )
     return Table(
         "paper-summary",
-        "Reproduction against the Fi-ImageNet-1k paper: summary",
-        ("published table", "cells", "reproduced", "outside 95% interval", "mean |Δ|", "max |Δ|"),
+        "Reproduction against the Fi-ImageNet-1k paper: verdicts per published table",
+        ("published table", "cells", *VERDICTS, "mean |Δ|", "max |Δ|"),
         tuple(body),
-        notes=("|Δ| in points over the reproduced FPR@95, AUROC and Top-1 cells.",),
+        notes=(
+            LEGEND,
+            "|Δ| in points over the reproduced FPR@95, AUROC and Top-1 cells. 'not in the run': cells the run has no "
+            "value for (a model, dataset, detector or vocabulary it lacks, or a mean missing a part).",
+        ),
+        rules_after=(len(body) - 2,),
     )
 
 
@@ -440,6 +492,7 @@ def comparison_records(comparisons: Sequence[Comparison]) -> list[dict[str, obje
     records = []
     for c in comparisons:
         cell = c.cell
+        tolerance = c.tolerance
         records.append(
             {
                 "table": cell.table,
@@ -458,7 +511,10 @@ def comparison_records(comparisons: Sequence[Comparison]) -> list[dict[str, obje
                 "low": c.low,
                 "high": c.high,
                 "interval": c.method,
-                "outside": int(c.outside),
+                "verdict": c.verdict,
+                "reproduced_if_within_low": tolerance[0] if tolerance else None,
+                "reproduced_if_within_high": tolerance[1] if tolerance else None,
+                "aside": "; ".join(f"{label}: {value:.6g}" for label, value in c.aside),
                 "note": c.note,
             }
         )
