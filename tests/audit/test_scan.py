@@ -34,6 +34,9 @@ TINY = [
     "00000008 06 n 01 crane 1 001 @ 00000007 n 0000 | a lifting machine",
     "00000009 18 n 01 Fido 0 001 @i 00000003 n 0000 | a particular dog",
     "00000010 05 n 01 tench 0 001 @ 00000002 n 0000 | a fish",
+    # Two names of one synset, as WordNet has 'yellow_trumpet' and 'trumpets' for the yellow pitcher plant.
+    "00000011 05 n 02 pocket_beagle 0 beagles 0 001 @ 00000004 n 0000 | a very small beagle",
+    "00000012 05 n 02 house_dog 0 pet_dog 0 001 @ 00000003 n 0000 | a dog kept at home",
 ]
 
 
@@ -61,7 +64,7 @@ def _suite(wnids=(), names=(), annotations=None) -> SuiteManifest:
 
 
 def test_parser_reads_lemmas_hypernyms_and_instances(tiny):
-    assert len(tiny) == 10
+    assert len(tiny) == 12
     assert tiny.get("n00000003").lemmas == ("dog", "domestic_dog")
     assert tiny.get("n00000009").hypernyms == ("n00000003",)  # instance hypernym
     assert tiny.ancestors("n00000004") == {"n00000003": 1, "n00000002": 2, "n00000001": 3}
@@ -124,6 +127,51 @@ def test_name_only_suites(tiny):
     assert found["show crane"].evidence == ("n00000006 crane: lemma with n00000008",)
     assert found["big animal"].relation == "none"
     assert found["big animal"].evidence == ("n00000002 animal: hypernym of n00000003",)
+
+
+def test_a_name_that_is_a_lemma_of_its_annotation_is_that_synset(tiny):
+    """A name equal to a lemma of the annotated synset (its last word in either number) is the synset itself: its
+    own relation at its own distance, an exact match where it is a class of the space. A name that only ends with a
+    lemma is a kind of the synset, one step below it."""
+    space = LabelSpace("toy-space", "", ("n00000003", "n00000011", "n00000012"))
+    annotated = {
+        "pocket beagles": ["n00000011"],  # plural of the lemma 'pocket_beagle'; also ends with its lemma 'beagles'
+        "Pocket beagle": ["n00000011"],  # the lemma itself, in another case
+        "pocket beagle (toy)": ["n00000011"],  # the lemma with a parenthesis
+        "tiny pocket beagle": ["n00000011"],  # only ends with a lemma: a kind of it
+        "show beagles": ["n00000011"],  # only ends with the lemma 'beagles': a kind of it
+        "house dogs": ["n00000012"],  # plural of 'house_dog'; the synset lies under dog, in the space
+        "house cat": ["n00000012"],  # neither: the annotation is evidence only
+    }
+    suite = _suite(names=tuple(annotated), annotations={"related_21k_wnids": annotated})
+    found = {f.ood: f for f in scan_suite(suite, space, tiny).findings}
+    for name in ("pocket beagles", "Pocket beagle", "pocket beagle (toy)"):
+        finding = found[name]
+        assert (finding.relation, finding.matches, finding.distance) == ("exact", ("n00000011",), 0), name
+    assert found["pocket beagles"].via == "annotation n00000011, the same synset by name"
+    for name in ("tiny pocket beagle", "show beagles"):
+        finding = found[name]
+        assert (finding.relation, finding.matches, finding.distance) == ("hyponym", ("n00000011",), 1), name
+        assert finding.via == "annotation n00000011, a kind of it by name"
+    # 'house dogs' is the synset 'house_dog', which is itself the space's class (exact) — not one step below it.
+    assert (found["house dogs"].relation, found["house dogs"].matches) == ("exact", ("n00000012",))
+    assert found["house cat"].relation == "none"
+    # Without the synset in the space, the class takes its own relation: under dog, at the synset's distance.
+    below = scan_suite(suite, LabelSpace("dogs", "", ("n00000003",)), tiny).findings
+    house = next(f for f in below if f.ood == "house dogs")
+    assert (house.relation, house.matches, house.distance) == ("hyponym", ("n00000003",), 1)
+    pocket = next(f for f in below if f.ood == "pocket beagles")
+    assert (pocket.relation, pocket.distance) == ("hyponym", 2)  # pocket beagle → beagle → dog
+
+
+def test_ninco_yellow_trumpets_is_the_21k_synset_itself():
+    # NINCO annotates 'yellow trumpets' with n12780563 (lemmas yellow_trumpet, trumpets, …): the class is that 21K
+    # class, an exact match; so is 'donuts' (doughnut, donut). 15 exact and 23 hyponyms by name.
+    scan = scan_suite(load_suite("ninco"), label_space("imagenet-21k"), load_wordnet())
+    found = {f.ood: f for f in scan.findings}
+    assert (found["yellow trumpets"].relation, found["yellow trumpets"].matches) == ("exact", ("n12780563",))
+    assert found["donuts"].relation == "exact"
+    assert [scan.count(r) for r in ("exact", "hyponym", "hypernym", "lemma")] == [15, 23, 0, 0]
 
 
 def test_ninco_against_imagenet_1k_makes_only_claims_about_its_own_classes():

@@ -19,7 +19,9 @@ ImageNet-1k's 'common newt'; the marbled newt itself is a sibling of it). One in
 sound and is used: when the name's head (its last words; hyphens read as spaces; before any 'of') is a lemma of A,
 the class is a kind of A ('Lumholtz's tree-kangaroo' under 'tree wallaby, tree kangaroo'), so it is a hyponym of
 whatever A is or lies under (marked 'via annotation'). Relations that A has only downwards or by name (a training
-class under A, a lemma of A) say nothing about the class and are not carried over.
+class under A, a lemma of A) say nothing about the class and are not carried over. When the whole name *is* a lemma
+of A (its last word in either number: 'yellow trumpets' for 'yellow_trumpet'), the class is A itself and takes A's
+own relation at A's distance: an exact match where A is a class of the space, not a hyponym one step below A.
 """
 
 from __future__ import annotations
@@ -165,7 +167,13 @@ class _SpaceIndex:
         ]
         known = [w for w in annotated if w in self.wordnet]
         for wnid in known:
-            if self._names_a_kind_of(name, wnid):
+            if self._names_the_synset(name, wnid):  # the class is A itself: A's own relation, whatever it is
+                same = self.relate(wnid)
+                if same.relation != "none":
+                    candidates.append(
+                        replace(same, ood=name, name=name, via=f"annotation {wnid}, the same synset by name")
+                    )
+            elif self._names_a_kind_of(name, wnid):
                 above = self.relate(wnid)
                 if above.relation in ("exact", "hyponym"):  # the class lies under A, so under what A lies under
                     candidates.append(
@@ -209,6 +217,16 @@ class _SpaceIndex:
                 return True
         return False
 
+    def _names_the_synset(self, name: str, wnid: str) -> bool:
+        """True when the name (without a parenthesis) is a lemma of `wnid`, its last word in either number."""
+        words = _words(re.sub(r"\s*\(.*?\)\s*", " ", name))
+        for lemma in self.wordnet.get(wnid).lemmas:
+            other = _words(lemma)
+            if other and len(other) == len(words) and other[:-1] == words[:-1]:
+                if other[-1] in _singulars(words[-1]) or words[-1] in _singulars(other[-1]):
+                    return True
+        return False
+
     @staticmethod
     def _name_keys(name: str) -> set[str]:
         base = re.sub(r"\s*\(.*?\)\s*", " ", name).strip()
@@ -219,6 +237,26 @@ class _SpaceIndex:
         for key in self._name_keys(name):
             found |= self.wordnet.lookup(key)
         return frozenset(found)
+
+
+# WordNet's own noun detachment rules (morphy): a plural ending and what replaces it.
+_NOUN_ENDINGS = (
+    ("s", ""),
+    ("ses", "s"),
+    ("xes", "x"),
+    ("zes", "z"),
+    ("ches", "ch"),
+    ("shes", "sh"),
+    ("men", "man"),
+    ("ies", "y"),
+)
+
+
+def _singulars(word: str) -> set[str]:
+    """The word and every singular WordNet's detachment rules derive from it ('trumpets' → 'trumpet')."""
+    return {word} | {
+        word[: -len(end)] + base for end, base in _NOUN_ENDINGS if word.endswith(end) and len(word) > len(end)
+    }
 
 
 def _words(text: str) -> list[str]:
