@@ -42,6 +42,7 @@ def test_against_renders_every_published_table_beside_the_run(paper_runs, tmp_pa
         ],
     )
     assert result.exit_code == 0, result.output
+    assert "against fi-imagenet-1k: " in result.output and "(of 1273 published cells)" in result.output
     for key in ("1", "2", "3", "A1", "A2", "A3", "A4", "A5", "A6", "A7"):
         assert (out / "tables" / f"paper-table{key}.md").is_file(), key
     assert (out / "figures" / "top1-vs-fpr95.png").is_file()

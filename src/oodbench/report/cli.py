@@ -85,6 +85,10 @@ def report_command(
     for note in content.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(f"{len(written['tables'])} table files, {len(written['figures'])} figure files in {out}")
+    if content.published:
+        from .published import verdict_line
+
+        typer.echo(f"against {against}: {verdict_line(content.published)}")
     for path in written["reports"]:
         typer.echo(f"wrote {path}")
 

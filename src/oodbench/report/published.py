@@ -32,7 +32,7 @@ from ..analysis.published import (
 )
 from ..tabular import MISSING, Cell, Table
 
-__all__ = ["MARKS", "published_tables", "summary_table", "comparison_records", "TITLES"]
+__all__ = ["MARKS", "published_tables", "summary_table", "verdict_line", "comparison_records", "TITLES"]
 
 MARKS = {REPRODUCED: "", WITHIN: "≈", DIFFERS: "‡", NOT_IN_RUN: ""}
 TITLES = {
@@ -200,8 +200,8 @@ def _model_rows(index: _Index, table: str, accuracy: Sequence[Accuracy], with_pr
             "ρ: Spearman correlation (average ranks for ties) between Top-1 (ReaL) and best FPR@95. The paper's −0.61 "
             "(Appendix E) is over its 26 models: Table A7 without "
             + ", ".join(APPENDIX_E_EXCLUDED)
-            + "; the row below "
-            "it is over every supervised model of the run (from Table A7's own 30 rows: −0.71, no published value)."
+            + "; the row below it, shown when the run has three or more supervised models, is over all of them (from "
+            "Table A7's own 30 rows: −0.71; no published value)."
         )
     align = ("l",) * (3 if with_pretraining else 2) + ("r",) * 4
     return Table(
@@ -485,6 +485,14 @@ def summary_table(comparisons: Sequence[Comparison]) -> Table:
         ),
         rules_after=(len(body) - 2,),
     )
+
+
+def verdict_line(comparisons: Sequence[Comparison]) -> str:
+    """'4 reproduced, 2 within sampling error, 62 differ, 1205 not in the run (of 1273 published cells)'."""
+    counts = {v: sum(c.verdict == v for c in comparisons) for v in VERDICTS}
+    words = {DIFFERS: "differ"}
+    parts = ", ".join(f"{counts[v]} {words.get(v, v)}" for v in VERDICTS)
+    return f"{parts} (of {len(comparisons)} published cells)"
 
 
 def comparison_records(comparisons: Sequence[Comparison]) -> list[dict[str, object]]:
