@@ -753,7 +753,10 @@ def _points(run: _Run, name: str) -> list[tuple[str, float, float]]:
     return points
 
 
-SPAN_ORDERINGS = 200_000  # tie orderings enumerated exactly; beyond, an analytic bound
+# Tie orderings enumerated exactly (per side, and pairs of both sides); beyond, an analytic bound. The limits keep the
+# rankings under ~50 MB and the pairs' products to a few seconds.
+SPAN_ORDERINGS = 200_000
+SPAN_PAIRS = 10_000_000
 
 
 def spearman_span(x: Sequence[float], y: Sequence[float], digits: int = 1) -> tuple[float, float]:
@@ -761,7 +764,8 @@ def spearman_span(x: Sequence[float], y: Sequence[float], digits: int = 1) -> tu
 
     Values known only to their printed digits may be ordered any way within a group of equal printed values (and only
     there: intervals of distinct printed values do not overlap), so ρ computed from the unrounded values lies in this
-    range. Exact by enumeration up to `SPAN_ORDERINGS` orderings per side, else a bound (see `_spearman_bound`).
+    range. Exact by enumeration up to `SPAN_ORDERINGS` orderings per side and `SPAN_PAIRS` pairs, else a bound (see
+    `_spearman_bound`).
     """
     rx, ry = np.round(np.asarray(x, float), digits), np.round(np.asarray(y, float), digits)
     n = rx.shape[0]
@@ -770,7 +774,7 @@ def spearman_span(x: Sequence[float], y: Sequence[float], digits: int = 1) -> tu
     groups_x, groups_y = _tie_groups(rx), _tie_groups(ry)
     count_x = math.prod(math.factorial(len(g)) for g in groups_x)
     count_y = math.prod(math.factorial(len(g)) for g in groups_y)
-    if count_x > SPAN_ORDERINGS or count_y > SPAN_ORDERINGS:
+    if count_x > SPAN_ORDERINGS or count_y > SPAN_ORDERINGS or count_x * count_y > SPAN_PAIRS:
         return _spearman_bound(rx, ry, groups_x, groups_y)
     ranks_x = _orderings(groups_x, n) - (n + 1) / 2
     ranks_y = _orderings(groups_y, n) - (n + 1) / 2
