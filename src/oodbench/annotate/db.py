@@ -473,6 +473,12 @@ class AnnotationStore:
             rows = session.scalars(sa.select(UserRow).order_by(UserRow.name))
             return [User(r.id, r.name, r.is_admin) for r in rows]
 
+    def has_account(self, name: str) -> bool:
+        """Whether an active account has this name."""
+        with self.read() as session:
+            query = sa.select(UserRow.id).where(UserRow.name == name, UserRow.active.is_(True))
+            return session.scalar(query) is not None
+
     def authenticate(self, name: str, password: str) -> User | None:
         """The user if the password is right, else None (same work either way)."""
         with self.read() as session:
