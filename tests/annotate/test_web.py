@@ -517,3 +517,24 @@ def test_unknown_class_names_get_the_closest_suggestions():
         parse_class("catt", names)
     with pytest.raises(AnnotateError, match="unknown class 'zebra'; type its index or exact name"):
         parse_class("zebra", names)  # nothing close: no suggestion
+
+
+def test_a_stage3_note_over_the_limit_is_refused_whole(client_for, project):
+    """A 5,055-character note is refused with the limit stated; nothing is stored, nothing is cut."""
+    from oodbench.annotate.protocol import MAX_NOTE_LENGTH
+
+    a, b, c = client_for("ann1"), client_for("ann2"), client_for("ann3")
+    image_id = image_id_of(claim(a))
+    assert image_id_of(claim(b)) == image_id
+    submit(a, image_id, verdict="ood", label="kayak")
+    submit(b, image_id, verdict="id", **{"class": "3"})  # disagreement: joint review
+    page = c.get(f"/stage3/{image_id}")
+    assert f'maxlength="{MAX_NOTE_LENGTH}"' in page.text
+    long_note = ("a paddle and a hull, " * 241)[:5055]
+    fields = {"csrf_token": csrf_of(page.text), "verdict": "ood", "label": "kayak", "note": long_note}
+    refused = c.post(f"/stage3/{image_id}/vote", data=fields)
+    assert refused.status_code == 400 and "a note has at most 2,000 characters; this one has 5,055" in refused.text
+    assert [e["kind"] for e in project.store().events(image_id)] == ["stage1", "stage1"]
+    fields["note"] = long_note[:MAX_NOTE_LENGTH]  # exactly the limit: kept whole
+    assert c.post(f"/stage3/{image_id}/vote", data=fields).status_code == 200
+    assert project.store().events(image_id)[-1]["note"] == long_note[:MAX_NOTE_LENGTH]

@@ -270,7 +270,9 @@ def describe(
     base_url: str | None = typer.Option(None, help="OpenAI-compatible base URL (or OODBENCH_LLM_BASE_URL)."),
     model: str | None = typer.Option(None, help="Multimodal model name (or OODBENCH_LLM_MODEL)."),
     limit: int | None = typer.Option(None, help="Describe at most this many images."),
-    redo: bool = typer.Option(False, help="Describe images that already have a description (the cache still applies)."),
+    redo: bool = typer.Option(
+        False, help="Describe every image again, asking the endpoint again (the cached answers are replaced)."
+    ),
     timeout: float | None = typer.Option(None, help="Seconds per request (default: project llm.timeout, else 60)."),
     retries: int | None = typer.Option(None, help="Retries on timeouts, 429, 5xx (default: llm.max_retries, else 3)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),

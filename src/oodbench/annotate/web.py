@@ -23,7 +23,7 @@ from ..errors import AnnotateError
 from .db import MAX_ROW_ID, User
 from .evidence import SOURCE_TITLES, SOURCES
 from .project import Project
-from .protocol import AMBIGUITY_REASONS, PANEL_SIZE, Judgement, Status, Verdict
+from .protocol import AMBIGUITY_REASONS, MAX_NOTE_LENGTH, PANEL_SIZE, Judgement, Status, Verdict
 from .security import (
     DeviceTokens,
     LoginCsrf,
@@ -169,6 +169,7 @@ def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> Fast
         SOURCES=SOURCES,
         SOURCE_TITLES=SOURCE_TITLES,
         REASONS=AMBIGUITY_REASONS,
+        MAX_NOTE_LENGTH=MAX_NOTE_LENGTH,
         class_name=lambda i: project.classes.name(i),
     )
     login_csrf = LoginCsrf(project.secret)
