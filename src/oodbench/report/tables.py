@@ -588,20 +588,24 @@ def _flat_bootstrap_note(records: Sequence[IntervalRecord]) -> str | None:
     for r in records:
         wilson = r.intervals.get("fpr95/wilson")
         boots = [r.intervals.get(f"fpr95/{m}") for m in ("percentile", "bca")]
-        if wilson and wilson.high > wilson.low and any(b and b.high == b.low for b in boots):
+        # Only at an estimate of 0 or 100 % does every resample agree: no OOD image (or every one) is accepted.
+        at_edge = wilson is not None and wilson.estimate in (0.0, 1.0)
+        if at_edge and wilson.high > wilson.low and any(b and b.high == b.low for b in boots):
             flat.append((r, wilson))
     if not flat:
         return None
     r, wilson = flat[0]
-    end = f"upper end {percent(wilson.high)}" if wilson.low == 0 else f"lower end {percent(wilson.low)}"
+    if wilson.estimate == 0.0:
+        edge, unseen, end = "0 %", "a few accepted images", f"upper end {percent(wilson.high)} %"
+    else:
+        edge, unseen, end = "100 %", "a few rejected images", f"lower end {percent(wilson.low)} %"
     rows = ", ".join(f"{x.ood_dataset}/{x.detector}" for x, _ in flat[:3]) + (", …" if len(flat) > 3 else "")
     return (
-        f"A bootstrap FPR@95 interval of zero width beside a wider Wilson interval ({rows}): the estimate is "
-        f"{percent(r.intervals['fpr95/wilson'].estimate)} %, so every bootstrap resample of the images gives the same "
-        "rate and the bootstrap has no spread to show; it can only re-weigh what was observed. Wilson's interval "
-        "asks which true rates could have produced the observed count, and a few accepted images in a set of this "
-        f"size cannot be ruled out ({r.ood_dataset}/{r.detector}: {r.n_ood} OOD images, {end} %). Read these rows "
-        "by Wilson or Clopper–Pearson."
+        f"A bootstrap FPR@95 interval of zero width beside a wider Wilson interval ({rows}): the estimate is {edge}, "
+        "so every bootstrap resample of the images gives the same rate and the bootstrap has no spread to show; it "
+        "can only re-weigh what was observed. Wilson's interval asks which true rates could have produced the "
+        f"observed count, and {unseen} in a set of this size cannot be ruled out ({r.ood_dataset}/{r.detector}: "
+        f"{r.n_ood} OOD images, {end}). Read these rows by Wilson or Clopper–Pearson."
     )
 
 
