@@ -238,7 +238,8 @@ async def baseline(url: str, n: int = 200) -> dict[str, dict[str, float]]:
 async def throttle_probe(url: str, owner: str) -> dict:
     """Login throttling seen from outside: a stranger and a sprayer fail on purpose, then the owner logs in.
 
-    Clients are told apart by X-Forwarded-For, which uvicorn trusts from 127.0.0.1 (its default).
+    Clients are told apart by X-Forwarded-For, which the server reads because it runs with
+    `--trusted-proxy 127.0.0.1`.
     """
 
     async def attempts(address: str, pairs: list[tuple[str, str]]) -> tuple[list[float], list[bool]]:
@@ -367,6 +368,9 @@ def main() -> int:
                 "127.0.0.1",
                 "--port",
                 str(port),
+                # The probe plays a reverse proxy to tell its simulated clients apart by X-Forwarded-For.
+                "--trusted-proxy",
+                "127.0.0.1",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -264,3 +264,83 @@ def test_evidence_from_a_feature_store_entry(tmp_path):
     (entry / "items.txt").unlink()
     unlisted = invoke("evidence", project.dir, "--store", tmp_path / "store", "--entry", "m/d")
     assert unlisted.exit_code == 2 and "records no item list" in unlisted.output
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _serve(project_dir, *options):
+    """`oodbench annotate serve` in its own process (the real uvicorn settings); yields its URL."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    httpx = pytest.importorskip("httpx")
+    port = _free_port()
+    command = "from oodbench.cli import main; main()"
+    args = ["annotate", "serve", str(project_dir), "--port", str(port), *options]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    server = subprocess.Popen([sys.executable, "-c", command, *args], env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            assert server.poll() is None, server.stderr.read()
+            time.sleep(0.2)
+    return server, url
+
+
+def test_the_real_server_ignores_spoofed_forwarding_headers(tmp_path):
+    """All clients of `serve` reach it from 127.0.0.1 (an SSH tunnel); X-Forwarded-For must not tell them apart.
+
+    uvicorn trusts that header from 127.0.0.1 by default: with it, each spoofed address got its own budget.
+    """
+    pytest.importorskip("uvicorn", reason="the annotation app needs the 'web' extra")
+    import httpx
+
+    from .helpers import CSRF, PASSWORD, build_project
+
+    project = build_project(tmp_path)
+    project.store().add_user("ann1", PASSWORD)  # hashed with the cheap test parameters, which verify cheaply
+    project.close()
+
+    def attempt(client, password: str, address: str) -> str:
+        token = CSRF.search(client.get("/login").text).group(1)
+        data = {"username": "ann1", "password": password, "csrf_token": token}
+        return client.post("/login", data=data, headers={"X-Forwarded-For": address}, follow_redirects=True).text
+
+    server, url = _serve(project.dir)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            answers = [attempt(client, "guess guess", f"203.0.113.{i}") for i in range(6)]
+            assert all("Wrong name or password" in a for a in answers[:5]) and "Too many failed" in answers[5]
+            assert "Too many failed" in attempt(client, PASSWORD, "198.51.100.7")  # a claimed new address: no
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    server, url = _serve(project.dir, "--trusted-proxy", "127.0.0.1")  # a real proxy on this host
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            answers = [attempt(client, "guess guess", "203.0.113.1") for _ in range(6)]
+            assert "Too many failed" in answers[5]
+            assert "Hello, ann1" in attempt(client, PASSWORD, "198.51.100.7")  # the proxy's word is taken
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_serve_refuses_a_bad_trusted_proxy(tmp_path):
+    from .helpers import build_project
+
+    build_project(tmp_path).close()
+    result = invoke("serve", tmp_path / "proj", "--trusted-proxy", "localhost")
+    assert result.exit_code == 2 and "--trusted-proxy 'localhost' is not an IP address or network" in result.output

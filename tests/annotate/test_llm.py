@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 import time
@@ -235,3 +236,50 @@ def test_a_deeply_nested_answer_is_a_parse_error_not_a_crash():
     # Before: json.loads of 3,000 nested braces raised RecursionError.
     answer = parse_answer('{"a": ' * 3000 + "1" + "}" * 3000, ["class-1"])
     assert answer["parse_error"] and answer["closed_world"] is None
+
+
+def test_an_unparseable_reply_is_never_cached_and_redo_asks_again(tmp_path, fake):
+    """An answer that does not parse is kept as evidence (marked) but asked again; --redo always asks again."""
+    from typer.testing import CliRunner
+
+    from oodbench.annotate.cli import app
+    from oodbench.annotate.project import Project
+
+    project = build_project(tmp_path, n_images=1)
+    project.close()
+    server = fake([(200, "I cannot tell what this is.", 0), (200, "Still no JSON.", 0), (200, ANSWER, 0)])
+    describe = ["describe", str(project.dir), "--base-url", server.url, "--model", "toy", "--no-progress"]
+
+    def evidence() -> dict:
+        proj = Project.open(project.dir)
+        try:
+            return proj.store().images()[0].evidence["llm"]
+        finally:
+            proj.close()
+
+    assert CliRunner().invoke(app, [*describe, "--redo"]).exit_code == 0
+    assert len(server.requests) == 1 and evidence()["parse_error"] is True
+    assert not list(project.llm_cache.glob("*.json"))  # nothing cached
+    assert CliRunner().invoke(app, [*describe, "--redo"]).exit_code == 0  # --redo: the server is asked again
+    assert len(server.requests) == 2 and evidence()["description"] == "Still no JSON."
+    result = CliRunner().invoke(app, describe)  # a plain rerun also retries the unparseable one
+    assert result.exit_code == 0 and "described 1 images" in result.output and len(server.requests) == 3
+    assert evidence()["parse_error"] is False and evidence()["open_world"] == "sea kayak"
+    assert len(list(project.llm_cache.glob("*.json"))) == 1  # the usable answer is cached
+    assert "described 0 images" in CliRunner().invoke(app, describe).output and len(server.requests) == 3
+    server.script.append((200, ANSWER.replace("sea kayak", "canoe"), 0))
+    assert CliRunner().invoke(app, [*describe, "--redo"]).exit_code == 0  # a usable answer too: asked again
+    assert len(server.requests) == 4 and evidence()["open_world"] == "canoe"
+
+
+def test_an_unparseable_answer_cached_by_an_older_version_is_asked_again(tmp_path, fake):
+    server = fake([(200, ANSWER, 0)])
+    config = LLMConfig(server.url, "toy-vlm", backoff=0.01)
+    image = tmp_path / "x.png"
+    image.write_bytes(b"\x89PNG fake bytes")
+    describer = LLMDescriber(config, tmp_path / "cache")
+    cache = describer._cache_path(hashlib.sha256(image.read_bytes()).hexdigest(), ["class-3"])
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({**parse_answer("no JSON here", ["class-3"]), "raw": "no JSON here"}))
+    assert describer.describe(image, ["class-3"])["open_world"] == "sea kayak" and len(server.requests) == 1
+    assert json.loads(cache.read_text())["parse_error"] is False

@@ -343,6 +343,80 @@ def test_throttle_limits_one_password_across_many_names(app, monkeypatch):
     assert len(hashed) == 20 and all("Too many failed attempts" in text for text in answers[20:])
 
 
+def count_hashes(monkeypatch) -> list:
+    """A list that grows by one for every password hash the login runs."""
+    from oodbench.annotate import db
+
+    hashed = []
+    real_verify = db.verify_password
+    monkeypatch.setattr(db, "verify_password", lambda *args: hashed.append(1) or real_verify(*args))
+    return hashed
+
+
+TOO_MANY = "Too many failed attempts"
+
+
+def test_spoofed_forwarding_headers_change_nothing_in_throttling(app, monkeypatch):
+    """Every client behind an SSH tunnel comes from 127.0.0.1; a header claiming another address is ignored."""
+    hashed = count_hashes(monkeypatch)
+    with TestClient(app, client=("127.0.0.1", 40000)) as stranger:
+        for i in range(12):
+            stranger.headers["X-Forwarded-For"] = f"203.0.113.{i}, 198.51.100.{i}"
+            stranger.headers["Forwarded"] = f"for=192.0.2.{i}"
+            login(stranger, "ann2", "guess guess")
+        assert TOO_MANY in login(stranger, "ann2").text
+        assert len(hashed) == 5  # one address, one name: 5 checked, whatever the headers said
+        for i in range(30):  # spraying with a new claimed address each time: still one client's budget of 20
+            stranger.headers["X-Forwarded-For"] = f"203.0.114.{i}"
+            login(stranger, f"user{i}", "Summer2026!")
+    assert len(hashed) == 5 + 15  # 20 failures in all from 127.0.0.1, then nothing more is hashed
+
+
+def test_a_trusted_proxy_names_the_client(project, monkeypatch):
+    from oodbench.annotate.web import create_app
+
+    hashed = count_hashes(monkeypatch)
+    app = create_app(project, trusted_proxies=["127.0.0.1"])
+    with TestClient(app, client=("127.0.0.1", 40000)) as proxied:
+        proxied.headers["X-Forwarded-For"] = "203.0.113.5"
+        for _ in range(7):
+            login(proxied, "ann2", "guess guess")
+        assert len(hashed) == 5
+        # A client that writes its own header before the proxy's entry still counts as the proxy's entry.
+        proxied.headers["X-Forwarded-For"] = "198.51.100.7, 203.0.113.5"
+        assert TOO_MANY in login(proxied, "ann2").text
+    with TestClient(app, client=("127.0.0.1", 40001)) as owner:
+        owner.headers["X-Forwarded-For"] = "198.51.100.7"
+        assert "Hello, ann2" in login(owner, "ann2").text
+    with TestClient(app, client=("192.0.2.50", 40000)) as direct:  # not the proxy: its header is ignored
+        direct.headers["X-Forwarded-For"] = "198.51.100.7"
+        for _ in range(6):
+            login(direct, "ann3", "guess guess")
+        assert TOO_MANY in login(direct, "ann3").text
+
+
+def test_a_stranger_with_many_addresses_cannot_lock_out_a_colleague(app, monkeypatch):
+    with TestClient(app, client=("192.0.2.10", 40000)) as owner:  # the colleague has logged in before
+        home = login(owner, "ann2")
+        assert "Hello, ann2" in home.text and "oodb_device" in owner.cookies
+        owner.post("/logout", data={"csrf_token": csrf_of(home.text)})
+    hashed = count_hashes(monkeypatch)
+    for i in range(40):  # one guess from each of 40 addresses, the owner's own among them
+        with TestClient(app, client=(f"203.0.113.{i}" if i else "192.0.2.10", 40000)) as stranger:
+            login(stranger, "ann2", f"guess {i}")
+    assert len(hashed) == 10  # the account's budget: 10 guesses in the window, however many addresses
+    with TestClient(app, client=("192.0.2.99", 40000)) as new_browser:
+        assert TOO_MANY in login(new_browser, "ann2").text  # a browser never used for ann2 waits
+        new_browser.cookies.set("oodb_device", "forged.token", path="/login")
+        assert TOO_MANY in login(new_browser, "ann2").text
+    with TestClient(app, client=("192.0.2.10", 40000)) as again:  # the same browser (its cookie jar)
+        again.cookies = owner.cookies
+        assert "Hello, ann2" in login(again, "ann2").text
+    assert len(hashed) == 11
+    with TestClient(app, client=("192.0.2.11", 40000)) as other:  # other accounts are untouched
+        assert "Hello, ann3" in login(other, "ann3").text
+
+
 def test_ood_label_with_a_nul_byte_is_refused(client_for, project):
     ann = client_for("ann1")
     image_id = image_id_of(claim(ann))
@@ -443,3 +517,24 @@ def test_unknown_class_names_get_the_closest_suggestions():
         parse_class("catt", names)
     with pytest.raises(AnnotateError, match="unknown class 'zebra'; type its index or exact name"):
         parse_class("zebra", names)  # nothing close: no suggestion
+
+
+def test_a_stage3_note_over_the_limit_is_refused_whole(client_for, project):
+    """A 5,055-character note is refused with the limit stated; nothing is stored, nothing is cut."""
+    from oodbench.annotate.protocol import MAX_NOTE_LENGTH
+
+    a, b, c = client_for("ann1"), client_for("ann2"), client_for("ann3")
+    image_id = image_id_of(claim(a))
+    assert image_id_of(claim(b)) == image_id
+    submit(a, image_id, verdict="ood", label="kayak")
+    submit(b, image_id, verdict="id", **{"class": "3"})  # disagreement: joint review
+    page = c.get(f"/stage3/{image_id}")
+    assert f'maxlength="{MAX_NOTE_LENGTH}"' in page.text
+    long_note = ("a paddle and a hull, " * 241)[:5055]
+    fields = {"csrf_token": csrf_of(page.text), "verdict": "ood", "label": "kayak", "note": long_note}
+    refused = c.post(f"/stage3/{image_id}/vote", data=fields)
+    assert refused.status_code == 400 and "a note has at most 2,000 characters; this one has 5,055" in refused.text
+    assert [e["kind"] for e in project.store().events(image_id)] == ["stage1", "stage1"]
+    fields["note"] = long_note[:MAX_NOTE_LENGTH]  # exactly the limit: kept whole
+    assert c.post(f"/stage3/{image_id}/vote", data=fields).status_code == 200
+    assert project.store().events(image_id)[-1]["note"] == long_note[:MAX_NOTE_LENGTH]

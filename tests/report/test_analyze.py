@@ -93,10 +93,18 @@ def test_ci_and_compare(cli, synthetic_run, tmp_path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "Wilson" in result.stdout and "BCa" in result.stdout and "DeLong" in result.stdout
+    assert "Confidence intervals of the detectors named on the OOD sets named" in result.stdout
+    assert "best detector" not in result.stdout
     record = json.loads(out.read_text())["records"][0]
     assert record["detector"] == "energy" and record["ood_dataset"] == "far"
     wilson = record["intervals"]["fpr95/wilson"]
     assert wilson["low"] <= wilson["estimate"] <= wilson["high"]
+
+    every = runner.invoke(cli, ["analyze", "ci", str(synthetic_run), "--resamples", "50", "--quiet"])
+    assert every.exit_code == 0, every.output
+    assert "Confidence intervals of every detector on every OOD set" in every.stdout
+    listed = {line.split("|")[2].strip() for line in every.stdout.splitlines() if line.startswith("| ") and "[" in line}
+    assert len(listed) > 1  # it lists them all, as its title says
 
     result = runner.invoke(cli, ["analyze", "compare", str(synthetic_run), "--a", "energy", "--b", "msp"])
     assert result.exit_code == 0, result.output
@@ -125,3 +133,25 @@ def test_help_shows_examples(cli) -> None:
     for command in ("subsample", "ci", "compare"):
         result = runner.invoke(cli, ["analyze", command, "--help"])
         assert result.exit_code == 0 and "Example: oodbench analyze" in result.stdout
+
+
+def test_a_flat_bootstrap_interval_beside_wilson_is_explained() -> None:
+    """FPR@95 of 0: every resample gives 0, so the bootstrap says [0, 0] while Wilson's upper end is 1.3 % (n = 300)."""
+    import numpy as np
+
+    from oodbench.analysis.runs import interval_record
+    from oodbench.report.tables import table_intervals
+
+    rng = np.random.default_rng(0)
+    ids = rng.normal(5.0, 1.0, 400)
+    far = rng.normal(-20.0, 1.0, 300)  # below every ID score: no OOD image accepted
+    near = rng.normal(4.0, 1.0, 300)
+    flat = interval_record("m", "id", "far", "energy", ids, far, resamples=200, seed=0)
+    spread = interval_record("m", "id", "near", "energy", ids, near, resamples=200, seed=0)
+    wilson, boot = flat.intervals["fpr95/wilson"], flat.intervals["fpr95/percentile"]
+    assert boot.low == boot.high == 0.0 and wilson.high == pytest.approx(1.96**2 / (300 + 1.96**2), rel=1e-3)
+    table = table_intervals([flat, spread])
+    assert len(table.notes) == 2 and "(far/energy)" in table.notes[1] and "near" not in table.notes[1]
+    assert "300 OOD images, upper end 1.3 %" in table.notes[1] and "every bootstrap resample" in table.notes[1]
+    assert table.title == "Confidence intervals per OOD set and detector"
+    assert len(table_intervals([spread]).notes) == 1  # no flat interval, no note

@@ -132,3 +132,18 @@ def test_report_states_the_convention_and_captions_once(cli, two_runs, tmp_path)
     captions = re.findall(r"\\caption\{([^}]*)\}", tex)
     assert captions and not [c for c in captions if re.match(r"(Table|Fig\.) [0-9A]+[0-9]*:", c)], captions
     assert r"\caption{Best FPR@95 and AUROC per model and OOD set (paper Table 1)}" in tex
+
+
+def test_report_defaults_to_a_folder_inside_the_run(cli, two_runs, tmp_path) -> None:
+    import shutil
+
+    run = tmp_path / "runs" / "toy"
+    shutil.copytree(two_runs[0], run)
+    result = runner.invoke(cli, ["report", str(run), "--format", "md", "--no-score-figures", *FAST])
+    assert result.exit_code == 0, result.output
+    assert (run / "report" / "report.md").is_file() and f"in {run / 'report'}" in result.stdout
+    again = runner.invoke(cli, ["report", str(run), "--format", "md", "--no-score-figures", *FAST])
+    assert again.exit_code == 0, again.output  # the report folder inside does not disturb reading the run
+    both = runner.invoke(cli, ["report", str(run), str(two_runs[1]), "--format", "md", *FAST])
+    assert both.exit_code == 2 and "2 runs: give --out for their joint report" in both.stderr
+    assert not (tmp_path / "runs" / "report").exists()

@@ -175,6 +175,12 @@ def test_fig_a4_all_zero_curve_is_drawn_from_zero(scores) -> None:
     ax = fig_subsample_curves({"far": studies}).axes[0]
     low, high = ax.get_ylim()
     assert low == 0.0 and high >= 1.0  # not −0.04…0.04
+    # The lines lie on the axis, so the panel says why it looks empty; a curve above 0 gets no such text.
+    assert [t.get_text() for t in ax.texts] == [
+        "FPR@95 is 0 in every draw and on the full set:\nno OOD image is accepted at 95% TPR"
+    ]
+    curve = subsample_curve(ids, scores[1], [10, 50, 200], draws=20, seed=0, ood_dataset="near")
+    assert len(fig_subsample_curves({"near": curve}).axes[0].texts) == 0
 
 
 def test_histograms_have_axis_labels_and_a_legend_outside_the_panels(scores) -> None:

@@ -140,6 +140,76 @@ def test_provenance_values_stay_inside_a_1400px_window(two_runs, tmp_path) -> No
     assert checked > 10
 
 
+DEMO_HEAD = {  # the shape of the demo's head provenance: nested mappings
+    "checkpoint": "2675b7726d87d9882d3a4bc69e39d2aa95218d39517c1a8b5dcb8d1aeeec21a5",
+    "demo": {"epochs": 40, "sizes": {"digits-fit": 650, "noise": 300}, "torch": "2.14.1"},
+    "preprocessing": {"input": "8x8 grey levels scaled to [0, 1]", "normalisation": "none"},
+}
+
+# The words of the element's text that occupy 2 or more lines (broken inside). A break after a hyphen, as
+# in "SHA-" / "256", is ordinary typography: the parts around a hyphen count as words of their own.
+SPLIT_WORDS = """e => {
+  const split = [];
+  const walker = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (const m of node.data.matchAll(/[^\\s-]+/g)) {
+      const range = document.createRange();
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+      if (tops.size > 1) split.push(m[0]);
+    }
+  }
+  return split;
+}"""
+
+
+def test_provenance_shows_no_python_dict(two_runs, tmp_path) -> None:
+    from oodbench.analysis.rundata import load_run
+    from oodbench.report.build import plain_text, provenance_tables
+
+    run = tmp_path / "run"
+    shutil.copytree(two_runs[0], run)
+    info = json.loads((run / "run.json").read_text())
+    info.setdefault("head", {})["provenance"] = DEMO_HEAD
+    for meta in info["entries"].values():
+        meta["provenance"]["preprocessing"] = DEMO_HEAD["preprocessing"]
+    (run / "run.json").write_text(json.dumps(info))
+    text = " ".join(c.text for t in provenance_tables(load_run(run)) for row in t.rows for c in row)
+    assert "{" not in text and "'" not in text
+    assert "preprocessing: input: 8x8 grey levels scaled to [0, 1], normalisation: none" not in text
+    assert "demo: (epochs: 40, sizes: (digits-fit: 650, noise: 300), torch: 2.14.1)" in text
+    assert "input: 8x8 grey levels scaled to [0, 1]; normalisation: none" in text
+    assert plain_text({"a": [1, 2], "b": None, "c": {}}) == "a: 1, 2; b: –; c: –"
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian Chromium (/usr/bin/chromium) is not installed")
+@pytest.mark.parametrize("width", [1400, 420])
+def test_provenance_keys_and_headings_keep_their_words_whole(two_runs, tmp_path, width) -> None:
+    """Keys ("run directory", "complete") and headings never break inside a word, while long values still wrap."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    run = tmp_path / "run"
+    shutil.copytree(two_runs[0], run)
+    info = json.loads((run / "run.json").read_text())
+    info.setdefault("head", {})["provenance"] = {**DEMO_HEAD, "description": "linear head " + "x" * 567}
+    (run / "run.json").write_text(json.dumps(info))
+    out = write_html_report(run, tmp_path / "report.html", score_figures=False, **FAST)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        page.goto(out.resolve().as_uri())
+        keys = page.locator("table.wrap td:first-child, table.wrap th")
+        assert keys.count() > 15
+        broken = {keys.nth(i).inner_text(): keys.nth(i).evaluate(SPLIT_WORDS) for i in range(keys.count())}
+        assert {k: v for k, v in broken.items() if v} == {}
+        assert "run directory" in broken and "complete" in broken
+        # The long value still wraps inside the window instead of widening the table.
+        value = page.locator('table[data-table^="prov-"] td:nth-child(2)', has_text="linear head").first
+        box = value.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= width
+        browser.close()
+
+
 def test_intro_becomes_a_context_section_first(two_runs, tmp_path) -> None:
     from oodbench.tabular import Cell, Table
 

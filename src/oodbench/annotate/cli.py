@@ -270,7 +270,9 @@ def describe(
     base_url: str | None = typer.Option(None, help="OpenAI-compatible base URL (or OODBENCH_LLM_BASE_URL)."),
     model: str | None = typer.Option(None, help="Multimodal model name (or OODBENCH_LLM_MODEL)."),
     limit: int | None = typer.Option(None, help="Describe at most this many images."),
-    redo: bool = typer.Option(False, help="Describe images that already have a description (the cache still applies)."),
+    redo: bool = typer.Option(
+        False, help="Describe every image again, asking the endpoint again (the cached answers are replaced)."
+    ),
     timeout: float | None = typer.Option(None, help="Seconds per request (default: project llm.timeout, else 60)."),
     retries: int | None = typer.Option(None, help="Retries on timeouts, 429, 5xx (default: llm.max_retries, else 3)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
@@ -307,15 +309,25 @@ def serve(
     project: Path = PROJECT_ARG,
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, help="TCP port."),
+    trusted_proxy: list[str] | None = typer.Option(
+        None,
+        "--trusted-proxy",
+        help="Address or network (CIDR) of a reverse proxy whose X-Forwarded-For names the client (repeatable). "
+        "Without it forwarding headers are ignored.",
+    ),
 ) -> None:
     """Run the annotation web app.
 
     Example: oodbench annotate serve proj --port 8000   (then open http://127.0.0.1:8000)
+
+    Behind a reverse proxy on the same host: oodbench annotate serve proj --trusted-proxy 127.0.0.1
     """
     import uvicorn
 
+    from .security import parse_trusted_proxies
     from .web import create_app
 
+    parse_trusted_proxies(trusted_proxy or ())  # a bad value is one line and exit 2, before the project opens
     proj = _open(project)
     if host not in ("127.0.0.1", "localhost", "::1") and not proj.config.cookie_secure:
         typer.secho(
@@ -324,7 +336,10 @@ def serve(
             fg=typer.colors.YELLOW,
             err=True,
         )
-    uvicorn.run(create_app(proj), host=host, port=port, log_level="info", access_log=False)
+    # uvicorn's own proxy handling (on by default, trusting 127.0.0.1) stays off: behind an SSH tunnel every
+    # client comes from 127.0.0.1 and could claim any address. The app reads the header from --trusted-proxy only.
+    app_ = create_app(proj, trusted_proxies=trusted_proxy or ())
+    uvicorn.run(app_, host=host, port=port, log_level="info", access_log=False, proxy_headers=False)
 
 
 @app.command()

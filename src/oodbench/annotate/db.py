@@ -28,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from ..errors import AnnotateError
 from .importers import Candidate
 from .protocol import (
+    MAX_NOTE_LENGTH,
     PANEL_SIZE,
     STAGE1_ANNOTATORS,
     Event,
@@ -120,7 +121,7 @@ class EventRow(Base):
     class_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     fine_grained: Mapped[bool] = mapped_column(Boolean, default=False)
-    note: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    note: Mapped[str | None] = mapped_column(String(MAX_NOTE_LENGTH), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -473,6 +474,12 @@ class AnnotationStore:
             rows = session.scalars(sa.select(UserRow).order_by(UserRow.name))
             return [User(r.id, r.name, r.is_admin) for r in rows]
 
+    def has_account(self, name: str) -> bool:
+        """Whether an active account has this name."""
+        with self.read() as session:
+            query = sa.select(UserRow.id).where(UserRow.name == name, UserRow.active.is_(True))
+            return session.scalar(query) is not None
+
     def authenticate(self, name: str, password: str) -> User | None:
         """The user if the password is right, else None (same work either way)."""
         with self.read() as session:
@@ -560,6 +567,8 @@ class AnnotationStore:
         # New labels only: events already stored replay as they are, whatever they hold.
         if judgement is not None and judgement.label is not None:
             check_label_text(judgement.label)
+        if note and len(note) > MAX_NOTE_LENGTH:  # refused whole: a note cut short would say something else
+            raise AnnotateError(f"a note has at most {MAX_NOTE_LENGTH:,} characters; this one has {len(note):,}")
         with self.write() as session:
             image = self._locked_image(session, image_id)
             # Checked inside the write transaction: a concurrent `annotate release` cannot slip in between.
@@ -581,7 +590,7 @@ class AnnotationStore:
                 class_index=None if j is None else j.class_index,
                 reason=None if j is None else j.reason,
                 fine_grained=bool(j and j.fine_grained),
-                note=(note or None) and note[:2000],
+                note=note or None,
             )
             session.add(row)
             outcome = record.outcome(matcher)

@@ -2,8 +2,8 @@
 
 Talks to any OpenAI-compatible `/chat/completions` endpoint. The model answers in two formats:
 closed-world (pick one of the candidate ID classes shown, or NONE) and open-world (name the main
-object freely), plus a one-sentence description. Answers are cached on disk per image and prompt,
-so reruns never pay twice; transient failures (timeouts, 429, 5xx) are retried with backoff. The HTTP
+object freely), plus a one-sentence description. Answers that parse are cached on disk per image and
+prompt, so reruns never pay twice (an unparseable reply is never cached: a rerun asks again); transient failures (timeouts, 429, 5xx) are retried with backoff. The HTTP
 exchange itself is the core LLM client's (`oodbench.llm.post_chat_completion`).
 """
 
@@ -118,16 +118,28 @@ class LLMDescriber:
         setting = json.dumps([PROMPT_VERSION, self.config.model, list(candidates)]).encode()
         return self.cache_dir / f"{image_digest[:24]}-{hashlib.sha256(setting).hexdigest()[:16]}.json"
 
-    def describe(self, image_path: str | Path, candidates: Sequence[str]) -> dict[str, Any]:
-        """The model's answer for one image, from the cache when present."""
+    def cached(self, cache: Path) -> dict[str, Any] | None:
+        """A usable cached answer, or None (absent, damaged, or an unparseable reply an older version kept)."""
+        try:
+            answer = json.loads(cache.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return answer if isinstance(answer, dict) and answer.get("parse_error") is False else None
+
+    def describe(self, image_path: str | Path, candidates: Sequence[str], *, refresh: bool = False) -> dict[str, Any]:
+        """The model's answer for one image: from the cache when it holds one, unless `refresh` asks again.
+
+        Only an answer that parsed is cached: an unparseable reply is returned (marked `parse_error`) but
+        asked again next time, as the core LLM client does.
+        """
         image_path = Path(image_path)
         try:
             data = image_path.read_bytes()
         except OSError as exc:
             raise AnnotateError(f"cannot read image {image_path}: {exc}") from None
         cache = self._cache_path(hashlib.sha256(data).hexdigest(), candidates)
-        if cache.is_file():
-            return json.loads(cache.read_text(encoding="utf-8"))
+        if not refresh and (hit := self.cached(cache)) is not None:
+            return hit
         mime = _MIME.get(image_path.suffix.lower(), "image/jpeg")
         reply = self._complete(self._messages(data, mime, candidates))
         answer = {
@@ -137,7 +149,8 @@ class LLMDescriber:
             "candidates": list(candidates),
             "raw": reply,
         }
-        atomic_write_text(cache, json.dumps(answer))
+        if not answer["parse_error"]:
+            atomic_write_text(cache, json.dumps(answer))
         return answer
 
     @staticmethod

@@ -356,9 +356,17 @@ def candidate_names(evidence: dict[str, Any]) -> list[str]:
 def describe_images(
     project: Project, describer: Any, *, limit: int | None = None, redo: bool = False, progress: Any = None
 ) -> int:
-    """Evidence (A) for images that lack it (all with `redo`); returns how many were described."""
+    """Evidence (A) for images that lack it or hold an unparseable reply; returns how many were described.
+
+    With `redo`, every image is described again and the endpoint is asked again (the cache is refreshed).
+    """
     store = project.store()
-    todo = [img for img in store.images() if redo or "absent" in img.evidence.get("llm", {"absent": ""})]
+
+    def wanted(evidence: dict) -> bool:
+        llm = evidence.get("llm", {"absent": ""})
+        return redo or "absent" in llm or llm.get("parse_error") is not False
+
+    todo = [img for img in store.images() if wanted(img.evidence)]
     if limit is not None:
         todo = todo[:limit]
     done = 0
@@ -366,7 +374,7 @@ def describe_images(
         path = project.image_file(image)
         if path is None:
             raise AnnotateError(f"image {image.key} is missing from its root")
-        answer = describer.describe(path, candidate_names(image.evidence))
+        answer = describer.describe(path, candidate_names(image.evidence), refresh=redo)
         store.set_evidence({image.id: {"llm": answer}})
         done += 1
         if progress is not None:

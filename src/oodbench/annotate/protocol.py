@@ -41,6 +41,7 @@ class Status(StrEnum):
 AMBIGUITY_REASONS: tuple[str, ...] = ("unresolvable", "corrupted", "no-object", "degraded")
 NO_CONSENSUS = "no-consensus"  # set by the protocol when a Stage 3 panel cannot agree
 MAX_LABEL_LENGTH = 200
+MAX_NOTE_LENGTH = 2000  # a Stage 3 note; the database column has this width
 
 
 class EventKind(StrEnum):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
@@ -22,13 +23,21 @@ from ..errors import AnnotateError
 from .db import MAX_ROW_ID, User
 from .evidence import SOURCE_TITLES, SOURCES
 from .project import Project
-from .protocol import AMBIGUITY_REASONS, PANEL_SIZE, Judgement, Status, Verdict
-from .security import LoginCsrf, LoginThrottle, tokens_equal
+from .protocol import AMBIGUITY_REASONS, MAX_NOTE_LENGTH, PANEL_SIZE, Judgement, Status, Verdict
+from .security import (
+    DeviceTokens,
+    LoginCsrf,
+    LoginThrottle,
+    client_address,
+    parse_trusted_proxies,
+    tokens_equal,
+)
 from .stats import outcome_stats
 
 HERE = Path(__file__).parent
 SESSION_COOKIE = "oodb_session"
 LOGIN_COOKIE = "oodb_login"
+DEVICE_COOKIE = "oodb_device"  # recognises a browser that logged in before (see DeviceTokens)
 SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
@@ -83,11 +92,6 @@ def image_id_in_range(image_id: int) -> int:
 
 
 ImageId = Annotated[int, Depends(image_id_in_range)]
-
-
-def client_of(request: Request) -> str:
-    """The client's address (uvicorn puts the X-Forwarded-For address here for trusted proxies)."""
-    return request.client.host if request.client else "unknown"
 
 
 async def verdict_fields(
@@ -149,8 +153,14 @@ def judgement_from_form(form: Any, names: tuple[str, ...]) -> Judgement:
     raise AnnotateError("choose a verdict: OOD, ID or ambiguous")
 
 
-def create_app(project: Project) -> FastAPI:
-    """The FastAPI application serving one project."""
+def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> FastAPI:
+    """The FastAPI application serving one project.
+
+    `trusted_proxies`: addresses or networks of reverse proxies whose X-Forwarded-For header names the client.
+    Without them the headers are ignored and the socket's peer is the client (serve the app with the server's
+    own proxy-header handling off, as `oodbench annotate serve` does).
+    """
+    trusted = parse_trusted_proxies(trusted_proxies)
     store = project.store()
     names = project.classes.names
     templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -159,10 +169,12 @@ def create_app(project: Project) -> FastAPI:
         SOURCES=SOURCES,
         SOURCE_TITLES=SOURCE_TITLES,
         REASONS=AMBIGUITY_REASONS,
+        MAX_NOTE_LENGTH=MAX_NOTE_LENGTH,
         class_name=lambda i: project.classes.name(i),
     )
     login_csrf = LoginCsrf(project.secret)
     throttle = LoginThrottle()
+    devices = DeviceTokens(project.secret)
     secure = project.config.cookie_secure
     app = FastAPI(title=project.config.title, docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
@@ -220,17 +232,34 @@ def create_app(project: Project) -> FastAPI:
     ) -> Response:
         if not same_origin(request) or not login_csrf.check(request.cookies.get(LOGIN_COOKIE), csrf_token):
             raise _Denied(403, "The login form expired. Reload the page and try again.")
-        name, client = username.strip()[:64], client_of(request)
+        name = username.strip()[:64]
+        peer = request.client.host if request.client else None
+        client = client_address(peer, request.headers.getlist("x-forwarded-for"), trusted)
+        device = devices.device_for(request.cookies.get(DEVICE_COOKIE), name)
         # Checked before authenticate(): a throttled attempt costs no password hash.
-        if throttle.blocked(client, name):
-            return RedirectResponse("/login?error=Too+many+failed+attempts%3B+wait+a+few+minutes", 303)
+        if throttle.blocked(client, name, device):
+            return RedirectResponse(
+                "/login?error=Too+many+failed+attempts%3B+wait+a+few+minutes+(a+browser+you+have+logged+in+"
+                "with+before+is+not+affected)",
+                303,
+            )
         user = store.authenticate(name, password)
         if user is None:
-            throttle.failed(client, name)
+            throttle.failed(client, name, device, known_account=store.has_account(name))
             return RedirectResponse("/login?error=Wrong+name+or+password", 303)
-        throttle.succeeded(client, name)
+        throttle.succeeded(client, name, device)
         token, _csrf = store.open_session(user)
         response = RedirectResponse("/", 303)
+        # Recognition for later logins from this browser: judged by its own failures, not a stranger's.
+        response.set_cookie(
+            DEVICE_COOKIE,
+            devices.issue(user.name, device),
+            httponly=True,
+            samesite="strict",
+            secure=secure,
+            max_age=int(devices.max_age_s),
+            path="/login",
+        )
         response.set_cookie(
             SESSION_COOKIE,
             token,

@@ -127,7 +127,8 @@ def ci_command(
     out: Annotated[Path | None, typer.Option(help="Also write the intervals as JSON.")] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Confidence intervals of FPR@95 (Wilson, Clopper–Pearson, bootstrap) and AUROC (DeLong, bootstrap).
+    """Confidence intervals of FPR@95 (Wilson, Clopper–Pearson, bootstrap) and AUROC (DeLong, bootstrap), for
+    every detector of the run on every OOD set (or those named with --detector and --dataset).
 
     Example: oodbench analyze ci runs/resnet50 --detector knn --detector energy --resamples 2000
     """
@@ -146,7 +147,9 @@ def ci_command(
         seed=seed,
         progress=not quiet,
     )
-    typer.echo(render_markdown(table_intervals(records, confidence)))
+    chosen = "the detectors named" if detector else "every detector"
+    title = f"Confidence intervals of {chosen} on {'the OOD sets named' if dataset else 'every OOD set'}"
+    typer.echo(render_markdown(table_intervals(records, confidence, title=title)))
     if out is not None:
         _write_json(
             out,

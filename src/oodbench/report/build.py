@@ -141,6 +141,25 @@ def _mean_fpr_order(rows: Sequence[ResultRow], pair: tuple[str, str], available:
     return sorted(sums, key=lambda d: (float(np.mean(sums[d])), order.index(d)))
 
 
+def plain_text(value: object) -> str:
+    """A provenance value as reading text: nested mappings as `key: value` pairs, lists comma-separated.
+
+    Never a Python repr: `{'input': '8x8'}` reads as `input: 8x8`, and a nested `{'sizes': {'fit': 650}}` as
+    `sizes: (fit: 650)`.
+    """
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {_nested(v)}" for k, v in value.items()) or "–"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(plain_text(v) for v in value) or "–"
+    return "–" if value is None else str(value)
+
+
+def _nested(value: object) -> str:
+    if isinstance(value, Mapping) and value:
+        return "(" + ", ".join(f"{k}: {_nested(v)}" for k, v in value.items()) + ")"
+    return plain_text(value)
+
+
 def provenance_tables(run: RunData) -> list[Table]:
     """The run's description (datasets, detectors), its store entries' provenance and the library versions."""
     info = run.info
@@ -166,7 +185,7 @@ def provenance_tables(run: RunData) -> list[Table]:
         ("fit set", str(info.get("fit_dataset") or "–")),
         ("ID test set", str(info.get("id_dataset", "–"))),
         ("OOD sets", ", ".join(info.get("ood_datasets", [])) or "–"),
-        ("head", ", ".join(f"{k}={v}" for k, v in head_prov.items()) or "–"),
+        ("head", plain_text(head_prov)),
         ("complete", str(info.get("complete", "–"))),
     ]
     detectors = info.get("detectors") or {}
@@ -174,14 +193,14 @@ def provenance_tables(run: RunData) -> list[Table]:
         (
             "detectors",
             ", ".join(
-                f"{name}({', '.join(f'{k}={v}' for k, v in (params or {}).items())})" if params else name
+                f"{name}({', '.join(f'{k}={plain_text(v)}' for k, v in params.items())})" if params else name
                 for name, params in detectors.items()
             )
             or "–",
         )
     )
     for name, reason in (info.get("skipped_detectors") or {}).items():
-        general.append((f"skipped {name}", str(reason)))
+        general.append((f"skipped {name}", plain_text(reason)))
     result = [
         Table(
             f"prov-{key}",
@@ -204,9 +223,9 @@ def provenance_tables(run: RunData) -> list[Table]:
                     Cell(dataset),
                     Cell(str(meta.get("num_rows", "–"))),
                     Cell(str(meta.get("item_hash") or "–")),
-                    Cell(str(prov.get("model", "–"))),
-                    Cell(str(prov.get("checkpoint", "–"))),
-                    Cell(str(prov.get("preprocessing", "–"))),
+                    Cell(plain_text(prov.get("model"))),
+                    Cell(plain_text(prov.get("checkpoint"))),
+                    Cell(plain_text(prov.get("preprocessing"))),
                     Cell(str(meta.get("finished") or "–")),
                 )
             )
@@ -450,11 +469,12 @@ def _settings(run: RunData) -> dict[str, str]:
     """What a run was evaluated with, flattened: each detector's parameters, the fit set, the head, the store."""
     info = run.info
     flat = {
-        f"{name}": ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
+        f"{name}": ", ".join(f"{k}={plain_text(v)}" for k, v in sorted((params or {}).items()))
         for name, params in (info.get("detectors") or {}).items()
     }
     flat["fit set"] = str(info.get("fit_dataset") or "")
-    flat["head"] = ", ".join(f"{k}={v}" for k, v in sorted(((info.get("head") or {}).get("provenance") or {}).items()))
+    head = (info.get("head") or {}).get("provenance") or {}
+    flat["head"] = plain_text(dict(sorted(head.items()))) if head else ""
     flat["store"] = str(info.get("store") or "")
     return flat
 
@@ -712,7 +732,11 @@ def _add_score_sections(
         )
     content.sections.append(sub)
     if content.intervals:
-        stats_section.items.append(tables.table_intervals(content.intervals, options.confidence))
+        stats_section.items.append(
+            tables.table_intervals(
+                content.intervals, options.confidence, title="Confidence intervals of the best detector per OOD set"
+            )
+        )
     if content.comparisons:
         stats_section.items.append(tables.table_delong(content.comparisons, options.confidence))
     content.sections.append(stats_section)

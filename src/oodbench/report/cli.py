@@ -15,7 +15,10 @@ def report_command(
     run_dirs: Annotated[
         list[Path], typer.Argument(help="Evaluation run directories (one per model), or results .parquet files.")
     ],
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Output directory (default: RUN_DIR/report for one run; several runs need --out)."),
+    ] = None,
     format: Annotated[str, typer.Option("--format", help="Comma-separated: md, tex, html.")] = "md,tex,html",
     figure_format: Annotated[str, typer.Option("--figure-format", help="Comma-separated: png, pdf, svg.")] = "png,pdf",
     n: Annotated[
@@ -51,6 +54,8 @@ def report_command(
     """Render the Fi-ImageNet-1k paper's Tables 1, A1, 3/A2, 2 and A6 and Figs. 1 and A4 for your runs, ROC curves,
     histograms and per-OOD-class acceptance, and one self-contained report.html.
 
+    Example: oodbench report runs/resnet50   (writes runs/resnet50/report/)
+
     Example: oodbench report runs/resnet50 runs/vit-b16 --out report/ --format md,tex,html
 
     Example: oodbench report runs/fi-imagenet-1k/* --out report/ --against fi-imagenet-1k
@@ -58,6 +63,7 @@ def report_command(
     from .build import ReportOptions, build_report
     from .output import parse_formats, write_report
 
+    out = out if out is not None else default_out(run_dirs)
     formats = parse_formats(format)
     figure_formats = [f.strip().lower() for f in figure_format.split(",") if f.strip()]
     vocabularies = None
@@ -91,6 +97,16 @@ def report_command(
         typer.echo(f"against {against}: {verdict_line(content.published)}")
     for path in written["reports"]:
         typer.echo(f"wrote {path}")
+
+
+def default_out(run_dirs: list[Path]) -> Path:
+    """Where a report goes without --out: `report/` inside the one run directory (beside a results file)."""
+    if len(run_dirs) != 1:
+        raise AnalysisError(
+            f"{len(run_dirs)} runs: give --out for their joint report (one run's report goes to RUN_DIR/report)"
+        )
+    run = run_dirs[0]
+    return (run if run.is_dir() else run.parent) / "report"
 
 
 def register(app: typer.Typer) -> None:

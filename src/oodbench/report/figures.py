@@ -174,6 +174,17 @@ def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: 
         # A rate cannot be negative: the axis starts at 0, and an all-zero curve gets a 0–1 % axis, not ±0.04.
         high = float(np.nanmax(np.concatenate([mean + 2 * std, full + 2 * se, [full]])))
         ax.set_ylim(0, max(1.0, 1.1 * min(high, 100.0)))
+        if high == 0.0:  # every line lies on the axis: the panel would look empty, so it says what it shows
+            ax.text(
+                0.5,
+                0.5,
+                "FPR@95 is 0 in every draw and on the full set:\nno OOD image is accepted at 95% TPR",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color=_COLORS[0],
+            )
         ax.set_title(f"{name} ({summaries[0].detector}, N={summaries[0].n_total})", fontsize=9)
         ax.set_xlabel("n (OOD images drawn)", fontsize=8)
         ax.set_ylabel("FPR@95 (%)", fontsize=8)

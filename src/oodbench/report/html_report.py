@@ -47,9 +47,13 @@ table.oodb tr.rule td { border-bottom: 1px solid var(--line); }
 table.oodb .num { text-align: right; }
 table.oodb .txt { text-align: left; }
 table.oodb .note { color: var(--muted); font-size: 11px; }
-/* Provenance: free text (hashes, head descriptions) wraps inside the page instead of running off to the right. */
+/* Provenance: free text (hashes, paths, head descriptions) wraps inside the page instead of running off to the
+   right; a hash may break anywhere. Keys (the first column) and column headings keep their words whole: with
+   "anywhere" a narrow column would read "directo ry". */
 table.oodb.wrap { width: 100%; }
 table.oodb.wrap th, table.oodb.wrap td { white-space: normal; overflow-wrap: anywhere; vertical-align: top; }
+table.oodb.wrap th { overflow-wrap: normal; }
+table.oodb.wrap td:first-child { white-space: nowrap; overflow-wrap: normal; }
 table.oodb.wrap caption { white-space: normal; }
 figcaption { color: var(--muted); font-size: 12px; margin-top: 4px; max-width: 1000px; }
 figure.plot img { max-width: 100%; height: auto; border: 1px solid var(--line); }

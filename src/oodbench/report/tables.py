@@ -582,7 +582,39 @@ def table_detectors(
     )
 
 
-def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95) -> Table:
+def _flat_bootstrap_note(records: Sequence[IntervalRecord]) -> str | None:
+    """Why a bootstrap FPR@95 interval of zero width sits beside a wider Wilson one (None when no row has one)."""
+    flat = []
+    for r in records:
+        wilson = r.intervals.get("fpr95/wilson")
+        boots = [r.intervals.get(f"fpr95/{m}") for m in ("percentile", "bca")]
+        # Only at an estimate of 0 or 100 % does every resample agree: no OOD image (or every one) is accepted.
+        at_edge = wilson is not None and wilson.estimate in (0.0, 1.0)
+        if at_edge and wilson.high > wilson.low and any(b and b.high == b.low for b in boots):
+            flat.append((r, wilson))
+    if not flat:
+        return None
+    r, wilson = flat[0]
+    if wilson.estimate == 0.0:
+        edge, unseen, end = "0 %", "a few accepted images", f"upper end {percent(wilson.high)} %"
+    else:
+        edge, unseen, end = "100 %", "a few rejected images", f"lower end {percent(wilson.low)} %"
+    rows = ", ".join(f"{x.ood_dataset}/{x.detector}" for x, _ in flat[:3]) + (", …" if len(flat) > 3 else "")
+    return (
+        f"A bootstrap FPR@95 interval of zero width beside a wider Wilson interval ({rows}): the estimate is {edge}, "
+        "so every bootstrap resample of the images gives the same rate and the bootstrap has no spread to show; it "
+        "can only re-weigh what was observed. Wilson's interval asks which true rates could have produced the "
+        f"observed count, and {unseen} in a set of this size cannot be ruled out ({r.ood_dataset}/{r.detector}: "
+        f"{r.n_ood} OOD images, {end}). Read these rows by Wilson or Clopper–Pearson."
+    )
+
+
+def table_intervals(
+    records: Sequence[IntervalRecord],
+    confidence: float = 0.95,
+    *,
+    title: str = "Confidence intervals per OOD set and detector",
+) -> Table:
     """Point estimates with confidence intervals (FPR@95: Wilson, Clopper–Pearson, bootstrap; AUROC: DeLong, bootstrap)."""
     if not records:
         raise AnalysisError("no interval records to tabulate")
@@ -612,24 +644,19 @@ def table_intervals(records: Sequence[IntervalRecord], confidence: float = 0.95)
         body.append(tuple(line))
     lead = (["model"] if multi_model else []) + ["OOD dataset", "detector"]
     columns, groups = list(lead), [("", len(lead))]
-    for metric, title in (("fpr95", "FPR@95"), ("auroc", "AUROC")):
+    for metric, heading in (("fpr95", "FPR@95"), ("auroc", "AUROC")):
         names = [label for m, _, label in methods if m == metric]
         if names:
             columns += ["estimate"] + names
-            groups.append((title, len(names) + 1))
+            groups.append((heading, len(names) + 1))
     note = (
         f"{100 * confidence:g}% intervals (%). Wilson and Clopper–Pearson hold the ID threshold fixed; the bootstrap "
         "resamples ID and OOD images (percentile and BCa); DeLong is the normal approximation of the AUROC U-statistic."
     )
     align = ("l",) * len(lead) + ("r",) * (len(columns) - len(lead))
+    flat = _flat_bootstrap_note(records)
     return Table(
-        "intervals",
-        "Confidence intervals of the best detector per OOD set",
-        tuple(columns),
-        tuple(body),
-        tuple(groups),
-        align,
-        (note,),
+        "intervals", title, tuple(columns), tuple(body), tuple(groups), align, (note,) + ((flat,) if flat else ())
     )
 
 
