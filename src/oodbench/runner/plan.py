@@ -25,6 +25,7 @@ from typing import Any
 from .. import __version__
 from ..errors import StoreError
 from ..store import Store
+from ..templates import SEED_TEMPLATES
 from .config import ExperimentConfig, ModelSpec, missing_roots
 from .ledger import Ledger, content_key
 
@@ -517,7 +518,7 @@ def _plan_zeroshot(
             spec.params,
             spec.vocabularies,
             ref_hashes,
-            spec.templates,
+            list(SEED_TEMPLATES),  # the strings, not the setting's name: other templates make other scores
             spec.sweep_k,
             spec.sweep_m,
             config.tpr,
