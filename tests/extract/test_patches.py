@@ -209,7 +209,9 @@ def _aimv2_reference(model, pixels):
     x = x + F.linear(F.silu(F.linear(h, ffn.gate_proj.weight)) * F.linear(h, ffn.up_proj.weight), ffn.down_proj.weight)
     tokens = _rms(x, vision.rms_norm)
     head = vision.head
-    pooled = F.linear(F.linear(tokens, head.v_proj.weight, head.v_proj.bias), head.output_proj.weight, head.output_proj.bias)
+    pooled = F.linear(
+        F.linear(tokens, head.v_proj.weight, head.v_proj.bias), head.output_proj.weight, head.output_proj.bias
+    )
     return F.normalize(F.linear(pooled, model.visual_projection.weight), dim=-1)
 
 
@@ -296,3 +298,37 @@ def test_other_towers_are_refused_in_one_line(tmp_path):
     assert reason is not None and "\n" not in reason
     with pytest.raises(ExtractError, match="no patch embeddings"):
         image_and_patch_embeddings(model, torch.randn(1, 3, 224, 224))
+
+
+def test_aimv2_directory_extracts_patch_embeddings_end_to_end(tmp_path):
+    """`oodbench extract` on a saved AIMv2 stores fp16 patch embeddings equal to the second pass on its pixels."""
+    pytest.importorskip("transformers")
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from oodbench.cli import app
+    from oodbench.extract.hf_clip import load_hf_clip
+    from oodbench.store import Store
+
+    from .helpers import write_images, write_tiny_aimv2
+
+    folder = write_tiny_aimv2(tmp_path / "tiny-aimv2")
+    images = write_images(tmp_path / "images", {"a": 3, "b": 2}, size=(40, 36))
+    args = ["extract", "--model", str(folder), "--store", str(tmp_path / "store"), "--data", str(images)]
+    result = CliRunner().invoke(app, [*args, "--patches", "--workers", "0", "--no-progress", "--no-amp"])
+    assert result.exit_code == 0, result.output
+    store = Store(tmp_path / "store")
+    outputs = store.read("tiny-aimv2", "images")
+    meta = store.meta("tiny-aimv2", "images")
+    assert meta["provenance"]["patch_route"] == "aimv2"
+    local = outputs.extras["patch_embeddings"]
+    assert local.dtype == np.float16 and local.shape == (5, 16, 16)
+    bundle = load_hf_clip(str(folder))
+    from PIL import Image
+
+    pil = [Image.open(images / item).convert("RGB") for item in meta["items"]]
+    pixels = bundle.processor.image_processor(images=pil, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        reference = _aimv2_reference(bundle.model, pixels).numpy()
+    # fp16 storage of unit vectors: half a unit in the last place of values ≤ 1 is 2⁻¹¹ ≈ 4.9e-4.
+    np.testing.assert_allclose(local.astype(np.float32), reference, atol=5e-4 + ATOL)

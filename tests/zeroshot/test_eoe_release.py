@@ -23,7 +23,7 @@ from oodbench.zeroshot.vocab.eoe_release import (
 
 from .test_llm import FakeServer, chat_body, client_for
 
-PROMPTS = '''
+PROMPTS = """
 source = "stand-in texts for the test"
 [far]
 prompt = "Classes ({num_classes}): [{class_info}]. List {envision_nums} far outliers."
@@ -33,7 +33,7 @@ prompt = "Class [{class_info}]: list {envision_nums} look-alikes."
 [fine_grained]
 prompt = "{num_classes} kinds of {class_type}: {class_info}. List {envision_nums} other kinds of {class_type}."
 again = "{envision_nums} more kinds of {class_type}."
-'''
+"""
 
 CLASSES = ClassList(("cat", "hot dog"), ("n00000001", "n00000002"), "toy")
 
@@ -47,7 +47,9 @@ def prompt_file(tmp_path):
 
 def test_reply_lines_and_the_release_filter():
     assert dash_lines("Sure:\n- Red Fox\n-nope\n- \n  - indented\n- tabby cat") == ["Red Fox", "tabby cat"]
-    kept, dropped = release_names([["Red Fox", "CAT", "red fox"], ["Hot Dog", "dog house"]], ["cat", "hot dog"], style="far")
+    kept, dropped = release_names(
+        [["Red Fox", "CAT", "red fox"], ["Hot Dog", "dog house"]], ["cat", "hot dog"], style="far"
+    )
     assert kept == ["red fox", "dog house"] and dropped == ["cat", "hot dog"]
     kept, dropped = release_names([["Red Fox", "dog house", "hot plate"]], ["cat", "hot dog"], style="near")
     assert kept == ["red fox"] and dropped == ["dog house", "hot plate"]  # near: a shared word with an ID name drops it
@@ -95,7 +97,9 @@ def test_far_is_one_conversation_of_size_over_50_requests(tmp_path, prompt_file)
     assert vocab.labels == ["outlier 50 0", "shared", "outlier 16 0", "outlier 16 1"]  # lower-cased, first kept
     assert vocab.params["prompt_file_sha256"] == load_prompt_file(prompt_file).sha256
     with pytest.raises(ZeroShotError, match="multiple of 50"):
-        generate_released_eoe(CLASSES, client_for(server, tmp_path / "d"), load_prompt_file(prompt_file), style="far", size=120)
+        generate_released_eoe(
+            CLASSES, client_for(server, tmp_path / "d"), load_prompt_file(prompt_file), style="far", size=120
+        )
 
 
 def test_near_asks_once_per_class_and_fine_grained_needs_its_class_type(tmp_path, prompt_file):

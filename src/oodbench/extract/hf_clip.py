@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import ExtractError
 from .backbones.base import Backbone, autocast, resolve_device, safe_id

@@ -72,7 +72,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
         if isinstance(visual, VisionTransformer):
             if visual.attn_pool is not None:
-                return "an open_clip ViT with an attentional pooler (CoCa-style) has no per-patch route to the joint space"
+                return (
+                    "an open_clip ViT with an attentional pooler (CoCa-style) has no per-patch route to the joint space"
+                )
             if visual.proj is None:
                 return "an open_clip ViT without a projection matrix has no joint space"
             return None
@@ -93,7 +95,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         if not getattr(vision, "use_head", False):
             return "an AIMv2 vision model without its attention-pooling head has no joint-space route for patches"
         return None
-    return f"{type(model).__name__} is not a tower with value-branch patch embeddings (open_clip ViT, timm 'map', AIMv2)"
+    return (
+        f"{type(model).__name__} is not a tower with value-branch patch embeddings (open_clip ViT, timm 'map', AIMv2)"
+    )
 
 
 def patch_route(model: torch.nn.Module) -> str | None:

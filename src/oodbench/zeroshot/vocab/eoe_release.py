@@ -80,12 +80,15 @@ def load_prompt_file(path: str | Path) -> ReleasedPrompts:
     try:
         data = json.loads(raw) if file.suffix.lower() == ".json" else tomllib.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ZeroShotError(f"{file} is not a valid {'JSON' if file.suffix.lower() == '.json' else 'TOML'} file: {exc}")
+        kind = "JSON" if file.suffix.lower() == ".json" else "TOML"
+        raise ZeroShotError(f"{file} is not a valid {kind} file: {exc}") from None
     if not isinstance(data, dict):
         raise ZeroShotError(f"{file}: expected a table of prompt styles")
     unknown = sorted(set(data) - set(STYLES) - {"source"})
     if unknown:
-        raise ZeroShotError(f"{file}: unknown key(s) {', '.join(unknown)}; styles are {', '.join(STYLES)} (and 'source')")
+        raise ZeroShotError(
+            f"{file}: unknown key(s) {', '.join(unknown)}; styles are {', '.join(STYLES)} (and 'source')"
+        )
     prompts: dict[str, dict[str, str]] = {}
     for style in STYLES:
         if style not in data:
