@@ -90,7 +90,7 @@ def test_fi_dry_run_prints_every_model_dataset_detector_unit(fi_config, tmp_path
             for dataset in tests:
                 assert f"{model.id}/{detector}/{dataset}" in listed
     for model_id in fi_config.zeroshot.models:
-        eoe = ("eoe@eoe-fine-grained", "eoe@eoe-far", "eoe@eoe-near")
+        eoe = ("eoe@eoe", "eoe@eoe-far", "eoe@eoe-near")  # fine-grained (Table 2), far, near (Table A4)
         for column in ("mcm", "glmcm", "neglabel@wordnet", "neglabel@siblings[k=5]", "neglabel@oracle", *eoe):
             for dataset in tests:
                 assert f"{model_id}/{column}/{dataset}" in listed
@@ -122,6 +122,6 @@ def test_fi_dry_run_lists_per_vlm_glmcm_and_the_three_eoe_styles(fi_config, tmp_
     for offset, (display, route) in enumerate(routes.items()):
         scores, vocab, patches = lines[start + 1 + 3 * offset : start + 4 + 3 * offset]
         assert scores.split() == [display, "mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm"]
-        assert {"eoe@eoe-fine-grained", "eoe@eoe-far", "eoe@eoe-near"} <= set(vocab.split())
+        assert {"eoe@eoe", "eoe@eoe-far", "eoe@eoe-near"} <= set(vocab.split())
         assert patches.strip() == f"GL-MCM patches ({route})"
     assert any(line.startswith("  GL-MCM patches (timm-attention-pool): ") for line in lines)

@@ -132,7 +132,7 @@ def test_cli_builds_with_a_prompt_file_and_refuses_a_bad_one_before_asking(tmp_p
             [*base, "--task", "fine_grained", "--prompts", str(prompt_file), "--class-type", "animal", "--size", "100"],
         )
         assert built.exit_code == 0, built.output
-        assert "eoe-fine-grained@v1: 2 labels, kind eoe" in built.stdout
+        assert "eoe@v1: 2 labels, kind eoe" in built.stdout  # the fine-grained list is Table 2's EOE
         assert server.prompts[0] == "2 kinds of animal: cat; hot dog. List 50 other kinds of animal."
         bad = tmp_path / "bad.toml"
         bad.write_text('[far]\nprompt = "{oops}"\nagain = "more"\n')

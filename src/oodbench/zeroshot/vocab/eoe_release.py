@@ -38,6 +38,7 @@ __all__ = [
     "STYLES",
     "PLACEHOLDERS",
     "BATCH",
+    "DEFAULT_NAMES",
     "ReleasedPrompts",
     "load_prompt_file",
     "release_names",
@@ -46,6 +47,8 @@ __all__ = [
 
 STYLES = ("far", "near", "fine_grained")
 PLACEHOLDERS = ("num_classes", "class_type", "class_info", "envision_nums")
+# Vocabulary names: the fine-grained list is Table 2's EOE column, so it takes the plain name the tables use.
+DEFAULT_NAMES = {"far": "eoe-far", "near": "eoe-near", "fine_grained": "eoe"}
 BATCH = 50  # names asked for per request in a far / fine-grained conversation, as released
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -193,7 +196,7 @@ def generate_released_eoe(
             f"the LLM gave no usable '- ' lines for the EOE {style} prompt; check the model and {client.cache_dir}"
         )
     return Vocabulary(
-        name=name or f"eoe-{style.replace('_', '-')}",
+        name=name or DEFAULT_NAMES[style],
         kind="eoe",
         labels=labels,
         params={
