@@ -332,3 +332,22 @@ def test_aimv2_directory_extracts_patch_embeddings_end_to_end(tmp_path):
         reference = _aimv2_reference(bundle.model, pixels).numpy()
     # fp16 storage of unit vectors: half a unit in the last place of values ≤ 1 is 2⁻¹¹ ≈ 4.9e-4.
     np.testing.assert_allclose(local.astype(np.float32), reference, atol=5e-4 + ATOL)
+
+
+def test_open_clip_backbone_stores_timm_route_patches_in_fp16(siglip):
+    """The extraction backbone of a SigLIP-like tower stores its patches (fp16) and names the route in provenance."""
+    import numpy as np
+
+    from oodbench.extract.openclip import OpenClipBackbone, OpenClipBundle
+
+    bundle = OpenClipBundle(siglip, lambda image: image, lambda texts: texts, "oodbench-tiny-siglip", None, "random")
+    backbone = OpenClipBackbone(bundle)
+    assert backbone.patches and backbone.provenance()["patch_route"] == "timm-attention-pool"
+    pixels = _pixels(4)
+    arrays = backbone.infer(pixels, amp=False)
+    with torch.no_grad():
+        expected = _timm_reference(siglip, pixels).numpy()
+    assert arrays["extra.patch_embeddings"].dtype == np.float16
+    # fp16 storage of unit vectors: half a unit in the last place of values ≤ 1 is 2⁻¹¹ ≈ 4.9e-4.
+    np.testing.assert_allclose(arrays["extra.patch_embeddings"].astype(np.float32), expected, atol=5e-4 + ATOL)
+    assert not OpenClipBackbone(bundle, patches=False).provenance().get("patch_route")
