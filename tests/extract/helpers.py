@@ -86,3 +86,31 @@ def write_tiny_hf_clip(folder: Path, *, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+def write_tiny_aimv2(folder: Path, *, seed: int = 0) -> Path:
+    """A tiny random transformers AIMv2 (LiT layout: attention-pooling head, visual projection), saved with a processor."""
+    import string
+
+    import torch
+    from transformers import Aimv2Config, Aimv2Model, CLIPImageProcessor, CLIPProcessor, CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for char in string.ascii_lowercase + string.digits + ".,'-":
+        vocab[char] = len(vocab)
+        vocab[char + "</w>"] = len(vocab)
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=[])
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32)
+    vision.update(patch_size=8, qkv_bias=True, use_head=True)
+    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    text.update(max_position_embeddings=32, eos_token_id=1)
+    torch.manual_seed(seed)
+    model = Aimv2Model(Aimv2Config(vision_config=vision, text_config=text, projection_dim=16))
+    processor = CLIPProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        tokenizer=tokenizer,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

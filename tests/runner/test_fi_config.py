@@ -90,8 +90,38 @@ def test_fi_dry_run_prints_every_model_dataset_detector_unit(fi_config, tmp_path
             for dataset in tests:
                 assert f"{model.id}/{detector}/{dataset}" in listed
     for model_id in fi_config.zeroshot.models:
-        for column in ("mcm", "glmcm", "neglabel@wordnet", "neglabel@siblings[k=5]", "neglabel@oracle", "eoe@eoe"):
+        eoe = ("eoe@eoe", "eoe@eoe-far", "eoe@eoe-near")  # fine-grained (Table 2), far, near (Table A4)
+        for column in ("mcm", "glmcm", "neglabel@wordnet", "neglabel@siblings[k=5]", "neglabel@oracle", *eoe):
             for dataset in tests:
                 assert f"{model_id}/{column}/{dataset}" in listed
     assert "50,000 images" in result.output  # ImageNet val, from the dataset registry
     assert "datasets.imagenet-val.root:" in result.output
+
+
+def test_fi_dry_run_lists_per_vlm_glmcm_and_the_three_eoe_styles(fi_config, tmp_path: Path) -> None:
+    """Each of the eight VLMs produces GL-MCM (with its tower's patch route) and EOE in its three prompt styles."""
+    from oodbench.runner.cli import register
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    result = CliRunner().invoke(app, ["run", str(FI), "--dry-run", "--out", str(tmp_path / "w")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = lines.index("zero-shot scores per VLM (each on the ID test set and every OOD set):")
+    routes = {
+        "MetaCLIP2-H/14": "open_clip-vit",
+        "OpenCLIP-H/14": "open_clip-vit",
+        "SigLIP-SO400M": "timm-attention-pool",
+        "SigLIP2-g": "timm-attention-pool",
+        "CLIP-B/16": "open_clip-vit",
+        "CLIP-L/14": "open_clip-vit",
+        "PE-Core-L/14": "timm-attention-pool",
+        "AIMv2-L": "aimv2",
+    }
+    for offset, (display, route) in enumerate(routes.items()):
+        scores, vocab, patches = lines[start + 1 + 3 * offset : start + 4 + 3 * offset]
+        assert scores.split() == [display, "mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm"]
+        assert {"eoe@eoe", "eoe@eoe-far", "eoe@eoe-near"} <= set(vocab.split())
+        assert patches.strip() == f"GL-MCM patches ({route})"
+    assert any(line.startswith("  GL-MCM patches (timm-attention-pool): ") for line in lines)

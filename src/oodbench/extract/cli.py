@@ -142,7 +142,7 @@ def extract_command(
     patches: bool | None = typer.Option(
         None,
         "--patches/--no-patches",
-        help="open_clip: store fp16 patch embeddings (default: when the tower has patches).",
+        help="VLMs: store fp16 value-branch patch embeddings for GL-MCM (default: when the tower has them).",
     ),
     text_labels: Path | None = typer.Option(
         None, "--text-labels", help="open_clip: also cache text embeddings of these label names (one per line)."
@@ -204,7 +204,7 @@ def _run_extract(**opts: Any) -> None:
             from .backbones.timm_backbone import load_timm
 
             if opts["text_labels"] is not None or opts["patches"]:
-                raise OodbenchError("--text-labels and --patches apply to open_clip models only")
+                raise OodbenchError("--text-labels and --patches apply to vision-language models only")
             if opts["convert"] != "auto" and opts["checkpoint"] is None:
                 raise OodbenchError("--convert applies to --checkpoint files only")
             if opts["pretrained"] not in ("default", "true", "none", "false"):
@@ -228,10 +228,8 @@ def _run_extract(**opts: Any) -> None:
             from .backbones.base import resolve_device
             from .hf_clip import HfClipBackbone, load_hf_clip
 
-            if nac_layers or opts["patches"] or opts["checkpoint"] is not None:
-                raise OodbenchError(
-                    "--nac, --patches and --checkpoint do not apply to hf_clip models (give a directory)"
-                )
+            if nac_layers or opts["checkpoint"] is not None:
+                raise OodbenchError("--nac and --checkpoint do not apply to hf_clip models (give a directory)")
             if opts["pretrained"] not in ("default", "true", "none", "false"):
                 raise OodbenchError("hf_clip models take their weights from --model (hub id or directory)")
             if preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto":
@@ -244,7 +242,7 @@ def _run_extract(**opts: Any) -> None:
                 pretrained=not opts["no_pretrained"] and opts["pretrained"] not in ("none", "false"),
                 seed=opts["seed"],
             )
-            backbone = HfClipBackbone(bundle)
+            backbone = HfClipBackbone(bundle, patches=opts["patches"])
         else:
             from .openclip import OpenClipBackbone, load_openclip
 

@@ -5,7 +5,8 @@ The store contract is the open_clip one (`oodbench.extract.openclip`): image ent
 template and renormalise, cached in the store per (model, labels, templates). Any model whose class offers
 ``get_image_features`` and ``get_text_features`` (``CLIPModel``, ``SiglipModel``, ``Aimv2Model``, …) loads
 through ``AutoModel``/``AutoProcessor``; the image preprocessing is the checkpoint's own image processor.
-Patch embeddings (GL-MCM) are not offered for this kind.
+AIMv2 towers also give value-branch patch embeddings for GL-MCM (``extra.patch_embeddings``, fp16; see
+`oodbench.extract.patches`); other transformers towers give image embeddings only.
 
 Needs the optional extra ``hf`` (``transformers``). Weights come from the Hugging Face cache (``$HF_HOME``) or a
 local directory written by ``save_pretrained``; offline (``HF_HUB_OFFLINE=1``) nothing is downloaded.
@@ -23,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import ExtractError
 from .backbones.base import Backbone, autocast, resolve_device, safe_id
@@ -179,7 +179,9 @@ class HfClipBackbone(Backbone):
 
     kind = "hf_clip"
 
-    def __init__(self, bundle: HfClipBundle) -> None:
+    def __init__(self, bundle: HfClipBundle, *, patches: bool | None = None) -> None:
+        from .patches import unsupported_reason
+
         super().__init__(
             bundle.model,
             name=bundle.model_name,
@@ -189,6 +191,10 @@ class HfClipBackbone(Backbone):
         )
         self.bundle = bundle
         self.device = bundle.device
+        reason = unsupported_reason(bundle.model)
+        if patches and reason is not None:
+            raise ExtractError(f"{bundle.model_name} has no patch embeddings ({reason}); run without --patches")
+        self.patches = reason is None if patches is None else patches
 
     def to(self, device: str | torch.device | None) -> Backbone:
         """Move the network (and the bundle's record of its device) to a device."""
@@ -200,6 +206,11 @@ class HfClipBackbone(Backbone):
         """Model, checkpoint, preprocessing, kind and what the arrays hold."""
         info = super().provenance()
         info["features"] = "l2-normalised image embeddings"
+        if self.patches:
+            from .patches import patch_route
+
+            info["patch_embeddings"] = "fp16 l2-normalised value-branch patch embeddings (last block), joint space"
+            info["patch_route"] = patch_route(self.model)
         return info
 
     def default_model_id(self) -> str:
@@ -207,8 +218,15 @@ class HfClipBackbone(Backbone):
         return self.bundle.default_model_id()
 
     def infer(self, pixels: torch.Tensor, *, amp: bool = True) -> dict[str, np.ndarray]:
-        """Image embeddings of one preprocessed batch."""
+        """Image (and patch) embeddings of one preprocessed batch."""
+        from .patches import image_and_patch_embeddings
+
         pixels = pixels.to(self.device, non_blocking=True)
         with torch.no_grad(), autocast(self.device, amp):
-            image = self.bundle.encode_images(pixels)
-        return {"features": F.normalize(image.float(), dim=-1).cpu().numpy()}
+            image, local = image_and_patch_embeddings(
+                self.model, pixels, patches=self.patches, encode=self.bundle.encode_images
+            )
+        arrays = {"features": image.cpu().numpy().astype(np.float32, copy=False)}
+        if local is not None:
+            arrays["extra.patch_embeddings"] = local.cpu().numpy().astype(np.float16)
+        return arrays

@@ -1,11 +1,11 @@
 """open_clip vision-language models: image embeddings, value-branch patch embeddings, template-averaged text embeddings.
 
-Image entries hold ``features`` = ℓ2-normalised image embeddings (N, D) float32 and, for ViT towers,
+Image entries hold ``features`` = ℓ2-normalised image embeddings (N, D) float32 and, for towers with patch tokens,
 ``extra.patch_embeddings`` = (N, P, D) ℓ2-normalised patch embeddings in the joint space. **We store fp16 patch
-embeddings** (not per-image local similarities), so GL-MCM can be scored against any label list later. They
-follow GL-MCM (Miyai et al. 2023): the last transformer block is run with its attention replaced by the value
-branch — out_proj(v), identical to attention under a diagonal mask — keeping the residuals and the MLP; then
-``ln_post`` and the projection. Text embeddings average the ℓ2-normalised embeddings of every template
+embeddings** (not per-image local similarities), so GL-MCM can be scored against any label list later. They come
+from a second pass through the last block with its attention output replaced by its value branch, for plain ViT
+towers and timm trunks with an attention-pooling head alike (`oodbench.extract.patches`, which says per tower how
+the local tokens reach the joint space). Text embeddings average the ℓ2-normalised embeddings of every template
 (the Fi-ImageNet-1k paper's eight, `SEED_TEMPLATES`) per label and renormalise; they are cached in the store per
 (model, label list, templates).
 """
@@ -30,6 +30,7 @@ from ..errors import ExtractError
 from ..store import Store
 from ..templates import SEED_TEMPLATES
 from .backbones.base import Backbone, autocast, resolve_device, safe_id
+from .patches import image_and_patch_embeddings, patch_route, unsupported_reason, value_branch_block
 
 if TYPE_CHECKING:
     from .hf_clip import HfClipBundle
@@ -179,66 +180,8 @@ def load_openclip(
 
 # ----------------------------------------------------------------------------------------------- image side
 def supports_patches(model: torch.nn.Module) -> bool:
-    """True for open_clip ViT towers with a class token and no attentional pooler (where patches are defined)."""
-    from open_clip.transformer import VisionTransformer
-
-    visual = getattr(model, "visual", None)
-    return isinstance(visual, VisionTransformer) and visual.attn_pool is None and visual.proj is not None
-
-
-def value_branch_block(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """One open_clip residual block with attention replaced by its value path (≡ attention under a diagonal mask)."""
-    from open_clip.transformer import Attention
-
-    y = block.ln_1(x)
-    attention = block.attn
-    if isinstance(attention, torch.nn.MultiheadAttention):
-        if attention._qkv_same_embed_dim:
-            # The full in-projection then a slice, exactly as attention computes v (so results match bit for bit).
-            value = F.linear(y, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)[2]
-        else:
-            bias = None if attention.in_proj_bias is None else attention.in_proj_bias.chunk(3)[2]
-            value = F.linear(y, attention.v_proj_weight, bias)
-        mixed = attention.out_proj(value)
-    elif isinstance(attention, Attention):
-        value = F.linear(y, attention.in_proj_weight, attention.in_proj_bias).chunk(3, dim=-1)[2]
-        if attention.head_scale is not None:
-            shape = value.shape
-            value = value.reshape(*shape[:-1], attention.num_heads, -1).transpose(-2, -3) * attention.head_scale
-            value = value.transpose(-2, -3).reshape(shape)
-        mixed = attention.out_drop(attention.out_proj(attention.ln_inner(value)))
-        mixed = getattr(block, "ln_attn", torch.nn.Identity())(mixed)
-    else:
-        raise ExtractError(f"unsupported attention module {type(attention).__name__} for value-branch patches")
-    x = x + block.ls_1(mixed)
-    return x + block.ls_2(block.mlp(block.ln_2(x)))
-
-
-def image_and_patch_embeddings(
-    model: torch.nn.Module, pixels: torch.Tensor, *, patches: bool = True
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """ℓ2-normalised image embeddings (N, D) and value-branch patch embeddings (N, P, D), both float32."""
-    if not patches:
-        return F.normalize(model.encode_image(pixels).float(), dim=-1), None
-    if not supports_patches(model):
-        raise ExtractError("patch embeddings need an open_clip ViT image tower without attentional pooling")
-    visual = model.visual
-    last = visual.transformer.resblocks[-1]
-    captured: dict[str, torch.Tensor] = {}
-
-    def grab(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        captured["x"] = args[0]
-
-    handle = last.register_forward_pre_hook(grab)
-    try:
-        image = model.encode_image(pixels)
-    finally:
-        handle.remove()
-    tokens = value_branch_block(last, captured["x"])
-    if not visual.transformer.batch_first:
-        tokens = tokens.transpose(0, 1)
-    local = visual.ln_post(tokens[:, 1:]) @ visual.proj  # drop the class token
-    return F.normalize(image.float(), dim=-1), F.normalize(local.float(), dim=-1)
+    """True for the towers with value-branch patch embeddings: open_clip ViTs and timm 'map' trunks (`patches`)."""
+    return unsupported_reason(model) is None
 
 
 class OpenClipBackbone(Backbone):
@@ -255,10 +198,10 @@ class OpenClipBackbone(Backbone):
             transform=bundle.preprocess,
         )
         self.bundle = bundle
-        available = supports_patches(bundle.model)
-        if patches and not available:
-            raise ExtractError(f"{bundle.model_name} has no ViT patch tokens; run without --patches")
-        self.patches = available if patches is None else patches
+        reason = unsupported_reason(bundle.model)
+        if patches and reason is not None:
+            raise ExtractError(f"{bundle.model_name} has no patch embeddings ({reason}); run without --patches")
+        self.patches = reason is None if patches is None else patches
         self.device = bundle.device
 
     def provenance(self) -> dict[str, Any]:
@@ -267,6 +210,7 @@ class OpenClipBackbone(Backbone):
         info["features"] = "l2-normalised image embeddings"
         if self.patches:
             info["patch_embeddings"] = "fp16 l2-normalised value-branch patch embeddings (last block), joint space"
+            info["patch_route"] = patch_route(self.model)
         return info
 
     def default_model_id(self) -> str:

@@ -32,6 +32,7 @@ class HfClip(ModelKind):
         kind: str
         name: str  # hub id (owner/name) or a local save_pretrained directory
         batch_size: PositiveInt | None = None
+        patches: bool = False  # value-branch patch embeddings for GL-MCM (AIMv2 towers)
         resolution: PositiveInt | None = None  # checked against a local or cached config; not a setting
 
     def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
@@ -48,6 +49,14 @@ class HfClip(ModelKind):
         params: dict[str, Any] = {"name": table.name}
         if table.batch_size is not None:
             params["batch_size"] = table.batch_size
+        if table.patches:
+            config = _config(table.name, where)
+            if config is not None and _aimv2_route(config) is None:
+                raise ConfigError(
+                    f"{key}.patches: {table.name} is a {config.get('model_type')!r} model; value-branch patch "
+                    "embeddings exist for AIMv2 towers with their attention-pooling head (set patches = false)"
+                )
+            params["patches"] = True
         return table.id or table.name.rstrip("/").replace("/", "-"), params
 
     def weights(self, spec: ModelSpec) -> str:
@@ -64,7 +73,19 @@ class HfClip(ModelKind):
         from ..extract.backbones.base import resolve_device
         from ..extract.hf_clip import HfClipBackbone, load_hf_clip
 
-        return HfClipBackbone(load_hf_clip(spec.params["name"], resolve_device(device)))
+        bundle = load_hf_clip(spec.params["name"], resolve_device(device))
+        return HfClipBackbone(bundle, patches=spec.params.get("patches", False))
+
+    def patch_route(self, spec: ModelSpec) -> tuple[str | None, str]:
+        from ..extract.hf_clip import check_hf_id
+        from ..extract.patches import ROUTES
+
+        if not spec.params.get("patches"):
+            return None, "patches = false"
+        config = _config(spec.params["name"], check_hf_id(spec.params["name"]))
+        if config is None:  # not cached: the kind is checked when the weights load
+            return "aimv2", ROUTES["aimv2"] + " (config not in the local cache: checked when the weights load)"
+        return _aimv2_route(config), ROUTES["aimv2"]
 
     def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
         from ..extract.backbones.base import resolve_device
@@ -74,8 +95,14 @@ class HfClip(ModelKind):
         return lambda: load_hf_clip(spec.params["name"], device)
 
 
-def _config_image_size(name: str, where: str) -> int | None:
-    """The vision tower's image size from a local or cached config.json (None when it cannot be read offline)."""
+def _aimv2_route(config: dict[str, Any]) -> str | None:
+    """'aimv2' when a config.json describes an AIMv2 model whose vision tower keeps its attention-pooling head."""
+    vision = config.get("vision_config") or {}
+    return "aimv2" if config.get("model_type") == "aimv2" and vision.get("use_head", True) else None
+
+
+def _config(name: str, where: str) -> dict[str, Any] | None:
+    """A local or cached config.json (None when it cannot be read offline)."""
     import json
     from pathlib import Path
 
@@ -90,6 +117,13 @@ def _config_image_size(name: str, where: str) -> int | None:
         path = Path(found) if isinstance(found, str) else None
     if path is None or not path.is_file():
         return None
-    config = json.loads(path.read_text(encoding="utf-8"))
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _config_image_size(name: str, where: str) -> int | None:
+    """The vision tower's image size from a local or cached config.json (None when it cannot be read offline)."""
+    config = _config(name, where)
+    if config is None:
+        return None
     size = config.get("vision_config", {}).get("image_size", config.get("image_size"))
     return int(size) if isinstance(size, int) else None

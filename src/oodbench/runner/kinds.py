@@ -182,6 +182,10 @@ class ModelKind:
             progress=ctx.progress,
         )
 
+    def patch_route(self, spec: ModelSpec) -> tuple[str | None, str]:
+        """VLM kinds: (route, description) of the patch embeddings GL-MCM needs, or (None, why there are none)."""
+        return None, f"model kind {spec.kind!r} has no patch embeddings"
+
     def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
         """VLM kinds: a loader of the model's text side (a bundle with ``encode_texts``), called on first need."""
         raise ConfigError(f"{spec.key_path}: model kind {spec.kind!r} has no text encoder")

@@ -371,6 +371,12 @@ class OpenClip(ModelKind):
         _check_open_clip(table.name, table.pretrained, key)
         if table.resolution is not None:
             _check_open_clip_resolution(table.name, table.resolution, f"{key}.resolution")
+        if table.patches and not table.config_file:
+            from ..extract.patches import open_clip_config_route
+
+            route, reason = open_clip_config_route(table.name)
+            if route is None:
+                raise ConfigError(f"{key}.patches: {reason}; GL-MCM needs patch embeddings (set patches = false)")
         params.update(name=table.name, pretrained=table.pretrained, patches=table.patches)
         # The default id is the one `oodbench extract` gives.
         return table.id or (f"{table.name}@{table.pretrained}" if table.pretrained else table.name), params
@@ -381,6 +387,13 @@ class OpenClip(ModelKind):
         tag = spec.params.get("checkpoint") or spec.params.get("pretrained")
         size = (open_clip.get_model_config(spec.params["name"]) or {}).get("vision_cfg", {}).get("image_size")
         return f"open_clip {spec.params['name']} / {tag}" + (f", {size} px" if size else "")
+
+    def patch_route(self, spec: ModelSpec) -> tuple[str | None, str]:
+        if not spec.params.get("patches"):
+            return None, "patches = false"
+        from ..extract.patches import open_clip_config_route
+
+        return open_clip_config_route(spec.params["name"])
 
     def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
         from ..extract.backbones.base import resolve_device

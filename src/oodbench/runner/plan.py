@@ -25,6 +25,7 @@ from typing import Any
 from .. import __version__
 from ..errors import StoreError
 from ..store import Store
+from ..templates import SEED_TEMPLATES
 from .config import ExperimentConfig, ModelSpec, missing_roots
 from .ledger import Ledger, content_key
 
@@ -490,6 +491,20 @@ def zeroshot_columns(config: ExperimentConfig, refs: Mapping[str, Any]) -> list[
     return columns
 
 
+def vlm_columns(config: ExperimentConfig, refs: Mapping[str, Any]) -> dict[str, tuple[list[str], str]]:
+    """Per VLM: (its zero-shot columns, how its GL-MCM patch embeddings are made or why it has none)."""
+    columns = zeroshot_columns(config, refs)
+    out: dict[str, tuple[list[str], str]] = {}
+    for model_id in config.zeroshot.models if config.zeroshot else ():
+        spec = config.models[model_id]
+        route, description = spec.kind_of.patch_route(spec)
+        if route is None:
+            out[model_id] = ([c for c in columns if c != "glmcm"], f"no GL-MCM: {description}")
+        else:
+            out[model_id] = (list(columns), f"GL-MCM patches ({route}): {description}")
+    return out
+
+
 def _plan_zeroshot(
     config: ExperimentConfig,
     lay: Layout,
@@ -504,9 +519,10 @@ def _plan_zeroshot(
     refs, missing = load_ref_vocabularies(config)
     problems.update(missing)
     ref_hashes = {name: vocab.hash for name, vocab in refs.items()}
-    columns = zeroshot_columns(config, refs)
+    per_model = vlm_columns(config, refs)
     datasets = [config.id_test, *config.ood]
     for model_id in spec.models:
+        columns, patches = per_model[model_id]
         sid = config.models[model_id].store_id
         key = content_key(
             "zeroshot",
@@ -517,7 +533,7 @@ def _plan_zeroshot(
             spec.params,
             spec.vocabularies,
             ref_hashes,
-            spec.templates,
+            list(SEED_TEMPLATES),  # the strings, not the setting's name: other templates make other scores
             spec.sweep_k,
             spec.sweep_m,
             config.tpr,
@@ -532,7 +548,7 @@ def _plan_zeroshot(
             deps=tuple(f"extract:{sid}/{d}" for d in datasets),
             items=sum(u.items or 0 for u in units if u.stage == "extract" and u.model == sid and u.dataset in datasets)
             or None,
-            spec={"zeroshot": True, "columns": columns, "datasets": datasets},
+            spec={"zeroshot": True, "columns": columns, "datasets": datasets, "patches": patches},
         )
         unit.status = _status_with_file(ledger, unit, lay.run_dir(model_id) / "results.parquet")
         units.append(unit)
@@ -683,6 +699,21 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
     lines.append(f"{'model':<22} {'kind':<9} weights (resolved offline)")
     lines += [f"{m.display_name:<22} {m.kind:<9} {m.kind_of.weights(m)}" for m in config.models.values()]
     lines.append("")
+    vlm_units = [u for u in plan.stage("score") if u.spec.get("zeroshot")]
+    if vlm_units:
+        lines.append("zero-shot scores per VLM (each on the ID test set and every OOD set):")
+        for unit in vlm_units:
+            model = config.models[unit.model]
+            columns = unit.spec["columns"]
+            logit = [c for c in columns if "@" not in c]
+            vocab = [c for c in columns if "@" in c and "[" not in c]
+            sweeps = len(columns) - len(logit) - len(vocab)
+            lines.append(f"  {model.display_name:<20} {' '.join(logit)}")
+            lines.append(f"  {'':<20} {' '.join(vocab)}" + (f"  (+{sweeps} sweep points)" if sweeps else ""))
+            lines.append(f"  {'':<20} {unit.spec['patches'].partition(': ')[0]}")
+        routes = dict.fromkeys(u.spec["patches"] for u in vlm_units if u.spec["patches"].startswith("GL-MCM"))
+        lines += [f"  {line.partition(': ')[0]}: {line.partition(': ')[2]}" for line in routes]
+        lines.append("")
     lines.append(f"{'stage':<9} {'units':>7} {'cached':>7} {'skipped':>7} {'to run':>7} {'images':>14} {'size':>12}")
     for stage in STAGES:
         stage_units = plan.stage(stage)

@@ -442,6 +442,15 @@ def build_siblings(
 def build_eoe(
     classes: str = CLASSES,
     task: str = typer.Option("far", "--task", help="far, near or fine_grained."),
+    prompts: Path | None = typer.Option(
+        None,
+        "--prompts",
+        help="TOML/JSON file with EOE's released prompt texts: run the released protocol (docs/zeroshot.md).",
+    ),
+    class_type: str | None = typer.Option(
+        None, "--class-type", help="With --prompts: the value of {class_type} (the fine-grained prompt's kind)."
+    ),
+    generation: int = typer.Option(0, "--generation", help="With --prompts: the generation index (one per sample)."),
     size: int = typer.Option(500, "--size", help="Outlier names wanted (L)."),
     per_class: int = typer.Option(3, "--per-class", help="Names per ID class for the near task."),
     super_class: str | None = typer.Option(None, "--super-class", help="Super-category for fine_grained."),
@@ -465,16 +474,45 @@ def build_eoe(
 ) -> None:
     """Generate EOE outlier class names (far / near / fine-grained) with an LLM (cached, resumable).
 
+    With --prompts, EOE's released prompts (from your file) and protocol; without, oodbench's own paraphrases.
+
     Example:
-      oodbench zeroshot vocab build eoe --task far --size 500 --llm-base-url http://127.0.0.1:8000/v1 --llm-model m
+      oodbench zeroshot vocab build eoe --task far --prompts eoe_prompts.toml --name eoe-far --generation 0 \
+          --llm-base-url http://127.0.0.1:8000/v1 --llm-model m
     """
     from ..classes import load_classes
     from .vocab.eoe import generate_eoe_outliers
 
     directory = vocab_dir or _default_vocab_dir()
+    released = None
+    if prompts is not None:
+        from .vocab.eoe_release import load_prompt_file
+
+        released = load_prompt_file(prompts)  # checked before any request is sent
+    elif class_type is not None or generation:
+        raise typer.BadParameter("--class-type and --generation go with --prompts")
     client = _llm_client(
         directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
     )
+    if released is not None:
+        from .vocab.eoe_release import generate_released_eoe
+
+        _save(
+            directory,
+            generate_released_eoe(
+                load_classes(classes),
+                client,
+                released,
+                style=task,
+                size=size,
+                per_class=per_class,
+                class_type=class_type,
+                generation=generation,
+                workers=workers,
+                name=name,
+            ),
+        )
+        return
     vocab = generate_eoe_outliers(
         load_classes(classes),
         client,
