@@ -489,7 +489,7 @@ def save(detector: Detector, directory: str | os.PathLike[str], *, provenance: M
         save_file(encoder.arrays, str(tmp))
     meta = {
         "format": FORMAT_VERSION,
-        "detector": detector.name,
+        "detector": detector.name or type(detector).__name__,  # an unregistered class: loadable by naming it
         "origin": _origin_record(detector),
         "params": params,
         "fit": {
@@ -669,7 +669,7 @@ def load(
         raise DetectorError(f"cannot read {arrays_path}: {type(exc).__name__}: {exc}"[:400]) from None
     if extra:
         raise DetectorError(f"{path}: {ARRAYS_FILE} holds arrays no declared state uses: {', '.join(extra)[:200]}")
-    if cls.name != name:
+    if cls.name and cls.name != name:
         detector.name = name
     for key, value in values.items():
         setattr(detector, key, value)
