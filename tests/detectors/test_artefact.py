@@ -259,12 +259,100 @@ def test_evaluate_refits_when_the_saved_detector_is_missing(tiny_store, tmp_path
     assert read_meta(tmp_path / "kept" / "energy")["detector"] == "energy"
 
 
-def test_score_refuses_a_detector_without_provenance(tiny_store, tmp_path):
-    path = create("energy").fit(tiny_store.read("tiny", "fit")).save(tmp_path / "bare")
-    result = cli(
-        "score", "--detector", str(path), "--store", str(tiny_store.root), "--dataset", "new", "--model", "tiny"
-    )
+def test_the_api_records_the_fit_sets_provenance_and_score_uses_it(tiny_store, tmp_path):
+    fit = tiny_store.read("tiny", "fit")
+    path = create("energy").fit(fit).save(tmp_path / "api")
+    provenance = read_meta(path)["provenance"]
+    assert provenance["model_id"] == "tiny" and provenance["fit_dataset"] == "fit"
+    assert provenance["checkpoint"] == "sha256:abc" and provenance["item_hash"] == "items-fit"
+    assert provenance == fit_provenance(tiny_store, "tiny", "fit")
+    result = cli("score", "--detector", str(path), "--store", str(tiny_store.root), "--dataset", "new")
+    assert result.exit_code == 0 and "(fit on tiny/fit)" in result.output, result.output
+    # A refit on outputs of unknown origin forgets the earlier fit's provenance.
+    refit = create("energy").fit(fit).fit(fit.subset(slice(0, 100)))
+    assert not hasattr(refit, "fit_provenance_")
+
+
+def test_score_refuses_missing_provenance_on_either_side_unless_told(tiny_store, tmp_path, build_outputs, make):
+    root = str(tiny_store.root)
+    bare = create("energy").fit(tiny_store.read("tiny", "fit").subset(slice(0, 200))).save(tmp_path / "bare")
+    base = ["score", "--detector", str(bare), "--store", root, "--dataset", "new", "--model", "tiny"]
+    result = cli(*base)
     assert result.exit_code == 2 and "records no fit provenance" in result.output
+    assert "--no-provenance-check" in result.output and len(result.output.strip().splitlines()) == 1
+    allowed = cli(*base, "--no-provenance-check")
+    assert allowed.exit_code == 0 and "warning: --no-provenance-check: the detector records no fit provenance" in (
+        allowed.output
+    )
+    assert "(fit on unrecorded data)" in allowed.output
+    # An entry without provenance, scored by a detector with it.
+    tiny_store.write_outputs("tiny", "unknown", build_outputs(np.asarray(make(seed=5).test.features), tiny_store.read_head("tiny")),
+                             provenance={}, item_hash="items-unknown")  # fmt: skip
+    kept = create("energy").fit(tiny_store.read("tiny", "fit")).save(tmp_path / "kept")
+    refused = cli("score", "--detector", str(kept), "--store", root, "--dataset", "unknown")
+    assert refused.exit_code == 2 and "tiny/unknown records no provenance" in refused.output
+    assert "--no-provenance-check" in refused.output
+    assert (
+        cli(
+            "score", "--detector", str(kept), "--store", root, "--dataset", "unknown", "--no-provenance-check"
+        ).exit_code
+        == 0
+    )
+    # The override admits missing provenance, never provenance that disagrees.
+    mismatch = cli(
+        "score", "--detector", str(kept), "--store", root, "--dataset", "other-ckpt", "--no-provenance-check"
+    )
+    assert mismatch.exit_code == 2 and "provenance mismatch" in mismatch.output
+
+
+def test_score_refuses_outputs_inside_its_inputs_and_writes_atomically(tiny_store, tmp_path, monkeypatch):
+    root = tiny_store.root
+    kept = create("energy").fit(tiny_store.read("tiny", "fit")).save(tmp_path / "kept")
+    base = ["score", "--detector", str(kept), "--store", str(root), "--dataset", "new"]
+    for out in (root / "scores", root / "tiny" / "new" / "scores", root, kept / "scores"):
+        result = cli(*base, "--out", str(out))
+        assert result.exit_code == 2 and "lies inside" in result.output, result.output
+        assert not (out / "new.csv").exists() and not (root / "scores").exists()
+    # A write that fails half-way (a full disk) leaves no file behind, not a truncated one.
+    real_savetxt = np.savetxt
+
+    def full_disk(path, *args, **kwargs):
+        with open(path, "w") as handle:
+            handle.write("item_index,sc")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savetxt", full_disk)
+    out = tmp_path / "scored"
+    result = cli(*base, "--out", str(out))
+    assert result.exit_code == 2 and "No space left on device" in result.output, result.output
+    assert sorted(p.name for p in out.iterdir()) == []
+    monkeypatch.setattr(np, "savetxt", real_savetxt)
+    assert cli(*base, "--out", str(out)).exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["new.csv", "new.npy"]
+
+
+@pytest.mark.parametrize("tpr", ["1.5", "nan", "0", "-0.1"])
+def test_evaluate_refuses_a_bad_tpr_before_writing_anything(tiny_store, tmp_path, tpr):
+    run = tmp_path / "run"
+    result = cli("evaluate", "--store", str(tiny_store.root), "--model", "tiny", "--fit", "fit", "--id", "id",
+                 "--ood", "ood", "-d", "energy", "--out", str(run), "--tpr", tpr, "--no-progress")  # fmt: skip
+    assert result.exit_code == 2 and "--tpr" in result.output and "(0, 1]" in result.output, result.output
+    assert not run.exists()
+
+
+def test_evaluate_refuses_outputs_inside_the_store(tiny_store, tmp_path):
+    root = tiny_store.root
+    base = ["evaluate", "--store", str(root), "--model", "tiny", "--fit", "fit", "--id", "id", "--ood", "ood"]
+    base += ["-d", "energy", "--no-progress"]
+    for option, path in (
+        ("--out", root / "run"),
+        ("--out", root / "tiny" / "id" / "run"),
+        ("--save-detectors", root / "kept"),
+    ):
+        extra = [] if option == "--out" else ["--out", str(tmp_path / "run")]
+        result = cli(*base, *extra, option, str(path))
+        assert result.exit_code == 2 and f"{option} {path} lies inside --store" in result.output, result.output
+        assert not path.exists() and not (tmp_path / "run").exists()
 
 
 def test_fit_provenance_reads_the_store_entry(tiny_store):

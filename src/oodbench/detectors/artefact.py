@@ -31,7 +31,7 @@ from ..atomic import atomic_path, atomic_write_json, sha256_file
 from ..errors import DetectorError
 from ..names import check_name
 from ..store import PROVENANCE_KEYS, Store, library_versions
-from .base import Detector, _FitInfo
+from .base import Detector, _FitInfo, fit_record
 from .state import Array, Dims, FlatIndex, IVFIndex, Keyed, Object, Optional, Scalar, check_array, check_scalar
 
 __all__ = [
@@ -54,7 +54,18 @@ META_LIMIT_BYTES = 8 << 20
 MAX_JSON_DEPTH = 32
 # A dimension above this cannot be an array held in memory; refusing it keeps products of dimensions exact.
 MAX_DIMENSION = 1 << 40
-_TOP_KEYS = {"format", "detector", "origin", "params", "fit", "state", "arrays_sha256", "provenance", "versions", "saved"}
+_TOP_KEYS = {
+    "format",
+    "detector",
+    "origin",
+    "params",
+    "fit",
+    "state",
+    "arrays_sha256",
+    "provenance",
+    "versions",
+    "saved",
+}
 
 # Set on a loaded detector (and kept by a later save): where its fit came from; not part of the learned state.
 PROVENANCE_ATTRIBUTE = "fit_provenance_"
@@ -162,7 +173,9 @@ class _Encoder:
         if type(value) is not faiss.IndexFlatIP:
             raise DetectorError(f"cannot save {path}: declared as a faiss IndexFlatIP, holds {type(value).__name__}")
         vectors = _flat_vectors(value)
-        check_array(Array("float32", (spec.rows, spec.dim)), vectors.dtype, vectors.shape, f"cannot save {path}", self.dims)
+        check_array(
+            Array("float32", (spec.rows, spec.dim)), vectors.dtype, vectors.shape, f"cannot save {path}", self.dims
+        )
         self._put(path, vectors)
         return {"faiss": "IndexFlatIP"}
 
@@ -387,45 +400,41 @@ def _refuse_constant(token: str) -> None:
 # ----------------------------------------------------------------------------------------------- provenance
 def fit_provenance(store: Store, model_id: str, dataset_id: str) -> dict[str, Any]:
     """What a fit on a store entry came from: model id, checkpoint, preprocessing, entry, item hash, head."""
-    meta = store.meta(model_id, dataset_id)
-    entry = dict(meta.get("provenance") or {})
-    provenance: dict[str, Any] = {key: entry.get(key) for key in PROVENANCE_KEYS}
-    provenance.update(
-        {
-            "model_id": model_id,
-            "fit_dataset": dataset_id,
-            "store": str(store.root.resolve()),
-            "item_hash": meta.get("item_hash"),
-            "num_rows": meta.get("num_rows"),
-            "entry_finished": meta.get("finished"),
-            "entry_provenance": entry,
-            "head": store.head_meta(model_id).get("provenance") if store.has_head(model_id) else None,
-        }
-    )
-    return json.loads(json.dumps(provenance, default=str))
+    return fit_record(store.entry_provenance(model_id, dataset_id))
 
 
 NO_PROVENANCE_FLAG = "--no-provenance-check"
 
 
-def check_provenance(saved: Mapping[str, Any] | None, store: Store, model_id: str, dataset_id: str) -> None:
+def check_provenance(
+    saved: Mapping[str, Any] | None, store: Store, model_id: str, dataset_id: str, *, allow_missing: bool = False
+) -> list[str]:
     """Raise DetectorError unless the entry comes from the checkpoint and preprocessing the detector was fit on.
 
     Both sides must record them: a detector or an entry without provenance cannot be checked, and is refused
-    (the caller may skip this check only on the user's explicit word, `--no-provenance-check`).
+    unless `allow_missing` (the user's explicit `--no-provenance-check`); then the returned lines say what went
+    unchecked. Provenance that disagrees is always refused.
     """
+    unchecked = []
     if not saved or not any(saved.get(key) is not None for key in PROVENANCE_KEYS):
-        raise DetectorError(
-            "the saved detector records no fit provenance (model, checkpoint, preprocessing), so its inputs cannot "
-            "be checked; save it with provenance (evaluate --save-detectors does, and so does detector.save after "
-            f"a fit on outputs read from a store), or pass {NO_PROVENANCE_FLAG} to score anyway"
-        )
+        if allow_missing:
+            unchecked.append("the detector records no fit provenance")
+        else:
+            raise DetectorError(
+                "the saved detector records no fit provenance (model, checkpoint, preprocessing), so its inputs cannot "
+                "be checked; save it with provenance (evaluate --save-detectors does, and so does detector.save after "
+                f"a fit on outputs read from a store), or pass {NO_PROVENANCE_FLAG} to score anyway"
+            )
     entry = store.meta(model_id, dataset_id).get("provenance") or {}
     if not any(entry.get(key) is not None for key in PROVENANCE_KEYS):
-        raise DetectorError(
-            f"{model_id}/{dataset_id} records no provenance (model, checkpoint, preprocessing), so it cannot be "
-            f"checked against the detector's fit; pass {NO_PROVENANCE_FLAG} to score anyway"
-        )
+        if not allow_missing:
+            raise DetectorError(
+                f"{model_id}/{dataset_id} records no provenance (model, checkpoint, preprocessing), so it cannot be "
+                f"checked against the detector's fit; pass {NO_PROVENANCE_FLAG} to score anyway"
+            )
+        unchecked.append(f"{model_id}/{dataset_id} records no provenance")
+    if unchecked:
+        return unchecked
     for key in PROVENANCE_KEYS:
         if saved.get(key) != entry.get(key):
             raise DetectorError(
@@ -433,6 +442,7 @@ def check_provenance(saved: Mapping[str, Any] | None, store: Store, model_id: st
                 f"with {key}={saved.get(key)!r} but {model_id}/{dataset_id} has {key}={entry.get(key)!r}; "
                 "scores of another checkpoint or preprocessing would be meaningless"
             )
+    return []
 
 
 # ----------------------------------------------------------------------------------------------- save / load
@@ -616,8 +626,9 @@ def load(
     else:
         registry.load_plugins(plugins)
         if name not in registry.available():
-            where = recorded.get("distribution") or recorded.get("module")
-            source = f" (saved with {where} {recorded.get('version') or ''})".rstrip() if where else ""
+            where = recorded.get("path") or recorded.get("distribution") or recorded.get("module")
+            version = f" {recorded['version']}" if isinstance(recorded.get("version"), str) else ""
+            source = f" (saved from {where}{version})" if isinstance(where, str) else ""
             hint = " (is it installed?)" if not plugins else ""
             raise DetectorError(
                 f"{path}: detector {name!r}{source} is not registered{hint}; install its plugin or name it with "

@@ -9,7 +9,7 @@ import types
 import typing
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
@@ -91,6 +91,11 @@ class Range:
         return "any value"
 
 
+def fit_record(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry's provenance (`Store.entry_provenance`) as a fit's: its dataset named fit_dataset."""
+    return {("fit_dataset" if key == "dataset" else key): value for key, value in provenance.items()}
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
@@ -145,7 +150,7 @@ def _type_problem(value: Any, hint: Any) -> str | None:
     return None  # Any, a class, or a form this check does not know: the detector's _validate_params decides
 
 
-@lru_cache(maxsize=None)
+@cache
 def _param_hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls.__init__, include_extras=True)
@@ -307,6 +312,10 @@ class Detector:
             self._fit(fit_set, head)
         finally:
             del self._shared_stats
+        if fit_set.provenance is not None:
+            self.fit_provenance_ = fit_record(fit_set.provenance)  # kept by save(), checked by `oodbench score`
+        elif hasattr(self, "fit_provenance_"):
+            del self.fit_provenance_  # a refit on other outputs must not keep the earlier fit's provenance
         self.fit_info_ = _FitInfo(
             num_features=fit_set.num_features,
             num_classes=head.num_classes if head is not None else fit_set.num_classes,

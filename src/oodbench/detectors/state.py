@@ -23,7 +23,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +107,7 @@ class IVFIndex:
     nprobe: int
 
 
-Spec = Union[Array, Scalar, Optional, Keyed, Object, FlatIndex, IVFIndex]
+Spec = Array | Scalar | Optional | Keyed | Object | FlatIndex | IVFIndex
 
 
 @dataclass

@@ -717,4 +717,6 @@ if __name__ == "__main__":
     root = Path(sys.argv[1])
     written = build(root, root / "victim.txt", root / "plugins", only=sys.argv[2] if len(sys.argv) > 2 else "")
     (root / "victim.txt").write_text("must survive\n")
-    print(f"{len(written)} hostile detectors in {root} (victim {root / 'victim.txt'}; probe module in {root / 'plugins'})")
+    print(
+        f"{len(written)} hostile detectors in {root} (victim {root / 'victim.txt'}; probe module in {root / 'plugins'})"
+    )
