@@ -79,7 +79,13 @@ def new_plugin(
     root = scaffold(name, out, force=force)
     ids = identifiers(name)
     typer.echo(f"wrote {root}: detector {ids['cls']} in src/{ids['package']}/detector.py")
-    typer.echo(f"next: pip install -e {root} && oodbench detectors && pytest {root / 'tests'}")
+    # The interpreter running oodbench, so the plugin and pytest land in oodbench's environment (a bare `pytest`
+    # may be another environment's, which cannot import oodbench).
+    python = sys.executable
+    typer.echo(
+        f"next: {python} -m pip install -e '{root}[test]' && {python} -m oodbench.cli detectors && "
+        f"{python} -m pytest {root / 'tests'}"
+    )
 
 
 def score_command(

@@ -151,9 +151,12 @@ _README = """\
 
 The `{name}` out-of-distribution detector as an oodbench plugin.
 
-    pip install -e .                # registers "{name}" through the oodbench.detectors entry point
-    oodbench detectors              # lists it, with this distribution and version
-    pytest tests                    # runs oodbench.testing.check_detector on it
+    python -m pip install -e '.[test]'   # registers "{name}" (entry point oodbench.detectors), installs pytest
+    oodbench detectors                   # lists it, with this distribution and version
+    python -m pytest tests               # runs oodbench.testing.check_detector on it
+
+`python` is the interpreter of the environment oodbench is installed in (after `make demo` in oodbench's
+checkout: `.venv/bin/python`), so that pytest runs where oodbench is importable.
     oodbench evaluate --store STORE --model MODEL --fit FIT --id ID --ood OOD -d {name},energy
 
 Edit `src/{package}/detector.py`: the parameters in `__init__` (with their types), what `fit` learns in
