@@ -144,8 +144,9 @@ def _type_problem(value: Any, hint: Any) -> str | None:
         if not isinstance(value, Mapping):
             return "a mapping"
         for key, item in value.items():
-            if _type_problem(key, args[0]) is not None or _type_problem(item, args[1]) is not None:
-                return f"a mapping of {args[0].__name__ if isinstance(args[0], type) else args[0]} to checked values"
+            problem = _type_problem(key, args[0]) or _type_problem(item, args[1])
+            if problem is not None:
+                return f"a mapping whose entry {key!r} is not {problem}"
         return None
     return None  # Any, a class, or a form this check does not know: the detector's _validate_params decides
 
