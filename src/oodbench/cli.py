@@ -21,7 +21,7 @@ import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # typer vendors click
 from typer.core import TyperGroup
 
-from .cli_params import parse_params
+from .cli_params import parse_params, refuse_inside
 from .errors import OodbenchError
 from .names import suggest, unknown_parameter
 
@@ -170,6 +170,10 @@ def evaluate(
             raise typer.BadParameter(f"--param {name}.{unknown_param[0]}: {unknown_param[1]}")
     if not store.is_dir():
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
+    if not 0.0 < tpr <= 1.0:  # NaN fails this too; checked before anything is written
+        raise typer.BadParameter(f"--tpr: the ID acceptance rate must lie in (0, 1], e.g. 0.95; got {tpr}")
+    refuse_inside(("--out", out), ("--store", store))
+    refuse_inside(("--save-detectors", save_detectors), ("--store", store))
     from .detectors._gaussian import GRAM_DTYPES
 
     if gram_dtype not in GRAM_DTYPES:

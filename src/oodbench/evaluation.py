@@ -180,6 +180,8 @@ def evaluate_store(
     """
     store = store if isinstance(store, Store) else Store(store)
     check_gram_dtype(gram_dtype)  # before any work
+    if not 0.0 < float(tpr) <= 1.0:  # before run.json or any score file is written (NaN fails this too)
+        raise OodbenchError(f"tpr must lie in (0, 1], e.g. 0.95; got {tpr}")
     if not ood_datasets:
         raise OodbenchError("no OOD datasets given: pass at least one --ood")
     run_dir = RunDir(out_dir) if out_dir is not None else None

@@ -170,6 +170,8 @@ def _read_config(path: Path) -> dict[str, Any]:
             data = json.loads(text)
     except (ValueError, json.JSONDecodeError) as exc:
         raise LLMError(f"cannot parse LLM config {path}: {exc}") from None
+    except RecursionError:
+        raise LLMError(f"cannot parse LLM config {path}: nested too deeply") from None
     # Accept either a flat file or an [llm] / {"llm": {...}} section.
     data = data.get("llm", data) if isinstance(data, dict) else data
     if not isinstance(data, dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,9 @@ class Outputs:
     labels: np.ndarray | None = None
     extras: Mapping[str, np.ndarray] = field(default_factory=dict)
     check_finite: bool = field(default=True, repr=False)
+    # Where the rows come from (model, checkpoint, preprocessing, entry), as Store.read records it; a detector
+    # fitted on them keeps it for save(). Subsets and derived outputs carry none.
+    provenance: Mapping[str, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         features = _as_float_matrix("features", self.features, check_finite=self.check_finite)

@@ -237,9 +237,30 @@ class Store:
                 labels=arrays.get("labels"),
                 extras=extras,
                 check_finite=check_finite,
+                provenance=self.entry_provenance(model_id, dataset_id, meta),
             )
         except ValueError as exc:
             raise StoreError(f"store entry {model_id}/{dataset_id} holds invalid arrays: {exc}") from exc
+
+    def entry_provenance(self, model_id: str, dataset_id: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Where an entry's outputs come from (plain JSON): model id, dataset, checkpoint, preprocessing, store,
+        item hash, rows, the entry's provenance and the head's. A detector fitted on them records it."""
+        meta = self.meta(model_id, dataset_id) if meta is None else meta
+        entry = dict(meta.get("provenance") or {})
+        provenance: dict[str, Any] = {key: entry.get(key) for key in PROVENANCE_KEYS}
+        provenance.update(
+            {
+                "model_id": model_id,
+                "dataset": dataset_id,
+                "store": str(self.root.resolve()),
+                "item_hash": meta.get("item_hash"),
+                "num_rows": meta.get("num_rows"),
+                "entry_finished": meta.get("finished"),
+                "entry_provenance": entry,
+                "head": self.head_meta(model_id).get("provenance") if self.has_head(model_id) else None,
+            }
+        )
+        return json.loads(json.dumps(provenance, default=str))
 
     def read_array(self, model_id: str, dataset_id: str, name: str, *, mmap: bool = True) -> np.ndarray:
         """One named array of a complete entry (e.g. ``index``)."""

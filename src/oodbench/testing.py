@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .detectors import registry
-from .detectors.artefact import load
+from .detectors.artefact import fitted_state, load
 from .detectors.base import Detector, Requirements
 from .errors import DetectorError, OodbenchError
 from .outputs import Head, Outputs
@@ -550,13 +550,20 @@ def _state_names(ctx: _Context) -> None:
             f"fit set {', '.join(unnamed)}, whose names do not end with '_': save() would lose them "
             "(name learned state with a trailing underscore)"
         )
+    declared = set(detector.state_spec(detector.fit_info_))
+    undeclared = sorted(k for k in fitted_state(detector) if k != "fit_info_" and k not in declared)
+    if undeclared:
+        raise CheckFailed(
+            f"fit set {', '.join(undeclared)}, which the class's `state` does not declare: save() refuses "
+            "undeclared state (declare each with Array(dtype, shape) or Scalar(kind))"
+        )
 
 
 def _save_load(ctx: _Context) -> None:
     detector, scores = ctx.reference()
     with tempfile.TemporaryDirectory(prefix="oodbench-check-") as tmp:
         detector.save(tmp)
-        loaded = load(tmp)
+        loaded = load(tmp, detector_class=type(detector))
     if type(loaded) is not type(detector):
         raise CheckFailed(f"load gave a {type(loaded).__name__}, saved was a {type(detector).__name__}")
     if not _equal_params(loaded.get_params(), detector.get_params()):
@@ -666,7 +673,7 @@ CHECKS: dict[str, Check] = {
         ),
         Check(
             "state_names",
-            "every attribute fit() sets ends with '_' (the fitted state that save() keeps)",
+            "every attribute fit() sets ends with '_' and is declared in `state` (the fitted state that save() keeps)",
             _state_names,
         ),
         Check(

@@ -12,7 +12,19 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from oodbench.detectors import Detector, Requirements, available, create, fit_provenance, load, read_meta
+from oodbench.detectors import (
+    Array,
+    Detector,
+    Keyed,
+    Optional,
+    Requirements,
+    Scalar,
+    available,
+    create,
+    fit_provenance,
+    load,
+    read_meta,
+)
 from oodbench.detectors.artefact import ARRAYS_FILE, META_FILE
 from oodbench.errors import DetectorError
 from oodbench.store import Store
@@ -42,15 +54,24 @@ for name in available():
         assert loaded.dtype == np.float64 and loaded.tobytes() == scores.tobytes(), name
 
 
-class Holder:
-    """A plain class outside oodbench: not allowed in a saved state."""
+class Layouts(Detector):
+    """Fitted state of every declared kind: arrays in C and Fortran order, numbers, optional and keyed values."""
 
-
-class Everything(Detector):
-    """Fitted state of every supported kind (the codec's round trip)."""
-
-    name = "test-everything"
+    name = "test-layouts"
     requires = Requirements.of(fit=("features",), score=("features",))
+    state = {
+        "fortran_": Array("float64", (5, 4)),
+        "bools_": Array("bool", (3, "D")),
+        "ints_": Array("uint16", (5,)),
+        "empty_": Array("float64", (0, 3)),
+        "count_": Scalar(int, 0, "N"),
+        "scale_": Scalar(float),
+        "special_": Scalar(float, finite=False),
+        "flag_": Scalar(bool),
+        "maybe_": Optional(Array("float64", ("D",))),
+        "per_layer_": Keyed({"a": Array("float32", ("D",)), "b": Scalar(float)}),
+        "mean_": Array("float64", ("D",)),
+    }
 
     def __init__(self, layers: tuple[str, ...] = ("a", "b"), bins: dict | None = None) -> None:
         self.layers = layers
@@ -59,64 +80,66 @@ class Everything(Detector):
     def _fit(self, fit_set, head):
         features = np.asarray(fit_set.features, dtype=np.float64)
         self.fortran_ = np.asfortranarray(features[:5, :4])
-        self.reversed_ = features[:6, :4][:, ::-1]  # negative column stride
-        self.strided_ = features[:8:2, ::3]
         self.bools_ = features[:3] > 1.0
         self.ints_ = np.arange(5, dtype=np.uint16)
-        self.scalar_ = np.float32(1.25)
-        self.special_ = [float("nan"), float("inf"), -0.0, 1e-300]
-        self.tuple_ = (1, "two", None, (3.5,))
-        self.set_ = frozenset({"x", "y"})
-        self.int_keys_ = {0: np.zeros(2), 7: "seven"}
-        self.dollar_keys_ = {"$array": 1}
-        self.dtype_ = np.dtype("float32")
         self.empty_ = np.zeros((0, 3))
+        self.count_ = len(fit_set)
+        self.scale_ = 1e-300
+        self.special_ = float("-inf")
+        self.flag_ = True
+        self.maybe_ = None
+        self.per_layer_ = {"a": features[0].astype(np.float32), "b": -0.0}
         self.mean_ = features.mean(axis=0)
 
     def _score_chunk(self, chunk):
         return -np.linalg.norm(np.asarray(chunk.features, dtype=np.float64) - self.mean_, axis=1)
 
 
-def test_the_codec_round_trips_values_types_and_layouts(problem, tmp_path):
-    detector = Everything(layers=("x",), bins={"x": 3}).fit(problem.fit)
+def test_declared_state_round_trips_values_types_and_layouts(problem, tmp_path):
+    detector = Layouts(layers=("x",), bins={"x": 3}).fit(problem.fit)
     detector.save(tmp_path / "d")
-    loaded = load(tmp_path / "d")
-    assert loaded.get_params() == {"layers": ("x",), "bins": {"x": 3}}
-    for key in ("fortran_", "reversed_", "strided_", "bools_", "ints_", "empty_", "mean_"):
+    loaded = load(tmp_path / "d", detector_class=Layouts)
+    assert loaded.get_params() == {"layers": ("x",), "bins": {"x": 3}}  # a tuple default brings the tuple back
+    for key in ("fortran_", "bools_", "ints_", "empty_", "mean_"):
         before, after = getattr(detector, key), getattr(loaded, key)
         assert after.dtype == before.dtype and after.strides == before.strides and np.array_equal(after, before), key
-    assert type(loaded.scalar_) is np.float32 and loaded.scalar_ == np.float32(1.25)
-    assert np.isnan(loaded.special_[0]) and loaded.special_[1:3] == [float("inf"), -0.0]
-    assert str(loaded.special_[2]) == "-0.0" and loaded.special_[3] == 1e-300
-    assert loaded.tuple_ == (1, "two", None, (3.5,)) and loaded.set_ == frozenset({"x", "y"})
-    assert set(loaded.int_keys_) == {0, 7} and loaded.int_keys_[7] == "seven" and loaded.dollar_keys_ == {"$array": 1}
-    assert loaded.dtype_ == np.float32 and loaded.fit_info_.num_features == problem.fit.num_features
+    assert loaded.fortran_.flags.f_contiguous and loaded.fortran_.flags.writeable
+    assert loaded.count_ == len(problem.fit) and loaded.scale_ == 1e-300 and loaded.special_ == float("-inf")
+    assert loaded.flag_ is True and loaded.maybe_ is None and str(loaded.per_layer_["b"]) == "-0.0"
+    assert loaded.fit_info_ == detector.fit_info_ and loaded.fit_info_.num_rows == len(problem.fit)
     np.testing.assert_array_equal(loaded.score(problem.test), detector.score(problem.test))
+    with pytest.raises(DetectorError, match="detector 'test-layouts' .*is not registered"):
+        load(tmp_path / "d")  # only the caller, never the file, names a class that is not registered
 
 
-def test_saving_refuses_unfitted_detectors_and_foreign_objects(problem, tmp_path):
+def test_saving_refuses_state_that_is_not_declared_or_not_as_declared(problem, tmp_path):
     with pytest.raises(DetectorError, match="not fitted: nothing to save"):
         create("knn").save(tmp_path / "unfitted")
     detector = create("energy").fit(problem.fit)
-    detector.holder_ = Holder()
-    with pytest.raises(DetectorError, match="cannot save holder_: a .*Holder is not an array"):
-        detector.save(tmp_path / "foreign")
-    detector.holder_ = [1]
-    detector.holder_.append(detector.holder_)
-    with pytest.raises(DetectorError, match=r"cannot save holder_\[1\]: it refers back to itself"):
-        detector.save(tmp_path / "cycle")
-    detector.holder_ = np.array(["text"])
-    with pytest.raises(DetectorError, match="arrays of dtype <U4 are not supported"):
-        detector.save(tmp_path / "strings")
+    detector.holder_ = np.zeros(3)
+    with pytest.raises(DetectorError, match="fitted state holder_ is not declared"):
+        detector.save(tmp_path / "undeclared")
+    detector = Layouts().fit(problem.fit)
+    detector.mean_ = detector.mean_.astype(np.float32)
+    with pytest.raises(DetectorError, match="cannot save mean_ is float32; the detector declares float64"):
+        detector.save(tmp_path / "dtype")
+    detector = Layouts().fit(problem.fit)
+    detector.fortran_ = np.asarray(problem.fit.features, dtype=np.float64)[:10:2, :4]
+    with pytest.raises(DetectorError, match="a strided view"):
+        detector.save(tmp_path / "strided")
+    detector = Layouts().fit(problem.fit)
+    detector.mean_ = np.full(problem.fit.num_features, np.nan)
+    with pytest.raises(DetectorError, match="holds 12 non-finite values"):
+        detector.save(tmp_path / "nan")
+    assert not (tmp_path / "nan" / META_FILE).exists()
 
 
-def test_loading_refuses_tampering_and_code_outside_oodbench(problem, tmp_path):
+def test_loading_refuses_tampering_and_the_earlier_format(problem, tmp_path):
     path = create("maha").fit(problem.fit).save(tmp_path / "maha")
     meta = json.loads((path / META_FILE).read_text())
-    # A state that names another module's callable must not be imported, let alone called.
     evil = dict(meta, state={**meta["state"], "x_": {"$object": "os:system", "state": {}}})
     (path / META_FILE).write_text(json.dumps(evil))
-    with pytest.raises(DetectorError, match="os:system; only classes from oodbench are loaded"):
+    with pytest.raises(DetectorError, match="the state holds x_, which maha does not declare"):
         load(path)
     (path / META_FILE).write_text(json.dumps(meta))
     load(path)
@@ -127,9 +150,29 @@ def test_loading_refuses_tampering_and_code_outside_oodbench(problem, tmp_path):
         load(path)
     with pytest.raises(DetectorError, match="is not a saved detector"):
         load(tmp_path)
-    (path / META_FILE).write_text(json.dumps({**meta, "format": 99}))
-    with pytest.raises(DetectorError, match="format 99"):
+    (path / META_FILE).write_text(json.dumps({**meta, "format": 1}))
+    with pytest.raises(DetectorError, match="format 1; this oodbench reads format 2 .*refit and save again"):
         read_meta(path)
+
+
+def test_knn_ivf_and_the_background_gaussian_round_trip_bit_identically(problem, tmp_path):
+    from oodbench.detectors._gaussian import ClassGaussians
+
+    cases = {
+        "ivf": create("knn", k=5, index="ivf", nlist=4, nprobe=2).fit(problem.fit),
+        "rmaha": create("rmaha").fit(problem.fit),
+    }
+    # A rank-deficient covariance takes the pseudo-inverse path: the background is its own Gaussian.
+    degenerate = problem.fit.features.copy()
+    degenerate[:, -1] = degenerate[:, 0]
+    fit = type(problem.fit)(degenerate, problem.fit.logits, problem.fit.labels)
+    cases["rmaha-pinv"] = create("rmaha").fit(fit)
+    assert isinstance(cases["rmaha-pinv"].gaussians_, ClassGaussians)
+    assert cases["rmaha-pinv"].gaussians_.background is not None
+    test = problem.test
+    for label, detector in cases.items():
+        loaded = load(detector.save(tmp_path / label))
+        assert loaded.score(test).tobytes() == detector.score(test).tobytes(), label
 
 
 def test_loading_refuses_another_version_unless_told(problem, tmp_path):
@@ -216,12 +259,100 @@ def test_evaluate_refits_when_the_saved_detector_is_missing(tiny_store, tmp_path
     assert read_meta(tmp_path / "kept" / "energy")["detector"] == "energy"
 
 
-def test_score_refuses_a_detector_without_provenance(tiny_store, tmp_path):
-    path = create("energy").fit(tiny_store.read("tiny", "fit")).save(tmp_path / "bare")
-    result = cli(
-        "score", "--detector", str(path), "--store", str(tiny_store.root), "--dataset", "new", "--model", "tiny"
-    )
+def test_the_api_records_the_fit_sets_provenance_and_score_uses_it(tiny_store, tmp_path):
+    fit = tiny_store.read("tiny", "fit")
+    path = create("energy").fit(fit).save(tmp_path / "api")
+    provenance = read_meta(path)["provenance"]
+    assert provenance["model_id"] == "tiny" and provenance["fit_dataset"] == "fit"
+    assert provenance["checkpoint"] == "sha256:abc" and provenance["item_hash"] == "items-fit"
+    assert provenance == fit_provenance(tiny_store, "tiny", "fit")
+    result = cli("score", "--detector", str(path), "--store", str(tiny_store.root), "--dataset", "new")
+    assert result.exit_code == 0 and "(fit on tiny/fit)" in result.output, result.output
+    # A refit on outputs of unknown origin forgets the earlier fit's provenance.
+    refit = create("energy").fit(fit).fit(fit.subset(slice(0, 100)))
+    assert not hasattr(refit, "fit_provenance_")
+
+
+def test_score_refuses_missing_provenance_on_either_side_unless_told(tiny_store, tmp_path, build_outputs, make):
+    root = str(tiny_store.root)
+    bare = create("energy").fit(tiny_store.read("tiny", "fit").subset(slice(0, 200))).save(tmp_path / "bare")
+    base = ["score", "--detector", str(bare), "--store", root, "--dataset", "new", "--model", "tiny"]
+    result = cli(*base)
     assert result.exit_code == 2 and "records no fit provenance" in result.output
+    assert "--no-provenance-check" in result.output and len(result.output.strip().splitlines()) == 1
+    allowed = cli(*base, "--no-provenance-check")
+    assert allowed.exit_code == 0 and "warning: --no-provenance-check: the detector records no fit provenance" in (
+        allowed.output
+    )
+    assert "(fit on unrecorded data)" in allowed.output
+    # An entry without provenance, scored by a detector with it.
+    tiny_store.write_outputs("tiny", "unknown", build_outputs(np.asarray(make(seed=5).test.features), tiny_store.read_head("tiny")),
+                             provenance={}, item_hash="items-unknown")  # fmt: skip
+    kept = create("energy").fit(tiny_store.read("tiny", "fit")).save(tmp_path / "kept")
+    refused = cli("score", "--detector", str(kept), "--store", root, "--dataset", "unknown")
+    assert refused.exit_code == 2 and "tiny/unknown records no provenance" in refused.output
+    assert "--no-provenance-check" in refused.output
+    assert (
+        cli(
+            "score", "--detector", str(kept), "--store", root, "--dataset", "unknown", "--no-provenance-check"
+        ).exit_code
+        == 0
+    )
+    # The override admits missing provenance, never provenance that disagrees.
+    mismatch = cli(
+        "score", "--detector", str(kept), "--store", root, "--dataset", "other-ckpt", "--no-provenance-check"
+    )
+    assert mismatch.exit_code == 2 and "provenance mismatch" in mismatch.output
+
+
+def test_score_refuses_outputs_inside_its_inputs_and_writes_atomically(tiny_store, tmp_path, monkeypatch):
+    root = tiny_store.root
+    kept = create("energy").fit(tiny_store.read("tiny", "fit")).save(tmp_path / "kept")
+    base = ["score", "--detector", str(kept), "--store", str(root), "--dataset", "new"]
+    for out in (root / "scores", root / "tiny" / "new" / "scores", root, kept / "scores"):
+        result = cli(*base, "--out", str(out))
+        assert result.exit_code == 2 and "lies inside" in result.output, result.output
+        assert not (out / "new.csv").exists() and not (root / "scores").exists()
+    # A write that fails half-way (a full disk) leaves no file behind, not a truncated one.
+    real_savetxt = np.savetxt
+
+    def full_disk(path, *args, **kwargs):
+        with open(path, "w") as handle:
+            handle.write("item_index,sc")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savetxt", full_disk)
+    out = tmp_path / "scored"
+    result = cli(*base, "--out", str(out))
+    assert result.exit_code == 2 and "No space left on device" in result.output, result.output
+    assert sorted(p.name for p in out.iterdir()) == []
+    monkeypatch.setattr(np, "savetxt", real_savetxt)
+    assert cli(*base, "--out", str(out)).exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["new.csv", "new.npy"]
+
+
+@pytest.mark.parametrize("tpr", ["1.5", "nan", "0", "-0.1"])
+def test_evaluate_refuses_a_bad_tpr_before_writing_anything(tiny_store, tmp_path, tpr):
+    run = tmp_path / "run"
+    result = cli("evaluate", "--store", str(tiny_store.root), "--model", "tiny", "--fit", "fit", "--id", "id",
+                 "--ood", "ood", "-d", "energy", "--out", str(run), "--tpr", tpr, "--no-progress")  # fmt: skip
+    assert result.exit_code == 2 and "--tpr" in result.output and "(0, 1]" in result.output, result.output
+    assert not run.exists()
+
+
+def test_evaluate_refuses_outputs_inside_the_store(tiny_store, tmp_path):
+    root = tiny_store.root
+    base = ["evaluate", "--store", str(root), "--model", "tiny", "--fit", "fit", "--id", "id", "--ood", "ood"]
+    base += ["-d", "energy", "--no-progress"]
+    for option, path in (
+        ("--out", root / "run"),
+        ("--out", root / "tiny" / "id" / "run"),
+        ("--save-detectors", root / "kept"),
+    ):
+        extra = [] if option == "--out" else ["--out", str(tmp_path / "run")]
+        result = cli(*base, *extra, option, str(path))
+        assert result.exit_code == 2 and f"{option} {path} lies inside --store" in result.output, result.output
+        assert not path.exists() and not (tmp_path / "run").exists()
 
 
 def test_fit_provenance_reads_the_store_entry(tiny_store):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import numpy as np
 import pytest
 
-from oodbench.detectors import Detector, Paper, Requirements, available, get_class
+from oodbench.detectors import Array, Detector, Paper, Range, Requirements, available, get_class
 from oodbench.detectors.base import _FitInfo
 from oodbench.errors import DetectorError
 from oodbench.outputs import Head, Outputs
@@ -32,6 +34,7 @@ class MeanDistance(Detector):
     name = "test-mean-distance"
     requires = Requirements.of(fit=("features",), score=("features",))
     paper = Paper("Nobody, A test detector", "tests 2026", "https://example.org")
+    state = {"mean_": Array("float64", ("D",))}
 
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = scale
@@ -58,8 +61,17 @@ class ChangesParams(MeanDistance):
 
 
 class NoValidation(MeanDistance):
+    def __init__(self, scale=1.0) -> None:  # no annotation, no _validate_params: nothing checks the type
+        self.scale = scale
+
     def _validate_params(self) -> None:
         pass
+
+
+class UndeclaredState(MeanDistance):
+    def _fit(self, fit_set, head):
+        super()._fit(fit_set, head)
+        self.spread_ = np.asarray(fit_set.features, dtype=np.float64).std(axis=0)  # learned, not in `state`
 
 
 class Float32Scores(MeanDistance):
@@ -185,6 +197,7 @@ BROKEN = {
     OwnScoreNoShapeCheck: "shape_errors_clear",
     ScoresUnfitted: "unfitted_refuses",
     LosesStateOnSave: "save_load",
+    UndeclaredState: "state_names",
     WritesIntoTestChunk: "inputs_unchanged",
 }
 
@@ -195,7 +208,7 @@ def test_the_correct_detector_passes():
 
 
 def test_every_check_has_a_broken_detector():
-    assert set(BROKEN.values()) | {"state_names"} == set(CHECKS)
+    assert set(BROKEN.values()) == set(CHECKS)
 
 
 @pytest.mark.parametrize("cls", list(BROKEN), ids=lambda c: c.__name__)
@@ -214,6 +227,7 @@ def test_reasons_say_what_went_wrong():
         return {r.name: r.message for r in check_detector(cls, checks=[check]).results}[check]
 
     assert "_mean" in reason(LosesStateOnSave, "state_names")
+    assert "spread_, which the class's `state` does not declare" in reason(UndeclaredState, "state_names")
     assert "labels of the fit set" in reason(ReadsUndeclaredByIndex, "undeclared_arrays_unread")
     assert "one row per chunk" in reason(ChunkDependent, "chunk_invariance")
     assert "scale='not-a-number' was accepted" in reason(NoValidation, "bad_params_refused")
@@ -248,3 +262,65 @@ def test_check_data_has_the_declared_extras_and_a_consistent_head():
     assert data.test.labels is not None and len(data.test) == 200
     data.head.check_outputs(data.fit)
     assert isinstance(data.head, Head) and isinstance(data.fit, Outputs)
+
+
+# ----------------------------------------------------------------------------------------------- typed parameters
+class Typed(Detector):
+    """A minimal plugin: typed parameters, declared state, and no hand-written parameter checks."""
+
+    name = "test-typed"
+    requires = Requirements.of(fit=("features",), score=("features",))
+    state = {"mean_": Array("float64", ("D",))}
+
+    def __init__(
+        self,
+        scale: float = 1.0,
+        power: Annotated[int, Range(1, 4)] = 2,
+        centred: bool = True,
+        norm: Literal["l1", "l2"] = "l2",
+        shift: Annotated[float, Range(0, 1, open_low=True)] = 0.5,
+        label: str = "x",
+        cap: int | None = None,
+    ) -> None:
+        self.scale = scale
+        self.power = power
+        self.centred = centred
+        self.norm = norm
+        self.shift = shift
+        self.label = label
+        self.cap = cap
+
+    def _fit(self, fit_set, head):
+        self.mean_ = np.asarray(fit_set.features, dtype=np.float64).mean(axis=0)
+
+    def _score_chunk(self, chunk):
+        x = np.asarray(chunk.features, dtype=np.float64) - (self.mean_ if self.centred else 0.0)
+        order = 1 if self.norm == "l1" else 2
+        return -self.scale * np.linalg.norm(x, ord=order, axis=1) ** self.power + self.shift
+
+
+def test_a_minimal_typed_plugin_passes_with_no_hand_written_validation():
+    assert "_validate_params" not in vars(Typed)
+    report = check_detector(Typed)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"scale": "x"}, "scale must be a finite number; got 'x'"),
+        ({"scale": float("nan")}, "scale must be a finite number"),
+        ({"scale": True}, "scale must be a finite number"),
+        ({"power": 2.0}, "power must be an integer; got 2.0"),
+        ({"power": 5}, r"power must be a number in \[1, 4\]; got 5"),
+        ({"centred": 1}, "centred must be True or False"),
+        ({"norm": "l3"}, "norm must be one of 'l1', 'l2'; got 'l3'"),
+        ({"shift": 0}, r"shift must be a number in \(0, 1\]; got 0"),
+        ({"label": 3}, "label must be a string"),
+        ({"cap": "none"}, "cap must be an integer or None"),
+    ],
+)
+def test_annotated_parameter_types_and_ranges_are_checked_at_creation(params, message):
+    with pytest.raises(DetectorError, match=message):
+        Typed(**params).validate_params()
+    Typed(scale=3, power=4, centred=False, norm="l1", shift=1.0, cap=7).validate_params()  # ints pass as floats

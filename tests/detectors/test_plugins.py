@@ -60,7 +60,7 @@ def clean_registry():
     registry._restore(saved)
     sys.path[:] = path
     # Only the test's own plugin modules: dropping a C extension imported meanwhile (faiss) would crash its reimport.
-    plugin_roots = ("normplug", "brokenplug", "clashplug", "otherplug", "oodbench_plugin_")
+    plugin_roots = ("normplug", "brokenplug", "clashplug", "otherplug", "exitplug", "oodbench_plugin_")
     for name in set(sys.modules) - modules:
         if name.startswith(plugin_roots):
             del sys.modules[name]
@@ -126,6 +126,57 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_builtins_still_work(s
     with pytest.raises(DetectorError, match="plugin broken = brokenplug:Broken failed to load: ImportError"):
         get_class("broken")
     assert create("energy").name == "energy"
+
+
+def test_a_plugin_that_exits_or_is_interrupted_while_importing_is_a_failed_plugin(site):
+    install_fake(
+        site,
+        "oodbench-exit",
+        "0.1",
+        "exitplug",
+        {"__init__.py": "", "quits.py": "import sys\nsys.exit(0)\n", "stops.py": "raise KeyboardInterrupt\n"},
+        "[oodbench.detectors]\nquits = exitplug.quits:Q\nstops = exitplug.stops:S\n",
+    )
+    assert available() == BUILTINS  # the command goes on: no exit, no interrupt
+    failures = plugin_failures()
+    assert failures["quits = exitplug.quits:Q"] == "SystemExit: it called sys.exit(0) while being imported"
+    assert failures["stops = exitplug.stops:S"].startswith("KeyboardInterrupt")
+
+
+def test_a_plugin_file_calling_sys_exit_fails_evaluate_with_one_line(tmp_path, clean_registry):
+    from oodbench.cli import app
+
+    plugin = tmp_path / "exits.py"
+    plugin.write_text("import sys\nsys.exit(0)\n")
+    with pytest.raises(DetectorError, match=r"plugin .*exits.py failed to import: SystemExit: it called sys.exit\(0\)"):
+        load_plugins([str(plugin)])
+    store = tmp_path / "store"
+    store.mkdir()
+    args = ["evaluate", "--store", str(store), "--model", "m", "--fit", "f", "--id", "i", "--ood", "o"]
+    result = CliRunner().invoke(app, [*args, "--plugin", str(plugin), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "SystemExit" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_saved_plugin_detector_loads_only_when_its_plugin_is_installed_or_named(tmp_path, clean_registry, problem):
+    from oodbench.detectors import load
+
+    source = (
+        DETECTOR_SOURCE.format(cls="SavedNorm")
+        + '\nfrom oodbench.detectors import register\nregister("saved_norm")(SavedNorm)\n'
+    )
+    plugin = tmp_path / "saved_norm.py"
+    plugin.write_text(source)
+    before = registry._snapshot()
+    load_plugins([str(plugin)])
+    saved = create("saved_norm", power=2.0).fit(problem.fit).save(tmp_path / "kept")
+    expected = create("saved_norm", power=2.0).fit(problem.fit).score(problem.test)
+    registry._restore(before)  # as a fresh process would start: the plugin is neither installed nor named
+    for module in [m for m in sys.modules if m.startswith("oodbench_plugin_") and m.endswith("_saved_norm")]:
+        del sys.modules[module]
+    with pytest.raises(DetectorError, match="detector 'saved_norm' .*is not registered .*name it with --plugin"):
+        load(saved)
+    assert load(saved, plugins=[str(plugin)]).score(problem.test).tobytes() == expected.tobytes()
 
 
 def test_two_detectors_under_one_name_is_an_error_naming_both_origins(site):

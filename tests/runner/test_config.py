@@ -185,6 +185,22 @@ def test_toml_syntax_errors_and_missing_files(tmp_path: Path) -> None:
         load_config(tmp_path / "absent.toml")
 
 
+def test_a_5000_deep_toml_array_is_one_line_with_exit_status_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from oodbench.cli import app
+
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(deep)
+    result = CliRunner().invoke(app, ["run", str(deep), "--dry-run"])
+    assert result.exit_code == 2 and "nested too deeply" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        apply_overrides(DEMO, ["experiment.name=" + "[" * 5000 + "]" * 5000])
+
+
 def test_overrides() -> None:
     data = apply_overrides(
         DEMO, ["models[0].epochs=7", "detectors.params.knn.k=3", "paths.data=/mnt/x", "experiment.name=hello world"]

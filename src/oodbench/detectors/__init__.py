@@ -10,7 +10,7 @@ from . import hybrid  # noqa: F401
 
 # isort: on
 from .artefact import check_provenance, fit_provenance, load, read_meta, saved_score_key
-from .base import Detector, Paper, Requirements
+from .base import Detector, Paper, Range, Requirements
 from .registry import (
     Origin,
     available,
@@ -23,10 +23,19 @@ from .registry import (
     plugin_versions,
     register,
 )
+from .state import Array, FlatIndex, IVFIndex, Keyed, Object, Optional, Scalar
 from .tune import TunePoint, TuneResult, tune  # noqa: E402
 
 __all__ = [
+    "Array",
     "Detector",
+    "FlatIndex",
+    "IVFIndex",
+    "Keyed",
+    "Object",
+    "Optional",
+    "Range",
+    "Scalar",
     "Origin",
     "Paper",
     "Requirements",

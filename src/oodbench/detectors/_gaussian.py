@@ -9,6 +9,7 @@ import numpy as np
 
 from ..chunking import iter_chunks
 from ..errors import DetectorError
+from .state import Array, Dims, Object, Optional, Scalar
 
 # Unit roundoffs of float32 and float64 (round to nearest).
 _U32 = 2.0**-24
@@ -616,3 +617,36 @@ class Gaussian:
         """(z - mu)^T P (z - mu) for every row."""
         whitened = (block - self.mean) @ self.whitener
         return np.einsum("nr,nr->n", whitened, whitened)
+
+
+def _check_class_gaussians(gaussians: ClassGaussians, dims: Dims) -> None:
+    """Relations between a loaded ClassGaussians' attributes that their shapes alone do not state."""
+    rank = gaussians.whitener.shape[1]
+    if gaussians.triangular and (rank != dims.value("D", "whitener") or gaussians.background_weights is not None):
+        raise DetectorError("a triangular whitener must be square (D x D), without a background")
+    if gaussians.background_weights is not None and gaussians.background is not None:
+        raise DetectorError("the background is either weights in the whitened coordinates or its own Gaussian")
+    if gaussians.error_scale_ != _search_error_scale(rank):
+        raise DetectorError(f"error_scale_ {gaussians.error_scale_!r} is not the bound for rank {rank}")
+
+
+# The fitted state of ClassGaussians (K classes, r = the whitener's rank, s = the background whitener's rank).
+CLASS_GAUSSIANS_STATE = Object(
+    ClassGaussians,
+    {
+        "whitener": Array("float64", ("D", "r")),
+        "centre": Array("float64", ("D",)),
+        "float64_search": Scalar(bool),
+        "triangular": Scalar(bool),
+        "background_weights": Optional(Array("float64", ("r",))),
+        "background": Optional(
+            Object(Gaussian, {"mean": Array("float64", ("D",)), "whitener": Array("float64", ("D", "s"))})
+        ),
+        "means": Array("float64", ("K", "r")),
+        "means_sq": Array("float64", ("K",)),
+        "search_": Array("float32", ("r+1", "K")),
+        "radius_": Scalar(float, 0.0),
+        "error_scale_": Scalar(float, 0.0),
+    },
+    check=_check_class_gaussians,
+)

@@ -11,6 +11,7 @@ from ._streaming import exact_percentile
 from .base import Detector, Paper, Requirements
 from .registry import register
 from .shared import statistics_for
+from .state import Array, Scalar
 
 
 def _kept_count(num_features: int, percentile: float) -> int:
@@ -54,6 +55,12 @@ class _HeadDetector(Detector):
     exponentials accumulate in float64.
     """
 
+    state = {
+        "weight_": Array("float32", ("C", "D")),
+        "bias_": Array("float64", ("C",)),
+        "bias_f32_": Array("float32", ("C",)),
+    }
+
     def _store_head(self, head: Head) -> None:
         self.weight_ = np.asarray(head.weight, dtype=np.float32)
         self.bias_ = np.asarray(head.bias, dtype=np.float64)
@@ -82,6 +89,8 @@ class ReAct(_HeadDetector):
         "(numpy's linear method) over every activation of the fit set, computed in streamed passes",
     )
 
+    state = {**_HeadDetector.state, "threshold_": Scalar(float)}
+
     def __init__(self, percentile: float = 90.0) -> None:
         self.percentile = percentile
 
@@ -109,6 +118,7 @@ class ASHS(_HeadDetector):
         "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
         "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference",
     )
+    state = {**_HeadDetector.state, "kept_": Scalar(int, 1, "D")}
 
     def __init__(self, percentile: float = 90.0) -> None:
         self.percentile = percentile
@@ -150,6 +160,8 @@ class SCALE(Detector):
         "features computed as e^r (f - b) + b from the test logits f (exact algebra)",
     )
 
+    state = {"bias_": Array("float64", ("C",)), "kept_": Scalar(int, 1, "D")}
+
     def __init__(self, percentile: float = 85.0) -> None:
         self.percentile = percentile
 
@@ -179,6 +191,13 @@ class DICE(_HeadDetector):
 
     requires = Requirements.of(fit=("features",), score=("features",), head=True)
     shared_statistics = frozenset({"mean"})
+    state = {
+        **_HeadDetector.state,
+        "mean_activation_": Array("float64", ("D",)),
+        "threshold_": Scalar(float),
+        "mask_": Array("bool", ("C", "D")),
+        "masked_weight_": Array("float32", ("C", "D")),
+    }
     paper = Paper(
         "Sun & Li, DICE: Leveraging Sparsification for Out-of-Distribution Detection",
         "ECCV 2022",

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
-from collections.abc import Collection, Iterator, Mapping
+import types
+import typing
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
 import numpy as np
 
@@ -15,11 +19,12 @@ from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..errors import DetectorError
 from ..outputs import Head, Outputs, require_finite
 from ..papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
+from .state import Spec
 
 if TYPE_CHECKING:
     from .shared import FitStatistics
 
-__all__ = ["Detector", "Requirements", "Paper"]
+__all__ = ["Detector", "Requirements", "Paper", "Range"]
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,109 @@ class Requirements:
 
 @dataclass
 class _FitInfo:
+    """The shape of the fit: D features, C classes (None without logits or head), N rows, extras' row shapes."""
+
     num_features: int
     num_classes: int | None
     extras: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    num_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bounds of a number parameter, declared with its type: ``alpha: Annotated[float, Range(0, 1, open_low=True)]``.
+
+    Inclusive unless `open_low`/`open_high`; None leaves that side unbounded.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+
+    def contains(self, value: float) -> bool:
+        """Whether `value` lies within the bounds."""
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return False
+        return not (self.high is not None and (value >= self.high if self.open_high else value > self.high))
+
+    def describe(self) -> str:
+        """e.g. '(0, 1]' or '>= 1'."""
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.open_low else '>='} {self.low:g}"
+        if self.high is not None:
+            return f"{'<' if self.open_high else '<='} {self.high:g}"
+        return "any value"
+
+
+def fit_record(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry's provenance (`Store.entry_provenance`) as a fit's: its dataset named fit_dataset."""
+    return {("fit_dataset" if key == "dataset" else key): value for key, value in provenance.items()}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """What `value` should be, by the annotation `hint` (None when it fits, or the hint is not one we check)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is typing.Annotated:
+        problem = _type_problem(value, args[0])
+        if problem is not None:
+            return problem
+        for bound in args[1:]:
+            if isinstance(bound, Range) and _is_number(value) and not bound.contains(float(value)):
+                return f"a number {bound.describe()}"
+        return None
+    if origin is typing.Union or origin is types.UnionType:
+        problems = [_type_problem(value, arg) for arg in args]
+        if any(p is None for p in problems):
+            return None
+        return " or ".join(p for p in problems if p)
+    if origin is Literal:
+        if any(value == choice and type(value) is type(choice) for choice in args):
+            return None
+        return "one of " + ", ".join(repr(choice) for choice in args)
+    if hint is type(None):
+        return None if value is None else "None"
+    if hint is bool:
+        return None if isinstance(value, (bool, np.bool_)) else "True or False"
+    if hint is int:
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+        return None if ok else "an integer"
+    if hint is float:
+        return None if _is_number(value) and math.isfinite(float(value)) else "a finite number"
+    if hint is str:
+        return None if isinstance(value, str) else "a string"
+    if origin in (tuple, list, Sequence, typing.Sequence) and args:
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            return "a sequence"
+        element = args[0]
+        for item in value:
+            problem = _type_problem(item, element)
+            if problem is not None:
+                return f"a sequence of {problem.removeprefix('a ').removeprefix('an ')}s"
+        return None
+    if origin in (dict, Mapping, typing.Mapping) and len(args) == 2:
+        if not isinstance(value, Mapping):
+            return "a mapping"
+        for key, item in value.items():
+            problem = _type_problem(key, args[0]) or _type_problem(item, args[1])
+            if problem is not None:
+                return f"a mapping whose entry {key!r} is not {problem}"
+        return None
+    return None  # Any, a class, or a form this check does not know: the detector's _validate_params decides
+
+
+@cache
+def _param_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls.__init__, include_extras=True)
+    except Exception:  # an annotation that does not resolve: nothing to check by type
+        return {}
 
 
 _EXTRA = "extra."
@@ -102,6 +207,10 @@ class Detector:
     paper: ClassVar[Paper | None] = None
     # Bytes of working memory per chunk of test rows; subclasses with wide per-row work keep it bounded.
     chunk_bytes: ClassVar[int] = DEFAULT_CHUNK_BYTES
+    # The fitted state, declared (see oodbench.detectors.state): save() writes and load() accepts exactly this.
+    state: ClassVar[Mapping[str, Spec]] = {}
+    # Free dimensions of `state`'s shapes and their upper bounds, e.g. {"K": "C"} (at most C present classes).
+    state_dims: ClassVar[Mapping[str, int | str]] = {}
 
     # ----------------------------------------------------------------- parameters (scikit-learn style)
     @classmethod
@@ -122,8 +231,22 @@ class Detector:
         return {name: getattr(self, name) for name in self.param_names()}
 
     def validate_params(self) -> None:
-        """Raise DetectorError for invalid hyper-parameters (subclasses extend `_validate_params`)."""
+        """Raise DetectorError for invalid hyper-parameters: first by the constructor's annotations (int, float,
+        bool, str, Literal, X | None, sequences, `Annotated[float, Range(...)]`), then `_validate_params`."""
+        hints = _param_hints(type(self))
+        for name in self.param_names():
+            if name in hints:
+                value = getattr(self, name, None)
+                problem = _type_problem(value, hints[name])
+                if problem is not None:
+                    label = self.name or type(self).__name__
+                    raise DetectorError(f"{label}: {name} must be {problem}; got {value!r}"[:300])
         self._validate_params()
+
+    def state_spec(self, fit: _FitInfo) -> Mapping[str, Spec]:
+        """The fitted state this instance keeps for a fit of this shape: the class's `state`, unless a detector
+        whose state depends on its parameters overrides this."""
+        return self.state
 
     def _validate_params(self) -> None:
         """Hook: check hyper-parameter values."""
@@ -190,10 +313,15 @@ class Detector:
             self._fit(fit_set, head)
         finally:
             del self._shared_stats
+        if fit_set.provenance is not None:
+            self.fit_provenance_ = fit_record(fit_set.provenance)  # kept by save(), checked by `oodbench score`
+        elif hasattr(self, "fit_provenance_"):
+            del self.fit_provenance_  # a refit on other outputs must not keep the earlier fit's provenance
         self.fit_info_ = _FitInfo(
             num_features=fit_set.num_features,
             num_classes=head.num_classes if head is not None else fit_set.num_classes,
             extras={k: tuple(v.shape[1:]) for k, v in fit_set.extras.items()},
+            num_rows=len(fit_set),
         )
         return self
 

@@ -79,7 +79,13 @@ def new_plugin(
     root = scaffold(name, out, force=force)
     ids = identifiers(name)
     typer.echo(f"wrote {root}: detector {ids['cls']} in src/{ids['package']}/detector.py")
-    typer.echo(f"next: pip install -e {root} && oodbench detectors && pytest {root / 'tests'}")
+    # The interpreter running oodbench, so the plugin and pytest land in oodbench's environment (a bare `pytest`
+    # may be another environment's, which cannot import oodbench).
+    python = sys.executable
+    typer.echo(
+        f"next: {python} -m pip install -e '{root}[test]' && {python} -m oodbench.cli detectors && "
+        f"{python} -m pytest {root / 'tests'}"
+    )
 
 
 def score_command(
@@ -99,42 +105,69 @@ def score_command(
     ignore_versions: Annotated[
         bool, typer.Option("--ignore-versions", help="Load even if the detector's code version changed since saving.")
     ] = False,
+    no_provenance_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-provenance-check",
+            help="Score even when the detector or an entry records no provenance (model, checkpoint, "
+            "preprocessing), so that nothing shows they match. Provenance that disagrees is still refused.",
+        ),
+    ] = False,
 ) -> None:
     """Score store entries with a saved, fitted detector; no fit set needed. Refuses entries of another
-    checkpoint or preprocessing than the fit's.
+    checkpoint or preprocessing than the fit's, and (unless --no-provenance-check) entries or detectors that
+    record none.
 
     Example: oodbench score --detector runs/resnet50/detectors/maha++ --store feats --dataset new-images --out scores
     """
     import numpy as np
 
+    from ..atomic import atomic_path, atomic_save_npy, unwritable
+    from ..cli_params import refuse_inside
     from ..store import Store
     from .artefact import check_provenance, load
 
+    if not store.is_dir():
+        raise OodbenchError(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
+    refuse_inside(("--out", out), ("--store", store), ("--detector", detector))
+    if out is not None:
+        problem = unwritable(out)
+        if problem is not None:
+            raise OodbenchError(f"--out: {problem}")
     fitted = load(detector, plugins=plugin or (), check_versions=not ignore_versions)
     provenance = getattr(fitted, "fit_provenance_", None) or {}
     root = Store(store)
     model_id = model or provenance.get("model_id")
     if not model_id:
         raise OodbenchError("the saved detector does not name its model; pass --model")
-    results = {}
-    for name in dataset:
-        check_provenance(provenance, root, model_id, name)
-        results[name] = fitted.score(root.read(model_id, name))
+    unchecked: list[str] = []
+    for name in dataset:  # every entry is checked before any is scored
+        unchecked += check_provenance(provenance, root, model_id, name, allow_missing=no_provenance_check)
+    for line in dict.fromkeys(unchecked):
+        typer.secho(f"warning: --no-provenance-check: {line}; scores unchecked", fg=typer.colors.YELLOW, err=True)
+    results = {name: fitted.score(root.read(model_id, name)) for name in dataset}
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        tables = {}
         for name, scores in results.items():
-            np.save(out / f"{name}.npy", scores)
             arrays = root.meta(model_id, name).get("arrays", {})
             index = root.read_array(model_id, name, "index") if "index" in arrays else np.arange(len(scores))
-            table = np.column_stack([index, scores])
-            fmt = ["%d", "%.17g"]  # %.17g: the float64 scores round-trip exactly
-            np.savetxt(out / f"{name}.csv", table, fmt=fmt, delimiter=",", header="item_index,score", comments="")
+            tables[name] = np.column_stack([index, scores])
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for name, table in tables.items():
+                fmt = ["%d", "%.17g"]  # %.17g: the float64 scores round-trip exactly
+                # Each file appears whole or not at all (a full disk leaves no truncated file behind).
+                with atomic_path(out / f"{name}.csv") as tmp:
+                    np.savetxt(tmp, table, fmt=fmt, delimiter=",", header="item_index,score", comments="")
+                atomic_save_npy(out / f"{name}.npy", results[name])
+        except OSError as exc:
+            raise OodbenchError(f"--out {out}: cannot write the scores: {exc.strerror or exc}") from None
+    fit_on = f"{provenance.get('model_id')}/{provenance.get('fit_dataset')}" if provenance else "unrecorded data"
     for name, scores in results.items():
         quartiles = np.percentile(scores, [25, 50, 75])
         sys.stdout.write(
-            f"{name}: {len(scores)} rows scored by {fitted.name} (fit on {provenance.get('model_id')}/"
-            f"{provenance.get('fit_dataset')}); score quartiles {quartiles[0]:.4g} / {quartiles[1]:.4g} / "
-            f"{quartiles[2]:.4g}\n"
+            f"{name}: {len(scores)} rows scored by {fitted.name} (fit on {fit_on}); score quartiles "
+            f"{quartiles[0]:.4g} / {quartiles[1]:.4g} / {quartiles[2]:.4g}\n"
         )
     if out is not None:
         typer.echo(f"scores: {out}/<dataset>.npy and .csv")

@@ -10,11 +10,12 @@ import numpy as np
 from ..errors import DetectorError
 from ..numerics import l2_normalize, logsumexp_in_place
 from ..outputs import Head, Outputs
-from ._gaussian import ClassGaussians, symmetric_eigh
+from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements
+from .base import Detector, Paper, Requirements, _FitInfo
 from .registry import register
 from .shared import statistics_for
+from .state import Array, FlatIndex, IVFIndex, Scalar, Spec
 
 _LEE = Paper(
     "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks",
@@ -42,6 +43,14 @@ class _MahalanobisFamily(Detector):
 
     requires = Requirements.of(fit=("features", "labels"), score=("features",))
     shared_statistics = frozenset({"features_by_class"})
+    # K classes present in the fit set (at most one per row); r, s: ranks of the class and background whiteners.
+    state = {
+        "classes_": Array("int64", ("K",)),
+        "means_": Array("float64", ("K", "D")),
+        "covariance_": Array("float64", ("D", "D")),
+        "gaussians_": CLASS_GAUSSIANS_STATE,
+    }
+    state_dims = {"K": "N", "r": "D", "s": "D"}
     normalize: bool = False
     relative: bool = False
 
@@ -178,6 +187,16 @@ class KNN(Detector):
         if self.nlist is not None:
             self._check_int(nlist=self.nlist)
 
+    def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
+        """The flat index holds the N normalised fit rows; the IVF index also its L <= N centroids (nlist_)."""
+        if fit.num_rows is not None and self.k > fit.num_rows:
+            raise DetectorError(f"knn: k={self.k} exceeds the fit set's {fit.num_rows} rows")
+        if self.index == "flat":
+            return {"index_": FlatIndex("N", "D")}
+        return {"index_": IVFIndex("N", "D", "L", int(self.nprobe)), "nlist_": Scalar(int, "L", "L")}
+
+    state_dims = {"L": "N"}
+
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         import faiss
 
@@ -226,6 +245,12 @@ class _CentroidDetector(Detector):
 
     requires = Requirements.of(fit=("features", "labels"), score=("features",))
     shared_statistics = frozenset({"class_sums"})
+    state = {
+        "classes_": Array("int64", ("K",)),
+        "centroids_": Array("float64", ("K", "D")),
+        "centroids_f32_": Array("float32", ("K", "D")),
+    }
+    state_dims = {"K": "N"}
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         stats = statistics_for(self, fit_set).get("class_sums")
@@ -294,6 +319,7 @@ class FDBD(Detector):
 
     requires = Requirements.of(fit=("features",), score=("features", "logits"), head=True)
     shared_statistics = frozenset({"mean"})
+    state = {"train_mean_": Array("float64", ("D",)), "inverse_distances_": Array("float64", ("C", "C"))}
     paper = Paper(
         "Liu & Qin, Fast Decision Boundary based Out-of-Distribution Detector",
         "ICML 2024",
@@ -332,6 +358,15 @@ class NECO(Detector):
 
     requires = Requirements.of(fit=("features",), score=("features",))
     shared_statistics = frozenset({"features"})
+    # k: the principal components kept (dim_, chosen at fit when dim is a fraction of variance).
+    state = {
+        "mean_": Array("float64", ("D",)),
+        "scale_": Array("float64", ("D",)),
+        "components_": Array("float64", ("D", "k")),
+        "dim_": Scalar(int, "k", "k"),
+        "explained_variance_": Array("float64", ("D",)),
+    }
+    state_dims = {"k": "D"}
     paper = Paper(
         "Ben Ammar et al., NECO: NEural Collapse Based Out-of-distribution Detection",
         "ICLR 2024",
@@ -379,7 +414,7 @@ class NECO(Detector):
             if self.dim > fit_set.num_features:
                 raise DetectorError(f"neco: dim={self.dim} exceeds the feature dimension D={fit_set.num_features}")
             self.dim_ = int(self.dim)
-        self.components_ = vectors[:, : self.dim_]
+        self.components_ = np.ascontiguousarray(vectors[:, : self.dim_])
         self.explained_variance_ = values
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:

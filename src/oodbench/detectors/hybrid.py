@@ -9,9 +9,10 @@ from ..numerics import energy, l2_normalize
 from ..outputs import Head, Outputs
 from ._gaussian import symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements
+from .base import Detector, Paper, Requirements, _FitInfo
 from .registry import register
 from .shared import statistics_for
+from .state import Array, FlatIndex, Scalar, Spec
 
 
 def vim_default_dim(num_features: int) -> int:
@@ -52,6 +53,18 @@ class ViM(Detector):
     def _validate_params(self) -> None:
         if self.dim is not None:
             self._check_int(dim=self.dim)
+
+    def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
+        """The dim_ principal directions kept and the D − dim_ residual ones, for this D."""
+        dim = vim_default_dim(fit.num_features) if self.dim is None else int(self.dim)
+        if not 1 <= dim < fit.num_features:
+            raise DetectorError(f"vim: dim={dim} must lie in [1, D) for D={fit.num_features} features")
+        return {
+            "dim_": Scalar(int, dim, dim),
+            "origin_": Array("float64", ("D",)),
+            "residual_basis_": Array("float64", ("D", fit.num_features - dim)),
+            "alpha_": Scalar(float),
+        }
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         num_features = fit_set.num_features
@@ -128,6 +141,15 @@ class NNGuide(Detector):
         self._check_int(minimum=0, seed=self.seed)
         if not isinstance(self.alpha, (int, float, np.integer, np.floating)) or not 0 < self.alpha <= 1:
             raise DetectorError(f"nnguide: alpha (bank fraction) must lie in (0, 1]; got {self.alpha!r}")
+
+    def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
+        """The bank: int(alpha·N) fit rows (their numbers, and their energy-scaled unit features in an index)."""
+        if fit.num_rows is None:
+            raise DetectorError("nnguide: the fit recorded no row count")
+        bank = int(fit.num_rows * float(self.alpha))
+        if self.k > bank:
+            raise DetectorError(f"nnguide: k={self.k} exceeds the bank's {bank} rows")
+        return {"bank_rows_": Array("int64", (bank,)), "index_": FlatIndex(bank, "D")}
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         import faiss

@@ -9,6 +9,7 @@ from ..outputs import Head, Outputs
 from .base import Detector, Paper, Requirements
 from .registry import register
 from .shared import statistics_for
+from .state import Array
 
 
 @register("msp")
@@ -56,6 +57,11 @@ class KLMatching(Detector):
 
     requires = Requirements.of(fit=("logits",), score=("logits",))
     shared_statistics = frozenset({"prediction_templates"})
+    state = {
+        "templates_": Array("float64", ("C", "C")),
+        "class_counts_": Array("int64", ("C",)),
+        "log_templates_": Array("float64", ("C", "C")),
+    }
     paper = Paper(
         "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings",
         "ICML 2022",

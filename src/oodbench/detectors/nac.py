@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -10,8 +11,9 @@ from ..errors import DetectorError
 from ..numerics import softmax
 from ..outputs import Head, Outputs
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements
+from .base import Detector, Paper, Requirements, _FitInfo
 from .registry import register
+from .state import Array, Keyed, Scalar, Spec
 
 PENULTIMATE = "penultimate"
 EXTRA_PREFIX = "nac."  # deeper layers arrive as extras named nac.<layer>: (N, units) states already through the sigmoid
@@ -105,6 +107,31 @@ class NAC(Detector):
         if self.fit_rows is not None:
             self._check_int(fit_rows=self.fit_rows)
         self._check_int(minimum=0, seed=self.seed)
+
+    def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
+        """Per layer: its M bin edges, the (M − 1, units) coverage and its zero-padded copy; W for the penultimate."""
+        units: dict[str, int] = {}
+        for layer in self.layers:
+            if layer == PENULTIMATE:
+                units[layer] = fit.num_features
+                continue
+            shape = fit.extras.get(EXTRA_PREFIX + layer)
+            if shape is None:
+                raise DetectorError(f"nac: the fit recorded no extra {EXTRA_PREFIX}{layer}")
+            units[layer] = int(np.prod(shape))
+
+        def per_layer(make: Any) -> Keyed:
+            return Keyed({layer: make(layer, self._for_layer(self.bins, layer)) for layer in self.layers})
+
+        spec: dict[str, Spec] = {
+            "units_": Keyed({layer: Scalar(int, units[layer], units[layer]) for layer in self.layers}),
+            "edges_": per_layer(lambda layer, bins: Array("float32", (bins,))),
+            "coverage_": per_layer(lambda layer, bins: Array("float64", (bins - 1, units[layer]))),
+            "padded_coverage_": per_layer(lambda layer, bins: Array("float64", ((bins + 1) * units[layer],))),
+        }
+        if PENULTIMATE in self.layers:
+            spec["weight_"] = Array("float32", ("C", "D"))
+        return spec
 
     @staticmethod
     def _for_layer(value: int | Mapping[str, int], layer: str) -> int:

@@ -143,6 +143,17 @@ def register(name: str) -> Callable[[D], D]:
 
 
 # ----------------------------------------------------------------------------------------------- plugins
+# A plugin that calls sys.exit() or raises KeyboardInterrupt while importing is a failed plugin, not the end of the
+# command (it made `evaluate --plugin` exit 0 with no output).
+_PLUGIN_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
+def _describe_failure(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: it called sys.exit({exc.code!r}) while being imported"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _load_one(label: str, load: Callable[[], Any], entry_name: str | None, distribution: Any) -> list[str]:
     """Import one plugin; on any error restore the registry, record the failure and re-raise."""
     before = dict(_REGISTRY)
@@ -161,7 +172,7 @@ def _load_one(label: str, load: Callable[[], Any], entry_name: str | None, distr
     except BaseException as exc:
         _REGISTRY.clear()
         _REGISTRY.update(before)
-        _FAILURES[label] = f"{type(exc).__name__}: {exc}"
+        _FAILURES[label] = _describe_failure(exc)
         raise
     _FAILURES.pop(label, None)
     added = [name for name in _REGISTRY if name not in before]
@@ -182,7 +193,7 @@ def _load_entry_points() -> None:
             label = f"{entry.name} = {entry.value}"
             try:
                 _load_one(label, entry.load, entry.name, getattr(entry, "dist", None))
-            except Exception:  # recorded in _FAILURES; one broken plugin must not take the built-ins down
+            except _PLUGIN_FAILURES:  # recorded in _FAILURES; one broken plugin must not take the built-ins down
                 continue
     finally:
         _entry_points_state = "loaded"
@@ -228,9 +239,9 @@ def load_plugins(modules: Iterable[str] = ()) -> dict[str, list[str]]:
 
         try:
             added = _load_one(spec, load, None, None)
-        except Exception as exc:
+        except _PLUGIN_FAILURES as exc:
             hint = "" if is_file else " (is it installed, or on PYTHONPATH? a .py file can be given by its path)"
-            raise DetectorError(f"plugin {spec} failed to import: {type(exc).__name__}: {exc}{hint}") from exc
+            raise DetectorError(f"plugin {spec} failed to import: {_describe_failure(exc)}{hint}") from None
         _LOADED_MODULES[spec] = added
         result[spec] = added
     return result

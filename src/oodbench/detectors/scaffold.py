@@ -68,10 +68,12 @@ _DETECTOR = '''\
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 from scipy.special import logsumexp
 
-from oodbench.detectors import Detector, Paper, Requirements
+from oodbench.detectors import Array, Detector, Paper, Range, Requirements
 from oodbench.outputs import Head, Outputs
 
 
@@ -80,6 +82,14 @@ class {cls}(Detector):
 
     # The arrays fit() and score() read; anything else is never handed to the detector.
     requires = Requirements.of(fit=("features", "labels"), score=("features",))
+    # What fit() learns, with dtype and shape (D features, N fit rows, K declared below): save() writes exactly
+    # this and load() accepts nothing else, so a saved detector file is data, never code.
+    state = {{
+        "classes_": Array("int64", ("K",)),
+        "means_": Array("float64", ("K", "D")),
+        "mean_norms_": Array("float64", ("K",)),
+    }}
+    state_dims = {{"K": "N"}}  # K, the classes present in the fit set, is at most N
     paper = Paper(
         "Your Name et al., The title of your paper",
         "Venue 2027",
@@ -87,18 +97,16 @@ class {cls}(Detector):
         "sigma=1.0: the paper's default bandwidth (say where each default comes from)",
     )
 
-    def __init__(self, sigma: float = 1.0) -> None:
-        # Hyper-parameters only: stored as given, checked in _validate_params, learned state comes in _fit.
+    # Hyper-parameters only, stored as given. The annotations are checked when the detector is created: a
+    # float, here above 0 (Range); int, bool, str and Literal[...] work the same way. No hand-written checks.
+    def __init__(self, sigma: Annotated[float, Range(0, None, open_low=True)] = 1.0) -> None:
         self.sigma = sigma
 
-    def _validate_params(self) -> None:
-        self._check_positive(sigma=self.sigma)
-
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
-        # Learned state: attributes whose names end with "_" (detector.save keeps exactly those).
+        # Learned state: attributes whose names end with "_", declared in `state` above.
         # The fit set may be memory-mapped and large: one vectorised pass, no loop over rows.
         features = np.asarray(fit_set.features, dtype=np.float64)
-        classes, inverse = np.unique(np.asarray(fit_set.labels), return_inverse=True)
+        classes, inverse = np.unique(np.asarray(fit_set.labels, dtype=np.int64), return_inverse=True)
         sums = np.zeros((len(classes), features.shape[1]))
         np.add.at(sums, inverse, features)
         self.classes_ = classes
@@ -143,14 +151,17 @@ _README = """\
 
 The `{name}` out-of-distribution detector as an oodbench plugin.
 
-    pip install -e .                # registers "{name}" through the oodbench.detectors entry point
-    oodbench detectors              # lists it, with this distribution and version
-    pytest tests                    # runs oodbench.testing.check_detector on it
+    python -m pip install -e '.[test]'   # registers "{name}" (entry point oodbench.detectors), installs pytest
+    oodbench detectors                   # lists it, with this distribution and version
+    python -m pytest tests               # runs oodbench.testing.check_detector on it
+
+`python` is the interpreter of the environment oodbench is installed in (after `make demo` in oodbench's
+checkout: `.venv/bin/python`), so that pytest runs where oodbench is importable.
     oodbench evaluate --store STORE --model MODEL --fit FIT --id ID --ood OOD -d {name},energy
 
-Edit `src/{package}/detector.py`: the parameters in `__init__`, what `fit` learns in `_fit` (attributes
-ending with `_`), the score of a chunk of rows in `_score_chunk`, the arrays it needs in `requires`, and
-the paper in `paper`.
+Edit `src/{package}/detector.py`: the parameters in `__init__` (with their types), what `fit` learns in
+`_fit` (attributes ending with `_`, declared in `state`), the score of a chunk of rows in `_score_chunk`,
+the arrays it needs in `requires`, and the paper in `paper`.
 """
 
 

@@ -279,6 +279,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             value = text
+        except RecursionError:  # tomllib recurses once per nesting level
+            raise ConfigError(f"--set {item!r}: the value is nested too deeply") from None
         node: Any = data
         parts = re.sub(r"\[(\d+)\]", r".\1", target.strip()).split(".")
         for depth, part in enumerate(parts):
@@ -586,6 +588,8 @@ def load_config(
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nesting level: a 5,000-deep array exhausts the stack
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     return parse_config(apply_overrides(raw, overrides), path=path, workdir=workdir)
 
 

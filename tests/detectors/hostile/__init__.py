@@ -1,0 +1,1 @@
+"""Hostile saved detectors for the security tests (see cases.py)."""
