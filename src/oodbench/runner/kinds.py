@@ -138,6 +138,10 @@ class ModelKind:
         """The model id of its store entries."""
         return spec.id
 
+    def unavailable(self, spec: ModelSpec) -> str | None:
+        """Why the model cannot run as declared (its weights need a file that is not given), else None; it is skipped."""
+        return spec.params.get("needs_checkpoint")
+
     def identity(self, spec: ModelSpec) -> dict[str, Any]:
         """What determines the model's outputs."""
         identity: dict[str, Any] = {"id": spec.id, "kind": spec.kind, **spec.params}

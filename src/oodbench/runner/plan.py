@@ -28,7 +28,7 @@ from ..store import Store
 from .config import ExperimentConfig, ModelSpec, missing_roots
 from .ledger import Ledger, content_key
 
-__all__ = ["STAGES", "Unit", "Plan", "build_plan", "layout", "Layout", "format_plan"]
+__all__ = ["STAGES", "Unit", "Plan", "build_plan", "layout", "Layout", "format_plan", "skip_line"]
 
 STAGES = ("extract", "fit", "score", "metrics", "analysis", "report")
 # Statuses: cached (done, key matches, outputs verify) · pending (never done) · stale (done with another key) ·
@@ -682,6 +682,10 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
     ]
     lines.append(f"{'model':<22} {'kind':<9} weights (resolved offline)")
     lines += [f"{m.display_name:<22} {m.kind:<9} {m.kind_of.weights(m)}" for m in config.models.values()]
+    lines += [
+        f"{m.display_name:<22} {m.kind:<9} {m.kind_of.weights(m)}; skipped until {m.key_path}.checkpoint is set"
+        for m, _ in config.skipped_models
+    ]
     lines.append("")
     lines.append(f"{'stage':<9} {'units':>7} {'cached':>7} {'skipped':>7} {'to run':>7} {'images':>14} {'size':>12}")
     for stage in STAGES:
@@ -722,6 +726,11 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
+def skip_line(model: ModelSpec, reason: str) -> str:
+    """Why a declared model does not run and what makes it run, in one line."""
+    return f"needs checkpoint = PATH ({model.key_path}.checkpoint): {reason}"
+
+
 def plan_json(plan: Plan) -> str:
     """The plan as JSON (for tools): summary, problems and every unit."""
     return json.dumps(
@@ -730,6 +739,10 @@ def plan_json(plan: Plan) -> str:
             "models": [
                 {"id": m.id, "display": m.display_name, "kind": m.kind, "weights": m.kind_of.weights(m)}
                 for m in plan.config.models.values()
+            ],
+            "skipped_models": [
+                {"id": m.id, "display": m.display_name, "kind": m.kind, "reason": why}
+                for m, why in plan.config.skipped_models
             ],
             "summary": plan.summary(),
             "problems": plan.problems,
