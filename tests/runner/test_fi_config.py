@@ -32,6 +32,18 @@ OOD = [
     "clean-ood",
     "imagenet-ood",
     "fi-imagenet-1k",
+    # NINCO's 11 cleaned sub-samples (Table A3)
+    "inat-ood-plants-clean",
+    "openimage-o-clean",
+    "360openset-clean",
+    "cood-clean",
+    "imagenet-o-clean",
+    "textures-clean",
+    "places-clean",
+    "ssb-easy-clean",
+    "ssb-hard-clean",
+    "species-clean",
+    "in1k-ood-clean",
 ]
 
 
@@ -74,6 +86,7 @@ def test_fi_plan_has_every_unit(fi_config) -> None:
     assert all(u.status == "pending" for u in plan.units)
     # Nothing exists under the default data paths: every root is reported with its key, not raised.
     assert "datasets.ninco.root" in plan.problems and "datasets.fi-imagenet-1k.include[0]" in plan.problems
+    assert "datasets.imagenet-ood.list" in plan.problems  # the authors' list: the user gives it
 
 
 def test_fi_dry_run_prints_every_model_dataset_detector_unit(fi_config, tmp_path: Path) -> None:
@@ -96,3 +109,41 @@ def test_fi_dry_run_prints_every_model_dataset_detector_unit(fi_config, tmp_path
                 assert f"{model_id}/{column}/{dataset}" in listed
     assert "50,000 images" in result.output  # ImageNet val, from the dataset registry
     assert "datasets.imagenet-val.root:" in result.output
+
+
+def test_fi_dry_run_shows_each_dataset_with_its_published_size_and_list(tmp_path: Path) -> None:
+    from oodbench.cli import app
+
+    result = CliRunner().invoke(app, ["run", str(FI), "--dry-run", "--summary", "--out", str(tmp_path / "w")])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines() if line.split()}
+    assert rows["imagenet-ood"].split()[1:3] == ["registry", "31,802"] and "imagenetood.txt" in rows["imagenet-ood"]
+    assert (
+        rows["ninco"].split()[2] == "5,879"
+        and "Table 3; official list missing (not in data/imagelists)" in rows["ninco"]
+    )
+    assert rows["places-clean"].split()[2] == "153" and "Table A3" in rows["places-clean"]
+    assert rows["fi-imagenet-1k"].split()[1:] == ["subset", "655", "rows", "of", "imagenet-val"]
+    assert "datasets.ninco.lists: lists folder data/imagelists does not exist" in result.output
+
+
+def test_fi_dry_run_reads_the_official_lists_from_the_lists_path(tmp_path: Path, monkeypatch) -> None:
+    import hashlib
+    from dataclasses import replace
+
+    from oodbench.cli import app
+    from oodbench.extract import imagelists
+
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    data = b"image_location,class\r\nNINCO_OOD_classes/a/a_000.jpg,a\r\n"  # a synthetic NINCO_OOD_classes.csv
+    (lists / "NINCO_OOD_classes.csv").write_bytes(data)
+    pinned = replace(imagelists.LIST_SOURCES["NINCO_OOD_classes.csv"], sha256=hashlib.sha256(data).hexdigest())
+    monkeypatch.setitem(imagelists.LIST_SOURCES, "NINCO_OOD_classes.csv", pinned)
+    args = ["run", str(FI), "--dry-run", "--summary", "--out", str(tmp_path / "w"), "--set", f"paths.lists={lists}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines() if line.split()}
+    assert "image list: official (NINCO, MIT): NINCO_OOD_classes.csv" in rows["ninco"]
+    assert f"official list missing (not in {lists})" in rows["clean-ood"]
+    assert "datasets.ninco.lists" not in result.output

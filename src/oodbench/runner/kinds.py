@@ -230,6 +230,12 @@ class DatasetKind:
         """The number of images, when known without reading them (the declared ``count`` first)."""
         return int(spec.params["count"]) if "count" in spec.params else None
 
+    def describe(self, spec: DatasetSpec) -> str:
+        """What defines the dataset's images, in a few words, for the plan."""
+        if spec.parent is not None:
+            return f"rows of {spec.parent}"
+        return str(spec.root) if spec.root is not None else ""
+
     def missing(self, spec: DatasetSpec) -> dict[str, str]:
         """{key: problem} for the files and directories the dataset reads that do not exist."""
         root = spec.root

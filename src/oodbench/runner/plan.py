@@ -687,6 +687,12 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
         for m, _ in config.skipped_models
     ]
     lines.append("")
+    lines.append(f"{'dataset':<24} {'kind':<9} {'images':>10}  what defines them")
+    for spec in config.datasets.values():
+        count = spec.kind_of.count(spec, config)
+        shown = f"{count:,}" if count is not None else "?"
+        lines.append(f"{spec.id:<24} {spec.kind:<9} {shown:>10}  {spec.kind_of.describe(spec)}".rstrip())
+    lines.append("")
     lines.append(f"{'stage':<9} {'units':>7} {'cached':>7} {'skipped':>7} {'to run':>7} {'images':>14} {'size':>12}")
     for stage in STAGES:
         stage_units = plan.stage(stage)
