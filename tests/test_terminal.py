@@ -48,7 +48,7 @@ def test_datasets_list_piped_keeps_names_whole() -> None:
 @pytest.mark.parametrize(
     "args, legend",
     [
-        (["datasets", "list"], "expected images:"),
+        (["datasets", "list"], "published images:"),
         (["datasets", "check", "--root", "."], "status: ok, missing"),
         (["detectors"], "requires: the arrays"),
         (["zeroshot", "scores"], "needs: what the score reads"),

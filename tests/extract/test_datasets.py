@@ -147,24 +147,32 @@ def test_registry_lists_the_seed_sets():
 
 
 def _fake_root(tmp_path):
+    """Sets without an official list: 360OpenSet as a folder (3 images), ImageNet-O as a folder plus a user list."""
     root = tmp_path / "data"
-    write_images(root / "NINCO" / "NINCO_OOD_classes", {"a": 2, "b": 1})
-    write_images(root / "360OpenSet", {"x": 2})
-    (root / "imagenet-o").mkdir(parents=True)
-    (root / "imagenet-o.txt").write_text("".join(f"pic{i}.jpg\n" for i in range(2000)))
+    write_images(root / "360OpenSet", {"a": 2, "b": 1})
+    write_images(root / "imagenet-o", {"n01443537": 3})
+    (root / "imagenet-o.txt").write_text("n01443537/img000.png\nn01443537/img002.png\n")
+    write_images(root / "NINCO" / "NINCO_OOD_classes", {"a": 2})  # no lists folder given: every image under it
     return root
 
 
 def test_check_reports_present_missing_and_mismatched(tmp_path):
     root = _fake_root(tmp_path)
     report = {s.name: s for s in dataset_registry.check(root)}
-    assert report["ninco"].status == "count mismatch" and report["ninco"].found == 3
-    assert report["ninco"].path.endswith("NINCO_OOD_classes")
-    assert report["360openset"].status == "present (no reference count)" and report["360openset"].found == 2
-    assert report["imagenet-o"].status == "ok" and report["imagenet-o"].path.endswith("imagenet-o.txt")
+    assert report["360openset"].status == "count mismatch" and report["360openset"].found == 3
+    assert report["360openset"].listed is None and "11,800 published" in report["360openset"].message
+    imagenet_o = report["imagenet-o"]  # a user's list selects within the folder: 2 listed, 1 extra file ignored
+    assert (imagenet_o.listed, imagenet_o.present, imagenet_o.missing_images, imagenet_o.extra) == (2, 2, 0, 1)
+    assert imagenet_o.status == "count mismatch" and imagenet_o.path.endswith("imagenet-o.txt")
+    ninco = report["ninco"]
+    assert ninco.status == "count mismatch" and (ninco.found, ninco.listed, ninco.official_list) == (2, None, "missing")
+    assert ninco.path.endswith("NINCO_OOD_classes") and "official list NINCO_OOD_classes.csv missing" in ninco.message
     assert report["textures"].status == "missing" and report["textures"].found is None
-    data = dataset_registry.open_registered("ninco", root)
-    assert len(data) == 3 and data.labels is None and data.source["registry"] == "ninco"
+    data = dataset_registry.open_registered("360openset", root)
+    assert len(data) == 3 and data.labels is None and data.source["registry"] == "360openset"
+    listed = dataset_registry.open_registered("imagenet-o", root)
+    assert listed.items == ("n01443537/img000.png", "n01443537/img002.png") and listed.source["ignored"] == 1
+    assert dataset_registry.open_registered("ninco", root).source["absent_list"].startswith("official list")
 
 
 def test_check_verify_finds_unreadable(tmp_path):
@@ -176,20 +184,35 @@ def test_check_verify_finds_unreadable(tmp_path):
 
 def test_datasets_cli(tmp_path):
     root = _fake_root(tmp_path)
-    app = typer.Typer()
+    (root / "exact.txt").write_text("n01443537/img000.png\nn01443537/img001.png\n")
+    app = typer.Typer(cls=OodbenchGroup)
     register(app)
     runner = CliRunner()
     result = runner.invoke(
-        app, ["datasets", "check", "--root", str(root), "--json", "--only", "ninco", "--only", "imagenet-o"]
+        app, ["datasets", "check", "--root", str(root), "--json", "--only", "360openset", "--only", "imagenet-o"]
     )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
-    assert [r["status"] for r in rows] == ["count mismatch", "ok"]
-    assert (
-        runner.invoke(app, ["datasets", "check", "--root", str(root), "--only", "imagenet-o", "--strict"]).exit_code
-        == 0
+    assert [r["status"] for r in rows] == ["count mismatch", "count mismatch"]
+    given = runner.invoke(
+        app,
+        [
+            "datasets",
+            "check",
+            "--root",
+            str(root),
+            "--json",
+            "--only",
+            "imagenet-o",
+            "--list",
+            f"imagenet-o={root / 'exact.txt'}",
+        ],
     )
+    (row,) = json.loads(given.stdout)
+    assert row["image_list"] == f"given: {root / 'exact.txt'}" and row["extra_examples"] == ["n01443537/img002.png"]
     assert runner.invoke(app, ["datasets", "check", "--root", str(root), "--strict"]).exit_code == 1
+    bad = runner.invoke(app, ["datasets", "check", "--root", str(root), "--list", "imagenet-o"])
+    assert bad.exit_code == 2 and "NAME=FILE" in bad.output
     listing = runner.invoke(app, ["datasets", "list"])
     assert listing.exit_code == 0 and "ninco" in listing.stdout
     assert "Example" in runner.invoke(app, ["datasets", "check", "--help"]).stdout
@@ -211,7 +234,7 @@ def test_extract_a_registered_dataset(tmp_path):
             "--store",
             str(tmp_path / "store"),
             "--dataset",
-            "ninco",
+            "360openset",
             "--root",
             str(root),
             "--workers",
@@ -222,9 +245,9 @@ def test_extract_a_registered_dataset(tmp_path):
     assert result.exit_code == 0, result.output
     from oodbench import Store
 
-    meta = Store(tmp_path / "store").meta("test_resnet", "ninco")
+    meta = Store(tmp_path / "store").meta("test_resnet", "360openset")
     assert meta["num_rows"] == 3 and "labels" not in meta["arrays"]
-    assert meta["dataset"]["registry"] == "ninco" and meta["dataset"]["root"].endswith("NINCO_OOD_classes")
+    assert meta["dataset"]["registry"] == "360openset" and meta["dataset"]["root"].endswith("360OpenSet")
     missing = CliRunner().invoke(
         app,
         [

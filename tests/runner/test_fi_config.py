@@ -32,6 +32,18 @@ OOD = [
     "clean-ood",
     "imagenet-ood",
     "fi-imagenet-1k",
+    # NINCO's 11 cleaned sub-samples (Table A3)
+    "inat-ood-plants-clean",
+    "openimage-o-clean",
+    "360openset-clean",
+    "cood-clean",
+    "imagenet-o-clean",
+    "textures-clean",
+    "places-clean",
+    "ssb-easy-clean",
+    "ssb-hard-clean",
+    "species-clean",
+    "in1k-ood-clean",
 ]
 
 
@@ -41,7 +53,8 @@ def fi_config(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_fi_config_declares_the_seed_setup(fi_config) -> None:
-    kinds = [m.kind for m in fi_config.models.values()]
+    kinds = [m.kind for m in [*fi_config.models.values(), *(m for m, _ in fi_config.skipped_models)]]
+    assert [m.display_name for m, _ in fi_config.skipped_models] == ["BiT-s"]  # until its checkpoint is given
     assert kinds.count("timm") == 28 and kinds.count("probe") == 2 and kinds.count("open_clip") == 7
     assert kinds.count("hf_clip") == 1
     assert {
@@ -64,7 +77,7 @@ def test_fi_plan_has_every_unit(fi_config) -> None:
     assert {u.label for u in plan.stage("score") if not u.spec.get("zeroshot")} == {
         f"{m}/{d}/{t}" for m in classifiers for d in fi_config.detectors for t in tests
     }
-    assert len(plan.stage("fit")) == 30 * 21
+    assert len(plan.stage("fit")) == 29 * 21  # BiT-s is skipped without its checkpoint
     # Every model needs every evaluated dataset (and ImageNet val, the parent of the two subsets) in the store.
     extracted = {u.label for u in plan.stage("extract")}
     for model in fi_config.models.values():
@@ -73,6 +86,7 @@ def test_fi_plan_has_every_unit(fi_config) -> None:
     assert all(u.status == "pending" for u in plan.units)
     # Nothing exists under the default data paths: every root is reported with its key, not raised.
     assert "datasets.ninco.root" in plan.problems and "datasets.fi-imagenet-1k.include[0]" in plan.problems
+    assert "datasets.imagenet-ood.list" in plan.problems  # the authors' list: the user gives it
 
 
 def test_fi_dry_run_prints_every_model_dataset_detector_unit(fi_config, tmp_path: Path) -> None:
@@ -125,3 +139,41 @@ def test_fi_dry_run_lists_per_vlm_glmcm_and_the_three_eoe_styles(fi_config, tmp_
         assert {"eoe@eoe", "eoe@eoe-far", "eoe@eoe-near"} <= set(vocab.split())
         assert patches.strip() == f"GL-MCM patches ({route})"
     assert any(line.startswith("  GL-MCM patches (timm-attention-pool): ") for line in lines)
+
+
+def test_fi_dry_run_shows_each_dataset_with_its_published_size_and_list(tmp_path: Path) -> None:
+    from oodbench.cli import app
+
+    result = CliRunner().invoke(app, ["run", str(FI), "--dry-run", "--summary", "--out", str(tmp_path / "w")])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines() if line.split()}
+    assert rows["imagenet-ood"].split()[1:3] == ["registry", "31,802"] and "imagenetood.txt" in rows["imagenet-ood"]
+    assert (
+        rows["ninco"].split()[2] == "5,879"
+        and "Table 3; official list missing (not in data/imagelists)" in rows["ninco"]
+    )
+    assert rows["places-clean"].split()[2] == "153" and "Table A3" in rows["places-clean"]
+    assert rows["fi-imagenet-1k"].split()[1:] == ["subset", "655", "rows", "of", "imagenet-val"]
+    assert "datasets.ninco.lists: lists folder data/imagelists does not exist" in result.output
+
+
+def test_fi_dry_run_reads_the_official_lists_from_the_lists_path(tmp_path: Path, monkeypatch) -> None:
+    import hashlib
+    from dataclasses import replace
+
+    from oodbench.cli import app
+    from oodbench.extract import imagelists
+
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    data = b"image_location,class\r\nNINCO_OOD_classes/a/a_000.jpg,a\r\n"  # a synthetic NINCO_OOD_classes.csv
+    (lists / "NINCO_OOD_classes.csv").write_bytes(data)
+    pinned = replace(imagelists.LIST_SOURCES["NINCO_OOD_classes.csv"], sha256=hashlib.sha256(data).hexdigest())
+    monkeypatch.setitem(imagelists.LIST_SOURCES, "NINCO_OOD_classes.csv", pinned)
+    args = ["run", str(FI), "--dry-run", "--summary", "--out", str(tmp_path / "w"), "--set", f"paths.lists={lists}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines() if line.split()}
+    assert "image list: official (NINCO, MIT): NINCO_OOD_classes.csv" in rows["ninco"]
+    assert f"official list missing (not in {lists})" in rows["clean-ood"]
+    assert "datasets.ninco.lists" not in result.output

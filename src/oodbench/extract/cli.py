@@ -16,7 +16,7 @@ from ..errors import OodbenchError
 from ..store import Store
 from ..terminal import print_table
 
-__all__ = ["register", "extract_command", "probe_command", "datasets_app"]
+__all__ = ["register", "extract_command", "probe_command", "datasets_app", "lists_app"]
 
 console = Console(stderr=True)
 datasets_app = typer.Typer(
@@ -25,12 +25,17 @@ datasets_app = typer.Typer(
 
 
 DATASETS_LEGEND = (
-    "role: id (in-distribution) or ood; expected images: the count the source reports (— = none fixed); "
-    "looked for under --root: the first folder names tried; --json gives every field."
+    "paper: the table of the Fi-ImageNet-1k paper giving the size; published images: the size it gives; "
+    "image list: what defines the set's images (an official list, read from --lists DIR, takes exactly the listed "
+    "images); "
+    "looked for under --root: the first folder name tried; --json gives every field, `datasets check` the details."
 )
 CHECK_LEGEND = (
-    "status: ok, missing, count mismatch (found differs from expected) or unreadable (with --verify); "
-    "found/expected: image counts; path: where it was found under --root."
+    "status: ok, missing (set not found), images missing (listed images absent), count mismatch (list or folder "
+    "differs from the published size) or unreadable (a refused list, such as an official list whose SHA-256 differs, "
+    "or with --verify undecodable images); listed: images the set's list names (— = no list, or its official list "
+    "not in --lists: every image under the folder); present: images taken; extra: other files under the folder, "
+    "ignored; published: the paper's size."
 )
 
 
@@ -95,6 +100,15 @@ def extract_command(
     ),
     root: Path | None = typer.Option(
         None, "--root", help="Data root for --dataset; for file lists, the folder paths are relative to."
+    ),
+    image_list: Path | None = typer.Option(
+        None, "--list", help="With --dataset: the set's image list (entries relative to its folder under --root)."
+    ),
+    lists: Path | None = typer.Option(
+        None,
+        "--lists",
+        help="With --dataset: folder of the official image lists (`oodbench datasets lists fetch --to DIR`); "
+        "without it, or without the set's list there, the set is every image under its folder.",
     ),
     data_format: str = typer.Option("auto", "--format", help="auto | folder | list | imagenet."),
     split: str = typer.Option("val", "--split", help="ImageNet split for --format imagenet: val or train."),
@@ -195,6 +209,12 @@ def _run_extract(**opts: Any) -> None:
     from .nac import NacLayer
     from .pipeline import extract
 
+    if opts["image_list"] is not None and opts["dataset"] is None:
+        raise OodbenchError("--list applies to --dataset NAME (a registered set); for --data give the list itself")
+    if opts["lists"] is not None and opts["dataset"] is None:
+        raise OodbenchError("--lists applies to --dataset NAME (a registered set)")
+    if opts["lists"] is not None and not opts["lists"].is_dir():
+        raise OodbenchError(f"--lists {opts['lists']} is not a folder; fill one with `oodbench datasets lists fetch`")
     kind = _kind(opts["model"], opts["kind"])
     nac_layers = [NacLayer.parse(spec) for spec in opts["nac"]]
     store = Store(opts["store"])
@@ -288,8 +308,22 @@ def _run_extract(**opts: Any) -> None:
     if opts["dataset"] is not None:
         if opts["root"] is None:
             raise OodbenchError("--dataset needs --root DIR (the folder holding the datasets)")
-        images = open_registered(opts["dataset"], opts["root"])
+        images = open_registered(opts["dataset"], opts["root"], list_file=opts["image_list"], lists=opts["lists"])
         dataset_id = opts["dataset_id"] or get_registered(opts["dataset"]).name
+        if "absent_list" in images.source:
+            console.print(
+                f"[yellow]{dataset_id}: every image under the folder taken ({len(images):,}); "
+                f"{images.source['absent_list']}[/yellow]",
+                soft_wrap=True,
+                highlight=False,
+            )
+        if "listed" in images.source:
+            console.print(
+                f"{dataset_id}: {len(images):,} listed images taken; ignored {images.source['ignored']:,} other "
+                f"file(s) beside them; list: {images.source['image_list']}",
+                soft_wrap=True,
+                highlight=False,
+            )
     else:
         images = open_dataset(
             opts["data"],
@@ -406,56 +440,199 @@ def probe_command(
 
 @datasets_app.command("list")
 def datasets_list(json_output: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List the registered datasets with expected counts and layouts.
+    """List the registered datasets with their published sizes, image lists and layouts.
 
     Example: oodbench datasets list
     """
+    from dataclasses import asdict
+
     from .dataset_registry import REGISTRY
 
     if json_output:
-        typer.echo(json.dumps({name: entry.__dict__ for name, entry in REGISTRY.items()}, indent=2))
+        typer.echo(json.dumps({name: asdict(entry) for name, entry in REGISTRY.items()}, indent=2))
         return
-    table = Table("name", "role", "expected images", "looked for under --root", "source of the count")
+    table = Table("name", "role", "paper", "published images", "image list", "looked for under --root")
     for entry in REGISTRY.values():
         expected = f"{entry.expected_count:,}" if entry.expected_count is not None else "—"
-        table.add_row(entry.name, entry.role, expected, ", ".join(entry.folders[:3]), entry.count_source)
+        table.add_row(
+            entry.name,
+            entry.role,
+            entry.table or "—",
+            expected,
+            entry.image_list(short=True),
+            entry.folders[0],
+        )
     print_table(table, legend=DATASETS_LEGEND)
+
+
+def _parse_lists(values: list[str]) -> dict[str, str]:
+    """`--list NAME=FILE` options as {name: file}."""
+    from .dataset_registry import get
+
+    lists: dict[str, str] = {}
+    for value in values:
+        name, sep, file = value.partition("=")
+        if not sep or not name or not file:
+            raise OodbenchError(f"--list takes NAME=FILE (e.g. imagenet-ood=imagenetood.txt); got {value!r}")
+        lists[get(name).name] = file
+    return lists
+
+
+def _count(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
 
 
 @datasets_app.command("check")
 def datasets_check(
     root: Path = typer.Option(..., "--root", help="Folder holding the datasets."),
     only: list[str] = typer.Option([], "--only", help="Check only these registered names (repeatable)."),
+    list_files: list[str] = typer.Option(
+        [], "--list", help="NAME=FILE: the image list of a set (entries relative to its folder); repeatable."
+    ),
+    lists: Path | None = typer.Option(
+        None,
+        "--lists",
+        help="Folder of the official image lists (`oodbench datasets lists fetch --to DIR`); a set whose list is "
+        "not there is checked as every image under its folder.",
+    ),
     verify: bool = typer.Option(False, "--verify", help="Also decode every image (slow) and list unreadable ones."),
     json_output: bool = typer.Option(False, "--json", help="Print JSON."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 1 if anything is missing, mismatched or unreadable."),
+    strict: bool = typer.Option(
+        False, "--strict", help="Exit 1 if anything is missing, mismatched, incomplete or unreadable."
+    ),
 ) -> None:
-    """Tell what is present under a data root, what is missing and what does not match its expected count.
+    """Tell per set how many images its list names, how many are present, missing or extra, against its published size.
 
-    Example: oodbench datasets check --root /data/ood --only ninco --only textures
+    Example: oodbench datasets check --root /data/ood --lists /data/imagelists --only ninco --only clean-ood
+
+    Example: oodbench datasets check --root /data/ood --only imagenet-ood --list imagenet-ood=imagenetood.txt
     """
     from .dataset_registry import check
 
-    report = check(root, datasets=only or None, verify=verify)
+    report = check(root, datasets=only or None, verify=verify, list_files=_parse_lists(list_files), lists=lists)
     if json_output:
         typer.echo(json.dumps([status.as_dict() for status in report], indent=2))
     else:
-        colours = {"ok": "green", "missing": "red", "count mismatch": "yellow", "unreadable": "red"}
-        table = Table("dataset", "status", "found", "expected", "path", "details")
+        colours = {
+            "ok": "green",
+            "missing": "red",
+            "images missing": "red",
+            "count mismatch": "yellow",
+            "unreadable": "red",
+        }
+        table = Table("dataset", "status", "listed", "present", "missing", "extra", "published", "path", "details")
         for status in report:
             colour = colours.get(status.status, "cyan")
             table.add_row(
                 status.name,
                 f"[{colour}]{status.status}[/{colour}]",
-                "—" if status.found is None else f"{status.found:,}",
-                "—" if status.expected is None else f"{status.expected:,}",
+                _count(status.listed),
+                _count(status.found if status.listed is None else status.present),
+                _count(status.missing_images),
+                _count(status.extra),
+                _count(status.expected),
                 status.path or "—",
                 status.message,
             )
         print_table(table, legend=CHECK_LEGEND)
-    bad = [s for s in report if s.status in ("missing", "count mismatch", "unreadable") or s.unreadable]
+        absent = [s.name for s in report if s.official_list == "missing"]
+        if absent:
+            where = f"in {lists}" if lists is not None else "(no --lists DIR given)"
+            console.print(
+                f"[yellow]{len(absent)} set(s) checked without their official image list, not found {where}: "
+                f"{', '.join(absent)}; get the lists with `oodbench datasets lists fetch --to DIR` "
+                "(or put the files there by hand: `oodbench datasets lists show`), then --lists DIR[/yellow]",
+                soft_wrap=True,
+                highlight=False,
+            )
+    bad = [
+        s for s in report if s.status in ("missing", "count mismatch", "images missing", "unreadable") or s.unreadable
+    ]
     if strict and bad:
         raise typer.Exit(1)
+
+
+lists_app = typer.Typer(
+    help="The official OOD image lists: where each comes from, and fetching them into a lists folder.",
+    no_args_is_help=True,
+)
+datasets_app.add_typer(lists_app, name="lists")
+
+LISTS_LEGEND = (
+    "file: its name in the lists folder; source: repository @ commit, path in it (licence); entries: what the file "
+    "holds; sets: the registered sets it defines; here: ok (checksum verified), absent, or modified (refused)."
+)
+
+
+@lists_app.command("show")
+def lists_show(
+    lists: Path | None = typer.Option(None, "--lists", help="A lists folder: say which files are there and intact."),
+    json_output: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Name each official image list: repository, commit, path, licence, size, SHA-256 and raw URL.
+
+    Example: oodbench datasets lists show --lists /data/imagelists
+    """
+    import hashlib
+    from dataclasses import asdict
+
+    from .dataset_registry import REGISTRY
+    from .imagelists import LIST_SOURCES
+
+    def state(file: str) -> str:
+        if lists is None:
+            return "—"
+        path = lists / file
+        if not path.is_file():
+            return "absent"
+        intact = hashlib.sha256(path.read_bytes()).hexdigest() == LIST_SOURCES[file].sha256
+        return "ok" if intact else "modified"
+
+    sets = {
+        file: [n for n, e in REGISTRY.items() if e.official_list is not None and file in e.official_list.files]
+        for file in LIST_SOURCES
+    }
+    if json_output:
+        rows = [
+            {**asdict(source), "url": source.url, "sets": sets[file], "state": state(file)}
+            for file, source in LIST_SOURCES.items()
+        ]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("file", "source", "entries", "sets", "sha256", "here")
+    for file, source in LIST_SOURCES.items():
+        table.add_row(
+            file,
+            f"{source.describe()} {source.url}",
+            f"{source.entries:,} {source.unit}",
+            ", ".join(sets[file]),
+            source.sha256,
+            state(file),
+        )
+    print_table(table, legend=LISTS_LEGEND)
+
+
+@lists_app.command("fetch")
+def lists_fetch(
+    to: Path = typer.Option(..., "--to", help="The lists folder to fill (created if absent)."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for each download."),
+) -> None:
+    """Download each official image list from its authors' repository at the pinned commit, verified by SHA-256.
+
+    A file already there with the pinned checksum is kept; each download is checked before it is written. Without
+    network access, download the files `oodbench datasets lists show` names into the folder by hand.
+
+    Example: oodbench datasets lists fetch --to /data/imagelists
+    """
+    from .imagelists import FetchResult, fetch_lists
+
+    def report(result: FetchResult) -> None:
+        typer.echo(f"{result.action:<16} {result.path} ({result.size:,} bytes, {result.source.describe()})")
+
+    if timeout <= 0:
+        raise OodbenchError(f"--timeout must be positive; got {timeout}")
+    results = fetch_lists(to, timeout=timeout, progress=report)
+    typer.echo(f"{len(results)} official image lists in {to}, checksums verified; use them with --lists {to}")
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ import csv
 import io
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ __all__ = [
     "imagenet_synsets",
     "load_rgb",
     "open_dataset",
+    "ListMatch",
+    "match_list",
 ]
 
 IMAGE_EXTENSIONS = frozenset(
@@ -122,6 +125,70 @@ def _walk_images(directory: Path) -> list[str]:
             if _is_image(name) and not name.startswith("."):
                 found.append(name if rel == "." else f"{Path(rel).as_posix()}/{name}")
     return found
+
+
+@dataclass(frozen=True)
+class ListMatch:
+    """An image list laid over a folder: the listed images found (in list order), those not found, and the rest."""
+
+    root: Path
+    present: tuple[str, ...]  # list entries found, as paths relative to `root` (absolute entries stay absolute)
+    missing: tuple[str, ...]  # list entries with no file
+    extra: tuple[str, ...]  # images under the folder that the list does not name (relative to the folder)
+    listed: int
+
+    def image_list(self, source: dict[str, Any]) -> ImageList:
+        """The listed images that are present, unlabelled, with `source` plus the counts in the provenance."""
+        counts = {"listed": self.listed, "missing": len(self.missing), "ignored": len(self.extra)}
+        return ImageList(self.root, self.present, None, None, {**source, **counts})
+
+
+def match_list(
+    entries: Sequence[str], *, folder: Path | None, base: Path, by: str = "path", where: str = "image list"
+) -> ListMatch:
+    """Lay an image list over the images under `folder`.
+
+    ``by="path"``: an entry is a path relative to `base` (or absolute); ``by="name"``: an entry is a file name,
+    found anywhere below `folder` (lists of bare names, such as OpenImage-O's, fit any sub-folder layout).
+    """
+    if len(set(entries)) != len(entries):
+        twice = next(entry for entry, n in Counter(entries).items() if n > 1)
+        raise DataError(f"{where} names {twice!r} more than once")
+    walked = _walk_images(folder) if folder is not None and folder.is_dir() else []
+    if by == "name":
+        if folder is None:
+            raise DataError(f"{where} names files only; it needs the set's folder to find them in")
+        index: dict[str, list[str]] = {}
+        for relative in walked:
+            index.setdefault(relative.rsplit("/", 1)[-1], []).append(relative)
+        present: list[str] = []
+        missing: list[str] = []
+        for entry in entries:
+            hits = index.get(entry.rsplit("/", 1)[-1], [])
+            if len(hits) > 1:
+                raise DataError(f"{where}: {entry!r} matches {len(hits)} files under {folder} ({hits[0]}, {hits[1]})")
+            if hits:
+                present.append(hits[0])
+            else:
+                missing.append(entry)
+        chosen = set(present)
+        return ListMatch(
+            folder, tuple(present), tuple(missing), tuple(w for w in walked if w not in chosen), len(entries)
+        )
+    if by != "path":
+        raise DataError(f"unknown list matching {by!r}; use path or name")
+    on_disk = {os.path.normpath(folder / w): w for w in walked} if folder is not None else {}
+    present, missing, taken = [], [], set()
+    for entry in entries:
+        item = _normalise(entry)
+        full = os.path.normpath(item if os.path.isabs(item) else base / item)
+        if full in on_disk or os.path.isfile(full):
+            present.append(item)
+            taken.add(full)
+        else:
+            missing.append(entry)
+    extra = tuple(w for full, w in on_disk.items() if full not in taken)
+    return ListMatch(base, tuple(present), tuple(missing), extra, len(entries))
 
 
 def image_folder(root: str | os.PathLike[str], *, labels: bool = True) -> ImageList:

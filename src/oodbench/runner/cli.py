@@ -52,6 +52,10 @@ def run_command(
         plan = build_plan(config)
         sys.stdout.write(plan_json(plan) + "\n" if as_json else format_plan(plan, units=not summary))
         return
+    from .plan import skip_line
+
+    for model, reason in config.skipped_models:
+        typer.secho(f"skipping {model.display_name}: {skip_line(model, reason)}", fg=typer.colors.YELLOW, err=True)
     report = run_experiment(config, engine=engine, only=only, progress=progress, device=device, ray_address=ray_address)
     # The results first: each model's detector table (from its run directory), then what ran.
     from ..rundir import RunDir

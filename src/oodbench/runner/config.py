@@ -85,6 +85,7 @@ class ExperimentConfig:
     save_detectors: bool = False
     gram_dtype: str = "float64"
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    skipped_models: tuple[tuple[ModelSpec, str], ...] = ()  # declared but not run (a needed checkpoint), with why
 
     @property
     def classifiers(self) -> list[ModelSpec]:
@@ -511,6 +512,11 @@ def parse_config(
                 f"models[{i}].display: {spec.display_name!r} is already the name of {shown[spec.display_name].key_path}"
             )
         models[spec.id] = spec
+    # A model whose weights need a file that is not given is skipped, never run on other weights under its name.
+    skipped = tuple((m, reason) for m in models.values() if (reason := m.kind_of.unavailable(m)) is not None)
+    models = {k: m for k, m in models.items() if m.kind_of.unavailable(m) is None}
+    if not models:
+        raise ConfigError(f"models: every model is skipped ({skipped[0][0].key_path}: {skipped[0][1]})")
 
     if not top.datasets:
         raise ConfigError("datasets: missing; declare each dataset under [datasets.<id>]")
@@ -570,6 +576,7 @@ def parse_config(
         save_detectors=validate(_Detectors, top.detectors, "detectors").save,
         gram_dtype=validate(_Detectors, top.detectors, "detectors").gram_dtype,
         raw=dict(raw),
+        skipped_models=skipped,
     )
 
 

@@ -6,6 +6,7 @@ Adding a kind is one class here (or in any imported module): a `DatasetKind` sub
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -76,7 +77,13 @@ def _demo_counts(seed: int) -> dict[str, int]:
 
 @register_dataset_kind
 class Registry(DatasetKind):
-    """A dataset of the registry (`oodbench datasets list`), laid out as its authors publish it under ``root``."""
+    """A dataset of the registry (`oodbench datasets list`), laid out as its authors publish it under ``root``.
+
+    A set with an image list (its official list in the folder ``lists = PATH``, filled by `oodbench datasets lists
+    fetch`, or ``list = PATH``: entries relative to the set's folder) is exactly the listed images; other files in
+    its folder are ignored and counted. A set whose official list is not in ``lists`` is every image under its
+    folder, and the run says so.
+    """
 
     name = "registry"
 
@@ -84,6 +91,8 @@ class Registry(DatasetKind):
         kind: str
         name: str | None = None
         root: str
+        list: str | None = None
+        lists: str | None = None
         count: PositiveInt | None = None
 
     def parse(self, table: Any, name: str, key: str) -> dict[str, Any]:
@@ -96,7 +105,29 @@ class Registry(DatasetKind):
                 f"(registered: {', '.join(dataset_registry.REGISTRY)})"
             )
         params = {"root": _path(table.root), "name": registered}
+        if table.list is not None:
+            params["list"] = _path(table.list)
+        if table.lists is not None:
+            params["lists"] = _path(table.lists)
         return params | ({"count": table.count} if table.count is not None else {})
+
+    def identity(self, spec: DatasetSpec) -> dict[str, Any]:
+        # A list enters a unit key by its content, not its path; an official list by its pinned checksum when it is
+        # in the lists folder (a modified file is refused when the set is opened), by its absence otherwise.
+        import hashlib
+
+        from ..extract import dataset_registry
+
+        identity = {k: v for k, v in super().identity(spec).items() if k not in ("list", "lists")}
+        given = spec.params.get("list")
+        if given is not None:
+            path = Path(given)
+            identity["list_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        official = dataset_registry.get(spec.params["name"]).official_list
+        if official is not None and given is None:
+            absent = dataset_registry.missing_list_files(spec.params["name"], spec.params.get("lists"))
+            identity["official_list_sha256"] = None if absent else [source.sha256 for source in official.sources]
+        return identity
 
     def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
         declared = super().count(spec, config)
@@ -107,10 +138,48 @@ class Registry(DatasetKind):
         entry = dataset_registry.REGISTRY.get(spec.params["name"].lower())
         return entry.expected_count if entry is not None else None
 
+    def describe(self, spec: DatasetSpec) -> str:
+        from ..extract import dataset_registry
+
+        entry = dataset_registry.get(spec.params["name"])
+        given = spec.params.get("list")
+        listed = f"list {given}" if given else f"image list: {entry.image_list(short=True)}"
+        if not given and entry.official_list is not None:
+            lists = spec.params.get("lists")
+            if dataset_registry.missing_list_files(entry.name, lists):
+                where = f"not in {lists}" if lists else "no lists folder given"
+                listed = f"official list missing ({where}): every image under the folder"
+        return f"{entry.name} under {spec.params['root']}" + (f", {entry.table}" if entry.table else "") + f"; {listed}"
+
+    def missing(self, spec: DatasetSpec) -> dict[str, str]:
+        problems = super().missing(spec)
+        given = spec.params.get("list")
+        if given is not None and not Path(given).is_file():
+            problems[f"{spec.key_path}.list"] = f"image list {given} does not exist"
+        lists = spec.params.get("lists")
+        if lists is not None and not Path(lists).is_dir():
+            problems[f"{spec.key_path}.lists"] = (
+                f"lists folder {lists} does not exist; fill it with `oodbench datasets lists fetch --to {lists}`"
+            )
+        return problems
+
     def open(self, spec: DatasetSpec) -> Any:
         from ..extract import dataset_registry
 
-        return dataset_registry.open_registered(spec.params["name"], spec.params["root"])
+        images = dataset_registry.open_registered(
+            spec.params["name"], spec.params["root"], list_file=spec.params.get("list"), lists=spec.params.get("lists")
+        )
+        if "absent_list" in images.source:
+            sys.stderr.write(
+                f"{spec.key_path}: every image under the folder taken ({len(images):,}); "
+                f"{images.source['absent_list']}\n"
+            )
+        if images.source.get("ignored"):
+            sys.stderr.write(
+                f"{spec.key_path}: {len(images):,} listed images taken; "
+                f"ignored {images.source['ignored']:,} other file(s) beside them\n"
+            )
+        return images
 
 
 @register_dataset_kind

@@ -138,6 +138,10 @@ class ModelKind:
         """The model id of its store entries."""
         return spec.id
 
+    def unavailable(self, spec: ModelSpec) -> str | None:
+        """Why the model cannot run as declared (its weights need a file that is not given), else None; it is skipped."""
+        return spec.params.get("needs_checkpoint")
+
     def identity(self, spec: ModelSpec) -> dict[str, Any]:
         """What determines the model's outputs."""
         identity: dict[str, Any] = {"id": spec.id, "kind": spec.kind, **spec.params}
@@ -229,6 +233,12 @@ class DatasetKind:
     def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
         """The number of images, when known without reading them (the declared ``count`` first)."""
         return int(spec.params["count"]) if "count" in spec.params else None
+
+    def describe(self, spec: DatasetSpec) -> str:
+        """What defines the dataset's images, in a few words, for the plan."""
+        if spec.parent is not None:
+            return f"rows of {spec.parent}"
+        return str(spec.root) if spec.root is not None else ""
 
     def missing(self, spec: DatasetSpec) -> dict[str, str]:
         """{key: problem} for the files and directories the dataset reads that do not exist."""

@@ -170,6 +170,7 @@ class Timm(ModelKind):
         kind: str
         name: str
         checkpoint: str | None = None
+        checkpoint_required: str | None = None  # why the named weights need a file: skipped until checkpoint is set
         convert: str | None = None
         preprocessing: dict[str, Any] = {}
         batch_size: PositiveInt | None = None
@@ -178,6 +179,9 @@ class Timm(ModelKind):
     def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
         _check_timm_name(table.name, f"{key}.name", with_checkpoint=bool(table.checkpoint))
         params = {**_checkpoint(table.checkpoint), **_batch_size(table.batch_size), "name": table.name}
+        if table.checkpoint_required is not None and not table.checkpoint:
+            # Never the hub's weights under this name: the model is skipped (`unavailable`) until a file is given.
+            params["needs_checkpoint"] = table.checkpoint_required.strip() or "its weights are not in timm"
         params.update(_weights_options(table, key))
         if table.nac_layers:
             params["nac_layers"] = _check_nac_layers(list(table.nac_layers), f"{key}.nac_layers")
@@ -185,6 +189,8 @@ class Timm(ModelKind):
 
     def weights(self, spec: ModelSpec) -> str:
         name = spec.params["name"]
+        if "needs_checkpoint" in spec.params:
+            return f"timm {name}: needs checkpoint = PATH ({spec.params['needs_checkpoint']})"
         if "checkpoint" in spec.params:
             return f"timm {name} + {spec.params['checkpoint']}"
         return f"timm {name}" + _default_tag_note(name)

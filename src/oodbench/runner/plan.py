@@ -29,7 +29,7 @@ from ..templates import SEED_TEMPLATES
 from .config import ExperimentConfig, ModelSpec, missing_roots
 from .ledger import Ledger, content_key
 
-__all__ = ["STAGES", "Unit", "Plan", "build_plan", "layout", "Layout", "format_plan"]
+__all__ = ["STAGES", "Unit", "Plan", "build_plan", "layout", "Layout", "format_plan", "skip_line"]
 
 STAGES = ("extract", "fit", "score", "metrics", "analysis", "report")
 # Statuses: cached (done, key matches, outputs verify) · pending (never done) · stale (done with another key) ·
@@ -698,6 +698,16 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
     ]
     lines.append(f"{'model':<22} {'kind':<9} weights (resolved offline)")
     lines += [f"{m.display_name:<22} {m.kind:<9} {m.kind_of.weights(m)}" for m in config.models.values()]
+    lines += [
+        f"{m.display_name:<22} {m.kind:<9} {m.kind_of.weights(m)}; skipped until {m.key_path}.checkpoint is set"
+        for m, _ in config.skipped_models
+    ]
+    lines.append("")
+    lines.append(f"{'dataset':<24} {'kind':<9} {'images':>10}  what defines them")
+    for spec in config.datasets.values():
+        count = spec.kind_of.count(spec, config)
+        shown = f"{count:,}" if count is not None else "?"
+        lines.append(f"{spec.id:<24} {spec.kind:<9} {shown:>10}  {spec.kind_of.describe(spec)}".rstrip())
     lines.append("")
     vlm_units = [u for u in plan.stage("score") if u.spec.get("zeroshot")]
     if vlm_units:
@@ -753,6 +763,11 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
+def skip_line(model: ModelSpec, reason: str) -> str:
+    """Why a declared model does not run and what makes it run, in one line."""
+    return f"needs checkpoint = PATH ({model.key_path}.checkpoint): {reason}"
+
+
 def plan_json(plan: Plan) -> str:
     """The plan as JSON (for tools): summary, problems and every unit."""
     return json.dumps(
@@ -761,6 +776,10 @@ def plan_json(plan: Plan) -> str:
             "models": [
                 {"id": m.id, "display": m.display_name, "kind": m.kind, "weights": m.kind_of.weights(m)}
                 for m in plan.config.models.values()
+            ],
+            "skipped_models": [
+                {"id": m.id, "display": m.display_name, "kind": m.kind, "reason": why}
+                for m, why in plan.config.skipped_models
             ],
             "summary": plan.summary(),
             "problems": plan.problems,
