@@ -12,7 +12,18 @@ from oodbench.evaluation import evaluate_outputs
 from oodbench.outputs import Outputs
 
 SHARING = (
-    "maha", "rmaha", "maha++", "rmaha++", "neco", "vim", "cosine", "mcm", "fdbd", "dice", "kl_matching", "residual"
+    "maha",
+    "rmaha",
+    "maha++",
+    "rmaha++",
+    "neco",
+    "vim",
+    "cosine",
+    "mcm",
+    "fdbd",
+    "dice",
+    "kl_matching",
+    "residual",
 )
 
 

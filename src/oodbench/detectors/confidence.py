@@ -19,11 +19,15 @@ _MAX_PASSES = 200
 def _shifted(logits: np.ndarray, beta: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """β·f shifted by its row maximum (≤ 0, a fresh float64 array), the softmax p of β·f, and log Σ exp(shifted)."""
     shifted = np.asarray(logits, dtype=np.float64) * beta  # a fresh array
-    shifted -= shifted.max(axis=1, keepdims=True)
+    rows, peak = np.arange(shifted.shape[0]), shifted.argmax(axis=1)
+    shifted -= shifted[rows, peak][:, None]
     probs = np.exp(shifted)
-    total = probs.sum(axis=1)
-    probs /= total[:, None]
-    return shifted, probs, np.log(total)
+    # The peak's term is exactly 1: log1p of the others keeps log Σ exp its relative precision when they are tiny.
+    probs[rows, peak] = 0.0
+    others = probs.sum(axis=1)
+    probs[rows, peak] = 1.0
+    probs /= (1.0 + others)[:, None]
+    return shifted, probs, np.log1p(others)
 
 
 def _label_logits(logits: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
@@ -125,8 +129,9 @@ class Entropy(Detector):
         "Detection in Semantic Segmentation",
         "ICCV 2021",
         "https://arxiv.org/abs/2012.06575",
-        "the entropy score as pytorch-ood cites it; no hyper-parameters. Computed as −H = Σ p g − log Σ exp(g) with "
-        "g = f − max f ≤ 0: two terms of one sign, no cancellation and no clipping of small probabilities",
+        "the entropy score as pytorch-ood cites it; no hyper-parameters. Computed as −H = Σ p g − log1p(Σ' exp g) with "
+        "g = f − max f ≤ 0 (Σ' over all but the peak): two terms of one sign, no cancellation, relative precision "
+        "kept on confident rows and no clipping of small probabilities",
     )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:

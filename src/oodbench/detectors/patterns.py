@@ -120,6 +120,48 @@ def _openmax_distance(values: np.ndarray, centres: np.ndarray, euclidean: float,
     return distance
 
 
+def _weibull_fit(tail: np.ndarray) -> tuple[float, float]:
+    """Shape and scale of the two-parameter Weibull MLE of libMR's shifted tail t + 10000 − min t.
+
+    scipy's weibull_min.fit starts the search; for such tails (spread ≪ 10000, shapes of 1e4-1e6) it stops ~1e-6
+    (relative) short of the root of the likelihood equation in the shape, g(k) = Σ w y / Σ w − 1/k − mean y = 0
+    with y = log(x / max x), w = exp(k y). g is increasing (g' = Var_w(y) + 1/k² > 0), so safeguarded Newton steps
+    finish it to float64 precision; y is taken as log1p((t − max t) / max x), exact where log x − log max x is not.
+    """
+    from scipy.stats import weibull_min  # imported on use: `oodbench --help` does not load scipy
+
+    top = float(tail.max()) + _LIBMR_TRANSLATION - float(tail.min())
+    logs = np.log1p((tail - tail.max()) / top)
+
+    def equation(k: float) -> tuple[float, float]:
+        weights = np.exp(k * logs)
+        weights /= weights.sum()
+        mean = float(weights @ logs)
+        spread = float(weights @ (logs - mean) ** 2)
+        return mean - 1.0 / k - float(logs.mean()), spread + 1.0 / k**2
+
+    start, _, _ = weibull_min.fit(tail + _LIBMR_TRANSLATION - tail.min(), floc=0.0)
+    low, high = float(start), float(start)
+    while equation(low)[0] > 0:
+        low /= 2.0
+    while equation(high)[0] < 0:
+        high *= 2.0
+    k = float(start)
+    for _ in range(200):
+        value, slope = equation(k)
+        if value == 0.0:
+            break
+        low, high = (k, high) if value < 0 else (low, k)
+        step = k - value / slope
+        proposal = step if low < step < high else 0.5 * (low + high)
+        if abs(proposal - k) <= 4 * np.finfo(np.float64).eps * k:
+            k = proposal
+            break
+        k = proposal
+    scale = top * float(np.mean(np.exp(k * logs))) ** (1.0 / k)  # (mean x^k)^(1/k), without overflowing x^k
+    return k, scale
+
+
 def _largest_per_class(
     kept: tuple[np.ndarray, np.ndarray], classes: np.ndarray, values: np.ndarray, size: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +182,7 @@ class OpenMax(Detector):
     """OpenMax: log P(known) after revising the top-α logits by per-class Weibull models of distances to class means.
 
     Fit: the mean activation vector μ_c (mean logits of the fit rows correctly classified as c), and for each class a
-    two-parameter Weibull fitted by maximum likelihood (scipy) to its `tail` largest distances d(f, μ_c), shifted as
+    two-parameter Weibull fitted by maximum likelihood (scipy, finished by Newton) to its `tail` largest distances d(f, μ_c), shifted as
     libMR's FitHigh does (d + 10000 − smallest tail distance). Score: for the α classes of largest logit, rank
     i = 1..α, w_c = WeibullCDF(d(f, μ_c)) · (α + 1 − i)/α; v_c = f_c (1 − w_c) and v_0 = Σ_c f_c w_c;
     P = softmax(v_0, v_1, …, v_C). The score log(1 − P_0) orders rows as −P_0 (the peers' score) without
@@ -175,8 +217,6 @@ class OpenMax(Detector):
             raise DetectorError("openmax: euclidean and cosine weights are both 0; give one a positive weight")
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
-        from scipy.stats import weibull_min  # imported on use: `oodbench --help` does not load scipy
-
         num_classes = int(fit_set.num_classes)
         self.alpha_ = min(int(self.alpha), num_classes)
         self.means_, self.class_counts_, self.fallback_classes_ = _correct_class_means(
@@ -202,8 +242,7 @@ class OpenMax(Detector):
                     f"{np.unique(tail).shape[0]} distinct distances; a Weibull fit needs at least 2"
                 )
             self.tail_minimum_[c] = tail.min()
-            shape, _, scale = weibull_min.fit(tail + _LIBMR_TRANSLATION - tail.min(), floc=0.0)
-            self.shape_[c], self.scale_[c] = shape, scale
+            self.shape_[c], self.scale_[c] = _weibull_fit(tail)
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         from scipy.stats import weibull_min
