@@ -63,7 +63,12 @@ def test_tempscale_finds_the_nll_minimiser(problem):
 
     def nll(temperature: float) -> float:
         return float(
-            np.mean([_energy(r / temperature) - r[y] / temperature for r, y in zip(logits.astype(float), labels)])
+            np.mean(
+                [
+                    _energy(r / temperature) - r[y] / temperature
+                    for r, y in zip(logits.astype(float), labels, strict=True)
+                ]
+            )
         )
 
     t = detector.temperature_
