@@ -264,7 +264,13 @@ class OpenMax(Detector):
         revised[rows, top + 1] = top_logits * (1.0 - weight)
         revised[:, 0] = np.einsum("nk,nk->n", top_logits, weight)
         known = logsumexp_in_place(revised[:, 1:].copy())
-        return known - logsumexp_in_place(revised)
+        unknown = revised[:, 0].copy()
+        total = logsumexp_in_place(revised)
+        # log(1 − P_0) from log P_0 = v_0 − log Σ exp v: log1p(−P_0) keeps its relative precision where P_0 is tiny
+        # (ID rows: a difference of log-sum-exps would round to 0 there), the log-sum-exp difference where P_0 → 1.
+        log_unknown = unknown - total
+        small = log_unknown < -np.log(2.0)
+        return np.where(small, np.log1p(-np.exp(np.minimum(log_unknown, -np.log(2.0)))), known - total)
 
     def _row_width(self, test: Outputs) -> int:
         return (2 * self.alpha_ + 4) * int(test.num_classes or 1)
