@@ -56,11 +56,11 @@ class ASHP(_ASHVariant):
 
     paper = Paper(
         *_ASH,
-        "percentile=60: the paper's ImageNet ResNet-50 setting (ASH-P@60); k = D - round(D p / 100) kept, as the "
-        "official code; applied to the penultimate (pooled) features; ties at the cut kept by position",
+        "percentile=65: the official code's ash_p default (github.com/andrijazz/ash, ash.py); k = D - round(D p / 100) "
+        "kept, as that code; applied to the penultimate (pooled) features; ties at the cut kept by position",
     )
 
-    def __init__(self, percentile: float = 60.0) -> None:
+    def __init__(self, percentile: float = 65.0) -> None:
         super().__init__(percentile)
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
@@ -75,7 +75,7 @@ class ASHB(_ASHVariant):
 
     paper = Paper(
         *_ASH,
-        "percentile=65: the paper's ImageNet ResNet-50 setting (ASH-B@65) and the official ash_b default; "
+        "percentile=65: the official code's ash_b default (github.com/andrijazz/ash, ash.py); "
         "k = D - round(D p / 100) kept, each set to the row's sum over k; ties at the cut kept by position",
     )
 
