@@ -1,8 +1,8 @@
 """Agreement with pytorch-ood 0.4 (the `bench` extra) and OpenOOD v1.5 on the same arrays, where they have the method.
 
 pytorch-ood scores are outlier scores (higher = more OOD) and run in float32; each test states the convention that
-relates them to ours and the float32 bound that limits the agreement. The figures in docs/detectors.md's table
-are the bounds asserted here. OpenOOD's postprocessors need a CUDA network; its relation and residual formulas are
+relates them to ours and the bound that limits the agreement; docs/detectors.md's table gives the differences
+measured on these arrays. OpenOOD's postprocessors need a CUDA network; its relation and residual formulas are
 checked where OpenOOD's source is given (OODBENCH_OPENOOD=<checkout>/openood/postprocessors), else skipped.
 """
 
