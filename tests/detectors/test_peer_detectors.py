@@ -273,6 +273,25 @@ def test_openmax_matches_a_slow_reference(params):
     np.testing.assert_allclose(detector.score(test), expected, rtol=1e-7)
 
 
+def test_openmax_weibull_fits_are_at_least_as_likely_as_scipys():
+    from scipy.stats import weibull_min
+
+    from oodbench.detectors.patterns import _weibull_fits
+
+    rng = np.random.default_rng(5)
+    tails = np.sort(np.abs(rng.normal(3.0, rng.uniform(0.01, 2.0, (6, 1)), (6, 20))), axis=1)
+    counts = np.array([20, 20, 20, 20, 7, 2])
+    shapes, scales = _weibull_fits(tails, counts)
+    for c in range(6):
+        tail = tails[c, : counts[c]]
+        shifted = tail + 10000.0 - tail.min()
+        k, _, scale = weibull_min.fit(shifted, floc=0.0)
+        ours = weibull_min.logpdf(shifted, shapes[c], scale=scales[c]).sum()
+        # The MLE: no other (shape, scale) is more likely, scipy's included (up to the rounding of the sums, 1e-10).
+        assert ours >= weibull_min.logpdf(shifted, k, scale=scale).sum() - 1e-10
+        assert shapes[c] == pytest.approx(_weibull_mle(shifted)[0], rel=1e-9)
+
+
 def test_openmax_refuses_a_class_without_a_tail():
     head = Head(np.eye(2, dtype=np.float32), np.zeros(2, dtype=np.float32))
     z = np.array([[2.0, 1.0], [3.0, 0.0], [0.0, 1.0]], dtype=np.float32)
