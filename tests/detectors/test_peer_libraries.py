@@ -2,8 +2,9 @@
 
 pytorch-ood scores are outlier scores (higher = more OOD) and run in float32; each test states the convention that
 relates them to ours and the bound that limits the agreement; docs/detectors.md's table gives the differences
-measured on these arrays. OpenOOD's postprocessors need a CUDA network; its relation and residual formulas are
-checked where OpenOOD's source is given (OODBENCH_OPENOOD=<checkout>/openood/postprocessors), else skipped.
+measured on these arrays. OpenOOD's postprocessors expect a CUDA network; its relation, residual, GradNorm and SHE
+code runs on the arrays through a stand-in network where OpenOOD's source is given
+(OODBENCH_OPENOOD=<checkout>/openood/postprocessors), else skipped.
 """
 
 from __future__ import annotations
@@ -158,7 +159,9 @@ def _openood_module(name: str) -> types.ModuleType:
     package.__path__ = [root]
     base = types.ModuleType("openood_postprocessors.base_postprocessor")
     base.BasePostprocessor = type("BasePostprocessor", (), {"__init__": lambda self, config: None})
-    sys.modules.update({package.__name__: package, base.__name__: base})
+    info = types.ModuleType("openood_postprocessors.info")
+    info.num_classes_dict = {}  # read only by constructors, which the tests bypass
+    sys.modules.update({package.__name__: package, base.__name__: base, info.__name__: info})
     spec = importlib.util.spec_from_file_location(f"openood_postprocessors.{name}", Path(root) / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -201,3 +204,51 @@ def test_residual_agrees_with_openood(arrays):
     theirs = postprocessor.score_id
     # Same algebra in float64 (pinv, the second moment about u, eig); float32 features: ~1e-10 relative.
     assert _relative(ours, theirs) < 1e-8
+
+
+class _FeatureNet:
+    """What OpenOOD's postprocessors call on a network, for cached arrays: the head, and (logits, features) of a batch."""
+
+    def __init__(self, head: Head) -> None:
+        self.layer = _linear(head)
+
+    def get_fc(self):
+        return np.asarray(self.layer.weight.detach()), np.asarray(self.layer.bias.detach())
+
+    def eval(self):
+        return self
+
+    def __call__(self, data, return_feature=True):
+        return self.layer(data), data
+
+
+def test_gradnorm_agrees_with_openood(arrays):
+    module = _openood_module("gradnorm_postprocessor")
+    _, head, test = arrays
+    ours = create("gradnorm").fit(test).score(test)
+    postprocessor = module.GradNormPostprocessor.__new__(module.GradNormPostprocessor)
+    postprocessor.num_classes = head.num_classes
+    weight, bias = _FeatureNet(head).get_fc()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "cuda", lambda self: self)
+        patch.setattr(torch.nn.Module, "cuda", lambda self: self)
+        theirs = postprocessor.gradnorm(torch.from_numpy(test.features), weight, bias)
+    # OpenOOD (as the official code) sums the cross-entropy over the C classes: C times the KL gradient, in float32.
+    assert _relative(ours, theirs / head.num_classes) < 1e-5
+
+
+def test_she_agrees_with_openood(arrays):
+    module = _openood_module("she_postprocessor")
+    fit, head, test = arrays
+    ours = create("she").fit(fit, head).score(test)
+    postprocessor = module.SHEPostprocessor.__new__(module.SHEPostprocessor)
+    postprocessor.num_classes, postprocessor.setup_flag = head.num_classes, False
+    postprocessor.args = types.SimpleNamespace(metric="inner_product")
+    net = _FeatureNet(head)
+    batch = {"data": torch.from_numpy(fit.features), "label": torch.from_numpy(fit.labels)}
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(torch.Tensor, "cuda", lambda self: self)
+        postprocessor.setup(net, {"train": [batch]}, {})
+        _, theirs = postprocessor.postprocess(net, torch.from_numpy(test.features))
+    # Their patterns and products in float32.
+    assert _relative(ours, theirs.numpy()) < 1e-6
