@@ -1,4 +1,5 @@
-"""The registry holds the 21 detectors in documentation order, each with paper metadata and documented defaults."""
+"""The registry holds the paper's 21 detectors and the peer libraries' post-hoc ones in documentation order, each with
+paper metadata and documented defaults."""
 
 from __future__ import annotations
 
@@ -13,30 +14,32 @@ NAMES = (
     "msp maxlogit kl_matching energy gen react ash_s scale dice maha rmaha maha++ rmaha++ knn cosine mcm fdbd "
     "neco nac vim nnguide"
 ).split()
+# Post-hoc detectors of pytorch-ood and OpenOOD beyond the paper's 21, registered after them.
+PEER_NAMES = "tempscale entropy gradnorm ash_p ash_b residual she openmax relation".split()
 
 
-def test_available_is_exactly_the_21_in_order():
-    assert available() == NAMES
+def test_available_is_the_21_then_the_peer_detectors_in_order():
+    assert available() == NAMES + PEER_NAMES
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + PEER_NAMES)
 def test_every_detector_has_paper_and_defaults(name):
     cls = get_class(name)
     assert cls.paper is not None and cls.paper.url.startswith("https://") and cls.paper.venue
     detector = create(name)
     assert detector.get_params() == cls.default_params()
     assert repr(detector).startswith(cls.__name__ + "(")
-    if cls.default_params() and name in NAMES[5:]:  # the 16 detectors of issue 3 document each default's source
+    if cls.default_params() and name in NAMES[5:] + PEER_NAMES:  # each default's source is documented
         assert cls.paper.notes, f"{name}: each default needs its source in the paper notes"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + PEER_NAMES)
 def test_unfitted_detector_refuses_to_score(name):
     with pytest.raises(DetectorError, match="not fitted"):
         create(name).score(Outputs(np.ones((1, 2))))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + PEER_NAMES)
 def test_every_detector_fits_and_scores_end_to_end(problem, small_params, name):
     detector = create(name, **small_params.get(name, {})).fit(problem.fit, problem.head)
     scores = detector.score(problem.test)

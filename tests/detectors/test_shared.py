@@ -11,7 +11,20 @@ from oodbench.errors import DetectorError
 from oodbench.evaluation import evaluate_outputs
 from oodbench.outputs import Outputs
 
-SHARING = ("maha", "rmaha", "maha++", "rmaha++", "neco", "vim", "cosine", "mcm", "fdbd", "dice", "kl_matching")
+SHARING = (
+    "maha",
+    "rmaha",
+    "maha++",
+    "rmaha++",
+    "neco",
+    "vim",
+    "cosine",
+    "mcm",
+    "fdbd",
+    "dice",
+    "kl_matching",
+    "residual",
+)
 
 
 @pytest.fixture

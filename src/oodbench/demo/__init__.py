@@ -41,6 +41,11 @@ class DemoSetup:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+# Fitted on held-out ID data only: the demo's fit set is the CNN's training split, which it classifies without
+# error, so the NLL has no minimum at a positive temperature.
+DEMO_EXCLUDED = frozenset({"tempscale"})
+
+
 def demo_detector_params(fit_size: int, num_features: int, num_classes: int) -> dict[str, dict[str, Any]]:
     """Hyper-parameters scaled to the demo's small fit set (the defaults target ImageNet-size fit sets)."""
     from .. import detectors
@@ -59,6 +64,8 @@ def demo_detector_params(fit_size: int, num_features: int, num_classes: int) -> 
     }
     plan: dict[str, dict[str, Any]] = {}
     for name in detectors.available():
+        if name in DEMO_EXCLUDED:
+            continue
         cls = detectors.get_class(name)
         plan[name] = {k: v for k, v in scaled.get(name, {}).items() if k in cls.param_names()}
     return plan
