@@ -10,6 +10,7 @@ from ..outputs import Head, Outputs
 from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
 from .registry import register
+from .state import Scalar
 
 # Newton's iteration on the inverse temperature stops once a step moves it by less than this fraction.
 _STEP_RTOL = 1e-13
@@ -49,6 +50,7 @@ class TemperatureScaling(Detector):
     """
 
     requires = Requirements.of(fit=("logits", "labels"), score=("logits",))
+    state = {"temperature_": Scalar(float, 0.0), "passes_": Scalar(int, 1)}
     paper = Paper(
         "Guo, Pleiss, Sun & Weinberger, On Calibration of Modern Neural Networks",
         "ICML 2017",

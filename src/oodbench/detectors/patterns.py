@@ -12,6 +12,7 @@ from ..outputs import Head, Outputs
 from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
 from .registry import register
+from .state import Array, Scalar
 
 
 def _checked_labels(name: str, labels: np.ndarray, num_classes: int) -> np.ndarray:
@@ -76,6 +77,13 @@ class SHE(Detector):
     """Simplified Hopfield energy: z · S_ŷ, S_c the mean feature of the fit rows correctly classified as c."""
 
     requires = Requirements.of(fit=("features", "logits", "labels"), score=("features", "logits"))
+    # Per class: the pattern (mean of correctly classified rows), how many rows made it, and whether the class fell back
+    # to all its rows.
+    state = {
+        "patterns_": Array("float64", ("C", "D")),
+        "class_counts_": Array("int64", ("C",)),
+        "fallback_classes_": Array("bool", ("C",)),
+    }
     paper = Paper(
         "Zhang et al., Out-of-Distribution Detection based on In-Distribution Data Patterns Memorization with "
         "Modern Hopfield Energy",
@@ -189,6 +197,15 @@ class OpenMax(Detector):
     """
 
     requires = Requirements.of(fit=("logits", "labels"), score=("logits",))
+    state = {
+        "alpha_": Scalar(int, 1, "C"),
+        "means_": Array("float64", ("C", "C")),
+        "class_counts_": Array("int64", ("C",)),
+        "fallback_classes_": Array("bool", ("C",)),
+        "tail_minimum_": Array("float64", ("C",)),
+        "shape_": Array("float64", ("C",)),
+        "scale_": Array("float64", ("C",)),
+    }
     paper = Paper(
         "Bendale & Boult, Towards Open Set Deep Networks",
         "CVPR 2016",
@@ -288,6 +305,9 @@ class Relation(Detector):
     """Neural relation graph: Σ_j k(x, x_j)^t over the edges with k > threshold, k = max(ẑ·ẑ_j, 0) · (p·p_j)."""
 
     requires = Requirements.of(fit=("features", "logits"), score=("features", "logits"))
+    # B bank rows: every hop-th fit row.
+    state = {"bank_features_": Array("float32", ("B", "D")), "bank_probs_": Array("float32", ("B", "C"))}
+    state_dims = {"B": "N"}
     paper = Paper(
         "Kim, Yun & Song, Neural Relation Graph: A Unified Framework for Identifying Label Noise and Outlier Data",
         "NeurIPS 2023",

@@ -10,6 +10,7 @@ from ..outputs import Head, Outputs
 from .activation import _as_float32, _HeadDetector, _kept_count
 from .base import Paper, Requirements
 from .registry import register
+from .state import Scalar
 
 _ASH = (
     "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection",
@@ -34,6 +35,7 @@ def exact_top_k(features: np.ndarray, kept: int) -> np.ndarray:
 
 class _ASHVariant(_HeadDetector):
     requires = Requirements.of(score=("features",), head=True)
+    state = {**_HeadDetector.state, "kept_": Scalar(int, 1, "D")}
 
     def __init__(self, percentile: float = 65.0) -> None:
         self.percentile = percentile

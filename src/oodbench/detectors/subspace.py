@@ -11,6 +11,7 @@ from .base import Detector, Paper, Requirements
 from .hybrid import _min_norm_solution, vim_default_dim
 from .registry import register
 from .shared import statistics_for
+from .state import Array, Scalar
 
 
 @register("residual")
@@ -19,6 +20,13 @@ class Residual(Detector):
 
     requires = Requirements.of(fit=("features",), score=("features",), head=True)
     shared_statistics = frozenset({"features"})
+    # r = D - dim_, the residual directions kept.
+    state = {
+        "dim_": Scalar(int, 1, "D"),
+        "origin_": Array("float64", ("D",)),
+        "residual_basis_": Array("float64", ("D", "r")),
+    }
+    state_dims = {"r": "D"}
     paper = Paper(
         "Wang, Li, Feng & Zhang, ViM: Out-Of-Distribution with Virtual-logit Matching (the Residual score)",
         "CVPR 2022",
