@@ -46,10 +46,18 @@ __all__ = [
     "CONVENTIONS",
     "check_convention",
     "convention_metric",
+    "CONVENTION_NOTES",
 ]
 
 METRIC_NAMES = ("fpr95", "auroc", "aupr_in", "aupr_out")
 CONVENTIONS = ("oodbench", "openood")  # the first is the default everywhere
+# One line per convention, for the notes of every table that shows its numbers.
+CONVENTION_NOTES = {
+    "oodbench": "Convention oodbench: ID is the positive class; FPR@95 is the share of OOD accepted at the threshold "
+    "that accepts 95% of ID; AUPR is average precision.",
+    "openood": "Convention openood (OpenOOD v1.5, pytorch-ood): OOD is the positive class; FPR@95 is the share of ID "
+    "flagged as OOD at the threshold that flags 95% of OOD; AUPR is the trapezoidal area under the PR curve.",
+}
 
 
 def as_scores(name: str, scores: object) -> np.ndarray:
