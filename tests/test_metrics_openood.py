@@ -30,7 +30,9 @@ def exact_aupr(positive: list[float], negative: list[float]) -> Fraction:
         tp = sum(1 for s in positive if s >= t)
         fp = sum(1 for s in negative if s >= t)
         points.append((Fraction(tp, len(positive)), Fraction(tp, tp + fp)))
-    return sum(((r1 - r0) * (p1 + p0) / 2 for (r0, p0), (r1, p1) in zip(points, points[1:])), Fraction(0))
+    return sum(
+        ((r1 - r0) * (p1 + p0) / 2 for (r0, p0), (r1, p1) in zip(points[:-1], points[1:], strict=True)), Fraction(0)
+    )
 
 
 def test_closed_forms():

@@ -21,14 +21,14 @@ import numpy as np
 from . import detectors as detector_registry
 from .detectors.shared import FitStatistics, check_gram_dtype, gram_key
 from .errors import DetectorError, OodbenchError, StoreError
+from .grouped import run_tables_markdown
+from .metrics import check_convention
+from .oodgroups import OodGroups
 from .outputs import Head, Outputs
 from .progress import progress_bar
 from .results import ResultRow, metric_rows
 from .rundir import RunDir
 from .store import Store
-from .grouped import run_tables_markdown
-from .metrics import check_convention
-from .oodgroups import OodGroups
 
 __all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
 

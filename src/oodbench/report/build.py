@@ -29,11 +29,10 @@ from ..analysis.subsample import (
     subsample_fpr,
 )
 from ..errors import AnalysisError
-from ..progress import progress_bar
-from ..results import ResultRow
-from ..tabular import Cell, Table
 from ..oodgroups import OodGroups
-from ..results import convention_rows
+from ..progress import progress_bar
+from ..results import ResultRow, convention_rows
+from ..tabular import Cell, Table
 from . import figures, tables
 from .conventions import (
     convention_text,
