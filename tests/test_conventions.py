@@ -254,7 +254,7 @@ def test_evaluate_and_report_in_the_openood_convention(tmp_path):
     assert "near: ninco" in table and "far: far mean" in table and "other: noise" in table  # OpenOOD's groups
     assert "full-spectrum" in table and "id_v2" in table
     info = json.loads((out / "run.json").read_text())
-    assert info["csid_datasets"] == ["id_v2"] and info["convention"] == "openood"
+    assert info["csid_datasets"] == ["id_v2"] and info["convention"] == "openood" and "id_v2" in info["entries"]
     assert set(load_scores(out, "toy", "id_v2")) == {"msp", "energy"}  # the covariate-shifted set is scored
     # Both conventions' rows are written; the openood ones equal OpenOOD's recipe and pytorch-ood's FPR.
     assert assert_openood_rows_match_peers(out, "toy", "id") == 2 * 3 * 4

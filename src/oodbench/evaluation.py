@@ -244,10 +244,17 @@ def evaluate_store(
 
     def describe(score_keys: Mapping[str, str], **status: Any) -> dict[str, Any]:
         info = run_description(
-            store, model_id, fit_dataset, id_dataset, ood_datasets, plan, score_keys, gram_dtype=gram_dtype, **status
+            store,
+            model_id,
+            fit_dataset,
+            id_dataset,
+            ood_datasets,
+            plan,
+            score_keys,
+            gram_dtype=gram_dtype,
+            csid_datasets=csid_datasets,
+            **status,
         )
-        if csid_datasets:  # full-spectrum evaluation: read by `oodbench report`
-            info["csid_datasets"] = list(csid_datasets)
         info["convention"] = convention
         return info
 
@@ -304,10 +311,11 @@ def run_description(
     complete: bool,
     skipped: Mapping[str, str] | None = None,
     gram_dtype: str = "float64",
+    csid_datasets: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The content of a run directory's run.json: inputs, parameters and the store entries' provenance."""
     entries = {}
-    for name in [fit_dataset, id_dataset, *ood_datasets]:
+    for name in [fit_dataset, id_dataset, *csid_datasets, *ood_datasets]:
         meta = store.meta(model_id, name)
         entries[name] = {
             k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")
@@ -317,6 +325,7 @@ def run_description(
         "store": str(store.root.resolve()),
         "fit_dataset": fit_dataset,
         "id_dataset": id_dataset,
+        **({"csid_datasets": list(csid_datasets)} if csid_datasets else {}),  # full spectrum: read by the report
         "ood_datasets": list(ood_datasets),
         "detectors": {name: dict(params) for name, params in plan.items()},
         "gram_dtype": gram_dtype,

@@ -365,7 +365,7 @@ def build_report(
             "Zero-shot vocabularies",
             "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
             "vocabulary-size figure only, not in the supervised tables, subsampling or intervals."
-            + ("" if supervised else "\n\n" + CONVENTION),  # zero-shot rows: oodbench's convention
+            + ("" if supervised and options.convention == "oodbench" else "\n\n" + CONVENTION),  # Table 2: oodbench's
         )
         zero.items.append(tables.table2(zeroshot, vocabularies, pairs=zero_pairs))
         if figures.vocab_sweep_lines(zeroshot, vocabularies):
