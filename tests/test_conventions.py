@@ -353,3 +353,15 @@ def test_report_rejects_a_bad_convention_before_any_work(tmp_path):
     result = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "r"), "--convention", "x"])
     assert result.exit_code == 2 and "unknown metric convention 'x'" in result.output
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [(["--csid", "nowhere"], "no saved scores of nowhere"), (["--groups", "nowhere.toml"], "no groups file")],
+)
+def test_report_names_missing_covariate_sets_and_groups(tmp_path, extra, message):
+    toy_store(tmp_path)
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, evaluate_args(tmp_path, out)).exit_code == 0
+    result = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "r"), "--quiet", *extra])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
