@@ -168,6 +168,15 @@ def test_demo_end_to_end(tmp_path):
     best_noise = max(r.value for r in rows if r.metric == "auroc" and r.ood_dataset == "noise")
     assert best_noise > 0.9
     assert "| msp |" in (tmp_path / "demo" / "report.md").read_text()
+    # The demo store in the openood convention: the same FPR@95 as pytorch-ood's OODMetrics on the same scores.
+    from .test_conventions import assert_openood_rows_match_peers
+
+    store, run = tmp_path / "demo" / "store", tmp_path / "openood-run"
+    args = ["--model", "digits-cnn", "--fit", "digits-fit", "--id", "digits-id-test", "--ood", "digits-6to9"]
+    args += ["--ood", "lfw-faces", "--ood", "noise", "-d", "msp,energy,maxlogit", "--convention", "openood"]
+    result = CliRunner().invoke(app, ["evaluate", "--store", str(store), *args, "--out", str(run), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert assert_openood_rows_match_peers(run, "digits-cnn", "digits-id-test") == 3 * 3 * 4
 
 
 def test_rerun_with_fewer_detectors_drops_their_saved_scores(tmp_path):

@@ -140,6 +140,25 @@ def evaluate(
         help="Precision of the Gram matrices the Gaussian-family fits share: float64, or float32 (about twice "
         "the speed, within a proven bound; docs/detectors.md).",
     ),
+    convention: str = typer.Option(
+        "oodbench",
+        "--convention",
+        help="Metric convention of the table: oodbench (ID positive), or openood (OOD-positive FPR@95 and "
+        "trapezoidal AUPR, as OpenOOD v1.5 and pytorch-ood; its rows are added as openood.*).",
+    ),
+    aupr: bool = typer.Option(False, "--aupr", help="Add AUPR-In and AUPR-Out to the table's cells."),
+    groups: str | None = typer.Option(
+        None,
+        "--groups",
+        help="OOD groups with group means: a groups TOML file or a shipped name (default with --convention "
+        "openood: openood-v1.5-imagenet, OpenOOD's near / far).",
+    ),
+    csid: list[str] | None = typer.Option(
+        None,
+        "--csid",
+        help="Covariate-shifted ID set (e.g. imagenet-v2; repeatable): scored, and counted as ID in a "
+        "full-spectrum table beside the standard one.",
+    ),
 ) -> None:
     """Fit detectors on the fit set, score ID test and OOD sets, write tidy results and a table.
 
@@ -181,6 +200,13 @@ def evaluate(
     from .rundir import RunDir
 
     RunDir(out).check_writable("--out")  # before any work, not after the detectors ran
+    from .metrics import CONVENTIONS
+    from .oodgroups import DEFAULT_GROUPS, load_groups
+
+    if convention not in CONVENTIONS:
+        raise typer.BadParameter(f"--convention: must be one of {', '.join(CONVENTIONS)}; got {convention!r}")
+    group_spec = groups if groups is not None else (DEFAULT_GROUPS if convention == "openood" else None)
+    ood_groups = load_groups(group_spec) if group_spec is not None else None
     plan = {name: overrides.get(name, {}) for name in names}
     result = evaluate_store(
         store,
@@ -195,6 +221,10 @@ def evaluate(
         progress=progress,
         save_detectors=save_detectors,
         gram_dtype=gram_dtype,
+        csid_datasets=list(csid or ()),
+        convention=convention,
+        aupr=aupr,
+        groups=ood_groups,
     )
     sys.stdout.write(result.table_markdown)
     for name, reason in result.skipped.items():

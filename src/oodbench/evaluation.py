@@ -21,12 +21,14 @@ import numpy as np
 from . import detectors as detector_registry
 from .detectors.shared import FitStatistics, check_gram_dtype, gram_key
 from .errors import DetectorError, OodbenchError, StoreError
+from .grouped import run_tables_markdown
+from .metrics import check_convention
+from .oodgroups import OodGroups
 from .outputs import Head, Outputs
 from .progress import progress_bar
 from .results import ResultRow, metric_rows
 from .rundir import RunDir
 from .store import Store
-from .tabular import detector_table_markdown
 
 __all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
 
@@ -69,14 +71,21 @@ def evaluate_outputs(
     on_detector_done: Any = None,
     on_detector_fitted: Any = None,
     gram_dtype: str = "float64",
+    csid_sets: Mapping[str, Outputs] | None = None,
+    convention: str = "oodbench",
+    aupr: bool = False,
+    groups: OodGroups | None = None,
 ) -> EvaluationResult:
     """Fit each detector once, score the ID test set and every OOD set, and compute all metrics.
 
     With ``strict=False`` detectors whose requirements the arrays cannot meet are skipped and reported;
     with ``strict=True`` they raise. ``cached`` maps dataset -> detector -> scores to reuse. ``gram_dtype``
     is the precision of the shared Gram matrices (``"float32"``: about twice the speed, within the bound of
-    docs/detectors.md).
+    docs/detectors.md). ``csid_sets`` are covariate-shifted ID sets, scored too and counted as ID in the
+    table's full-spectrum setting; ``convention`` is the table's metric convention (``openood`` also adds its
+    ``openood.*`` rows), ``aupr`` adds AUPR columns and ``groups`` the grouped table (`oodbench.grouped`).
     """
+    check_convention(convention)
     if not ood_sets:
         raise OodbenchError("no OOD datasets given: pass at least one")
     for name, outputs in ood_sets.items():
@@ -87,7 +96,7 @@ def evaluate_outputs(
     plan = normalize_detectors(detectors)
     # Unknown names and invalid parameters fail here, before any work.
     instances = {name: detector_registry.create(name, **params) for name, params in plan.items()}
-    datasets = {id_dataset: id_test, **ood_sets}
+    datasets = {id_dataset: id_test, **(csid_sets or {}), **ood_sets}
     scores: dict[str, dict[str, np.ndarray]] = {name: {} for name in datasets}
     skipped: dict[str, str] = {}
     cached = cached or {}
@@ -122,8 +131,19 @@ def evaluate_outputs(
                     on_detector_done(name, {ds: scores[ds][name] for ds in datasets})
             bar.advance(task)
     ran = [name for name in plan if name not in skipped]
-    rows = metric_rows(model, id_dataset, list(ood_sets), ran, scores, tpr)
-    table = detector_table_markdown(rows, ran, list(ood_sets))
+    conventions = list(dict.fromkeys(["oodbench", convention]))
+    rows = metric_rows(model, id_dataset, list(ood_sets), ran, scores, tpr, conventions)
+    table = run_tables_markdown(
+        rows,
+        ran,
+        list(ood_sets),
+        convention=convention,
+        aupr=aupr,
+        groups=groups,
+        csid_datasets=list(csid_sets or {}),
+        scores=scores,
+        tpr=tpr,
+    )
     return EvaluationResult(rows=rows, scores=scores, table_markdown=table, skipped=skipped)
 
 
@@ -172,31 +192,38 @@ def evaluate_store(
     progress: bool = True,
     save_detectors: str | os.PathLike[str] | None = None,
     gram_dtype: str = "float64",
+    csid_datasets: Sequence[str] = (),
+    convention: str = "oodbench",
+    aupr: bool = False,
+    groups: OodGroups | None = None,
 ) -> EvaluationResult:
     """Evaluate detectors on store entries of one model and (optionally) write a run directory.
 
     With `save_detectors`, each fitted detector is saved to ``save_detectors/<name>`` with its fit provenance.
     `gram_dtype` as in `evaluate_outputs`; it enters the score keys of the detectors whose fit it changes.
+    `csid_datasets` (covariate-shifted ID sets), `convention`, `aupr` and `groups` as in `evaluate_outputs`.
     """
     store = store if isinstance(store, Store) else Store(store)
     check_gram_dtype(gram_dtype)  # before any work
     if not 0.0 < float(tpr) <= 1.0:  # before run.json or any score file is written (NaN fails this too)
         raise OodbenchError(f"tpr must lie in (0, 1], e.g. 0.95; got {tpr}")
+    check_convention(convention)
     if not ood_datasets:
         raise OodbenchError("no OOD datasets given: pass at least one --ood")
     run_dir = RunDir(out_dir) if out_dir is not None else None
     if run_dir is not None:
         run_dir.check_writable("out_dir")  # before any work, not after the detectors ran
-    names = [fit_dataset, id_dataset, *ood_datasets]
+    names = [fit_dataset, id_dataset, *csid_datasets, *ood_datasets]
     if len(set(names)) != len(names):
         raise OodbenchError(f"dataset names must be distinct; got {names}")
     store.check_compatible(*[(model_id, name) for name in names])
     fit_set = store.read(model_id, fit_dataset)
     id_test = store.read(model_id, id_dataset)
     oods = {name: store.read(model_id, name) for name in ood_datasets}
+    csids = {name: store.read(model_id, name) for name in csid_datasets}
     head = store.read_head(model_id) if store.has_head(model_id) else None
     if head is not None:
-        for name, outputs in [(fit_dataset, fit_set), (id_dataset, id_test), *oods.items()]:
+        for name, outputs in [(fit_dataset, fit_set), (id_dataset, id_test), *csids.items(), *oods.items()]:
             try:
                 head.check_outputs(outputs)
             except ValueError as exc:
@@ -204,7 +231,8 @@ def evaluate_store(
     plan = normalize_detectors(detectors)
     keys = {name: _fingerprint(store, model_id, names, name, params, gram_dtype) for name, params in plan.items()}
 
-    cached, done = run_dir.resume(model_id, [id_dataset, *ood_datasets], keys) if run_dir is not None else ({}, {})
+    scored = [id_dataset, *csid_datasets, *ood_datasets]
+    cached, done = run_dir.resume(model_id, scored, keys) if run_dir is not None else ({}, {})
 
     keep = Path(save_detectors) if save_detectors is not None else None
     if keep is not None:
@@ -217,9 +245,20 @@ def evaluate_store(
         detector.save(keep / name, provenance=provenance)
 
     def describe(score_keys: Mapping[str, str], **status: Any) -> dict[str, Any]:
-        return run_description(
-            store, model_id, fit_dataset, id_dataset, ood_datasets, plan, score_keys, gram_dtype=gram_dtype, **status
+        info = run_description(
+            store,
+            model_id,
+            fit_dataset,
+            id_dataset,
+            ood_datasets,
+            plan,
+            score_keys,
+            gram_dtype=gram_dtype,
+            csid_datasets=csid_datasets,
+            **status,
         )
+        info["convention"] = convention
+        return info
 
     def persist(name: str, per_dataset: Mapping[str, np.ndarray]) -> None:
         # Saved as soon as a detector finishes, so an interrupted run resumes from the next detector.
@@ -245,6 +284,10 @@ def evaluate_store(
         on_detector_done=persist,
         on_detector_fitted=keep_fitted if keep is not None else None,
         gram_dtype=gram_dtype,
+        csid_sets=csids,
+        convention=convention,
+        aupr=aupr,
+        groups=groups,
     )
     if run_dir is not None:
         run_dir.write_results(model_id, result.rows, result.scores, result.table_markdown)
@@ -270,10 +313,11 @@ def run_description(
     complete: bool,
     skipped: Mapping[str, str] | None = None,
     gram_dtype: str = "float64",
+    csid_datasets: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The content of a run directory's run.json: inputs, parameters and the store entries' provenance."""
     entries = {}
-    for name in [fit_dataset, id_dataset, *ood_datasets]:
+    for name in [fit_dataset, id_dataset, *csid_datasets, *ood_datasets]:
         meta = store.meta(model_id, name)
         entries[name] = {
             k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")
@@ -283,6 +327,7 @@ def run_description(
         "store": str(store.root.resolve()),
         "fit_dataset": fit_dataset,
         "id_dataset": id_dataset,
+        **({"csid_datasets": list(csid_datasets)} if csid_datasets else {}),  # full spectrum: read by the report
         "ood_datasets": list(ood_datasets),
         "detectors": {name: dict(params) for name, params in plan.items()},
         "gram_dtype": gram_dtype,

@@ -11,6 +11,13 @@ ID is the **positive** class.
 OpenOOD and pytorch-ood report FPR@95 with **OOD as the positive class** (threshold detects 95% of the
 OOD set; FPR is the share of ID flagged as OOD). That is a different number; it is available, explicitly
 named, as ``fpr_at_tpr_ood_positive``. All computation is float64.
+
+The ``openood`` convention (``evaluate(..., convention="openood")``) is what OpenOOD v1.5's
+``compute_all_metrics`` and pytorch-ood's ``OODMetrics`` report: FPR@95 with OOD positive; AUROC, which is the
+same number in both conventions (the area under a ROC curve does not change when the classes swap roles and the
+scores change sign); and AUPR-In/Out as the trapezoidal area under the precision-recall curve
+(``aupr_trapezoid``), not average precision. Its rows are stored under ``openood.<metric>``
+(`convention_metric`), so results of the two conventions never mix.
 """
 
 from __future__ import annotations
@@ -31,11 +38,26 @@ __all__ = [
     "aupr_in",
     "aupr_out",
     "average_precision",
+    "aupr_trapezoid",
+    "aupr_in_trapezoid",
+    "aupr_out_trapezoid",
     "evaluate",
     "METRIC_NAMES",
+    "CONVENTIONS",
+    "check_convention",
+    "convention_metric",
+    "CONVENTION_NOTES",
 ]
 
 METRIC_NAMES = ("fpr95", "auroc", "aupr_in", "aupr_out")
+CONVENTIONS = ("oodbench", "openood")  # the first is the default everywhere
+# One line per convention, for the notes of every table that shows its numbers.
+CONVENTION_NOTES = {
+    "oodbench": "Convention oodbench: ID is the positive class; FPR@95 is the share of OOD accepted at the threshold "
+    "that accepts 95% of ID; AUPR is average precision.",
+    "openood": "Convention openood (OpenOOD v1.5, pytorch-ood): OOD is the positive class; FPR@95 is the share of ID "
+    "flagged as OOD at the threshold that flags 95% of OOD; AUPR is the trapezoidal area under the PR curve.",
+}
 
 
 def as_scores(name: str, scores: object) -> np.ndarray:
@@ -123,10 +145,62 @@ def aupr_out(id_scores: object, ood_scores: object) -> float:
     return average_precision(-as_scores("ood_scores", ood_scores), -as_scores("id_scores", id_scores))
 
 
-def evaluate(id_scores: object, ood_scores: object, tpr: float = 0.95) -> dict[str, float]:
-    """All metrics for one (ID, OOD) pair: fpr95, auroc, aupr_in, aupr_out (fractions, not %)."""
+def aupr_trapezoid(positive_scores: np.ndarray, negative_scores: np.ndarray) -> float:
+    """Trapezoidal area under the precision-recall curve (higher score = positive), as OpenOOD and pytorch-ood.
+
+    The curve is scikit-learn's ``precision_recall_curve``: one point per distinct score (ties enter together),
+    plus the end point (recall 0, precision 1); the area is ``sklearn.metrics.auc(recall, precision)``. Points at
+    recall 1 add no area, so the curve's truncation at full recall in old scikit-learn versions does not matter.
+    """
+    scores = np.concatenate([positive_scores, negative_scores])
+    is_positive = np.concatenate([np.ones(positive_scores.shape[0], bool), np.zeros(negative_scores.shape[0], bool)])
+    order = np.argsort(-scores, kind="stable")
+    scores, is_positive = scores[order], is_positive[order]
+    true_pos = np.cumsum(is_positive, dtype=np.int64)
+    accepted = np.arange(1, scores.shape[0] + 1, dtype=np.int64)
+    last_of_run = np.r_[scores[1:] != scores[:-1], True]
+    true_pos, accepted = true_pos[last_of_run], accepted[last_of_run]
+    # Start at (recall 0, precision 1); exact integer counts, one division per point.
+    recall = np.r_[0.0, true_pos / positive_scores.shape[0]]
+    precision = np.r_[1.0, true_pos / accepted]
+    return float(np.sum(np.diff(recall) * (precision[1:] + precision[:-1])) / 2.0)
+
+
+def aupr_in_trapezoid(id_scores: object, ood_scores: object) -> float:
+    """Trapezoidal AUPR with ID as the positive class (OpenOOD's AUPR_IN)."""
+    return aupr_trapezoid(as_scores("id_scores", id_scores), as_scores("ood_scores", ood_scores))
+
+
+def aupr_out_trapezoid(id_scores: object, ood_scores: object) -> float:
+    """Trapezoidal AUPR with OOD as the positive class, scores negated (OpenOOD's AUPR_OUT)."""
+    return aupr_trapezoid(-as_scores("ood_scores", ood_scores), -as_scores("id_scores", id_scores))
+
+
+def check_convention(convention: str) -> str:
+    """The convention's name, or a MetricError naming the known ones."""
+    if convention not in CONVENTIONS:
+        raise MetricError(f"unknown metric convention {convention!r}; known: {', '.join(CONVENTIONS)}")
+    return convention
+
+
+def convention_metric(metric: str, convention: str) -> str:
+    """The name a metric's rows carry under a convention: ``fpr95`` (oodbench), ``openood.fpr95`` (openood)."""
+    return metric if check_convention(convention) == CONVENTIONS[0] else f"{convention}.{metric}"
+
+
+def evaluate(
+    id_scores: object, ood_scores: object, tpr: float = 0.95, convention: str = "oodbench"
+) -> dict[str, float]:
+    """All metrics for one (ID, OOD) pair: fpr95, auroc, aupr_in, aupr_out (fractions, not %) in a convention."""
     ids = as_scores("id_scores", id_scores)
     ood = as_scores("ood_scores", ood_scores)
+    if check_convention(convention) == "openood":
+        return {
+            "fpr95": fpr_at_tpr_ood_positive(ids, ood, tpr),
+            "auroc": auroc(ids, ood),
+            "aupr_in": aupr_in_trapezoid(ids, ood),
+            "aupr_out": aupr_out_trapezoid(ids, ood),
+        }
     return {
         "fpr95": fpr_at_tpr(ids, ood, tpr),
         "auroc": auroc(ids, ood),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,18 @@ import numpy as np
 from .atomic import atomic_path
 from .errors import AnalysisError
 
-__all__ = ["ResultRow", "COLUMNS", "schema", "write_rows", "read_rows", "rows_from_metrics", "metric_rows"]
+__all__ = [
+    "ResultRow",
+    "COLUMNS",
+    "schema",
+    "write_rows",
+    "read_rows",
+    "rows_from_metrics",
+    "metric_rows",
+    "convention_rows",
+    "full_spectrum_id",
+    "full_spectrum_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -68,8 +79,10 @@ def metric_rows(
     detectors: Sequence[str],
     scores: Mapping[str, Mapping[str, np.ndarray]],
     tpr: float,
+    conventions: Sequence[str] = ("oodbench",),
 ) -> list[ResultRow]:
-    """Every metric of every detector on every OOD set, from per-image scores {dataset: {detector: scores}}."""
+    """Every metric of every detector on every OOD set, from per-image scores {dataset: {detector: scores}}, in
+    each of `conventions` (rows of a convention other than oodbench's are named ``<convention>.<metric>``)."""
     from . import metrics
 
     rows: list[ResultRow] = []
@@ -77,8 +90,58 @@ def metric_rows(
         id_scores = scores[id_dataset][detector]
         for ood in ood_datasets:
             ood_scores = scores[ood][detector]
-            values = metrics.evaluate(id_scores, ood_scores, tpr)
-            rows.extend(rows_from_metrics(model, id_dataset, ood, detector, values, len(id_scores), len(ood_scores)))
+            for convention in conventions:
+                values = {
+                    metrics.convention_metric(name, convention): value
+                    for name, value in metrics.evaluate(id_scores, ood_scores, tpr, convention).items()
+                }
+                rows.extend(
+                    rows_from_metrics(model, id_dataset, ood, detector, values, len(id_scores), len(ood_scores))
+                )
+    return rows
+
+
+def convention_rows(rows: Iterable[ResultRow], convention: str) -> list[ResultRow]:
+    """The rows of one convention under the plain metric names (``openood.fpr95`` read as ``fpr95``), so that every
+    table reads either convention the same way; rows of other conventions are left out."""
+    from .metrics import CONVENTIONS, check_convention
+
+    check_convention(convention)
+    prefixes = tuple(f"{c}." for c in CONVENTIONS[1:])
+    if convention == CONVENTIONS[0]:
+        return [r for r in rows if not r.metric.startswith(prefixes)]
+    prefix = f"{convention}."
+    return [replace(r, metric=r.metric[len(prefix) :]) for r in rows if r.metric.startswith(prefix)]
+
+
+def full_spectrum_id(id_dataset: str, csid_datasets: Sequence[str]) -> str:
+    """The ID label of full-spectrum rows: the ID test set and its covariate-shifted sets, joined by '+'."""
+    return "+".join([id_dataset, *csid_datasets])
+
+
+def full_spectrum_rows(
+    model: str,
+    id_dataset: str,
+    csid_datasets: Sequence[str],
+    ood_datasets: Sequence[str],
+    detectors: Sequence[str],
+    scores: Mapping[str, Mapping[str, np.ndarray]],
+    tpr: float,
+    convention: str = "oodbench",
+) -> list[ResultRow]:
+    """Full-spectrum rows (OpenOOD v1.5's FSOOD): the covariate-shifted sets count as ID, their scores joined to
+    the ID test set's; `id_dataset` of the rows is `full_spectrum_id`. Metric names are the plain ones of
+    `convention`."""
+    from . import metrics
+
+    label = full_spectrum_id(id_dataset, csid_datasets)
+    rows: list[ResultRow] = []
+    for detector in detectors:
+        id_scores = np.concatenate([np.asarray(scores[d][detector]) for d in [id_dataset, *csid_datasets]])
+        for ood in ood_datasets:
+            ood_scores = scores[ood][detector]
+            values = metrics.evaluate(id_scores, ood_scores, tpr, convention)
+            rows.extend(rows_from_metrics(model, label, ood, detector, values, len(id_scores), len(ood_scores)))
     return rows
 
 

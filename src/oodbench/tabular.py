@@ -148,12 +148,15 @@ def detector_table(
     *,
     key: str = "detectors",
     title: str = "Detectors × OOD sets",
+    convention: str | None = None,
+    aupr: bool = False,
 ) -> Table:
     """One (model, ID set)'s detectors × OOD sets: cells FPR@95 / AUROC (%), the lowest FPR@95 per OOD set in bold,
     and each detector's mean over the OOD sets where it has both metrics.
 
     `rows` hold one model on one ID set (the caller selects them); `detectors` and `ood_datasets` choose and order the
-    rows and columns (default: order of first appearance).
+    rows and columns (default: order of first appearance). `convention` adds its note (the rows carry its plain
+    metric names: `results.convention_rows`); `aupr` adds AUPR-In / AUPR-Out to every cell.
     """
     pairs = {(r.model, r.id_dataset) for r in rows}
     if len(pairs) > 1:
@@ -168,27 +171,38 @@ def detector_table(
         if fprs:
             best[ood] = min(fprs)
     body = []
+    shown = ("fpr95", "auroc", "aupr_in", "aupr_out") if aupr else ("fpr95", "auroc")
     for detector in detectors:
-        line, fprs, aucs = [Cell(detector)], [], []
+        line: list[Cell] = [Cell(detector)]
+        kept: list[tuple[float, ...]] = []
         for ood in oods:
-            fpr, auc = values.get((detector, ood, "fpr95")), values.get((detector, ood, "auroc"))
-            if fpr is None or auc is None:
+            cell = tuple(values.get((detector, ood, m)) for m in shown)
+            if any(v is None for v in cell):
                 line.append(Cell(MISSING))
                 continue
-            fprs.append(fpr)
-            aucs.append(auc)
-            line.append(Cell(f"{percent(fpr)} / {percent(auc)}", bold=fpr == best.get(ood)))
-        line.append(
-            Cell(f"{percent(sum(fprs) / len(fprs))} / {percent(sum(aucs) / len(aucs))}") if fprs else Cell(MISSING)
-        )
+            kept.append(cell)  # type: ignore[arg-type]
+            line.append(Cell(" / ".join(percent(v) for v in cell), bold=cell[0] == best.get(ood)))
+        means = [sum(column) / len(kept) for column in zip(*kept, strict=True)] if kept else []
+        line.append(Cell(" / ".join(percent(v) for v in means)) if kept else Cell(MISSING))
         body.append(tuple(line))
     columns = ("detector",) + tuple(f"{o} (n={n_ood[o]})" if o in n_ood else o for o in oods) + ("mean",)
-    note = "Cells: FPR@95 / AUROC (%); the lowest FPR@95 per OOD set in bold; mean over the OOD sets."
-    return Table(key, title, columns, tuple(body), notes=(note,))
+    what = "FPR@95 / AUROC / AUPR-In / AUPR-Out" if aupr else "FPR@95 / AUROC"
+    notes = [f"Cells: {what} (%); the lowest FPR@95 per OOD set in bold; mean over the OOD sets."]
+    if convention is not None:
+        from .metrics import CONVENTION_NOTES, check_convention
+
+        notes.append(CONVENTION_NOTES[check_convention(convention)])
+    return Table(key, title, columns, tuple(body), notes=tuple(notes))
 
 
 def detector_table_markdown(
-    rows: Sequence[MetricRow], detectors: Sequence[str] | None = None, ood_datasets: Sequence[str] | None = None
+    rows: Sequence[MetricRow],
+    detectors: Sequence[str] | None = None,
+    ood_datasets: Sequence[str] | None = None,
+    *,
+    convention: str | None = None,
+    aupr: bool = False,
 ) -> str:
     """The detector table of one (model, ID set) as Markdown, without a title (``table.md`` of a run)."""
-    return render_markdown(detector_table(rows, detectors, ood_datasets), title=False)
+    table = detector_table(rows, detectors, ood_datasets, convention=convention, aupr=aupr)
+    return render_markdown(table, title=False)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..errors import AnalysisError
+from ..metrics import check_convention
 from ..progress import progress_bar
 from .delong import DeLongResult, delong_interval, delong_test
 from .intervals import Interval, bootstrap, fpr_interval
@@ -123,8 +124,15 @@ def intervals_for_run(
     seed: int = 0,
     tpr: float = 0.95,
     progress: bool = True,
+    convention: str = "oodbench",
 ) -> list[IntervalRecord]:
-    """Intervals of every (detector, OOD set) of a run (or of the given detectors and sets)."""
+    """Intervals of every (detector, OOD set) of a run (or of the given detectors and sets).
+
+    With ``convention="openood"`` FPR@95 is OOD-positive: the intervals are those of the swapped problem (OOD
+    scores negated as the accepted class, ID scores negated as the rejected one), since OOD-positive FPR@95 is
+    exactly ID-positive FPR@95 of that problem and AUROC is the same number in both (tests/test_metrics_openood.py).
+    """
+    swap = check_convention(convention) == "openood"
     plans = run.ood_plans(ood_datasets)
     loaded = [(plan, run.paired_scores(*plan, detectors=detectors)) for plan in plans]
     total = sum(len(ids) for _, (ids, _) in loaded)
@@ -133,21 +141,25 @@ def intervals_for_run(
         task = bar.add_task("intervals", total=total)
         for (model, id_dataset, ood), (id_scores, ood_scores) in loaded:
             for name in id_scores:
-                records.append(
-                    interval_record(
-                        model,
-                        id_dataset,
-                        ood,
-                        name,
-                        id_scores[name],
-                        ood_scores[name],
-                        methods=methods,
-                        resamples=resamples,
-                        confidence=confidence,
-                        seed=seed,
-                        tpr=tpr,
-                    )
+                first, second = id_scores[name], ood_scores[name]
+                if swap:
+                    first, second = -np.asarray(second, dtype=np.float64), -np.asarray(first, dtype=np.float64)
+                record = interval_record(
+                    model,
+                    id_dataset,
+                    ood,
+                    name,
+                    first,
+                    second,
+                    methods=methods,
+                    resamples=resamples,
+                    confidence=confidence,
+                    seed=seed,
+                    tpr=tpr,
                 )
+                if swap:
+                    record = replace(record, n_id=record.n_ood, n_ood=record.n_id)
+                records.append(record)
                 bar.advance(task)
     return records
 

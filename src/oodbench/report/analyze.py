@@ -23,6 +23,20 @@ RunDir = Annotated[Path, typer.Argument(help="Evaluation run directory (written 
 Datasets = Annotated[list[str] | None, typer.Option("--dataset", help="Only these OOD datasets (repeatable).")]
 Detectors = Annotated[list[str] | None, typer.Option("--detector", help="Only these detectors (repeatable).")]
 Quiet = Annotated[bool, typer.Option("--no-progress/--progress", "--quiet", help="Hide the progress bar.")]
+Convention = Annotated[
+    str,
+    typer.Option(
+        "--convention", help="Metric convention: oodbench (ID positive) or openood (OOD-positive FPR@95, as OpenOOD)."
+    ),
+]
+
+
+def _convention(convention: str) -> str:
+    from ..metrics import CONVENTIONS
+
+    if convention not in CONVENTIONS:
+        raise typer.BadParameter(f"--convention: must be one of {', '.join(CONVENTIONS)}; got {convention!r}")
+    return convention
 
 
 def _write_json(target: Path, payload: dict[str, object]) -> None:
@@ -49,11 +63,18 @@ def subsample_command(
     out: Annotated[Path | None, typer.Option(help="JSON output (default RUN_DIR/analysis/subsample.json).")] = None,
     figure: Annotated[Path | None, typer.Option(help="Also draw Fig. A4 over the --n list (.png or .pdf).")] = None,
     quiet: Quiet = False,
+    convention: Convention = "oodbench",
 ) -> None:
     """Subsampling study: the best detector's FPR@95 over R draws of n OOD images (Table A6), plus spread vs noise.
 
     Example: oodbench analyze subsample runs/resnet50 --n 655 --draws 1000
     """
+    if _convention(convention) != "oodbench":
+        # Table A6 holds the ID threshold fixed while OOD subsets vary; an OOD-positive threshold moves with each draw.
+        raise typer.BadParameter(
+            "--convention: the subsampling study (Table A6) is defined in the oodbench convention only: its "
+            "threshold accepts 95% of the ID test set, which no OOD subsample changes"
+        )
     from ..analysis.rundata import load_run
     from ..analysis.spread import spread_vs_noise
     from ..analysis.subsample import subsample_run
@@ -126,12 +147,16 @@ def ci_command(
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Also write the intervals as JSON.")] = None,
     quiet: Quiet = False,
+    convention: Convention = "oodbench",
 ) -> None:
     """Confidence intervals of FPR@95 (Wilson, Clopper–Pearson, bootstrap) and AUROC (DeLong, bootstrap), for
     every detector of the run on every OOD set (or those named with --detector and --dataset).
 
     Example: oodbench analyze ci runs/resnet50 --detector knn --detector energy --resamples 2000
+
+    Example: oodbench analyze ci runs/resnet50 --convention openood
     """
+    _convention(convention)
     from ..analysis.rundata import load_run
     from ..analysis.runs import INTERVAL_METHODS, intervals_for_run
     from ..tabular import render_markdown
@@ -146,14 +171,33 @@ def ci_command(
         confidence=confidence,
         seed=seed,
         progress=not quiet,
+        convention=convention,
     )
     chosen = "the detectors named" if detector else "every detector"
     title = f"Confidence intervals of {chosen} on {'the OOD sets named' if dataset else 'every OOD set'}"
-    typer.echo(render_markdown(table_intervals(records, confidence, title=title)))
+    table = table_intervals(records, confidence, title=title)
+    if convention == "openood":
+        from dataclasses import replace
+
+        from ..metrics import CONVENTION_NOTES
+
+        note = (
+            f"{100 * confidence:g}% intervals (%). Wilson and Clopper–Pearson hold the OOD threshold fixed (the ID "
+            "images flagged as OOD are the binomial count); the bootstrap resamples ID and OOD images (percentile and "
+            "BCa); DeLong is the normal approximation of the AUROC U-statistic."
+        )
+        table = replace(table, notes=(note, CONVENTION_NOTES["openood"]))
+    typer.echo(render_markdown(table))
     if out is not None:
         _write_json(
             out,
-            {"run": str(run_dir), "resamples": resamples, "seed": seed, "records": [r.as_dict() for r in records]},
+            {
+                "run": str(run_dir),
+                "resamples": resamples,
+                "seed": seed,
+                "convention": convention,
+                "records": [r.as_dict() for r in records],
+            },
         )
 
 

@@ -29,10 +29,20 @@ from ..analysis.subsample import (
     subsample_fpr,
 )
 from ..errors import AnalysisError
+from ..oodgroups import OodGroups
 from ..progress import progress_bar
-from ..results import ResultRow
+from ..results import ResultRow, convention_rows
 from ..tabular import Cell, Table
 from . import figures, tables
+from .conventions import (
+    convention_text,
+    full_spectrum_tables,
+    group_tables,
+    openood_exports,
+    resolve_groups,
+    rows_in_convention,
+    with_convention_note,
+)
 
 __all__ = [
     "CONVENTION",
@@ -77,6 +87,10 @@ class ReportOptions:
     against: str | None = None  # a published set (e.g. "fi-imagenet-1k") to put beside the run's numbers
     # A "Context" section first: paragraphs (str, blank lines between) and tables, e.g. the demo's datasets.
     intro: tuple[str | Table, ...] = ()
+    convention: str = "oodbench"  # metric convention of the result tables: oodbench or openood (report/conventions.py)
+    aupr: bool = False  # AUPR-In / AUPR-Out in the per-model and group tables
+    groups: str | None = None  # OOD groups file or shipped name; default with openood: OpenOOD v1.5's near / far
+    csid: tuple[str, ...] = ()  # covariate-shifted ID sets (default: each run's run.json csid_datasets)
 
 
 @dataclass
@@ -110,6 +124,7 @@ class ReportContent:
     intervals: list[IntervalRecord] = field(default_factory=list)
     comparisons: list[tuple[str, str, DeLongResult]] = field(default_factory=list)
     published: list[Comparison] = field(default_factory=list)  # with --against: every published cell
+    exports: dict[str, str] = field(default_factory=dict)  # relative path -> text (OpenOOD's CSV layout)
 
     def tables(self) -> list[Table]:
         return [item for section in self.sections for item in section.items if isinstance(item, Table)]
@@ -286,6 +301,7 @@ def build_report(
 ) -> ReportContent:
     """Tables, figures and provenance for one or more evaluation runs (e.g. one per model)."""
     options = options or ReportOptions()
+    groups = resolve_groups(options.groups, options.convention)  # a bad convention or groups file fails here
     if options.against is not None and options.against not in PUBLISHED_SETS:
         # Checked before any statistics run: a typo should not cost the whole report's time.
         raise AnalysisError(f"unknown published set {options.against!r}; available: {', '.join(PUBLISHED_SETS)}")
@@ -300,6 +316,9 @@ def build_report(
     runs = label_variants(runs)
     check_distinct(runs)
     supervised, zeroshot = split_rows(runs)
+    supervised = convention_rows(supervised, "oodbench")  # the score sections' rows; tables use `shown`
+    shown = rows_in_convention(runs, supervised, options.convention, options.tpr)
+    convention = convention_text(options.convention, CONVENTION)
     content = ReportContent(options.title, [], [str(run.path) for run in runs])
     vocabularies, conflicts = merge_vocabularies(runs, options.vocabularies)
     content.notes.extend(conflicts)
@@ -325,25 +344,35 @@ def build_report(
         )
     accuracy: list[Accuracy] = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
     if supervised:
-        overview = Section("overview", "Overview", "Best detectors per model and OOD set.\n\n" + CONVENTION)
+        overview = Section("overview", "Overview", "Best detectors per model and OOD set.\n\n" + convention)
         top1: dict[str, dict[str, float]] = {}
         for acc in accuracy:
             top1.setdefault(acc.model, {})[acc.labels] = acc.top1
         for run in runs:  # a model shown under a label (runs of one model that differ) keeps its accuracy
             if isinstance(run, _Variant) and run.model_name in top1:
                 top1[run.label] = top1[run.model_name]
-        overview.items.append(tables.table1(supervised, top1=top1))
-        overview.items.append(tables.table_a2(supervised))
-        overview.items.append(tables.table_a1(supervised))
+        overview_tables = [tables.table1(shown, top1=top1), tables.table_a2(shown), tables.table_a1(shown)]
+        if options.convention != "oodbench":
+            overview_tables = [with_convention_note(t, options.convention) for t in overview_tables]
+        overview.items.extend(overview_tables)
         content.sections.append(overview)
+        _add_layout_sections(content, runs, shown, pairs, groups, options, accuracy)
         for model, id_dataset in pairs:
             section = Section(f"model-{_slug(model)}-{_slug(id_dataset)}", f"Model {model} (ID: {id_dataset})")
-            section.items.append(tables.table_detectors(supervised, model, id_dataset))
+            section.items.append(
+                tables.table_detectors(
+                    shown,
+                    model,
+                    id_dataset,
+                    convention=None if options.convention == "oodbench" else options.convention,
+                    aupr=options.aupr,
+                )
+            )
             section.items.append(
                 FigureItem(
                     f"fig1-{_slug(model)}",
                     f"Best detector per OOD set for {model} (paper Fig. 1)",
-                    lambda m=model, i=id_dataset: figures.fig_best_detectors(supervised, m, i),
+                    lambda m=model, i=id_dataset: figures.fig_best_detectors(shown, m, i),
                 )
             )
             content.sections.append(section)
@@ -355,7 +384,7 @@ def build_report(
             "Zero-shot vocabularies",
             "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
             "vocabulary-size figure only, not in the supervised tables, subsampling or intervals."
-            + ("" if supervised else "\n\n" + CONVENTION),
+            + ("" if supervised and options.convention == "oodbench" else "\n\n" + CONVENTION),  # Table 2: oodbench's
         )
         zero.items.append(tables.table2(zeroshot, vocabularies, pairs=zero_pairs))
         if figures.vocab_sweep_lines(zeroshot, vocabularies):
@@ -378,6 +407,10 @@ def build_report(
         )
     if scored_pairs:
         _add_score_sections(content, supervised, scored, scored_pairs, options, progress)
+        if options.convention != "oodbench":  # their thresholds accept 95% of ID: oodbench's FPR@95, said so
+            for section in content.sections:
+                if section.key in ("subsampling", "uncertainty", "ood-classes", "scores"):
+                    section.text = (section.text + "\n\n" + CONVENTION).strip()
 
     if options.against:
         _add_published_section(content, runs, options.against, accuracy)
@@ -389,6 +422,42 @@ def build_report(
     content.sections.append(provenance)
     _unique_names(content)
     return content
+
+
+def _add_layout_sections(
+    content: ReportContent,
+    runs: Sequence[RunData],
+    shown: Sequence[ResultRow],
+    pairs: Sequence[tuple[str, str]],
+    groups: OodGroups | None,
+    options: ReportOptions,
+    accuracy: Sequence[Accuracy],
+) -> None:
+    """OpenOOD's layouts: near / far group tables, full-spectrum tables, and (openood convention) its CSV files."""
+    if groups is not None:
+        grouped = group_tables(shown, groups, pairs, options.convention, options.aupr)
+        if grouped:
+            content.sections.append(
+                Section(
+                    "groups",
+                    "OOD groups",
+                    f"OOD sets grouped as {groups.title} ({groups.source}), each group with its mean.",
+                    list(grouped),
+                )
+            )
+    full, full_rows = full_spectrum_tables(runs, shown, pairs, groups, options.convention, options.tpr, options.csid)
+    if full:
+        content.sections.append(
+            Section(
+                "full-spectrum",
+                "Full-spectrum evaluation",
+                "Covariate-shifted ID sets counted as ID (their images joined to the ID test set's), beside the "
+                "standard setting, as OpenOOD v1.5's full-spectrum results.",
+                list(full),
+            )
+        )
+    if options.convention == "openood":
+        content.exports.update(openood_exports(shown, full_rows, groups, accuracy))
 
 
 def _add_published_section(

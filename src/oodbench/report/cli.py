@@ -49,6 +49,29 @@ def report_command(
             "Tables 1, 2, 3, A1–A7), with Δ and a verdict per cell: reproduced, within sampling error or differs.",
         ),
     ] = None,
+    convention: Annotated[
+        str,
+        typer.Option(
+            "--convention",
+            help="Metric convention of the result tables: oodbench (ID positive), or openood (OOD-positive FPR@95, "
+            "trapezoidal AUPR; OpenOOD v1.5's near / far groups and its CSV files under OUT/openood/).",
+        ),
+    ] = "oodbench",
+    aupr: Annotated[
+        bool, typer.Option("--aupr", help="AUPR-In and AUPR-Out in the detector and group tables.")
+    ] = False,
+    groups: Annotated[
+        str | None,
+        typer.Option("--groups", help="OOD groups: a groups TOML file or a shipped name (openood-v1.5-imagenet)."),
+    ] = None,
+    csid: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--csid",
+            help="Covariate-shifted ID set with saved scores (repeatable; default: each run's own from "
+            "`evaluate --csid`): adds the full-spectrum table.",
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--no-progress/--progress", "--quiet", help="Hide the progress bar.")] = False,
 ) -> None:
     """Render the Fi-ImageNet-1k paper's Tables 1, A1, 3/A2, 2 and A6 and Figs. 1 and A4 for your runs, ROC curves,
@@ -59,6 +82,8 @@ def report_command(
     Example: oodbench report runs/resnet50 runs/vit-b16 --out report/ --format md,tex,html
 
     Example: oodbench report runs/fi-imagenet-1k/* --out report/ --against fi-imagenet-1k
+
+    Example: oodbench report runs/resnet50 --out report/ --convention openood --aupr
     """
     from .build import ReportOptions, build_report
     from .output import parse_formats, write_report
@@ -85,6 +110,10 @@ def report_command(
         vocabularies=vocabularies,
         title=title,
         against=against,
+        convention=convention,
+        aupr=aupr,
+        groups=groups,
+        csid=tuple(csid or ()),
     )
     content = build_report(run_dirs, options, progress=not quiet)
     written = write_report(content, out, formats, figure_formats)

@@ -113,6 +113,9 @@ def write_report(
         writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in records)
         atomic_write_text(out / "published-comparison.csv", buffer.getvalue())
         written["reports"].append(out / "published-comparison.csv")
+    for relative, text in content.exports.items():  # e.g. OpenOOD's CSV layout (report/conventions.py)
+        atomic_write_text(out / relative, text)
+        written["reports"].append(out / relative)
     if "md" in formats:
         atomic_write_text(out / "report.md", _markdown_document(content))
         written["reports"].append(out / "report.md")

@@ -568,7 +568,13 @@ def table_a6(summaries: Sequence[SubsampleSummary], spreads: Sequence[SpreadSumm
 
 
 def table_detectors(
-    rows: Sequence[ResultRow], model: str, id_dataset: str | None = None, ood_datasets: Sequence[str] | None = None
+    rows: Sequence[ResultRow],
+    model: str,
+    id_dataset: str | None = None,
+    ood_datasets: Sequence[str] | None = None,
+    *,
+    convention: str | None = None,
+    aupr: bool = False,
 ) -> Table:
     """One model's detectors × OOD sets (the core `detector_table`), for a model of a multi-model result set."""
     supervised = supervised_rows(rows)
@@ -578,7 +584,13 @@ def table_detectors(
     detectors = [d for d in grid.detectors if any(d in grid.values[pair][o] for o in oods)]
     selected = [r for r in supervised if (r.model, r.id_dataset) == pair and r.ood_dataset in oods]
     return detector_table(
-        selected, detectors, oods, key=f"detectors-{model}", title=f"{grid.label(pair)}: detectors × OOD sets"
+        selected,
+        detectors,
+        oods,
+        key=f"detectors-{model}",
+        title=f"{grid.label(pair)}: detectors × OOD sets",
+        convention=convention,
+        aupr=aupr,
     )
 
 
