@@ -140,6 +140,11 @@ def evaluate(
         help="Precision of the Gram matrices the Gaussian-family fits share: float64, or float32 (about twice "
         "the speed, within a proven bound; docs/detectors.md).",
     ),
+    small_fit_set: str = typer.Option(
+        "fail",
+        "--small-fit-set",
+        help="fail (default: name every parameter the fit set is too small for) or adapt (scale those defaults).",
+    ),
 ) -> None:
     """Fit detectors on the fit set, score ID test and OOD sets, write tidy results and a table.
 
@@ -191,11 +196,15 @@ def evaluate(
         progress=progress,
         save_detectors=save_detectors,
         gram_dtype=gram_dtype,
+        small_fit_set=small_fit_set,
     )
+    from .quick_cli import SOME_FAILED, report_detectors
+
     sys.stdout.write(result.table_markdown)
-    for name, reason in result.skipped.items():
-        typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+    report_detectors(result.skipped, result.failed)
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
+    if result.failed:
+        raise typer.Exit(SOME_FAILED)
 
 
 @app.command()

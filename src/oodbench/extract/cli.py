@@ -154,7 +154,12 @@ def extract_command(
     num_actors: int | None = typer.Option(None, "--num-actors", help="Ray inference actors (default: one per GPU)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
     shard_size: int = typer.Option(4096, "--shard-size", help="Images per store shard (the unit of resumption)."),
-    workers: int = typer.Option(4, "--workers", help="DataLoader worker processes (local engine)."),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=0,
+        help="Image decoding processes (local engine; default: one less than the cores available, at most 4).",
+    ),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:1 …"),
     amp: bool = typer.Option(True, "--amp/--no-amp", help="Mixed precision on GPU."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),

@@ -140,7 +140,7 @@ def _engine_results(
     loader: Callable[[int], torch.Tensor],
     tasks: list,
     *,
-    num_workers: int,
+    num_workers: int | None,
     amp: bool,
     options: Mapping[str, Any],
 ) -> Iterator[BatchResult]:
@@ -165,14 +165,17 @@ def extract(
     engine: str = "local",
     batch_size: int = 64,
     shard_size: int = 4096,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     device: str = "auto",
     amp: bool = True,
     progress: bool = True,
     loader: Callable[[int], torch.Tensor] | None = None,
     engine_options: Mapping[str, Any] | None = None,
 ) -> ExtractionReport:
-    """Extract `dataset` with `backbone` into `store` as (model_id, dataset_id); resumes whatever is missing."""
+    """Extract `dataset` with `backbone` into `store` as (model_id, dataset_id); resumes whatever is missing.
+
+    `num_workers`: loader processes of the local engine (None: `engines.local.default_workers`).
+    """
     if engine not in ENGINES:
         raise ExtractError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
     if batch_size <= 0 or shard_size <= 0:
