@@ -198,9 +198,10 @@ def evaluate(
         gram_dtype=gram_dtype,
         small_fit_set=small_fit_set,
     )
-    from .quick_cli import SOME_FAILED, report_detectors
+    from .quick_cli import SOME_FAILED, print_accuracy, report_detectors
 
     sys.stdout.write(result.table_markdown)
+    print_accuracy(result.accuracy)
     report_detectors(result.skipped, result.failed)
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
     if result.failed:

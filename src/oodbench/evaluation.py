@@ -54,6 +54,7 @@ class EvaluationResult:
     run_dir: Path | None = None
     failed: dict[str, str] = field(default_factory=dict)  # detector -> the error that stopped its fit or scoring
     adapted: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # detector -> param -> from/to
+    accuracy: list[Any] = field(default_factory=list)  # accuracy.AccuracyRow of the ID test set (run directory only)
 
 
 class NothingEvaluated(DetectorError):
@@ -198,13 +199,13 @@ def check_fit_size(
         if not refused and not remaining:
             return {name: adapted.get(name, dict(params)) for name, params in plan.items()}, changed
         problems = refused + [p for p in remaining if p.split(":")[0] not in {r.split(":")[0] for r in refused}]
-        advice = "change them with -p DETECTOR.PARAM=VALUE (explicit values are never adapted)"
+        advice = "Change them with -p DETECTOR.PARAM=VALUE (explicit values are never adapted)"
     else:
         advice = (
-            "change them with -p DETECTOR.PARAM=VALUE, or let the defaults scale to the fit set with "
+            "Change them with -p DETECTOR.PARAM=VALUE, or let the defaults scale to the fit set with "
             "--small-fit-set adapt (small_fit_set='adapt' in Python)"
         )
-    raise FitSetTooSmall(f"the fit set ({size.describe()}) cannot support: {'; '.join(problems)}. {advice}")
+    raise FitSetTooSmall(f"the fit set ({size.describe()}) is too small for: {'; '.join(problems)}. {advice}")
 
 
 class FitSetTooSmall(DetectorError):
@@ -354,7 +355,7 @@ def evaluate_store(
         if id_test.labels is not None and id_test.logits is not None:
             from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
 
-            record_accuracy(run_dir.path, store, model_id, id_dataset, outputs=id_test)
+            result.accuracy = record_accuracy(run_dir.path, store, model_id, id_dataset, outputs=id_test)
         ran = [name for name in plan if name not in result.skipped and name not in result.failed]
         # A run with failed detectors is not complete: a rerun fits only those (the others' score keys match).
         info = describe(

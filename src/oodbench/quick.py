@@ -465,6 +465,7 @@ def _extract_and_evaluate(
         run_dir=evaluation.run_dir,
         failed=evaluation.failed,
         adapted=evaluation.adapted,
+        accuracy=evaluation.accuracy,
         model_id=model_id,
         extracted=extracted,
     )

@@ -10,7 +10,7 @@ import typer
 
 from .cli_params import parse_params
 
-__all__ = ["SOME_FAILED", "evaluate_model_command", "register", "report_detectors"]
+__all__ = ["SOME_FAILED", "evaluate_model_command", "register", "print_accuracy", "report_detectors"]
 
 
 def _named(values: list[str]) -> dict[str, Path]:
@@ -119,6 +119,7 @@ def evaluate_model_command(
         small_fit_set=small_fit_set,
     )
     sys.stdout.write(result.table_markdown)
+    print_accuracy(result.accuracy)
     if result.adapted:
         from .detectors.fitsize import describe_changes
 
@@ -133,6 +134,14 @@ def evaluate_model_command(
 
 
 SOME_FAILED = 3  # exit status of a run whose other detectors' results are written but some detectors failed
+
+
+def print_accuracy(rows: list) -> None:
+    """The Top-1 lines of a run (or why Top-1 is not computed), after its table."""
+    from .accuracy import describe_row
+
+    for row in rows:
+        typer.echo(describe_row(row))
 
 
 def report_detectors(skipped: dict[str, str], failed: dict[str, str]) -> None:
