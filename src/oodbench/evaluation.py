@@ -23,7 +23,7 @@ from .detectors.fitsize import SMALL_FIT_SET, FitSize, adapt_plan, plan_size_pro
 from .detectors.shared import FitStatistics, check_gram_dtype, gram_key
 from .errors import DetectorError, OodbenchError, StoreError
 from .outputs import Head, Outputs
-from .progress import progress_bar
+from .progress import note_work, progress_bar
 from .results import ResultRow, metric_rows
 from .rundir import RunDir
 from .store import Store
@@ -333,6 +333,7 @@ def evaluate_store(
             run_dir.save_scores(model_id, dataset, {name: values})
         done[name] = keys[name]
         run_dir.write_info(describe(done, complete=False))
+        note_work("detectors", finished=f"detectors {', '.join(done)}", kept=f"their scores in {run_dir.path}")
 
     result = evaluate_outputs(
         fit_set,

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from .errors import DataError, ExtractError, OodbenchError
 from .evaluation import EvaluationResult, check_fit_size, evaluate_store, normalize_detectors, nothing_evaluated
 from .extract.backbones.base import Backbone, autocast, safe_id
 from .outputs import Head
+from .progress import note_work, work_topics
 from .store import Store
 
 __all__ = ["ModelEvaluation", "ModuleBackbone", "evaluate_model", "as_backbone", "as_image_data"]
@@ -343,7 +344,8 @@ def evaluate_model(
     with (
         tempfile.TemporaryDirectory(prefix="oodbench-store-")
         if store is None
-        else contextlib.nullcontext(store) as root
+        else contextlib.nullcontext(store) as root,
+        _temporary_store_notes(store is None),
     ):
         result = _extract_and_evaluate(
             Store(root),
@@ -363,6 +365,22 @@ def evaluate_model(
         )
         result.store = None if store is None else Path(root)
         return result
+
+
+@contextlib.contextmanager
+def _temporary_store_notes(temporary: bool) -> Iterator[None]:
+    """On Ctrl-C, say that extractions into a temporary store are gone (it is deleted on the way out)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if temporary:
+            for topic in work_topics():
+                if topic.startswith("extract "):
+                    note_work(topic, kept="")  # the temporary store is deleted on the way out
+            note_work(
+                "temporary store", lost="the extracted features with the temporary store (keep them with --store)"
+            )
+        raise
 
 
 def _fit_size(backbone: Any, fit: _ImageData) -> tuple[FitSize, bool | None]:

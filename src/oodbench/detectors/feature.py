@@ -374,9 +374,27 @@ class NECO(Detector):
 
     def size_problems(self, size: FitSize) -> list[str]:
         whole = isinstance(self.dim, (int, np.integer)) and not isinstance(self.dim, (bool, np.bool_))
-        if whole and size.features is not None and self.dim > size.features:
+        if not whole:
+            return []
+        if size.features is not None and self.dim > size.features:
             return [f"dim={self.dim} exceeds the feature dimension D={size.features}; use dim <= {size.features}"]
+        if self.dim >= size.rows:
+            # N centred rows span at most N - 1 directions; components past them are arbitrary null-space vectors.
+            return [
+                f"dim={self.dim} principal components need more fit rows than that, and the fit set has "
+                f"{size.rows}; use dim < {size.rows}"
+            ]
         return []
+
+    def adapted_to(self, size: FitSize) -> dict[str, Any]:
+        if not self.size_problems(size) or self._dim_is_fraction():
+            return {}
+        span = min(size.rows - 1, size.features or size.rows)
+        return {"dim": max(1, span // 2)} if span >= 2 else {}
+
+    def _dim_is_fraction(self) -> bool:
+        """True when dim is a fraction of explained variance (float), not a number of components."""
+        return isinstance(self.dim, (float, np.floating))
 
     def requirements(self) -> Requirements:
         if self.use_maxlogit:
