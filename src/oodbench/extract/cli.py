@@ -72,7 +72,10 @@ def _kind(model: str, kind: str) -> str:
         return "open_clip"
     if in_timm or model.startswith("hf-hub:"):
         return "timm"
-    raise OodbenchError(f"unknown model {model!r}: neither timm nor open_clip knows it")
+    from ..names import suggest
+
+    known = [*timm.list_models(), *sorted(_open_clip_names())]
+    raise OodbenchError(f"unknown model {model!r}: neither timm nor open_clip knows it{suggest(base, known)}")
 
 
 def _dataset_id_from(path: Path) -> str:
