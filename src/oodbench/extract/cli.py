@@ -318,7 +318,10 @@ def _run_extract(**opts: Any) -> None:
         from .datasets import ImageList
 
         images = ImageList(images.root, images.items, None, None, images.source)
-    if opts["checkpoint"] is not None and kind == "timm":
+    # The checkpoint check runs on ID data only: labelled sets that are not registered as OOD (OOD sets are
+    # extracted with --no-labels; noise or textures may rightly all get one class).
+    registered_ood = opts["dataset"] is not None and get_registered(opts["dataset"]).role == "ood"
+    if opts["checkpoint"] is not None and kind == "timm" and images.labels is not None and not registered_ood:
         from .checks import probe_predictions
 
         if opts["engine"] == "local":
@@ -326,7 +329,7 @@ def _run_extract(**opts: Any) -> None:
         check = probe_predictions(backbone, images)
         if check is not None:
             hits = "" if check.correct is None else f", {check.correct} matching their labels"
-            console.print(f"probe: top-1 of the first {check.n} images: {check.top1[:8]}{hits}")
+            console.print(f"probe: top-1 of the first {check.n} images: {check.shown()}{hits}", markup=False)
             for message in check.warnings:
                 console.print(f"[yellow]warning:[/yellow] {message}")
     engine_options: dict[str, Any] = {}
