@@ -316,7 +316,8 @@ def accuracy_rows(
             if not covered.any():
                 continue  # the file does not describe this dataset (e.g. ReaL for a non-ImageNet set)
             row = multilabel_top1(predicted, sets, covered)
-            rows.append(AccuracyRow(dataset_id, name, row.top1, row.n, row.n_excluded, f"{name} ({labels.source})"))
+            # Re-annotations are sets of ImageNet-1k classes by construction (ReaL's format).
+            rows.append(AccuracyRow(dataset_id, name, row.top1, row.n, row.n_excluded, f"{IMAGENET_1K} ({name})"))
     return rows
 
 

@@ -84,10 +84,14 @@ def probe_predictions(backbone: Backbone, images: ImageList, *, n: int = 16, min
         check.warnings.append(f"the logits of {len(top1)} probe images are not all finite")
     elif len(top1) >= min_images and len(set(top1)) == 1:
         check.warnings.append(
-            f"all {len(top1)} probe images of this ID set get the same top-1 class ({check.shown(1)}): the "
+            f"all {len(top1)} probe images of this ID set get the same top-1 class "
+            f"({check.names[0] if check.names else top1[0]}): the "
             "weights, the checkpoint conversion or the preprocessing are probably wrong"
         )
-    if images.labels is not None:
+    # Hits are counted only where the labels name the head's classes: as many classes as the head (an ImageNet
+    # layout, one folder per head class) or bare class indices in range; folder positions 0-6 are no ImageNet ids.
+    named = images.class_names is None or len(images.class_names) == logits.shape[1]
+    if images.labels is not None and named:
         labels = np.asarray(images.labels)[positions]
         if labels.size and labels.min() >= 0 and labels.max() < logits.shape[1]:
             check.correct = int((labels == np.asarray(top1)).sum())
