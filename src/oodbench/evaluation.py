@@ -126,13 +126,13 @@ def evaluate_outputs(
     reuse = {
         n: all(n in cached.get(ds, {}) and len(cached[ds][n]) == len(out) for ds, out in datasets.items()) for n in plan
     }
-    # The detectors to fit share one pass over the fit set for their sufficient statistics (detectors.shared).
     unmet = {name: "; ".join(instances[name].unmet(fit_set, datasets, has_head=head is not None)) for name in plan}
     for name, reason in unmet.items():
         if reason and strict:
             raise DetectorError(f"{name} cannot run: {reason}")
     if all(unmet.values()):
         raise nothing_evaluated(unmet, {})  # before any fit
+    # The detectors to fit share one pass over the fit set for their sufficient statistics (detectors.shared).
     shared = FitStatistics.for_detectors(
         fit_set, [instances[n] for n in plan if not reuse[n] and not unmet[n]], head, gram_dtype=gram_dtype
     )
