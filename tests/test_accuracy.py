@@ -154,7 +154,7 @@ def test_accuracy_command_writes_the_schema(val_store, tmp_path):
         "top1": 2 / 6,
         "n": 6,
         "n_excluded": 0,
-        "label_set": "its class indices (0-999)",
+        "label_set": "class indices 0-999",
     }
     assert rows["real"] == {
         "dataset": "val",
@@ -247,14 +247,14 @@ def test_head_label_set_matches_labels_to_the_heads_classes():
     reason = head_label_set(folders, labels, 1000)
     assert isinstance(reason, str) and reason.startswith("its labels number its 7 class folders (0-6), not the 1000")
     # As many folders as head classes: their sorted order is taken as the head's (torchvision's ImageFolder rule).
-    assert head_label_set(folders, labels, 7).name.startswith("its 7 class folders in sorted order")
+    assert head_label_set(folders, labels, 7).name.startswith("7 class folders in sorted order")
     # Folders named by synsets are mapped onto ImageNet-1k's indices.
     subset = {"class_names": [synsets[5], synsets[17], synsets[999]]}
     mapped = head_label_set(subset, np.array([0, 1, 2]), 1000)
     assert mapped.name == "ImageNet-1k (class folders named by synset)"
     np.testing.assert_array_equal(mapped.to_head, [5, 17, 999])
     # Bare integer labels must lie in the head's range.
-    assert head_label_set(None, np.array([0, 999]), 1000).name == "its class indices (0-999)"
+    assert head_label_set(None, np.array([0, 999]), 1000).name == "class indices 0-999"
     assert head_label_set({}, np.array([0, 12]), 10) == "its labels reach 12 but the model's head has 10 classes"
 
 

@@ -117,7 +117,7 @@ def head_label_set(dataset: Mapping[str, Any] | None, labels: np.ndarray, num_cl
                 f"{IMAGENET_1K} (class folders named by synset)", np.asarray([index[n] for n in names], np.int64)
             )
         if len(names) == num_classes:
-            return LabelSet(f"its {len(names)} class folders in sorted order, taken as the head's classes")
+            return LabelSet(f"{len(names)} class folders in sorted order, taken as the head's classes")
         return (
             f"its labels number its {len(names)} class folders (0-{len(names) - 1}), not the {num_classes} classes "
             "of the model's head; Top-1 needs labels in the head's classes (an ImageNet layout, a file list of "
@@ -125,7 +125,7 @@ def head_label_set(dataset: Mapping[str, Any] | None, labels: np.ndarray, num_cl
         )
     if known.size and int(known.max()) >= num_classes:
         return f"its labels reach {int(known.max())} but the model's head has {num_classes} classes"
-    return LabelSet(f"its class indices (0-{num_classes - 1})")
+    return LabelSet(f"class indices 0-{num_classes - 1}")
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,8 @@ def test_a_zero_shot_run_without_vocabularies_is_known_by_its_kind(runs) -> None
     content = build_report([runs["supervised"], logit_only], ReportOptions(**FAST))
     by_key = {t.key: t for t in content.tables()}
     supervised = load_run(runs["supervised"]).rows
-    assert render_markdown(by_key["table1"]) == render_markdown(table1(supervised, top1=_top1(runs["supervised"])))
+    expected = table1(supervised, top1=_top1(runs["supervised"]), label_sets=_label_sets(runs["supervised"]))
+    assert render_markdown(by_key["table1"]) == render_markdown(expected)
     assert render_markdown(by_key["tableA1"]) == render_markdown(table_a1(supervised))
     header, line = _cells(render_markdown(by_key["table2"]))
     assert header == ["model", "best logit score"] and line[0] == "clip-logit"
