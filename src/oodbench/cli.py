@@ -217,7 +217,7 @@ def evaluate(
 
     sys.stdout.write(result.table_markdown)
     print_accuracy(result.accuracy)
-    report_detectors(result.skipped, result.failed)
+    report_detectors(result.skipped, result.failed, result.adapted)
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
     if result.failed:
         raise typer.Exit(SOME_FAILED)

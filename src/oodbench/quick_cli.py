@@ -120,11 +120,7 @@ def evaluate_model_command(
     )
     sys.stdout.write(result.table_markdown)
     print_accuracy(result.accuracy)
-    if result.adapted:
-        from .detectors.fitsize import describe_changes
-
-        typer.secho(f"adapted to the small fit set: {describe_changes(result.adapted)}", err=True)
-    report_detectors(result.skipped, result.failed)
+    report_detectors(result.skipped, result.failed, result.adapted)
     ran = sum(result.extracted.values())
     typer.echo(f"extracted {ran} images" if ran else "extracted nothing: every set was in the store")
     if result.run_dir is not None:
@@ -144,8 +140,13 @@ def print_accuracy(rows: list) -> None:
         typer.echo(describe_row(row))
 
 
-def report_detectors(skipped: dict[str, str], failed: dict[str, str]) -> None:
-    """One line per skipped and per failed detector on stderr (the caller exits `SOME_FAILED` for failures)."""
+def report_detectors(skipped: dict[str, str], failed: dict[str, str], adapted: dict | None = None) -> None:
+    """On stderr: the parameters adapted to a small fit set, one line per skipped and per failed detector (the
+    caller exits `SOME_FAILED` for failures)."""
+    if adapted:
+        from .detectors.fitsize import describe_changes
+
+        typer.secho(f"adapted to the small fit set: {describe_changes(adapted)}", err=True)
     for name, reason in skipped.items():
         typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
     for name, reason in failed.items():
