@@ -147,8 +147,23 @@ def test_accuracy_command_writes_the_schema(val_store, tmp_path):
     rows = {row["labels"]: row for row in data["rows"]}
     # Original: predictions equal labels on images 1 and 4 → 2/6. ReaL: image 1 excluded (empty set); hits on
     # 2 (795 ∈ {970, 795}), 3 (231 ∈ {230, 231}), 4 (809) → 3/5.
-    assert rows["original"] == {"dataset": "val", "labels": "original", "top1": 2 / 6, "n": 6, "n_excluded": 0}
-    assert rows["real"] == {"dataset": "val", "labels": "real", "top1": 3 / 5, "n": 5, "n_excluded": 1}
+    # No record of how the entry was read (written directly): integer labels in [0, 1000) index the head.
+    assert rows["original"] == {
+        "dataset": "val",
+        "labels": "original",
+        "top1": 2 / 6,
+        "n": 6,
+        "n_excluded": 0,
+        "label_set": "class indices 0-999",
+    }
+    assert rows["real"] == {
+        "dataset": "val",
+        "labels": "real",
+        "top1": 3 / 5,
+        "n": 5,
+        "n_excluded": 1,
+        "label_set": "ImageNet-1k (real)",
+    }
     assert read_accuracy(run_dir) == data
     assert "top1=0.6000" in result.output
 
@@ -211,3 +226,71 @@ def test_zero_shot_without_cached_text_embeddings_says_how_to_cache_them(val_sto
     result = CliRunner().invoke(app, [*args, "--classes", str(classes)])
     assert result.exit_code == 2
     assert "no cached text embeddings for 2 labels x 8 templates" in " ".join(result.output.split())
+
+
+def _synsets():
+    from oodbench.extract.datasets import imagenet_synsets
+
+    return list(imagenet_synsets())
+
+
+def test_head_label_set_matches_labels_to_the_heads_classes():
+    from oodbench.accuracy import LabelSet, head_label_set
+
+    synsets = _synsets()
+    labels = np.array([0, 1, 2, 6])
+    # ImageNet layouts (and synset file lists) name ImageNet-1k classes: they index a 1000-class head only.
+    assert head_label_set({"class_names": synsets}, labels, 1000) == LabelSet("ImageNet-1k")
+    assert "but the model's head has 10 classes" in head_label_set({"class_names": synsets}, labels, 10)
+    # Seven digit folders against an ImageNet head: the issue's silent zero. No Top-1, and why.
+    folders = {"class_names": [str(i) for i in range(7)], "layout": "class sub-folders"}
+    reason = head_label_set(folders, labels, 1000)
+    assert isinstance(reason, str) and reason.startswith("its labels number its 7 class folders (0-6), not the 1000")
+    # As many folders as head classes: their sorted order is taken as the head's (torchvision's ImageFolder rule).
+    assert head_label_set(folders, labels, 7).name.startswith("7 class folders in sorted order")
+    # Folders named by synsets are mapped onto ImageNet-1k's indices.
+    subset = {"class_names": [synsets[5], synsets[17], synsets[999]]}
+    mapped = head_label_set(subset, np.array([0, 1, 2]), 1000)
+    assert mapped.name == "ImageNet-1k (class folders named by synset)"
+    np.testing.assert_array_equal(mapped.to_head, [5, 17, 999])
+    # Bare integer labels must lie in the head's range.
+    assert head_label_set(None, np.array([0, 999]), 1000).name == "class indices 0-999"
+    assert head_label_set({}, np.array([0, 12]), 10) == "its labels reach 12 but the model's head has 10 classes"
+
+
+def test_synset_folders_score_top1_on_imagenet_indices(tmp_path):
+    """Rows labelled 0, 1, 2 by folder position are ImageNet classes 5, 17, 999: predictions are compared there."""
+    from oodbench.accuracy import accuracy_rows
+
+    synsets = _synsets()
+    store = Store(tmp_path / "store")
+    provenance = {"model": "m", "checkpoint": "c", "preprocessing": {}}
+    labels = np.array([0, 1, 2, 2])
+    arrays = {"features": np.zeros((4, 2), np.float32), "logits": one_hot_logits([5, 17, 999, 3]), "labels": labels}
+    meta = {"dataset": {"class_names": [synsets[5], synsets[17], synsets[999]], "layout": "class sub-folders"}}
+    writer = store.writer("m", "val", provenance=provenance, num_items=4, shard_size=4, item_hash="h")
+    writer.write_shard(0, {**arrays, "index": np.arange(4)})
+    writer.finalize(extra_meta=meta)
+    (row,) = accuracy_rows(store, "m", "val", need_items=False)
+    assert (row.top1, row.n, row.label_set) == (3 / 4, 4, "ImageNet-1k (class folders named by synset)")
+
+
+def test_report_caption_names_the_label_set_and_why_top1_is_missing():
+    from oodbench.report.tables import table1
+    from oodbench.results import ResultRow
+
+    rows = [
+        ResultRow(model, "id", "ood", "msp", metric, value, 10, 10)
+        for model in ("a", "b")
+        for metric, value in (("fpr95", 0.5), ("auroc", 0.8))
+    ]
+    table = table1(
+        rows,
+        top1={"a": {"original": 0.7}},
+        label_sets={"a": "ImageNet-1k"},
+        top1_missing={"b": "id (original labels): its labels number its 7 class folders (0-6)"},
+    )
+    notes = " ".join(table.notes)
+    assert "Top-1: accuracy on the ID test set's original labels (ImageNet-1k)" in notes
+    assert "Top-1 of b not computed: id (original labels): its labels number its 7 class folders (0-6)." in notes
+    assert "ImageNet-1k accuracy on the original labels" not in notes

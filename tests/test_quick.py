@@ -7,6 +7,8 @@ instrumentation: on the second call the model's forward raises if it is ever cal
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -213,3 +215,87 @@ def test_cli_suggests_the_detector_meant(folders, tmp_path, capsys):
         )
     assert exit_info.value.code == 2
     assert "did you mean 'msp'" in capsys.readouterr().err
+
+
+def _cli_args(folders, tmp_path, *extra):
+    args = [
+        "evaluate-model",
+        "test_resnet",
+        "--no-pretrained",
+        "--image-size",
+        str(SIZE),
+        "--fit",
+        str(folders / "train"),
+    ]
+    args += ["--id", str(folders / "val"), "--ood", f"photos={folders / 'photos'}", "--store", str(tmp_path / "store")]
+    return [*args, "--out", str(tmp_path / "run"), "--no-progress", *extra]
+
+
+def test_defaults_on_a_small_fit_set_fail_before_any_extraction_naming_every_parameter(
+    folders, tmp_path, monkeypatch, capsys
+):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model ran before the parameters were checked")
+
+    monkeypatch.setattr(TimmBackbone, "infer", forbidden)
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    # 36 fit images (3 classes of 12 digits); test_resnet's features are D = 64 wide.
+    assert err.startswith("error: the fit set (36 rows, 3 classes) is too small for: ")
+    for problem in ("knn: k=1000 exceeds the fit set's 36 rows", "neco: dim=100", "nnguide: the bank holds 0 rows"):
+        assert problem in err
+    assert "--small-fit-set adapt" in err
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
+
+
+def test_small_fit_set_adapt_runs_every_detector_and_records_its_choices(folders, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path, "--small-fit-set", "adapt", "--workers", "0"))
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    assert "adapted to the small fit set: knn.k 1000 -> 1" in captured.err
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["adapted_parameters"]["knn"] == {"k": {"from": 1000, "to": 1}}
+    assert info["adapted_parameters"]["nnguide"] == {"alpha": {"from": 0.01, "to": 1.0}, "k": {"from": 100, "to": 1}}
+    assert info["detectors"]["knn"] == {"k": 1} and info["failed_detectors"] == {}
+    ran = {
+        row.split("|")[1].strip() for row in captured.out.splitlines() if row.startswith("| ") and "detector" not in row
+    }
+    assert ran == set(oodbench.detectors.available())
+
+
+def test_a_run_where_no_detector_can_run_exits_2_before_extraction(folders, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(TimmBackbone, "infer", lambda *a, **k: pytest.fail("the model ran"))
+    args = _cli_args(folders, tmp_path, "-d", "maha,rmaha")
+    args[args.index(str(folders / "train"))] = str(folders / "photos")  # a fit set without class folders
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "no detector could be evaluated: maha skipped: fit set lacks labels; rmaha skipped: fit set lacks" in err
+
+
+def test_num_workers_is_the_hidden_old_name_of_workers(folders, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path, "-d", "msp", "--num-workers", "0"))
+    assert exit_info.value.code == 0
+    assert "--num-workers is now --workers" in capsys.readouterr().err
+    from typer.testing import CliRunner
+
+    from oodbench.cli import app
+
+    help_text = CliRunner().invoke(app, ["evaluate-model", "--help"]).output
+    assert "--workers" in help_text and "--num-workers" not in help_text
+
+
+def test_top1_is_not_computed_for_folder_labels_that_do_not_index_the_head(folders, tmp_path, capsys):
+    """Three digit folders (labels 0-2) and test_resnet's 1000-class head: no Top-1, and the reason is given."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path, "-d", "msp"))
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    assert "Top-1 on id (original labels): not computed: its labels number its 3 class folders (0-2)" in out
+    (row,) = json.loads((tmp_path / "run" / "accuracy.json").read_text())["rows"]
+    assert row["top1"] is None and "1000 classes of the model's head" in row["reason"]

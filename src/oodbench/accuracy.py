@@ -39,7 +39,11 @@ from .store import Store
 __all__ = [
     "ACCURACY_FILE",
     "AccuracyRow",
+    "IMAGENET_1K",
+    "LabelSet",
     "MultiLabels",
+    "describe_row",
+    "head_label_set",
     "real_labels_path",
     "load_multilabels",
     "predictions",
@@ -65,13 +69,63 @@ class AccuracyError(OodbenchError):
 
 @dataclass(frozen=True)
 class AccuracyRow:
-    """Top-1 of one model on one dataset under one labelling."""
+    """Top-1 of one model on one dataset under one labelling (NaN, with the `reason`, when it is not computed)."""
 
     dataset: str
     labels: str
     top1: float
     n: int
     n_excluded: int
+    label_set: str = ""  # the classes the labels name, e.g. "ImageNet-1k"
+    reason: str = ""  # why top1 is not computed (empty when it is)
+
+
+@dataclass(frozen=True)
+class LabelSet:
+    """How a dataset's labels name the head's classes: a description and, when they differ, label -> head class."""
+
+    name: str
+    to_head: np.ndarray | None = None
+
+
+IMAGENET_1K = "ImageNet-1k"
+
+
+def head_label_set(dataset: Mapping[str, Any] | None, labels: np.ndarray, num_classes: int) -> LabelSet | str:
+    """The label set of a labelled entry (its meta.json's ``dataset`` record) against a head of `num_classes`
+    classes, or one line saying why its labels do not index the head (so no Top-1 is computed).
+
+    ImageNet layouts and synset file lists name ImageNet-1k classes; class folders named by ImageNet synsets are
+    mapped to them; other class folders index the head only when there are as many as the head has classes (their
+    sorted order is then taken as the head's, as torchvision's ImageFolder numbers them); bare integer labels
+    (a file list, a torch dataset) must lie in [0, C).
+    """
+    info = dict(dataset or {})
+    names = info.get("class_names")
+    known = labels[labels >= 0]
+    if names:
+        from .extract.datasets import imagenet_synsets
+
+        synsets = imagenet_synsets()
+        if list(names) == list(synsets):
+            if num_classes == len(synsets):
+                return LabelSet(IMAGENET_1K)
+            return f"its labels are {IMAGENET_1K} classes but the model's head has {num_classes} classes"
+        index = {name: i for i, name in enumerate(synsets)}
+        if num_classes == len(synsets) and all(name in index for name in names):
+            return LabelSet(
+                f"{IMAGENET_1K} (class folders named by synset)", np.asarray([index[n] for n in names], np.int64)
+            )
+        if len(names) == num_classes:
+            return LabelSet(f"{len(names)} class folders in sorted order, taken as the head's classes")
+        return (
+            f"its labels number its {len(names)} class folders (0-{len(names) - 1}), not the {num_classes} classes "
+            "of the model's head; Top-1 needs labels in the head's classes (an ImageNet layout, a file list of "
+            "synset ids or class indices, or one folder per head class)"
+        )
+    if known.size and int(known.max()) >= num_classes:
+        return f"its labels reach {int(known.max())} but the model's head has {num_classes} classes"
+    return LabelSet(f"class indices 0-{num_classes - 1}")
 
 
 @dataclass(frozen=True)
@@ -237,8 +291,19 @@ def accuracy_rows(
         )
     rows: list[AccuracyRow] = []
     if outputs.labels is not None:
-        accuracy, n = top1(predicted, outputs.labels)
-        rows.append(AccuracyRow(dataset_id, "original", accuracy, n, len(predicted) - n))
+        labels = np.asarray(outputs.labels)
+        if text_embeddings is not None:
+            label_set: LabelSet | str = LabelSet(f"the {len(text_embeddings)} classes of the text embeddings")
+        else:
+            meta = store.meta(model_id, dataset_id) if store.exists(model_id, dataset_id) else {}
+            label_set = head_label_set(meta.get("dataset"), labels, outputs.logits.shape[1])
+        if isinstance(label_set, str):
+            rows.append(AccuracyRow(dataset_id, "original", float("nan"), 0, len(predicted), reason=label_set))
+        else:
+            if label_set.to_head is not None:
+                labels = np.where(labels >= 0, label_set.to_head[np.maximum(labels, 0)], labels)
+            accuracy, n = top1(predicted, labels)
+            rows.append(AccuracyRow(dataset_id, "original", accuracy, n, len(predicted) - n, label_set.name))
     if multilabels:
         try:
             items = entry_items(store, model_id, dataset_id)
@@ -251,8 +316,21 @@ def accuracy_rows(
             if not covered.any():
                 continue  # the file does not describe this dataset (e.g. ReaL for a non-ImageNet set)
             row = multilabel_top1(predicted, sets, covered)
-            rows.append(AccuracyRow(dataset_id, name, row.top1, row.n, row.n_excluded))
+            # Re-annotations are sets of ImageNet-1k classes by construction (ReaL's format).
+            rows.append(AccuracyRow(dataset_id, name, row.top1, row.n, row.n_excluded, f"{IMAGENET_1K} ({name})"))
     return rows
+
+
+def describe_row(row: AccuracyRow) -> str:
+    """One line for the terminal: the Top-1 and its label set, or why it is not computed."""
+    what = f"Top-1 on {row.dataset} ({row.labels} labels"
+    if row.reason:
+        return f"{what}): not computed: {row.reason}"
+    label_set = f", {row.label_set}" if row.label_set else ""
+    value = "n/a" if row.top1 != row.top1 else f"{100 * row.top1:.1f}%"
+    return f"{what}{label_set}): {value} of {row.n} images" + (
+        f" ({row.n_excluded} excluded)" if row.n_excluded else ""
+    )
 
 
 def class_text_embeddings(store: Store, model_id: str, classes: str = "imagenet1k") -> np.ndarray:
@@ -279,6 +357,9 @@ def write_accuracy(run_dir: str | os.PathLike[str], model: str, rows: Sequence[A
     for row in rows:
         record = asdict(row)
         record["top1"] = None if record["top1"] != record["top1"] else float(record["top1"])
+        for optional in ("label_set", "reason"):
+            if not record[optional]:
+                del record[optional]
         kept[(row.dataset, row.labels)] = record
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"model": model, "rows": list(kept.values())})
@@ -297,9 +378,13 @@ def read_accuracy(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("model"), str) or not isinstance(data.get("rows"), list):
         raise AccuracyError(f"{path}: expected {{'model': str, 'rows': [...]}}")
     for row in data["rows"]:
-        if not isinstance(row, dict) or set(row) != {"dataset", "labels", "top1", "n", "n_excluded"}:
+        if not isinstance(row, dict) or not _ROW_KEYS <= set(row) <= _ROW_KEYS | _OPTIONAL_KEYS:
             raise AccuracyError(f"{path}: malformed row {row!r}")
     return data
+
+
+_ROW_KEYS = frozenset({"dataset", "labels", "top1", "n", "n_excluded"})
+_OPTIONAL_KEYS = frozenset({"label_set", "reason"})  # absent from files written before they existed
 
 
 def record_accuracy(

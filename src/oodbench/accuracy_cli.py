@@ -53,9 +53,11 @@ def accuracy_command(
     if not rows:
         console.print(f"[yellow]{model_id}/{dataset} has no labels to score[/yellow]")
     for row in rows:
+        value = f"top1={row.top1:.4f}" if not row.reason else f"top1 not computed: {row.reason}"
         typer.echo(
             f"{model_id}\t{row.dataset}\t{row.labels}{' (zero-shot)' if zero_shot else ''}\t"
-            f"top1={row.top1:.4f}\tn={row.n}\texcluded={row.n_excluded}"
+            f"{value}\tn={row.n}\texcluded={row.n_excluded}"
+            + (f"\tlabel set: {row.label_set}" if row.label_set else "")
         )
 
 

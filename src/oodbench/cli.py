@@ -88,15 +88,30 @@ class OodbenchGroup(TyperGroup):
         if extra.get("standalone_mode", True) is False:
             return super().main(args, prog_name, *rest, **extra)
         extra["standalone_mode"] = False
-        sys.exit(_exit_status(lambda: super(OodbenchGroup, self).main(args, prog_name or "oodbench", *rest, **extra)))
+        self.argv = list(sys.argv[1:] if args is None else args)  # for the resume command of an interrupted run
+        run = lambda: super(OodbenchGroup, self).main(args, prog_name or "oodbench", *rest, **extra)  # noqa: E731
+        sys.exit(_exit_status(run, self.argv))
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, UsageError, CliError, KeyboardInterrupt, BrokenPipeError):
+        except KeyboardInterrupt:
+            # Said here: typer turns Ctrl-C into a silent exit status 130 once it leaves the command.
+            _interrupted(getattr(self, "argv", sys.argv[1:]))
+            raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, UsageError, CliError, BrokenPipeError):
             raise  # a closed stdout (`oodbench … | head`) is click's: it exits 1 quietly, without a log file
         except Exception as exc:
             raise as_cli_error(exc) from exc
+
+
+def _interrupted(argv: Sequence[str]) -> None:
+    """Ctrl-C: one line on stderr saying what finished, what is kept and the command that resumes."""
+    import shlex
+
+    from .progress import interrupted_line
+
+    typer.secho(interrupted_line(shlex.join(["oodbench", *argv])), fg=typer.colors.YELLOW, err=True)
 
 
 app = typer.Typer(
@@ -158,6 +173,11 @@ def evaluate(
         "--csid",
         help="Covariate-shifted ID set (e.g. imagenet-v2; repeatable): scored, and counted as ID in a "
         "full-spectrum table beside the standard one.",
+    ),
+    small_fit_set: str = typer.Option(
+        "fail",
+        "--small-fit-set",
+        help="fail (default: name every parameter the fit set is too small for) or adapt (scale those defaults).",
     ),
 ) -> None:
     """Fit detectors on the fit set, score ID test and OOD sets, write tidy results and a table.
@@ -225,11 +245,16 @@ def evaluate(
         convention=convention,
         aupr=aupr,
         groups=ood_groups,
+        small_fit_set=small_fit_set,
     )
+    from .quick_cli import SOME_FAILED, print_accuracy, report_detectors
+
     sys.stdout.write(result.table_markdown)
-    for name, reason in result.skipped.items():
-        typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+    print_accuracy(result.accuracy)
+    report_detectors(result.skipped, result.failed, result.adapted)
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
+    if result.failed:
+        raise typer.Exit(SOME_FAILED)
 
 
 @app.command()
@@ -331,8 +356,11 @@ def _audit_html(*args: Any) -> str:
 _audit_render.use_html_renderer(_audit_html)
 
 
-def _exit_status(run: Callable[[], Any]) -> int:
+def _exit_status(run: Callable[[], Any], argv: Sequence[str] = ()) -> int:
     """Run a command line (click in non-standalone mode); report any failure in one line; the exit status."""
+    from .progress import forget_work
+
+    forget_work()
     try:
         code = run()
     except NoArgsIsHelpError as exc:  # `oodbench AREA` alone: the area's help
@@ -347,8 +375,8 @@ def _exit_status(run: Callable[[], Any]) -> int:
     except typer.Abort:
         typer.secho("aborted", err=True)
         code = 130
-    except KeyboardInterrupt:
-        typer.secho("interrupted", err=True)
+    except KeyboardInterrupt:  # outside a command (a command's own is reported by OodbenchGroup.invoke)
+        _interrupted(argv)
         code = 130
     except Exception as exc:  # raised outside a command (while parsing), or a CliError from one
         error = as_cli_error(exc)

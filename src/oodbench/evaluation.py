@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,18 +19,28 @@ from typing import Any
 import numpy as np
 
 from . import detectors as detector_registry
+from .detectors.fitsize import SMALL_FIT_SET, FitSize, adapt_plan, plan_size_problems
 from .detectors.shared import FitStatistics, check_gram_dtype, gram_key
 from .errors import DetectorError, OodbenchError, StoreError
 from .grouped import run_tables_markdown
 from .metrics import check_convention
 from .oodgroups import OodGroups
 from .outputs import Head, Outputs
-from .progress import progress_bar
+from .progress import note_work, progress_bar
 from .results import ResultRow, metric_rows
 from .rundir import RunDir
 from .store import Store
 
-__all__ = ["EvaluationResult", "evaluate_store", "evaluate_outputs", "normalize_detectors", "run_description"]
+__all__ = [
+    "EvaluationResult",
+    "FitSetTooSmall",
+    "NothingEvaluated",
+    "check_fit_size",
+    "evaluate_store",
+    "evaluate_outputs",
+    "normalize_detectors",
+    "run_description",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +52,28 @@ class EvaluationResult:
     rows: list[ResultRow]
     scores: dict[str, dict[str, np.ndarray]]  # dataset -> detector -> scores
     table_markdown: str
-    skipped: dict[str, str] = field(default_factory=dict)  # detector -> reason
+    skipped: dict[str, str] = field(default_factory=dict)  # detector -> why its requirements are not met
     run_dir: Path | None = None
+    failed: dict[str, str] = field(default_factory=dict)  # detector -> the error that stopped its fit or scoring
+    adapted: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # detector -> param -> from/to
+    accuracy: list[Any] = field(default_factory=list)  # accuracy.AccuracyRow of the ID test set (run directory only)
+
+
+class NothingEvaluated(DetectorError):
+    """No detector of a run could be evaluated: each was skipped or failed (the message lists why)."""
+
+
+def nothing_evaluated(skipped: Mapping[str, str], failed: Mapping[str, str]) -> NothingEvaluated:
+    """The error of a run in which no detector ran, naming each detector and its reason."""
+    reasons = [f"{name} skipped: {why}" for name, why in skipped.items()]
+    reasons += [f"{name} failed: {why}" for name, why in failed.items()]
+    return NothingEvaluated("no detector could be evaluated: " + "; ".join(reasons))
+
+
+def _failure(exc: Exception) -> str:
+    """One line for a detector's failure: the message of an expected error, else the type and the message."""
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, OodbenchError) else f"{type(exc).__name__}: {text}"
 
 
 def normalize_detectors(detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
@@ -78,12 +108,14 @@ def evaluate_outputs(
 ) -> EvaluationResult:
     """Fit each detector once, score the ID test set and every OOD set, and compute all metrics.
 
-    With ``strict=False`` detectors whose requirements the arrays cannot meet are skipped and reported;
-    with ``strict=True`` they raise. ``cached`` maps dataset -> detector -> scores to reuse. ``gram_dtype``
-    is the precision of the shared Gram matrices (``"float32"``: about twice the speed, within the bound of
-    docs/detectors.md). ``csid_sets`` are covariate-shifted ID sets, scored too and counted as ID in the
-    table's full-spectrum setting; ``convention`` is the table's metric convention (``openood`` also adds its
-    ``openood.*`` rows), ``aupr`` adds AUPR columns and ``groups`` the grouped table (`oodbench.grouped`).
+    With ``strict=False`` detectors whose requirements the arrays cannot meet are skipped and reported, and a
+    detector whose fit or scoring raises is recorded in ``failed`` while the others go on; with ``strict=True``
+    both raise. When no detector runs at all, `NothingEvaluated` lists every reason. ``cached`` maps dataset ->
+    detector -> scores to reuse. ``gram_dtype`` is the precision of the shared Gram matrices (``"float32"``: about
+    twice the speed, within the bound of docs/detectors.md). ``csid_sets`` are covariate-shifted ID sets, scored
+    too and counted as ID in the table's full-spectrum setting; ``convention`` is the table's metric convention
+    (``openood`` also adds its ``openood.*`` rows), ``aupr`` adds AUPR columns and ``groups`` the grouped table
+    (`oodbench.grouped`).
     """
     check_convention(convention)
     if not ood_sets:
@@ -99,38 +131,54 @@ def evaluate_outputs(
     datasets = {id_dataset: id_test, **(csid_sets or {}), **ood_sets}
     scores: dict[str, dict[str, np.ndarray]] = {name: {} for name in datasets}
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
     cached = cached or {}
     reuse = {
         n: all(n in cached.get(ds, {}) and len(cached[ds][n]) == len(out) for ds, out in datasets.items()) for n in plan
     }
+    unmet = {name: "; ".join(instances[name].unmet(fit_set, datasets, has_head=head is not None)) for name in plan}
+    for name, reason in unmet.items():
+        if reason and strict:
+            raise DetectorError(f"{name} cannot run: {reason}")
+    if all(unmet.values()):
+        raise nothing_evaluated(unmet, {})  # before any fit
     # The detectors to fit share one pass over the fit set for their sufficient statistics (detectors.shared).
     shared = FitStatistics.for_detectors(
-        fit_set, [instances[n] for n in plan if not reuse[n]], head, gram_dtype=gram_dtype
+        fit_set, [instances[n] for n in plan if not reuse[n] and not unmet[n]], head, gram_dtype=gram_dtype
     )
     with progress_bar(progress) as bar:
         task = bar.add_task("detectors", total=len(plan))
         for name in plan:
             bar.update(task, description=f"{name}")
-            reason = "; ".join(instances[name].unmet(fit_set, datasets, has_head=head is not None)) or None
-            if reason is not None:
-                if strict:
-                    raise DetectorError(f"{name} cannot run: {reason}")
-                skipped[name] = reason
+            if unmet[name]:
+                skipped[name] = unmet[name]
                 bar.advance(task)
                 continue
             if reuse[name]:
                 for ds in datasets:
                     scores[ds][name] = np.asarray(cached[ds][name])
             else:
-                detector = instances[name].fit(fit_set, head, stats=shared)
-                if on_detector_fitted is not None:
-                    on_detector_fitted(name, detector)
-                for ds, outputs in datasets.items():
-                    scores[ds][name] = detector.score(outputs)
+                try:
+                    detector = instances[name].fit(fit_set, head, stats=shared)
+                    if on_detector_fitted is not None:
+                        on_detector_fitted(name, detector)
+                    per_dataset = {ds: detector.score(outputs) for ds, outputs in datasets.items()}
+                except Exception as exc:
+                    # One detector's failure keeps none of its scores and stops none of the others.
+                    if strict:
+                        raise
+                    log.debug("detector %s failed", name, exc_info=True)
+                    failed[name] = _failure(exc)
+                    bar.advance(task)
+                    continue
+                for ds, values in per_dataset.items():
+                    scores[ds][name] = values
                 if on_detector_done is not None:
-                    on_detector_done(name, {ds: scores[ds][name] for ds in datasets})
+                    on_detector_done(name, per_dataset)
             bar.advance(task)
-    ran = [name for name in plan if name not in skipped]
+    ran = [name for name in plan if name not in skipped and name not in failed]
+    if not ran:
+        raise nothing_evaluated(skipped, failed)
     conventions = list(dict.fromkeys(["oodbench", convention]))
     rows = metric_rows(model, id_dataset, list(ood_sets), ran, scores, tpr, conventions)
     table = run_tables_markdown(
@@ -144,7 +192,45 @@ def evaluate_outputs(
         scores=scores,
         tpr=tpr,
     )
-    return EvaluationResult(rows=rows, scores=scores, table_markdown=table, skipped=skipped)
+    return EvaluationResult(rows=rows, scores=scores, table_markdown=table, skipped=skipped, failed=failed)
+
+
+def check_fit_size(
+    plan: Mapping[str, Mapping[str, Any]],
+    size: FitSize,
+    small_fit_set: str = "fail",
+    *,
+    ignore: Collection[str] = (),
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
+    """The plan's parameters checked against the fit set: (plan, {}) when it supports them all, the adapted plan
+    and what changed with ``small_fit_set="adapt"``, else one `FitSetTooSmall` naming every parameter to change.
+
+    Detectors in `ignore` (those that will be skipped) are not checked.
+    """
+    if small_fit_set not in SMALL_FIT_SET:
+        raise DetectorError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
+    checked = {name: dict(params) for name, params in plan.items() if name not in ignore}
+    instances = {name: detector_registry.create(name, **params) for name, params in checked.items()}
+    problems = plan_size_problems(instances, size)
+    if not problems:
+        return {name: dict(params) for name, params in plan.items()}, {}
+    if small_fit_set == "adapt":
+        adapted, changed, refused = adapt_plan(checked, instances, size)
+        remaining = plan_size_problems({n: detector_registry.create(n, **p) for n, p in adapted.items()}, size)
+        if not refused and not remaining:
+            return {name: adapted.get(name, dict(params)) for name, params in plan.items()}, changed
+        problems = refused + [p for p in remaining if p.split(":")[0] not in {r.split(":")[0] for r in refused}]
+        advice = "Change them with -p DETECTOR.PARAM=VALUE (explicit values are never adapted)"
+    else:
+        advice = (
+            "Change them with -p DETECTOR.PARAM=VALUE, or let the defaults scale to the fit set with "
+            "--small-fit-set adapt (small_fit_set='adapt' in Python)"
+        )
+    raise FitSetTooSmall(f"the fit set ({size.describe()}) is too small for: {'; '.join(problems)}. {advice}")
+
+
+class FitSetTooSmall(DetectorError):
+    """Detector parameters the fit set cannot support (the message names each one)."""
 
 
 def _fingerprint(
@@ -196,18 +282,23 @@ def evaluate_store(
     convention: str = "oodbench",
     aupr: bool = False,
     groups: OodGroups | None = None,
+    small_fit_set: str = "fail",
 ) -> EvaluationResult:
     """Evaluate detectors on store entries of one model and (optionally) write a run directory.
 
     With `save_detectors`, each fitted detector is saved to ``save_detectors/<name>`` with its fit provenance.
     `gram_dtype` as in `evaluate_outputs`; it enters the score keys of the detectors whose fit it changes.
     `csid_datasets` (covariate-shifted ID sets), `convention`, `aupr` and `groups` as in `evaluate_outputs`.
+    Every detector's parameters are checked against the fit set before any fit (`check_fit_size`):
+    ``small_fit_set="adapt"`` scales the defaults a small fit set cannot support and records them in run.json.
     """
     store = store if isinstance(store, Store) else Store(store)
     check_gram_dtype(gram_dtype)  # before any work
     if not 0.0 < float(tpr) <= 1.0:  # before run.json or any score file is written (NaN fails this too)
         raise OodbenchError(f"tpr must lie in (0, 1], e.g. 0.95; got {tpr}")
     check_convention(convention)
+    if small_fit_set not in SMALL_FIT_SET:
+        raise DetectorError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
     if not ood_datasets:
         raise OodbenchError("no OOD datasets given: pass at least one --ood")
     run_dir = RunDir(out_dir) if out_dir is not None else None
@@ -229,6 +320,13 @@ def evaluate_store(
             except ValueError as exc:
                 raise StoreError(f"{model_id}/{name}: {exc}") from exc
     plan = normalize_detectors(detectors)
+    tests = {id_dataset: id_test, **oods}
+    will_skip = {
+        name
+        for name, params in plan.items()
+        if detector_registry.create(name, **params).unmet(fit_set, tests, has_head=head is not None)
+    }
+    plan, adapted = check_fit_size(plan, FitSize.of(fit_set), small_fit_set, ignore=will_skip)
     keys = {name: _fingerprint(store, model_id, names, name, params, gram_dtype) for name, params in plan.items()}
 
     scored = [id_dataset, *csid_datasets, *ood_datasets]
@@ -255,6 +353,7 @@ def evaluate_store(
             score_keys,
             gram_dtype=gram_dtype,
             csid_datasets=csid_datasets,
+            adapted=adapted,
             **status,
         )
         info["convention"] = convention
@@ -268,6 +367,7 @@ def evaluate_store(
             run_dir.save_scores(model_id, dataset, {name: values})
         done[name] = keys[name]
         run_dir.write_info(describe(done, complete=False))
+        note_work("detectors", finished=f"detectors {', '.join(done)}", kept=f"their scores in {run_dir.path}")
 
     result = evaluate_outputs(
         fit_set,
@@ -294,10 +394,18 @@ def evaluate_store(
         if id_test.labels is not None and id_test.logits is not None:
             from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
 
-            record_accuracy(run_dir.path, store, model_id, id_dataset, outputs=id_test)
-        ran_keys = {name: keys[name] for name in plan if name not in result.skipped}
-        run_dir.write_info(describe(ran_keys, complete=True, skipped=result.skipped))
+            result.accuracy = record_accuracy(run_dir.path, store, model_id, id_dataset, outputs=id_test)
+        ran = [name for name in plan if name not in result.skipped and name not in result.failed]
+        # A run with failed detectors is not complete: a rerun fits only those (the others' score keys match).
+        info = describe(
+            {name: keys[name] for name in ran},
+            complete=not result.failed,
+            skipped=result.skipped,
+            failed=result.failed,
+        )
+        run_dir.write_info(info)
         result.run_dir = run_dir.path
+    result.adapted = adapted
     return result
 
 
@@ -314,6 +422,8 @@ def run_description(
     skipped: Mapping[str, str] | None = None,
     gram_dtype: str = "float64",
     csid_datasets: Sequence[str] = (),
+    failed: Mapping[str, str] | None = None,
+    adapted: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The content of a run directory's run.json: inputs, parameters and the store entries' provenance."""
     entries = {}
@@ -332,6 +442,8 @@ def run_description(
         "detectors": {name: dict(params) for name, params in plan.items()},
         "gram_dtype": gram_dtype,
         "skipped_detectors": dict(skipped or {}),
+        "failed_detectors": dict(failed or {}),
+        "adapted_parameters": dict(adapted or {}),
         "score_keys": dict(score_keys),
         "head": store.head_meta(model_id) if store.has_head(model_id) else None,
         "entries": entries,

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,12 @@ import numpy as np
 import torch
 
 from . import detectors as detector_registry
+from .detectors.fitsize import SMALL_FIT_SET, FitSize
 from .errors import DataError, ExtractError, OodbenchError
-from .evaluation import EvaluationResult, evaluate_store, normalize_detectors
+from .evaluation import EvaluationResult, check_fit_size, evaluate_store, normalize_detectors, nothing_evaluated
 from .extract.backbones.base import Backbone, autocast, safe_id
 from .outputs import Head
+from .progress import note_work, work_topics
 from .store import Store
 
 __all__ = ["ModelEvaluation", "ModuleBackbone", "evaluate_model", "as_backbone", "as_image_data"]
@@ -293,11 +295,12 @@ def evaluate_model(
     image_size: int | None = None,
     model_id: str | None = None,
     batch_size: int = 64,
-    num_workers: int = 0,
+    num_workers: int | None = None,
     device: str = "auto",
     amp: bool = True,
     tpr: float = 0.95,
     progress: bool = True,
+    small_fit_set: str = "fail",
 ) -> ModelEvaluation:
     """Extract `fit`, `id` and every `ood` set with `model` into `store`, fit the detectors, score, return results.
 
@@ -306,6 +309,12 @@ def evaluate_model(
     folder (class sub-folders give labels), a file list, an `ImageList`, a torch dataset or a `DataLoader` (its
     dataset). `image_size` overrides the input resolution. Without `store` a temporary store is used and deleted;
     with one, the entries already there are reused (no forward pass: `result.extracted` counts what ran).
+    `num_workers`: image decoding processes (None: one less than the cores available, at most 4).
+
+    Before any image is read, every detector's parameters are checked against the fit set (its image count, the
+    model's feature width, the arrays it will have); the error names every parameter to change.
+    ``small_fit_set="adapt"`` instead scales the defaults a small fit set cannot support (`result.adapted`).
+    A detector that fails leaves the others' results (`result.failed` says why).
     """
     if not ood:
         raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
@@ -315,6 +324,8 @@ def evaluate_model(
     plan = normalize_detectors(detectors)
     for name, params in plan.items():
         detector_registry.create(name, **params)  # unknown names and bad parameters fail before any extraction
+    if small_fit_set not in SMALL_FIT_SET:
+        raise OodbenchError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
     backbone = as_backbone(
         model,
         pretrained=pretrained,
@@ -329,10 +340,12 @@ def evaluate_model(
         dataset_id: as_image_data(value, name=dataset_id, labelled=labelled, transform=backbone.transform)
         for dataset_id, (value, labelled) in data.items()
     }
+    _check_before_extraction(plan, backbone, resolved[FIT], small_fit_set)
     with (
         tempfile.TemporaryDirectory(prefix="oodbench-store-")
         if store is None
-        else contextlib.nullcontext(store) as root
+        else contextlib.nullcontext(store) as root,
+        _temporary_store_notes(store is None),
     ):
         result = _extract_and_evaluate(
             Store(root),
@@ -348,9 +361,62 @@ def evaluate_model(
             amp=amp,
             tpr=tpr,
             progress=progress,
+            small_fit_set=small_fit_set,
         )
         result.store = None if store is None else Path(root)
         return result
+
+
+@contextlib.contextmanager
+def _temporary_store_notes(temporary: bool) -> Iterator[None]:
+    """On Ctrl-C, say that extractions into a temporary store are gone (it is deleted on the way out)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if temporary:
+            for topic in work_topics():
+                if topic.startswith("extract "):
+                    note_work(topic, kept="")  # the temporary store is deleted on the way out
+            note_work(
+                "temporary store", lost="the extracted features with the temporary store (keep them with --store)"
+            )
+        raise
+
+
+def _fit_size(backbone: Any, fit: _ImageData) -> tuple[FitSize, bool | None]:
+    """The fit set as far as it is known before extraction, and whether the model has a head (None: unknown)."""
+    images = fit.images
+    head = backbone.head()
+    features = (
+        head.num_features if head is not None else getattr(getattr(backbone, "model", None), "num_features", None)
+    )
+    classes = None
+    if images.labels is not None:
+        classes = len(np.unique(images.labels))
+    arrays = {"features"}
+    if head is not None:
+        arrays.add("logits")
+    if images.labels is not None or fit.labels is not None:
+        arrays.add("labels")  # a torch dataset's labels are read at extraction; assume they exist
+    known_head = True if head is not None or not isinstance(backbone, ModuleBackbone) else None
+    return FitSize(len(images), classes, features if isinstance(features, int) else None, frozenset(arrays)), known_head
+
+
+def _check_before_extraction(
+    plan: Mapping[str, Mapping[str, Any]], backbone: Any, fit: _ImageData, small_fit_set: str
+) -> None:
+    """Fail before any image is read when no detector can run, or when parameters exceed the fit set."""
+    size, has_head = _fit_size(backbone, fit)
+    will_skip: dict[str, str] = {}
+    if has_head is not None:  # a plain module's logits are known only once it ran
+        for name, params in plan.items():
+            detector = detector_registry.create(name, **params)
+            reasons = detector.unmet(size.arrays, {ID: size.arrays - {"labels"}}, has_head=has_head)
+            if reasons:
+                will_skip[name] = "; ".join(reasons)
+        if len(will_skip) == len(plan):
+            raise nothing_evaluated(will_skip, {})
+    check_fit_size(plan, size, small_fit_set, ignore=will_skip)
 
 
 def _extract_and_evaluate(
@@ -363,11 +429,12 @@ def _extract_and_evaluate(
     model_id: str | None,
     out: str | os.PathLike[str] | None,
     batch_size: int,
-    num_workers: int,
+    num_workers: int | None,
     device: str,
     amp: bool,
     tpr: float,
     progress: bool,
+    small_fit_set: str,
 ) -> ModelEvaluation:
     from .extract.datasets import ImageList
     from .extract.pipeline import extract
@@ -396,13 +463,27 @@ def _extract_and_evaluate(
             loader=data.loader,
         )
         extracted[dataset_id] = report.processed
-    evaluation = evaluate_store(store, model_id, FIT, ID, ood_ids, detectors, out_dir=out, tpr=tpr, progress=progress)
+    evaluation = evaluate_store(
+        store,
+        model_id,
+        FIT,
+        ID,
+        ood_ids,
+        detectors,
+        out_dir=out,
+        tpr=tpr,
+        progress=progress,
+        small_fit_set=small_fit_set,
+    )
     return ModelEvaluation(
         rows=evaluation.rows,
         scores=evaluation.scores,
         table_markdown=evaluation.table_markdown,
         skipped=evaluation.skipped,
         run_dir=evaluation.run_dir,
+        failed=evaluation.failed,
+        adapted=evaluation.adapted,
+        accuracy=evaluation.accuracy,
         model_id=model_id,
         extracted=extracted,
     )

@@ -10,7 +10,7 @@ import typer
 
 from .cli_params import parse_params
 
-__all__ = ["evaluate_model_command", "register"]
+__all__ = ["SOME_FAILED", "evaluate_model_command", "register", "print_accuracy", "report_detectors"]
 
 
 def _named(values: list[str]) -> dict[str, Path]:
@@ -50,9 +50,23 @@ def evaluate_model_command(
     checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="Local state dict file.")] = None,
     image_size: Annotated[int | None, typer.Option("--image-size", help="Override the input resolution.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")] = 64,
-    num_workers: Annotated[int, typer.Option("--num-workers", help="Image decoding processes.")] = 0,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", min=0, help="Image decoding processes (default: one less than the cores available, at most 4)."
+        ),
+    ] = None,
+    num_workers: Annotated[int | None, typer.Option("--num-workers", min=0, hidden=True)] = None,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:1 …")] = "auto",
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+    small_fit_set: Annotated[
+        str,
+        typer.Option(
+            "--small-fit-set",
+            help="When the fit set is too small for a detector's default parameters (knn.k, nnguide.alpha/k, vim.dim): "
+            "fail before any extraction, naming each one, or adapt them to the fit set (recorded in run.json).",
+        ),
+    ] = "fail",
 ) -> None:
     """Evaluate a timm model on image folders in one command: extract (cached in --store), fit, score, print.
 
@@ -60,8 +74,16 @@ def evaluate_model_command(
 
     Example: oodbench evaluate-model resnet50.a1_in1k --fit data/train --id data/val --ood inat=data/inat --store feats -d msp,energy,knn
     """
+    from .detectors.fitsize import SMALL_FIT_SET
     from .quick import evaluate_model
 
+    if small_fit_set not in SMALL_FIT_SET:
+        raise typer.BadParameter(f"--small-fit-set: must be {' or '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
+    if num_workers is not None:
+        if workers is not None and workers != num_workers:
+            raise typer.BadParameter("--num-workers is the old name of --workers; give only --workers")
+        typer.secho("warning: --num-workers is now --workers (as in `oodbench extract`)", fg="yellow", err=True)
+        workers = num_workers
     named = _named(ood)
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
     overrides = parse_params(param)
@@ -91,17 +113,51 @@ def evaluate_model_command(
         checkpoint=checkpoint,
         image_size=image_size,
         batch_size=batch_size,
-        num_workers=num_workers,
+        num_workers=workers,
         device=device,
         progress=progress,
+        small_fit_set=small_fit_set,
     )
     sys.stdout.write(result.table_markdown)
-    for name, reason in result.skipped.items():
-        typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+    print_accuracy(result.accuracy)
+    report_detectors(result.skipped, result.failed, result.adapted)
     ran = sum(result.extracted.values())
     typer.echo(f"extracted {ran} images" if ran else "extracted nothing: every set was in the store")
     if result.run_dir is not None:
         typer.echo(f"results: {result.run_dir / 'results.parquet'}")
+    if result.failed:
+        raise typer.Exit(SOME_FAILED)
+
+
+SOME_FAILED = 3  # exit status of a run whose other detectors' results are written but some detectors failed
+
+
+def print_accuracy(rows: list) -> None:
+    """The Top-1 lines of a run (or why Top-1 is not computed), after its table."""
+    from .accuracy import describe_row
+
+    for row in rows:
+        typer.echo(describe_row(row))
+
+
+def report_detectors(skipped: dict[str, str], failed: dict[str, str], adapted: dict | None = None) -> None:
+    """On stderr: the parameters adapted to a small fit set, one line per skipped and per failed detector (the
+    caller exits `SOME_FAILED` for failures)."""
+    if adapted:
+        from .detectors.fitsize import describe_changes
+
+        typer.secho(f"adapted to the small fit set: {describe_changes(adapted)}", err=True)
+    for name, reason in skipped.items():
+        typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+    for name, reason in failed.items():
+        typer.secho(f"failed {name}: {reason}", fg=typer.colors.RED, err=True)
+    if failed:
+        typer.secho(
+            f"{len(failed)} detector(s) failed; the others' results, scores and table are written "
+            "(rerun the same command to retry only the failed ones)",
+            fg=typer.colors.RED,
+            err=True,
+        )
 
 
 def register(app: typer.Typer) -> None:

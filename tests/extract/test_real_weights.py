@@ -205,18 +205,49 @@ def test_symmetric_padding_architecture_is_warned_about(tmp_path, photos, checkp
     assert "use the tf_ variant (tf_efficientnet_lite0)" in " ".join(result.output.split())
 
 
-def test_class_count_and_degenerate_predictions_are_warned_about(tmp_path, photos, state):
+@pytest.fixture(scope="module")
+def id_photos(tmp_path_factory, photos) -> Path:
+    """The photos as a labelled ID set: one class folder per photo."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("id-photos")
+    for name in EXPECTED:
+        (folder / name).mkdir()
+        shutil.copy(photos / f"{name}.png", folder / name / f"{name}.png")
+    return folder
+
+
+def run_extract_id(store: Path, data: Path, checkpoint: Path):
+    """`oodbench extract` of a labelled ID set (the checkpoint probe runs on those only)."""
+    args = ["extract", "--model", ARCH, "--checkpoint", str(checkpoint), "--store", str(store), "--data", str(data)]
+    return CliRunner().invoke(app, [*args, "--dataset-id", "id-photos", "--workers", "0", "--no-progress"])
+
+
+def test_class_count_and_degenerate_predictions_are_warned_about(tmp_path, id_photos, state):
     """A 10-class classifier whose bias always wins: both warnings, and the extraction still runs."""
     broken = dict(state)
     broken["_fc.weight"] = torch.zeros(10, state["_fc.weight"].shape[1])
     broken["_fc.bias"] = torch.arange(10, dtype=torch.float32)
     path = tmp_path / "broken.pth"
     torch.save(broken, path)
-    result = run_extract(tmp_path / "store", photos, path)
+    result = run_extract_id(tmp_path / "store", id_photos, path)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "has 10 classes but tf_efficientnet_lite0 is a 1000-class architecture" in text
-    assert "all 4 probe images get the same top-1 class (9)" in text
+    assert "all 4 probe images of this ID set get the same top-1 class (9)" in text  # no names for a 10-class head
+
+
+def test_probe_names_imagenet_classes_and_skips_ood_sets(tmp_path, id_photos, photos, checkpoint):
+    result = run_extract_id(tmp_path / "store", id_photos, checkpoint)
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("probe: ")]
+    # Folders sort as camera, chelsea, coffee, rocket; top-1 names as timm's ImageNet-1k descriptions.
+    assert line.startswith("probe: top-1 of the first 4 images: tripod, ")
+    assert "espresso" in line and "warning" not in result.output
+    # An unlabelled (OOD) set gets no probe: one class for every noise image would be no sign of broken weights.
+    ood = run_extract(tmp_path / "store", photos, checkpoint)
+    assert ood.exit_code == 0, ood.output
+    assert "probe:" not in ood.output
 
 
 def test_unconverted_checkpoint_names_the_converter(tmp_path, photos, checkpoint, capsys):

@@ -104,7 +104,8 @@ def test_missing_weights_offline_say_how_to_provide_them(tmp_path, monkeypatch):
     with pytest.raises(ExtractError) as info:
         load_timm("test_resnet", pretrained=True)
     message = str(info.value)
-    assert "not available offline" in message and "--checkpoint PATH" in message and "HF_HOME" in message
+    assert "are not in the cache (" in message and "HF_HUB_OFFLINE=1" in message
+    assert "--checkpoint PATH" in message and "HF_HOME" in message
 
 
 def test_unknown_model_is_named():

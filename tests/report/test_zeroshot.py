@@ -165,13 +165,18 @@ def _top1(run_dir: Path) -> dict[str, dict[str, float]]:
     return top1
 
 
+def _label_sets(run_dir: Path) -> dict[str, str]:
+    """The label set of each model's original labels, which the report's Top-1 caption names."""
+    return {a.model: a.label_set for a in read_accuracy(run_dir) if a.labels == "original" and a.label_set}
+
+
 def test_report_content_matches_the_runs_taken_alone(runs) -> None:
     content = build_report([runs["supervised"], runs["zeroshot"]], ReportOptions(**FAST))
     by_key = {t.key: t for t in content.tables()}
     supervised = load_run(runs["supervised"]).rows
     # Supervised tables: exactly those of the supervised run alone.
     for key, table in (
-        ("table1", table1(supervised, top1=_top1(runs["supervised"]))),
+        ("table1", table1(supervised, top1=_top1(runs["supervised"]), label_sets=_label_sets(runs["supervised"]))),
         ("tableA1", table_a1(supervised)),
         ("tableA2", table_a2(supervised)),
         ("detectors-toy-a", table_detectors(supervised, "toy-a")),
@@ -219,7 +224,8 @@ def test_a_zero_shot_run_without_vocabularies_is_known_by_its_kind(runs) -> None
     content = build_report([runs["supervised"], logit_only], ReportOptions(**FAST))
     by_key = {t.key: t for t in content.tables()}
     supervised = load_run(runs["supervised"]).rows
-    assert render_markdown(by_key["table1"]) == render_markdown(table1(supervised, top1=_top1(runs["supervised"])))
+    expected = table1(supervised, top1=_top1(runs["supervised"]), label_sets=_label_sets(runs["supervised"]))
+    assert render_markdown(by_key["table1"]) == render_markdown(expected)
     assert render_markdown(by_key["tableA1"]) == render_markdown(table_a1(supervised))
     header, line = _cells(render_markdown(by_key["table2"]))
     assert header == ["model", "best logit score"] and line[0] == "clip-logit"

@@ -68,6 +68,7 @@ __all__ = [
     "slug",
     "match_models",
     "read_accuracy",
+    "accuracy_not_computed",
     "compare_published",
     "top1_fpr_points",
 ]
@@ -254,6 +255,7 @@ class Accuracy:
     top1: float  # fraction
     n: int
     n_excluded: int
+    label_set: str = ""  # the classes the labels name ("ImageNet-1k", …); empty in files that predate it
 
 
 def read_accuracy(run_dir: str | os.PathLike[str]) -> list[Accuracy]:
@@ -273,8 +275,10 @@ def read_accuracy(run_dir: str | os.PathLike[str]) -> list[Accuracy]:
                 float(r["top1"]),
                 int(r["n"]),
                 int(r.get("n_excluded", 0)),
+                str(r.get("label_set", "")),
             )
             for r in rows
+            if r["top1"] is not None or not r.get("reason")  # a row not computed says why (accuracy_not_computed)
         ]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise AnalysisError(
@@ -284,6 +288,22 @@ def read_accuracy(run_dir: str | os.PathLike[str]) -> list[Accuracy]:
         if not 0.0 <= row.top1 <= 1.0 or row.n < 1:
             raise AnalysisError(f"{path}: top1 must be a fraction in [0, 1] and n ≥ 1; got {row.top1} with n={row.n}")
     return result
+
+
+def accuracy_not_computed(run_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """{model: 'dataset (labels): reason'} of the Top-1 rows RUN_DIR/accuracy.json records as not computed."""
+    path = Path(run_dir) / "accuracy.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {
+            str(data["model"]): f"{r['dataset']} ({r['labels']} labels): {r['reason']}"
+            for r in data["rows"]
+            if r.get("top1") is None and r.get("reason")
+        }
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AnalysisError(f"{path}: unreadable accuracy rows ({exc})") from exc
 
 
 @dataclass(frozen=True)

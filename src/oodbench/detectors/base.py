@@ -22,6 +22,7 @@ from ..papers import Paper  # noqa: F401  (re-exported: detectors name their pap
 from .state import Spec
 
 if TYPE_CHECKING:
+    from .fitsize import FitSize
     from .shared import FitStatistics
 
 __all__ = ["Detector", "Requirements", "Paper", "Range"]
@@ -284,6 +285,14 @@ class Detector:
                 reasons.append(f"{dataset} lacks {', '.join(missing)}")
         return reasons
 
+    def size_problems(self, size: FitSize) -> list[str]:
+        """Parameters this fit set cannot support, one line each naming the parameter (empty: none)."""
+        return []
+
+    def adapted_to(self, size: FitSize) -> dict[str, Any]:
+        """Parameter values scaled to a fit set too small for the current ones (empty: no automatic choice)."""
+        return {}
+
     # ----------------------------------------------------------------- the protocol
     def fit(self, fit_set: Outputs, head: Head | None = None, *, stats: FitStatistics | None = None) -> Detector:
         """Learn from the ID fit set (and the model's head where needed); returns self.
@@ -297,6 +306,9 @@ class Detector:
         self._check_arrays(fit_set, requires.fit, "fit set")
         if len(fit_set) == 0 and requires.fit:
             raise DetectorError(f"{self.name}: the fit set is empty")
+        from .fitsize import FitSize, raise_size_problems
+
+        raise_size_problems(self.name, self.size_problems(FitSize.of(fit_set)))
         if requires.head:
             if head is None:
                 raise DetectorError(f"{self.name} needs the model's head (weight, bias) at fit; pass head=Head(W, b)")

@@ -13,6 +13,7 @@ from ..outputs import Head, Outputs
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo
+from .fitsize import FitSize
 from .registry import register
 from .shared import statistics_for
 from .state import Array, FlatIndex, IVFIndex, Scalar, Spec
@@ -197,12 +198,28 @@ class KNN(Detector):
 
     state_dims = {"L": "N"}
 
+    def size_problems(self, size: FitSize) -> list[str]:
+        problems = []
+        if self.k > size.rows:
+            problems.append(f"k={self.k} exceeds the fit set's {size.rows} rows; use k <= {size.rows}")
+        if self.index == "ivf" and self.nlist is not None and self.nlist > size.rows:
+            problems.append(f"nlist={self.nlist} exceeds the fit set's {size.rows} rows; use nlist <= {size.rows}")
+        return problems
+
+    def adapted_to(self, size: FitSize) -> dict[str, Any]:
+        # One neighbour per 1,000 fit rows (at least one): the default k=1000 keeps about that share of
+        # ImageNet-1k's training set, the fit set it was chosen for.
+        changes: dict[str, Any] = {}
+        if self.k > size.rows:
+            changes["k"] = max(1, round(size.rows / 1000))
+        if self.index == "ivf" and self.nlist is not None and self.nlist > size.rows:
+            changes["nlist"] = None  # the default rule, which never exceeds the rows
+        return changes
+
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         import faiss
 
         num_rows, dim = len(fit_set), fit_set.num_features
-        if self.k > num_rows:
-            raise DetectorError(f"knn: k={self.k} exceeds the fit set's {num_rows} rows; use k <= {num_rows}")
         if self.index == "flat":
             self.index_ = _flat_index(fit_set.features)
         else:
@@ -211,8 +228,6 @@ class KNN(Detector):
                 if self.nlist is not None
                 else max(1, min(int(round(4 * math.sqrt(num_rows))), num_rows // 39 or 1))
             )
-            if nlist > num_rows:
-                raise DetectorError(f"knn: nlist={nlist} exceeds the fit set's {num_rows} rows")
             quantizer = faiss.IndexFlatIP(dim)
             index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
             # faiss's k-means samples at most 256 points per centroid anyway; read only those rows.
@@ -392,6 +407,30 @@ class NECO(Detector):
         if not isinstance(self.use_maxlogit, (bool, np.bool_)):
             raise DetectorError(f"neco: use_maxlogit must be True or False; got {self.use_maxlogit!r}")
 
+    def size_problems(self, size: FitSize) -> list[str]:
+        whole = isinstance(self.dim, (int, np.integer)) and not isinstance(self.dim, (bool, np.bool_))
+        if not whole:
+            return []
+        if size.features is not None and self.dim > size.features:
+            return [f"dim={self.dim} exceeds the feature dimension D={size.features}; use dim <= {size.features}"]
+        if self.dim >= size.rows:
+            # N centred rows span at most N - 1 directions; components past them are arbitrary null-space vectors.
+            return [
+                f"dim={self.dim} principal components need more fit rows than that, and the fit set has "
+                f"{size.rows}; use dim < {size.rows}"
+            ]
+        return []
+
+    def adapted_to(self, size: FitSize) -> dict[str, Any]:
+        if not self.size_problems(size) or self._dim_is_fraction():
+            return {}
+        span = min(size.rows - 1, size.features or size.rows)
+        return {"dim": max(1, span // 2)} if span >= 2 else {}
+
+    def _dim_is_fraction(self) -> bool:
+        """True when dim is a fraction of explained variance (float), not a number of components."""
+        return isinstance(self.dim, (float, np.floating))
+
     def requirements(self) -> Requirements:
         if self.use_maxlogit:
             return Requirements.of(fit=("features",), score=("features", "logits"))
@@ -411,8 +450,6 @@ class NECO(Detector):
             explained = np.cumsum(values) / values.sum()
             self.dim_ = int(np.searchsorted(explained, self.dim) + 1)
         else:
-            if self.dim > fit_set.num_features:
-                raise DetectorError(f"neco: dim={self.dim} exceeds the feature dimension D={fit_set.num_features}")
             self.dim_ = int(self.dim)
         self.components_ = np.ascontiguousarray(vectors[:, : self.dim_])
         self.explained_variance_ = values

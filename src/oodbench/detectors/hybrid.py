@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 
 from ..errors import DetectorError
@@ -10,6 +13,7 @@ from ..outputs import Head, Outputs
 from ._gaussian import symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo
+from .fitsize import FitSize
 from .registry import register
 from .shared import statistics_for
 from .state import Array, FlatIndex, Scalar, Spec
@@ -66,11 +70,30 @@ class ViM(Detector):
             "alpha_": Scalar(float),
         }
 
+    def size_problems(self, size: FitSize) -> list[str]:
+        if size.features is None:
+            return []
+        dim = vim_default_dim(size.features) if self.dim is None else int(self.dim)
+        shown = f"dim={dim}" if self.dim is not None else f"dim={dim} (the default for D={size.features})"
+        if not 1 <= dim < size.features:
+            return [f"{shown} must lie in [1, D) for D={size.features} features"]
+        if dim >= size.rows:
+            # The fit rows span at most `rows` directions, all inside a principal subspace that wide: their residual
+            # is rounding noise and alpha (mean max-logit / mean residual) meaningless.
+            return [
+                f"{shown} needs more fit rows than principal directions, and the fit set has {size.rows}; use dim < {size.rows}"
+            ]
+        return []
+
+    def adapted_to(self, size: FitSize) -> dict[str, Any]:
+        if size.features is None or not self.size_problems(size):
+            return {}
+        dim = max(1, min(size.rows, size.features) // 2)  # the paper's D/2 rule, on the smaller of N and D
+        return {"dim": dim} if dim < size.features and dim < size.rows else {}
+
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         num_features = fit_set.num_features
         self.dim_ = vim_default_dim(num_features) if self.dim is None else int(self.dim)
-        if not 1 <= self.dim_ < num_features:
-            raise DetectorError(f"vim: dim={self.dim_} must lie in [1, D) for D={num_features} features")
         weight = np.asarray(head.weight, dtype=np.float64)
         self.origin_ = -_min_norm_solution(weight, np.asarray(head.bias, dtype=np.float64))
         stats = statistics_for(self, fit_set)
@@ -151,15 +174,28 @@ class NNGuide(Detector):
             raise DetectorError(f"nnguide: k={self.k} exceeds the bank's {bank} rows")
         return {"bank_rows_": Array("int64", (bank,)), "index_": FlatIndex(bank, "D")}
 
+    def size_problems(self, size: FitSize) -> list[str]:
+        bank_size = int(size.rows * float(self.alpha))
+        if bank_size >= self.k:
+            return []
+        if size.rows >= self.k:
+            needed = math.ceil(self.k / size.rows * 1000) / 1000  # rounded up: int(rows * alpha) must reach k
+            fix = f"raise alpha to >= {needed:g} or lower k to <= {max(bank_size, 1)}"
+        else:
+            fix = f"lower k to <= {size.rows} (with alpha=1, the whole fit set)"
+        return [f"the bank holds {bank_size} rows (alpha={self.alpha} of {size.rows}) but k={self.k}; {fix}"]
+
+    def adapted_to(self, size: FitSize) -> dict[str, Any]:
+        if not self.size_problems(size):
+            return {}
+        # A small fit set is the whole bank, searched for about 1% of its rows (the defaults' share on
+        # ImageNet-1k: k=100 of a 12,812-row bank is 0.8%), at least one.
+        return {"alpha": 1.0, "k": min(self.k, max(1, round(size.rows / 100)))}
+
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         import faiss
 
         bank_size = int(len(fit_set) * float(self.alpha))
-        if bank_size < self.k:
-            raise DetectorError(
-                f"nnguide: the bank holds {bank_size} rows (alpha={self.alpha} of {len(fit_set)}) but "
-                f"k={self.k}; raise alpha or lower k"
-            )
         self.bank_rows_ = sample_rows(len(fit_set), bank_size, int(self.seed))
         features = gather_rows(fit_set.features, self.bank_rows_)
         confidence = energy(gather_rows(fit_set.logits, self.bank_rows_))

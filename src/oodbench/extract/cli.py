@@ -77,7 +77,10 @@ def _kind(model: str, kind: str) -> str:
         return "open_clip"
     if in_timm or model.startswith("hf-hub:"):
         return "timm"
-    raise OodbenchError(f"unknown model {model!r}: neither timm nor open_clip knows it")
+    from ..names import suggest
+
+    known = [*timm.list_models(), *sorted(_open_clip_names())]
+    raise OodbenchError(f"unknown model {model!r}: neither timm nor open_clip knows it{suggest(base, known)}")
 
 
 def _dataset_id_from(path: Path) -> str:
@@ -168,7 +171,12 @@ def extract_command(
     num_actors: int | None = typer.Option(None, "--num-actors", help="Ray inference actors (default: one per GPU)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Images per forward pass."),
     shard_size: int = typer.Option(4096, "--shard-size", help="Images per store shard (the unit of resumption)."),
-    workers: int = typer.Option(4, "--workers", help="DataLoader worker processes (local engine)."),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=0,
+        help="Image decoding processes (local engine; default: one less than the cores available, at most 4).",
+    ),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:1 …"),
     amp: bool = typer.Option(True, "--amp/--no-amp", help="Mixed precision on GPU."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
@@ -342,7 +350,10 @@ def _run_extract(**opts: Any) -> None:
         from .datasets import ImageList
 
         images = ImageList(images.root, images.items, None, None, images.source)
-    if opts["checkpoint"] is not None and kind == "timm":
+    # The checkpoint check runs on ID data only: labelled sets that are not registered as OOD (OOD sets are
+    # extracted with --no-labels; noise or textures may rightly all get one class).
+    registered_ood = opts["dataset"] is not None and get_registered(opts["dataset"]).role == "ood"
+    if opts["checkpoint"] is not None and kind == "timm" and images.labels is not None and not registered_ood:
         from .checks import probe_predictions
 
         if opts["engine"] == "local":
@@ -350,7 +361,7 @@ def _run_extract(**opts: Any) -> None:
         check = probe_predictions(backbone, images)
         if check is not None:
             hits = "" if check.correct is None else f", {check.correct} matching their labels"
-            console.print(f"probe: top-1 of the first {check.n} images: {check.top1[:8]}{hits}")
+            console.print(f"probe: top-1 of the first {check.n} images: {check.shown()}{hits}", markup=False)
             for message in check.warnings:
                 console.print(f"[yellow]warning:[/yellow] {message}")
     engine_options: dict[str, Any] = {}

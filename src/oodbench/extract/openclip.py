@@ -27,9 +27,11 @@ import torch.nn.functional as F
 
 from ..atomic import sha256_file
 from ..errors import ExtractError
+from ..names import suggest
 from ..store import Store
 from ..templates import SEED_TEMPLATES
 from .backbones.base import Backbone, autocast, resolve_device, safe_id
+from .hub import cached_file, prefer_cache, require_reachable
 from .patches import image_and_patch_embeddings, patch_route, unsupported_reason, value_branch_block
 
 if TYPE_CHECKING:
@@ -122,6 +124,30 @@ def quickgelu_mismatch(model_name: str, pretrained: str | None) -> str | None:
     )
 
 
+# Files open_clip reads from a hub repo.
+_HUB_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def _weights_cached(model_name: str, tag: str, tag_cfg: dict[str, Any], cache_dir: str | None) -> bool:
+    """True when the weights of `tag` are cached; else raise at once when they cannot be downloaded (see hub)."""
+    hub = str(tag_cfg.get("hf_hub") or (model_name[len("hf-hub:") :] if model_name.startswith("hf-hub:") else ""))
+    parts = [part for part in hub.split("/") if part]
+    repo = "/".join(parts[:2]) or None
+    files = tuple(parts[2:3]) + _HUB_FILES
+    url = tag_cfg.get("url") or None
+    url_dir = Path(cache_dir or os.path.expanduser("~/.cache/clip"))
+    if cached_file(repo, files, url, cache_dir=cache_dir, url_dir=url_dir) is not None:
+        return True
+    if repo or url:
+        require_reachable(
+            f"the weights '{tag}' of {model_name}",
+            url=None if repo else url,
+            cache=None if repo else url_dir,
+            fix="or pass --pretrained PATH to a local checkpoint",
+        )
+    return False
+
+
 def load_openclip(
     model_name: str,
     pretrained: str | None = None,
@@ -134,11 +160,15 @@ def load_openclip(
     import open_clip
 
     if model_name not in open_clip.list_models() and not model_name.startswith(("hf-hub:", "local-dir:")):
-        raise ExtractError(f"unknown open_clip model {model_name!r}; see open_clip.list_models()")
+        known = open_clip.list_models()
+        raise ExtractError(
+            f"unknown open_clip model {model_name!r}{suggest(model_name, known)} (open_clip.list_models())"
+        )
     message = quickgelu_mismatch(model_name, pretrained)
     if message:
         warnings.warn(message, UserWarning, stacklevel=2)
     checkpoint: str
+    cached = False
     if pretrained is None:
         checkpoint = f"random-init:seed={seed}"
     elif os.path.isfile(str(pretrained)):
@@ -148,25 +178,20 @@ def load_openclip(
         if not tag_cfg and not model_name.startswith(("hf-hub:", "local-dir:")):
             known = open_clip.list_pretrained_tags_by_model(model_name)
             raise ExtractError(
-                f"{pretrained!r} is neither a pretrained tag of {model_name} ({', '.join(known) or 'none'}) "
-                "nor an existing checkpoint file"
+                f"{pretrained!r} is neither a pretrained tag of {model_name} (its tags: {', '.join(known) or 'none'}) "
+                f"nor an existing checkpoint file{suggest(str(pretrained), known)}"
             )
-        if os.environ.get("HF_HUB_OFFLINE") == "1" and tag_cfg and not tag_cfg.get("hf_hub"):
-            target = Path(cache_dir or os.path.expanduser("~/.cache/clip")) / os.path.basename(tag_cfg.get("url", ""))
-            if not target.is_file():
-                raise ExtractError(
-                    f"weights '{pretrained}' of {model_name} are not cached at {target} and HF_HUB_OFFLINE=1; "
-                    "download them once with network access or pass --pretrained PATH to a local checkpoint"
-                )
+        cached = _weights_cached(model_name, pretrained, tag_cfg, cache_dir)
         checkpoint = f"open_clip:{pretrained}"
     torch.manual_seed(seed)
     try:
         with warnings.catch_warnings():
             # Our own QuickGELU warning (above) says what to do; silence open_clip's duplicate and its random-init note.
             warnings.filterwarnings("ignore", message="QuickGELU mismatch")
-            model, _, preprocess = open_clip.create_model_and_transforms(
-                model_name, pretrained=pretrained, device="cpu", cache_dir=cache_dir
-            )
+            with prefer_cache(cached):
+                model, _, preprocess = open_clip.create_model_and_transforms(
+                    model_name, pretrained=pretrained, device="cpu", cache_dir=cache_dir
+                )
     except Exception as exc:
         raise ExtractError(
             f"cannot load open_clip {model_name} with pretrained={pretrained!r}: {str(exc)[:400]}. Weights come from the "

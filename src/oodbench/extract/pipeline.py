@@ -13,6 +13,7 @@ import torch
 
 from ..atomic import atomic_write_text
 from ..errors import ExtractError
+from ..progress import note_work
 from ..store import PROVENANCE_KEYS, EntryWriter, Store
 from .backbones.base import Backbone
 from .datasets import ImageList
@@ -140,7 +141,7 @@ def _engine_results(
     loader: Callable[[int], torch.Tensor],
     tasks: list,
     *,
-    num_workers: int,
+    num_workers: int | None,
     amp: bool,
     options: Mapping[str, Any],
 ) -> Iterator[BatchResult]:
@@ -165,14 +166,17 @@ def extract(
     engine: str = "local",
     batch_size: int = 64,
     shard_size: int = 4096,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     device: str = "auto",
     amp: bool = True,
     progress: bool = True,
     loader: Callable[[int], torch.Tensor] | None = None,
     engine_options: Mapping[str, Any] | None = None,
 ) -> ExtractionReport:
-    """Extract `dataset` with `backbone` into `store` as (model_id, dataset_id); resumes whatever is missing."""
+    """Extract `dataset` with `backbone` into `store` as (model_id, dataset_id); resumes whatever is missing.
+
+    `num_workers`: loader processes of the local engine (None: `engines.local.default_workers`).
+    """
     if engine not in ENGINES:
         raise ExtractError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
     if batch_size <= 0 or shard_size <= 0:
@@ -214,6 +218,8 @@ def extract(
         item_loader = loader or ItemLoader(dataset, backbone.transform)
         done_items = len(dataset) - sum(len(task.positions) for task in tasks)
         bar, bar_task = _progress(len(dataset), done_items, progress, f"{model_id}/{dataset_id}")
+        topic = f"extract {model_id}/{dataset_id}"
+        note_work(topic, kept=f"whole shards in store {store.root}")  # written atomically: a rerun resumes from them
         with bar:
             for result in _engine_results(
                 engine, backbone, item_loader, tasks, num_workers=num_workers, amp=amp, options=engine_options or {}
@@ -221,6 +227,8 @@ def extract(
                 assembler.add(result)
                 processed += len(result.task.positions)
                 bar.update(bar_task, advance=len(result.task.positions))
+                if done_items + assembler.rows:  # rows count once their shard is written
+                    note_work(topic, finished=f"{done_items + assembler.rows} of {len(dataset)} images of {dataset_id}")
         assembler.finish()
         extra_meta: dict[str, Any] = {"dataset": dataset.describe(), "items_file": "items.txt"}
         if len(dataset) <= INLINE_ITEMS:

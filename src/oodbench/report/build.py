@@ -16,7 +16,15 @@ from matplotlib.figure import Figure
 
 from ..analysis.breakdown import class_acceptance
 from ..analysis.delong import DeLongResult, delong_test
-from ..analysis.published import PUBLISHED_SETS, Accuracy, Comparison, compare_published, read_accuracy, top1_fpr_points
+from ..analysis.published import (
+    PUBLISHED_SETS,
+    Accuracy,
+    Comparison,
+    accuracy_not_computed,
+    compare_published,
+    read_accuracy,
+    top1_fpr_points,
+)
 from ..analysis.rundata import RunData, check_distinct, load_run
 from ..analysis.runs import IntervalRecord, best_detectors, interval_record
 from ..analysis.spread import spread_vs_noise
@@ -348,10 +356,18 @@ def build_report(
         top1: dict[str, dict[str, float]] = {}
         for acc in accuracy:
             top1.setdefault(acc.model, {})[acc.labels] = acc.top1
+        label_sets = {acc.model: acc.label_set for acc in accuracy if acc.labels == "original" and acc.label_set}
+        missing = {m: why for run in runs if run.path.is_dir() for m, why in accuracy_not_computed(run.path).items()}
         for run in runs:  # a model shown under a label (runs of one model that differ) keeps its accuracy
-            if isinstance(run, _Variant) and run.model_name in top1:
-                top1[run.label] = top1[run.model_name]
-        overview_tables = [tables.table1(shown, top1=top1), tables.table_a2(shown), tables.table_a1(shown)]
+            if isinstance(run, _Variant):
+                for known in (top1, label_sets, missing):
+                    if run.model_name in known:
+                        known[run.label] = known[run.model_name]  # type: ignore[index]
+        overview_tables = [
+            tables.table1(shown, top1=top1, label_sets=label_sets, top1_missing=missing),
+            tables.table_a2(shown),
+            tables.table_a1(shown),
+        ]
         if options.convention != "oodbench":
             overview_tables = [with_convention_note(t, options.convention) for t in overview_tables]
         overview.items.extend(overview_tables)

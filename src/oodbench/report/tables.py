@@ -200,12 +200,16 @@ def table1(
     models: Sequence[str] | None = None,
     mean: bool = True,
     top1: Mapping[str, Mapping[str, float]] | None = None,
+    label_sets: Mapping[str, str] | None = None,
+    top1_missing: Mapping[str, str] | None = None,
 ) -> Table:
     """Table 1: per model, the best FPR@95 and AUROC on each OOD set (and on average), with the detector's name.
 
     `top1` ({model: {label set: top-1 fraction}}, from the runs' accuracy.json) adds the "Top-1" (original labels) and
-    "Top-1 (ReaL)" (re-annotated: ReImageNet when given, else ReaL) columns when any model has them.
+    "Top-1 (ReaL)" (re-annotated: ReImageNet when given, else ReaL) columns when any model has them; `label_sets`
+    ({model: the classes its original labels name}) enters the caption, `top1_missing` ({model: why no Top-1}) too.
     """
+    label_sets, top1_missing = label_sets or {}, top1_missing or {}
     grid = ResultGrid(supervised_rows(rows))
     oods = _select(grid.oods, ood_datasets, "OOD datasets")
     pairs = [p for p in grid.pairs if models is None or p[0] in models]
@@ -213,10 +217,10 @@ def table1(
         raise AnalysisError(f"no rows for models {list(models or [])}")
     blocks = [(ood, [ood]) for ood in oods] + ([("mean", oods)] if mean and len(oods) > 1 else [])
     body: list[list[Cell]] = [[Cell(grid.label(p))] for p in pairs]
-    with_top1 = bool(top1) and any(p[0] in top1 for p in pairs)  # type: ignore[operator]
+    with_top1 = any(p[0] in (top1 or {}) or p[0] in top1_missing for p in pairs)
     if with_top1:
         for line, pair in zip(body, pairs, strict=True):
-            found = top1.get(pair[0], {})  # type: ignore[union-attr]
+            found = (top1 or {}).get(pair[0], {})
             relabelled = next((found[k] for k in ("reimagenet", "real") if k in found), None)
             line += [Cell(percent(found.get("original"))), Cell(percent(relabelled))]
     for _, block_oods in blocks:
@@ -232,10 +236,23 @@ def table1(
         "Best detector per model and column (its name in parentheses); best model per column in bold. Values in %."
     ]
     if with_top1:
+        shown = {pair[0] for pair in pairs}
+        named = sorted({label_sets[m] for m in shown if m in label_sets})
+        if len(named) == 1:
+            what = f"accuracy on the ID test set's original labels ({named[0]})"
+        elif named:
+            what = (
+                "accuracy on the ID test set's original labels ("
+                + "; ".join(f"{m}: {label_sets[m]}" for m in sorted(shown) if m in label_sets)
+                + ")"
+            )
+        else:
+            what = "accuracy on the ID test set's original labels"
         notes.append(
-            "Top-1: ImageNet-1k accuracy on the original labels; Top-1 (ReaL): multi-label top-1 on re-annotated "
-            "labels (ReImageNet when the run gives it, else ReaL), from each run's accuracy.json."
+            f"Top-1: {what}; Top-1 (ReaL): multi-label top-1 on re-annotated labels (ReImageNet when the run gives "
+            "it, else ReaL), from each run's accuracy.json."
         )
+        notes.extend(f"Top-1 of {m} not computed: {top1_missing[m]}." for m in sorted(shown) if m in top1_missing)
     if mean and len(oods) > 1:
         notes.append(f"mean: the detector with the best mean over {len(oods)} OOD sets.")
     return Table(

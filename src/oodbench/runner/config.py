@@ -186,7 +186,8 @@ class _Report(Table):
 
 
 class _Engine(Table):
-    workers: Annotated[int, Field(ge=0)] = 4  # DataLoader workers (0: load in the main process)
+    # DataLoader workers (0: load in the main process; None: one less than the cores available, at most 4)
+    workers: Annotated[int, Field(ge=0)] | None = None
     ray_address: str | None = None
     gpus_per_extract: Annotated[float, Field(ge=0.0)] = 0.0
     cpus_per_score: Annotated[float, Field(ge=0.0)] = 1.0

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, OodbenchError
-from ..progress import progress_bar
+from ..progress import note_work, progress_bar
 from .config import ExperimentConfig
 from .plan import STAGES, Plan, Unit, build_plan, report_files
 from .stages import (
@@ -318,6 +318,8 @@ def _run_stage(
         def finished(unit: Unit) -> None:
             report.executed[unit.stage].append(unit.id)
             bar.advance(task)
+            done = sum(len(ids) for ids in report.executed.values())
+            note_work("run", finished=f"{done} unit(s) this run", kept="every finished unit (in the ledger)")
             if on_unit is not None:
                 on_unit(unit)
 

@@ -23,10 +23,11 @@ import torch.nn.functional as F
 from ...atomic import sha256_file
 from ...errors import ExtractError
 from ...outputs import Head
+from ..hub import cached_file, prefer_cache, require_reachable
 from ..nac import NacLayer, capture_outputs, neuron_states
 from .base import Backbone, autocast, check_preprocessing, safe_id
 
-__all__ = ["TimmBackbone", "load_timm", "MISSING_WEIGHTS_HINT"]
+__all__ = ["TimmBackbone", "check_timm_name", "load_timm", "MISSING_WEIGHTS_HINT"]
 
 MISSING_WEIGHTS_HINT = (
     "download them once with network access (timm caches them under $HF_HOME, by default ~/.cache/huggingface/hub), "
@@ -201,6 +202,55 @@ class TimmBackbone(Backbone):
         return arrays
 
 
+def check_timm_name(name: str) -> None:
+    """Raise one ExtractError for an unknown timm architecture or pretrained tag, with the closest names."""
+    import timm
+
+    from ...names import suggest
+
+    if name.startswith("hf-hub:"):
+        return
+    arch, _, tag = name.split("/")[-1].partition(".")
+    if not timm.is_model(arch):
+        raise ExtractError(f"unknown timm model {arch!r}{suggest(arch, timm.list_models())} (list: timm.list_models())")
+    if tag:
+        tagged = timm.list_pretrained(f"{arch}.*")
+        if f"{arch}.{tag}" not in tagged:
+            shown = ", ".join(t.partition(".")[2] for t in tagged[:8]) + (", …" if len(tagged) > 8 else "")
+            raise ExtractError(
+                f"timm model {arch} has no pretrained tag {tag!r}{suggest(f'{arch}.{tag}', tagged)} "
+                f"(its tags: {shown or 'none'})"
+            )
+
+
+# Files timm reads from a hub repo (the safetensors first).
+_HUB_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def _hub_weights(name: str) -> bool:
+    """True when the pretrained weights of `name` are in a local cache; else raise at once if they cannot be
+    downloaded (offline, or the hub does not answer), rather than after huggingface_hub's minute of retries."""
+    import timm
+
+    if name.startswith("hf-hub:"):
+        repo, url, files = name[len("hf-hub:") :].split("@")[0], None, _HUB_FILES
+    else:
+        cfg = timm.models.get_pretrained_cfg(name)
+        if cfg is None:
+            return False  # timm itself explains a model without pretrained weights
+        repo, url = cfg.hf_hub_id, cfg.url
+        files = ((cfg.hf_hub_filename,) if getattr(cfg, "hf_hub_filename", None) else ()) + _HUB_FILES
+    if cached_file(repo, files, url) is not None:
+        return True
+    if repo or url:
+        require_reachable(
+            f"the pretrained weights of {name}",
+            url=None if repo else url,
+            fix="or pass --checkpoint PATH with a local state dict",
+        )
+    return False
+
+
 def _classifier_key(model_name: str) -> str | None:
     import timm
 
@@ -253,9 +303,7 @@ def load_timm(
 
     from ..convert import convert_state_dict, detect_format
 
-    if not timm.is_model(name.split(":", 1)[-1].split("/")[-1].split(".")[0]) and not name.startswith("hf-hub:"):
-        close = timm.list_models(f"*{name.split('.')[0][:12]}*")[:8]
-        raise ExtractError(f"unknown timm model {name!r}" + (f"; similar: {', '.join(close)}" if close else ""))
+    check_timm_name(name)
     overrides = check_preprocessing(preprocessing)
     size = overrides.get("input_size")
     if image_size is None and size is not None and size[1] == size[2]:
@@ -315,8 +363,10 @@ def load_timm(
         torch.manual_seed(seed)
         model = _create(name, pretrained=False, image_size=image_size, **kwargs)
         return TimmBackbone(model, name=name, checkpoint=f"random-init:seed={seed}", **common)
+    cached = _hub_weights(name)
     try:
-        model = _create(name, pretrained=True, image_size=image_size, **kwargs)
+        with prefer_cache(cached):
+            model = _create(name, pretrained=True, image_size=image_size, **kwargs)
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}"
         offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "LocalEntryNotFound" in text or "offline" in text.lower()

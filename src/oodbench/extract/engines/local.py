@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from ..backbones.base import Backbone
 from .common import BatchResult, BatchTask, load_batch
 
-__all__ = ["iter_results"]
+__all__ = ["default_workers", "iter_results"]
 
 
 class _Batches(torch.utils.data.Dataset):
@@ -33,17 +34,29 @@ def _identity(sample: Any) -> Any:
     return sample
 
 
+def default_workers() -> int:
+    """Loader processes by default: one less than the cores this process may use (the main process runs the
+    model), at most 4; 0 on one core. torch warns when workers outnumber those cores."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(0, min(4, cores - 1))
+
+
 def iter_results(
     backbone: Backbone,
     loader: Callable[[int], torch.Tensor],
     tasks: Sequence[BatchTask],
     *,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     amp: bool = True,
 ) -> Iterator[BatchResult]:
-    """Run every planned batch through the backbone, in order, with `num_workers` loader processes."""
+    """Run every planned batch through the backbone, in order, with `num_workers` loader processes (None: auto)."""
     if not tasks:
         return
+    if num_workers is None:
+        num_workers = default_workers()
     pin = backbone.device.type == "cuda"
     data = torch.utils.data.DataLoader(
         _Batches(loader, tasks),
