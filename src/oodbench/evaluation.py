@@ -42,6 +42,7 @@ class EvaluationResult:
     table_markdown: str
     skipped: dict[str, str] = field(default_factory=dict)  # detector -> reason
     run_dir: Path | None = None
+    verification: str | None = None  # what checking the store entries against their checksums found, and its time
 
 
 def normalize_detectors(detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
@@ -172,11 +173,13 @@ def evaluate_store(
     progress: bool = True,
     save_detectors: str | os.PathLike[str] | None = None,
     gram_dtype: str = "float64",
+    verify: bool = False,
 ) -> EvaluationResult:
     """Evaluate detectors on store entries of one model and (optionally) write a run directory.
 
     With `save_detectors`, each fitted detector is saved to ``save_detectors/<name>`` with its fit provenance.
     `gram_dtype` as in `evaluate_outputs`; it enters the score keys of the detectors whose fit it changes.
+    The entries read are checked against their checksums once per run directory (every time with `verify`).
     """
     store = store if isinstance(store, Store) else Store(store)
     check_gram_dtype(gram_dtype)  # before any work
@@ -189,10 +192,16 @@ def evaluate_store(
     if len(set(names)) != len(names):
         raise OodbenchError(f"dataset names must be distinct; got {names}")
     store.check_compatible(*[(model_id, name) for name in names])
+    verification = None
+    if run_dir is not None:
+        verification = run_dir.verify_store(store, model_id, names, force=verify)
+    elif verify:
+        for name in names:
+            store.read(model_id, name, verify=True)
     fit_set = store.read(model_id, fit_dataset)
     id_test = store.read(model_id, id_dataset)
     oods = {name: store.read(model_id, name) for name in ood_datasets}
-    head = store.read_head(model_id) if store.has_head(model_id) else None
+    head = store.read_head(model_id, verify=verify and run_dir is None) if store.has_head(model_id) else None
     if head is not None:
         for name, outputs in [(fit_dataset, fit_set), (id_dataset, id_test), *oods.items()]:
             try:
@@ -253,6 +262,7 @@ def evaluate_store(
         ran_keys = {name: keys[name] for name in plan if name not in result.skipped}
         run_dir.write_info(describe(ran_keys, complete=True, skipped=result.skipped))
         result.run_dir = run_dir.path
+    result.verification = verification
     return result
 
 
