@@ -167,8 +167,8 @@ def _npy_header(handle: Any, path: Path) -> tuple[tuple[int, ...], bool, np.dtyp
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
         else:
             raise ValueError(f"unsupported .npy version {version}")
-    except (ValueError, SyntaxError, TypeError, OverflowError) as exc:
-        raise StoreError(f"{path} is not a readable .npy file: {exc}") from None
+    except Exception as exc:  # numpy parses the header with tokenize and literal_eval: any of their errors
+        raise StoreError(f"{path} is not a readable .npy file: {exc}") from exc
     return tuple(shape), bool(fortran), dtype, handle.tell()
 
 
@@ -187,7 +187,7 @@ def _check_npy(path: Path, spec: Mapping[str, Any], chunk_rows: list[int] | None
         try:
             shape, fortran, dtype, offset = _npy_header(handle, path)
         except StoreError as exc:
-            return [f"{path.name}: {str(exc).split(': ', 1)[-1]}"]
+            return [f"{path.name}: no readable .npy header ({exc.__cause__ or exc})"]
         want_shape, want_dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
         if shape != want_shape or dtype != want_dtype or (fortran and len(shape) > 1):
             order = ", Fortran order" if fortran and len(shape) > 1 else ""
