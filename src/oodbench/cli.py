@@ -256,8 +256,13 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
                 unreadable.append(f"{model_id}/{dataset}")
                 typer.echo(f"  {dataset}: unreadable: {exc}")
                 continue
-            shapes = ", ".join(f"{k} {tuple(v['shape'])}" for k, v in meta["arrays"].items()) or "no rows"
             skipped = len(meta.get("skipped", []))
+            if not meta["num_rows"]:
+                typer.echo(
+                    f"  {dataset}: complete, but holds no rows" + (f" ({skipped} items skipped)" if skipped else "")
+                )
+                continue
+            shapes = ", ".join(f"{k} {tuple(v['shape'])}" for k, v in meta["arrays"].items())
             typer.echo(f"  {dataset}: complete; {shapes}" + (f"; {skipped} skipped items" if skipped else ""))
     if unreadable:
         raise StoreError(f"{len(unreadable)} store entries are unreadable (listed above): {', '.join(unreadable)}")
