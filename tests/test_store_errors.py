@@ -69,7 +69,16 @@ MALFORMED = [
     ("non-utf8", lambda e: (e / "meta.json").write_bytes(b'{"format": 2, "model_id": "toy\xff\xfe"}'), "not UTF-8"),
     ("json-list", lambda e: (e / "meta.json").write_text("[1, 2, 3]"), "must hold a JSON object, not a list"),
     ("no-arrays", lambda e: _edit_meta(e / "meta.json", lambda m: m.pop("arrays")), "lists no arrays"),
-    ("empty-features", _empty_features, "has no data: it holds no rows"),
+    (
+        "empty-features",
+        lambda e: _edit_meta(e / "meta.json", lambda m: m["arrays"].update(features={})),
+        "array 'features' has an invalid shape None",
+    ),
+    (
+        "features-of-no-columns",
+        lambda e: _edit_meta(e / "meta.json", lambda m: m["arrays"]["features"].update(shape=[20, 0])),
+        "features must be 2-D (N, D) with D >= 1",
+    ),
     (
         "no-features",
         lambda e: _edit_meta(e / "meta.json", lambda m: m["arrays"].pop("features")),
@@ -103,18 +112,25 @@ def test_malformed_meta_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, da
     assert code == 2 and message in _error_line(err)
     assert not (tmp_path / "run" / "run.json").exists()  # refused before anything was written
     code, out, err = _run(["store", "ls", "--store", str(tmp_path / "s")], capsys)
-    if "no data" in message:  # an entry of no rows is well formed and listed as such; reading it is what fails
-        assert code == 0 and "  fit: complete, but holds no rows\n" in out
-    else:
-        assert code == 2 and "1 store entries are unreadable (listed above): toy/fit" in _error_line(err)
-        assert "  fit: unreadable: " in out and message in out
+    assert code == 2 and "1 store entries are unreadable (listed above): toy/fit" in _error_line(err)
+    assert "  fit: unreadable: " in out and message in out
     assert "  id: complete; " in out  # the other entries are still listed
     code, out, err = _run(["store", "verify", "--store", str(tmp_path / "s")], capsys)
-    if "no data" in message:  # intact, if empty
-        assert code == 0 and "toy/fit: no checksums recorded" in out
-    else:
-        assert code == 2 and "toy/fit" in _error_line(err)
+    assert code == 2 and "toy/fit" in _error_line(err)
     assert not (tmp_path / "logs").exists()  # nothing unexpected happened
+
+
+@pytest.mark.parametrize("dataset", ["fit", "id"])
+def test_an_entry_of_no_rows_is_listed_as_such_and_not_evaluated(tmp_path, capsys, dataset):
+    """Every item of a set skipped as unreadable: a well-formed entry of no rows, which nothing can evaluate."""
+    _toy_store(tmp_path / "s")
+    _empty_features(tmp_path / "s" / "toy" / dataset)
+    code, out, _ = _run(["store", "ls", "--store", str(tmp_path / "s")], capsys)
+    assert code == 0 and f"  {dataset}: complete, but holds no rows\n" in out
+    argv = [*EVALUATE[:-1], "knn", "-p", "knn.k=2", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "run")]
+    code, _, err = _run(argv, capsys)
+    expected = "knn: the fit set is empty" if dataset == "fit" else "ID test dataset 'id' is empty"
+    assert code == 2 and _error_line(err) == f"error: {expected}"
 
 
 def _start_entry(root: Path, monkeypatch) -> Store.writer:

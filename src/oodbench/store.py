@@ -209,13 +209,12 @@ def _check_npy(path: Path, spec: Mapping[str, Any], chunk_rows: list[int] | None
         if not full or digests is None or chunk_rows is None:
             return []
         problems: list[str] = []
-        buffer = bytearray(_VERIFY_BLOCK)
-        view = memoryview(buffer)
         row_bytes, first = _row_bytes(spec), 0
+        view = memoryview(bytearray(min(_VERIFY_BLOCK, max(chunk_rows, default=0) * row_bytes)))
         for rows, recorded_digest in zip(chunk_rows, digests, strict=True):
             digest, left = hashlib.sha256(), rows * row_bytes
             while left:
-                got = handle.readinto(view[: min(left, _VERIFY_BLOCK)])
+                got = handle.readinto(view[: min(left, len(view))])
                 if not got:
                     break
                 digest.update(view[:got])
@@ -291,8 +290,10 @@ def _check_meta(meta: dict[str, Any], path: Path) -> dict[str, Any]:
             raise StoreError(f"{where}: array {name!r} has {spec['shape'][0]} rows but num_rows is {rows}")
     if rows and "features" not in arrays:
         raise StoreError(f"{where}: the entry has {rows} rows but no features array")
-    if "features" in arrays and len(arrays["features"]["shape"]) != 2:
-        raise StoreError(f"{where}: features must be 2-D (N, D); meta.json records {arrays['features']['shape']}")
+    if "features" in arrays and (len(arrays["features"]["shape"]) != 2 or arrays["features"]["shape"][1] < 1):
+        raise StoreError(
+            f"{where}: features must be 2-D (N, D) with D >= 1; meta.json records {arrays['features']['shape']}"
+        )
     return meta
 
 
@@ -652,10 +653,6 @@ class Store:
         key = f"{model_id}/{dataset_id}"
         if not meta.get("complete"):
             raise StoreError(f"store entry {key} is incomplete: {self.describe_incomplete(model_id, dataset_id)}")
-        if not meta.get("num_rows"):
-            skipped = len(meta.get("skipped", []))
-            why = f"all {skipped} of its items were skipped as unreadable" if skipped else "it holds no rows"
-            raise StoreError(f"store entry {key} has no data: {why}; nothing can be read from it")
         if verify:
             self._raise_damage(self.verify(model_id, dataset_id))
         arrays = {name: self._load(model_id, dataset_id, name, meta, mmap) for name in meta["arrays"]}
