@@ -263,3 +263,22 @@ def test_twenty_races_with_random_kills_leave_only_one_writers_data(script, tmp_
         outcomes.append((plans, [code for code, _ in results], complete))
     # Kills happened: some writers died (SIGKILL: -9), and some races left no complete entry behind them.
     assert any(-signal.SIGKILL in codes for _, codes, _ in outcomes)
+
+
+def test_a_lock_that_cannot_be_taken_is_one_line():
+    with pytest.raises(StoreError, match=r"cannot write store entry m/ds: cannot open its lock file /proc/"):
+        Store("/proc/oodbench-no-such-store").writer("m", "ds", provenance=PROV, num_items=4, shard_size=2)
+
+
+def test_an_abandoned_writer_in_a_reference_cycle_is_released_by_the_collector(tmp_path, script):
+    import gc
+
+    writer = Store(tmp_path).writer("m", "ds", provenance=PROV, num_items=ROWS, shard_size=SHARD)
+    cycle: list[object] = [writer]
+    cycle.append(cycle)
+    del writer, cycle
+    gc.collect()
+    # Another process can now open the entry at once (the lock went with the writer).
+    holder, _ = _holding(script, tmp_path)
+    holder.stdin.close()
+    assert holder.wait() == 0

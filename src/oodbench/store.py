@@ -307,13 +307,15 @@ class _HeldLock:
 
 
 _HELD: dict[Path, _HeldLock] = {}
-_HELD_GUARD = threading.Lock()
+# Re-entrant: a writer collected by the garbage collector releases its lock from whatever code runs at that moment,
+# which may be this module holding the guard.
+_HELD_GUARD = threading.RLock()
 
 
 def _forget_inherited_locks() -> None:
     """In a forked child (e.g. a data-loader worker): drop the parent's lock files, so its death releases them."""
     global _HELD_GUARD
-    _HELD_GUARD = threading.Lock()
+    _HELD_GUARD = threading.RLock()
     for held in _HELD.values():
         with contextlib.suppress(OSError):
             os.close(held.fd)
@@ -365,10 +367,13 @@ def _flock(path: Path, what: str, wait: float | None) -> int:
     """An fd of `path` holding an exclusive flock; waits up to `wait` seconds (None: for ever), then StoreError."""
     import fcntl
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     deadline = None if wait is None else time.monotonic() + max(0.0, wait)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise StoreError(f"cannot write {what}: cannot open its lock file {path} ({exc.strerror or exc})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -383,6 +388,9 @@ def _flock(path: Path, what: str, wait: float | None) -> int:
                 ) from None
             time.sleep(0.05)
             continue
+        except OSError as exc:  # e.g. a network filesystem without locks (ENOLCK)
+            os.close(fd)
+            raise StoreError(f"cannot write {what}: cannot lock {path} ({exc.strerror or exc})") from None
         # The lock file could have been deleted by hand between open and flock: lock the file now at `path`.
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))
