@@ -48,12 +48,12 @@ WRITER = textwrap.dedent(
     if kill in ("hold", "fork"):
         writer = Store(root).writer("m", "ds", provenance=PROV, num_items=ROWS, shard_size=SHARD)
         if kill == "fork":
-            child = os.fork()
-            if child == 0:
+            if os.fork() == 0:
+                # Said by the child itself: fork's hooks (which drop the inherited lock) have run by now.
+                os.write(1, f"child {{os.getpid()}}\\n".encode())  # one write: lines of two processes never mix
                 time.sleep(60)
                 os._exit(0)
-            print(f"child {{child}}", flush=True)
-        print("locked", flush=True)
+        os.write(1, b"locked\\n")
         sys.stdin.read()
         sys.exit(0)
     if kill.startswith("shard:"):
@@ -117,12 +117,11 @@ def _equals(store: Store, seed: int) -> bool:
 def _holding(script: Path, root: Path, mode: str = "hold") -> tuple[subprocess.Popen[str], int | None]:
     """A process that holds the entry's lock (and the pid of its forked child with mode "fork")."""
     proc = _start(script, root, 0, mode)
-    child = None
-    line = proc.stdout.readline()
-    if line.startswith("child "):
-        child = int(line.split()[1])
-        line = proc.stdout.readline()
-    assert line.strip() == "locked", proc.stderr.read()
+    lines = [proc.stdout.readline().strip() for _ in range(2 if mode == "fork" else 1)]
+    if "locked" not in lines:
+        proc.kill()
+        pytest.fail(f"the holder did not start: {lines} {proc.communicate()[1]}")
+    child = next((int(line.split()[1]) for line in lines if line.startswith("child ")), None)
     return proc, child
 
 
