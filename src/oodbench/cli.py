@@ -275,6 +275,7 @@ def store_verify(
     dataset: list[str] | None = typer.Option(
         None, "--dataset", help="Check only this dataset id of --model (repeatable; default: all, and the head)."
     ),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Check every byte of every complete entry and head against the checksums recorded when it was written.
 
@@ -287,6 +288,7 @@ def store_verify(
     import time
 
     from .errors import StoreError
+    from .progress import progress_bar
 
     root = _open_store(store)
     if dataset and model is None:
@@ -294,22 +296,31 @@ def store_verify(
     models = root.models()
     if model is not None and model not in models:
         raise StoreError(f"--model {model!r}: no such model in {store} (models: {', '.join(models) or 'none'})")
-    started, nbytes, checked, damaged, legacy = time.perf_counter(), 0, 0, [], []
+    targets = []
     for model_id in [model] if model is not None else models:
         known = root.datasets(model_id)
         for name in dataset or []:
             if name not in known:
                 raise StoreError(f"--dataset {name!r}: no entry {model_id}/{name} (datasets: {', '.join(known)})")
-        targets = [("dataset", name) for name in dataset or known]
+        targets += [(model_id, "dataset", name) for name in dataset or known]
         if not dataset and root.has_head(model_id):
-            targets.append(("head", "head"))
-        for kind, name in targets:
+            targets.append((model_id, "head", "head"))
+    total = sum(p.stat().st_size for m, _, name in targets for p in (store / m / name).glob("*.npy"))
+    started, nbytes, checked, damaged, legacy = time.perf_counter(), 0, 0, [], []
+    with progress_bar(progress, rate_unit="MB", transient=True) as bar:
+        task = bar.add_task("verifying (MB)", total=round(total / 1e6, 1))
+        advance = lambda n: bar.advance(task, n / 1e6)  # noqa: E731
+        for model_id, kind, name in targets:
             key = f"{model_id}/{name}"
             try:
                 if kind == "dataset" and not root.meta(model_id, name).get("complete"):
                     typer.echo(f"{key}: unfinished, not checked: {root.describe_incomplete(model_id, name)}")
                     continue
-                result = root.verify_head(model_id) if kind == "head" else root.verify(model_id, name)
+                result = (
+                    root.verify_head(model_id, advance=advance)
+                    if kind == "head"
+                    else root.verify(model_id, name, advance=advance)
+                )
             except StoreError as exc:
                 damaged.append(key)
                 typer.echo(f"{key}: damaged: {exc}")

@@ -194,7 +194,7 @@ def evaluate_store(
     store.check_compatible(*[(model_id, name) for name in names])
     verification = None
     if run_dir is not None:
-        verification = run_dir.verify_store(store, model_id, names, force=verify)
+        verification = run_dir.verify_store(store, model_id, names, force=verify, progress=progress)
     elif verify:
         for name in names:
             store.read(model_id, name, verify=True)

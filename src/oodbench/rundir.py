@@ -32,6 +32,7 @@ import numpy as np
 
 from .atomic import atomic_write_json, atomic_write_text, unwritable
 from .errors import RunDirError, StoreError
+from .progress import progress_bar
 from .results import ResultRow, read_rows, write_rows
 from .scores import list_scores, load_scores, save_scores, score_path
 from .store import Store, Verification
@@ -110,7 +111,9 @@ class RunDir:
         atomic_write_json(self.info_path, dict(info))
 
     # ------------------------------------------------------------------ store verification
-    def verify_store(self, store: Store, model: str, datasets: Sequence[str], *, force: bool = False) -> str:
+    def verify_store(
+        self, store: Store, model: str, datasets: Sequence[str], *, force: bool = False, progress: bool = False
+    ) -> str:
         """Check every byte of the entries (and head) this run reads, once per run directory; the summary line.
 
         ``verified.json`` records a seal of each verified entry (its checksums and when it was finished); an entry
@@ -125,16 +128,27 @@ class RunDir:
             return f"store entries already verified for this run directory ({len(seals)} checked before)"
         started = time.perf_counter()
         results: list[Verification] = []
-        for key in todo:
-            name = key.split("/", 1)[1]
-            result = store.verify_head(model) if name == "head" else store.verify(model, name)
+        total = sum(_entry_bytes(store, model, key.split("/", 1)[1]) for key in todo)
+        with progress_bar(progress, rate_unit="MB", transient=True) as bar:
+            task = bar.add_task("verifying store entries (MB)", total=round(total / 1e6, 1))
+            for key in todo:
+                name = key.split("/", 1)[1]
+                advance = lambda n: bar.advance(task, n / 1e6)  # noqa: E731
+                result = (
+                    store.verify_head(model, advance=advance)
+                    if name == "head"
+                    else store.verify(model, name, advance=advance)
+                )
+                results.append(result)
+                if result.problems:
+                    break
+        for result in results:
             if result.problems:
                 raise StoreError(
-                    f"store entry {key} is damaged: {result.problems[0]}"
+                    f"store entry {result.entry} is damaged: {result.problems[0]}"
                     + (f" (and {len(result.problems) - 1} more)" if len(result.problems) > 1 else "")
                     + "; extract it again (`oodbench store verify` lists every damaged array)"
                 )
-            results.append(result)
         seconds = time.perf_counter() - started
         for key in todo:
             record[key] = {"seal": seals[key], "seconds": round(seconds, 3)}
@@ -220,3 +234,9 @@ def _seal(meta: Mapping[str, Any]) -> str:
     """What identifies a verified store entry or head: its recorded arrays and checksums, and when it was written."""
     fields = [meta.get(key) for key in ("arrays", "checksum_rows", "finished", "written")]
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _entry_bytes(store: Store, model: str, name: str) -> int:
+    """Bytes of an entry's (or the head's) array files: the work of verifying it."""
+    folder = store.root / model / name
+    return sum(p.stat().st_size for p in folder.glob("*.npy"))

@@ -43,7 +43,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,12 +172,19 @@ def _npy_header(handle: Any, path: Path) -> tuple[tuple[int, ...], bool, np.dtyp
     return tuple(shape), bool(fortran), dtype, handle.tell()
 
 
-def _check_npy(path: Path, spec: Mapping[str, Any], chunk_rows: list[int] | None, *, full: bool) -> list[str]:
+def _check_npy(
+    path: Path,
+    spec: Mapping[str, Any],
+    chunk_rows: list[int] | None,
+    *,
+    full: bool,
+    advance: Callable[[int], None] | None = None,
+) -> list[str]:
     """Problems of one stored array file (empty: intact).
 
     Always: the file exists, its header parses and is the recorded one (digest), shape and dtype are as recorded,
     C order, and the size is exactly header + data. With `full` and recorded checksums, the SHA-256 of each
-    shard's rows.
+    shard's rows (calling `advance` with the bytes read, for progress).
     """
     try:
         handle = open(path, "rb")
@@ -219,6 +226,8 @@ def _check_npy(path: Path, spec: Mapping[str, Any], chunk_rows: list[int] | None
                     break
                 digest.update(view[:got])
                 left -= got
+                if advance is not None:
+                    advance(got)
             if digest.hexdigest() != recorded_digest:
                 problems.append(f"{path.name}: rows {first:,}-{first + rows - 1:,} changed since they were written")
             first += rows
@@ -709,8 +718,11 @@ class Store:
             )
 
     # ----------------------------------------------------------------- verification
-    def verify(self, model_id: str, dataset_id: str) -> Verification:
-        """Check every byte of a complete entry against the checksums recorded when it was written."""
+    def verify(self, model_id: str, dataset_id: str, *, advance: Callable[[int], None] | None = None) -> Verification:
+        """Check every byte of a complete entry against the checksums recorded when it was written.
+
+        `advance` is called with the number of bytes hashed as the check goes (for a progress bar).
+        """
         meta = self.meta(model_id, dataset_id)
         result = Verification(f"{model_id}/{dataset_id}")
         if not meta.get("complete"):
@@ -722,12 +734,12 @@ class Store:
         )
         for name, spec in meta["arrays"].items():
             path = self.entry_path(model_id, dataset_id) / f"{name}.npy"
-            result.problems += _check_npy(path, spec, meta.get("checksum_rows"), full=True)
+            result.problems += _check_npy(path, spec, meta.get("checksum_rows"), full=True, advance=advance)
             result.nbytes += path.stat().st_size if path.is_file() else 0
         return result
 
-    def verify_head(self, model_id: str) -> Verification:
-        """Check every byte of the model's stored head against its recorded checksums."""
+    def verify_head(self, model_id: str, *, advance: Callable[[int], None] | None = None) -> Verification:
+        """Check every byte of the model's stored head against its recorded checksums (`advance` as in `verify`)."""
         path = self.root / _check_name("model id", model_id) / "head"
         meta = _read_json(path / "meta.json")
         result = Verification(f"{model_id}/head")
@@ -741,7 +753,7 @@ class Store:
                 except (OSError, ValueError) as exc:
                     result.problems.append(f"{file.name}: {exc}")
             else:
-                result.problems += _check_npy(file, specs[name], [specs[name]["shape"][0]], full=True)
+                result.problems += _check_npy(file, specs[name], [specs[name]["shape"][0]], full=True, advance=advance)
             result.nbytes += file.stat().st_size if file.is_file() else 0
         return result
 
