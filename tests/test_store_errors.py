@@ -131,6 +131,7 @@ def test_an_entry_of_no_rows_is_listed_as_such_and_not_evaluated(tmp_path, capsy
     code, _, err = _run(argv, capsys)
     expected = "knn: the fit set is empty" if dataset == "fit" else "ID test dataset 'id' is empty"
     assert code == 2 and _error_line(err) == f"error: {expected}"
+    assert not (tmp_path / "run").exists()  # verified, then refused: nothing written, not even verified.json
 
 
 def _start_entry(root: Path, monkeypatch) -> Store.writer:

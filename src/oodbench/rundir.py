@@ -48,6 +48,9 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        # What verify_store checked, written with the run description (nothing is written before the run's own
+        # checks have passed and its first result exists).
+        self._verified: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -107,7 +110,10 @@ class RunDir:
         return info
 
     def write_info(self, info: Mapping[str, Any]) -> None:
-        """Write the run description atomically."""
+        """Write the run description atomically (and the record of the store entries verified for it)."""
+        if self._verified is not None:
+            atomic_write_json(self.path / VERIFIED, self._verified)
+            self._verified = None
         atomic_write_json(self.info_path, dict(info))
 
     # ------------------------------------------------------------------ store verification
@@ -118,6 +124,7 @@ class RunDir:
 
         ``verified.json`` records a seal of each verified entry (its checksums and when it was finished); an entry
         whose seal is unchanged is not hashed again unless `force`. Raises StoreError naming the first damage.
+        The record is written with the next `write_info`, so a run refused before its first result writes nothing.
         """
         record = self._read_verified()
         seals = {f"{model}/{name}": _seal(store.meta(model, name)) for name in datasets}
@@ -152,7 +159,7 @@ class RunDir:
         seconds = time.perf_counter() - started
         for key in todo:
             record[key] = {"seal": seals[key], "seconds": round(seconds, 3)}
-        atomic_write_json(self.path / VERIFIED, record)
+        self._verified = record  # written with run.json, once the run has something to describe
         nbytes = sum(r.nbytes for r in results)
         legacy = [r.entry for r in results if not r.checksums]
         note = (
