@@ -57,6 +57,7 @@ class EvaluationResult:
     failed: dict[str, str] = field(default_factory=dict)  # detector -> the error that stopped its fit or scoring
     adapted: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # detector -> param -> from/to
     accuracy: list[Any] = field(default_factory=list)  # accuracy.AccuracyRow of the ID test set (run directory only)
+    verification: str | None = None  # what checking the store entries against their checksums found, and its time
 
 
 class NothingEvaluated(DetectorError):
@@ -283,6 +284,7 @@ def evaluate_store(
     aupr: bool = False,
     groups: OodGroups | None = None,
     small_fit_set: str = "fail",
+    verify: bool = False,
 ) -> EvaluationResult:
     """Evaluate detectors on store entries of one model and (optionally) write a run directory.
 
@@ -291,6 +293,7 @@ def evaluate_store(
     `csid_datasets` (covariate-shifted ID sets), `convention`, `aupr` and `groups` as in `evaluate_outputs`.
     Every detector's parameters are checked against the fit set before any fit (`check_fit_size`):
     ``small_fit_set="adapt"`` scales the defaults a small fit set cannot support and records them in run.json.
+    The entries read are checked against their checksums once per run directory (every time with `verify`).
     """
     store = store if isinstance(store, Store) else Store(store)
     check_gram_dtype(gram_dtype)  # before any work
@@ -308,11 +311,17 @@ def evaluate_store(
     if len(set(names)) != len(names):
         raise OodbenchError(f"dataset names must be distinct; got {names}")
     store.check_compatible(*[(model_id, name) for name in names])
+    verification = None
+    if run_dir is not None:
+        verification = run_dir.verify_store(store, model_id, names, force=verify, progress=progress)
+    elif verify:
+        for name in names:
+            store.read(model_id, name, verify=True)
     fit_set = store.read(model_id, fit_dataset)
     id_test = store.read(model_id, id_dataset)
     oods = {name: store.read(model_id, name) for name in ood_datasets}
     csids = {name: store.read(model_id, name) for name in csid_datasets}
-    head = store.read_head(model_id) if store.has_head(model_id) else None
+    head = store.read_head(model_id, verify=verify and run_dir is None) if store.has_head(model_id) else None
     if head is not None:
         for name, outputs in [(fit_dataset, fit_set), (id_dataset, id_test), *csids.items(), *oods.items()]:
             try:
@@ -406,6 +415,7 @@ def evaluate_store(
         run_dir.write_info(info)
         result.run_dir = run_dir.path
     result.adapted = adapted
+    result.verification = verification
     return result
 
 

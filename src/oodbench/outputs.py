@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, OodbenchError
 
 # Row chunk used when checking large (memory-mapped) arrays, so validation never loads a whole array.
 _CHECK_CHUNK = 65536
@@ -26,6 +26,35 @@ def require_finite(name: str, array: np.ndarray, *, offset: int = 0) -> None:
         if not np.isfinite(block).all():
             bad = int(np.flatnonzero(~np.isfinite(block).reshape(block.shape[0], -1).all(axis=1))[0]) + start + offset
             raise DataError(f"{name} contains NaN or inf values (first at row {bad})")
+
+
+def check_class_labels(
+    labels: np.ndarray, num_classes: int | None, *, what: str = "labels", error: type[OodbenchError] = DataError
+) -> None:
+    """Raise DataError unless `labels` index classes [0, num_classes) and name at least two distinct classes.
+
+    The check a supervised fit needs: a label outside the head's classes, or a single class, gives silently wrong
+    class statistics. `num_classes` None (no head and no logits) checks only that labels are non-negative.
+    `error` is the exception raised (a detector's fit raises its own DetectorError). Scans in row chunks (labels of a memory-mapped 1.28 M-row entry are never loaded whole).
+    """
+    n = int(labels.shape[0])
+    if n == 0:
+        raise error(f"{what}: no labels")
+    first = None
+    for start in range(0, n, _CHECK_CHUNK):
+        block = np.asarray(labels[start : start + _CHECK_CHUNK])
+        bad = (block < 0) if num_classes is None else ((block < 0) | (block >= num_classes))
+        if bad.any():
+            row = start + int(np.flatnonzero(bad)[0])
+            where = "" if num_classes is None else f" in [0, {num_classes}), the classes of the head"
+            raise error(
+                f"{what}: label {int(labels[row])} at row {row}; labels must be non-negative class indices{where}"
+            )
+        if first is None:
+            first = int(block[0])
+        if (block != first).any():
+            return
+    raise error(f"{what}: every label is {first}; a supervised fit needs at least two classes")
 
 
 def _as_float_matrix(name: str, value: object, *, check_finite: bool = True) -> np.ndarray:

@@ -8,6 +8,11 @@ Layout (the same for `oodbench evaluate`, zero-shot evaluation and each model of
     <run>/run.json                     what was evaluated: datasets, detectors and parameters, store provenance,
                                        ``score_keys`` (the content key of each detector's saved scores),
                                        ``complete``; ``"kind": "zeroshot"`` for zero-shot runs
+    <run>/verified.json                the store entries (and head) whose every byte was checked against their
+                                       checksums for this run, with a seal of what was checked
+
+Before the first evaluation into a directory reads the store, `RunDir.verify_store` checks the entries
+against their checksums; later runs into the same directory check again only what changed since.
 
 Writes are atomic. Scores are saved as each detector finishes and ``run.json`` records their keys, so a rerun
 with the same inputs resumes from the saved scores (`RunDir.resume`); results and the table are written last.
@@ -15,8 +20,10 @@ with the same inputs resumes from the saved scores (`RunDir.resume`); results an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,13 +31,15 @@ from typing import Any
 import numpy as np
 
 from .atomic import atomic_write_json, atomic_write_text, unwritable
-from .errors import RunDirError
+from .errors import RunDirError, StoreError
+from .progress import progress_bar
 from .results import ResultRow, read_rows, write_rows
 from .scores import list_scores, load_scores, save_scores, score_path
+from .store import Store, Verification
 
-__all__ = ["RunDir", "RESULTS", "INFO", "TABLE", "RUN_KINDS"]
+__all__ = ["RunDir", "RESULTS", "INFO", "TABLE", "VERIFIED", "RUN_KINDS"]
 
-RESULTS, INFO, TABLE = "results.parquet", "run.json", "table.md"
+RESULTS, INFO, TABLE, VERIFIED = "results.parquet", "run.json", "table.md", "verified.json"
 RUN_KINDS = ("supervised", "zeroshot")  # run.json "kind"; absent means supervised (`oodbench evaluate`)
 
 
@@ -39,6 +48,9 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        # What verify_store checked, written with the run description (nothing is written before the run's own
+        # checks have passed and its first result exists).
+        self._verified: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -98,8 +110,73 @@ class RunDir:
         return info
 
     def write_info(self, info: Mapping[str, Any]) -> None:
-        """Write the run description atomically."""
+        """Write the run description atomically (and the record of the store entries verified for it)."""
+        if self._verified is not None:
+            atomic_write_json(self.path / VERIFIED, self._verified)
+            self._verified = None
         atomic_write_json(self.info_path, dict(info))
+
+    # ------------------------------------------------------------------ store verification
+    def verify_store(
+        self, store: Store, model: str, datasets: Sequence[str], *, force: bool = False, progress: bool = False
+    ) -> str:
+        """Check every byte of the entries (and head) this run reads, once per run directory; the summary line.
+
+        ``verified.json`` records a seal of each verified entry (its checksums and when it was finished); an entry
+        whose seal is unchanged is not hashed again unless `force`. Raises StoreError naming the first damage.
+        The record is written with the next `write_info`, so a run refused before its first result writes nothing.
+        """
+        record = self._read_verified()
+        seals = {f"{model}/{name}": _seal(store.meta(model, name)) for name in datasets}
+        if store.has_head(model):
+            seals[f"{model}/head"] = _seal(store.head_meta(model))
+        todo = [key for key, seal in seals.items() if force or record.get(key, {}).get("seal") != seal]
+        if not todo:
+            return f"store entries already verified for this run directory ({len(seals)} checked before)"
+        started = time.perf_counter()
+        results: list[Verification] = []
+        total = sum(_entry_bytes(store, model, key.split("/", 1)[1]) for key in todo)
+        with progress_bar(progress, rate_unit="MB", transient=True) as bar:
+            task = bar.add_task("verifying store entries (MB)", total=round(total / 1e6, 1))
+            for key in todo:
+                name = key.split("/", 1)[1]
+                advance = lambda n: bar.advance(task, n / 1e6)  # noqa: E731
+                result = (
+                    store.verify_head(model, advance=advance)
+                    if name == "head"
+                    else store.verify(model, name, advance=advance)
+                )
+                results.append(result)
+                if result.problems:
+                    break
+        for result in results:
+            if result.problems:
+                raise StoreError(
+                    f"store entry {result.entry} is damaged: {result.problems[0]}"
+                    + (f" (and {len(result.problems) - 1} more)" if len(result.problems) > 1 else "")
+                    + "; extract it again (`oodbench store verify` lists every damaged array)"
+                )
+        seconds = time.perf_counter() - started
+        for key in todo:
+            record[key] = {"seal": seals[key], "seconds": round(seconds, 3)}
+        self._verified = record  # written with run.json, once the run has something to describe
+        nbytes = sum(r.nbytes for r in results)
+        legacy = [r.entry for r in results if not r.checksums]
+        note = (
+            f"; {len(legacy)} written without checksums (sizes, headers and shapes checked only; re-extract "
+            f"to add them): {', '.join(legacy)}"
+            if legacy
+            else ""
+        )
+        return f"verified {len(results)} store entries ({nbytes / 1e6:,.1f} MB) against their checksums in {seconds:.2f} s{note}"
+
+    def _read_verified(self) -> dict[str, Any]:
+        """verified.json ({} when absent or unreadable: then everything is verified again)."""
+        try:
+            record = json.loads((self.path / VERIFIED).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in record.items() if isinstance(v, dict)} if isinstance(record, dict) else {}
 
     # ------------------------------------------------------------------ scores
     def has_scores(self, model: str, dataset: str) -> bool:
@@ -158,3 +235,15 @@ class RunDir:
         if not rows:
             raise RunDirError(f"{self.results_path} holds no result rows")
         return rows
+
+
+def _seal(meta: Mapping[str, Any]) -> str:
+    """What identifies a verified store entry or head: its recorded arrays and checksums, and when it was written."""
+    fields = [meta.get(key) for key in ("arrays", "checksum_rows", "finished", "written")]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _entry_bytes(store: Store, model: str, name: str) -> int:
+    """Bytes of an entry's (or the head's) array files: the work of verifying it."""
+    folder = store.root / model / name
+    return sum(p.stat().st_size for p in folder.glob("*.npy"))

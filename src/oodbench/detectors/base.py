@@ -17,7 +17,7 @@ import numpy as np
 
 from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..errors import DetectorError
-from ..outputs import Head, Outputs, require_finite
+from ..outputs import Head, Outputs, check_class_labels, require_finite
 from ..papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
 from .state import Spec
 
@@ -320,6 +320,9 @@ class Detector:
             raise DetectorError(
                 f"{self.name}: fit-set logits have C={fit_set.num_classes} classes but the head has C={head.num_classes}"
             )
+        if "labels" in requires.fit and fit_set.labels is not None:  # a label outside the head's classes: refused
+            classes = head.num_classes if head is not None else fit_set.num_classes
+            check_class_labels(fit_set.labels, classes, what=f"{self.name}: fit set", error=DetectorError)
         self._shared_stats = stats  # read by shared.statistics_for during _fit only
         try:
             self._fit(fit_set, head)
