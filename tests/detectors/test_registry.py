@@ -13,10 +13,16 @@ NAMES = (
     "msp maxlogit kl_matching energy gen react ash_s scale dice maha rmaha maha++ rmaha++ knn cosine mcm fdbd "
     "neco nac vim nnguide"
 ).split()
+NETWORK = [
+    "odin",
+    "rankfeat",
+    "gram",
+    "mds_ensemble",
+]  # their arrays come from extraction (tests/detectors/test_network.py)
 
 
 def test_available_is_exactly_the_21_in_order():
-    assert available() == NAMES
+    assert available() == NAMES + NETWORK
 
 
 @pytest.mark.parametrize("name", NAMES)

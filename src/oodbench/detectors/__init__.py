@@ -7,6 +7,7 @@ from . import activation  # noqa: F401
 from . import feature  # noqa: F401
 from . import nac  # noqa: F401
 from . import hybrid  # noqa: F401
+from . import network  # noqa: F401
 
 # isort: on
 from .artefact import check_provenance, fit_provenance, load, read_meta, saved_score_key
