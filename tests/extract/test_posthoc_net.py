@@ -225,3 +225,54 @@ def test_unknown_layer_and_duplicate_settings_are_refused():
         backbone.infer(torch.randn(1, *backbone.input_size()))
     with pytest.raises(ExtractError, match="two network detector settings store extra.odin"):
         load_timm("test_resnet", pretrained=False, image_size=48, network=["odin", "odin:epsilon=0.01"])
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+def test_extract_then_evaluate_from_the_command_line(tmp_path):
+    """`oodbench extract --net …` on image folders, then `oodbench evaluate` with the four detectors."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from oodbench import Store
+    from oodbench.cli import app
+    from oodbench.results import read_rows
+
+    from .helpers import write_images
+
+    folders = {
+        "fit": write_images(tmp_path / "fit", {"a": 8, "b": 8, "c": 8}, seed=1),
+        "val": write_images(tmp_path / "val", {"a": 3, "b": 3, "c": 3}, seed=2),
+        "ood": write_images(tmp_path / "ood", {"x": 9}, size=(40, 12), seed=3),
+    }
+    store_dir = tmp_path / "store"
+    nets = ["odin", "rankfeat", "gram:layers=layer3+layer4,powers=3", "mds:layers=layer3+layer4"]
+    runner = CliRunner()
+    for name, folder in folders.items():
+        args = ["extract", "--model", "test_resnet", "--no-pretrained", "--image-size", "32", "--num-classes", "3"]
+        args += ["--store", str(store_dir), "--data", str(folder), "--dataset-id", name, "--workers", "0"]
+        args += ["--no-progress"] + [part for spec in nets for part in ("--net", spec)]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    store = Store(store_dir)
+    entry = store.read("test_resnet", "val")
+    assert set(entry.extras) == {"odin", "rankfeat.layer4", "gram.layer3", "gram.layer4", "mds.layer3", "mds.layer4"}
+    network = store.meta("test_resnet", "val")["provenance"]["network"]
+    assert [item["method"] for item in network] == ["odin", "rankfeat", "gram", "mds"]
+    assert network[0]["temperature"] == 1000.0 and network[0]["epsilon"] == 0.0014
+    layers = json.dumps(["layer3", "layer4"])
+    args = ["evaluate", "--store", str(store_dir), "--model", "test_resnet", "--fit", "fit", "--id", "val"]
+    args += ["--ood", "ood", "-d", "odin,rankfeat,gram,mds_ensemble", "--out", str(tmp_path / "run"), "--strict"]
+    args += ["-p", f"gram.layers={layers}", "-p", f"mds_ensemble.layers={layers}", "--no-progress"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = read_rows(tmp_path / "run" / "results.parquet")
+    assert {r.detector for r in rows} == {"odin", "rankfeat", "gram", "mds_ensemble"}
+    # A spec error is one line and exit status 2, before anything is written.
+    bad = runner.invoke(
+        app,
+        ["extract", "--model", "test_resnet", "--no-pretrained", "--store", str(tmp_path / "s2")]
+        + ["--data", str(folders["val"]), "--net", "odin:eps=1"],
+    )
+    assert bad.exit_code == 2 and "odin has no parameter 'eps'" in bad.output
+    assert not (tmp_path / "s2").exists()
