@@ -276,3 +276,20 @@ def test_extract_then_evaluate_from_the_command_line(tmp_path):
     )
     assert bad.exit_code == 2 and "odin has no parameter 'eps'" in bad.output
     assert not (tmp_path / "s2").exists()
+
+
+def test_a_layer_the_forward_pass_never_calls_is_refused():
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = torch.nn.Conv2d(3, 4, 3)
+            self.unused = torch.nn.Conv2d(3, 4, 3)
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.used(x).mean(dim=(2, 3)))
+
+    pixels = torch.randn(2, 3, 6, 6)
+    for spec in ("rankfeat:layers=unused", "gram:layers=unused", "mds:layers=used+unused"):
+        with pytest.raises(ExtractError, match="'unused' is not called in the forward pass"):
+            network_arrays(Net().eval(), pixels, [NetSpec.parse(spec)])

@@ -180,8 +180,8 @@ class Gram(Detector):
                     low[layer] = np.full((num_classes, values.shape[1]), np.inf)
                     high[layer] = np.full((num_classes, values.shape[1]), -np.inf)
                 # Per-class minima and maxima of the sorted block, one reduceat per statistic (no per-row loop).
-                np.minimum.at(low[layer], classes, np.minimum.reduceat(values, starts, axis=0))
-                np.maximum.at(high[layer], classes, np.maximum.reduceat(values, starts, axis=0))
+                low[layer][classes] = np.minimum(low[layer][classes], np.minimum.reduceat(values, starts, axis=0))
+                high[layer][classes] = np.maximum(high[layer][classes], np.maximum.reduceat(values, starts, axis=0))
         for layer in self.layers:
             lo, hi = low[layer], high[layer]
             lo[~seen] = lo[seen].min(axis=0)

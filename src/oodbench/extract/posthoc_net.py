@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -68,7 +68,6 @@ class NetSpec:
     temperature: float = 1000.0
     epsilon: float = 0.0014
     powers: int = 10
-    given: frozenset[str] = field(default_factory=frozenset, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -96,7 +95,7 @@ class NetSpec:
         if "layers" in values:
             layers = values["layers"]
             values["layers"] = (layers,) if isinstance(layers, str) else tuple(str(v) for v in layers)  # type: ignore[union-attr]
-        return cls(method, **values, given=frozenset(params))  # type: ignore[arg-type]
+        return cls(method, **values)  # type: ignore[arg-type]
 
     @classmethod
     def parse(cls, spec: str) -> NetSpec:
@@ -243,8 +242,11 @@ def odin_logits(
 
 def rankfeat_logits(model: torch.nn.Module, pixels: torch.Tensor, layer: str) -> torch.Tensor:
     """The logits of a forward pass in which `layer`'s output loses its rank-1 component."""
-    with torch.no_grad(), _hooks(model, {layer: remove_rank1}):
-        return _logits(model, pixels)
+    with torch.no_grad(), _hooks(model, {layer: remove_rank1}) as calls:
+        logits = _logits(model, pixels)
+    if calls[layer] == 0:
+        raise ExtractError(f"module {layer!r} is not called in the forward pass; pick another layer")
+    return logits
 
 
 def network_arrays(
