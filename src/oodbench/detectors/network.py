@@ -47,7 +47,8 @@ class ODIN(Detector):
         "Liang, Li & Srikant, Enhancing The Reliability of Out-of-distribution Image Detection in Neural Networks",
         "ICLR 2018",
         "https://arxiv.org/abs/1706.02690",
-        "T = 1000 and ε = 0.0014, set at extraction (--net odin[:temperature=T,epsilon=E]): x̃ = x − ε · "
+        "T = 1000 and ε = 0.0014 (the reference code's DenseNet/CIFAR-10 setting; OpenOOD's and pytorch-ood's "
+        "defaults), set at extraction (--net odin[:temperature=T,epsilon=E]): x̃ = x − ε · "
         "sign(∇ₓ CE(f(x)/T, ŷ)) / σ, the signed gradient divided by the preprocessing std per channel as the "
         "reference code does (ε in [0, 1] pixel units); extra.odin stores f(x̃)/T",
     )

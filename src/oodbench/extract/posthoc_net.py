@@ -47,7 +47,7 @@ __all__ = [
 
 METHODS = ("odin", "rankfeat", "gram", "mds")
 _DEFAULTS: dict[str, dict[str, object]] = {
-    # ODIN: T = 1000 and ε = 0.0014, the paper's setting for DenseNet on CIFAR-10 and OpenOOD's default.
+    # ODIN: T = 1000 and ε = 0.0014, the reference code's DenseNet/CIFAR-10 setting; OpenOOD's and pytorch-ood's default.
     "odin": {"temperature": 1000.0, "epsilon": 0.0014},
     # RankFeat: the last stage (Block 4 of a ResNet), the paper's main setting.
     "rankfeat": {"layers": ("layer4",)},
