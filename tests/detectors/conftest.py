@@ -58,8 +58,28 @@ def make_problem(
     head = Head(weight.astype(np.float32), (0.3 * rng.normal(size=num_classes)).astype(np.float32))
     id_features, _ = draw(test_rows, False)
     ood_features, _ = draw(test_rows, True)
-    test = outputs_of(np.concatenate([id_features, ood_features]), head)
-    return Problem(outputs_of(fit_features, head, fit_labels.astype(np.int64)), head, test, test_rows)
+    test = with_network_extras(outputs_of(np.concatenate([id_features, ood_features]), head), seed + 1)
+    fit = with_network_extras(outputs_of(fit_features, head, fit_labels.astype(np.int64)), seed)
+    return Problem(fit, head, test, test_rows)
+
+
+STAGES = ("layer1", "layer2", "layer3", "layer4")
+
+
+def with_network_extras(outputs: Outputs, seed: int) -> Outputs:
+    """`outputs` plus the extras the network-time detectors read by default (odin, rankfeat, gram, mds per stage),
+    derived from its features and logits with their own random draws (the problem's other arrays stay as they are)."""
+    rng = np.random.default_rng(1000 + seed)
+    projections = np.random.default_rng(7).normal(size=(len(STAGES), outputs.num_features, 8))
+    extras = {
+        "odin": (outputs.logits / 1000.0).astype(np.float32),
+        "rankfeat.layer4": (outputs.logits + 0.1 * rng.normal(size=outputs.logits.shape)).astype(np.float32),
+    }
+    for i, stage in enumerate(STAGES):
+        mapped = outputs.features @ projections[i][:, : 4 + i]
+        extras[f"gram.{stage}"] = np.abs(mapped).astype(np.float32)
+        extras[f"mds.{stage}"] = (mapped + 0.1 * rng.normal(size=mapped.shape)).astype(np.float32)
+    return Outputs(outputs.features, outputs.logits, outputs.labels, extras={**outputs.extras, **extras})
 
 
 def assert_agree(fast: np.ndarray, slow: np.ndarray, n_id: int, rtol: float | None = 1e-7) -> None:

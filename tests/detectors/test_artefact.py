@@ -40,11 +40,13 @@ def test_all_builtins_score_byte_identically_after_loading_in_a_fresh_process(pr
         expected[name] = detector.score(problem.test)
     np.save(tmp_path / "features.npy", problem.test.features)
     np.save(tmp_path / "logits.npy", problem.test.logits)
+    np.savez(tmp_path / "extras.npz", **problem.test.extras)  # the network-time detectors' arrays
     script = f"""
 import numpy as np
 from oodbench.detectors import available, load
 from oodbench.outputs import Outputs
-test = Outputs(np.load({str(tmp_path / "features.npy")!r}), np.load({str(tmp_path / "logits.npy")!r}))
+extras = dict(np.load({str(tmp_path / "extras.npz")!r}))
+test = Outputs(np.load({str(tmp_path / "features.npy")!r}), np.load({str(tmp_path / "logits.npy")!r}), extras=extras)
 for name in available():
     np.save({str(tmp_path)!r} + "/" + name + ".scores.npy", load({str(tmp_path)!r} + "/" + name).score(test))
 """

@@ -86,7 +86,11 @@ def test_memory_mapped_fit_in_small_chunks_matches_in_memory(problem, small_para
         array[:] = getattr(problem.fit, key)
         array.flush()
         mapped[key] = np.load(tmp_path / f"{key}.npy", mmap_mode="r")
-    fit = Outputs(mapped["features"], mapped["logits"], problem.fit.labels)
+    extras = {}
+    for key, values in problem.fit.extras.items():  # the network-time detectors' arrays, mapped too
+        np.save(tmp_path / f"extra.{key}.npy", values)
+        extras[key] = np.load(tmp_path / f"extra.{key}.npy", mmap_mode="r")
+    fit = Outputs(mapped["features"], mapped["logits"], problem.fit.labels, extras=extras)
     monkeypatch.setattr(_streaming, "FIT_CHUNK_BYTES", 2048)  # a few rows per chunk: many fit chunks
     monkeypatch.setattr(Detector, "chunk_bytes", 2048)  # and many score chunks
     streamed = create(name, **params).fit(fit, problem.head).score(problem.test)

@@ -16,10 +16,12 @@ NAMES = (
 ).split()
 # Post-hoc detectors of pytorch-ood and OpenOOD beyond the paper's 21, registered after them.
 PEER_NAMES = "tempscale entropy gradnorm ash_p ash_b residual she openmax relation".split()
+# Detectors whose arrays come from extraction (tests/detectors/test_network.py), registered last.
+NETWORK = ["odin", "rankfeat", "gram", "mds_ensemble"]
 
 
-def test_available_is_the_21_then_the_peer_detectors_in_order():
-    assert available() == NAMES + PEER_NAMES
+def test_available_is_the_21_then_the_peer_then_the_network_detectors_in_order():
+    assert available() == NAMES + PEER_NAMES + NETWORK
 
 
 @pytest.mark.parametrize("name", NAMES + PEER_NAMES)

@@ -102,7 +102,7 @@ def test_shipped_demo_config_is_valid() -> None:
         (_set("detectors.exclude", ["knnn"]), "detectors.exclude[0]"),
         (_set("detectors.params.knn.kk", 3), "detectors.params.knn.kk"),
         (_set("detectors.params.knn.k", 0), "detectors.params.knn"),
-        (_set("detectors.params.odin", {}), "detectors.params.odin"),
+        (_set("detectors.params.sobel", {}), "detectors.params.sobel"),
         (_set("analysis.subsample.n", "half"), "analysis.subsample.n"),
         (_set("analysis.subsample.draws", 0), "analysis.subsample.draws"),
         (_set("analysis.bootstrap", {}), "analysis.bootstrap"),

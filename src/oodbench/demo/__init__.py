@@ -45,6 +45,16 @@ class DemoSetup:
 # error, so the NLL has no minimum at a positive temperature.
 DEMO_EXCLUDED = frozenset({"tempscale"})
 
+# The demo CNN's three conv blocks end at body.2, body.5 and body.9 (its ReLUs): the layers of the network-time
+# detectors, RankFeat on the last one (its "last stage"), with the published ODIN setting.
+NETWORK_LAYERS = ("body.2", "body.5", "body.9")
+NETWORK_SPECS = (
+    "odin",
+    "rankfeat:layers=body.9",
+    "gram:layers=" + "+".join(NETWORK_LAYERS),
+    "mds:layers=" + "+".join(NETWORK_LAYERS),
+)
+
 
 def demo_detector_params(fit_size: int, num_features: int, num_classes: int) -> dict[str, dict[str, Any]]:
     """Hyper-parameters scaled to the demo's small fit set (the defaults target ImageNet-size fit sets)."""
@@ -61,6 +71,9 @@ def demo_detector_params(fit_size: int, num_features: int, num_classes: int) -> 
         "nnguide": {"k": min(10, fit_size), "alpha": 1.0},
         "neco": {"dim": max(1, num_features // 2)},
         "nac": {"alpha": 3000.0 * num_classes / 1000},
+        "rankfeat": {"layers": ("body.9",)},
+        "gram": {"layers": NETWORK_LAYERS},
+        "mds_ensemble": {"layers": NETWORK_LAYERS},
     }
     plan: dict[str, dict[str, Any]] = {}
     for name in detectors.available():
@@ -73,6 +86,7 @@ def demo_detector_params(fit_size: int, num_features: int, num_classes: int) -> 
 
 def prepare(root: str | os.PathLike[str], seed: int = 0, *, epochs: int = 40, verbose: bool = False) -> DemoSetup:
     """Train the digits CNN and fill `root/store` (skipped when a complete store for this seed exists)."""
+    from ..extract.posthoc_net import NetSpec
     from .data import ID_CLASSES, digits_splits, lfw_faces, uniform_noise
 
     root = Path(root)
@@ -81,14 +95,15 @@ def prepare(root: str | os.PathLike[str], seed: int = 0, *, epochs: int = 40, ve
     setup = DemoSetup(root=root, store=store)
     if store.has_head(MODEL_ID) and all(store.exists(MODEL_ID, n) for n in names):
         recorded = store.head_meta(MODEL_ID)["provenance"]
-        if recorded.get("seed") == seed and recorded.get("epochs") == epochs:
+        network = [NetSpec.parse(spec).as_dict() for spec in NETWORK_SPECS]
+        if recorded.get("seed") == seed and recorded.get("epochs") == epochs and recorded.get("network") == network:
             setup.info = dict(recorded.get("demo", {}))
             return setup
 
     import torch
 
     from ..progress import make_progress
-    from .model import checkpoint_sha256, forward_arrays, head_of, train_cnn
+    from .model import checkpoint_sha256, forward_arrays, head_of, network_extras, train_cnn
 
     splits = digits_splits(seed)
     sets = {**splits, "lfw-faces": lfw_faces(), "noise": uniform_noise(seed=seed)}
@@ -113,6 +128,7 @@ def prepare(root: str | os.PathLike[str], seed: int = 0, *, epochs: int = 40, ve
         "checkpoint": checkpoint_sha256(model),
         "preprocessing": {"input": "8x8 grey levels scaled to [0, 1]", "normalisation": "none"},
         "kind": "demo",
+        "network": [NetSpec.parse(spec).as_dict() for spec in NETWORK_SPECS],
     }
     for name in names:
         image_set = sets[name]
@@ -120,7 +136,7 @@ def prepare(root: str | os.PathLike[str], seed: int = 0, *, epochs: int = 40, ve
         if name == ID_TEST:
             accuracy = float((logits.argmax(1) == image_set.labels).mean())
         labels = image_set.labels if (image_set.labels >= 0).all() else None
-        outputs = Outputs(features, logits, labels)
+        outputs = Outputs(features, logits, labels, extras=network_extras(model, image_set.images, NETWORK_SPECS))
         item_hash = hash_items(
             f"{name}:{i}:{image_set.images[i].tobytes().hex()}" for i in range(len(image_set.images))
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -95,6 +95,23 @@ def forward_arrays(model: DigitsCNN, images: np.ndarray, batch_size: int = 512) 
         features.append(z.numpy())
         logits.append(model.fc(z).numpy())
     return np.concatenate(features).astype(np.float32), np.concatenate(logits).astype(np.float32)
+
+
+def network_extras(
+    model: DigitsCNN, images: np.ndarray, specs: Sequence[str], batch_size: int = 512
+) -> dict[str, np.ndarray]:
+    """The network-time detectors' arrays (`oodbench.extract.posthoc_net`), keyed by extra name (no ``extra.``)."""
+    from ..extract.posthoc_net import NetSpec, network_arrays
+
+    parsed = [NetSpec.parse(spec) for spec in specs]
+    model.eval()
+    parts: dict[str, list[np.ndarray]] = {}
+    for start in range(0, len(images), batch_size):
+        # Pixels are grey levels in [0, 1] without normalisation: ODIN's std is 1.
+        arrays = network_arrays(model, torch.from_numpy(images[start : start + batch_size]), parsed, std=[1.0])
+        for name, values in arrays.items():
+            parts.setdefault(name[len("extra.") :], []).append(values)
+    return {name: np.concatenate(values) for name, values in parts.items()}
 
 
 def head_of(model: DigitsCNN) -> Head:

@@ -11,6 +11,7 @@ from . import confidence  # noqa: F401
 from . import shaping  # noqa: F401
 from . import subspace  # noqa: F401
 from . import patterns  # noqa: F401
+from . import network  # noqa: F401
 
 # isort: on
 from .artefact import check_provenance, fit_provenance, load, read_meta, saved_score_key

@@ -156,6 +156,12 @@ def extract_command(
     crop_pct: float | None = typer.Option(None, "--crop-pct", help="timm: centre-crop fraction in (0, 1]."),
     crop_mode: str | None = typer.Option(None, "--crop-mode", help="timm: center | squash | border."),
     nac: list[str] = typer.Option([], "--nac", help="NAC layer LAYER[:ALPHA[:POOLING]], repeatable (e.g. layer3:300)."),
+    net: list[str] = typer.Option(
+        [],
+        "--net",
+        help="timm: arrays of a network-time detector, METHOD[:KEY=VALUE,...], repeatable "
+        "(odin, rankfeat, gram, mds; e.g. odin:epsilon=0.002, gram:layers=layer3+layer4).",
+    ),
     patches: bool | None = typer.Option(
         None,
         "--patches/--no-patches",
@@ -216,6 +222,7 @@ def _run_extract(**opts: Any) -> None:
     from .datasets import open_dataset
     from .nac import NacLayer
     from .pipeline import extract
+    from .posthoc_net import NetSpec
 
     if opts["image_list"] is not None and opts["dataset"] is None:
         raise OodbenchError("--list applies to --dataset NAME (a registered set); for --data give the list itself")
@@ -225,6 +232,9 @@ def _run_extract(**opts: Any) -> None:
         raise OodbenchError(f"--lists {opts['lists']} is not a folder; fill one with `oodbench datasets lists fetch`")
     kind = _kind(opts["model"], opts["kind"])
     nac_layers = [NacLayer.parse(spec) for spec in opts["nac"]]
+    net_specs = [NetSpec.parse(spec) for spec in opts["net"]]
+    if net_specs and kind != "timm":
+        raise OodbenchError("--net applies to supervised timm models only")
     store = Store(opts["store"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
@@ -250,6 +260,7 @@ def _run_extract(**opts: Any) -> None:
                 image_size=opts["image_size"],
                 preprocessing=preprocessing_overrides(opts),
                 convert=opts["convert"],
+                network=net_specs,
             )
             bundle = None
         elif kind == "hf_clip":

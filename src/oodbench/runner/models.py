@@ -124,6 +124,18 @@ def _check_nac_layers(layers: list[str], key: str) -> list[str]:
     return layers
 
 
+def _check_network(specs: list[str], key: str) -> list[str]:
+    """Network-time detector specs (METHOD[:KEY=VALUE,...]), checked by the extractor's parser; they enter the
+    model's identity, hence the extraction key: each setting of a sweep is its own cached extraction."""
+    from ..extract.posthoc_net import NetSpec, check_specs
+
+    try:
+        check_specs([NetSpec.parse(spec) for spec in specs])
+    except (ExtractError, ValueError) as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return specs
+
+
 def _load_timm(name: str, params: Mapping[str, Any]) -> Any:
     from ..extract.backbones.timm_backbone import load_timm
 
@@ -136,6 +148,8 @@ def _load_timm(name: str, params: Mapping[str, Any]) -> Any:
         from ..extract.nac import NacLayer
 
         kwargs["nac_layers"] = [NacLayer.parse(spec) for spec in params["nac_layers"]]
+    if params.get("network"):
+        kwargs["network"] = list(params["network"])
     return load_timm(name, pretrained=not params.get("checkpoint"), **kwargs)
 
 
@@ -175,6 +189,7 @@ class Timm(ModelKind):
         preprocessing: dict[str, Any] = {}
         batch_size: PositiveInt | None = None
         nac_layers: StrList = []
+        network: StrList = []
 
     def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
         _check_timm_name(table.name, f"{key}.name", with_checkpoint=bool(table.checkpoint))
@@ -185,6 +200,8 @@ class Timm(ModelKind):
         params.update(_weights_options(table, key))
         if table.nac_layers:
             params["nac_layers"] = _check_nac_layers(list(table.nac_layers), f"{key}.nac_layers")
+        if table.network:
+            params["network"] = _check_network(list(table.network), f"{key}.network")
         return table.id or table.name, params
 
     def weights(self, spec: ModelSpec) -> str:

@@ -25,6 +25,7 @@ from ...errors import ExtractError
 from ...outputs import Head
 from ..hub import cached_file, prefer_cache, require_reachable
 from ..nac import NacLayer, capture_outputs, neuron_states
+from ..posthoc_net import NetSpec, check_specs, network_arrays
 from .base import Backbone, autocast, check_preprocessing, safe_id
 
 __all__ = ["TimmBackbone", "check_timm_name", "load_timm", "MISSING_WEIGHTS_HINT"]
@@ -58,6 +59,7 @@ class TimmBackbone(Backbone):
         image_size: int | None = None,
         preprocessing: Mapping[str, Any] | None = None,
         checkpoint_format: str | None = None,
+        network: Sequence[NetSpec | str] = (),
     ) -> None:
         import timm.data
 
@@ -100,6 +102,10 @@ class TimmBackbone(Backbone):
         self._heads: list[torch.nn.Module] = heads
         if not self._heads and self.nac_layers:
             raise ExtractError(f"{name} has no classifier (num_classes=0): NAC neuron states need logits")
+        # Detectors that need the network at test time (ODIN, RankFeat, GRAM, Mahalanobis ensemble): extras.
+        self.network = check_specs([s if isinstance(s, NetSpec) else NetSpec.parse(str(s)) for s in network])
+        if not self._heads and self.network:
+            raise ExtractError(f"{name} has no classifier (num_classes=0): network detectors need logits")
 
     def _linear_map(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W, b) of the map from the (concatenated) classifier input(s) to the logits, float32."""
@@ -127,6 +133,8 @@ class TimmBackbone(Backbone):
             )
         if self.nac_layers:
             info["nac"] = [layer.as_dict() for layer in self.nac_layers]
+        if self.network:
+            info["network"] = [spec.as_dict() for spec in self.network]
         if self.preprocessing_overrides:
             info["preprocessing_overrides"] = dict(self.preprocessing_overrides)
         if self.checkpoint_format:
@@ -199,6 +207,8 @@ class TimmBackbone(Backbone):
             arrays.update(
                 {f"extra.{k}": v for k, v in neuron_states(layer_outputs, logits, list(self.nac_layers)).items()}
             )
+        if self.network:
+            arrays.update(network_arrays(self.model, pixels.detach(), self.network, std=self.preprocessing.get("std")))
         return arrays
 
 
@@ -292,6 +302,7 @@ def load_timm(
     image_size: int | None = None,
     preprocessing: Mapping[str, Any] | None = None,
     convert: str = "auto",
+    network: Sequence[NetSpec | str] = (),
 ) -> TimmBackbone:
     """Create a timm backbone: hub weights (cache honoured), a local checkpoint file, or seeded random init.
 
@@ -309,7 +320,7 @@ def load_timm(
     if image_size is None and size is not None and size[1] == size[2]:
         image_size = int(size[1])  # ViTs need the resolution at creation (position embeddings)
     kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
-    common = {"nac_layers": nac_layers, "image_size": image_size, "preprocessing": overrides}
+    common = {"nac_layers": nac_layers, "image_size": image_size, "preprocessing": overrides, "network": network}
     if checkpoint is not None:
         path = Path(checkpoint)
         if not path.is_file():
