@@ -181,7 +181,9 @@ def test_mds_ensemble_of_one_layer_is_maha_on_that_layer(fit, test_set):
 @pytest.mark.parametrize(
     "name,params,message",
     [
-        ("rankfeat", {"layers": "layer4"}, "non-empty sequence of layer names"),
+        ("rankfeat", {"layers": "layer4"}, "layers must be a sequence"),
+        ("rankfeat", {"layers": ()}, "non-empty sequence of layer names"),
+        ("mds_ensemble", {"layers": tuple(f"l{i}" for i in range(17))}, "at most 16 layers"),
         ("gram", {"layers": ("a", "a")}, "distinct non-empty names"),
         ("gram", {"layers": LAYERS, "holdout": 1.0}, "holdout must be a fraction"),
         ("mds_ensemble", {"layers": LAYERS, "weights": (1.0,)}, "1 weights for 2 layers"),

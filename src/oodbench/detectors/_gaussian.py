@@ -619,34 +619,44 @@ class Gaussian:
         return np.einsum("nr,nr->n", whitened, whitened)
 
 
-def _check_class_gaussians(gaussians: ClassGaussians, dims: Dims) -> None:
-    """Relations between a loaded ClassGaussians' attributes that their shapes alone do not state."""
-    rank = gaussians.whitener.shape[1]
-    if gaussians.triangular and (rank != dims.value("D", "whitener") or gaussians.background_weights is not None):
-        raise DetectorError("a triangular whitener must be square (D x D), without a background")
-    if gaussians.background_weights is not None and gaussians.background is not None:
-        raise DetectorError("the background is either weights in the whitened coordinates or its own Gaussian")
-    if gaussians.error_scale_ != _search_error_scale(rank):
-        raise DetectorError(f"error_scale_ {gaussians.error_scale_!r} is not the bound for rank {rank}")
+def class_gaussians_state(dim: int | str = "D", rank: str = "r", background_rank: str = "s") -> Object:
+    """The declared state of ClassGaussians over `dim` features: K classes, whiteners of rank `rank` (class) and
+    `background_rank` (background); a detector with several (one per layer) names each its own dimensions."""
+
+    def check(gaussians: ClassGaussians, dims: Dims) -> None:
+        # Relations between the attributes that their shapes alone do not state.
+        width, whitened = dims.value(dim, "whitener"), gaussians.whitener.shape[1]
+        if whitened > width:
+            raise DetectorError(f"a whitener of {width} features has rank at most {width}, not {whitened}")
+        if gaussians.triangular and (whitened != width or gaussians.background_weights is not None):
+            raise DetectorError(f"a triangular whitener must be square ({width} x {width}), without a background")
+        if gaussians.background_weights is not None and gaussians.background is not None:
+            raise DetectorError("the background is either weights in the whitened coordinates or its own Gaussian")
+        if gaussians.error_scale_ != _search_error_scale(whitened):
+            raise DetectorError(f"error_scale_ {gaussians.error_scale_!r} is not the bound for rank {whitened}")
+
+    return Object(
+        ClassGaussians,
+        {
+            "whitener": Array("float64", (dim, rank)),
+            "centre": Array("float64", (dim,)),
+            "float64_search": Scalar(bool),
+            "triangular": Scalar(bool),
+            "background_weights": Optional(Array("float64", (rank,))),
+            "background": Optional(
+                Object(
+                    Gaussian, {"mean": Array("float64", (dim,)), "whitener": Array("float64", (dim, background_rank))}
+                )
+            ),
+            "means": Array("float64", ("K", rank)),
+            "means_sq": Array("float64", ("K",)),
+            "search_": Array("float32", (f"{rank}+1", "K")),
+            "radius_": Scalar(float, 0.0),
+            "error_scale_": Scalar(float, 0.0),
+        },
+        check=check,
+    )
 
 
-# The fitted state of ClassGaussians (K classes, r = the whitener's rank, s = the background whitener's rank).
-CLASS_GAUSSIANS_STATE = Object(
-    ClassGaussians,
-    {
-        "whitener": Array("float64", ("D", "r")),
-        "centre": Array("float64", ("D",)),
-        "float64_search": Scalar(bool),
-        "triangular": Scalar(bool),
-        "background_weights": Optional(Array("float64", ("r",))),
-        "background": Optional(
-            Object(Gaussian, {"mean": Array("float64", ("D",)), "whitener": Array("float64", ("D", "s"))})
-        ),
-        "means": Array("float64", ("K", "r")),
-        "means_sq": Array("float64", ("K",)),
-        "search_": Array("float32", ("r+1", "K")),
-        "radius_": Scalar(float, 0.0),
-        "error_scale_": Scalar(float, 0.0),
-    },
-    check=_check_class_gaussians,
-)
+# The fitted state of ClassGaussians over the D features (K classes, r = the whitener's rank, s = the background's).
+CLASS_GAUSSIANS_STATE = class_gaussians_state()

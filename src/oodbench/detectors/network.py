@@ -16,14 +16,25 @@ import numpy as np
 from ..errors import DetectorError
 from ..numerics import logsumexp_in_place
 from ..outputs import Head, Outputs
-from ._gaussian import ClassGaussians, ScatterAccumulator, pinv_sqrt, triangular_whitener
+from ._gaussian import ClassGaussians, ScatterAccumulator, class_gaussians_state, pinv_sqrt, triangular_whitener
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements
+from .base import Detector, Paper, Requirements, _FitInfo
 from .registry import register
+from .state import Array, Keyed, Spec
 
 __all__ = ["ODIN", "RankFeat", "Gram", "MahalanobisEnsemble", "gram_deviation"]
 
 _STAGES = ("layer1", "layer2", "layer3", "layer4")  # the four stages of a (timm / torchvision) ResNet
+# The most layers an ensemble declares state for: each layer's whitener ranks are free dimensions of their own.
+_MAX_LAYERS = 16
+
+
+def _extra_width(detector: Detector, fit: _FitInfo, name: str) -> int:
+    """Values per row of the extra `name` recorded at fit (its shape without the row axis)."""
+    shape = fit.extras.get(name)
+    if shape is None:
+        raise DetectorError(f"{detector.name}: the fit recorded no extra {name}")
+    return int(np.prod(shape))
 
 
 def _check_layers(detector: Detector, layers: object) -> None:
@@ -142,6 +153,15 @@ class Gram(Detector):
         names = ("logits",) + tuple(f"extra.gram.{layer}" for layer in self.layers)
         return Requirements.of(fit=names, score=names)
 
+    def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
+        """Per layer the (C, values) class minima and maxima; one expected deviation per layer."""
+        widths = {layer: _extra_width(self, fit, f"gram.{layer}") for layer in self.layers}
+        return {
+            "low_": Keyed({layer: Array("float64", ("C", width)) for layer, width in widths.items()}),
+            "high_": Keyed({layer: Array("float64", ("C", width)) for layer, width in widths.items()}),
+            "expected_": Array("float64", (len(self.layers),)),
+        }
+
     def _width(self, outputs: Outputs) -> int:
         return sum(int(np.prod(outputs.extras[f"gram.{layer}"].shape[1:])) for layer in self.layers)
 
@@ -235,12 +255,17 @@ class MahalanobisEnsemble(Detector):
         "post-hoc detector does not have; give weights to use others); no input preprocessing",
     )
 
+    # K classes present in the fit labels (shared by the layers); r<i>, s<i>: the whitener ranks of layer i.
+    state_dims = {"K": "N", **{f"{kind}{i}": "N" for i in range(_MAX_LAYERS) for kind in "rs"}}
+
     def __init__(self, layers: Sequence[str] = _STAGES, weights: Sequence[float] | None = None) -> None:
         self.layers = layers
         self.weights = weights
 
     def _validate_params(self) -> None:
         _check_layers(self, self.layers)
+        if len(self.layers) > _MAX_LAYERS:
+            raise DetectorError(f"mds_ensemble: at most {_MAX_LAYERS} layers; got {len(self.layers)}")
         if self.weights is not None:
             if isinstance(self.weights, str) or not isinstance(self.weights, Sequence):
                 raise DetectorError(f"mds_ensemble: weights must be a sequence of numbers; got {self.weights!r}")
@@ -255,6 +280,18 @@ class MahalanobisEnsemble(Detector):
     def requirements(self) -> Requirements:
         extras = tuple(f"extra.mds.{layer}" for layer in self.layers)
         return Requirements.of(fit=("labels",) + extras, score=extras)
+
+    def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
+        """Per layer the Gaussians over its channels (a rank of their own); one weight per layer."""
+        return {
+            "gaussians_": Keyed(
+                {
+                    layer: class_gaussians_state(_extra_width(self, fit, f"mds.{layer}"), f"r{i}", f"s{i}")
+                    for i, layer in enumerate(self.layers)
+                }
+            ),
+            "weights_": Array("float64", (len(self.layers),)),
+        }
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         self.gaussians_: dict[str, ClassGaussians] = {}
