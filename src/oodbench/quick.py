@@ -399,7 +399,14 @@ def _fit_size(backbone: Any, fit: _ImageData) -> tuple[FitSize, bool | None]:
     if images.labels is not None or fit.labels is not None:
         arrays.add("labels")  # a torch dataset's labels are read at extraction; assume they exist
     known_head = True if head is not None or not isinstance(backbone, ModuleBackbone) else None
-    return FitSize(len(images), classes, features if isinstance(features, int) else None, frozenset(arrays)), known_head
+    size = FitSize(
+        len(images),
+        classes,
+        features if isinstance(features, int) else None,
+        frozenset(arrays),
+        head.num_classes if head is not None else None,
+    )
+    return size, known_head
 
 
 def _check_before_extraction(

@@ -23,17 +23,19 @@ SMALL_FIT_SET = ("fail", "adapt")  # what a run does when the fit set is too sma
 
 @dataclass(frozen=True)
 class FitSize:
-    """Rows, distinct classes (None: unknown), feature width D (None: unknown) and array names of a fit set."""
+    """Rows, distinct classes (None: unknown), feature width D (None: unknown), array names of a fit set, and the
+    number of classes C of the model's head or logits (None: unknown)."""
 
     rows: int
     classes: int | None = None
     features: int | None = None
     arrays: frozenset[str] = field(default_factory=frozenset)
+    head_classes: int | None = None
 
     @staticmethod
     def of(fit_set: Outputs) -> FitSize:
         """The size of fit-set arrays at hand (classes are not counted: that would read every label)."""
-        return FitSize(len(fit_set), None, fit_set.num_features, frozenset(fit_set.array_names()))
+        return FitSize(len(fit_set), None, fit_set.num_features, frozenset(fit_set.array_names()), fit_set.num_classes)
 
     def describe(self) -> str:
         """E.g. '84 rows, 7 classes'."""

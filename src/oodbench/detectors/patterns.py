@@ -11,6 +11,7 @@ from ..numerics import l2_normalize, logsumexp_in_place, softmax
 from ..outputs import Head, Outputs
 from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
+from .fitsize import FitSize
 from .registry import register
 from .state import Array, Scalar
 
@@ -34,6 +35,17 @@ def _add_class_sums(sums: np.ndarray, counts: np.ndarray, rows: np.ndarray, labe
     )
     sums += one_hot @ np.asarray(rows, dtype=np.float64)
     counts += np.bincount(labels, minlength=counts.shape[0])
+
+
+def _every_class_problems(size: FitSize) -> list[str]:
+    """A pattern per class of the head needs fit rows of every class; known before extraction from the labels."""
+    if size.classes is None or size.head_classes is None or size.classes >= size.head_classes:
+        return []
+    return [
+        f"the fit set has rows of {size.classes} classes but the model's head has {size.head_classes}: a pattern "
+        "is built per head class from its fit rows, so fit on rows of every class (labels that are the head's "
+        "class indices), or leave this detector out"
+    ]
 
 
 def _selected_rows(logits: np.ndarray, labels: np.ndarray, fallback: np.ndarray | None) -> np.ndarray:
@@ -94,6 +106,9 @@ class SHE(Detector):
         "of the predicted class (OpenOOD's she.yml metric inner_product); a class without a correctly classified "
         "fit row falls back to the mean of all its fit rows (fallback_classes_)",
     )
+
+    def size_problems(self, size: FitSize) -> list[str]:
+        return _every_class_problems(size)
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         width = 2 * fit_set.num_features + int(fit_set.num_classes)
@@ -231,6 +246,9 @@ class OpenMax(Detector):
                 raise DetectorError(f"openmax: {key} (a distance weight) must be a number >= 0; got {value!r}")
         if not self.euclidean and not self.cosine:
             raise DetectorError("openmax: euclidean and cosine weights are both 0; give one a positive weight")
+
+    def size_problems(self, size: FitSize) -> list[str]:
+        return _every_class_problems(size)
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         num_classes = int(fit_set.num_classes)
