@@ -106,22 +106,18 @@ class ReAct(_HeadDetector):
         return self._head_energy(np.minimum(_as_float32(chunk.features), np.float32(self.threshold_)))
 
 
-@register("ash_s")
-class ASHS(_HeadDetector):
-    """ASH-S: keep the top (100 − p)% activations, scale them by exp(s1/s2), energy of the resulting logits."""
+ASH_PAPER = (
+    "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection",
+    "ICLR 2023",
+    "https://arxiv.org/abs/2209.09858",
+)
+
+
+class _ASH(_HeadDetector):
+    """Shared by the three ASH variants: the head re-applied to the top (100 − p)% activations of each row."""
 
     requires = Requirements.of(score=("features",), head=True)
-    paper = Paper(
-        "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection",
-        "ICLR 2023",
-        "https://arxiv.org/abs/2209.09858",
-        "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
-        "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference",
-    )
     state = {**_HeadDetector.state, "kept_": Scalar(int, 1, "D")}
-
-    def __init__(self, percentile: float = 90.0) -> None:
-        self.percentile = percentile
 
     def _validate_params(self) -> None:
         self._check_percentile(percentile=self.percentile)
@@ -131,8 +127,22 @@ class ASHS(_HeadDetector):
         self.kept_ = _kept_count(fit_set.num_features, float(self.percentile))
         if self.kept_ < 1:
             raise DetectorError(
-                f"ash_s: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it"
+                f"{self.name}: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it"
             )
+
+
+@register("ash_s")
+class ASHS(_ASH):
+    """ASH-S: keep the top (100 − p)% activations, scale them by exp(s1/s2), energy of the resulting logits."""
+
+    paper = Paper(
+        *ASH_PAPER,
+        "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
+        "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference",
+    )
+
+    def __init__(self, percentile: float = 90.0) -> None:
+        self.percentile = percentile
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
