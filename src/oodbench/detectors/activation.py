@@ -30,11 +30,16 @@ def _top_k(features: np.ndarray, kept: int) -> tuple[np.ndarray, np.ndarray]:
     return partitioned[:, split], ratio
 
 
-def _top_k_mask(features: np.ndarray, cut: np.ndarray, kept: int) -> np.ndarray:
-    """Mask of the top `kept` entries per row given the cut; ties at a non-zero cut are broken by position."""
+def top_k_mask(features: np.ndarray, cut: np.ndarray, kept: int, *, exact: bool = False) -> np.ndarray:
+    """Mask of the top `kept` entries per row given the cut (the kept-th largest value); ties broken by position.
+
+    Without `exact`, surplus entries equal to a zero cut stay in the mask: they change nothing where the kept values
+    are summed or multiplied (ASH-S, ASH-P), and most rows of ReLU features have them. ASH-B gives every kept entry
+    the same value, so it needs exactly `kept` entries whatever the ties.
+    """
     mask = features >= cut[:, None]
-    # Extra entries equal to a zero cut contribute nothing; only rows with surplus non-zero ties need fixing.
-    rows = np.flatnonzero((mask.sum(axis=1) > kept) & (cut != 0))
+    surplus = mask.sum(axis=1) > kept
+    rows = np.flatnonzero(surplus if exact else surplus & (cut != 0))
     if rows.size:
         block, block_cut = features[rows], cut[rows, None]
         above, tied = block > block_cut, block == block_cut
@@ -147,7 +152,7 @@ class ASHS(_ASH):
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
         cut, ratio = _top_k(features, self.kept_)
-        pruned = np.where(_top_k_mask(features, cut, self.kept_), features, np.float32(0.0))
+        pruned = np.where(top_k_mask(features, cut, self.kept_), features, np.float32(0.0))
         # The scale e^(s1/s2) can exceed float32's range for sparse features: scale and add the bias in float64.
         logits = (pruned @ self.weight_.T).astype(np.float64)
         logits *= np.exp(ratio)[:, None]

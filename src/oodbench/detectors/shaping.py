@@ -6,23 +6,15 @@ import numpy as np
 
 from ..numerics import logsumexp_in_place
 from ..outputs import Outputs
-from .activation import _ASH, ASH_PAPER, _as_float32
+from .activation import _ASH, ASH_PAPER, _as_float32, top_k_mask
 from .base import Paper
 from .registry import register
 
 
-def exact_top_k(features: np.ndarray, kept: int) -> np.ndarray:
-    """Mask of exactly `kept` entries per row: the largest values, ties at the cut broken by position (lowest first).
-
-    ASH-B gives every kept entry the same value, so which of several equal entries are kept changes the score even
-    when they are zero; the mask therefore holds exactly `kept` entries, whatever the ties.
-    """
+def _cut(features: np.ndarray, kept: int) -> np.ndarray:
+    """Per row, the kept-th largest value."""
     split = features.shape[1] - kept
-    cut = np.partition(features, split, axis=1)[:, split : split + 1]
-    above = features > cut
-    tied = features == cut
-    room = kept - above.sum(axis=1, keepdims=True)
-    return above | (tied & (np.cumsum(tied, axis=1) <= room))
+    return np.partition(features, split, axis=1)[:, split]
 
 
 @register("ash_p")
@@ -40,7 +32,7 @@ class ASHP(_ASH):
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
-        pruned = np.where(exact_top_k(features, self.kept_), features, np.float32(0.0))
+        pruned = np.where(top_k_mask(features, _cut(features, self.kept_), self.kept_), features, np.float32(0.0))
         return self._head_energy(pruned)
 
 
@@ -59,7 +51,7 @@ class ASHB(_ASH):
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
-        mask = exact_top_k(features, self.kept_).astype(np.float32)
+        mask = top_k_mask(features, _cut(features, self.kept_), self.kept_, exact=True).astype(np.float32)
         fill = features.sum(axis=1, dtype=np.float64) / self.kept_
         # W (fill · mask) + b = fill · (W mask) + b: the 0/1 product in float32, its scaling and the bias in float64.
         logits = (mask @ self.weight_.T).astype(np.float64)
