@@ -73,10 +73,24 @@ def _char_tokenizer():
     return CLIPTokenizer(vocab=vocab, merges=[])
 
 
+def _save_with_processor(folder: Path, model, tokenizer) -> Path:
+    """Save a tiny model with a CLIP processor (32 px images, the given tokenizer) to `folder`."""
+    from transformers import CLIPImageProcessor, CLIPProcessor
+
+    processor = CLIPProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        tokenizer=tokenizer,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
 def write_tiny_hf_clip(folder: Path, *, seed: int = 0) -> Path:
     """A tiny random transformers CLIPModel with its processor (character tokenizer, 32 px), saved to `folder`."""
     import torch
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+    from transformers import CLIPConfig, CLIPModel
 
     tokenizer = _char_tokenizer()
     vocab_size = len(tokenizer.get_vocab())
@@ -86,20 +100,13 @@ def write_tiny_hf_clip(folder: Path, *, seed: int = 0) -> Path:
     vision.update(image_size=32, patch_size=8)
     torch.manual_seed(seed)
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
-    processor = CLIPProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
-        tokenizer=tokenizer,
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return folder
+    return _save_with_processor(folder, model, tokenizer)
 
 
 def write_tiny_aimv2(folder: Path, *, seed: int = 0) -> Path:
     """A tiny random transformers AIMv2 (LiT layout: attention-pooling head, visual projection), saved with a processor."""
     import torch
-    from transformers import Aimv2Config, Aimv2Model, CLIPImageProcessor, CLIPProcessor
+    from transformers import Aimv2Config, Aimv2Model
 
     tokenizer = _char_tokenizer()
     vocab_size = len(tokenizer.get_vocab())
@@ -109,11 +116,4 @@ def write_tiny_aimv2(folder: Path, *, seed: int = 0) -> Path:
     text.update(max_position_embeddings=32, eos_token_id=1)
     torch.manual_seed(seed)
     model = Aimv2Model(Aimv2Config(vision_config=vision, text_config=text, projection_dim=16))
-    processor = CLIPProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
-        tokenizer=tokenizer,
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return folder
+    return _save_with_processor(folder, model, tokenizer)
