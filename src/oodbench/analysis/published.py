@@ -2,8 +2,8 @@
 
 `load_published` reads the tidy table files of ``oodbench/data/published`` (see its README), `published_models` the
 Table A8 model list with the name mapping of Tables 1, A1 and A2, and `compare_published` puts each published cell
-beside the value a run reproduces: the same detector, or the run's best detector where the paper reports the best of
-its pool, each statistic computed as the paper computes it (Appendix E's ρ over its 26 models, Table A6's closed form
+beside the value a run reproduces: the same detector, or the run's best detector of the paper's pool where the paper
+reports the best of its pool (`POST_HOC_POOL`, `VLM_POOL`), each statistic computed as the paper computes it (Appendix E's ρ over its 26 models, Table A6's closed form
 with the correction the caption states). Every comparison gets one of three verdicts (`Comparison.verdict`):
 
 * ``reproduced``: the published value lies within the printed rounding of the reproduced one (half a unit of the
