@@ -12,8 +12,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import tomllib
 from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,8 +27,10 @@ from oodbench.analysis.published import (
     MEAN_SUPERVISED,
     MEAN_VLM,
     NOT_IN_RUN,
+    POST_HOC_POOL,
     REPRODUCED,
     TABLES,
+    VLM_POOL,
     WITHIN,
     Accuracy,
     _spearman_bound,
@@ -283,7 +287,8 @@ def synthetic_run() -> tuple[list[ResultRow], list[Accuracy], list[SubsampleSumm
             if c.model == MEAN_VLM:
                 vlm_means.append(c)
                 continue
-            detector = c.detector or named.get((c.model, _dataset(c), c.metric), f"syn-{c.metric}")
+            # A best cell that no table names gets MCM, a member of both pools (Sec. 4.1: the 21 and the 7).
+            detector = c.detector or named.get((c.model, _dataset(c), c.metric), "mcm")
             put(c.model, _dataset(c), detector, c.metric, c.value, c.digits)
     spreads = {(c.dataset, c.detector): c.value for c in published if c.metric == "fpr95_std"}
     for c in vlm_means:
@@ -366,6 +371,32 @@ def test_a_run_equal_to_the_paper_reproduces_every_cell_of_every_table(paper_run
         assert {c.verdict for c in compare_published(rows, accuracy, subsample=summaries, tables=[table])} == {
             REPRODUCED
         }
+
+
+def test_the_best_of_pools_are_the_papers_21_and_7() -> None:
+    # Sec. 4.1 ("OOD Detectors"): the 21 post-hoc detectors, five logit-based, four activation- and weight-based, ten
+    # feature-based and two hybrid; Sec. 3.3: MCM, MaxLogit, Energy, GEN, Entropy, Margin and GL-MCM for the VLMs
+    # (Table 1's caption: "the 7 logit-based detectors"). The experiment file runs exactly these.
+    experiment = tomllib.loads((Path(__file__).parents[2] / "configs" / "fi-imagenet-1k.toml").read_text("utf-8"))
+    assert len(POST_HOC_POOL) == 21 and set(experiment["detectors"]["include"]) == POST_HOC_POOL
+    vocabulary_scores = {"neglabel", "eoe"}
+    assert len(VLM_POOL) == 7 and set(experiment["zeroshot"]["scores"]) - vocabulary_scores == VLM_POOL
+
+
+def test_detectors_outside_the_papers_pools_change_no_cell(paper_run) -> None:
+    """A run that also holds other detectors, each better than every detector of the paper's, reproduces the same
+    cells: a best-of cell is the best of the paper's pool, not of everything the run holds."""
+    rows, accuracy, summaries = paper_run
+    reference = _verdicts(compare_published(rows, accuracy, subsample=summaries))
+    vlms = {_run_name(m) for m, info in published_models().items() if info.kind == "zeroshot"}
+    cells = {(r.model, r.id_dataset, r.ood_dataset, r.metric, r.n_id, r.n_ood) for r in rows}
+    extra = [
+        ResultRow(model, id_set, ood, name, metric, 0.0 if metric == "fpr95" else 1.0, n_id, n_ood)
+        for model, id_set, ood, metric, n_id, n_ood in cells
+        if metric in ("fpr95", "auroc")
+        for name in (("tempscale", "residual") if model in vlms else ("tempscale", "residual", "entropy", "margin"))
+    ]
+    assert _verdicts(compare_published(rows + extra, accuracy, subsample=summaries)) == reference
 
 
 def _shifted_rows(rows, model, dataset, detector, metric, points):
@@ -507,8 +538,8 @@ def test_best_of_pool_interval_covers_the_pool_minimum() -> None:
     for _ in range(trials):
         counts = rng.binomial(n, rates)
         rows = [
-            ResultRow("resnet50.a1_in1k", "imagenet-val", "fi-imagenet-1k", f"d{i}", "fpr95", k / n, 48365, n)
-            for i, k in enumerate(counts)
+            ResultRow("resnet50.a1_in1k", "imagenet-val", "fi-imagenet-1k", name, "fpr95", k / n, 48365, n)
+            for name, k in zip(("msp", "energy", "maha", "knn", "vim"), counts, strict=True)
         ]
         comp = next(
             c for c in compare_published(rows, tables=["A7"]) if c.cell.model == "ResNet50" and c.cell.metric == "fpr95"

@@ -136,6 +136,16 @@ def test_saving_refuses_state_that_is_not_declared_or_not_as_declared(problem, t
     assert not (tmp_path / "nan" / META_FILE).exists()
 
 
+@pytest.mark.parametrize("name", ["vim", "residual"])
+def test_the_residual_space_is_checked_against_the_parameters(problem, tmp_path, name):
+    """ViM and Residual keep dim_ and a D × (D − dim) basis: a file whose dim disagrees with its state is refused."""
+    path = create(name, dim=5).fit(problem.fit, problem.head).save(tmp_path / name)
+    meta = json.loads((path / META_FILE).read_text())
+    (path / META_FILE).write_text(json.dumps(dict(meta, params={**meta["params"], "dim": 6})))
+    with pytest.raises(DetectorError, match="dim_"):
+        load(path)
+
+
 def test_loading_refuses_tampering_and_the_earlier_format(problem, tmp_path):
     path = create("maha").fit(problem.fit).save(tmp_path / "maha")
     meta = json.loads((path / META_FILE).read_text())

@@ -1,4 +1,4 @@
-"""check_detector passes on the 21 built-ins and names the right check for each deliberately broken detector."""
+"""check_detector passes on every built-in and names the right check for each deliberately broken detector."""
 
 from __future__ import annotations
 

@@ -60,57 +60,60 @@ def single_torch_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def write_tiny_hf_clip(folder: Path, *, seed: int = 0) -> Path:
-    """A tiny random transformers CLIPModel with its processor (character tokenizer, 32 px), saved to `folder`."""
+def _char_tokenizer():
+    """A CLIP tokenizer over single characters (no merges): enough for label names in tests."""
     import string
 
-    import torch
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+    from transformers import CLIPTokenizer
 
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
     for char in string.ascii_lowercase + string.digits + ".,'-":
         vocab[char] = len(vocab)
         vocab[char + "</w>"] = len(vocab)
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=[])
-    text = {"vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    return CLIPTokenizer(vocab=vocab, merges=[])
+
+
+def _save_with_processor(folder: Path, model, tokenizer) -> Path:
+    """Save a tiny model with a CLIP processor (32 px images, the given tokenizer) to `folder`."""
+    from transformers import CLIPImageProcessor, CLIPProcessor
+
+    processor = CLIPProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        tokenizer=tokenizer,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def write_tiny_hf_clip(folder: Path, *, seed: int = 0) -> Path:
+    """A tiny random transformers CLIPModel with its processor (character tokenizer, 32 px), saved to `folder`."""
+    import torch
+    from transformers import CLIPConfig, CLIPModel
+
+    tokenizer = _char_tokenizer()
+    vocab_size = len(tokenizer.get_vocab())
+    text = {"vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
     text.update(num_attention_heads=2, max_position_embeddings=32, bos_token_id=0, eos_token_id=1, pad_token_id=1)
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
     vision.update(image_size=32, patch_size=8)
     torch.manual_seed(seed)
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
-    processor = CLIPProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
-        tokenizer=tokenizer,
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return folder
+    return _save_with_processor(folder, model, tokenizer)
 
 
 def write_tiny_aimv2(folder: Path, *, seed: int = 0) -> Path:
     """A tiny random transformers AIMv2 (LiT layout: attention-pooling head, visual projection), saved with a processor."""
-    import string
-
     import torch
-    from transformers import Aimv2Config, Aimv2Model, CLIPImageProcessor, CLIPProcessor, CLIPTokenizer
+    from transformers import Aimv2Config, Aimv2Model
 
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for char in string.ascii_lowercase + string.digits + ".,'-":
-        vocab[char] = len(vocab)
-        vocab[char + "</w>"] = len(vocab)
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=[])
+    tokenizer = _char_tokenizer()
+    vocab_size = len(tokenizer.get_vocab())
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32)
     vision.update(patch_size=8, qkv_bias=True, use_head=True)
-    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    text = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
     text.update(max_position_embeddings=32, eos_token_id=1)
     torch.manual_seed(seed)
     model = Aimv2Model(Aimv2Config(vision_config=vision, text_config=text, projection_dim=16))
-    processor = CLIPProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
-        tokenizer=tokenizer,
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return folder
+    return _save_with_processor(folder, model, tokenizer)

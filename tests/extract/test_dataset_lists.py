@@ -304,6 +304,9 @@ def test_an_absent_list_falls_back_to_every_image_under_the_folder(tmp_path, mon
     assert status.status == "ok" and f"not in {empty}" in status.message
     with pytest.raises(DataError, match="lists folder .* does not exist"):
         dataset_registry.check(root, lists=tmp_path / "nope")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(DataError, match="lists folder .*a-file is a file, not a folder"):
+        dataset_registry.check(root, lists=tmp_path / "a-file")
 
 
 def test_check_reports_listed_present_missing_and_extra(lists, tmp_path, monkeypatch):

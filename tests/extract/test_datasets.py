@@ -73,6 +73,9 @@ def test_list_errors_name_the_problem(tmp_path):
     (tmp_path / "bad.csv").write_text("file,kind\na.png,cat\n")
     with pytest.raises(DataError, match="header naming a 'path'"):
         file_list(tmp_path / "bad.csv")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9.png\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.txt is not UTF-8 text \(byte 3"):
+        file_list(tmp_path / "latin1.txt")
 
 
 def test_imagenet_synset_folders_and_validation_order(tmp_path):

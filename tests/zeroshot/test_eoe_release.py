@@ -138,4 +138,11 @@ def test_cli_builds_with_a_prompt_file_and_refuses_a_bad_one_before_asking(tmp_p
         bad.write_text('[far]\nprompt = "{oops}"\nagain = "more"\n')
         refused = CliRunner().invoke(app, [*base, "--task", "far", "--prompts", str(bad)])
         assert refused.exit_code == 2 and "unknown placeholder" in refused.output
+        for wrong, message in (
+            (["--task", "farr", "--prompts", str(prompt_file)], "--task must be one of far, near, fine_grained"),
+            (["--task", "far", "--prompts", str(prompt_file), "--generation", "-1"], "--generation must be >= 0"),
+            (["--task", "far", "--classes", str(tmp_path / "none.txt")], "class list not found"),
+        ):
+            refused = CliRunner().invoke(app, [*base, *wrong])
+            assert refused.exit_code == 2 and message in refused.output, refused.output
         assert len(server.prompts) == 2

@@ -2,8 +2,8 @@
 
 `load_published` reads the tidy table files of ``oodbench/data/published`` (see its README), `published_models` the
 Table A8 model list with the name mapping of Tables 1, A1 and A2, and `compare_published` puts each published cell
-beside the value a run reproduces: the same detector, or the run's best detector where the paper reports the best of
-its pool, each statistic computed as the paper computes it (Appendix E's ρ over its 26 models, Table A6's closed form
+beside the value a run reproduces: the same detector, or the run's best detector of the paper's pool where the paper
+reports the best of its pool (`POST_HOC_POOL`, `VLM_POOL`), each statistic computed as the paper computes it (Appendix E's ρ over its 26 models, Table A6's closed form
 with the correction the caption states). Every comparison gets one of three verdicts (`Comparison.verdict`):
 
 * ``reproduced``: the published value lies within the printed rounding of the reproduced one (half a unit of the
@@ -60,6 +60,8 @@ __all__ = [
     "NOT_IN_RUN",
     "NUMERICAL_TOLERANCE",
     "APPENDIX_E_EXCLUDED",
+    "POST_HOC_POOL",
+    "VLM_POOL",
     "appendix_e_models",
     "spearman_span",
     "load_published",
@@ -91,6 +93,14 @@ NUMERICAL_TOLERANCE = 1e-6
 # regimes Appendix E compares (two SSL probes, FCMAE and MIM); the regime means it prints (79.0, 75.4, 73.7) are over
 # the other 26.
 APPENDIX_E_EXCLUDED = ("DINOv2-g/14", "DINOv3-7B", "ConvNeXtV2-L", "EVA02-L-448")
+# Sec. 4.1 ("OOD Detectors") and Table 1's caption: a best-of cell is the best of the 21 post-hoc detectors for a
+# supervised model and of the 7 logit-based scores for a VLM (Sec. 3.3), in oodbench's names. Other detectors a run
+# holds (pytorch-ood's and OpenOOD's further post-hoc detectors, vocabulary scores) are outside the paper's pools.
+POST_HOC_POOL = frozenset(
+    ("msp", "maxlogit", "kl_matching", "energy", "gen", "react", "ash_s", "scale", "dice", "maha", "rmaha", "maha++")
+    + ("rmaha++", "knn", "cosine", "mcm", "fdbd", "neco", "nac", "vim", "nnguide")
+)
+VLM_POOL = frozenset(("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm"))
 GENERATION = re.compile(r"^(?P<base>.+)\.g(?P<index>[1-9][0-9]*)$")  # a vocabulary's generation: <vocab>.g<k>
 # Table A6's columns and the SubsampleSummary fields that reproduce them.
 DRAW_METRICS = {
@@ -376,6 +386,11 @@ class _Run:
         self.datasets = datasets
         self.accuracy = list(accuracy)
         self.models = match_models(list(dict.fromkeys([r.model for r in rows] + [a.model for a in accuracy])), name)
+        kinds = {model: info.kind for model, info in published_models(name).items()}
+        self.pools = {
+            run_model: VLM_POOL if kinds[model] == "zeroshot" else POST_HOC_POOL
+            for model, run_model in self.models.items()
+        }
 
     def dataset(self, cell: PublishedCell) -> str | None:
         key = slug(cell.dataset) + ("-clean" if cell.subset == "clean" else "")
@@ -384,15 +399,14 @@ class _Run:
     def detectors(self, model: str, dataset: str, metric: str) -> dict[str, float]:
         return {d: v for (m, o, d, k), v in self.values.items() if (m, o, k) == (model, dataset, metric)}
 
+    def pool(self, model: str, dataset: str, metric: str) -> dict[str, float]:
+        """The values of the paper's best-of pool for this run model: `POST_HOC_POOL` or, for a VLM, `VLM_POOL`."""
+        members = self.pools.get(model, POST_HOC_POOL)
+        return {d: v for d, v in self.detectors(model, dataset, metric).items() if d in members}
 
-def _pool(values: Mapping[str, float]) -> dict[str, float]:
-    """The paper's best-of pools: detectors without a vocabulary (post-hoc detectors, logit-space scores)."""
-    return {d: v for d, v in values.items() if "@" not in d}
 
-
-def _best(values: Mapping[str, float], metric: str) -> tuple[str, float] | None:
-    """The best detector of the pool."""
-    pool = _pool(values)
+def _best(pool: Mapping[str, float], metric: str) -> tuple[str, float] | None:
+    """The best detector of a pool (`_Run.pool`)."""
     if not pool:
         return None
     pick = min if metric == "fpr95" else max
@@ -424,7 +438,7 @@ def _best_interval(
     run: _Run,
     run_model: str,
     dataset: str,
-    values: Mapping[str, float],
+    pool: Mapping[str, float],
     scores: ScoreSource | None,
     confidence: float,
 ) -> tuple[float, float, str] | None:
@@ -433,7 +447,6 @@ def _best_interval(
     When every one of the D detectors' intervals at level 1 − α/D holds (probability ≥ 1 − α), the pool's true minimum
     lies between the minimum of the lower and the minimum of the upper bounds (FPR@95; the maxima for AUROC).
     """
-    pool = _pool(values)
     level = 1 - (1 - confidence) / len(pool)
     if cell.metric == "fpr95":
         n = run.n_ood[(run_model, dataset)]
@@ -483,15 +496,16 @@ def _single(cell: PublishedCell, run: _Run, scores: ScoreSource | None, confiden
     if cell.metric not in ("fpr95", "auroc"):
         return Comparison(cell, run_model=run_model)
     values = run.detectors(run_model, dataset, cell.metric)
+    pool = run.pool(run_model, dataset, cell.metric) if cell.best else {}
     if cell.best:
-        found = _best(values, cell.metric)
+        found = _best(pool, cell.metric)
     else:
         found = (cell.detector, values[cell.detector]) if cell.detector in values else None
     if found is None:
         return Comparison(cell, run_model=run_model)
     detector, value = found
-    if cell.best and len(_pool(values)) > 1:
-        bound = _best_interval(cell, run, run_model, dataset, values, scores, confidence)
+    if cell.best and len(pool) > 1:
+        bound = _best_interval(cell, run, run_model, dataset, pool, scores, confidence)
         if bound is None:
             return Comparison(cell, value, detector, run_model, note="no per-image scores: no interval")
         return Comparison(cell, value, detector, run_model, bound[0], bound[1], bound[2])
@@ -519,7 +533,7 @@ def _closed_form(cell: PublishedCell, run: _Run, run_model: str, dataset: str) -
     For the sub-sampled sets (n = 655 < N) the caption multiplies Eq. 5 by √((N−n)/(N−1)). For Fi-ImageNet-1k (n = N)
     it prints the plug-in Eq. 5 without the correction, which would be 0 there; the corrected value is stated aside.
     """
-    best = _best(run.detectors(run_model, dataset, "fpr95"), "fpr95")
+    best = _best(run.pool(run_model, dataset, "fpr95"), "fpr95")
     n_total = run.n_ood.get((run_model, dataset))
     if best is None or n_total is None:
         return Comparison(cell, run_model=run_model)
@@ -767,7 +781,7 @@ def _points(run: _Run, name: str) -> list[tuple[str, float, float]]:
         if run_model is None or info.kind == "zeroshot" or fi is None:
             continue
         acc = _top1(run, run_model, REANNOTATED)
-        best = _best(run.detectors(run_model, fi, "fpr95"), "fpr95")
+        best = _best(run.pool(run_model, fi, "fpr95"), "fpr95")
         if acc is not None and best is not None:
             points.append((model, 100 * acc.top1, best[1]))
     return points

@@ -30,11 +30,16 @@ def _top_k(features: np.ndarray, kept: int) -> tuple[np.ndarray, np.ndarray]:
     return partitioned[:, split], ratio
 
 
-def _top_k_mask(features: np.ndarray, cut: np.ndarray, kept: int) -> np.ndarray:
-    """Mask of the top `kept` entries per row given the cut; ties at a non-zero cut are broken by position."""
+def top_k_mask(features: np.ndarray, cut: np.ndarray, kept: int, *, exact: bool = False) -> np.ndarray:
+    """Mask of the top `kept` entries per row given the cut (the kept-th largest value); ties broken by position.
+
+    Without `exact`, surplus entries equal to a zero cut stay in the mask: they change nothing where the kept values
+    are summed or multiplied (ASH-S, ASH-P), and most rows of ReLU features have them. ASH-B gives every kept entry
+    the same value, so it needs exactly `kept` entries whatever the ties.
+    """
     mask = features >= cut[:, None]
-    # Extra entries equal to a zero cut contribute nothing; only rows with surplus non-zero ties need fixing.
-    rows = np.flatnonzero((mask.sum(axis=1) > kept) & (cut != 0))
+    surplus = mask.sum(axis=1) > kept
+    rows = np.flatnonzero(surplus if exact else surplus & (cut != 0))
     if rows.size:
         block, block_cut = features[rows], cut[rows, None]
         above, tied = block > block_cut, block == block_cut
@@ -106,22 +111,18 @@ class ReAct(_HeadDetector):
         return self._head_energy(np.minimum(_as_float32(chunk.features), np.float32(self.threshold_)))
 
 
-@register("ash_s")
-class ASHS(_HeadDetector):
-    """ASH-S: keep the top (100 − p)% activations, scale them by exp(s1/s2), energy of the resulting logits."""
+ASH_PAPER = (
+    "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection",
+    "ICLR 2023",
+    "https://arxiv.org/abs/2209.09858",
+)
+
+
+class _ASH(_HeadDetector):
+    """Shared by the three ASH variants: the head re-applied to the top (100 − p)% activations of each row."""
 
     requires = Requirements.of(score=("features",), head=True)
-    paper = Paper(
-        "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection",
-        "ICLR 2023",
-        "https://arxiv.org/abs/2209.09858",
-        "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
-        "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference",
-    )
     state = {**_HeadDetector.state, "kept_": Scalar(int, 1, "D")}
-
-    def __init__(self, percentile: float = 90.0) -> None:
-        self.percentile = percentile
 
     def _validate_params(self) -> None:
         self._check_percentile(percentile=self.percentile)
@@ -131,13 +132,27 @@ class ASHS(_HeadDetector):
         self.kept_ = _kept_count(fit_set.num_features, float(self.percentile))
         if self.kept_ < 1:
             raise DetectorError(
-                f"ash_s: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it"
+                f"{self.name}: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it"
             )
+
+
+@register("ash_s")
+class ASHS(_ASH):
+    """ASH-S: keep the top (100 − p)% activations, scale them by exp(s1/s2), energy of the resulting logits."""
+
+    paper = Paper(
+        *ASH_PAPER,
+        "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
+        "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference",
+    )
+
+    def __init__(self, percentile: float = 90.0) -> None:
+        self.percentile = percentile
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
         cut, ratio = _top_k(features, self.kept_)
-        pruned = np.where(_top_k_mask(features, cut, self.kept_), features, np.float32(0.0))
+        pruned = np.where(top_k_mask(features, cut, self.kept_), features, np.float32(0.0))
         # The scale e^(s1/s2) can exceed float32's range for sparse features: scale and add the bias in float64.
         logits = (pruned @ self.weight_.T).astype(np.float64)
         logits *= np.exp(ratio)[:, None]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DetectorError
-from ..numerics import logsumexp_in_place
 from ..outputs import Head, Outputs
 from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
+from .logit import max_softmax
 from .registry import register
 from .state import Scalar
 
@@ -116,9 +116,7 @@ class TemperatureScaling(Detector):
         self.passes_ = passes
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        scaled = np.asarray(chunk.logits, dtype=np.float64) / self.temperature_
-        peak = scaled.max(axis=1)
-        return np.exp(peak - logsumexp_in_place(scaled))
+        return max_softmax(chunk.logits, self.temperature_)
 
 
 @register("entropy")

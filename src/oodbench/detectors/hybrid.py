@@ -15,7 +15,7 @@ from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo
 from .fitsize import FitSize
 from .registry import register
-from .shared import statistics_for
+from .shared import FitStatistics, statistics_for
 from .state import Array, FlatIndex, Scalar, Spec
 
 
@@ -36,8 +36,46 @@ def _min_norm_solution(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return scipy.linalg.lstsq(matrix, rhs, cond=cutoff, lapack_driver="gelsy")[0]
 
 
+class _ResidualSpace(Detector):
+    """Shared by ViM and Residual: the fit set's principal subspace about the head's origin u = −pinv(W) b."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        self.dim = dim
+
+    def _validate_params(self) -> None:
+        if self.dim is not None:
+            self._check_int(dim=self.dim)
+
+    def _principal_dim(self, num_features: int) -> int:
+        """dim, or the paper's rule for D features, checked to lie in [1, D)."""
+        dim = vim_default_dim(num_features) if self.dim is None else int(self.dim)
+        if not 1 <= dim < num_features:
+            raise DetectorError(f"{self.name}: dim={dim} must lie in [1, D) for D={num_features} features")
+        return dim
+
+    def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
+        """The dim_ principal directions kept and the D − dim_ residual ones, for this D."""
+        dim = self._principal_dim(fit.num_features)
+        return {
+            "dim_": Scalar(int, dim, dim),
+            "origin_": Array("float64", ("D",)),
+            "residual_basis_": Array("float64", ("D", fit.num_features - dim)),
+        }
+
+    def _fit_residual_space(self, fit_set: Outputs, head: Head) -> tuple[FitStatistics, np.ndarray]:
+        """Set dim_, origin_ and residual_basis_; return the fit statistics and every eigenvector (largest first)."""
+        self.dim_ = self._principal_dim(fit_set.num_features)
+        weight = np.asarray(head.weight, dtype=np.float64)
+        self.origin_ = -_min_norm_solution(weight, np.asarray(head.bias, dtype=np.float64))
+        stats = statistics_for(self, fit_set)
+        # (1/N) sum (z - u)(z - u)^T from the Gram about the accumulator's shift (no second pass, no cancellation).
+        _, vectors = symmetric_eigh(stats.get("features").moment_about(self.origin_))
+        self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_ :])  # the D − dim least-variance directions
+        return stats, vectors
+
+
 @register("vim")
-class ViM(Detector):
+class ViM(_ResidualSpace):
     """ViM: energy(f) − α‖residual of (z − u) off the fit set's principal subspace‖, u = −pinv(W) b."""
 
     requires = Requirements.of(fit=("features", "logits"), score=("features", "logits"), head=True)
@@ -51,24 +89,9 @@ class ViM(Detector):
         "residual norm over the fit set",
     )
 
-    def __init__(self, dim: int | None = None) -> None:
-        self.dim = dim
-
-    def _validate_params(self) -> None:
-        if self.dim is not None:
-            self._check_int(dim=self.dim)
-
     def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
-        """The dim_ principal directions kept and the D − dim_ residual ones, for this D."""
-        dim = vim_default_dim(fit.num_features) if self.dim is None else int(self.dim)
-        if not 1 <= dim < fit.num_features:
-            raise DetectorError(f"vim: dim={dim} must lie in [1, D) for D={fit.num_features} features")
-        return {
-            "dim_": Scalar(int, dim, dim),
-            "origin_": Array("float64", ("D",)),
-            "residual_basis_": Array("float64", ("D", fit.num_features - dim)),
-            "alpha_": Scalar(float),
-        }
+        """The residual space's state for this D, and alpha."""
+        return {**super().state_spec(fit), "alpha_": Scalar(float)}
 
     def size_problems(self, size: FitSize) -> list[str]:
         if size.features is None:
@@ -93,13 +116,7 @@ class ViM(Detector):
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         num_features = fit_set.num_features
-        self.dim_ = vim_default_dim(num_features) if self.dim is None else int(self.dim)
-        weight = np.asarray(head.weight, dtype=np.float64)
-        self.origin_ = -_min_norm_solution(weight, np.asarray(head.bias, dtype=np.float64))
-        stats = statistics_for(self, fit_set)
-        # (1/N) sum (z - u)(z - u)^T from the Gram about the accumulator's shift (no second pass, no cancellation).
-        _, vectors = symmetric_eigh(stats.get("features").moment_about(self.origin_))
-        self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_ :])  # the D − dim least-variance directions
+        stats, vectors = self._fit_residual_space(fit_set, head)
         max_logit_sum = stats.get("max_logit_sum")
         residual_sum = 0.0
         # alpha is a ratio of means, so its residual norms need no float64 answers; they need the basis, hence this

@@ -12,6 +12,14 @@ from .shared import statistics_for
 from .state import Array
 
 
+def max_softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """Per row, the largest softmax probability of the logits divided by the temperature (float64)."""
+    scaled = np.asarray(logits, dtype=np.float64) / temperature  # a fresh array: reduced in place
+    # max softmax = exp(max f - logsumexp f), stable without forming the whole softmax.
+    peak = scaled.max(axis=1)
+    return np.exp(peak - logsumexp_in_place(scaled))
+
+
 @register("msp")
 class MSP(Detector):
     """Maximum softmax probability."""
@@ -30,10 +38,7 @@ class MSP(Detector):
         self._check_positive(temperature=self.temperature)
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        scaled = np.asarray(chunk.logits, dtype=np.float64) / self.temperature  # a fresh array: reduced in place
-        # max softmax = exp(max f - logsumexp f), stable without forming the whole softmax.
-        peak = scaled.max(axis=1)
-        return np.exp(peak - logsumexp_in_place(scaled))
+        return max_softmax(chunk.logits, self.temperature)
 
 
 @register("maxlogit")

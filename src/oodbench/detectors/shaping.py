@@ -4,89 +4,54 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DetectorError
 from ..numerics import logsumexp_in_place
-from ..outputs import Head, Outputs
-from .activation import _as_float32, _HeadDetector, _kept_count
-from .base import Paper, Requirements
+from ..outputs import Outputs
+from .activation import _ASH, ASH_PAPER, _as_float32, top_k_mask
+from .base import Paper
 from .registry import register
-from .state import Scalar
-
-_ASH = (
-    "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection",
-    "ICLR 2023",
-    "https://arxiv.org/abs/2209.09858",
-)
 
 
-def exact_top_k(features: np.ndarray, kept: int) -> np.ndarray:
-    """Mask of exactly `kept` entries per row: the largest values, ties at the cut broken by position (lowest first).
-
-    ASH-B gives every kept entry the same value, so which of several equal entries are kept changes the score even
-    when they are zero; the mask therefore holds exactly `kept` entries, whatever the ties.
-    """
+def _cut(features: np.ndarray, kept: int) -> np.ndarray:
+    """Per row, the kept-th largest value."""
     split = features.shape[1] - kept
-    cut = np.partition(features, split, axis=1)[:, split : split + 1]
-    above = features > cut
-    tied = features == cut
-    room = kept - above.sum(axis=1, keepdims=True)
-    return above | (tied & (np.cumsum(tied, axis=1) <= room))
-
-
-class _ASHVariant(_HeadDetector):
-    requires = Requirements.of(score=("features",), head=True)
-    state = {**_HeadDetector.state, "kept_": Scalar(int, 1, "D")}
-
-    def __init__(self, percentile: float = 65.0) -> None:
-        self.percentile = percentile
-
-    def _validate_params(self) -> None:
-        self._check_percentile(percentile=self.percentile)
-
-    def _fit(self, fit_set: Outputs, head: Head | None) -> None:
-        self._store_head(head)
-        self.kept_ = _kept_count(fit_set.num_features, float(self.percentile))
-        if self.kept_ < 1:
-            raise DetectorError(
-                f"{self.name}: percentile={self.percentile} prunes all {fit_set.num_features} activations; lower it"
-            )
+    return np.partition(features, split, axis=1)[:, split]
 
 
 @register("ash_p")
-class ASHP(_ASHVariant):
+class ASHP(_ASH):
     """ASH-P: zero all but the top (100 − p)% activations of each row; energy of the logits of what is left."""
 
     paper = Paper(
-        *_ASH,
+        *ASH_PAPER,
         "percentile=65: the official code's ash_p default (github.com/andrijazz/ash, ash.py); k = D - round(D p / 100) "
         "kept, as that code; applied to the penultimate (pooled) features; ties at the cut kept by position",
     )
 
     def __init__(self, percentile: float = 65.0) -> None:
-        super().__init__(percentile)
+        self.percentile = percentile
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
-        pruned = np.where(exact_top_k(features, self.kept_), features, np.float32(0.0))
+        pruned = np.where(top_k_mask(features, _cut(features, self.kept_), self.kept_), features, np.float32(0.0))
         return self._head_energy(pruned)
 
 
 @register("ash_b")
-class ASHB(_ASHVariant):
+class ASHB(_ASH):
     """ASH-B: the top (100 − p)% activations all set to s1/k (s1 the row's sum, k kept), the rest zero; energy."""
 
     paper = Paper(
-        *_ASH,
+        *ASH_PAPER,
         "percentile=65: the official code's ash_b default (github.com/andrijazz/ash, ash.py); "
         "k = D - round(D p / 100) kept, each set to the row's sum over k; ties at the cut kept by position",
     )
 
     def __init__(self, percentile: float = 65.0) -> None:
-        super().__init__(percentile)
+        self.percentile = percentile
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         features = _as_float32(chunk.features)
-        mask = exact_top_k(features, self.kept_).astype(np.float32)
+        mask = top_k_mask(features, _cut(features, self.kept_), self.kept_, exact=True).astype(np.float32)
         fill = features.sum(axis=1, dtype=np.float64) / self.kept_
         # W (fill · mask) + b = fill · (W mask) + b: the 0/1 product in float32, its scaling and the bias in float64.
         logits = (mask @ self.weight_.T).astype(np.float64)

@@ -38,9 +38,20 @@ __all__ = [
     "official_entries",
     "missing_list_files",
     "FETCH_HINT",
+    "lists_folder_problem",
 ]
 
 FETCH_HINT = "`oodbench datasets lists fetch --to DIR`, then --lists DIR"
+
+
+def lists_folder_problem(lists: str | os.PathLike[str]) -> str | None:
+    """What is wrong with a lists folder given by the user (absent, or a file), or None when it is a folder."""
+    path = Path(lists)
+    if path.is_dir():
+        return None
+    if path.exists():
+        return f"lists folder {lists} is a file, not a folder; give a folder filled by `oodbench datasets lists fetch`"
+    return f"lists folder {lists} does not exist; fill it with `oodbench datasets lists fetch --to {lists}`"
 
 
 @dataclass(frozen=True)
@@ -536,8 +547,9 @@ def open_registered(
     """
     entry = get(name)
     root = Path(root)
-    if lists is not None and not Path(lists).is_dir():
-        raise DataError(f"lists folder {lists} does not exist; fill it with {FETCH_HINT.split(', then')[0]}")
+    problem = None if lists is None else lists_folder_problem(lists)
+    if problem is not None:
+        raise DataError(problem)
     resolved = _resolve(entry, root, list_file, lists)
     if resolved is None:
         looked = ", ".join(list(entry.list_files()) + list(entry.folders))
@@ -703,8 +715,9 @@ def check(
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"data root {root} is not a directory")
-    if lists is not None and not Path(lists).is_dir():
-        raise DataError(f"lists folder {lists} does not exist; fill it with {FETCH_HINT.split(', then')[0]}")
+    problem = None if lists is None else lists_folder_problem(lists)
+    if problem is not None:
+        raise DataError(problem)
     given = {get(name).name: path for name, path in (list_files or {}).items()}
     selected = [get(name) for name in datasets] if datasets else list(REGISTRY.values())
     report: list[DatasetStatus] = []

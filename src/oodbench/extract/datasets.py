@@ -259,7 +259,12 @@ def file_list(path: str | os.PathLike[str], *, root: str | os.PathLike[str] | No
     if not list_path.is_file():
         raise DataError(f"file list {list_path} does not exist")
     base = Path(root) if root is not None else list_path.parent
-    text = list_path.read_text(encoding="utf-8-sig")
+    try:
+        text = list_path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"file list {list_path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise DataError(f"cannot read file list {list_path}: {exc.strerror or exc}") from None
     rows: list[tuple[str, str | None]] = []
     is_csv = list_path.suffix.lower() == ".csv"
     if is_csv:

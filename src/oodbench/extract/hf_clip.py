@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..errors import ExtractError
-from .backbones.base import Backbone, autocast, resolve_device, safe_id
+from .backbones.base import resolve_device, safe_id
+from .patches import VisionLanguageBackbone
 
 __all__ = ["HfClipBundle", "HfClipBackbone", "load_hf_clip", "check_hf_id", "hf_cached"]
 
@@ -174,59 +174,10 @@ def _directory_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-class HfClipBackbone(Backbone):
-    """The image tower of a transformers CLIP-like model: ℓ2-normalised image embeddings."""
+class HfClipBackbone(VisionLanguageBackbone):
+    """The image tower of a transformers CLIP-like model: ℓ2-normalised image embeddings (and AIMv2's patches)."""
 
     kind = "hf_clip"
 
     def __init__(self, bundle: HfClipBundle, *, patches: bool | None = None) -> None:
-        from .patches import unsupported_reason
-
-        super().__init__(
-            bundle.model,
-            name=bundle.model_name,
-            checkpoint=bundle.checkpoint,
-            preprocessing=bundle.preprocessing(),
-            transform=bundle.transform,
-        )
-        self.bundle = bundle
-        self.device = bundle.device
-        reason = unsupported_reason(bundle.model)
-        if patches and reason is not None:
-            raise ExtractError(f"{bundle.model_name} has no patch embeddings ({reason}); run without --patches")
-        self.patches = reason is None if patches is None else patches
-
-    def to(self, device: str | torch.device | None) -> Backbone:
-        """Move the network (and the bundle's record of its device) to a device."""
-        super().to(device)
-        self.bundle.device = self.device
-        return self
-
-    def provenance(self) -> dict[str, Any]:
-        """Model, checkpoint, preprocessing, kind and what the arrays hold."""
-        info = super().provenance()
-        info["features"] = "l2-normalised image embeddings"
-        if self.patches:
-            from .patches import patch_route
-
-            info["patch_embeddings"] = "fp16 l2-normalised value-branch patch embeddings (last block), joint space"
-            info["patch_route"] = patch_route(self.model)
-        return info
-
-    def default_model_id(self) -> str:
-        """Hub id as a store id."""
-        return self.bundle.default_model_id()
-
-    def infer(self, pixels: torch.Tensor, *, amp: bool = True) -> dict[str, np.ndarray]:
-        """Image (and patch) embeddings of one preprocessed batch."""
-        from .patches import image_and_patch_embeddings
-
-        pixels = pixels.to(self.device, non_blocking=True)
-        with torch.no_grad(), autocast(self.device, amp):
-            image, local = image_and_patch_embeddings(
-                self.model, pixels, patches=self.patches, encode=self.bundle.encode_images
-            )
-        arrays = {"features": image.cpu().numpy().astype(np.float32, copy=False)}
-        if local is not None:
-            arrays["extra.patch_embeddings"] = local.cpu().numpy().astype(np.float16)
-        return arrays
+        super().__init__(bundle, transform=bundle.transform, patches=patches, encode=bundle.encode_images)

@@ -30,9 +30,9 @@ from ..errors import ExtractError
 from ..names import suggest
 from ..store import Store
 from ..templates import SEED_TEMPLATES
-from .backbones.base import Backbone, autocast, resolve_device, safe_id
+from .backbones.base import autocast, resolve_device, safe_id
 from .hub import cached_file, prefer_cache, require_reachable
-from .patches import image_and_patch_embeddings, patch_route, unsupported_reason, value_branch_block
+from .patches import VisionLanguageBackbone, image_and_patch_embeddings, unsupported_reason, value_branch_block
 
 if TYPE_CHECKING:
     from .hf_clip import HfClipBundle
@@ -209,54 +209,19 @@ def supports_patches(model: torch.nn.Module) -> bool:
     return unsupported_reason(model) is None
 
 
-class OpenClipBackbone(Backbone):
+class OpenClipBackbone(VisionLanguageBackbone):
     """The image tower of an open_clip model: normalised image embeddings and fp16 patch embeddings."""
 
     kind = "open_clip"
 
     def __init__(self, bundle: OpenClipBundle, *, patches: bool | None = None) -> None:
-        super().__init__(
-            bundle.model,
-            name=bundle.model_name,
-            checkpoint=bundle.checkpoint,
-            preprocessing=bundle.preprocessing(),
-            transform=bundle.preprocess,
-        )
-        self.bundle = bundle
-        reason = unsupported_reason(bundle.model)
-        if patches and reason is not None:
-            raise ExtractError(f"{bundle.model_name} has no patch embeddings ({reason}); run without --patches")
-        self.patches = reason is None if patches is None else patches
-        self.device = bundle.device
-
-    def provenance(self) -> dict[str, Any]:
-        """Model, checkpoint, preprocessing, kind and what the arrays hold."""
-        info = super().provenance()
-        info["features"] = "l2-normalised image embeddings"
-        if self.patches:
-            info["patch_embeddings"] = "fp16 l2-normalised value-branch patch embeddings (last block), joint space"
-            info["patch_route"] = patch_route(self.model)
-        return info
-
-    def default_model_id(self) -> str:
-        """Model name plus pretrained tag."""
-        return self.bundle.default_model_id()
+        super().__init__(bundle, transform=bundle.preprocess, patches=patches)
 
     def input_size(self) -> tuple[int, int, int]:
         """(3, H, W) of the preprocessed image."""
         size = self.preprocessing.get("size", 224)
         h, w = (size, size) if isinstance(size, int) else size
         return 3, int(h), int(w)
-
-    def infer(self, pixels: torch.Tensor, *, amp: bool = True) -> dict[str, np.ndarray]:
-        """Image (and patch) embeddings of one preprocessed batch."""
-        pixels = pixels.to(self.device, non_blocking=True)
-        with torch.no_grad(), autocast(self.device, amp):
-            image, local = image_and_patch_embeddings(self.model, pixels, patches=self.patches)
-        arrays = {"features": image.cpu().numpy().astype(np.float32, copy=False)}
-        if local is not None:
-            arrays["extra.patch_embeddings"] = local.cpu().numpy().astype(np.float16)
-        return arrays
 
 
 # ----------------------------------------------------------------------------------------------- text side

@@ -27,10 +27,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import ExtractError
+from .backbones.base import Backbone, autocast
 
 __all__ = [
     "ROUTES",
@@ -39,6 +41,7 @@ __all__ = [
     "image_and_patch_embeddings",
     "value_branch_block",
     "open_clip_config_route",
+    "VisionLanguageBackbone",
 ]
 
 ROUTES: dict[str, str] = {
@@ -275,3 +278,65 @@ def image_and_patch_embeddings(
         pooled = model.visual_projection(_pool_each(vision.head, tokens))
         local = pooled.reshape(tokens.shape[0], tokens.shape[1], -1)
     return F.normalize(image.float(), dim=-1), F.normalize(local.float(), dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------- as a backbone
+class VisionLanguageBackbone(Backbone):
+    """A VLM image tower (an open_clip or transformers bundle): ℓ2-normalised image embeddings, and fp16 value-branch
+    patch embeddings (``extra.patch_embeddings``) where the tower has them.
+
+    `patches`: None takes them when the tower has them, True requires them (refused with one line otherwise), False
+    skips them. `encode` is the bundle's ordinary image forward (default ``model.encode_image``).
+    """
+
+    def __init__(
+        self,
+        bundle: Any,
+        *,
+        transform: Callable[[Any], torch.Tensor],
+        patches: bool | None = None,
+        encode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__(
+            bundle.model,
+            name=bundle.model_name,
+            checkpoint=bundle.checkpoint,
+            preprocessing=bundle.preprocessing(),
+            transform=transform,
+        )
+        self.bundle = bundle
+        self.device = bundle.device
+        self._encode = encode
+        reason = unsupported_reason(bundle.model)
+        if patches and reason is not None:
+            raise ExtractError(f"{bundle.model_name} has no patch embeddings ({reason}); run without --patches")
+        self.patches = reason is None if patches is None else patches
+
+    def to(self, device: str | torch.device | None) -> Backbone:
+        """Move the network (and the bundle's record of its device, which the text side uses) to a device."""
+        super().to(device)
+        self.bundle.device = self.device
+        return self
+
+    def provenance(self) -> dict[str, Any]:
+        """Model, checkpoint, preprocessing, kind and what the arrays hold (with the patches' route)."""
+        info = super().provenance()
+        info["features"] = "l2-normalised image embeddings"
+        if self.patches:
+            info["patch_embeddings"] = "fp16 l2-normalised value-branch patch embeddings (last block), joint space"
+            info["patch_route"] = patch_route(self.model)
+        return info
+
+    def default_model_id(self) -> str:
+        """The bundle's store id."""
+        return self.bundle.default_model_id()
+
+    def infer(self, pixels: torch.Tensor, *, amp: bool = True) -> dict[str, np.ndarray]:
+        """Image (and patch) embeddings of one preprocessed batch."""
+        pixels = pixels.to(self.device, non_blocking=True)
+        with torch.no_grad(), autocast(self.device, amp):
+            image, local = image_and_patch_embeddings(self.model, pixels, patches=self.patches, encode=self._encode)
+        arrays = {"features": image.cpu().numpy().astype(np.float32, copy=False)}
+        if local is not None:
+            arrays["extra.patch_embeddings"] = local.cpu().numpy().astype(np.float16)
+        return arrays

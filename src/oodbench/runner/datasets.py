@@ -157,10 +157,12 @@ class Registry(DatasetKind):
         if given is not None and not Path(given).is_file():
             problems[f"{spec.key_path}.list"] = f"image list {given} does not exist"
         lists = spec.params.get("lists")
-        if lists is not None and not Path(lists).is_dir():
-            problems[f"{spec.key_path}.lists"] = (
-                f"lists folder {lists} does not exist; fill it with `oodbench datasets lists fetch --to {lists}`"
-            )
+        if lists is not None:
+            from ..extract.dataset_registry import lists_folder_problem
+
+            problem = lists_folder_problem(lists)
+            if problem is not None:
+                problems[f"{spec.key_path}.lists"] = problem
         return problems
 
     def open(self, spec: DatasetSpec) -> Any:

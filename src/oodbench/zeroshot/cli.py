@@ -481,16 +481,22 @@ def build_eoe(
           --llm-base-url http://127.0.0.1:8000/v1 --llm-model m
     """
     from ..classes import load_classes
-    from .vocab.eoe import generate_eoe_outliers
+    from .vocab.eoe import EOE_TASKS, generate_eoe_outliers
 
+    # Everything given is checked before the LLM client is set up or any request is sent.
+    if task not in EOE_TASKS:
+        raise typer.BadParameter(f"--task must be one of {', '.join(EOE_TASKS)}; got {task!r}")
+    if generation < 0:
+        raise typer.BadParameter(f"--generation must be >= 0; got {generation}")
     directory = vocab_dir or _default_vocab_dir()
     released = None
     if prompts is not None:
         from .vocab.eoe_release import load_prompt_file
 
-        released = load_prompt_file(prompts)  # checked before any request is sent
+        released = load_prompt_file(prompts)
     elif class_type is not None or generation:
         raise typer.BadParameter("--class-type and --generation go with --prompts")
+    id_classes = load_classes(classes)
     client = _llm_client(
         directory, llm_base_url, llm_model, llm_api_key, llm_config, llm_cache, rpm, timeout, retries, None
     )
@@ -500,7 +506,7 @@ def build_eoe(
         _save(
             directory,
             generate_released_eoe(
-                load_classes(classes),
+                id_classes,
                 client,
                 released,
                 style=task,
@@ -514,7 +520,7 @@ def build_eoe(
         )
         return
     vocab = generate_eoe_outliers(
-        load_classes(classes),
+        id_classes,
         client,
         task=task,
         size=size,

@@ -33,6 +33,7 @@ from ...classes import ClassList
 from ...errors import ZeroShotError
 from ...llm import ChatClient, Messages
 from .artefact import Vocabulary
+from .eoe import EOE_TASKS
 
 __all__ = [
     "STYLES",
@@ -45,7 +46,7 @@ __all__ = [
     "generate_released_eoe",
 ]
 
-STYLES = ("far", "near", "fine_grained")
+STYLES = EOE_TASKS  # the released prompt styles are EOE's three tasks
 PLACEHOLDERS = ("num_classes", "class_type", "class_info", "envision_nums")
 # Vocabulary names: the fine-grained list is Table 2's EOE column, so it takes the plain name the tables use.
 DEFAULT_NAMES = {"far": "eoe-far", "near": "eoe-near", "fine_grained": "eoe"}
