@@ -113,7 +113,11 @@ def test_group_equals_separate_extractions(tmp_path, tiny_clip, which):
         skipped = grouped.meta("test_resnet", "d")["skipped"]
         assert [s["path"] for s in skipped] == ["truncated.jpg"]
         assert reports[0].num_rows == len(dataset) - 1
-    assert reports[0].decode == {"device": 0, "pil": len(dataset) - (which == "photos"), "unreadable": which == "photos"}
+    assert reports[0].decode == {
+        "device": 0,
+        "pil": len(dataset) - (which == "photos"),
+        "unreadable": which == "photos",
+    }
     assert grouped.has_head("test_resnet") and grouped.has_head("test_efficientnet")
 
 
@@ -122,7 +126,9 @@ def test_group_resumes_each_model_at_its_own_shards(tmp_path, tiny_clip):
     models = three_models(tiny_clip)
     reference = Store(tmp_path / "reference")
     for backbone, batch in models:
-        extract(reference, backbone, dataset, dataset_id="d", batch_size=batch, shard_size=4, num_workers=0, progress=False)
+        extract(
+            reference, backbone, dataset, dataset_id="d", batch_size=batch, shard_size=4, num_workers=0, progress=False
+        )
     store = Store(tmp_path / "store")
     # The first model is complete, the second has two of its four shards, the third none.
     extract(store, models[0][0], dataset, dataset_id="d", batch_size=3, shard_size=4, num_workers=0, progress=False)
@@ -137,7 +143,11 @@ def test_group_resumes_each_model_at_its_own_shards(tmp_path, tiny_clip):
     done = reference.read("test_efficientnet", "d")
     for shard in (0, 2):
         rows = writer.shard_rows(shard)
-        arrays = {"features": done.features[rows], "logits": done.logits[rows], "index": np.arange(rows.start, rows.stop)}
+        arrays = {
+            "features": done.features[rows],
+            "logits": done.logits[rows],
+            "index": np.arange(rows.start, rows.stop),
+        }
         writer.write_shard(shard, arrays)
     reports = extract_group(
         store,
