@@ -258,3 +258,26 @@ def test_killed_group_resumes_each_model_to_identical_bytes(tmp_path, tiny_clip)
     assert len(killed_store.meta("test_resnet", "imgs")["skipped"]) == 1
     meta = json.loads((tmp_path / "killed" / tiny_clip / "imgs" / "meta.json").read_text())
     assert "runtime" not in meta["provenance"]  # the default CPU path records nothing new
+
+
+def test_models_with_one_preprocessing_share_the_transform(tmp_path):
+    from oodbench.extract.decode import GroupLoader, transform_key
+
+    dataset = image_folder(write_jpegs(tmp_path, 7), labels=False)
+    a = load_timm("test_resnet", pretrained=False, image_size=32)
+    b = load_timm("test_efficientnet", pretrained=False, image_size=32, preprocessing={"interpolation": "bilinear"})
+    c = load_timm("test_resnet", pretrained=False, seed=3, image_size=32)
+    d = load_timm("test_resnet", pretrained=False, image_size=32, preprocessing={"crop_pct": 0.8})
+    assert transform_key(a.transform) == transform_key(c.transform) != transform_key(d.transform)
+    assert a.preprocessing == c.preprocessing and b.preprocessing["interpolation"] == "bilinear"
+    loader = GroupLoader(dataset, [a.transform, b.transform, c.transform, d.transform], "pil")
+    # test_efficientnet's data config differs (ImageNet mean/std) from test_resnet's, so only a and c share
+    assert loader.same_as == [0, 1, 0, 3]
+    assert transform_key(lambda image: image) != transform_key(lambda image: image)  # unknown callables never share
+    separate, grouped = Store(tmp_path / "separate"), Store(tmp_path / "grouped")
+    members = [GroupMember(a, "a", 3), GroupMember(b, "b", 2), GroupMember(c, "c", 3), GroupMember(d, "d", 4)]
+    for m in members:
+        extract(separate, m.backbone, dataset, dataset_id="x", model_id=m.model_id, batch_size=m.batch_size,
+                shard_size=4, num_workers=0, progress=False)  # fmt: skip
+    extract_group(grouped, members, dataset, dataset_id="x", shard_size=4, num_workers=0, progress=False)
+    assert_same_entries(separate, grouped, ["a", "b", "c", "d"], "x")

@@ -214,13 +214,37 @@ class TensorPreprocess:
         return (image - self.mean.to(image.device)) / self.std.to(image.device)
 
 
+_TRANSFORM_LIBRARIES = ("torchvision.", "timm.", "open_clip.")
+
+
+def transform_key(transform: Any) -> str:
+    """Equal for two transforms only when they are the same computation: the same object, or torchvision Composes
+    of timm/torchvision/open_clip steps whose reprs (every step with all its parameters) are equal."""
+    from torchvision.transforms import Compose
+
+    if isinstance(transform, Compose) and all(
+        type(step).__module__.startswith(_TRANSFORM_LIBRARIES)
+        or getattr(step, "__module__", "").startswith(_TRANSFORM_LIBRARIES)
+        for step in transform.transforms
+    ):
+        return "compose:" + repr(transform)
+    return f"object:{id(transform)}"
+
+
 class GroupLoader:
-    """Loads an item once and prepares it for every model of a group (picklable, for worker processes)."""
+    """Loads an item once and prepares it for every model of a group (picklable, for worker processes).
+
+    Models whose transforms are the same computation (`transform_key`, e.g. two timm models with one data config)
+    share its output too: the tensor is computed once and given to each of them.
+    """
 
     def __init__(self, dataset: ImageList, transforms: Sequence[Callable[[Any], torch.Tensor]], mode: str) -> None:
         if mode not in ("pil", "device"):
             raise ExtractError(f"unknown decode mode {mode!r}")
         self.dataset, self.transforms, self.mode = dataset, list(transforms), mode
+        keys = [transform_key(t) for t in self.transforms]
+        # For each member, the first member with the same transform (itself when it is the first).
+        self.same_as = [keys.index(key) for key in keys]
 
     def describe(self, position: int) -> str:
         """The item's path as recorded in the store (relative to the dataset root)."""

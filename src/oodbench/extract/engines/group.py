@@ -69,11 +69,15 @@ class _DecodeBatches(torch.utils.data.Dataset):
                 for m in members:
                     prepared[m][position] = _skip(self.loader, position, exc)
                 continue
+            done: dict[int, Any] = {}  # members with the same transform share its output
             for m in members:
-                try:
-                    prepared[m][position] = self.loader.prepare(image, m)
-                except UnreadableImage as exc:
-                    prepared[m][position] = _skip(self.loader, position, exc)
+                first = self.loader.same_as[m]
+                if first not in done:
+                    try:
+                        done[first] = self.loader.prepare(image, m)
+                    except UnreadableImage as exc:
+                        done[first] = _skip(self.loader, position, exc)
+                prepared[m][position] = done[first]
         return index, prepared
 
 
