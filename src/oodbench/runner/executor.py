@@ -3,8 +3,9 @@
 Before any work the run checks that every dataset root it will read exists, so a missing input fails at once with
 its key. Each stage is re-planned from disk
 when it starts (what the previous stage wrote is then cached), and its pending units run in dependency waves.
-On Ray, extraction runs one task per (model, dataset) — the digits demo, which fills its whole store in one
-go, is one task — and fitting/scoring one task per (model, detector); metrics, analyses and the report are
+Extraction runs in passes (`runner.passes`: the models of one dataset that fit on the device together read and
+decode every image once); on Ray, one task per pass — the digits demo, which fills its whole store in one go, is
+one task — and fitting/scoring one task per (model, detector); metrics, analyses and the report are
 cheap and run in the driver. Workers need the work directory and store on a shared filesystem.
 """
 
