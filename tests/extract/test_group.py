@@ -281,3 +281,16 @@ def test_models_with_one_preprocessing_share_the_transform(tmp_path):
                 shard_size=4, num_workers=0, progress=False)  # fmt: skip
     extract_group(grouped, members, dataset, dataset_id="x", shard_size=4, num_workers=0, progress=False)
     assert_same_entries(separate, grouped, ["a", "b", "c", "d"], "x")
+
+
+def test_memory_estimate_and_first_fit_packing():
+    from oodbench.extract.passes import ACTIVATION_FACTOR, Footprint, pack_passes
+
+    small = Footprint(1_000_000, (3, 224, 224), 64)
+    weights, activations = 4 * 1_000_000 * 1.2, 4 * ACTIVATION_FACTOR * 64 * 3 * 224 * 224
+    assert small.nbytes == int(weights + activations)
+    assert Footprint(1_000_000, (3, 224, 224), 64, gradients=True).nbytes == int(weights + 3 * activations)
+    # First fit in order; a model too large for the budget, or of unknown size, runs alone.
+    assert pack_passes([4, 3, 5, 2, 11, None, 1], budget=10) == [[0, 1, 3, 6], [2], [4], [5]]
+    assert pack_passes([6, 6, 6], budget=10) == [[0], [1], [2]]
+    assert pack_passes([], budget=10) == []

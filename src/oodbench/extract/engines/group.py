@@ -62,10 +62,12 @@ class _DecodeBatches(torch.utils.data.Dataset):
                     raw[position] = _skip(self.loader, position, exc)
             return index, raw
         prepared: dict[int, _Prepared] = {m: {} for m in members}
+        unreadable = 0
         for position in task.positions:
             try:
                 image = self.loader.read(position)
             except UnreadableImage as exc:
+                unreadable += 1
                 for m in members:
                     prepared[m][position] = _skip(self.loader, position, exc)
                 continue
@@ -78,7 +80,7 @@ class _DecodeBatches(torch.utils.data.Dataset):
                     except UnreadableImage as exc:
                         done[first] = _skip(self.loader, position, exc)
                 prepared[m][position] = done[first]
-        return index, prepared
+        return index, (prepared, unreadable)
 
 
 def _skip(loader: GroupLoader, position: int, exc: Exception) -> dict[str, Any]:
@@ -171,8 +173,9 @@ def iter_group_results(
         if loader.mode == "device":
             payload = _device_prepare(payload, loader, members, tensor_steps, device, stats)
         else:
-            stats.pil += sum(not isinstance(v, dict) for v in payload[members[0]].values()) if members else 0
-            stats.unreadable += sum(isinstance(v, dict) for v in payload[members[0]].values()) if members else 0
+            payload, unreadable = payload
+            stats.pil += len(task.positions) - unreadable
+            stats.unreadable += unreadable
         decoded = len(task.positions)
         for m in members:
             buffers[m].update(payload[m])
