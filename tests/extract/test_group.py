@@ -284,7 +284,7 @@ def test_models_with_one_preprocessing_share_the_transform(tmp_path):
 
 
 def test_memory_estimate_and_first_fit_packing():
-    from oodbench.extract.passes import ACTIVATION_FACTOR, Footprint, pack_passes
+    from oodbench.extract.passes import ACTIVATION_FACTOR, Footprint, footprint_of, pack_passes
 
     small = Footprint(1_000_000, (3, 224, 224), 64)
     weights, activations = 4 * 1_000_000 * 1.2, 4 * ACTIVATION_FACTOR * 64 * 3 * 224 * 224
@@ -294,3 +294,6 @@ def test_memory_estimate_and_first_fit_packing():
     assert pack_passes([4, 3, 5, 2, 11, None, 1], budget=10) == [[0, 1, 3, 6], [2], [4], [5]]
     assert pack_passes([6, 6, 6], budget=10) == [[0], [1], [2]]
     assert pack_passes([], budget=10) == []
+    resnet = load_timm("test_resnet", pretrained=False, image_size=32, nac_layers=["layer3:10"])
+    found = footprint_of(resnet, 8)
+    assert found == Footprint(sum(p.numel() for p in resnet.model.parameters()), (3, 32, 32), 8, gradients=True)

@@ -388,20 +388,24 @@ def _run_extract(**opts: Any) -> None:
         members = [
             GroupMember(b, model_ids[i] if model_ids else None, opts["batch_size"]) for i, (b, _) in enumerate(loaded)
         ]
-        reports = extract_group(
-            store,
-            members,
-            images,
-            dataset_id=dataset_id,
-            shard_size=opts["shard_size"],
-            num_workers=opts["workers"],
-            device=opts["device"],
-            amp=opts["amp"],
-            amp_dtype=opts["amp_dtype"],
-            decode=decode,
-            channels_last=opts["channels_last"],
-            progress=opts["progress"],
-        )
+        reports = []
+        for group in _passes(members, resolve_device(opts["device"])):
+            if len(group) < len(members):
+                console.print(f"pass of {len(group)} model(s): {', '.join(m.backbone.name for m in group)}")
+            reports += extract_group(
+                store,
+                group,
+                images,
+                dataset_id=dataset_id,
+                shard_size=opts["shard_size"],
+                num_workers=opts["workers"],
+                device=opts["device"],
+                amp=opts["amp"],
+                amp_dtype=opts["amp_dtype"],
+                decode=decode,
+                channels_last=opts["channels_last"],
+                progress=opts["progress"],
+            )
     else:
         engine_options: dict[str, Any] = {}
         if opts["engine"] == "ray":
@@ -428,6 +432,20 @@ def _run_extract(**opts: Any) -> None:
     decoded = reports[0].decode
     if decoded and decoded.get("device"):
         console.print(f"decoded on the device: {decoded['device']} images; by PIL (other files): {decoded['pil']}")
+
+
+def _passes(members: list[Any], device: Any) -> list[list[Any]]:
+    """On a GPU, the models packed into passes that fit its free memory (estimated); elsewhere all in one pass.
+
+    On CPU the models are already loaded in host memory, so packing by it would only count them twice.
+    """
+    if device.type != "cuda" or len(members) == 1:
+        return [members]
+    from .passes import BUDGET_FRACTION, device_memory, footprint_of, pack_passes
+
+    sizes = [footprint_of(m.backbone, m.batch_size).nbytes for m in members]
+    budget = int(device_memory(device) * BUDGET_FRACTION)
+    return [[members[i] for i in group] for group in pack_passes(sizes, budget)]
 
 
 def _print_report(report: Any) -> None:

@@ -12,10 +12,19 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["Footprint", "ACTIVATION_FACTOR", "BUDGET_FRACTION", "device_memory", "pack_passes", "count_parameters"]
+__all__ = [
+    "Footprint",
+    "ACTIVATION_FACTOR",
+    "BUDGET_FRACTION",
+    "device_memory",
+    "pack_passes",
+    "count_parameters",
+    "footprint_of",
+]
 
 # Peak live activations of an inference forward, in float32 values per input value. Measured peaks of CNNs and ViTs
 # without gradients are ~10–25 (ResNet-50 at 224 px: its largest stage outputs); 32 leaves room for attention maps.
@@ -83,3 +92,13 @@ def pack_passes(sizes: Sequence[int | None], budget: int) -> list[list[int]]:
             passes.append([index])
             room.append(budget - size)
     return passes
+
+
+def footprint_of(backbone: Any, batch_size: int) -> Footprint:
+    """The footprint of a loaded backbone (its whole module: an open_clip model keeps its text tower on the device)."""
+    return Footprint(
+        count_parameters(backbone.model),
+        tuple(int(v) for v in backbone.input_size()),  # type: ignore[arg-type]
+        batch_size,
+        gradients=bool(getattr(backbone, "nac_layers", ())),
+    )
