@@ -261,3 +261,37 @@ def test_ray_engine_gives_the_local_results(experiment: Path, first_run, tmp_pat
     local_rows = {(r.model, r.ood_dataset, r.detector, r.metric): r.value for r in read_rows(local / "results.parquet")}
     assert ray_rows == local_rows
     assert all(u.status in ("cached", "skipped") for u in build_plan(score_config).units)
+
+
+def test_extraction_passes_share_the_decode_and_match_one_model_at_a_time(
+    experiment: Path, first_run, tmp_path: Path
+) -> None:
+    from oodbench.runner.passes import extraction_passes
+    from oodbench.runner.plan import format_plan
+
+    workdir, _ = first_run
+    # The first run extracted each dataset's models in one pass: all of them fit in this machine's memory.
+    config = load_config(experiment, workdir=tmp_path / "planned")
+    plan = build_plan(config)
+    passes = extraction_passes(config, plan.pending("extract"), "cpu")
+    shared = {p.units[0].dataset: sorted(u.model for u in p.units) for p in passes if p.shared}
+    assert shared == {"fit": ["resnet", "vit"], "val": ["clip", "resnet", "vit"], "far": ["clip", "resnet", "vit"]}
+    text = format_plan(plan)
+    assert "[extract passes] 3 passes over the images (3 shared by several models" in text
+    assert any(
+        line.split()[2:5] == ["val", "3", "model(s),"] and line.endswith(": resnet, vit-probe, clip")
+        for line in text.splitlines()
+    )
+    # With a budget no model fits in, every model runs alone: the arrays are the same bytes.
+    alone_config = load_config(experiment, workdir=tmp_path / "alone", overrides=("engine.pass_memory_gb=1e-9",))
+    assert not any(p.shared for p in extraction_passes(alone_config, build_plan(alone_config).pending("extract")))
+    assert "size unknown" not in format_plan(build_plan(alone_config))
+    run_experiment(alone_config, only="extract", progress=False, device="cpu")
+    grouped, alone = Store(workdir / "store"), Store(tmp_path / "alone" / "store")
+    for model in ("resnet", "vit", "clip"):
+        for dataset in [d for d in ("fit", "val", "val-clean", "far") if grouped.exists(model, d)]:
+            a, b = grouped.entry_path(model, dataset), alone.entry_path(model, dataset)
+            names = sorted(p.name for p in a.glob("*.npy"))
+            assert names and names == sorted(p.name for p in b.glob("*.npy"))
+            for name in names:
+                assert (a / name).read_bytes() == (b / name).read_bytes(), (model, dataset, name)

@@ -89,12 +89,13 @@ def _dataset_id_from(path: Path) -> str:
 
 
 def extract_command(
-    model: str = typer.Option(
+    model: list[str] = typer.Option(
         ...,
         "--model",
         "-m",
         help="timm name (resnet50.a1_in1k), open_clip name (ViT-B-16-quickgelu) or transformers image/text model "
-        "(apple/aimv2-large-patch14-224-lit, or a save_pretrained directory).",
+        "(apple/aimv2-large-patch14-224-lit, or a save_pretrained directory). Repeat it to extract several models "
+        "in one pass: each image is read and decoded once for all of them.",
     ),
     store: Path = typer.Option(..., "--store", "-s", help="Feature store root."),
     data: Path | None = typer.Option(None, "--data", help="Image folder, file list (.csv/.txt) or ImageNet root."),
@@ -121,8 +122,11 @@ def extract_command(
     dataset_id: str | None = typer.Option(
         None, "--dataset-id", help="Store dataset id (default: registry name or folder name)."
     ),
-    model_id: str | None = typer.Option(
-        None, "--model-id", help="Store model id (default: derived from the model name and checkpoint)."
+    model_id: list[str] = typer.Option(
+        [],
+        "--model-id",
+        help="Store model id (default: derived from the model name and checkpoint); with several --model, one per "
+        "model in the same order.",
     ),
     kind: str = typer.Option("auto", "--kind", help="auto | timm | open_clip | hf_clip."),
     pretrained: str = typer.Option(
@@ -185,6 +189,18 @@ def extract_command(
     ),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:1 …"),
     amp: bool = typer.Option(True, "--amp/--no-amp", help="Mixed precision on GPU."),
+    amp_dtype: str = typer.Option(
+        "auto", "--amp-dtype", help="Autocast type on GPU: auto (bfloat16 where supported) | bfloat16 | float16."
+    ),
+    channels_last: bool = typer.Option(
+        False, "--channels-last/--no-channels-last", help="Run the networks in channels-last memory format."
+    ),
+    decode: str = typer.Option(
+        "auto",
+        "--decode",
+        help="pil (PIL decode + each model's own transform: the reference pixels) | device (JPEGs decoded with "
+        "torchvision.io.decode_jpeg on --device, tensor preprocessing; PIL for other files) | auto (device on CUDA).",
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Extract features, logits, labels (and head) of a dataset into the store; reruns finish what is missing.
@@ -216,12 +232,94 @@ def preprocessing_overrides(opts: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in given.items() if value is not None}
 
 
+def _load_backbone(opts: dict[str, Any], name: str, *, several: bool) -> tuple[Any, Any]:
+    """(backbone, VLM bundle or None) of one --model, with the options that apply to it checked.
+
+    With several models, settings meant for one kind (--image-size and the preprocessing overrides, --nac for timm;
+    --pretrained TAG and --patches for open_clip) apply to the models of that kind and are ignored by the others.
+    """
+    from .nac import NacLayer
+    from .posthoc_net import NetSpec
+
+    nac_layers = [NacLayer.parse(spec) for spec in opts["nac"]]
+    kind = _kind(name, opts["kind"])
+    if kind == "timm":
+        from .backbones.timm_backbone import load_timm
+
+        if not several and (opts["text_labels"] is not None or opts["patches"]):
+            raise OodbenchError("--text-labels and --patches apply to vision-language models only")
+        if opts["convert"] != "auto" and opts["checkpoint"] is None:
+            raise OodbenchError("--convert applies to --checkpoint files only")
+        if not several and opts["pretrained"] not in ("default", "true", "none", "false"):
+            raise OodbenchError(
+                "for timm models --pretrained takes 'default' (hub weights); use --checkpoint PATH for a file"
+            )
+        use_hub = not opts["no_pretrained"] and (several or opts["pretrained"] in ("default", "true"))
+        backbone = load_timm(
+            name,
+            pretrained=use_hub,
+            checkpoint=opts["checkpoint"],
+            seed=opts["seed"],
+            nac_layers=nac_layers,
+            num_classes=opts["num_classes"],
+            image_size=opts["image_size"],
+            preprocessing=preprocessing_overrides(opts),
+            convert=opts["convert"],
+            network=[NetSpec.parse(spec) for spec in opts["net"]],
+        )
+        bundle = None
+    elif kind == "hf_clip":
+        from .backbones.base import resolve_device
+        from .hf_clip import HfClipBackbone, load_hf_clip
+
+        if (nac_layers and not several) or opts["checkpoint"] is not None:
+            raise OodbenchError("--nac and --checkpoint do not apply to hf_clip models (give a directory)")
+        if not several and opts["pretrained"] not in ("default", "true", "none", "false"):
+            raise OodbenchError("hf_clip models take their weights from --model (hub id or directory)")
+        if not several and (
+            preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto"
+        ):
+            raise OodbenchError(
+                "hf_clip models use their checkpoint's image processor; preprocessing is not overridden"
+            )
+        bundle = load_hf_clip(
+            name,
+            str(resolve_device(opts["device"])),
+            pretrained=not opts["no_pretrained"] and opts["pretrained"] not in ("none", "false"),
+            seed=opts["seed"],
+        )
+        backbone = HfClipBackbone(bundle, patches=opts["patches"])
+    else:
+        from .openclip import OpenClipBackbone, load_openclip
+
+        if nac_layers and not several:
+            raise OodbenchError("--nac applies to supervised timm models only")
+        if not several and (
+            preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto"
+        ):
+            raise OodbenchError(
+                "--mean/--std/--interpolation/--crop-pct/--crop-mode/--image-size/--convert apply to timm models; "
+                "open_clip models use the preprocessing their weights were trained with"
+            )
+        tag = None if opts["no_pretrained"] or opts["pretrained"] in ("none", "false") else opts["pretrained"]
+        if opts["checkpoint"] is not None:
+            tag = str(opts["checkpoint"])
+        if tag == "default":
+            raise OodbenchError("open_clip models need --pretrained TAG (e.g. openai) or --no-pretrained")
+        from .backbones.base import resolve_device
+
+        bundle = load_openclip(name, tag, device=str(resolve_device(opts["device"])), seed=opts["seed"])
+        backbone = OpenClipBackbone(
+            bundle, patches=opts["patches"] if not several or opts["patches"] is not True else None
+        )
+    return backbone, bundle
+
+
 def _run_extract(**opts: Any) -> None:
     from .dataset_registry import get as get_registered
     from .dataset_registry import open_registered
     from .datasets import open_dataset
-    from .nac import NacLayer
-    from .pipeline import extract
+    from .pipeline import GroupMember, extract, extract_group
     from .posthoc_net import NetSpec
 
     if opts["image_list"] is not None and opts["dataset"] is None:
@@ -230,84 +328,46 @@ def _run_extract(**opts: Any) -> None:
         raise OodbenchError("--lists applies to --dataset NAME (a registered set)")
     if opts["lists"] is not None and not opts["lists"].is_dir():
         raise OodbenchError(f"--lists {opts['lists']} is not a folder; fill one with `oodbench datasets lists fetch`")
-    kind = _kind(opts["model"], opts["kind"])
-    nac_layers = [NacLayer.parse(spec) for spec in opts["nac"]]
-    net_specs = [NetSpec.parse(spec) for spec in opts["net"]]
-    if net_specs and kind != "timm":
+    names = list(opts["model"])
+    several = len(names) > 1
+    if len(set(names)) != len(names):
+        raise OodbenchError(f"--model {sorted({n for n in names if names.count(n) > 1})[0]} is given twice")
+    model_ids = list(opts["model_id"])
+    if model_ids and len(model_ids) != len(names):
+        raise OodbenchError(f"give one --model-id per --model ({len(names)} models, {len(model_ids)} ids)")
+    if several:
+        if opts["checkpoint"] is not None or opts["text_labels"] is not None:
+            raise OodbenchError("--checkpoint and --text-labels belong to one model: extract that model on its own")
+        if opts["engine"] != "local":
+            raise OodbenchError("several --model in one pass need --engine local (each Ray actor runs one model)")
+        if opts["data"] is None and opts["dataset"] is None:
+            raise OodbenchError("give --data PATH or --dataset NAME --root DIR")
+    from .backbones.base import AMP_DTYPES
+    from .decode import DECODERS
+
+    if opts["decode"] not in DECODERS:
+        raise OodbenchError(f"--decode must be one of {', '.join(DECODERS)}; got {opts['decode']!r}")
+    if opts["amp_dtype"] not in AMP_DTYPES:
+        raise OodbenchError(f"--amp-dtype must be one of {', '.join(AMP_DTYPES)}; got {opts['amp_dtype']!r}")
+    if opts["net"] and not any(_kind(name, opts["kind"]) == "timm" for name in names):
         raise OodbenchError("--net applies to supervised timm models only")
+    for spec in opts["net"]:
+        NetSpec.parse(spec)  # a bad setting fails before any model loads
     store = Store(opts["store"])
+    loaded: list[tuple[Any, Any]] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        if kind == "timm":
-            from .backbones.timm_backbone import load_timm
-
-            if opts["text_labels"] is not None or opts["patches"]:
-                raise OodbenchError("--text-labels and --patches apply to vision-language models only")
-            if opts["convert"] != "auto" and opts["checkpoint"] is None:
-                raise OodbenchError("--convert applies to --checkpoint files only")
-            if opts["pretrained"] not in ("default", "true", "none", "false"):
-                raise OodbenchError(
-                    "for timm models --pretrained takes 'default' (hub weights); use --checkpoint PATH for a file"
-                )
-            use_hub = not opts["no_pretrained"] and opts["pretrained"] in ("default", "true")
-            backbone = load_timm(
-                opts["model"],
-                pretrained=use_hub,
-                checkpoint=opts["checkpoint"],
-                seed=opts["seed"],
-                nac_layers=nac_layers,
-                num_classes=opts["num_classes"],
-                image_size=opts["image_size"],
-                preprocessing=preprocessing_overrides(opts),
-                convert=opts["convert"],
-                network=net_specs,
-            )
-            bundle = None
-        elif kind == "hf_clip":
-            from .backbones.base import resolve_device
-            from .hf_clip import HfClipBackbone, load_hf_clip
-
-            if nac_layers or opts["checkpoint"] is not None:
-                raise OodbenchError("--nac and --checkpoint do not apply to hf_clip models (give a directory)")
-            if opts["pretrained"] not in ("default", "true", "none", "false"):
-                raise OodbenchError("hf_clip models take their weights from --model (hub id or directory)")
-            if preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto":
-                raise OodbenchError(
-                    "hf_clip models use their checkpoint's image processor; preprocessing is not overridden"
-                )
-            bundle = load_hf_clip(
-                opts["model"],
-                str(resolve_device(opts["device"])),
-                pretrained=not opts["no_pretrained"] and opts["pretrained"] not in ("none", "false"),
-                seed=opts["seed"],
-            )
-            backbone = HfClipBackbone(bundle, patches=opts["patches"])
-        else:
-            from .openclip import OpenClipBackbone, load_openclip
-
-            if nac_layers:
-                raise OodbenchError("--nac applies to supervised timm models only")
-            if preprocessing_overrides(opts) or opts["image_size"] is not None or opts["convert"] != "auto":
-                raise OodbenchError(
-                    "--mean/--std/--interpolation/--crop-pct/--crop-mode/--image-size/--convert apply to timm models; "
-                    "open_clip models use the preprocessing their weights were trained with"
-                )
-            tag = None if opts["no_pretrained"] or opts["pretrained"] in ("none", "false") else opts["pretrained"]
-            if opts["checkpoint"] is not None:
-                tag = str(opts["checkpoint"])
-            if tag == "default":
-                raise OodbenchError("open_clip models need --pretrained TAG (e.g. openai) or --no-pretrained")
-            from .backbones.base import resolve_device
-
-            bundle = load_openclip(opts["model"], tag, device=str(resolve_device(opts["device"])), seed=opts["seed"])
-            backbone = OpenClipBackbone(bundle, patches=opts["patches"])
+        for name in names:
+            loaded.append(_load_backbone(opts, name, several=several))
     for warning in caught:
         console.print(f"[yellow]warning:[/yellow] {warning.message}")
     from .backbones.base import describe_preprocessing
 
-    overrides = getattr(backbone, "preprocessing_overrides", None)
-    console.print(f"preprocessing of {backbone.name}: {describe_preprocessing(backbone.preprocessing, overrides)}")
-    model_id = opts["model_id"] or backbone.default_model_id()
+    for backbone, _ in loaded:
+        overrides = getattr(backbone, "preprocessing_overrides", None)
+        console.print(f"preprocessing of {backbone.name}: {describe_preprocessing(backbone.preprocessing, overrides)}")
+    backbone, bundle = loaded[0]
+    model_id = model_ids[0] if model_ids else backbone.default_model_id()
     if bundle is not None and opts["text_labels"] is not None:
         from .openclip import cached_text_embeddings
 
@@ -364,7 +424,7 @@ def _run_extract(**opts: Any) -> None:
     # The checkpoint check runs on ID data only: labelled sets that are not registered as OOD (OOD sets are
     # extracted with --no-labels; noise or textures may rightly all get one class).
     registered_ood = opts["dataset"] is not None and get_registered(opts["dataset"]).role == "ood"
-    if opts["checkpoint"] is not None and kind == "timm" and images.labels is not None and not registered_ood:
+    if opts["checkpoint"] is not None and backbone.kind == "timm" and images.labels is not None and not registered_ood:
         from .checks import probe_predictions
 
         if opts["engine"] == "local":
@@ -375,24 +435,78 @@ def _run_extract(**opts: Any) -> None:
             console.print(f"probe: top-1 of the first {check.n} images: {check.shown()}{hits}", markup=False)
             for message in check.warnings:
                 console.print(f"[yellow]warning:[/yellow] {message}")
-    engine_options: dict[str, Any] = {}
-    if opts["engine"] == "ray":
-        engine_options = {"address": opts["ray_address"], "num_actors": opts["num_actors"]}
-    report = extract(
-        store,
-        backbone,
-        images,
-        dataset_id=dataset_id,
-        model_id=model_id,
-        engine=opts["engine"],
-        batch_size=opts["batch_size"],
-        shard_size=opts["shard_size"],
-        num_workers=opts["workers"],
-        device=opts["device"],
-        amp=opts["amp"],
-        progress=opts["progress"],
-        engine_options=engine_options,
-    )
+    from .backbones.base import resolve_device
+    from .decode import resolve_decode
+
+    decode = resolve_decode(opts["decode"], resolve_device(opts["device"]))
+    shared_pass = several or decode == "device" or opts["channels_last"] or opts["amp_dtype"] != "auto"
+    if shared_pass and opts["engine"] != "local":
+        raise OodbenchError("--decode device, --channels-last and --amp-dtype need --engine local")
+    if shared_pass:
+        members = [
+            GroupMember(b, model_ids[i] if model_ids else None, opts["batch_size"]) for i, (b, _) in enumerate(loaded)
+        ]
+        reports = []
+        for group in _passes(members, resolve_device(opts["device"])):
+            if len(group) < len(members):
+                console.print(f"pass of {len(group)} model(s): {', '.join(m.backbone.name for m in group)}")
+            reports += extract_group(
+                store,
+                group,
+                images,
+                dataset_id=dataset_id,
+                shard_size=opts["shard_size"],
+                num_workers=opts["workers"],
+                device=opts["device"],
+                amp=opts["amp"],
+                amp_dtype=opts["amp_dtype"],
+                decode=decode,
+                channels_last=opts["channels_last"],
+                progress=opts["progress"],
+            )
+    else:
+        engine_options: dict[str, Any] = {}
+        if opts["engine"] == "ray":
+            engine_options = {"address": opts["ray_address"], "num_actors": opts["num_actors"]}
+        reports = [
+            extract(
+                store,
+                backbone,
+                images,
+                dataset_id=dataset_id,
+                model_id=model_id,
+                engine=opts["engine"],
+                batch_size=opts["batch_size"],
+                shard_size=opts["shard_size"],
+                num_workers=opts["workers"],
+                device=opts["device"],
+                amp=opts["amp"],
+                progress=opts["progress"],
+                engine_options=engine_options,
+            )
+        ]
+    for report in reports:
+        _print_report(report)
+    decoded = reports[0].decode
+    if decoded and decoded.get("device"):
+        console.print(f"decoded on the device: {decoded['device']} images; by PIL (other files): {decoded['pil']}")
+
+
+def _passes(members: list[Any], device: Any) -> list[list[Any]]:
+    """On a GPU, the models packed into passes that fit its free memory (estimated); elsewhere all in one pass.
+
+    On CPU the models are already loaded in host memory, so packing by it would only count them twice.
+    """
+    if device.type != "cuda" or len(members) == 1:
+        return [members]
+    from .passes import BUDGET_FRACTION, device_memory, footprint_of, pack_passes
+
+    sizes = [footprint_of(m.backbone, m.batch_size).nbytes for m in members]
+    budget = int(device_memory(device) * BUDGET_FRACTION)
+    return [[members[i] for i in group] for group in pack_passes(sizes, budget)]
+
+
+def _print_report(report: Any) -> None:
     rate = f", {report.images_per_second:.1f} images/s" if report.processed else " (already complete)"
     console.print(
         f"[green]{report.model_id}/{report.dataset_id}[/green]: {report.num_rows} of {report.num_items} images "

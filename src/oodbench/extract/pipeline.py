@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from .backbones.base import Backbone
 from .datasets import ImageList
 from .engines.common import BatchResult, ItemLoader, plan_tasks
 
-__all__ = ["ExtractionReport", "extract", "check_model_id", "ENGINES", "INLINE_ITEMS"]
+__all__ = ["ExtractionReport", "GroupMember", "extract", "extract_group", "check_model_id", "ENGINES", "INLINE_ITEMS"]
 
 ENGINES = ("local", "ray")
 # Entries up to this many items also list their items inline in meta.json (items.txt is always written).
@@ -39,6 +39,7 @@ class ExtractionReport:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     head_written: bool = False
     path: Path | None = None
+    decode: dict[str, int] | None = None  # shared-decode passes: images decoded on the device / by PIL / unreadable
 
     @property
     def images_per_second(self) -> float:
@@ -185,19 +186,7 @@ def extract(
         raise ExtractError(f"dataset {dataset_id} has no items")
     model_id = model_id or backbone.default_model_id()
     provenance = backbone.provenance()
-    check_model_id(store, model_id, provenance)
-    writer = store.writer(
-        model_id,
-        dataset_id,
-        provenance=provenance,
-        num_items=len(dataset),
-        shard_size=shard_size,
-        item_hash=dataset.item_hash(),
-    )
-    entry = store.entry_path(model_id, dataset_id)
-    items_file = entry / "items.txt"
-    if not items_file.is_file():
-        atomic_write_text(items_file, "".join(f"{item}\n" for item in dataset.items))
+    writer, entry = _open_entry(store, model_id, dataset_id, provenance, dataset, shard_size)
     started = time.perf_counter()
     processed = 0
     assembler: _ShardAssembler | None = None
@@ -230,11 +219,51 @@ def extract(
                 if done_items + assembler.rows:  # rows count once their shard is written
                     note_work(topic, finished=f"{done_items + assembler.rows} of {len(dataset)} images of {dataset_id}")
         assembler.finish()
-        extra_meta: dict[str, Any] = {"dataset": dataset.describe(), "items_file": "items.txt"}
-        if len(dataset) <= INLINE_ITEMS:
-            extra_meta["items"] = list(dataset.items)
-        writer.finalize(extra_meta=extra_meta)
+        _finalize(writer, dataset)
     seconds = time.perf_counter() - started
+    return _report(store, backbone, model_id, dataset_id, provenance, dataset, processed, seconds, entry, amp=amp)
+
+
+def _open_entry(
+    store: Store, model_id: str, dataset_id: str, provenance: Mapping[str, Any], dataset: ImageList, shard_size: int
+) -> tuple[EntryWriter, Path]:
+    """Check the model id's provenance, open (or resume) the entry's writer and write its items file once."""
+    check_model_id(store, model_id, provenance)
+    writer = store.writer(
+        model_id,
+        dataset_id,
+        provenance=provenance,
+        num_items=len(dataset),
+        shard_size=shard_size,
+        item_hash=dataset.item_hash(),
+    )
+    entry = store.entry_path(model_id, dataset_id)
+    items_file = entry / "items.txt"
+    if not items_file.is_file():
+        atomic_write_text(items_file, "".join(f"{item}\n" for item in dataset.items))
+    return writer, entry
+
+
+def _finalize(writer: EntryWriter, dataset: ImageList) -> None:
+    extra_meta: dict[str, Any] = {"dataset": dataset.describe(), "items_file": "items.txt"}
+    if len(dataset) <= INLINE_ITEMS:
+        extra_meta["items"] = list(dataset.items)
+    writer.finalize(extra_meta=extra_meta)
+
+
+def _report(
+    store: Store,
+    backbone: Backbone,
+    model_id: str,
+    dataset_id: str,
+    provenance: Mapping[str, Any],
+    dataset: ImageList,
+    processed: int,
+    seconds: float,
+    entry: Path,
+    *,
+    amp: bool,
+) -> ExtractionReport:
     head_written = _store_head(store, backbone, model_id, dataset_id, provenance, loose=amp)
     meta = store.meta(model_id, dataset_id)
     return ExtractionReport(
@@ -272,3 +301,154 @@ def _store_head(
         return False
     store.write_head(model_id, head, provenance=provenance)
     return True
+
+
+@dataclass
+class GroupMember:
+    """One model of a shared-decode pass: its backbone, store model id (None: its default) and batch size."""
+
+    backbone: Backbone
+    model_id: str | None = None
+    batch_size: int = 64
+
+
+def runtime_provenance(
+    device: torch.device, *, amp: bool, amp_dtype: str = "auto", decode: str = "pil", channels_last: bool = False
+) -> dict[str, Any]:
+    """How the pixels were made and the network run, when that differs from PIL decoding and float32 on CPU.
+
+    Empty for the default CPU path, so entries made before these options existed keep their provenance.
+    """
+    from .backbones.base import autocast_dtype, resolved_amp_dtype
+
+    runtime: dict[str, Any] = {}
+    with autocast_dtype(amp_dtype):
+        dtype = resolved_amp_dtype(device, amp)
+    if dtype is not None:
+        runtime["autocast"] = dtype
+    if decode == "device":
+        runtime["decode"] = f"torchvision.io.decode_jpeg on {device.type} (PIL for other files), tensor preprocessing"
+    if channels_last:
+        runtime["channels_last"] = True
+    return runtime
+
+
+def extract_group(
+    store: Store,
+    members: Sequence[GroupMember],
+    dataset: ImageList,
+    *,
+    dataset_id: str,
+    shard_size: int = 4096,
+    num_workers: int = 4,
+    device: str = "auto",
+    amp: bool = True,
+    amp_dtype: str = "auto",
+    decode: str = "pil",
+    channels_last: bool = False,
+    progress: bool = True,
+) -> list[ExtractionReport]:
+    """Extract `dataset` with several backbones in one pass: each image is read and decoded once for all of them.
+
+    Every model gets its own store entry, resumed at its own missing shards, with the arrays it gets when extracted
+    alone (`extract`): the same batches (its own batch size, restarting at each shard) and, with ``decode="pil"``,
+    the same pixels (its own transform on the shared PIL image). ``decode="device"`` decodes JPEGs with
+    ``torchvision.io.decode_jpeg`` on the model device and preprocesses on tensors (recorded in provenance).
+    """
+    from .backbones.base import AMP_DTYPES, resolve_device
+    from .decode import GroupLoader, resolve_decode
+    from .engines.group import DecodeStats, iter_group_results
+
+    if not members:
+        raise ExtractError("no models to extract")
+    if shard_size <= 0 or any(m.batch_size <= 0 for m in members):
+        sizes = ", ".join(str(m.batch_size) for m in members)
+        raise ExtractError(f"batch sizes and shard size must be positive; got {sizes} and {shard_size}")
+    if amp_dtype not in AMP_DTYPES:
+        raise ExtractError(f"autocast dtype must be one of {', '.join(AMP_DTYPES)}; got {amp_dtype!r}")
+    if len(dataset) == 0:
+        raise ExtractError(f"dataset {dataset_id} has no items")
+    target = resolve_device(device)
+    mode = resolve_decode(decode, target)
+    ids = [m.model_id or m.backbone.default_model_id() for m in members]
+    if len(set(ids)) != len(ids):
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        raise ExtractError(f"model id {repeated[0]!r} appears twice in one group; give each model its own --model-id")
+    runtime = runtime_provenance(target, amp=amp, amp_dtype=amp_dtype, decode=mode, channels_last=channels_last)
+    provenances = []
+    for member in members:
+        provenance = member.backbone.provenance()
+        if runtime:
+            provenance["runtime"] = runtime
+        provenances.append(provenance)
+    for model_id, provenance in zip(ids, provenances, strict=True):  # validate every model before writing anything
+        check_model_id(store, model_id, provenance)
+    opened = [
+        _open_entry(store, model_id, dataset_id, provenance, dataset, shard_size)
+        for model_id, provenance in zip(ids, provenances, strict=True)
+    ]
+    started = time.perf_counter()
+    writers = [writer for writer, _ in opened]
+    member_tasks = [
+        plan_tasks(((k, w.shard_rows(k)) for k in w.pending_shards()), m.batch_size) if not w.complete else []
+        for w, m in zip(writers, members, strict=True)
+    ]
+    active = [i for i, tasks in enumerate(member_tasks) if tasks]
+    processed = [0] * len(members)
+    stats = DecodeStats()
+    if active:
+        for i in active:
+            members[i].backbone.to(target)
+            if channels_last:
+                members[i].backbone.model.to(memory_format=torch.channels_last)
+        shards = sorted({task.shard for i in active for task in member_tasks[i]})
+        reference = writers[active[0]]
+        decode_tasks = plan_tasks(((k, reference.shard_rows(k)) for k in shards), max(m.batch_size for m in members))
+        assemblers: dict[int, _ShardAssembler] = {}
+        for i in active:
+            expected: dict[int, int] = {}
+            for task in member_tasks[i]:
+                expected[task.shard] = expected.get(task.shard, 0) + 1
+            assemblers[i] = _ShardAssembler(
+                writers[i], expected, dataset.labels, _fallback_spec(members[i].backbone, amp)
+            )
+        loader = GroupLoader(dataset, [members[i].backbone.transform for i in active], mode)
+        done_items = len(dataset) - sum(len(t.positions) for t in decode_tasks)
+        names = ", ".join(ids[i] for i in active)
+        bar, bar_task = _progress(len(dataset), done_items, progress, f"{names}/{dataset_id}")
+        with bar:
+            for local, result, decoded in iter_group_results(
+                [members[i].backbone for i in active],
+                loader,
+                decode_tasks,
+                [member_tasks[i] for i in active],
+                num_workers=num_workers,
+                amp=amp,
+                amp_dtype=amp_dtype,
+                channels_last=channels_last,
+                stats=stats,
+            ):
+                if local >= 0:
+                    assemblers[active[local]].add(result)
+                    processed[active[local]] += len(result.task.positions)
+                if decoded:
+                    bar.update(bar_task, advance=decoded)
+        for i in active:
+            assemblers[i].finish()
+            _finalize(writers[i], dataset)
+    seconds = time.perf_counter() - started
+    reports = [
+        _report(store, m.backbone, model_id, dataset_id, provenance, dataset, processed[i], seconds, entry, amp=amp)
+        for i, (m, model_id, provenance, (_, entry)) in enumerate(zip(members, ids, provenances, opened, strict=True))
+    ]
+    for report in reports:
+        report.decode = stats.as_dict()
+    return reports
+
+
+def _fallback_spec(backbone: Backbone, amp: bool) -> Callable[[], dict[str, tuple[tuple[int, ...], np.dtype]]]:
+    def spec() -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        dummy = torch.zeros(1, *backbone.input_size())
+        return {name: (value.shape[1:], value.dtype) for name, value in backbone.infer(dummy, amp=amp).items()}
+
+    return spec

@@ -191,6 +191,8 @@ class _Engine(Table):
     ray_address: str | None = None
     gpus_per_extract: Annotated[float, Field(ge=0.0)] = 0.0
     cpus_per_score: Annotated[float, Field(ge=0.0)] = 1.0
+    # Memory the models of one shared-decode extraction pass may take (GiB); default: 80 % of the device's free memory.
+    pass_memory_gb: Annotated[float, Field(gt=0.0)] | None = None
 
 
 VOCAB_KINDS = ("wordnet", "siblings", "union", "oracle", "eoe", "custom")

@@ -3,8 +3,9 @@
 Before any work the run checks that every dataset root it will read exists, so a missing input fails at once with
 its key. Each stage is re-planned from disk
 when it starts (what the previous stage wrote is then cached), and its pending units run in dependency waves.
-On Ray, extraction runs one task per (model, dataset) — the digits demo, which fills its whole store in one
-go, is one task — and fitting/scoring one task per (model, detector); metrics, analyses and the report are
+Extraction runs in passes (`runner.passes`: the models of one dataset that fit on the device together read and
+decode every image once); on Ray, one task per pass — the digits demo, which fills its whole store in one go, is
+one task — and fitting/scoring one task per (model, detector); metrics, analyses and the report are
 cheap and run in the driver. Workers need the work directory and store on a shared filesystem.
 """
 
@@ -24,6 +25,7 @@ from .stages import (
     reset_changed_models,
     run_analysis_unit,
     run_combine_unit,
+    run_extract_pass,
     run_extract_unit,
     run_fit_score,
     run_metrics_unit,
@@ -108,14 +110,20 @@ def _waves(units: Sequence[Unit]) -> list[list[Unit]]:
     return waves
 
 
-def _extract_groups(config: ExperimentConfig, units: Sequence[Unit]) -> list[list[Unit]]:
-    """Units that must run in one task: those of a model that fills its store in one call (the demo), else one each."""
+def _extract_groups(config: ExperimentConfig, units: Sequence[Unit], device: str = "auto") -> list[list[Unit]]:
+    """Units that run in one task: a model that fills its store in one call (the demo) with all its units, the
+    models of one shared-decode pass over a dataset (`runner.passes`) together, any other unit alone."""
+    from .passes import extraction_passes
+
     groups: dict[str, list[Unit]] = {}
+    shareable: list[Unit] = []
     for unit in units:
         fills_store = config.models[unit.spec["model"]].kind_of.fills_store
-        key = f"model:{unit.model}" if fills_store and unit.spec["step"] == "extract" else unit.id
-        groups.setdefault(key, []).append(unit)
-    return list(groups.values())
+        if fills_store and unit.spec["step"] == "extract":
+            groups.setdefault(f"model:{unit.model}", []).append(unit)
+        else:
+            shareable.append(unit)
+    return list(groups.values()) + [p.units for p in extraction_passes(config, shareable, device)]
 
 
 def _fit_score_tasks(plan: Plan) -> list[tuple[Unit, list[Unit]]]:
@@ -144,11 +152,10 @@ class _Local:
 
     def extract(self, groups: Sequence[Sequence[Unit]]) -> Iterable[list[Unit]]:
         for group in groups:
-            for unit in group:
-                try:
-                    run_extract_unit(self.ctx, unit)
-                except OodbenchError as exc:
-                    raise _failed(unit.id, exc) from exc
+            try:
+                _run_group(self.ctx, group)
+            except _GroupFailed as failed:
+                raise _failed(failed.unit_id, failed.cause) from failed.cause
             yield list(group)
 
     def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
@@ -174,10 +181,39 @@ class _Local:
         pass
 
 
+class _GroupFailed(Exception):
+    def __init__(self, unit_id: str, cause: OodbenchError) -> None:
+        super().__init__(unit_id)
+        self.unit_id, self.cause = unit_id, cause
+
+
+def _is_pass(config: ExperimentConfig, group: Sequence[Unit]) -> bool:
+    """A shared-decode pass: several extraction units of one dataset (not one model filling its store)."""
+    return len(group) > 1 and not config.models[group[0].spec["model"]].kind_of.fills_store
+
+
+def _run_group(ctx: Context, group: Sequence[Unit]) -> None:
+    """Run one group of extraction units; a failure names its unit (the pass's models, for a shared pass)."""
+    if _is_pass(ctx.config, group):
+        try:
+            run_extract_pass(ctx, group)
+        except OodbenchError as exc:
+            raise _GroupFailed(" + ".join(u.id for u in group), exc) from exc
+        return
+    for unit in group:
+        try:
+            run_extract_unit(ctx, unit)
+        except OodbenchError as exc:
+            raise _GroupFailed(unit.id, exc) from exc
+
+
 def _ray_extract(config: ExperimentConfig, group: list[Unit], device: str) -> list[str]:
     ctx = Context(config, progress=False, device=device)
-    for unit in group:
-        run_extract_unit(ctx, unit)
+    if _is_pass(config, group):
+        run_extract_pass(ctx, group)
+    else:
+        for unit in group:
+            run_extract_unit(ctx, unit)
     return [u.id for u in group]
 
 
@@ -326,7 +362,7 @@ def _run_stage(
         if stage == "extract":
             reset_changed_models(ctx, pending)
             for wave in _waves(pending):
-                for group in executor.extract(_extract_groups(ctx.config, wave)):
+                for group in executor.extract(_extract_groups(ctx.config, wave, ctx.device)):
                     for unit in group:
                         finished(unit)
             ctx._backbone = None  # free the last model (GPU memory) before scoring

@@ -186,6 +186,17 @@ class ModelKind:
             progress=ctx.progress,
         )
 
+    def shares_decode(self, spec: ModelSpec) -> bool:
+        """Whether the model's extraction can join a shared-decode pass: it runs the default pipeline on a backbone."""
+        return not self.fills_store and type(self).extract is ModelKind.extract
+
+    def footprint(self, spec: ModelSpec) -> Any:
+        """Its `oodbench.extract.passes.Footprint` (parameters counted without weights), or None when unknown.
+
+        A model of unknown footprint runs alone in its extraction pass.
+        """
+        return None
+
     def patch_route(self, spec: ModelSpec) -> tuple[str | None, str]:
         """VLM kinds: (route, description) of the patch embeddings GL-MCM needs, or (None, why there are none)."""
         return None, f"model kind {spec.kind!r} has no patch embeddings"

@@ -153,6 +153,43 @@ def _load_timm(name: str, params: Mapping[str, Any]) -> Any:
     return load_timm(name, pretrained=not params.get("checkpoint"), **kwargs)
 
 
+@functools.lru_cache(maxsize=256)
+def _timm_shape(name: str, input_size: tuple[int, ...] | None) -> tuple[int, tuple[int, int, int]] | None:
+    """(parameters, input size) of a timm architecture, built on the meta device (no weights, no memory)."""
+    import timm
+    import torch
+
+    from ..extract.passes import count_parameters
+
+    kwargs: dict[str, Any] = {}
+    if input_size is not None and input_size[1] == input_size[2]:
+        kwargs["img_size"] = input_size[1]
+    try:
+        with torch.device("meta"):
+            try:
+                model = timm.create_model(name, pretrained=False, **kwargs)
+            except TypeError:
+                model = timm.create_model(name, pretrained=False)
+    except Exception:  # an architecture this timm cannot build: size unknown, the model runs alone
+        return None
+    size = input_size or tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+    return count_parameters(model), (int(size[0]), int(size[1]), int(size[2]))
+
+
+def _timm_footprint(name: str, params: Mapping[str, Any]) -> Any:
+    from ..extract.passes import Footprint
+
+    size = (params.get("preprocessing") or {}).get("input_size")
+    shape = _timm_shape(name, tuple(size) if size else None)
+    if shape is None:
+        return None
+    # NAC's layer gradients and ODIN's input gradient keep the activations for a backward pass.
+    gradients = bool(params.get("nac_layers")) or any(
+        spec.split(":")[0] == "odin" for spec in params.get("network", ())
+    )
+    return Footprint(shape[0], shape[1], int(params.get("batch_size", 64)), gradients=gradients)
+
+
 def _weights_options(table: Any, key: str) -> dict[str, Any]:
     """The `preprocessing` overrides and checkpoint `convert` of a timm-backed table, checked by the extractor."""
     from ..extract.backbones.base import check_preprocessing
@@ -214,6 +251,9 @@ class Timm(ModelKind):
 
     def backbone(self, spec: ModelSpec, device: str) -> Any:
         return _load_timm(spec.params["name"], spec.params)
+
+    def footprint(self, spec: ModelSpec) -> Any:
+        return _timm_footprint(spec.params["name"], spec.params)
 
 
 # ----------------------------------------------------------------------------------------------- probe
@@ -283,6 +323,9 @@ class Probe(ModelKind):
 
     def backbone(self, spec: ModelSpec, device: str) -> Any:
         return _load_timm(spec.params["backbone"], spec.params)
+
+    def footprint(self, spec: ModelSpec) -> Any:
+        return _timm_footprint(spec.params["backbone"], spec.params)
 
     def train_head(self, ctx: Context, spec: ModelSpec, stale: bool) -> dict[str, Any]:
         from ..extract.probe import ProbeConfig, run_probe
@@ -365,6 +408,31 @@ def _check_open_clip_resolution(name: str, resolution: int, key: str) -> None:
         raise ConfigError(f"{key}: {name} takes {size} px images, not {resolution}")
 
 
+@functools.lru_cache(maxsize=64)
+def _open_clip_shape(name: str) -> tuple[int, tuple[int, int, int]] | None:
+    """(parameters of the whole model, which extraction loads, input size) of an open_clip architecture, on meta."""
+    import logging
+
+    import open_clip
+    import torch
+
+    from ..extract.passes import count_parameters
+
+    size = (open_clip.get_model_config(name) or {}).get("vision_cfg", {}).get("image_size", 224)
+    h, w = (size, size) if isinstance(size, int) else size
+    root = logging.getLogger()
+    was = root.disabled
+    root.disabled = True  # open_clip logs "no pretrained weights loaded" on the root logger
+    try:
+        with torch.device("meta"):
+            model = open_clip.create_model(name, pretrained=None, device="meta")
+    except Exception:
+        return None
+    finally:
+        root.disabled = was
+    return count_parameters(model), (3, int(h), int(w))
+
+
 @register_model_kind
 class OpenClip(ModelKind):
     """An open_clip VLM, scored zero-shot (image embeddings, optionally patch embeddings)."""
@@ -425,6 +493,12 @@ class OpenClip(ModelKind):
         pretrained = spec.params.get("checkpoint") or spec.params.get("pretrained")
         device = str(resolve_device(ctx.device))
         return bundle_loader(ctx.store, spec.store_id, ctx.config.id_test, pretrained=pretrained, device=device)
+
+    def footprint(self, spec: ModelSpec) -> Any:
+        from ..extract.passes import Footprint
+
+        shape = _open_clip_shape(spec.params["name"])
+        return None if shape is None else Footprint(shape[0], shape[1], int(spec.params.get("batch_size", 64)))
 
     def backbone(self, spec: ModelSpec, device: str) -> Any:
         from ..extract.backbones.base import resolve_device

@@ -739,6 +739,7 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
         lines += ["", "input problems (extraction of these fails until they are fixed):"]
         lines += [f"  {key}: {problem}" for key, problem in plan.problems.items()]
     if units:
+        lines += _format_passes(plan)
         for stage in STAGES:
             stage_units = plan.stage(stage)
             if not stage_units:
@@ -766,6 +767,33 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
 def skip_line(model: ModelSpec, reason: str) -> str:
     """Why a declared model does not run and what makes it run, in one line."""
     return f"needs checkpoint = PATH ({model.key_path}.checkpoint): {reason}"
+
+
+def _format_passes(plan: Plan, device: str = "auto") -> list[str]:
+    """The pending extractions as passes: the models that share one decode of each image of a dataset."""
+    from .passes import extraction_passes, pass_budget
+
+    pending = [u for u in plan.stage("extract") if u.todo]
+    passes = [p for p in extraction_passes(plan.config, pending, device) if p.units[0].spec.get("step") == "extract"]
+    if not passes:
+        return []
+    budget = pass_budget(plan.config, device)
+    source = (
+        "engine.pass_memory_gb"
+        if plan.config.engine.get("pass_memory_gb")
+        else "80 % of this machine's free device memory"
+    )
+    shared = sum(p.shared for p in passes)
+    lines = [
+        "",
+        f"[extract passes] {len(passes)} passes over the images ({shared} shared by several models: each image is "
+        f"decoded once for them); memory per pass at most {_human_bytes(budget)} ({source})",
+    ]
+    for number, item in enumerate(passes, 1):
+        size = f"~{_human_bytes(item.nbytes)}" if item.nbytes is not None else "size unknown: runs alone"
+        names = ", ".join(plan.config.models[u.spec["model"]].display_name for u in item.units)
+        lines.append(f"  pass {number:<3} {item.units[0].dataset:<22} {len(item.units):>2} model(s), {size}: {names}")
+    return lines
 
 
 def plan_json(plan: Plan) -> str:

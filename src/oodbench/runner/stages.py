@@ -31,6 +31,7 @@ __all__ = [
     "Context",
     "reset_changed_models",
     "run_extract_unit",
+    "run_extract_pass",
     "run_fit_score",
     "run_zeroshot_unit",
     "run_metrics_unit",
@@ -169,6 +170,46 @@ def run_extract_unit(ctx: Context, unit: Unit) -> None:
         fingerprint=fingerprint(store.meta(sid, dataset_id)),
         model_key=unit.spec.get("model_key"),
     )
+
+
+def run_extract_pass(ctx: Context, units: Sequence[Unit]) -> None:
+    """Extract several models' entries of one dataset in one pass (each image decoded once); record each unit."""
+    from ..extract.pipeline import GroupMember, extract_group
+
+    if len(units) == 1:
+        run_extract_unit(ctx, units[0])
+        return
+    config, store = ctx.config, ctx.store
+    dataset = config.datasets[units[0].dataset or ""]
+    models = [config.models[unit.spec["model"]] for unit in units]
+    for unit, model in zip(units, models, strict=True):
+        if unit.status == "stale":
+            store.delete(model.store_id, dataset.id)  # made from other inputs: the store's writer would refuse them
+    ctx._backbone = None  # free a single model kept from earlier units before loading the pass's models
+    members = [
+        GroupMember(model.kind_of.backbone(model, ctx.device), model.store_id, model.params.get("batch_size", 64))
+        for model in models
+    ]
+    extract_group(
+        store,
+        members,
+        dataset.kind_of.open(dataset),
+        dataset_id=dataset.id,
+        num_workers=config.engine["workers"],
+        device=ctx.device,
+        progress=ctx.progress,
+    )
+    del members
+    for unit, model in zip(units, models, strict=True):
+        if not store.exists(model.store_id, dataset.id):
+            raise StoreError(f"extraction of {model.store_id}/{dataset.id} finished without a complete store entry")
+        ctx.ledger.write(
+            "extract",
+            unit.label,
+            unit.key,
+            fingerprint=fingerprint(store.meta(model.store_id, dataset.id)),
+            model_key=unit.spec.get("model_key"),
+        )
 
 
 # ----------------------------------------------------------------------------------------------- subsets

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import contextvars
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
@@ -18,6 +19,8 @@ __all__ = [
     "Backbone",
     "safe_id",
     "autocast",
+    "autocast_dtype",
+    "AMP_DTYPES",
     "resolve_device",
     "PREPROCESSING_KEYS",
     "INTERPOLATIONS",
@@ -117,12 +120,40 @@ def describe_preprocessing(preprocessing: Mapping[str, Any], overrides: Mapping[
     return ", ".join(parts) + (" (* = overridden)" if overrides else "")
 
 
+AMP_DTYPES = ("auto", "bfloat16", "float16")
+# The half-precision type of GPU autocast, set by the extraction engines around a batch (`autocast_dtype`), so every
+# backbone's `infer` honours it without a parameter of its own.
+_AMP_DTYPE: contextvars.ContextVar[str] = contextvars.ContextVar("oodbench_amp_dtype", default="auto")
+
+
+@contextlib.contextmanager
+def autocast_dtype(dtype: str) -> Iterator[None]:
+    """Within this block, GPU autocast uses `dtype` (auto = bfloat16 where supported, else float16)."""
+    if dtype not in AMP_DTYPES:
+        raise ExtractError(f"autocast dtype must be one of {', '.join(AMP_DTYPES)}; got {dtype!r}")
+    token = _AMP_DTYPE.set(dtype)
+    try:
+        yield
+    finally:
+        _AMP_DTYPE.reset(token)
+
+
+def resolved_amp_dtype(device: torch.device, enabled: bool) -> str | None:
+    """The dtype autocast runs in on `device` (None: no autocast, i.e. float32 or a CPU device)."""
+    if not enabled or device.type != "cuda":
+        return None
+    chosen = _AMP_DTYPE.get()
+    if chosen == "auto":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return chosen
+
+
 @contextlib.contextmanager
 def autocast(device: torch.device, enabled: bool) -> Iterator[None]:
-    """Mixed precision on GPU (bfloat16 where supported, else float16); a no-op on CPU or when disabled."""
-    if enabled and device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        with torch.autocast("cuda", dtype=dtype):
+    """Mixed precision on GPU (bfloat16 where supported, else float16, or `autocast_dtype`); a no-op on CPU."""
+    dtype = resolved_amp_dtype(device, enabled)
+    if dtype is not None:
+        with torch.autocast("cuda", dtype=getattr(torch, dtype)):
             yield
     else:
         yield
