@@ -19,6 +19,7 @@ from ..outputs import Head, Outputs
 from ._gaussian import ClassGaussians, ScatterAccumulator, class_gaussians_state, pinv_sqrt, triangular_whitener
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo
+from .logit import max_softmax
 from .registry import register
 from .state import Array, Keyed, Spec
 
@@ -65,12 +66,10 @@ class ODIN(Detector):
     )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        tempered = np.array(chunk.extras["odin"], dtype=np.float64)
+        tempered = chunk.extras["odin"]
         if tempered.ndim != 2:
             raise DetectorError(f"odin: extra.odin must be (N, classes) tempered logits; got shape {tempered.shape}")
-        peak = tempered.max(axis=1)
-        # max softmax = exp(max − logsumexp), in float64.
-        return np.exp(peak - logsumexp_in_place(tempered))
+        return max_softmax(tempered, 1.0)  # the stored logits are already divided by T
 
 
 @register("rankfeat")

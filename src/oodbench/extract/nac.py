@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,28 +65,33 @@ class NacLayer:
 
 
 @contextlib.contextmanager
-def capture_outputs(model: torch.nn.Module, names: list[str]) -> Iterator[dict[str, torch.Tensor]]:
-    """Forward hooks recording the outputs of the named sub-modules during one forward pass."""
+def layer_hooks(
+    model: torch.nn.Module, hooks: Mapping[str, Callable[[torch.Tensor], object]]
+) -> Iterator[dict[str, int]]:
+    """Forward hooks on named sub-modules for one forward pass, counting their calls.
+
+    Each hook gets the module's output tensor; what it returns, unless None, replaces that output. Every layer must
+    run exactly once per pass (a module called twice, e.g. a shared activation, is refused after the pass).
+    """
     modules = dict(model.named_modules())
-    missing = [name for name in names if name not in modules]
+    missing = [name for name in hooks if name not in modules]
     if missing:
         candidates = [n for n in modules if n and n.count(".") <= 1][:40]
         raise ExtractError(f"model has no module {missing[0]!r}; top-level modules include: {', '.join(candidates)}")
-    captured: dict[str, torch.Tensor] = {}
-    calls: dict[str, int] = {name: 0 for name in names}
+    calls = {name: 0 for name in hooks}
 
-    def make_hook(name: str):
-        def hook(_module: torch.nn.Module, _inputs: object, output: object) -> None:
+    def counted(name: str, function: Callable[[torch.Tensor], object]) -> Callable[..., object]:
+        def hook(_module: torch.nn.Module, _inputs: object, output: object) -> object:
             if not isinstance(output, torch.Tensor):
                 raise ExtractError(f"module {name!r} returns {type(output).__name__}, not a tensor; pick another layer")
             calls[name] += 1
-            captured[name] = output
+            return function(output)
 
         return hook
 
-    handles = [modules[name].register_forward_hook(make_hook(name)) for name in names]
+    handles = [modules[name].register_forward_hook(counted(name, fn)) for name, fn in hooks.items()]
     try:
-        yield captured
+        yield calls
     finally:
         for handle in handles:
             handle.remove()
@@ -95,6 +100,21 @@ def capture_outputs(model: torch.nn.Module, names: list[str]) -> Iterator[dict[s
         raise ExtractError(
             f"module {repeated[0]!r} runs {calls[repeated[0]]} times per forward pass; pick a layer that runs once"
         )
+
+
+@contextlib.contextmanager
+def capture_outputs(model: torch.nn.Module, names: list[str]) -> Iterator[dict[str, torch.Tensor]]:
+    """Forward hooks recording the outputs of the named sub-modules during one forward pass."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable[[torch.Tensor], None]:
+        def store(output: torch.Tensor) -> None:
+            captured[name] = output
+
+        return store
+
+    with layer_hooks(model, {name: keep(name) for name in names}):
+        yield captured
 
 
 def kl_to_uniform(logits: torch.Tensor) -> torch.Tensor:

@@ -23,15 +23,15 @@ of normalised pixels (about 0.016 at 2), and the SVD and the Gram powers need fl
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..errors import ExtractError
+from .nac import layer_hooks
 
 __all__ = [
     "NetSpec",
@@ -184,38 +184,6 @@ def remove_rank1(output: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- passes
-@contextlib.contextmanager
-def _hooks(model: torch.nn.Module, hooks: dict[str, object]) -> Iterator[dict[str, int]]:
-    """Forward hooks on named modules for one pass; counts their calls (a layer must run once per pass)."""
-    modules = dict(model.named_modules())
-    missing = [name for name in hooks if name not in modules]
-    if missing:
-        candidates = [n for n in modules if n and n.count(".") <= 1][:40]
-        raise ExtractError(f"model has no module {missing[0]!r}; top-level modules include: {', '.join(candidates)}")
-    calls = {name: 0 for name in hooks}
-
-    def counted(name: str, function):  # noqa: ANN001, ANN202
-        def hook(_module: torch.nn.Module, _inputs: object, output: object) -> object:
-            if not isinstance(output, torch.Tensor):
-                raise ExtractError(f"module {name!r} returns {type(output).__name__}, not a tensor; pick another layer")
-            calls[name] += 1
-            return function(output)
-
-        return hook
-
-    handles = [modules[name].register_forward_hook(counted(name, fn)) for name, fn in hooks.items()]
-    try:
-        yield calls
-    finally:
-        for handle in handles:
-            handle.remove()
-    repeated = [name for name, count in calls.items() if count > 1]
-    if repeated:
-        raise ExtractError(
-            f"module {repeated[0]!r} runs {calls[repeated[0]]} times per forward pass; pick a layer that runs once"
-        )
-
-
 def _logits(model: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
     logits = model(pixels)
     if not isinstance(logits, torch.Tensor) or logits.ndim != 2:
@@ -242,7 +210,7 @@ def odin_logits(
 
 def rankfeat_logits(model: torch.nn.Module, pixels: torch.Tensor, layer: str) -> torch.Tensor:
     """The logits of a forward pass in which `layer`'s output loses its rank-1 component."""
-    with torch.no_grad(), _hooks(model, {layer: remove_rank1}) as calls:
+    with torch.no_grad(), layer_hooks(model, {layer: remove_rank1}) as calls:
         logits = _logits(model, pixels)
     if calls[layer] == 0:
         raise ExtractError(f"module {layer!r} is not called in the forward pass; pick another layer")
@@ -274,7 +242,7 @@ def network_arrays(
 
             return reduce_all
 
-        with torch.no_grad(), _hooks(model, {layer: collect(layer) for layer in reducers}) as calls:
+        with torch.no_grad(), layer_hooks(model, {layer: collect(layer) for layer in reducers}) as calls:
             _logits(model, pixels)
         silent = [layer for layer, count in calls.items() if count == 0]
         if silent:
