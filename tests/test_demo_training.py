@@ -35,14 +35,8 @@ def test_prepare_shows_epochs_pins_threads_and_restores_them(tmp_path, monkeypat
 
     monkeypatch.setattr(demo_model, "train_cnn", recording_train)
     screen = io.StringIO()
-    real_make_progress = progress_module.make_progress
-
-    def visible_progress(enabled=True, **kwargs):
-        bar = real_make_progress(enabled, **kwargs)
-        bar.live.console = Console(file=screen, force_terminal=True, width=120)
-        return bar
-
-    monkeypatch.setattr(progress_module, "make_progress", visible_progress)
+    # A terminal, so the progress is a live bar (a log file would get plain lines).
+    monkeypatch.setattr(progress_module, "console", Console(file=screen, force_terminal=True, width=120))
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -129,7 +129,7 @@ def test_an_entry_of_no_rows_is_listed_as_such_and_not_evaluated(tmp_path, capsy
     assert code == 0 and f"  {dataset}: complete, but holds no rows\n" in out
     argv = [*EVALUATE[:-1], "knn", "-p", "knn.k=2", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "run")]
     code, _, err = _run(argv, capsys)
-    expected = "knn: the fit set is empty" if dataset == "fit" else "ID test dataset 'id' is empty"
+    expected = "fit dataset 'fit' is empty" if dataset == "fit" else "ID test dataset 'id' is empty"
     assert code == 2 and _error_line(err) == f"error: {expected}"
     assert not (tmp_path / "run").exists()  # verified, then refused: nothing written, not even verified.json
 

@@ -328,6 +328,8 @@ def evaluate_store(
                 head.check_outputs(outputs)
             except ValueError as exc:
                 raise StoreError(f"{model_id}/{name}: {exc}") from exc
+    if len(fit_set) == 0:  # before the parameters are checked against its size
+        raise OodbenchError(f"fit dataset {fit_dataset!r} is empty")
     plan = normalize_detectors(detectors)
     tests = {id_dataset: id_test, **oods}
     will_skip = {

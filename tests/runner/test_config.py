@@ -239,6 +239,6 @@ def test_a_float32_gram_changes_the_fit_keys_of_the_gram_detectors_only(tmp_path
         assert config.gram_dtype == gram_dtype
         plans[gram_dtype] = {u.label: u.key for u in build_plan(config).units if u.stage == "fit"}
     changed = {label.split("/")[1] for label in plans["float64"] if plans["float64"][label] != plans["float32"][label]}
-    assert changed == {"maha", "rmaha", "maha++", "rmaha++", "neco", "vim"}
+    assert changed == {"maha", "rmaha", "maha++", "rmaha++", "neco", "vim", "residual"}
     with pytest.raises(ConfigError, match="detectors.gram_dtype"):
         parse_config(mutate(DEMO, _set("detectors.gram_dtype", "half")))

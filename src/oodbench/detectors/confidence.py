@@ -31,11 +31,8 @@ def _shifted(logits: np.ndarray, beta: float = 1.0) -> tuple[np.ndarray, np.ndar
     return shifted, probs, np.log1p(others)
 
 
-def _label_logits(logits: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    labels = np.asarray(labels)
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        bad = int(labels.min()) if labels.min() < 0 else int(labels.max())
-        raise DetectorError(f"tempscale: fit label {bad} is not a class index in [0, {num_classes})")
+def _label_logits(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    labels = np.asarray(labels)  # in [0, C): Detector.fit checks the labels of a supervised fit first
     return np.asarray(logits, dtype=np.float64)[np.arange(labels.shape[0]), labels]
 
 
@@ -66,7 +63,7 @@ class TemperatureScaling(Detector):
         num_classes = int(fit_set.num_classes)
         for rows in fit_chunks(len(fit_set), 3 * num_classes, "tempscale: NLL"):
             logits = np.asarray(fit_set.logits[rows], dtype=np.float64)
-            target = _label_logits(logits, fit_set.labels[rows], num_classes)
+            target = _label_logits(logits, fit_set.labels[rows])
             _, probs, _ = _shifted(logits, beta)
             mean = np.einsum("nc,nc->n", probs, logits)
             logits -= mean[:, None]
@@ -79,7 +76,7 @@ class TemperatureScaling(Detector):
         slope_at_zero, misclassified = 0.0, False
         for rows in fit_chunks(len(fit_set), 2 * num_classes, "tempscale: checks"):
             logits = np.asarray(fit_set.logits[rows], dtype=np.float64)
-            target = _label_logits(logits, fit_set.labels[rows], num_classes)
+            target = _label_logits(logits, fit_set.labels[rows])
             slope_at_zero += float((logits.mean(axis=1) - target).sum())
             misclassified = misclassified or bool((logits.max(axis=1) > target).any())
         if slope_at_zero >= 0.0:
