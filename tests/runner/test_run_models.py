@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from oodbench.results import read_rows
 from oodbench.runner.config import load_config
@@ -286,8 +287,17 @@ def test_extraction_passes_share_the_decode_and_match_one_model_at_a_time(
     alone_config = load_config(experiment, workdir=tmp_path / "alone", overrides=("engine.pass_memory_gb=1e-9",))
     assert not any(p.shared for p in extraction_passes(alone_config, build_plan(alone_config).pending("extract")))
     assert "size unknown" not in format_plan(build_plan(alone_config))
-    run_experiment(alone_config, only="extract", progress=False, device="cpu")
-    grouped, alone = Store(workdir / "store"), Store(tmp_path / "alone" / "store")
+    # One intra-op thread for both runs: with several, CPU GEMM kernels may split and round a batch differently
+    # from one run to the next (last-bit differences), which would hide what is compared here, the pixels.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        grouped_config = load_config(experiment, workdir=tmp_path / "grouped")
+        run_experiment(grouped_config, only="extract", progress=False, device="cpu")
+        run_experiment(alone_config, only="extract", progress=False, device="cpu")
+    finally:
+        torch.set_num_threads(threads)
+    grouped, alone = Store(tmp_path / "grouped" / "store"), Store(tmp_path / "alone" / "store")
     for model in ("resnet", "vit", "clip"):
         for dataset in [d for d in ("fit", "val", "val-clean", "far") if grouped.exists(model, d)]:
             a, b = grouped.entry_path(model, dataset), alone.entry_path(model, dataset)
