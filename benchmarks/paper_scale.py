@@ -489,9 +489,7 @@ def default_params(name: str) -> dict[str, Any]:
     from oodbench.detectors import get_class
 
     signature = inspect.signature(get_class(name).__init__)
-    return {
-        key: p.default for key, p in signature.parameters.items() if key != "self" and p.default is not p.empty
-    }
+    return {key: p.default for key, p in signature.parameters.items() if key != "self" and p.default is not p.empty}
 
 
 def markdown(report: Mapping[str, Any]) -> str:

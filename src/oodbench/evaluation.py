@@ -102,7 +102,9 @@ def evaluate_outputs(
         task = bar.add_task("detectors", total=len(plan))
         for name in plan:
             bar.update(task, description=f"{name}")
-            reason = "; ".join(instances[name].unmet(fit_set, datasets, has_head=head is not None)) or None
+            # Taken out of the dict: a fitted detector is freed once it has scored (knn's index is the fit set).
+            instance = instances.pop(name)
+            reason = "; ".join(instance.unmet(fit_set, datasets, has_head=head is not None)) or None
             if reason is not None:
                 if strict:
                     raise DetectorError(f"{name} cannot run: {reason}")
@@ -113,13 +115,14 @@ def evaluate_outputs(
                 for ds in datasets:
                     scores[ds][name] = np.asarray(cached[ds][name])
             else:
-                detector = instances[name].fit(fit_set, head, stats=shared)
+                detector = instance.fit(fit_set, head, stats=shared)
                 if on_detector_fitted is not None:
                     on_detector_fitted(name, detector)
                 for ds, outputs in datasets.items():
                     scores[ds][name] = detector.score(outputs)
                 if on_detector_done is not None:
                     on_detector_done(name, {ds: scores[ds][name] for ds in datasets})
+                del detector, instance  # before the next fit, not after it
             bar.advance(task)
     ran = [name for name in plan if name not in skipped]
     rows = metric_rows(model, id_dataset, list(ood_sets), ran, scores, tpr)
