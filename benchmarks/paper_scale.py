@@ -98,7 +98,7 @@ def plan_sizes(scale: float) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------------------------- the store
 class Synthetic:
-    """ImageNet-shaped post-ReLU features around C class centres, a linear head, and 'between-class' OOD rows."""
+    """ImageNet-shaped post-ReLU features around C class centres, a linear head, and OOD rows between two classes."""
 
     def __init__(self, dim: int, classes: int, seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -112,10 +112,12 @@ class Synthetic:
         """Features, logits = head(features) (float32) and labels of `rows` rows."""
         labels = rng.integers(0, self.classes, rows)
         features = rng.standard_normal((rows, self.dim), dtype=np.float32)
-        features += self.centres[labels]
-        if ood:  # halfway between two classes: uncertain and off the class manifolds
-            features += self.centres[rng.integers(0, self.classes, rows)]
-            features *= np.float32(0.5)
+        if ood:  # between two classes, from near one class (w = 1) to halfway (w = 0.5): from near- to far-OOD
+            weight = rng.uniform(0.5, 1.0, (rows, 1)).astype(np.float32)
+            features += weight * self.centres[labels]
+            features += (1 - weight) * self.centres[rng.integers(0, self.classes, rows)]
+        else:
+            features += self.centres[labels]
         np.maximum(features, 0.0, out=features)
         logits = features @ self.weight_t
         logits += self.head.bias
