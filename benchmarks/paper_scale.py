@@ -401,6 +401,12 @@ def run_evaluate(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; returns (and optionally writes) the report."""
     args = parse_args(argv)
+    if args.extrapolate:
+        estimate = extrapolate([json.loads(Path(p).read_text()) for p in args.extrapolate], args.scale)
+        if args.json:
+            atomic_write_text(Path(args.json), json.dumps(estimate, indent=2))
+        print(extrapolation_markdown(estimate))
+        return estimate
     log = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
     names = available() if args.detectors == "all" else [n.strip() for n in args.detectors.split(",") if n.strip()]
     unknown = [n for n in names if n not in available()]
@@ -530,6 +536,77 @@ def markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def extrapolate(reports: list[Mapping[str, Any]], scale: float = 1.0) -> dict[str, Any]:
+    """Each detector's fit and score time at `scale`, from runs at two smaller scales (same D, same machine).
+
+    Per phase, time = fixed + rate x work, with work the phase's floor (FLOPs or bytes, whichever binds) at each
+    run's sizes: the fixed part is what does not grow with the rows (the D³ decompositions, imports, per-call
+    overheads). Two runs give both parts; where noise makes the rate negative, the time is scaled by the work alone.
+    The result is an estimate, not a measurement.
+    """
+    if len(reports) != 2 or reports[0]["d"] != reports[1]["d"]:
+        raise SystemExit("paper_scale: --extrapolate takes two reports of the same D")
+    small, large = sorted(reports, key=lambda r: r["scale"])
+    if small["fit_rows"] == large["fit_rows"]:
+        raise SystemExit("paper_scale: --extrapolate needs two runs at different scales")
+    d = small["d"]
+    full = plan_sizes(scale)
+    n, q = full[FIT], sum(v for k, v in full.items() if k != FIT)
+
+    def floor_of(report: Mapping[str, Any], name: str, phase: str, n_: int, q_: int) -> float:
+        params = {**default_params(name), **report["params"].get(name, {})}
+        work = work_model(name, params, n_, q_, d, CLASSES)
+        flops = work[f"{phase}_flops"] / (report["gemm_gflops"] * 1e9)
+        return max(flops, work[f"{phase}_bytes"] / report["read_bytes_per_s"])
+
+    rows: dict[str, dict[str, float]] = {}
+    for name in small["detectors"]:
+        row: dict[str, float] = {}
+        for phase in ("fit", "score"):
+            times = [r["detectors"][name][f"{phase}_s"] for r in (small, large)]
+            works = [floor_of(r, name, phase, r["fit_rows"], r["test_rows"]) for r in (small, large)]
+            target = floor_of(large, name, phase, n, q)
+            same = small["params"].get(name) == large["params"].get(name)  # else only the larger run applies
+            rate = (times[1] - times[0]) / (works[1] - works[0]) if same and works[1] > works[0] else -1.0
+            if rate < 0 or times[1] - rate * works[1] < 0:
+                estimate = times[1] * (target / works[1]) if works[1] > 0 else times[1]
+            else:
+                estimate = times[1] + rate * (target - works[1])
+            row[f"{phase}_s"] = estimate
+            row[f"{phase}_floor_s"] = target
+        floor = row["fit_floor_s"] + row["score_floor_s"]
+        row["ratio"] = (row["fit_s"] + row["score_s"]) / floor if floor > 0 else float("nan")
+        rows[name] = row
+    shared = [r["shared_statistics"]["seconds"] for r in (small, large)]
+    shared_rate = (shared[1] - shared[0]) / (large["fit_rows"] - small["fit_rows"])
+    return {
+        "d": d,
+        "from_scales": [small["scale"], large["scale"]],
+        "fit_rows": n,
+        "test_rows": q,
+        "shared_statistics_s": max(shared[1], shared[1] + shared_rate * (n - large["fit_rows"])),
+        "detectors": rows,
+    }
+
+
+def extrapolation_markdown(estimate: Mapping[str, Any]) -> str:
+    """The extrapolated table."""
+    lines = [
+        f"Extrapolated from scales {estimate['from_scales'][0]} and {estimate['from_scales'][1]} to fit "
+        f"{estimate['fit_rows']:,} rows, test {estimate['test_rows']:,} rows, D = {estimate['d']} (an estimate):",
+        "",
+        "| detector | fit (s) | score (s) | floor (s) | × floor |",
+        "|---|---:|---:|---:|---:|",
+        f"| shared fit statistics | {estimate['shared_statistics_s']:.0f} | – | – | – |",
+    ]
+    for name, row in estimate["detectors"].items():
+        floor = row["fit_floor_s"] + row["score_floor_s"]
+        lines.append(f"| {name} | {row['fit_s']:.0f} | {row['score_s']:.0f} | {floor:.0f} | {row['ratio']:.1f} |")
+    total = estimate["shared_statistics_s"] + sum(r["fit_s"] + r["score_s"] for r in estimate["detectors"].values())
+    lines += ["", f"Total: {total:.0f} s ({total / 3600:.1f} h)."]
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--d", type=int, default=2048, help="feature dimension D (the issue's 768, 2048 or 4096)")
@@ -545,6 +622,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", help="write the report as JSON here")
     parser.add_argument("--markdown", help="write the tables as Markdown here")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--extrapolate", nargs=2, metavar="JSON", help="estimate the full-size times from two --json reports"
+    )
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--extrapolate" in argv:  # no run: --workdir is not needed
+        argv = [*argv, "--workdir", "-"]
     args = parser.parse_args(argv)
     if not 0 < args.scale <= 1:
         parser.error(f"--scale must lie in (0, 1]; got {args.scale}")
