@@ -584,7 +584,11 @@ def extrapolate(reports: list[Mapping[str, Any]], scale: float = 1.0) -> dict[st
         "from_scales": [small["scale"], large["scale"]],
         "fit_rows": n,
         "test_rows": q,
-        "shared_statistics_s": max(shared[1], shared[1] + shared_rate * (n - large["fit_rows"])),
+        "shared_statistics_s": (
+            shared[1] + shared_rate * (n - large["fit_rows"])
+            if shared_rate > 0 and shared[1] - shared_rate * large["fit_rows"] >= 0
+            else shared[1] * n / large["fit_rows"]
+        ),
         "detectors": rows,
     }
 
