@@ -84,3 +84,38 @@ def test_the_ivf_index_is_recorded_in_the_run(paper_scale, tmp_path):
     )
     run = json.loads((tmp_path / "run-knn-ivf" / "run.json").read_text())
     assert run["detectors"]["knn"] == report["knn_index"] == {"index": "ivf", "nprobe": 40}
+
+
+def test_extrapolation_recovers_a_fixed_cost_plus_a_rate_per_unit_of_work(paper_scale):
+    """Times that are exactly fixed + rate x floor-work at two scales extrapolate to fixed + rate x work at full size."""
+    d, gflops, read = 64, 10.0, 1e9
+    names = ["msp", "maha", "knn"]
+    fixed = {"fit": 0.5, "score": 0.25}
+    rate = {"fit": 3.0, "score": 2.0}
+
+    def phase_floor(name, phase, n, q):
+        work = paper_scale.work_model(name, paper_scale.default_params(name), n, q, d, paper_scale.CLASSES)
+        return max(work[f"{phase}_flops"] / (gflops * 1e9), work[f"{phase}_bytes"] / read)
+
+    def report(scale):
+        sizes = paper_scale.plan_sizes(scale)
+        n = sizes[paper_scale.FIT]
+        q = sum(sizes.values()) - n
+        rows = {
+            name: {f"{p}_s": fixed[p] + rate[p] * phase_floor(name, p, n, q) for p in ("fit", "score")}
+            for name in names
+        }
+        return {
+            "d": d, "scale": scale, "fit_rows": n, "test_rows": q, "gemm_gflops": gflops, "read_bytes_per_s": read,
+            "params": {}, "detectors": rows, "shared_statistics": {"seconds": 1.0 + 1e-4 * n},
+        }  # fmt: skip
+
+    estimate = paper_scale.extrapolate([report(0.1), report(0.05)])
+    full = paper_scale.plan_sizes(1.0)
+    n = full[paper_scale.FIT]
+    q = sum(full.values()) - n
+    for name in names:
+        for phase in ("fit", "score"):
+            expected = fixed[phase] + rate[phase] * phase_floor(name, phase, n, q)
+            assert estimate["detectors"][name][f"{phase}_s"] == pytest.approx(expected, rel=1e-9), (name, phase)
+    assert estimate["shared_statistics_s"] == pytest.approx(1.0 + 1e-4 * n, rel=1e-9)
