@@ -151,6 +151,8 @@ def evaluate_outputs(
         task = bar.add_task("detectors", total=len(plan))
         for name in plan:
             bar.update(task, description=f"{name}")
+            # Taken out of the dict: a fitted detector is freed once it has scored (knn's index is the fit set).
+            instance = instances.pop(name)
             if unmet[name]:
                 skipped[name] = unmet[name]
                 bar.advance(task)
@@ -160,7 +162,7 @@ def evaluate_outputs(
                     scores[ds][name] = np.asarray(cached[ds][name])
             else:
                 try:
-                    detector = instances[name].fit(fit_set, head, stats=shared)
+                    detector = instance.fit(fit_set, head, stats=shared)
                     if on_detector_fitted is not None:
                         on_detector_fitted(name, detector)
                     per_dataset = {ds: detector.score(outputs) for ds, outputs in datasets.items()}
@@ -176,6 +178,7 @@ def evaluate_outputs(
                     scores[ds][name] = values
                 if on_detector_done is not None:
                     on_detector_done(name, per_dataset)
+                del detector, instance  # before the next fit, not after it
             bar.advance(task)
     ran = [name for name in plan if name not in skipped and name not in failed]
     if not ran:

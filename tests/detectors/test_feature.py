@@ -13,6 +13,7 @@ from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
 
 from oodbench.detectors import create
+from oodbench.detectors.feature import _ivf_lists, ivf_kth_similarity
 from oodbench.errors import DetectorError
 from oodbench.outputs import Head, Outputs
 
@@ -316,3 +317,65 @@ def test_fdbd_rejects_identical_head_rows():
 def test_mcm_temperature_must_be_positive():
     with pytest.raises(DetectorError, match="temperature"):
         create("mcm", temperature=0.0)
+
+
+def _ivf_fitted(problem, nlist, nprobe, k):
+    detector = create("knn", k=k, index="ivf", nlist=nlist, nprobe=nprobe).fit(problem.fit)
+    return detector, _unit(_rows(problem.test)).astype(np.float32)
+
+
+def slow_ivf_kth(index, queries, k):
+    """Per query, in float64: the vectors of the nprobe lists whose centroids have the largest inner products."""
+    centroids, lists = _ivf_lists(index)
+    out = []
+    for z in queries.astype(np.float64):
+        coarse = [float(z @ c) for c in centroids.astype(np.float64)]
+        chosen = sorted(range(len(coarse)), key=lambda i: -coarse[i])[: index.nprobe]
+        similarities = sorted((float(z @ v) for i in chosen for v in lists[i].astype(np.float64)), reverse=True)
+        out.append(similarities[k - 1])
+    return np.array(out)
+
+
+@pytest.mark.parametrize(("nlist", "nprobe", "k"), [(8, 3, 5), (8, 1, 1), (5, 5, 40), (12, 4, 17)])
+def test_ivf_search_by_lists_agrees_with_a_slow_reference_and_with_faiss(problem, nlist, nprobe, k):
+    """The list-by-list BLAS search returns faiss's k-th similarity: same probed lists, same candidates.
+
+    Unit vectors in float32: an inner product of D terms is off by at most gamma_D = D u / (1 - D u), u = 2^-24,
+    from the exact one, and the k-th largest of perturbed values moves by at most the largest perturbation; the
+    float64 reference adds its own (far smaller) error, so 2 gamma_D bounds both comparisons.
+    """
+    detector, queries = _ivf_fitted(problem, nlist, nprobe, k)
+    centroids, lists = _ivf_lists(detector.index_)
+    kth, probed = ivf_kth_similarity(queries, centroids, lists, nprobe, k)
+    unit = 2.0**-24
+    dim = queries.shape[1]
+    bound = 2 * dim * unit / (1 - dim * unit)
+    assert (probed >= k).all()
+    np.testing.assert_allclose(kth, slow_ivf_kth(detector.index_, queries, k), rtol=0, atol=bound)
+    faiss_kth = detector.index_.search(queries, k)[0][:, -1]
+    np.testing.assert_allclose(kth, faiss_kth, rtol=0, atol=bound)
+
+
+def test_ivf_search_counts_the_vectors_each_query_probed(problem):
+    """Fewer than k probed vectors leave -inf and a count below k (the detector turns it into its error)."""
+    detector, queries = _ivf_fitted(problem, 8, 1, 1)
+    centroids, lists = _ivf_lists(detector.index_)
+    _, probed = ivf_kth_similarity(queries, centroids, lists, 1, 1)
+    sizes = np.array([len(v) for v in lists])
+    nearest = np.argmax(queries @ centroids.T, axis=1)
+    np.testing.assert_array_equal(probed, sizes[nearest])
+    too_many = int(sizes.max()) + 1
+    kth, probed = ivf_kth_similarity(queries, centroids, lists, 1, too_many)
+    assert (probed < too_many).all() and np.isneginf(kth).all()
+
+
+def test_ivf_search_of_each_query_does_not_depend_on_the_others(problem):
+    """Searched alone, one by one, each query gets its k-th similarity of the batch search (within 2 gamma_D)."""
+    detector, queries = _ivf_fitted(problem, 6, 2, 9)
+    centroids, lists = _ivf_lists(detector.index_)
+    whole, _ = ivf_kth_similarity(queries, centroids, lists, 2, 9)
+    alone = np.concatenate(
+        [ivf_kth_similarity(queries[i : i + 1], centroids, lists, 2, 9)[0] for i in range(len(queries))]
+    )
+    dim, unit = queries.shape[1], 2.0**-24
+    np.testing.assert_allclose(alone, whole, rtol=0, atol=2 * dim * unit / (1 - dim * unit))

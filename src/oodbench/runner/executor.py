@@ -159,23 +159,10 @@ class _Local:
             yield list(group)
 
     def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
-        # The detectors fitted per model in this run: their fits share one pass over the model's fit set.
-        per_model: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
-        for fit_unit, _ in tasks:
-            per_model.setdefault(fit_unit.model or "", []).append((fit_unit.detector or "", fit_unit.spec["params"]))
-        for fit_unit, todo in tasks:
-            try:
-                run_fit_score(
-                    self.ctx,
-                    fit_unit.model or "",
-                    fit_unit.detector or "",
-                    fit_unit.spec["params"],
-                    [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo],
-                    share_with=per_model[fit_unit.model or ""],
-                )
-            except OodbenchError as exc:
-                raise _failed(fit_unit.id, exc) from exc
-            yield fit_unit, todo
+        for model_tasks in _by_model(tasks).values():
+            for fit_unit, todo in model_tasks:
+                _fit_score_one(self.ctx, fit_unit.id, *_fit_score_args(fit_unit, todo), _sharing(model_tasks))
+                yield fit_unit, todo
 
     def close(self) -> None:
         pass
@@ -217,11 +204,52 @@ def _ray_extract(config: ExperimentConfig, group: list[Unit], device: str) -> li
     return [u.id for u in group]
 
 
-def _ray_fit_score(
-    config: ExperimentConfig, model: str, detector: str, params: Mapping[str, Any], todo: list[dict[str, str]]
+FitScoreArgs = tuple[str, str, Mapping[str, Any], list[dict[str, str]]]  # model, detector, params, score items
+
+
+def _by_model(tasks: Sequence[tuple[Unit, list[Unit]]]) -> dict[str, list[tuple[Unit, list[Unit]]]]:
+    """The fit+score tasks grouped by model, in their order."""
+    groups: dict[str, list[tuple[Unit, list[Unit]]]] = {}
+    for fit_unit, todo in tasks:
+        groups.setdefault(fit_unit.model or "", []).append((fit_unit, todo))
+    return groups
+
+
+def _fit_score_args(fit_unit: Unit, todo: list[Unit]) -> FitScoreArgs:
+    items = [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo]
+    return fit_unit.model or "", fit_unit.detector or "", fit_unit.spec["params"], items
+
+
+def _sharing(model_tasks: Sequence[tuple[Unit, list[Unit]]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The (detector, params) of one model fitted in this run: their fits share one pass over its fit set."""
+    return [(f.detector or "", f.spec["params"]) for f, _ in model_tasks]
+
+
+def _fit_score_one(
+    ctx: Context,
+    unit_id: str,
+    model: str,
+    detector: str,
+    params: Mapping[str, Any],
+    todo: list[dict[str, str]],
+    share_with: Sequence[tuple[str, Mapping[str, Any]]],
 ) -> list[str]:
+    try:
+        return run_fit_score(ctx, model, detector, params, todo, share_with=share_with)
+    except OodbenchError as exc:
+        raise _failed(unit_id, exc) from exc
+
+
+def _ray_fit_score_model(
+    config: ExperimentConfig, tasks: list[tuple[str, FitScoreArgs]], share_with: list[tuple[str, Mapping[str, Any]]]
+) -> list[str]:
+    """One Ray task per model: its detectors fitted one after another on one shared pass, as the local engine does
+    (the same statistics, so the same scores to the bit; and the fit set read once per model, not per detector)."""
     ctx = Context(config, progress=False)
-    return run_fit_score(ctx, model, detector, params, todo)
+    done: list[str] = []
+    for unit_id, args in tasks:
+        done += _fit_score_one(ctx, unit_id, *args, share_with)
+    return done
 
 
 class _Ray:
@@ -243,7 +271,7 @@ class _Ray:
             self.started = True
         engine = ctx.config.engine
         self.extract_task = ray.remote(num_gpus=engine["gpus_per_extract"], max_retries=0)(_ray_extract)
-        self.fit_score_task = ray.remote(num_cpus=engine["cpus_per_score"], max_retries=0)(_ray_fit_score)
+        self.fit_score_task = ray.remote(num_cpus=engine["cpus_per_score"], max_retries=0)(_ray_fit_score_model)
 
     def _as_completed(self, refs: dict[Any, Any], name: Callable[[Any], str]) -> Iterable[Any]:
         pending = list(refs)
@@ -255,6 +283,8 @@ class _Ray:
                 for ref in pending:
                     self.ray.cancel(ref)
                 cause = getattr(exc, "cause", None) or exc
+                if isinstance(cause, UnitFailed):  # already names its unit (one of a model's fit+score units)
+                    raise UnitFailed(str(cause)) from exc
                 raise _failed(name(refs[ready[0]]), cause) from exc
             yield refs[ready[0]]
 
@@ -263,17 +293,17 @@ class _Ray:
         yield from self._as_completed(refs, lambda group: group[0].id)
 
     def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
+        # One task per model (its units in order), so the model's detectors share one pass over its fit set.
         refs = {
             self.fit_score_task.remote(
                 self.ctx.config,
-                f.model,
-                f.detector,
-                f.spec["params"],
-                [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo],
-            ): (f, todo)
-            for f, todo in tasks
+                [(f.id, _fit_score_args(f, todo)) for f, todo in model_tasks],
+                _sharing(model_tasks),
+            ): model_tasks
+            for model_tasks in _by_model(tasks).values()
         }
-        yield from self._as_completed(refs, lambda task: task[0].id)
+        for model_tasks in self._as_completed(refs, lambda group: group[0][0].id):
+            yield from model_tasks
 
     def close(self) -> None:
         if self.started:

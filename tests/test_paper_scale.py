@@ -1,0 +1,121 @@
+"""benchmarks/paper_scale.py: the paper's sizes, and one end-to-end run at a tiny scale through `oodbench evaluate`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oodbench.detectors import available
+from oodbench.results import read_rows
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paper_scale.py"
+
+
+@pytest.fixture(scope="module")
+def paper_scale():
+    spec = importlib.util.spec_from_file_location("paper_scale", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["paper_scale"] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["paper_scale"]
+
+
+def test_full_sizes_are_the_papers(paper_scale):
+    """Fit: the ImageNet-1k train split; ID test: 48,365 (Sec. 4, "Data."); OOD: the 15 rows of Table 3's n column."""
+    sizes = paper_scale.plan_sizes(1.0)
+    assert sizes.pop(paper_scale.FIT) == 1_281_167
+    assert sizes.pop(paper_scale.ID_TEST) == 48_365
+    # Table 3, column n, top to bottom.
+    table3 = [10_000, 17_632, 11_800, 10_350, 2_000, 5_640, 10_000, 50_000, 49_000, 10_000, 50_000]
+    table3 += [2_715, 5_879, 31_802, 655]
+    assert list(sizes.values()) == table3
+    assert sizes["fi-imagenet-1k"] == 655 and sizes["ssb-hard"] == 49_000
+
+
+def test_scaled_sizes_keep_a_floor_of_rows(paper_scale):
+    sizes = paper_scale.plan_sizes(0.001)
+    assert sizes[paper_scale.FIT] == 2_000  # 1,281 rows would not hold knn's k = 1000 and nnguide's bank
+    assert sizes["fi-imagenet-1k"] == 20 and sizes["ssb-easy"] == 50
+
+
+def test_work_model_counts_the_unavoidable_products(paper_scale):
+    n, q, d, c = 1000, 300, 64, 10
+    knn = paper_scale.work_model("knn", {"index": "flat"}, n, q, d, c)
+    assert knn["score_flops"] == 2 * q * n * d and knn["fit_bytes"] == 4 * n * d
+    ivf = paper_scale.work_model("knn", {"index": "ivf", "nlist": 10, "nprobe": 2}, n, q, d, c)
+    assert ivf["score_flops"] == 2 * q * d * (10 + n * 2 / 10)
+    msp = paper_scale.work_model("msp", {}, n, q, d, c)
+    assert msp == {"fit_flops": 0.0, "score_flops": 0.0, "fit_bytes": 0.0, "score_bytes": 4.0 * q * c}
+    floor = paper_scale.floor_seconds(knn, gflops=1.0, bytes_per_s=1e9)
+    assert floor == pytest.approx(2 * q * n * d / 1e9)
+
+
+@pytest.mark.slow
+def test_a_tiny_run_times_every_detector_and_deletes_its_store(paper_scale, tmp_path):
+    report_path = tmp_path / "report.json"
+    report = paper_scale.main(
+        ["--d", "32", "--scale", "0.0016", "--workdir", str(tmp_path / "work"), "--quiet", "--json", str(report_path)]
+    )
+    assert json.loads(report_path.read_text())["fit_rows"] == report["fit_rows"] == 2_050
+    assert set(report["detectors"]) == set(available())
+    for name, row in report["detectors"].items():
+        assert row["fit_s"] >= 0 and row["score_s"] > 0, name
+        assert row["floor_s"] > 0 and row["ratio"] > 0, name
+    assert report["shared_statistics"]["passes"] == 1  # one pass over the fit set for every detector that shares
+    assert report["store"]["bytes"] > 4 * 32 * report["fit_rows"]
+    assert not (tmp_path / "work" / "store").exists()  # deleted unless --keep-store
+    rows = read_rows(tmp_path / "work" / "run-knn-flat" / "results.parquet")
+    assert {r.detector for r in rows} == set(available())
+    assert {r.ood_dataset for r in rows} == set(report["sizes"]) - {paper_scale.FIT, paper_scale.ID_TEST}
+    assert all(np.isfinite(r.value) for r in rows)
+
+
+@pytest.mark.slow
+def test_the_ivf_index_is_recorded_in_the_run(paper_scale, tmp_path):
+    report = paper_scale.main(
+        ["--d", "16", "--scale", "0.0016", "--workdir", str(tmp_path), "--quiet", "--detectors", "knn"]
+        + ["--knn-index", "ivf", "--knn-nprobe", "40"]
+    )
+    run = json.loads((tmp_path / "run-knn-ivf" / "run.json").read_text())
+    assert run["detectors"]["knn"] == report["knn_index"] == {"index": "ivf", "nprobe": 40}
+
+
+def test_extrapolation_recovers_a_fixed_cost_plus_a_rate_per_unit_of_work(paper_scale):
+    """Times that are exactly fixed + rate x floor-work at two scales extrapolate to fixed + rate x work at full size."""
+    d, gflops, read = 64, 10.0, 1e9
+    names = ["msp", "maha", "knn"]
+    fixed = {"fit": 0.5, "score": 0.25}
+    rate = {"fit": 3.0, "score": 2.0}
+
+    def phase_floor(name, phase, n, q):
+        work = paper_scale.work_model(name, paper_scale.default_params(name), n, q, d, paper_scale.CLASSES)
+        return max(work[f"{phase}_flops"] / (gflops * 1e9), work[f"{phase}_bytes"] / read)
+
+    def report(scale):
+        sizes = paper_scale.plan_sizes(scale)
+        n = sizes[paper_scale.FIT]
+        q = sum(sizes.values()) - n
+        rows = {
+            name: {f"{p}_s": fixed[p] + rate[p] * phase_floor(name, p, n, q) for p in ("fit", "score")}
+            for name in names
+        }
+        return {
+            "d": d, "scale": scale, "fit_rows": n, "test_rows": q, "gemm_gflops": gflops, "read_bytes_per_s": read,
+            "params": {}, "detectors": rows, "shared_statistics": {"seconds": 1.0 + 1e-4 * n},
+        }  # fmt: skip
+
+    estimate = paper_scale.extrapolate([report(0.1), report(0.05)])
+    full = paper_scale.plan_sizes(1.0)
+    n = full[paper_scale.FIT]
+    q = sum(full.values()) - n
+    for name in names:
+        for phase in ("fit", "score"):
+            expected = fixed[phase] + rate[phase] * phase_floor(name, phase, n, q)
+            assert estimate["detectors"][name][f"{phase}_s"] == pytest.approx(expected, rel=1e-9), (name, phase)
+    assert estimate["shared_statistics_s"] == pytest.approx(1.0 + 1e-4 * n, rel=1e-9)
