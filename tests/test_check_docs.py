@@ -74,6 +74,42 @@ def test_an_own_issue_beside_an_external_link_is_still_found(tmp_path):
     assert len(found) == 1 and "'issue 12'" in found[0]
 
 
+@pytest.mark.parametrize(
+    ("line", "phrase"),
+    [
+        ("(1.57× at the start of this round, before the one-trmm whitening)", "this round"),
+        ("| the same six, first round | float32 | 716 |", "first round"),
+        ("Scoring took 26 s in the Last Round.", "Last Round"),
+        ("As in the previous round, the fit streams.", "previous round"),
+        ("**Earlier run** (the all-float64 search)", "Earlier run"),
+        ("Two earlier runs gave 1.08×.", "earlier runs"),
+        ("the earlier code: separate fits", "earlier code"),
+        ("an earlier version rounded differently", "earlier version"),
+        ("600 s with the final code", "the final code"),
+        ("These figures predate the shared whitener.", "predate"),
+        ("measured on the commit after the merge", "the commit after"),
+    ],
+)
+def test_history_narration_is_found_with_file_and_line(tmp_path, line, phrase):
+    found = findings(tmp_path, f"# Benchmarks\n\n{line}\n")
+    assert len(found) == 1
+    assert found[0].startswith(f"{tmp_path / 'page.md'}:3: {phrase!r}:") and "not its history" in found[0]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "a full round of requests, then one more round trip per verdict",
+        "`k = max(1, round(N / 1000))`; P(unknown) rounds to 0 or 1; every built-in round-trips",
+        "Measured 2026-12-01 20:05 UTC on the 2 cores otherwise idle: fit 600 s.",
+        "The figure in parentheses is a second run of the same benchmark, as a measure of run-to-run noise.",
+        "The fit runs earlier than the scoring; the code is final once saved; a round-robin of runs.",
+    ],
+)
+def test_ordinary_benchmark_prose_is_not_history(tmp_path, line):
+    assert findings(tmp_path, line + "\n") == []
+
+
 def test_main_exit_status_and_messages(tmp_path, capsys):
     docs = tmp_path / "docs"
     (docs / "api").mkdir(parents=True)

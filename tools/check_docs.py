@@ -3,7 +3,10 @@
 Sources (Markdown files or folders of them): no unfinished-text marker ("To be completed", TODO, TBD, FIXME)
 and no reference to the project's own issues or pull requests ("issue 12", "issue-17", "PR #3"). Docs speak
 of the software, not of its history. Another project's issue is cited as a link to its tracker,
-`[OpenOOD issue #308](https://github.com/...)`, which is allowed.
+`[OpenOOD issue #308](https://github.com/...)`, which is allowed. Nor does a page narrate the work that led to
+the code: a short, explicit list of phrases ("this round", "first round", "earlier run", "earlier code", "the final
+code", "predates", "the commit after", ...) is refused; a measured figure names its conditions or configuration
+instead of the moment it was taken.
 
 Built site (`--site DIR`): every relative link and resource of every HTML page leads to a file, so the site
 navigates when opened from disk (file://), where a link to a folder shows a directory listing, and a link
@@ -24,6 +27,16 @@ from urllib.parse import unquote, urlsplit
 MARKERS = re.compile(r"\bto be completed\b|\b(?:TODO|TBD|FIXME)\b", re.IGNORECASE)
 # "issue 12", "issues 3 and 4", "Issue-17", "issue #5", "PR 7", "pull request #9".
 OWN_ISSUE = re.compile(r"\b(?:issues?|PRs?|pull requests?)[ \t\-_]*#?\d+", re.IGNORECASE)
+# Narration of the project's history: the phrases that have crept into benchmark sections. Explicit on purpose,
+# so that ordinary prose ("a full round trip", "rounds to 0") never trips it.
+HISTORY = re.compile(
+    r"\b(?:(?:this|first|second|last|previous|next|earlier|later) round"
+    r"|earlier (?:runs?|code|versions?)"
+    r"|the final code"
+    r"|predat(?:e|es|ed|ing)"
+    r"|the commit (?:after|before))\b",
+    re.IGNORECASE,
+)
 # A Markdown link to an external page: its text may name that project's issues.
 EXTERNAL_LINK = re.compile(r"\[[^\]\n]*\]\(https?://[^)\s]+\)")
 LINK_ATTR = re.compile(r"""\b(?:href|src)\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
@@ -43,7 +56,7 @@ def markdown_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def source_findings(path: Path) -> Iterator[str]:
-    """One line per marker or own-issue reference in a Markdown file."""
+    """One line per marker, own-issue reference or history narration in a Markdown file."""
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         for match in MARKERS.finditer(line):
             yield f"{path}:{number}: {match[0]!r}: unfinished text; finish it or remove it"
@@ -53,6 +66,11 @@ def source_findings(path: Path) -> Iterator[str]:
             yield (
                 f"{path}:{number}: {match[0]!r}: the docs describe the software, not its history; "
                 "drop the issue number (another project's issue: link to its tracker)"
+            )
+        for match in HISTORY.finditer(blanked):
+            yield (
+                f"{path}:{number}: {match[0]!r}: the docs describe the software, not its history; "
+                "say what the code does now (a figure: name its machine, load, sizes or configuration)"
             )
 
 
