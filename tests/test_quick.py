@@ -142,17 +142,7 @@ def test_module_without_a_feature_source_is_one_clear_error(tmp_path):
 
 
 def test_cli_evaluate_model(folders, tmp_path, capsys):
-    args = [
-        "evaluate-model",
-        "test_resnet",
-        "--no-pretrained",
-        "--image-size",
-        str(SIZE),
-        "--fit",
-        str(folders / "train"),
-    ]
-    args += ["--id", str(folders / "val"), "--ood", f"photos={folders / 'photos'}", "-d", ",".join(DETECTORS)]
-    args += ["--store", str(tmp_path / "store"), "--out", str(tmp_path / "run"), "--no-progress"]
+    args = _cli_args(folders, tmp_path, "-d", ",".join(DETECTORS))
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     assert exit_info.value.code == 0
@@ -160,7 +150,7 @@ def test_cli_evaluate_model(folders, tmp_path, capsys):
     assert "photos" in out and "msp" in out
     assert (tmp_path / "run" / "results.parquet").is_file()
     with pytest.raises(SystemExit) as exit_info:
-        main([*args[:-5], "--ood", "photos"])
+        main([*args, "--ood", "photos"])  # a second --ood without NAME=DIR
     assert exit_info.value.code == 2
     assert "NAME=DIR" in capsys.readouterr().err
 
