@@ -42,7 +42,7 @@ import numpy as np
 from oodbench.annotate.importers import TableMapping, read_table
 from oodbench.annotate.project import Project, import_candidates
 from oodbench.annotate.protocol import Status
-from oodbench.classes import ClassList
+from oodbench.text.classes import ClassList
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 PASSWORD = "load-test-password"

@@ -34,12 +34,12 @@ import numpy as np
 from scipy.stats import rankdata
 
 from oodbench.analysis.published import POST_HOC_POOL
-from oodbench.atomic import atomic_write_text
+from oodbench.core.metrics import auroc
+from oodbench.core.outputs import Head, Outputs
+from oodbench.core.store import Store
 from oodbench.detectors import available, create, get_class
 from oodbench.detectors.shared import declared_statistics, fit_all
-from oodbench.metrics import auroc
-from oodbench.outputs import Head, Outputs
-from oodbench.store import Store
+from oodbench.util.atomic import atomic_write_text
 
 # ----------------------------------------------------------------------------- measurement helpers
 
@@ -463,7 +463,7 @@ def fit_together(names: list[str], fit: Outputs, head: Head, alone_s: dict[str, 
 
 def finalize_disk(workdir: Path, rows: int, dim: int, shard_size: int) -> dict[str, Any]:
     """Peak data bytes of a store entry while `finalize` merges its shards, in units of the entry and a shard."""
-    from oodbench import store as store_module
+    from oodbench.core import store as store_module
 
     root = workdir / "oodbench-finalize-bench"
     shutil.rmtree(root, ignore_errors=True)

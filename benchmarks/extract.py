@@ -38,11 +38,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oodbench.core.store import Store
 from oodbench.extract.backbones.base import autocast, resolve_device
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.datasets import image_folder, load_rgb
 from oodbench.extract.pipeline import extract
-from oodbench.store import Store
 
 
 def make_images(root: Path, count: int, size: int, seed: int = 0) -> Path:

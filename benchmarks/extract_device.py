@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
+from oodbench.core.store import Store
 from oodbench.extract.backbones.base import autocast, resolve_device
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.datasets import image_folder, load_rgb
 from oodbench.extract.pipeline import GroupMember, extract_group
-from oodbench.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from extract_group import make_jpegs  # noqa: E402  (the same generated photos as the CPU benchmark)

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oodbench.core.store import Store
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.datasets import image_folder
 from oodbench.extract.pipeline import GroupMember, extract, extract_group
-from oodbench.store import Store
 
 DEFAULT_MODELS = ("mobilenetv3_small_050.lamb_in1k", "lcnet_050.ra2_in1k", "mobilenetv3_small_100.lamb_in1k")
 # Width x height of ImageNet-like photos (the most common ILSVRC sizes).

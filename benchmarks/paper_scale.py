@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 
 from oodbench.analysis.published import POST_HOC_POOL
-from oodbench.atomic import atomic_write_text
+from oodbench.core.outputs import Head
+from oodbench.core.store import Store
 from oodbench.detectors import available
-from oodbench.outputs import Head
-from oodbench.store import Store
+from oodbench.util.atomic import atomic_write_text
 
 MODEL = "synthetic-classifier"
 FIT = "imagenet-1k-train"
@@ -386,7 +386,7 @@ def run_evaluate(
     store: Path, out: Path, sizes: Mapping[str, int], names: list[str], params: Mapping[str, Mapping[str, Any]]
 ) -> None:
     """`oodbench evaluate` in this process (so its detectors can be timed one by one)."""
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     argv = ["evaluate", "--store", str(store), "--model", MODEL, "--fit", FIT, "--id", ID_TEST]
     for name in sizes:

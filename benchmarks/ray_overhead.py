@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from oodbench.atomic import atomic_write_text
 from oodbench.runner.config import load_config
 from oodbench.runner.executor import run_experiment
+from oodbench.util.atomic import atomic_write_text
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.toml"
 FAST = ("report.score_figures=false",)

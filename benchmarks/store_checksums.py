@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from oodbench import Outputs, Store
-from oodbench.store import _data_digest
+from oodbench.core.store import _data_digest
 
 
 def main() -> None:

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from oodbench import metrics
 from oodbench.analysis.rundata import load_run
 from oodbench.analysis.subsample import acceptance_bits, resolve_n, subsample_curve, subsample_fpr
-from oodbench.atomic import atomic_write_text
+from oodbench.core import metrics
+from oodbench.util.atomic import atomic_write_text
 
 DETECTORS = 21
 # Synthetic stand-in for the seed's 15 OOD sets: sizes from the smallest benchmark (655) to ImageNet scale.

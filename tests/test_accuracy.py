@@ -10,7 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from oodbench.accuracy import (
+from oodbench.cli.main import app
+from oodbench.core.outputs import Outputs
+from oodbench.core.store import Store
+from oodbench.evaluation.accuracy import (
     ACCURACY_FILE,
     AccuracyError,
     AccuracyRow,
@@ -24,9 +27,6 @@ from oodbench.accuracy import (
     write_accuracy,
     zero_shot_predictions,
 )
-from oodbench.cli import app
-from oodbench.outputs import Outputs
-from oodbench.store import Store
 
 
 def one_hot_logits(classes: list[int], num_classes: int = 1000) -> np.ndarray:
@@ -192,7 +192,7 @@ def test_write_accuracy_merges_rows_and_read_checks_schema(tmp_path):
 
 
 def test_evaluate_store_records_accuracy(val_store, tmp_path):
-    from oodbench.evaluation import evaluate_store
+    from oodbench.evaluation.evaluate import evaluate_store
 
     rng = np.random.default_rng(0)
     provenance = {"model": "m", "checkpoint": "c", "preprocessing": {}}
@@ -235,7 +235,7 @@ def _synsets():
 
 
 def test_head_label_set_matches_labels_to_the_heads_classes():
-    from oodbench.accuracy import LabelSet, head_label_set
+    from oodbench.evaluation.accuracy import LabelSet, head_label_set
 
     synsets = _synsets()
     labels = np.array([0, 1, 2, 6])
@@ -260,7 +260,7 @@ def test_head_label_set_matches_labels_to_the_heads_classes():
 
 def test_synset_folders_score_top1_on_imagenet_indices(tmp_path):
     """Rows labelled 0, 1, 2 by folder position are ImageNet classes 5, 17, 999: predictions are compared there."""
-    from oodbench.accuracy import accuracy_rows
+    from oodbench.evaluation.accuracy import accuracy_rows
 
     synsets = _synsets()
     store = Store(tmp_path / "store")
@@ -276,8 +276,8 @@ def test_synset_folders_score_top1_on_imagenet_indices(tmp_path):
 
 
 def test_report_caption_names_the_label_set_and_why_top1_is_missing():
+    from oodbench.core.results import ResultRow
     from oodbench.report.tables import table1
-    from oodbench.results import ResultRow
 
     rows = [
         ResultRow(model, "id", "ood", "msp", metric, value, 10, 10)

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oodbench import Head, Outputs, Store
-from oodbench.cli import main
+from oodbench.cli.main import main
+from oodbench.core.errors import DataError, DetectorError
+from oodbench.core.outputs import _CHECK_CHUNK, check_class_labels
 from oodbench.detectors import available, create
-from oodbench.errors import DataError, DetectorError
-from oodbench.outputs import _CHECK_CHUNK, check_class_labels
 
 C = 6
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from oodbench import Head, Outputs, Store
-from oodbench.cli import main
+from oodbench.cli.main import main
 
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 REPO = Path(__file__).resolve().parents[1]
@@ -284,12 +284,12 @@ def test_store_that_cannot_be_created_is_refused_before_any_work(
 def test_unexpected_errors_name_the_type_and_a_log_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import oodbench.store
+    import oodbench.core.store
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(oodbench.store.Store, "models", broken)
+    monkeypatch.setattr(oodbench.core.store.Store, "models", broken)
     monkeypatch.setenv("OODBENCH_LOG_DIR", str(tmp_path / "logs"))
     with pytest.raises(SystemExit) as info:
         main(["store", "ls", "--store", str(tmp_path)])

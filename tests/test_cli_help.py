@@ -8,8 +8,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from oodbench.cli import app
-from oodbench.cli_help import COMMAND, fit_examples
+from oodbench.cli.help import COMMAND, fit_examples
+from oodbench.cli.main import app
 
 WIDTH = 80
 

@@ -38,7 +38,7 @@ def test_lazy_exports_still_resolve() -> None:
     assert (
         callable(oodbench.audit.fingerprint) and oodbench.audit.fingerprint.__module__ == "oodbench.audit.fingerprint"
     )
-    assert oodbench.metrics.__name__ == "oodbench.metrics" and oodbench.Store.__name__ == "Store"
+    assert oodbench.core.metrics.__name__ == "oodbench.core.metrics" and oodbench.Store.__name__ == "Store"
     for package in ("analysis", "audit", "zeroshot", "runner", "annotate", "report"):
         module = __import__(f"oodbench.{package}", fromlist=["*"])
         for name in module.__all__:

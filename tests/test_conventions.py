@@ -13,13 +13,14 @@ import pytest
 from sklearn.metrics import auc, precision_recall_curve, roc_curve
 from typer.testing import CliRunner
 
-from oodbench import Head, Outputs, Store, metrics
-from oodbench.cli import app
-from oodbench.errors import OodbenchError
-from oodbench.grouped import full_spectrum_table, group_table, openood_csv
-from oodbench.oodgroups import DEFAULT_GROUPS, load_groups, shipped_groups
-from oodbench.results import ResultRow, convention_rows, full_spectrum_rows, metric_rows, read_rows
-from oodbench.scores import load_scores
+from oodbench import Head, Outputs, Store
+from oodbench.cli.main import app
+from oodbench.core import metrics
+from oodbench.core.errors import OodbenchError
+from oodbench.core.grouped import full_spectrum_table, group_table, openood_csv
+from oodbench.core.oodgroups import DEFAULT_GROUPS, load_groups, shipped_groups
+from oodbench.core.results import ResultRow, convention_rows, full_spectrum_rows, metric_rows, read_rows
+from oodbench.core.scores import load_scores
 
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 

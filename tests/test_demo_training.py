@@ -9,7 +9,7 @@ import torch
 from rich.console import Console
 
 import oodbench.demo.model as demo_model
-import oodbench.progress as progress_module
+import oodbench.util.progress as progress_module
 from oodbench.demo import TRAIN_THREADS, prepare
 from oodbench.demo.data import digits_splits
 

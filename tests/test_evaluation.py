@@ -10,12 +10,12 @@ from typer.testing import CliRunner
 
 import oodbench as ob
 from oodbench import Head, Outputs, Store
-from oodbench.cli import app
+from oodbench.cli.main import app
+from oodbench.core.errors import DetectorError, OodbenchError, StoreError
+from oodbench.core.results import read_rows
+from oodbench.core.scores import load_scores
 from oodbench.demo import DEMO_EXCLUDED
-from oodbench.errors import DetectorError, OodbenchError, StoreError
-from oodbench.evaluation import evaluate_outputs, evaluate_store
-from oodbench.results import read_rows
-from oodbench.scores import load_scores
+from oodbench.evaluation.evaluate import evaluate_outputs, evaluate_store
 
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 

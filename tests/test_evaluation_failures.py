@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from oodbench import Head, Outputs, Store
-from oodbench.cli import main
-from oodbench.errors import DetectorError
-from oodbench.evaluation import FitSetTooSmall, NothingEvaluated, evaluate_store
-from oodbench.quick_cli import SOME_FAILED
-from oodbench.scores import load_scores
+from oodbench.cli.main import main
+from oodbench.core.errors import DetectorError
+from oodbench.core.scores import load_scores
+from oodbench.evaluation.evaluate import FitSetTooSmall, NothingEvaluated, evaluate_store
+from oodbench.runner.quick_cli import SOME_FAILED
 
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from oodbench import extras
+from oodbench.util import extras
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-from oodbench import metrics
-from oodbench.errors import MetricError
+from oodbench.core import metrics
+from oodbench.core.errors import MetricError
 
 
 def brute_force_fpr(id_scores: np.ndarray, ood_scores: np.ndarray, tpr: float) -> float:

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import auc, precision_recall_curve
 
-from oodbench import metrics
-from oodbench.errors import MetricError
+from oodbench.core import metrics
+from oodbench.core.errors import MetricError
 
 tied = st.lists(st.integers(-3, 3).map(float), min_size=1, max_size=60)
 spread = st.lists(st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False), min_size=1, max_size=60)

@@ -1,4 +1,4 @@
-"""The one name rule (oodbench.names): what may become a folder name, checked the same way everywhere."""
+"""The one name rule (oodbench.core.names): what may become a folder name, checked the same way everywhere."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oodbench.errors import ConfigError, StoreError
-from oodbench.names import check_name, is_name
+from oodbench.core.errors import ConfigError, StoreError
+from oodbench.core.names import check_name, is_name
 
 
 @pytest.mark.parametrize("name", ["resnet50.tv_in1k", "ViT-B-16@openai", "a", "x+probe", "k=5,m=3", "ninco_v2"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from oodbench import Head, Outputs
-from oodbench.errors import DataError
+from oodbench.core.errors import DataError
 
 
 def make(n=10, d=4, c=3, seed=0):

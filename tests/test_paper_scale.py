@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from oodbench.analysis.published import POST_HOC_POOL
-from oodbench.results import read_rows
+from oodbench.core.results import read_rows
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paper_scale.py"
 

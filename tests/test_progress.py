@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oodbench import progress
-from oodbench.cli import main
+from oodbench.cli.main import main
+from oodbench.util import progress
 
 
 def test_progress_in_a_log_file_is_plain_whole_lines(capsys):
@@ -89,6 +89,6 @@ def test_ctrl_c_during_evaluate_prints_one_line_and_exits_130(tmp_path, monkeypa
     assert line == (
         f"interrupted: finished detectors msp; kept their scores in {out}; to resume, run: oodbench " + " ".join(args)
     )
-    from oodbench.scores import load_scores
+    from oodbench.core.scores import load_scores
 
     assert set(load_scores(out, "toy", "ood")) == {"msp"}

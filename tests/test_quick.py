@@ -15,10 +15,10 @@ import torch
 from PIL import Image
 
 import oodbench
-from oodbench.cli import main
-from oodbench.errors import ExtractError, OodbenchError
+from oodbench.cli.main import main
+from oodbench.core.errors import ExtractError, OodbenchError
 from oodbench.extract.backbones.timm_backbone import TimmBackbone
-from oodbench.quick import ModuleBackbone
+from oodbench.runner.quick import ModuleBackbone
 
 DETECTORS = ["msp", "energy", "maha"]
 SIZE = 32
@@ -296,7 +296,7 @@ def test_num_workers_is_the_hidden_old_name_of_workers(folders, tmp_path, capsys
     assert "--num-workers is now --workers" in capsys.readouterr().err
     from typer.testing import CliRunner
 
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     help_text = CliRunner().invoke(app, ["evaluate-model", "--help"]).output
     assert "--workers" in help_text and "--num-workers" not in help_text

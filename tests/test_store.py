@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from oodbench import Head, Outputs, Store
-from oodbench.errors import StoreError
+from oodbench.core.errors import StoreError
 
 PROV = {"model": "m", "checkpoint": "abc", "preprocessing": {"size": 8}}
 
@@ -120,8 +120,8 @@ def test_invalid_ids(tmp_path):
 WRITER = textwrap.dedent("""
     import sys, time
     import numpy as np
-    import oodbench.store as store_module
-    from oodbench.store import Store
+    import oodbench.core.store as store_module
+    from oodbench.core.store import Store
     root, signal_file, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     rng = np.random.default_rng(0)
     features = rng.normal(size=(40, 100_000)).astype(np.float32)

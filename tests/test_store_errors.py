@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from oodbench import Head, Outputs, Store
-from oodbench import store as store_module
-from oodbench.cli import main
-from oodbench.errors import StoreError
+from oodbench.cli.main import main
+from oodbench.core import store as store_module
+from oodbench.core.errors import StoreError
 
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 EVALUATE = ["evaluate", "--model", "toy", "--fit", "fit", "--id", "id", "--ood", "ood", "--no-progress", "-d", "msp"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from oodbench import Outputs, Store
-from oodbench import store as store_module
+from oodbench.core import store as store_module
 
 PROV = {"model": "m", "checkpoint": "abc", "preprocessing": {"size": 8}}
 ROWS, SHARD = 20, 8  # three shards, the last one short

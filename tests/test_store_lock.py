@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from oodbench import Outputs, Store
-from oodbench.errors import StoreError
+from oodbench.core.errors import StoreError
 
 PROV = {"model": "m", "checkpoint": "abc", "preprocessing": {}}
 ROWS, DIM, SHARD = 3000, 32, 150  # 20 shards: many steps at which a kill can land

@@ -8,8 +8,8 @@ import pytest
 from rich.table import Table
 from typer.testing import CliRunner
 
-from oodbench.cli import app
-from oodbench.terminal import print_table, table_markdown
+from oodbench.cli.main import app
+from oodbench.util.terminal import print_table, table_markdown
 
 runner = CliRunner()
 

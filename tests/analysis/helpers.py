@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from oodbench.evaluation import evaluate_store
-from oodbench.outputs import Head, Outputs
-from oodbench.store import Store, hash_items
+from oodbench.core.outputs import Head, Outputs
+from oodbench.core.store import Store, hash_items
+from oodbench.evaluation.evaluate import evaluate_store
 
 LOGIT_DETECTORS = ["msp", "maxlogit", "kl_matching", "energy", "gen"]
 OOD_SIZES = {"near": 300, "far": 260, "noise": 220}

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oodbench import metrics
 from oodbench.analysis.breakdown import class_acceptance
 from oodbench.analysis.intervals import wilson_interval
-from oodbench.errors import AnalysisError
+from oodbench.core import metrics
+from oodbench.core.errors import AnalysisError
 
 
 def test_closed_form_case() -> None:

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from oodbench import metrics
 from oodbench.analysis.delong import delong_covariance, delong_interval, delong_test, structural_components
-from oodbench.errors import AnalysisError
+from oodbench.core import metrics
+from oodbench.core.errors import AnalysisError
 
 
 def _psi(x: float, y: float) -> float:

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from oodbench import metrics
 from oodbench.analysis.intervals import (
     _replicates_from_counts,
     acceleration,
@@ -19,7 +18,8 @@ from oodbench.analysis.intervals import (
     required_count,
     wilson_interval,
 )
-from oodbench.errors import AnalysisError
+from oodbench.core import metrics
+from oodbench.core.errors import AnalysisError
 
 GRID = [(0, 1), (1, 1), (0, 20), (3, 20), (20, 20), (17, 655), (640, 655), (5000, 10000)]
 

@@ -46,8 +46,8 @@ from oodbench.analysis.published import (
     spearman_span,
 )
 from oodbench.analysis.subsample import SubsampleSummary
-from oodbench.errors import AnalysisError
-from oodbench.results import ResultRow
+from oodbench.core.errors import AnalysisError
+from oodbench.core.results import ResultRow
 
 FI = "Fi-ImageNet-1k"
 MEAN_BOUND = 0.1 + 1e-9

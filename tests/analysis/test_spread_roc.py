@@ -10,7 +10,7 @@ from sklearn.metrics import roc_curve as sk_roc_curve
 from oodbench.analysis.roc import roc_curve
 from oodbench.analysis.spread import spread_vs_noise
 from oodbench.analysis.subsample import SubsampleSummary
-from oodbench.errors import AnalysisError
+from oodbench.core.errors import AnalysisError
 
 
 def _summary(ood: str, full: float, std: float, model: str = "m", n: int = 100) -> SubsampleSummary:

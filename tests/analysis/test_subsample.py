@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from oodbench import metrics
 from oodbench.analysis.rundata import load_run
 from oodbench.analysis.subsample import (
     PAPER_N,
@@ -24,7 +23,8 @@ from oodbench.analysis.subsample import (
     subsample_fpr,
     subsample_run,
 )
-from oodbench.errors import AnalysisError
+from oodbench.core import metrics
+from oodbench.core.errors import AnalysisError
 
 
 def _scores(rng: np.random.Generator, detectors: int = 6, n_id: int = 500, n_ood: int = 400):

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from oodbench.analysis.rundata import load_run
 from oodbench.analysis.subsample import subsample_run
-from oodbench.cli import OodbenchGroup
-from oodbench.errors import AnalysisError
+from oodbench.cli.main import OodbenchGroup
+from oodbench.core.errors import AnalysisError
 from oodbench.report.analyze import register
 
 runner = CliRunner()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from oodbench.annotate.importers import TableMapping, read_table
-from oodbench.classes import ClassList
+from oodbench.text.classes import ClassList
 
 # Set OODBENCH_TEST_POSTGRES_URL (e.g. postgresql+psycopg://user@/db?host=/run/postgresql) to run the
 # database-backed tests against PostgreSQL as well as SQLite; the database is emptied before each test.

@@ -233,8 +233,8 @@ def test_init_demo_builds_a_working_sample_project(tmp_path):
 def test_evidence_from_a_feature_store_entry(tmp_path):
     """The bridge: an extracted store entry (features, index, items.txt, head) feeds evidence D directly."""
     from oodbench.annotate.project import Project
-    from oodbench.outputs import Head, Outputs
-    from oodbench.store import Store
+    from oodbench.core.outputs import Head, Outputs
+    from oodbench.core.store import Store
 
     from .helpers import build_project
 

@@ -15,7 +15,7 @@ from oodbench.annotate.evidence import (
     top_confusions,
     vlm_topk,
 )
-from oodbench.errors import AnnotateError
+from oodbench.core.errors import AnnotateError
 
 from .helpers import CLASSES, build_project, write_png
 
@@ -100,7 +100,7 @@ def test_example_images_by_folder_id_and_sorted_folders(tmp_path):
     found = example_images(tmp_path, CLASSES, per_class=2)
     assert found == {0: ["c00/e0.png", "c00/e1.png"], 2: ["c02/e0.png", "c02/e1.png"]}
     assert example_images(tmp_path, CLASSES, per_class=1, wanted=[2]) == {2: ["c02/e0.png"]}
-    from oodbench.classes import ClassList
+    from oodbench.text.classes import ClassList
 
     with pytest.raises(AnnotateError, match="2 class folders but the class list has 3"):
         example_images(tmp_path, ClassList(("a", "b", "c")))

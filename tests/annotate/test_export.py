@@ -9,7 +9,7 @@ import pytest
 
 from oodbench.annotate.export import export
 from oodbench.annotate.protocol import Judgement, Verdict
-from oodbench.errors import AnnotateError
+from oodbench.core.errors import AnnotateError
 
 from .helpers import PASSWORD, build_project
 

@@ -25,7 +25,7 @@ from oodbench.annotate.importers import (
     read_real,
     read_table,
 )
-from oodbench.errors import AnnotateError
+from oodbench.core.errors import AnnotateError
 
 
 def read_json_gz(path: Path):
@@ -199,7 +199,7 @@ def test_original_label_files(tmp_path):
 
 def test_imagenet_class_list_order():
     """Class indices follow the standard sorted-synset order (checked against an independent index file)."""
-    from oodbench.classes import ClassListError, load_classes
+    from oodbench.text.classes import ClassListError, load_classes
 
     classes = load_classes("imagenet1k:timm")
     # timm's list of the ImageNet-1k synsets in class order, an index file independent of ours.

@@ -16,7 +16,7 @@ from .helpers import build_project
 pytest.importorskip("httpx", reason="the LLM client needs the 'web' extra")
 
 from oodbench.annotate.llm import LLMConfig, LLMDescriber, parse_answer  # noqa: E402
-from oodbench.errors import AnnotateError  # noqa: E402
+from oodbench.core.errors import AnnotateError  # noqa: E402
 
 
 class FakeLLM:
@@ -193,7 +193,7 @@ def test_describe_command(tmp_path, fake, monkeypatch):
 def test_retry_after_zero_does_not_turn_off_the_backoff(tmp_path, monkeypatch):
     # Before: "Retry-After: 0" replaced the backoff, so a persistent 429 was retried with no pause.
     import oodbench.annotate.llm as construct_llm
-    from oodbench.llm import ChatAttemptError
+    from oodbench.text.llm import ChatAttemptError
 
     waits: list[float] = []
     answers = iter([ChatAttemptError("http", "HTTP 429", status=429, retry_after=0.0), (ANSWER, {})])

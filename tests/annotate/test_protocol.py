@@ -21,7 +21,7 @@ from oodbench.annotate.protocol import (
     label_match_key,
     replay,
 )
-from oodbench.errors import AnnotateError
+from oodbench.core.errors import AnnotateError
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 

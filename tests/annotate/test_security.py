@@ -12,7 +12,7 @@ from oodbench.annotate.security import (  # noqa: E402
     client_address,
     parse_trusted_proxies,
 )
-from oodbench.errors import AnnotateError  # noqa: E402
+from oodbench.core.errors import AnnotateError  # noqa: E402
 
 
 class Clock:

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from oodbench.annotate.protocol import Judgement, Status, Verdict
-from oodbench.errors import AnnotateError
+from oodbench.core.errors import AnnotateError
 
 from .helpers import PASSWORD, build_project
 

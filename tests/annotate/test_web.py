@@ -509,7 +509,7 @@ def image_id_of_stage3(response) -> int:
 
 def test_unknown_class_names_get_the_closest_suggestions():
     from oodbench.annotate.web import parse_class
-    from oodbench.errors import AnnotateError
+    from oodbench.core.errors import AnnotateError
 
     names = ("cat", "dog", "cattle", "hot dog")
     assert parse_class("CAT", names) == 0 and parse_class("3: hot dog", names) == 3

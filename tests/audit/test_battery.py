@@ -14,7 +14,7 @@ from oodbench.audit.battery import CLEAN_KIND, LEAKED, NOT_IN_FIT
 from oodbench.audit.render import html_renderer, use_html_renderer
 from oodbench.audit.report import battery_document, definitions_text
 from oodbench.audit.synthetic import synthetic_battery_data
-from oodbench.errors import AuditError
+from oodbench.core.errors import AuditError
 from oodbench.report.html_report import render_audit_html
 
 from .audit_helpers import digits_features, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)

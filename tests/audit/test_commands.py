@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from oodbench import Outputs, Store
 from oodbench.audit import logistic_regression_head
 from oodbench.audit.cli import register
-from oodbench.cli import OodbenchGroup
+from oodbench.cli.main import OodbenchGroup
 
 from .audit_helpers import Pentagon, digits_features, single_thread_blas  # noqa: F401 (autouse fixture)
 

@@ -10,8 +10,8 @@ from sklearn.preprocessing import StandardScaler
 from oodbench import Outputs
 from oodbench.audit import exclusion_contrast, find_suspects, leave_class_out, logistic_regression_head
 from oodbench.audit.leave_class_out import balanced_rows
-from oodbench.errors import AuditError
-from oodbench.metrics import auroc
+from oodbench.core.errors import AuditError
+from oodbench.core.metrics import auroc
 
 from .audit_helpers import Orthogonal, Pentagon, fast_config, outputs, single_thread_blas  # noqa: F401 (autouse fixture)
 

@@ -10,7 +10,7 @@ from sklearn.model_selection import StratifiedKFold
 
 from oodbench import Outputs
 from oodbench.audit import AuditConfig, fingerprint, logistic_regression_head, oracle_lda, prepare_pool
-from oodbench.errors import AuditError
+from oodbench.core.errors import AuditError
 
 from .audit_helpers import Pentagon, fast_config, single_thread_blas  # noqa: F401 (autouse fixture)
 

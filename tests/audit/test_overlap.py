@@ -12,7 +12,7 @@ from oodbench.audit import IsolationForestScorer, _rows, neighbours, overlap_ind
 from oodbench.audit.config import AuditConfig
 from oodbench.audit.neighbours import class_means, nearest_class_mean, nearest_rows
 from oodbench.audit.pool import knn_k_for, resolve_pool
-from oodbench.errors import AuditError
+from oodbench.core.errors import AuditError
 
 from .audit_helpers import single_thread_blas  # noqa: F401 (autouse fixture)
 

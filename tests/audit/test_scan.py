@@ -18,8 +18,8 @@ from oodbench.audit import (
     suite_scope,
 )
 from oodbench.audit.scan import SuiteScan
-from oodbench.classes import normalize_label as normalize_lemma
-from oodbench.errors import AuditError
+from oodbench.core.errors import AuditError
+from oodbench.text.classes import normalize_label as normalize_lemma
 
 # offset lexfile pos w_cnt (word lex_id)* p_cnt (symbol offset pos source/target)* | gloss   (WordNet 3.0 data.noun)
 TINY = [

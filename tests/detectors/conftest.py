@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from oodbench.metrics import auroc
-from oodbench.outputs import Head, Outputs
+from oodbench.core.metrics import auroc
+from oodbench.core.outputs import Head, Outputs
 
 
 @dataclass

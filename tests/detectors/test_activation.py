@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import create
-from oodbench.errors import DetectorError
-from oodbench.outputs import Head, Outputs
 
 
 def _energy(logits: np.ndarray) -> float:

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.store import Store
 from oodbench.detectors import (
     Array,
     Detector,
@@ -26,8 +28,6 @@ from oodbench.detectors import (
     read_meta,
 )
 from oodbench.detectors.artefact import ARRAYS_FILE, META_FILE
-from oodbench.errors import DetectorError
-from oodbench.store import Store
 
 PROVENANCE = {"model": "tiny-net", "checkpoint": "sha256:abc", "preprocessing": {"resize": 8}}
 
@@ -44,7 +44,7 @@ def test_all_builtins_score_byte_identically_after_loading_in_a_fresh_process(pr
     script = f"""
 import numpy as np
 from oodbench.detectors import available, load
-from oodbench.outputs import Outputs
+from oodbench.core.outputs import Outputs
 extras = dict(np.load({str(tmp_path / "extras.npz")!r}))
 test = Outputs(np.load({str(tmp_path / "features.npy")!r}), np.load({str(tmp_path / "logits.npy")!r}), extras=extras)
 for name in available():
@@ -227,7 +227,7 @@ def tiny_store(tmp_path, make, build_outputs):
 
 
 def cli(*args: str):
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     return CliRunner().invoke(app, list(args), catch_exceptions=False)
 

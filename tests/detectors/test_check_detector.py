@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 import numpy as np
 import pytest
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import Array, Detector, Paper, Range, Requirements, available, get_class
 from oodbench.detectors.base import _FitInfo
-from oodbench.errors import DetectorError
-from oodbench.outputs import Head, Outputs
-from oodbench.testing import CHECKS, GROUPING_RTOL, check_data, check_detector
+from oodbench.detectors.testing import CHECKS, GROUPING_RTOL, check_data, check_detector
 
 
 @pytest.mark.parametrize("name", available())

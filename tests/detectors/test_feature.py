@@ -12,10 +12,10 @@ from sklearn.covariance import EmpiricalCovariance
 from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import create
 from oodbench.detectors.feature import _ivf_lists, ivf_kth_similarity
-from oodbench.errors import DetectorError
-from oodbench.outputs import Head, Outputs
 
 
 def _rows(outputs: Outputs) -> np.ndarray:

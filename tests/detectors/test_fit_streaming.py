@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Outputs
 from oodbench.detectors import Detector, _gaussian, _streaming, available, create
 from oodbench.detectors._gaussian import (
     ClassGaussians,
@@ -16,8 +18,6 @@ from oodbench.detectors._gaussian import (
     triangular_whitener,
     whiten_triangular,
 )
-from oodbench.errors import DetectorError
-from oodbench.outputs import Outputs
 
 
 @settings(max_examples=40, deadline=None)
@@ -101,7 +101,7 @@ def test_memory_mapped_fit_in_small_chunks_matches_in_memory(problem, small_para
 def test_logsumexp_in_place(dtype, rtol):
     from scipy.special import logsumexp
 
-    from oodbench.numerics import logsumexp_in_place
+    from oodbench.core.numerics import logsumexp_in_place
 
     rng = np.random.default_rng(3)
     for spread in (1.0, 50.0, 1e4):  # the last one underflows most terms

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from oodbench import Head, Outputs
+from oodbench.core.errors import DetectorError
 from oodbench.detectors import create
 from oodbench.detectors.fitsize import FitSize, adapt_plan, describe_changes, plan_size_problems
-from oodbench.errors import DetectorError
-from oodbench.evaluation import FitSetTooSmall, check_fit_size
+from oodbench.evaluation.evaluate import FitSetTooSmall, check_fit_size
 
 ROWS = 84
 

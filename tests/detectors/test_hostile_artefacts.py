@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.store import Store
 from oodbench.detectors import load
-from oodbench.errors import DetectorError
-from oodbench.store import Store
 
 from .hostile.cases import CASES, EVIL_MODULE, build, fit_data
 
@@ -46,7 +46,7 @@ def _files(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def cli(*args: str):
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     return CliRunner().invoke(app, list(args))
 

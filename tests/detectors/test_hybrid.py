@@ -9,10 +9,10 @@ import pytest
 from scipy.special import logsumexp
 from sklearn.covariance import EmpiricalCovariance
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import create
 from oodbench.detectors.hybrid import vim_default_dim
-from oodbench.errors import DetectorError
-from oodbench.outputs import Head, Outputs
 
 
 def slow_vim(problem, dim):

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Outputs
 from oodbench.detectors import create
-from oodbench.errors import DetectorError
-from oodbench.outputs import Outputs
 
 logit_matrices = arrays(np.float64, st.tuples(st.integers(1, 8), st.integers(2, 6)), elements=st.floats(-30, 30))
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
+from oodbench.core.metrics import auroc
+from oodbench.core.outputs import Outputs
 from oodbench.detectors import create
 from oodbench.detectors._gaussian import ClassGaussians, Gaussian
-from oodbench.metrics import auroc
-from oodbench.outputs import Outputs
 
 FAMILY = ("maha", "rmaha", "maha++", "rmaha++")
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Outputs
 from oodbench.detectors import create
 from oodbench.detectors.nac import nac_bin_edges
-from oodbench.errors import DetectorError
-from oodbench.outputs import Outputs
 
 
 def slow_edges(bins: int) -> list[float]:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Outputs
 from oodbench.detectors import create, get_class
-from oodbench.errors import DetectorError
-from oodbench.outputs import Outputs
-from oodbench.testing import check_detector
+from oodbench.detectors.testing import check_detector
 
 LAYERS = ("a", "b")
 

@@ -11,9 +11,9 @@ import torch
 from scipy.optimize import brentq
 from scipy.special import xlogy
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import create
-from oodbench.errors import DetectorError
-from oodbench.outputs import Head, Outputs
 
 from .conftest import outputs_of
 

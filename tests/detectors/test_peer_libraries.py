@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
+from oodbench.core.metrics import auroc
+from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import create
-from oodbench.metrics import auroc
-from oodbench.outputs import Head, Outputs
 
 from .test_peer_detectors import well_classified
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from oodbench.core.errors import DetectorError
 from oodbench.detectors import (
     available,
     create,
@@ -23,7 +24,6 @@ from oodbench.detectors import (
     plugin_versions,
     registry,
 )
-from oodbench.errors import DetectorError
 
 BUILTINS = list(registry._REGISTRY)
 
@@ -144,7 +144,7 @@ def test_a_plugin_that_exits_or_is_interrupted_while_importing_is_a_failed_plugi
 
 
 def test_a_plugin_file_calling_sys_exit_fails_evaluate_with_one_line(tmp_path, clean_registry):
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     plugin = tmp_path / "exits.py"
     plugin.write_text("import sys\nsys.exit(0)\n")
@@ -261,7 +261,7 @@ def test_the_detectors_command_lists_plugins_and_failures(site, tmp_path):
         DETECTOR_SOURCE.format(cls="CliNorm")
         + '\nfrom oodbench.detectors import register\nregister("cli_norm")(CliNorm)\n'
     )
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     result = CliRunner().invoke(app, ["detectors", "--plugin", str(tmp_path / "cli_norm.py")])
     assert result.exit_code == 0, result.output

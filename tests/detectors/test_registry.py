@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from oodbench.core.errors import DataError, DetectorError
+from oodbench.core.outputs import Outputs
 from oodbench.detectors import available, create, get_class
-from oodbench.errors import DataError, DetectorError
-from oodbench.outputs import Outputs
 
 NAMES = (
     "msp maxlogit kl_matching energy gen react ash_s scale dice maha rmaha maha++ rmaha++ knn cosine mcm fdbd "

@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 import oodbench
+from oodbench.core.errors import DetectorError
+from oodbench.core.store import Store
 from oodbench.detectors.scaffold import identifiers, scaffold
-from oodbench.errors import DetectorError
-from oodbench.store import Store
 
 
 def test_identifiers_follow_the_detector_name():
@@ -46,7 +46,7 @@ def test_the_scaffolded_detector_passes_check_detector_in_process(tmp_path):
     try:
         from oodbench_inproc_demo.detector import InprocDemo
 
-        from oodbench.testing import check_detector
+        from oodbench.detectors.testing import check_detector
 
         check_detector(InprocDemo).raise_if_failed()
     finally:
@@ -65,7 +65,7 @@ def run(*args: str | Path, cwd: Path | None = None) -> str:
 
 @pytest.mark.slow
 def test_scaffold_install_list_test_evaluate_report(tmp_path, make, build_outputs):
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     result = CliRunner().invoke(app, ["detectors", "new", "my_det", "--out", str(tmp_path / "oodbench-my-det")])
     assert result.exit_code == 0, result.output

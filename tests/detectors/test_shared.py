@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.outputs import Outputs
 from oodbench.detectors import _gaussian, available, create, tune
 from oodbench.detectors.shared import STATISTICS, FitStatistics, declared_statistics, fit_all
-from oodbench.errors import DetectorError
-from oodbench.evaluation import evaluate_outputs
-from oodbench.outputs import Outputs
+from oodbench.evaluation.evaluate import evaluate_outputs
 
 SHARING = (
     "maha",

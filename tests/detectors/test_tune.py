@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from oodbench.core.errors import DetectorError
+from oodbench.core.metrics import evaluate
 from oodbench.detectors import create, tune
 from oodbench.detectors.tune import expand_grid
-from oodbench.errors import DetectorError
-from oodbench.metrics import evaluate
 
 
 def _split(problem):

@@ -24,8 +24,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from oodbench.cli import OodbenchGroup
-from oodbench.errors import DataError
+from oodbench.cli.main import OodbenchGroup
+from oodbench.core.errors import DataError
 from oodbench.extract import dataset_registry, imagelists
 from oodbench.extract.cli import register
 from oodbench.extract.datasets import match_list

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
+from oodbench.core.store import Store
 from oodbench.extract.backbones.base import autocast_dtype, resolved_amp_dtype
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.datasets import UnreadableImage, image_folder, load_rgb
@@ -27,7 +28,6 @@ from oodbench.extract.decode import (
     resolve_decode,
 )
 from oodbench.extract.pipeline import GroupMember, extract_group, runtime_provenance
-from oodbench.store import Store
 
 from .test_group import write_photos
 
@@ -158,7 +158,7 @@ def test_runtime_options_are_recorded_and_checked(tmp_path):
         assert resolved_amp_dtype(torch.device("cuda"), True) == "float16"
         assert resolved_amp_dtype(torch.device("cuda"), False) is None
     assert resolve_decode("auto", CPU) == "pil" and resolve_decode("auto", torch.device("cuda")) == "device"
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     images = tmp_path / "imgs"
     images.mkdir()

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from oodbench.errors import ExtractError
+from oodbench.core.errors import ExtractError
+from oodbench.core.store import Store
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.datasets import image_folder
 from oodbench.extract.openclip import OpenClipBackbone, load_openclip
 from oodbench.extract.pipeline import GroupMember, extract, extract_group
-from oodbench.store import Store
 
 from .helpers import write_images
 
@@ -183,7 +183,7 @@ def test_group_refuses_bad_input_before_writing(tmp_path, tiny_clip):
 KILLER = textwrap.dedent("""
     import os, signal, sys
     import open_clip
-    import oodbench.store as store_module
+    import oodbench.core.store as store_module
     open_clip.add_model_config(sys.argv[2])
     limit = int(sys.argv[1])
     calls = {"n": 0}

@@ -7,11 +7,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from oodbench.cli import app
-from oodbench.errors import ExtractError
+from oodbench.cli.main import app
+from oodbench.core.errors import ExtractError
+from oodbench.core.store import Store
 from oodbench.extract.hf_clip import check_hf_id, load_hf_clip
-from oodbench.store import Store
-from oodbench.templates import SEED_TEMPLATES
+from oodbench.text.templates import SEED_TEMPLATES
 
 from .helpers import write_images, write_tiny_hf_clip
 
@@ -68,7 +68,7 @@ def test_extract_stores_normalised_image_embeddings_and_text_embeddings(tiny_hf,
 
 def test_zero_shot_top1_from_the_cached_embeddings(tiny_hf, tmp_path):
     """`oodbench accuracy --zero-shot` predicts the class whose cached text embedding is closest."""
-    from oodbench.accuracy import read_accuracy
+    from oodbench.evaluation.accuracy import read_accuracy
 
     images = write_images(tmp_path / "images", {"a": 3, "b": 3}, size=(40, 36))
     classes = tmp_path / "classes.txt"

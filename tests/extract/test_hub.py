@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from oodbench.errors import ExtractError
+from oodbench.core.errors import ExtractError
 from oodbench.extract import hub
 from oodbench.extract.backbones.timm_backbone import check_timm_name, load_timm
 

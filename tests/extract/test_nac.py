@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from oodbench.errors import ExtractError
+from oodbench.core.errors import ExtractError
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.nac import NacLayer, kl_to_uniform, pool_units
 

@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from oodbench import Store
-from oodbench.errors import ExtractError
+from oodbench.core.errors import ExtractError
 from oodbench.extract.cli import register
 from oodbench.extract.openclip import (
     OpenClipBackbone,
@@ -24,7 +24,7 @@ from oodbench.extract.openclip import (
     text_dataset_id,
     text_embeddings,
 )
-from oodbench.templates import SEED_TEMPLATES
+from oodbench.text.templates import SEED_TEMPLATES
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oodbench.errors import ExtractError
+from oodbench.core.errors import ExtractError
 from oodbench.extract.patches import (
     ROUTES,
     image_and_patch_embeddings,
@@ -306,9 +306,9 @@ def test_aimv2_directory_extracts_patch_embeddings_end_to_end(tmp_path):
     import numpy as np
     from typer.testing import CliRunner
 
-    from oodbench.cli import app
+    from oodbench.cli.main import app
+    from oodbench.core.store import Store
     from oodbench.extract.hf_clip import load_hf_clip
-    from oodbench.store import Store
 
     from .helpers import write_images, write_tiny_aimv2
 

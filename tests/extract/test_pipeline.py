@@ -14,8 +14,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from oodbench import Store, detectors, metrics
-from oodbench.errors import ExtractError
+from oodbench import Store, detectors
+from oodbench.core import metrics
+from oodbench.core.errors import ExtractError
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.cli import register
 from oodbench.extract.datasets import image_folder
@@ -128,7 +129,7 @@ def test_everything_unreadable_is_an_error(tmp_path):
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    import oodbench.store as store_module
+    import oodbench.core.store as store_module
     limit = int(sys.argv[1])
     calls = {"n": 0}
     original = store_module.atomic_save_npy
@@ -201,7 +202,7 @@ def test_killed_extraction_resumes_to_identical_bytes(tmp_path):
 
 
 def test_oodbench_evaluate_consumes_extracted_entries(tmp_path):
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     fit = write_images(tmp_path / "fit", {"a": 6, "b": 6}, seed=3)
     test = write_images(tmp_path / "test", {"a": 4, "b": 4}, seed=4)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from oodbench.errors import ExtractError
+from oodbench.core.errors import ExtractError
 from oodbench.extract.backbones.timm_backbone import load_timm
 from oodbench.extract.posthoc_net import NetSpec, gram_rows, network_arrays, odin_logits, remove_rank1
 
@@ -235,8 +235,8 @@ def test_extract_then_evaluate_from_the_command_line(tmp_path):
     from typer.testing import CliRunner
 
     from oodbench import Store
-    from oodbench.cli import app
-    from oodbench.results import read_rows
+    from oodbench.cli.main import app
+    from oodbench.core.results import read_rows
 
     from .helpers import write_images
 

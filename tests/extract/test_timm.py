@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from oodbench.errors import ExtractError
+from oodbench.core.errors import ExtractError
 from oodbench.extract.backbones.timm_backbone import TimmBackbone, load_timm
 
 

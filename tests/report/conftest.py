@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from oodbench.results import ResultRow
+from oodbench.core.results import ResultRow
 
 from .helpers import metric_rows
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from oodbench.results import ResultRow
+from oodbench.core.results import ResultRow
 
 GOLDEN = Path(__file__).parent / "golden"
 

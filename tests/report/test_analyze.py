@@ -10,10 +10,10 @@ import typer
 from PIL import Image
 from typer.testing import CliRunner
 
-from oodbench import metrics
-from oodbench.cli import OodbenchGroup
+from oodbench.cli.main import OodbenchGroup
+from oodbench.core import metrics
+from oodbench.core.scores import load_scores
 from oodbench.report.analyze import register
-from oodbench.scores import load_scores
 
 runner = CliRunner()
 

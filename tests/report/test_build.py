@@ -6,9 +6,9 @@ import json
 import shutil
 from dataclasses import replace
 
+from oodbench.core.results import read_rows, write_rows
+from oodbench.core.tabular import render_markdown
 from oodbench.report.build import ReportOptions, build_report
-from oodbench.results import read_rows, write_rows
-from oodbench.tabular import render_markdown
 
 FAST = ReportOptions(draws=20, curve_draws=10, curve_points=3, resamples=20, score_figures=True)
 
@@ -47,9 +47,9 @@ def test_two_runs_of_one_model_are_labelled_by_what_differs(two_runs, tmp_path) 
 
 
 def test_labelled_ood_sets_get_a_per_class_acceptance_table(tmp_path) -> None:
-    from oodbench import metrics
     from oodbench.analysis.rundata import load_run
-    from oodbench.store import Store
+    from oodbench.core import metrics
+    from oodbench.core.store import Store
 
     from .conftest import _load_make_run
 

@@ -9,9 +9,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from oodbench.cli import OodbenchGroup
+from oodbench.cli.main import OodbenchGroup
+from oodbench.core.results import write_rows
 from oodbench.report.cli import register
-from oodbench.results import write_rows
 
 from .helpers import VOCABULARIES
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from oodbench import metrics
 from oodbench.analysis.roc import roc_curve
 from oodbench.analysis.subsample import subsample_curve
-from oodbench.errors import AnalysisError
+from oodbench.core import metrics
+from oodbench.core.errors import AnalysisError
+from oodbench.core.results import ResultRow
 from oodbench.report.figures import (
     fig_best_detectors,
     fig_roc,
@@ -21,7 +22,6 @@ from oodbench.report.figures import (
     save_figure,
 )
 from oodbench.report.tables import Vocabulary, format_p
-from oodbench.results import ResultRow
 
 from .helpers import VOCABULARIES
 

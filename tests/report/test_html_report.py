@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from oodbench.core.results import write_rows
 from oodbench.report.html_report import write_html_report
-from oodbench.results import write_rows
 
 from .helpers import VOCABULARIES
 
@@ -211,7 +211,7 @@ def test_provenance_keys_and_headings_keep_their_words_whole(two_runs, tmp_path,
 
 
 def test_intro_becomes_a_context_section_first(two_runs, tmp_path) -> None:
-    from oodbench.tabular import Cell, Table
+    from oodbench.core.tabular import Cell, Table
 
     datasets = Table("demo-datasets", "The datasets", ("set", "images"), ((Cell("near"), Cell("300")),))
     html = write_html_report(

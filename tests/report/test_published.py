@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from oodbench.analysis.published import load_published
-from oodbench.cli import OodbenchGroup
+from oodbench.cli.main import OodbenchGroup
 from oodbench.report.cli import register
 
 runner = CliRunner()

@@ -6,10 +6,10 @@ from html.parser import HTMLParser
 
 import pytest
 
-from oodbench.errors import AnalysisError
+from oodbench.core.errors import AnalysisError
+from oodbench.core.tabular import Cell, Table, render_markdown
 from oodbench.report.html import render_html
 from oodbench.report.latex import latex_escape, render_latex
-from oodbench.tabular import Cell, Table, render_markdown
 
 TRICKY = Table(
     "tricky",

@@ -10,11 +10,11 @@ import pytest
 
 from oodbench.analysis.spread import spread_vs_noise
 from oodbench.analysis.subsample import SubsampleSummary
-from oodbench.errors import AnalysisError
+from oodbench.core.errors import AnalysisError
+from oodbench.core.tabular import render_markdown
 from oodbench.report.latex import render_latex
 from oodbench.report.tables import VocabScore, parse_vocabulary_score, table1, table2, table_a1, table_a2, table_a6
 from oodbench.report.tables import supervised_rows as supervised_rows_of
-from oodbench.tabular import render_markdown
 
 from .helpers import GOLDEN, VOCABULARIES, metric_rows
 

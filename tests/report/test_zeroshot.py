@@ -14,20 +14,20 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from oodbench import metrics
 from oodbench.analysis.published import read_accuracy
 from oodbench.analysis.rundata import load_run, load_runs
-from oodbench.classes import ClassList
-from oodbench.errors import AnalysisError
-from oodbench.outputs import Outputs
+from oodbench.core import metrics
+from oodbench.core.errors import AnalysisError
+from oodbench.core.outputs import Outputs
+from oodbench.core.results import read_rows
+from oodbench.core.scores import load_scores
+from oodbench.core.store import Store
+from oodbench.core.tabular import render_markdown
 from oodbench.report.build import ReportOptions, build_report, split_rows
 from oodbench.report.cli import register
 from oodbench.report.figures import vocab_sweep_lines
 from oodbench.report.tables import Table, table1, table_a1, table_a2, table_detectors
-from oodbench.results import read_rows
-from oodbench.scores import load_scores
-from oodbench.store import Store
-from oodbench.tabular import render_markdown
+from oodbench.text.classes import ClassList
 from oodbench.zeroshot.evaluate import evaluate_zeroshot_store, make_plan
 
 from ..analysis.helpers import make_run

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from oodbench.cli import OodbenchGroup
+from oodbench.cli.main import OodbenchGroup
 from oodbench.runner.config import load_config, parse_config
 
 from .helpers import CONFIGS, FAST_DEMO
@@ -40,7 +40,7 @@ def test_with_a_checkpoint_bit_s_runs_on_that_file(tmp_path: Path) -> None:
 
 
 def test_dry_run_shows_bit_s_as_needing_a_checkpoint(tmp_path: Path) -> None:
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     result = CliRunner().invoke(app, ["run", str(FI), "--dry-run", "--summary", "--out", str(tmp_path / "w")])
     assert result.exit_code == 0, result.output

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from oodbench.errors import ConfigError
+from oodbench.core.errors import ConfigError
 from oodbench.runner.config import apply_overrides, load_config, missing_roots, parse_config
 
 from .helpers import CONFIGS
@@ -188,7 +188,7 @@ def test_toml_syntax_errors_and_missing_files(tmp_path: Path) -> None:
 def test_a_5000_deep_toml_array_is_one_line_with_exit_status_2(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     deep = tmp_path / "deep.toml"
     deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")

@@ -145,7 +145,7 @@ def test_fi_dry_run_lists_per_vlm_glmcm_and_the_three_eoe_styles(fi_config, tmp_
 
 
 def test_fi_dry_run_shows_each_dataset_with_its_published_size_and_list(tmp_path: Path) -> None:
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     result = CliRunner().invoke(app, ["run", str(FI), "--dry-run", "--summary", "--out", str(tmp_path / "w")])
     assert result.exit_code == 0, result.output
@@ -164,7 +164,7 @@ def test_fi_dry_run_reads_the_official_lists_from_the_lists_path(tmp_path: Path,
     import hashlib
     from dataclasses import replace
 
-    from oodbench.cli import app
+    from oodbench.cli.main import app
     from oodbench.extract import imagelists
 
     lists = tmp_path / "lists"

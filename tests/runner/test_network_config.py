@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from oodbench.errors import ConfigError
+from oodbench.core.errors import ConfigError
 from oodbench.runner.config import parse_config
 from oodbench.runner.plan import build_plan
 

@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
+from oodbench.core.errors import ConfigError
+from oodbench.core.store import Store
 from oodbench.detectors import registry
-from oodbench.errors import ConfigError
 from oodbench.runner.config import load_config
 from oodbench.runner.plan import build_plan
-from oodbench.store import Store
 
 from .helpers import CONFIGS, FAST_DEMO
 

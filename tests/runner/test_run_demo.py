@@ -9,11 +9,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from oodbench.cli import OodbenchGroup
+from oodbench.cli.main import OodbenchGroup
+from oodbench.core.errors import ConfigError, OodbenchError
+from oodbench.core.results import read_rows
 from oodbench.detectors import available
 from oodbench.detectors.base import Detector
-from oodbench.errors import ConfigError, OodbenchError
-from oodbench.results import read_rows
 from oodbench.runner.executor import run_experiment
 from oodbench.runner.plan import build_plan
 
@@ -55,7 +55,7 @@ def test_second_run_recomputes_nothing(demo_copy: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(Detector, "score", forbidden)
     monkeypatch.setattr("oodbench.report.output.write_report", forbidden)
     monkeypatch.setattr("oodbench.analysis.subsample.subsample_run", forbidden)
-    monkeypatch.setattr("oodbench.results.write_rows", forbidden)
+    monkeypatch.setattr("oodbench.core.results.write_rows", forbidden)
     before = {p: p.stat().st_mtime_ns for p in demo_copy.rglob("*") if p.is_file()}
     report = run_experiment(demo_config(demo_copy), progress=False)
     assert report.total_executed == 0
@@ -73,7 +73,7 @@ def test_second_run_recomputes_nothing(demo_copy: Path, monkeypatch: pytest.Monk
 
 def test_results_agree_with_evaluate_store(finished_demo, tmp_path: Path) -> None:
     """The runner's unit-by-unit path gives the rows of the one-call evaluation (an independent code path)."""
-    from oodbench.evaluation import evaluate_store
+    from oodbench.evaluation.evaluate import evaluate_store
 
     workdir, _ = finished_demo
     config = demo_config(workdir)

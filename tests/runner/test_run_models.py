@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from oodbench.results import read_rows
+from oodbench.core.results import read_rows
+from oodbench.core.store import Store
 from oodbench.runner.config import load_config
 from oodbench.runner.executor import run_experiment
 from oodbench.runner.plan import build_plan
-from oodbench.store import Store
 
 from ..extract.helpers import TINY_CLIP, register_tiny_clip, single_torch_thread, write_images
 
@@ -168,7 +168,7 @@ def test_models_run_end_to_end_and_then_is_cached(experiment: Path, first_run) -
 
 
 def test_missing_root_stops_the_run_before_any_work(experiment: Path, tmp_path: Path) -> None:
-    from oodbench.errors import ConfigError
+    from oodbench.core.errors import ConfigError
 
     config = load_config(
         experiment,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from oodbench.errors import ConfigError
+from oodbench.core.errors import ConfigError
 from oodbench.runner.config import load_config, parse_config
 
 from .helpers import CONFIGS
@@ -93,7 +93,7 @@ def test_open_clip_resolutions_are_those_printed() -> None:
 
 
 def test_dry_run_names_every_model_as_the_paper(tmp_path: Path) -> None:
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     result = CliRunner().invoke(app, ["run", str(FI), "--dry-run", "--summary", "--out", str(tmp_path / "w")])
     assert result.exit_code == 0, result.output

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from oodbench.errors import ConfigError
+from oodbench.core.errors import ConfigError
 from oodbench.runner.config import parse_config
 
 from ..extract.helpers import write_tiny_aimv2, write_tiny_hf_clip

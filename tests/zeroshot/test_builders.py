@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from oodbench.classes import ClassList, ClassListError, imagenet_wnids, load_classes
-from oodbench.cli import main
-from oodbench.errors import ZeroShotError
-from oodbench.outputs import Outputs
-from oodbench.store import Store
+from oodbench.cli.main import main
+from oodbench.core.errors import ZeroShotError
+from oodbench.core.outputs import Outputs
+from oodbench.core.store import Store
+from oodbench.text.classes import ClassList, ClassListError, imagenet_wnids, load_classes
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, Vocabulary
 from oodbench.zeroshot.vocab.builders import (
     build_oracle,

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 os.environ["HF_HUB_OFFLINE"] = "1"
 open_clip = pytest.importorskip("open_clip")
 
-from oodbench.store import Store  # noqa: E402
-from oodbench.templates import SEED_TEMPLATES  # noqa: E402
+from oodbench.core.store import Store  # noqa: E402
+from oodbench.text.templates import SEED_TEMPLATES  # noqa: E402
 from oodbench.zeroshot import scores as S  # noqa: E402
 from oodbench.zeroshot.cli import register  # noqa: E402
 
@@ -204,8 +204,8 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
     assert len(info["zeroshot"]["vocabularies"]["wn"]["hash"]) == 64
 
     # Independent path: the model's own text embeddings and the score function on the stored image embeddings.
+    from oodbench.core.scores import load_scores
     from oodbench.extract.openclip import text_embeddings
-    from oodbench.scores import load_scores
 
     image = Store(store).read("tiny", "ood-textures")
     id_text = text_embeddings(tiny_clip, ["red", "blue"], SEED_TEMPLATES)
@@ -226,7 +226,7 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
 
 
 def test_missing_text_embeddings_without_a_model_fail_clearly(workspace, tmp_path):
-    from oodbench.errors import ExtractError
+    from oodbench.core.errors import ExtractError
     from oodbench.extract.label_embedder import store_embedder
 
     embed = store_embedder(Store(workspace / "store"), "tiny")

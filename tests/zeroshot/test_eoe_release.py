@@ -12,8 +12,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from oodbench.classes import ClassList
-from oodbench.errors import ZeroShotError
+from oodbench.core.errors import ZeroShotError
+from oodbench.text.classes import ClassList
 from oodbench.zeroshot.vocab.eoe_release import (
     dash_lines,
     generate_released_eoe,
@@ -120,7 +120,7 @@ def test_near_asks_once_per_class_and_fine_grained_needs_its_class_type(tmp_path
 
 
 def test_cli_builds_with_a_prompt_file_and_refuses_a_bad_one_before_asking(tmp_path, prompt_file):
-    from oodbench.cli import app
+    from oodbench.cli.main import app
 
     classes = tmp_path / "classes.txt"
     classes.write_text("cat\nhot dog\n")

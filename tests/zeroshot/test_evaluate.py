@@ -8,15 +8,15 @@ import json
 import numpy as np
 import pytest
 
-from oodbench import metrics
-from oodbench.classes import ClassList
-from oodbench.errors import ZeroShotError
-from oodbench.outputs import Outputs
+from oodbench.core import metrics
+from oodbench.core.errors import ZeroShotError
+from oodbench.core.outputs import Outputs
+from oodbench.core.results import ResultRow, read_rows
+from oodbench.core.scores import load_scores
+from oodbench.core.store import Store
 from oodbench.report.tables import coerce_vocabularies, parse_vocabulary_score
-from oodbench.results import ResultRow, read_rows
-from oodbench.scores import load_scores
-from oodbench.store import Store
-from oodbench.templates import SEED_TEMPLATES
+from oodbench.text.classes import ClassList
+from oodbench.text.templates import SEED_TEMPLATES
 from oodbench.zeroshot import evaluate as E
 from oodbench.zeroshot import scores as S
 from oodbench.zeroshot.table import RunView, find_runs, load_run, sweep_markdown, table2_markdown

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from oodbench.classes import ClassList
-from oodbench.cli import OodbenchGroup
-from oodbench.errors import ZeroShotError
-from oodbench.llm import ChatClient, LLMConfig, LLMError, LLMInterrupted, RateLimiter
+from oodbench.cli.main import OodbenchGroup
+from oodbench.core.errors import ZeroShotError
+from oodbench.text.classes import ClassList
+from oodbench.text.llm import ChatClient, LLMConfig, LLMError, LLMInterrupted, RateLimiter
 from oodbench.zeroshot.vocab.artefact import VocabStore
 from oodbench.zeroshot.vocab.eoe import generate_eoe_outliers
 from oodbench.zeroshot.vocab.parsing import parse_name_list

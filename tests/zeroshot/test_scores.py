@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oodbench import detectors
-from oodbench.errors import ZeroShotError
-from oodbench.outputs import Outputs
+from oodbench.core.errors import ZeroShotError
+from oodbench.core.outputs import Outputs
 from oodbench.zeroshot import scores as S
 
 

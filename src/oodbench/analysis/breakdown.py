@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import metrics
-from ..errors import AnalysisError
+from ..core import metrics
+from ..core.errors import AnalysisError
 from .intervals import wilson_interval
 
 __all__ = ["ClassAcceptance", "class_acceptance"]

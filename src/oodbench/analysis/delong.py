@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from .. import metrics
-from ..errors import AnalysisError
+from ..core import metrics
+from ..core.errors import AnalysisError
 from .intervals import Interval, normal_interval
 from .records import plain_dict
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special, stats
 
-from .. import metrics
-from ..chunking import DEFAULT_CHUNK_BYTES
-from ..errors import AnalysisError
+from ..core import metrics
+from ..core.errors import AnalysisError
+from ..util.chunking import DEFAULT_CHUNK_BYTES
 from .records import plain_dict
 
 __all__ = [

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..errors import AnalysisError
-from ..results import ResultRow
+from ..core.errors import AnalysisError
+from ..core.results import ResultRow
 from .delong import delong_interval
 from .intervals import wilson_interval
 

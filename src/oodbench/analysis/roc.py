@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import metrics
+from ..core import metrics
 
 __all__ = ["roc_curve"]
 

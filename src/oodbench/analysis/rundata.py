@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AnalysisError
-from ..results import ResultRow, read_rows
-from ..rundir import RUN_KINDS, RunDir
+from ..core.errors import AnalysisError
+from ..core.results import ResultRow, read_rows
+from ..core.rundir import RUN_KINDS, RunDir
 
 __all__ = ["RunData", "RUN_KINDS", "load_run", "load_runs"]
 

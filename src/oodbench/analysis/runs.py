@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import AnalysisError
-from ..metrics import check_convention
-from ..progress import progress_bar
+from ..core.errors import AnalysisError
+from ..core.metrics import check_convention
+from ..util.progress import progress_bar
 from .delong import DeLongResult, delong_interval, delong_test
 from .intervals import Interval, bootstrap, fpr_interval
 from .rundata import RunData

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import AnalysisError
+from ..core.errors import AnalysisError
 from .records import plain_dict
 from .subsample import SubsampleSummary
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import metrics
-from ..chunking import DEFAULT_CHUNK_BYTES
-from ..errors import AnalysisError
-from ..progress import progress_bar
+from ..core import metrics
+from ..core.errors import AnalysisError
+from ..util.chunking import DEFAULT_CHUNK_BYTES
+from ..util.progress import progress_bar
 from .records import plain_dict
 from .rundata import RunData
 

@@ -4,13 +4,13 @@ annotation protocol, a multi-annotator web app and the benchmark export.
 The pure parts (importers, evidence, protocol) import only numpy; the database, web app and LLM
 client need the `web` extra and live in `db`, `web`, `project`, `export` and `llm`.
 
-Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+Every name below is imported from its module on first use (`oodbench.util.lazy`), so that importing the package
 (and `oodbench --help`) stays fast.
 """
 
 from __future__ import annotations
 
-from ..lazy import lazy_package
+from ..util.lazy import lazy_package
 
 _EXPORTS = {
     "AMBIGUITY_REASONS": ".protocol",

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from ..errors import OodbenchError
+from ..core.errors import OodbenchError
 
 app = typer.Typer(
     help="Construct an OOD benchmark from label errors: candidates, evidence, 3-stage annotation, export.",
@@ -38,7 +38,7 @@ def _friendly(func: F) -> F:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(code=2) from None
         except ModuleNotFoundError as exc:
-            from ..extras import missing_extra_message
+            from ..util.extras import missing_extra_message
 
             typer.secho(f"error: {missing_extra_message(exc.name, 'web')}", fg=typer.colors.RED, err=True)
             raise typer.Exit(code=2) from None
@@ -96,7 +96,7 @@ def init(
     Example: oodbench annotate init proj --images /data/imagenet/val --real builtin
     --original-labels builtin --mturk builtin
     """
-    from ..classes import load_classes
+    from ..text.classes import load_classes
     from .importers import TableMapping, load_original_labels, read_mturk, read_real, read_table
     from .project import Project, import_candidates
 
@@ -282,7 +282,7 @@ def describe(
     Example: OODBENCH_LLM_API_KEY=… oodbench annotate describe proj --base-url http://127.0.0.1:8080/v1
     --model qwen2-vl-7b
     """
-    from ..progress import progress_bar
+    from ..util.progress import progress_bar
     from .llm import LLMConfig, LLMDescriber
     from .project import describe_images
 

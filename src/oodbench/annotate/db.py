@@ -25,7 +25,7 @@ from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Uni
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
 from .importers import Candidate
 from .protocol import (
     MAX_NOTE_LENGTH,

@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 import numpy as np
 
-from ..classes import ClassList
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
+from ..text.classes import ClassList
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 SOURCES = ("original", "vlm", "confusions", "llm", "reverse_search")

@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_text
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
+from ..util.atomic import atomic_write_text
 from .project import Project
 from .protocol import Outcome, Status, Verdict
 from .stats import outcome_stats, stats_markdown

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
 
 REAL_FLAG = "real:no-label"
 MTURK_FLAG = "mturk:neither"

@@ -4,7 +4,7 @@ Talks to any OpenAI-compatible `/chat/completions` endpoint. The model answers i
 closed-world (pick one of the candidate ID classes shown, or NONE) and open-world (name the main
 object freely), plus a one-sentence description. Answers that parse are cached on disk per image and
 prompt, so reruns never pay twice (an unparseable reply is never cached: a rerun asks again); transient failures (timeouts, 429, 5xx) are retried with backoff. The HTTP
-exchange itself is the core LLM client's (`oodbench.llm.post_chat_completion`).
+exchange itself is the core LLM client's (`oodbench.text.llm.post_chat_completion`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_text
-from ..errors import AnnotateError
-from ..llm import ChatAttemptError, json_depth_ok, post_chat_completion
+from ..core.errors import AnnotateError
+from ..text.llm import ChatAttemptError, json_depth_ok, post_chat_completion
+from ..util.atomic import atomic_write_text
 from .protocol import label_match_key
 
 PROMPT_VERSION = "closed-open-v1"

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_path
-from ..classes import ClassList
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
+from ..text.classes import ClassList
+from ..util.atomic import atomic_path
 from .db import AnnotationStore, ImageInfo
 from .evidence import (
     IMAGE_SUFFIXES,
@@ -399,8 +399,8 @@ def store_evidence_inputs(
     which `add_vlm_evidence` matches by key, path or file name). The class embeddings are the rows of the
     model's stored classifier head, or None when it has none (then pass class-name embeddings yourself).
     """
-    from ..errors import StoreError
-    from ..store import Store
+    from ..core.errors import StoreError
+    from ..core.store import Store
 
     store = Store(store_root)
     try:

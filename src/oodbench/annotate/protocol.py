@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
 
 STAGE1_ANNOTATORS = 2
 PANEL_SIZE = 3
@@ -72,7 +72,7 @@ _SPACES = re.compile(r"\s+")
 def label_match_key(text: str) -> str:
     """The key two annotators' free-text labels are matched by: case, width, punctuation, spacing, leading article.
 
-    Looser than `oodbench.classes.normalize_label` (the key of vocabularies and class names): it also drops
+    Looser than `oodbench.text.classes.normalize_label` (the key of vocabularies and class names): it also drops
     hyphens, punctuation and a leading article, so "A sea-lion" and "sea lion" are one OOD label.
     """
     folded = unicodedata.normalize("NFKC", text).casefold().replace("_", " ").replace("-", " ")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..classes import load_classes
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
+from ..text.classes import load_classes
 from .importers import BUILTIN, Import, load_original_labels, read_mturk, read_real
 from .project import Project, add_vlm_evidence, import_candidates
 

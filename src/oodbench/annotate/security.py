@@ -14,7 +14,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 from itsdangerous import BadSignature, URLSafeSerializer, URLSafeTimedSerializer
 
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 

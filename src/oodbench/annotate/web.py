@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from ..errors import AnnotateError
+from ..core.errors import AnnotateError
 from .db import MAX_ROW_ID, User
 from .evidence import SOURCE_TITLES, SOURCES
 from .project import Project

@@ -8,13 +8,13 @@
 - `scan_suites`: published suites' OOD class lists against a training label space (WordNet), no images.
 - `overlap_index`: L_k, a cheap pre-check of how mixed two sets are.
 
-Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+Every name below is imported from its module on first use (`oodbench.util.lazy`), so that importing the package
 (and `oodbench --help`) stays fast.
 """
 
 from __future__ import annotations
 
-from ..lazy import lazy_package
+from ..util.lazy import lazy_package
 
 _EXPORTS = {
     "AuditConfig": ".config",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..chunking import iter_chunks, rows_per_chunk
-from ..errors import AuditError
-from ..outputs import Head, Outputs
+from ..core.errors import AuditError
+from ..core.outputs import Head, Outputs
+from ..util.chunking import iter_chunks, rows_per_chunk
 
 # Selections above this many bytes of features are written to a scratch memory map instead of RAM.
 IN_MEMORY_BYTES = 1 << 30

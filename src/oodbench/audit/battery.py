@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AuditError
-from ..outputs import Head, Outputs
-from ..progress import progress_bar
-from ..store import Store
+from ..core.errors import AuditError
+from ..core.outputs import Head, Outputs
+from ..core.store import Store
+from ..util.progress import progress_bar
 from ._rows import select_rows
 from .adjudicate import CLEAN, HARD_CLEAN, INCONCLUSIVE, LEAK, VERDICTS, Verdict, adjudicate
 from .config import AuditConfig

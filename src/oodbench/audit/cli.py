@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from ..cli_params import parse_params
+from ..util.cli_params import parse_params
 
 app = typer.Typer(
     help="Benchmark audit: leak fingerprint, exclusion contrast, controlled battery, class-list scan.",
@@ -310,7 +310,7 @@ def scan_command(
         subject="label spaces: " + ", ".join(f"{s.name} ({len(s)} classes)" for s in spaces),
     )
     paths = write_document(document, out, "scan") if out is not None else {}
-    from ..tabular import render_markdown
+    from ..core.tabular import render_markdown
 
     sys.stdout.write(render_markdown(sections[0].tables[0]))
     if paths:
@@ -349,7 +349,7 @@ def overlap_command(
     Example:
       oodbench audit overlap --store feats --model resnet50.tv_in1k --id imagenet-val --ood ssb-hard -k 10
     """
-    from ..store import Store
+    from ..core.store import Store
     from .overlap import pair_overlap
 
     root = Store(store)

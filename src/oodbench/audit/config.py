@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import AuditError
+from ..core.errors import AuditError
 
 __all__ = ["AuditConfig", "DEFAULT_POOL", "ISOLATION_FOREST", "DEFAULT_LOGIT_DETECTORS"]
 

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import AuditError
-from ..metrics import auroc
-from ..outputs import Head, Outputs
+from ..core.errors import AuditError
+from ..core.metrics import auroc
+from ..core.outputs import Head, Outputs
 from ._rows import sample_index, select_rows
 from .config import AuditConfig
 from .fingerprint import OracleLDA, PoolState, oracle_lda, oracle_lda_null, prepare_pool

@@ -17,9 +17,9 @@ import numpy as np
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.model_selection import StratifiedKFold
 
-from ..errors import AuditError
-from ..metrics import auroc
-from ..outputs import Head, Outputs
+from ..core.errors import AuditError
+from ..core.metrics import auroc
+from ..core.outputs import Head, Outputs
 from ._rows import sample_index
 from .config import AuditConfig
 from .pool import FittedPool, LogitScores, best_of, fit_logit_detectors, fit_pool, pool_aurocs, resolve_pool

@@ -17,8 +17,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from ..errors import AuditError
-from ..outputs import Head, Outputs
+from ..core.errors import AuditError
+from ..core.outputs import Head, Outputs
 from ._rows import relabel, with_head
 from .config import AuditConfig
 from .pool import fit_logit_detectors, pool_aurocs

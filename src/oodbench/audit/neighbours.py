@@ -5,8 +5,8 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from ..chunking import iter_chunks, rows_per_chunk
-from ..errors import AuditError
+from ..core.errors import AuditError
+from ..util.chunking import iter_chunks, rows_per_chunk
 
 __all__ = ["nearest_rows", "class_means", "nearest_class_mean"]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AuditError
-from ..outputs import Outputs
+from ..core.errors import AuditError
+from ..core.outputs import Outputs
 from ._rows import sample_index
 from .neighbours import nearest_rows
 

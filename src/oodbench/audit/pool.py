@@ -10,9 +10,9 @@ import numpy as np
 from sklearn.ensemble import IsolationForest
 
 from .. import detectors
-from ..errors import AuditError, DetectorError
-from ..metrics import auroc
-from ..outputs import Head, Outputs
+from ..core.errors import AuditError, DetectorError
+from ..core.metrics import auroc
+from ..core.outputs import Head, Outputs
 from ._rows import features_only, relabel, sample_index, with_head
 from .config import DEFAULT_POOL, ISOLATION_FOREST, AuditConfig
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_text
-from ..tabular import MISSING, Cell, Table, render_markdown
+from ..core.tabular import MISSING, Cell, Table, render_markdown
+from ..util.atomic import atomic_write_text
 from .battery import CLEAN_KIND, LEAKED, BatteryResult
 from .config import AuditConfig
 from .render import html_renderer

@@ -31,8 +31,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..classes import normalize_label as normalize_lemma
-from ..errors import AuditError
+from ..core.errors import AuditError
+from ..text.classes import normalize_label as normalize_lemma
 from .suites import SuiteManifest
 from .wordnet import LabelSpace, WordNet, load_wordnet
 

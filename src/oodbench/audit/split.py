@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import AuditError
-from ..outputs import Head, Outputs
-from ..progress import progress_bar
-from ..store import Store
+from ..core.errors import AuditError
+from ..core.outputs import Head, Outputs
+from ..core.store import Store
+from ..util.progress import progress_bar
 from .adjudicate import Verdict, adjudicate
 from .config import AuditConfig
 from .contrast import ContrastResult, exclusion_contrast

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import AuditError
+from ..core.errors import AuditError
 from .wordnet import WNID
 
 __all__ = ["SuiteManifest", "shipped_suites", "load_suite", "load_suites", "KINDS"]

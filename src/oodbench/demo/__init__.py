@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..outputs import Outputs
-from ..progress import console
-from ..store import Store, hash_items
+from ..core.outputs import Outputs
+from ..core.store import Store, hash_items
+from ..util.progress import console
 
 __all__ = ["DemoSetup", "prepare", "demo_detector_params", "MODEL_ID"]
 
@@ -102,7 +102,7 @@ def prepare(root: str | os.PathLike[str], seed: int = 0, *, epochs: int = 40, ve
 
     import torch
 
-    from ..progress import make_progress
+    from ..util.progress import make_progress
     from .model import checkpoint_sha256, forward_arrays, head_of, network_extras, train_cnn
 
     splits = digits_splits(seed)

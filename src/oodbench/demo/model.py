@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..outputs import Head
+from ..core.outputs import Head
 
 
 class DigitsCNN(nn.Module):

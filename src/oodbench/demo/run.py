@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_text
-from ..evaluation import EvaluationResult, evaluate_store
-from ..progress import console
+from ..evaluation.evaluate import EvaluationResult, evaluate_store
+from ..util.atomic import atomic_write_text
+from ..util.progress import console
 from . import DemoSetup, demo_detector_params, prepare
 
 
@@ -93,7 +93,7 @@ def _html_report(run_dir: Path, path: Path, intro: tuple[Any, ...] = ()) -> Path
 
 def _context(setup: DemoSetup, battery: Any) -> tuple[Any, ...]:
     """What report.md says before the results, for the HTML report: the model, the datasets, the audit battery."""
-    from ..tabular import Cell, Table
+    from ..core.tabular import Cell, Table
 
     info, sizes = setup.info, setup.info.get("sizes", {})
     roles = [

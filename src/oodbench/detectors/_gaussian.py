@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..chunking import iter_chunks
-from ..errors import DetectorError
+from ..core.errors import DetectorError
+from ..util.chunking import iter_chunks
 from .state import Array, Dims, Object, Optional, Scalar
 
 # Unit roundoffs of float32 and float64 (round to nearest).

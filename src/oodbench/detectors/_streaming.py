@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
+from ..util.chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 
 # Fits over fewer rows than this finish in seconds; a progress bar would only be noise (and clutter tests).
 _PROGRESS_MIN_ROWS = 250_000
@@ -21,7 +21,7 @@ def _progress_bar(description: str, total_rows: int) -> Iterator[Callable[[int],
     if total_rows < _PROGRESS_MIN_ROWS or not sys.stderr.isatty():
         yield lambda rows: None
         return
-    from ..progress import make_progress
+    from ..util.progress import make_progress
 
     progress = make_progress(transient=True)
     with progress:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DetectorError
-from ..numerics import logsumexp_in_place
-from ..outputs import Head, Outputs
+from ..core.errors import DetectorError
+from ..core.numerics import logsumexp_in_place
+from ..core.outputs import Head, Outputs
 from ._streaming import exact_percentile
 from .base import Detector, Paper, Requirements
 from .registry import register

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_path, atomic_write_json, sha256_file
-from ..errors import DetectorError
-from ..names import check_name
-from ..store import PROVENANCE_KEYS, Store, library_versions
+from ..core.errors import DetectorError
+from ..core.names import check_name
+from ..core.store import PROVENANCE_KEYS, Store, library_versions
+from ..util.atomic import atomic_path, atomic_write_json, sha256_file
 from .base import Detector, _FitInfo, fit_record
 from .state import Array, Dims, FlatIndex, IVFIndex, Keyed, Object, Optional, Scalar, check_array, check_scalar
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
 import numpy as np
 
-from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ..errors import DetectorError
-from ..outputs import Head, Outputs, check_class_labels, require_finite
-from ..papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
+from ..core.errors import DetectorError
+from ..core.outputs import Head, Outputs, check_class_labels, require_finite
+from ..core.papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
+from ..util.chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from .state import Spec
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import OodbenchError
+from ..core.errors import OodbenchError
 
 Plugins = Annotated[
     list[str] | None,
@@ -40,7 +40,7 @@ def list_detectors(ctx: typer.Context, plugin: Plugins = None) -> None:
         return
     from rich.table import Table
 
-    from ..terminal import print_table
+    from ..util.terminal import print_table
     from . import registry
 
     registry.load_plugins(plugin or ())
@@ -122,9 +122,9 @@ def score_command(
     """
     import numpy as np
 
-    from ..atomic import atomic_path, atomic_save_npy, unwritable
-    from ..cli_params import refuse_inside
-    from ..store import Store
+    from ..core.store import Store
+    from ..util.atomic import atomic_path, atomic_save_npy, unwritable
+    from ..util.cli_params import refuse_inside
     from .artefact import check_provenance, load
 
     if not store.is_dir():

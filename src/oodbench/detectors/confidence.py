@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DetectorError
-from ..outputs import Head, Outputs
+from ..core.errors import DetectorError
+from ..core.outputs import Head, Outputs
 from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
 from .logit import max_softmax

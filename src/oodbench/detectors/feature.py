@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from ..chunking import DEFAULT_CHUNK_BYTES
-from ..errors import DetectorError
-from ..numerics import l2_normalize, logsumexp_in_place
-from ..outputs import Head, Outputs
+from ..core.errors import DetectorError
+from ..core.numerics import l2_normalize, logsumexp_in_place
+from ..core.outputs import Head, Outputs
+from ..util.chunking import DEFAULT_CHUNK_BYTES
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DetectorError
+from ..core.errors import DetectorError
 
 if TYPE_CHECKING:
-    from ..outputs import Outputs
+    from ..core.outputs import Outputs
 
 __all__ = ["FitSize", "SMALL_FIT_SET", "adapt_plan", "describe_changes", "plan_size_problems", "raise_size_problems"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..numerics import energy, logsumexp_in_place, softmax
-from ..outputs import Head, Outputs
+from ..core.numerics import energy, logsumexp_in_place, softmax
+from ..core.outputs import Head, Outputs
 from .base import Detector, Paper, Requirements
 from .registry import register
 from .shared import statistics_for

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DetectorError
-from ..numerics import softmax
-from ..outputs import Head, Outputs
+from ..core.errors import DetectorError
+from ..core.numerics import softmax
+from ..core.outputs import Head, Outputs
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo
 from .registry import register

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import DetectorError
-from ..numerics import logsumexp_in_place
-from ..outputs import Head, Outputs
+from ..core.errors import DetectorError
+from ..core.numerics import logsumexp_in_place
+from ..core.outputs import Head, Outputs
 from ._gaussian import ClassGaussians, ScatterAccumulator, class_gaussians_state, pinv_sqrt, triangular_whitener
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo

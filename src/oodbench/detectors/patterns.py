@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..chunking import iter_chunks
-from ..errors import DetectorError
-from ..numerics import l2_normalize, logsumexp_in_place, softmax
-from ..outputs import Head, Outputs
+from ..core.errors import DetectorError
+from ..core.numerics import l2_normalize, logsumexp_in_place, softmax
+from ..core.outputs import Head, Outputs
+from ..util.chunking import iter_chunks
 from ._streaming import fit_chunks
 from .base import Detector, Paper, Requirements
 from .fitsize import FitSize

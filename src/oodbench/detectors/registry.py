@@ -23,8 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from ..errors import DetectorError
-from ..names import check_name
+from ..core.errors import DetectorError
+from ..core.names import check_name
 from .base import Detector
 
 __all__ = [

@@ -11,7 +11,7 @@ import keyword
 import re
 from pathlib import Path
 
-from ..errors import DetectorError
+from ..core.errors import DetectorError
 
 __all__ = ["scaffold", "identifiers"]
 
@@ -74,7 +74,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from oodbench.detectors import Array, Detector, Paper, Range, Requirements
-from oodbench.outputs import Head, Outputs
+from oodbench.core.outputs import Head, Outputs
 
 
 class {cls}(Detector):
@@ -132,7 +132,7 @@ _TEST = '''\
 """{name} passes oodbench's detector battery and is registered once installed."""
 
 from oodbench.detectors import available, get_class
-from oodbench.testing import check_detector
+from oodbench.detectors.testing import check_detector
 
 from {package}.detector import {cls}
 
@@ -153,7 +153,7 @@ The `{name}` out-of-distribution detector as an oodbench plugin.
 
     python -m pip install -e '.[test]'   # registers "{name}" (entry point oodbench.detectors), installs pytest
     oodbench detectors                   # lists it, with this distribution and version
-    python -m pytest tests               # runs oodbench.testing.check_detector on it
+    python -m pytest tests               # runs oodbench.detectors.testing.check_detector on it
 
 `python` is the interpreter of the environment oodbench is installed in (after `make demo` in oodbench's
 checkout: `.venv/bin/python`), so that pytest runs where oodbench is importable.

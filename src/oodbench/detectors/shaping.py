@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..numerics import logsumexp_in_place
-from ..outputs import Outputs
+from ..core.numerics import logsumexp_in_place
+from ..core.outputs import Outputs
 from .activation import _ASH, ASH_PAPER, _as_float32, top_k_mask
 from .base import Paper
 from .registry import register

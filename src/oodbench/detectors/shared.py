@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..chunking import iter_chunks
-from ..errors import DetectorError
-from ..numerics import softmax
-from ..outputs import Head, Outputs
+from ..core.errors import DetectorError
+from ..core.numerics import softmax
+from ..core.outputs import Head, Outputs
+from ..util.chunking import iter_chunks
 from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator, check_gram_dtype
 from ._streaming import fit_chunks
 from .base import Detector

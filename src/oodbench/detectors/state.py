@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DetectorError
+from ..core.errors import DetectorError
 
 __all__ = ["Array", "FlatIndex", "IVFIndex", "Keyed", "Object", "Optional", "Scalar", "Spec", "Dims"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..outputs import Head, Outputs
+from ..core.outputs import Head, Outputs
 from .base import Paper, Requirements
 from .hybrid import _ResidualSpace
 from .registry import register

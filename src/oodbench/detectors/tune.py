@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DetectorError
-from ..metrics import METRIC_NAMES, evaluate
-from ..outputs import Head, Outputs
+from ..core.errors import DetectorError
+from ..core.metrics import METRIC_NAMES, evaluate
+from ..core.outputs import Head, Outputs
 from .registry import create, get_class
 from .shared import FitStatistics
 

@@ -12,9 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import OodbenchError
-from ..store import Store
-from ..terminal import print_table
+from ..core.errors import OodbenchError
+from ..core.store import Store
+from ..util.terminal import print_table
 
 __all__ = ["register", "extract_command", "probe_command", "datasets_app", "lists_app"]
 
@@ -77,7 +77,7 @@ def _kind(model: str, kind: str) -> str:
         return "open_clip"
     if in_timm or model.startswith("hf-hub:"):
         return "timm"
-    from ..names import suggest
+    from ..core.names import suggest
 
     known = [*timm.list_models(), *sorted(_open_clip_names())]
     raise OodbenchError(f"unknown model {model!r}: neither timm nor open_clip knows it{suggest(base, known)}")

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..errors import ExtractError
+from ..core.errors import ExtractError
 
 __all__ = ["CONVERTERS", "detect_format", "convert_state_dict", "efficientnet_pytorch_to_timm", "stage_lengths"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..core.errors import DataError
 from .datasets import ImageList, ListMatch, _walk_images, file_list, image_folder, imagenet, match_list
 from .imagelists import LIST_SOURCES, ListSource, list_path, read_list
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError
-from ..store import hash_items
+from ..core.errors import DataError
+from ..core.store import hash_items
 
 __all__ = [
     "IMAGE_EXTENSIONS",

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ExtractError
+from ..core.errors import ExtractError
 from .datasets import ImageList, UnreadableImage, load_rgb
 
 __all__ = [

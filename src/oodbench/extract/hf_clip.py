@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ExtractError
+from ..core.errors import ExtractError
 from .backbones.base import resolve_device, safe_id
 from .patches import VisionLanguageBackbone
 

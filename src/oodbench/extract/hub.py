@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..errors import ExtractError
+from ..core.errors import ExtractError
 
 __all__ = ["CONNECT_TIMEOUT_S", "cached_file", "hf_cache_dir", "offline", "prefer_cache", "require_reachable"]
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import atomic_write_bytes
-from ..errors import DataError
+from ..core.errors import DataError
+from ..util.atomic import atomic_write_bytes
 
 __all__ = ["ListSource", "LIST_SOURCES", "RAW_BASE", "list_path", "read_list", "fetch_lists", "FetchResult"]
 

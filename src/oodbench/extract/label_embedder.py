@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExtractError
+from ..core.errors import ExtractError
 
 __all__ = ["store_embedder", "bundle_loader", "embedder_for"]
 
@@ -85,7 +85,7 @@ def embedder_for(
     The model is `openclip_model` (with `pretrained`) when given, else the one recorded in the provenance of the
     model id's first image entry; a model id without image entries answers from the cache only.
     """
-    from ..store import Store
+    from ..core.store import Store
     from .openclip import load_openclip
 
     root = Store(store)

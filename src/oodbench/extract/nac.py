@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import ExtractError
+from ..core.errors import ExtractError
 
 __all__ = ["NacLayer", "capture_outputs", "kl_to_uniform", "pool_units", "neuron_states"]
 

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..atomic import sha256_file
-from ..errors import ExtractError
-from ..names import suggest
-from ..store import Store
-from ..templates import SEED_TEMPLATES
+from ..core.errors import ExtractError
+from ..core.names import suggest
+from ..core.store import Store
+from ..text.templates import SEED_TEMPLATES
+from ..util.atomic import sha256_file
 from .backbones.base import autocast, resolve_device, safe_id
 from .hub import cached_file, prefer_cache, require_reachable
 from .patches import VisionLanguageBackbone, image_and_patch_embeddings, unsupported_reason, value_branch_block

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ExtractError
+from ..core.errors import ExtractError
 from .backbones.base import Backbone, autocast
 
 __all__ = [

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..atomic import atomic_write_text
-from ..errors import ExtractError
-from ..progress import note_work
-from ..store import PROVENANCE_KEYS, EntryWriter, Store
+from ..core.errors import ExtractError
+from ..core.store import PROVENANCE_KEYS, EntryWriter, Store
+from ..util.atomic import atomic_write_text
+from ..util.progress import note_work
 from .backbones.base import Backbone
 from .datasets import ImageList
 from .engines.common import BatchResult, ItemLoader, plan_tasks
@@ -129,7 +129,7 @@ class _ShardAssembler:
 
 
 def _progress(total: int, completed: int, enabled: bool, description: str):
-    from ..progress import make_progress
+    from ..util.progress import make_progress
 
     progress = make_progress(enabled, rate_unit="img")  # stderr, like every progress bar of oodbench
     task = progress.add_task(description, total=total, completed=completed)

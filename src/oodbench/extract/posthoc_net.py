@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import ExtractError
+from ..core.errors import ExtractError
 from .nac import layer_hooks
 
 __all__ = [

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..atomic import atomic_path
-from ..chunking import iter_chunks, rows_per_chunk
-from ..errors import ExtractError
-from ..outputs import Head
-from ..store import Store
+from ..core.errors import ExtractError
+from ..core.outputs import Head
+from ..core.store import Store
+from ..util.atomic import atomic_path
+from ..util.chunking import iter_chunks, rows_per_chunk
 
 __all__ = ["ProbeConfig", "ProbeResult", "ProbeCapWarning", "fit_probe", "train_probe", "run_probe", "ProbeReport"]
 

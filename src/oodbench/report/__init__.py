@@ -1,13 +1,13 @@
 """Tables and figures in the paper's layouts, rendered from tidy result rows, and the self-contained HTML report.
 
-Every name is imported from its module on first use (`oodbench.lazy`): matplotlib and pyarrow load only when a
+Every name is imported from its module on first use (`oodbench.util.lazy`): matplotlib and pyarrow load only when a
 report is built. The renderer-neutral `Table`, its Markdown rendering and the detector table live in the core
-module `oodbench.tabular` (the evaluation layer writes tables with them).
+module `oodbench.core.tabular` (the evaluation layer writes tables with them).
 """
 
 from __future__ import annotations
 
-from ..lazy import lazy_package
+from ..util.lazy import lazy_package
 
 _EXPORTS = {
     "detector_table_markdown": "..tabular",

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ..atomic import atomic_write_json
+from ..util.atomic import atomic_write_json
 
 app = typer.Typer(
     help="Statistics on an evaluation run directory: subsampling (Table A6), confidence intervals, "
@@ -32,7 +32,7 @@ Convention = Annotated[
 
 
 def _convention(convention: str) -> str:
-    from ..metrics import CONVENTIONS
+    from ..core.metrics import CONVENTIONS
 
     if convention not in CONVENTIONS:
         raise typer.BadParameter(f"--convention: must be one of {', '.join(CONVENTIONS)}; got {convention!r}")
@@ -78,7 +78,7 @@ def subsample_command(
     from ..analysis.rundata import load_run
     from ..analysis.spread import spread_vs_noise
     from ..analysis.subsample import subsample_run
-    from ..tabular import render_markdown
+    from ..core.tabular import render_markdown
     from .tables import table_a6
 
     run = load_run(run_dir)
@@ -159,7 +159,7 @@ def ci_command(
     _convention(convention)
     from ..analysis.rundata import load_run
     from ..analysis.runs import INTERVAL_METHODS, intervals_for_run
-    from ..tabular import render_markdown
+    from ..core.tabular import render_markdown
     from .tables import table_intervals
 
     records = intervals_for_run(
@@ -179,7 +179,7 @@ def ci_command(
     if convention == "openood":
         from dataclasses import replace
 
-        from ..metrics import CONVENTION_NOTES
+        from ..core.metrics import CONVENTION_NOTES
 
         note = (
             f"{100 * confidence:g}% intervals (%). Wilson and Clopper–Pearson hold the OOD threshold fixed (the ID "
@@ -216,7 +216,7 @@ def compare_command(
     """
     from ..analysis.rundata import load_run
     from ..analysis.runs import compare_in_run
-    from ..tabular import render_markdown
+    from ..core.tabular import render_markdown
     from .tables import table_delong
 
     results = compare_in_run(load_run(run_dir), a, b, ood_datasets=dataset, confidence=confidence)

@@ -36,11 +36,11 @@ from ..analysis.subsample import (
     subsample_curve,
     subsample_fpr,
 )
-from ..errors import AnalysisError
-from ..oodgroups import OodGroups
-from ..progress import progress_bar
-from ..results import ResultRow, convention_rows
-from ..tabular import Cell, Table
+from ..core.errors import AnalysisError
+from ..core.oodgroups import OodGroups
+from ..core.results import ResultRow, convention_rows
+from ..core.tabular import Cell, Table
+from ..util.progress import progress_bar
 from . import figures, tables
 from .conventions import (
     convention_text,
@@ -833,8 +833,8 @@ def _add_score_sections(
 
 def _ood_labels(run: RunData, model: str, ood: str, count: int) -> tuple[np.ndarray, list[str] | None] | None:
     """The class labels (and names) of an OOD set's store entry, when it has them row for row with the scores."""
-    from ..errors import StoreError
-    from ..store import Store
+    from ..core.errors import StoreError
+    from ..core.store import Store
 
     root = run.info.get("store")
     real = run.model_name if isinstance(run, _Variant) and model == run.label else model

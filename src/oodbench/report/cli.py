@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import AnalysisError
+from ..core.errors import AnalysisError
 
 
 def report_command(

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 from ..analysis.published import Accuracy
 from ..analysis.rundata import RunData
-from ..errors import AnalysisError
-from ..grouped import full_spectrum_table, group_table, openood_csv
-from ..metrics import CONVENTION_NOTES, CONVENTIONS, check_convention, evaluate
-from ..oodgroups import DEFAULT_GROUPS, OodGroups, load_groups
-from ..results import ResultRow, convention_rows, full_spectrum_rows, rows_from_metrics
-from ..tabular import Table
+from ..core.errors import AnalysisError
+from ..core.grouped import full_spectrum_table, group_table, openood_csv
+from ..core.metrics import CONVENTION_NOTES, CONVENTIONS, check_convention, evaluate
+from ..core.oodgroups import DEFAULT_GROUPS, OodGroups, load_groups
+from ..core.results import ResultRow, convention_rows, full_spectrum_rows, rows_from_metrics
+from ..core.tabular import Table
 
 __all__ = [
     "OPENOOD_CONVENTION",

@@ -17,12 +17,12 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .. import metrics
 from ..analysis.roc import roc_curve
 from ..analysis.subsample import SubsampleStudy
-from ..atomic import atomic_path
-from ..errors import AnalysisError
-from ..results import ResultRow
+from ..core import metrics
+from ..core.errors import AnalysisError
+from ..core.results import ResultRow
+from ..util.atomic import atomic_path
 from .tables import ResultGrid, Vocabulary, coerce_vocabularies, parse_vocabulary_score, supervised_rows
 
 __all__ = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..tabular import Cell, Table
+from ..core.tabular import Cell, Table
 
 __all__ = ["render_html", "html_cell"]
 

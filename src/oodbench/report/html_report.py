@@ -13,8 +13,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_text
-from ..tabular import Table
+from ..core.tabular import Table
+from ..util.atomic import atomic_write_text
 from .build import FigureItem, ReportContent, ReportOptions, build_report
 from .html import render_html
 

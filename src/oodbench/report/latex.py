@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..tabular import Cell, Table
+from ..core.tabular import Cell, Table
 
 __all__ = ["render_latex", "latex_escape"]
 

@@ -9,9 +9,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..atomic import atomic_write_text
-from ..errors import AnalysisError
-from ..tabular import Table, render_markdown
+from ..core.errors import AnalysisError
+from ..core.tabular import Table, render_markdown
+from ..util.atomic import atomic_write_text
 from .build import FigureItem, ReportContent
 from .figures import save_figure
 from .html import render_html

@@ -30,7 +30,7 @@ from ..analysis.published import (
     detector_labels,
     published_models,
 )
-from ..tabular import MISSING, Cell, Table
+from ..core.tabular import MISSING, Cell, Table
 
 __all__ = ["MARKS", "published_tables", "summary_table", "verdict_line", "comparison_records", "TITLES"]
 

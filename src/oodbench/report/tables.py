@@ -25,9 +25,9 @@ from ..analysis.delong import DeLongResult
 from ..analysis.runs import IntervalRecord
 from ..analysis.spread import SpreadSummary
 from ..analysis.subsample import SubsampleSummary
-from ..errors import AnalysisError
-from ..results import ResultRow
-from ..tabular import MISSING, Cell, Table, detector_table, percent
+from ..core.errors import AnalysisError
+from ..core.results import ResultRow
+from ..core.tabular import MISSING, Cell, Table, detector_table, percent
 
 __all__ = [
     "ResultGrid",

@@ -1,12 +1,12 @@
 """`oodbench run EXPERIMENT.toml`: one declarative file → extraction, detectors, zero-shot scores, statistics, report.
 
-Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+Every name below is imported from its module on first use (`oodbench.util.lazy`), so that importing the package
 (and `oodbench --help`) stays fast.
 """
 
 from __future__ import annotations
 
-from ..lazy import lazy_package
+from ..util.lazy import lazy_package
 
 _EXPORTS = {
     "ExperimentConfig": ".config",

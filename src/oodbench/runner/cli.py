@@ -58,7 +58,7 @@ def run_command(
         typer.secho(f"skipping {model.display_name}: {skip_line(model, reason)}", fg=typer.colors.YELLOW, err=True)
     report = run_experiment(config, engine=engine, only=only, progress=progress, device=device, ray_address=ray_address)
     # The results first: each model's detector table (from its run directory), then what ran.
-    from ..rundir import RunDir
+    from ..core.rundir import RunDir
     from .plan import layout
 
     for model_id in [m.id for m in config.classifiers] + list(config.zeroshot.models if config.zeroshot else ()):

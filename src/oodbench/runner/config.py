@@ -26,8 +26,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from ..errors import ConfigError
-from ..names import check_name, unknown_parameter
+from ..core.errors import ConfigError
+from ..core.names import check_name, unknown_parameter
 from .kinds import DatasetSpec, ModelSpec, dataset_kind, model_kind
 from .schema import PositiveInt, StrList, Table, as_mapping, suggest, validate
 
@@ -342,7 +342,7 @@ def _parse_dataset(name: str, entry: Mapping[str, Any], variables: Mapping[str, 
 def _load_plugins(plugins: Sequence[str], path: Path | None) -> tuple[str, ...]:
     """Import the detector plugins the file names (a .py file is relative to the file); detectors use them."""
     from .. import detectors as registry
-    from ..errors import DetectorError
+    from ..core.errors import DetectorError
 
     resolved = []
     for i, plugin in enumerate(plugins):
@@ -358,7 +358,7 @@ def _load_plugins(plugins: Sequence[str], path: Path | None) -> tuple[str, ...]:
 
 def _parse_detectors(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     from .. import detectors as registry
-    from ..errors import DetectorError
+    from ..core.errors import DetectorError
 
     table = validate(_Detectors, raw, "detectors")
     available = registry.available()

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .kinds import DatasetKind, DatasetSpec, ModelSpec, register_dataset_kind
 from .schema import PositiveInt, StrList, Table, suggest
 

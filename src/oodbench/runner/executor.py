@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, OodbenchError
-from ..progress import note_work, progress_bar
+from ..core.errors import ConfigError, OodbenchError
+from ..util.progress import note_work, progress_bar
 from .config import ExperimentConfig
 from .plan import STAGES, Plan, Unit, build_plan, report_files
 from .stages import (
@@ -56,7 +56,7 @@ class RunReport:
 
 def check_outputs(config: ExperimentConfig) -> None:
     """Raise before any work when an output location (work directory, store) cannot be created or written."""
-    from ..atomic import unwritable
+    from ..util.atomic import unwritable
 
     for key, path in (("experiment.workdir", config.workdir), ("experiment.store", config.store)):
         problem = unwritable(path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ExtractError
+from ..core.errors import ConfigError, ExtractError
 from .kinds import ModelKind, ModelSpec, register_model_kind
 from .schema import PositiveInt, Table
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .schema import Table, suggest
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..core.store import Store
     from .config import ExperimentConfig
     from .stages import Context
 

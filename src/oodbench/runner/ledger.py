@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_json
+from ..util.atomic import atomic_write_json
 
 __all__ = ["Ledger", "content_key", "FORMAT"]
 

@@ -12,13 +12,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ExtractError
-from ..names import check_name
+from ..core.errors import ConfigError, ExtractError
+from ..core.names import check_name
 from .kinds import DatasetSpec, ModelKind, ModelSpec, register_model_kind
 from .schema import PositiveInt, StrList, Table, suggest
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from ..core.store import Store
     from .stages import Context
 
 __all__ = ["DemoDigits", "Timm", "Probe", "OpenClip", "register_open_clip_config"]

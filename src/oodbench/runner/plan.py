@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import StoreError
-from ..store import Store
-from ..templates import SEED_TEMPLATES
+from ..core.errors import StoreError
+from ..core.store import Store
+from ..text.templates import SEED_TEMPLATES
 from .config import ExperimentConfig, ModelSpec, missing_roots
 from .ledger import Ledger, content_key
 
@@ -449,7 +449,7 @@ def load_ref_vocabularies(config: ExperimentConfig) -> tuple[dict[str, Any], dic
     problems: dict[str, str] = {}
     if spec is None or not any("ref" in v for v in spec.vocabularies.values()):
         return found, problems
-    from ..errors import ZeroShotError
+    from ..core.errors import ZeroShotError
     from ..zeroshot.vocab.artefact import VocabStore
 
     store = VocabStore(vocab_store_root(config))

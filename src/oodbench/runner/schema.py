@@ -13,8 +13,8 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from ..errors import ConfigError
-from ..names import suggest
+from ..core.errors import ConfigError
+from ..core.names import suggest
 
 __all__ = ["Table", "StrList", "PositiveInt", "suggest", "validate", "join_key", "as_mapping"]
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_save_npy, atomic_write_json, atomic_write_text
-from ..errors import ExtractError, OodbenchError, StoreError
-from ..results import metric_rows, write_rows
-from ..rundir import RunDir
-from ..store import Store, hash_items
+from ..core.errors import ExtractError, OodbenchError, StoreError
+from ..core.results import metric_rows, write_rows
+from ..core.rundir import RunDir
+from ..core.store import Store, hash_items
+from ..util.atomic import atomic_save_npy, atomic_write_json, atomic_write_text
 from .config import DatasetSpec, ExperimentConfig
 from .kinds import ModelSpec
 from .ledger import Ledger
@@ -89,8 +89,8 @@ class Context:
         if self._fit_statistics is not None and self._fit_statistics[0] == model_id:
             return self._fit_statistics[1], self._fit_statistics[2]
         from .. import detectors as registry
+        from ..core.errors import DetectorError
         from ..detectors.shared import FitStatistics
-        from ..errors import DetectorError
 
         self._fit_statistics = None  # the previous model's statistics go before this model's are computed
         created = []
@@ -415,8 +415,8 @@ def _vocab_summary(vocab: Any) -> dict[str, Any]:
 
 def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
     """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
-    from ..classes import load_classes
     from ..extract.label_embedder import store_embedder
+    from ..text.classes import load_classes
     from ..zeroshot.evaluate import evaluate_zeroshot_store, make_plan
     from ..zeroshot.vocab.artefact import VocabStore
 
@@ -469,7 +469,7 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
         tpr=config.tpr,
         progress=ctx.progress,
     )
-    from ..templates import SEED_TEMPLATES
+    from ..text.templates import SEED_TEMPLATES
 
     text = embed(list(classes.names), SEED_TEMPLATES)  # cached by the scoring above
     _record_accuracy_and_name(ctx, model, RunDir(lay.run_dir(model.id)), text_embeddings=text)
@@ -480,7 +480,7 @@ def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
 
 def _record_accuracy_and_name(ctx: Context, model: ModelSpec, run_dir: RunDir, *, text_embeddings: Any = None) -> None:
     """Top-1 of the ID test set into accuracy.json, and the model's display name into run.json."""
-    from ..accuracy import record_accuracy
+    from ..evaluation.accuracy import record_accuracy
 
     # A classifier's logits live under its own id (a probe's too); a VLM's image embeddings under its store id.
     store_id = model.id if model.is_classifier else model.store_id
@@ -500,7 +500,7 @@ def _run_json(
     key: str,
 ) -> dict[str, Any]:
     """The run description, in the layout `oodbench evaluate` writes (so analyses and reports read it)."""
-    from ..evaluation import run_description
+    from ..evaluation.evaluate import run_description
 
     config = ctx.config
     description = run_description(
@@ -521,7 +521,7 @@ def _run_json(
 
 def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> None:
     """One model's run directory: per-image scores, tidy rows, the detector table and run.json."""
-    from ..tabular import detector_table_markdown
+    from ..core.tabular import detector_table_markdown
 
     config, lay, ledger = ctx.config, ctx.layout, ctx.ledger
     model_id = unit.model

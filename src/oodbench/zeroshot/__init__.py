@@ -5,13 +5,13 @@ optionally patch embeddings (N, P, D). Vocabularies (`oodbench.zeroshot.vocab`) 
 WordNet (NegMining), an LLM (siblings, EOE outliers), their union, or the benchmark's own OOD labels (oracle).
 `oodbench.zeroshot.evaluate` runs model × score × vocabulary × OOD set from a feature store.
 
-Every name below is imported from its module on first use (`oodbench.lazy`), so that importing the package
+Every name below is imported from its module on first use (`oodbench.util.lazy`), so that importing the package
 (and `oodbench --help`) stays fast.
 """
 
 from __future__ import annotations
 
-from ..lazy import lazy_package
+from ..util.lazy import lazy_package
 
 _EXPORTS = {
     "TAU": ".scores",

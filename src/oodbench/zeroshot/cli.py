@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from ..errors import OodbenchError
+from ..core.errors import OodbenchError
 
 app = typer.Typer(
     help="Zero-shot VLM OOD scores (MCM … GL-MCM, NegLabel, EOE) and negative-label vocabularies.", no_args_is_help=True
@@ -84,7 +84,7 @@ def _llm_client(
     retries: int | None,
     temperature: float | None,
 ) -> Any:
-    from ..llm import ChatClient, LLMConfig
+    from ..text.llm import ChatClient, LLMConfig
 
     config_obj = LLMConfig.resolve(  # options left None fall back to the config file, then the defaults
         base_url=base_url,
@@ -146,9 +146,9 @@ def evaluate_command(
       oodbench zeroshot evaluate --store feats --model ViT-B-16@openai --id imagenet-val --ood ninco \\
           --ood ssb-hard --vocab all --vocab-dir vocab --sweep-k 1,5,10,20 -p neglabel.groups=100 --out runs/zs
     """
-    from ..classes import load_classes
-    from ..cli_params import parse_params
-    from ..store import Store
+    from ..core.store import Store
+    from ..text.classes import load_classes
+    from ..util.cli_params import parse_params
     from .evaluate import DEFAULT_SCORES, evaluate_zeroshot_store, make_plan
     from .table import load_run, table2_markdown
     from .vocab.artefact import VocabStore
@@ -223,7 +223,7 @@ def scores_command() -> None:
     """
     from rich.table import Table
 
-    from ..terminal import print_table
+    from ..util.terminal import print_table
     from .scores import SCORES
 
     table = Table(title="zero-shot scores (higher = more in-distribution)")
@@ -307,7 +307,7 @@ def vocab_import(
     Example:
       oodbench zeroshot vocab import selected_neg_labels_in1k_10k.txt --name neglabel-ref --kind wordnet
     """
-    from ..classes import load_classes
+    from ..text.classes import load_classes
     from .vocab.builders import import_vocabulary, neglabel_reference_list
 
     if str(path) == "neglabel:in1k-10k":
@@ -342,7 +342,7 @@ def build_wordnet(
     Example:
       oodbench zeroshot vocab build wordnet --store feats --model ViT-B-16@openai --m 5000 --vocab-dir vocab
     """
-    from ..classes import load_classes
+    from ..text.classes import load_classes
     from .vocab.lexicon import NEGLABEL_EXCLUDED_LEXNAMES, Lexicon
     from .vocab.wordnet_negmining import mine_wordnet_negatives
 
@@ -401,8 +401,8 @@ def build_siblings(
       oodbench zeroshot vocab build siblings --llm-base-url http://127.0.0.1:8000/v1 --llm-model qwen2.5-7b-instruct \\
           --generations 3 --k 20 --context ImageNet-1k --vocab-dir vocab
     """
-    from ..classes import load_classes
-    from ..progress import progress_bar
+    from ..text.classes import load_classes
+    from ..util.progress import progress_bar
     from .vocab.siblings import generate_siblings
 
     directory = vocab_dir or _default_vocab_dir()
@@ -480,7 +480,7 @@ def build_eoe(
       oodbench zeroshot vocab build eoe --task far --prompts eoe_prompts.toml --name eoe-far --generation 0 \
           --llm-base-url http://127.0.0.1:8000/v1 --llm-model m
     """
-    from ..classes import load_classes
+    from ..text.classes import load_classes
     from .vocab.eoe import EOE_TASKS, generate_eoe_outliers
 
     # Everything given is checked before the LLM client is set up or any request is sent.
@@ -569,8 +569,8 @@ def build_oracle_command(
     Example:
       oodbench zeroshot vocab build oracle --store feats --model ViT-B-16@openai --dataset inat-plants --dataset places
     """
-    from ..classes import load_classes
-    from ..store import Store
+    from ..core.store import Store
+    from ..text.classes import load_classes
     from .vocab.builders import build_oracle, oracle_labels_from_store, read_label_file
 
     sources: dict[str, list[str]] = {}

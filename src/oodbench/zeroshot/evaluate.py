@@ -23,15 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import metrics
-from ..classes import ClassList
-from ..errors import ZeroShotError
-from ..outputs import Outputs
-from ..progress import progress_bar
-from ..results import ResultRow, rows_from_metrics
-from ..rundir import RunDir
-from ..store import Store
-from ..templates import SEED_TEMPLATES
+from ..core import metrics
+from ..core.errors import ZeroShotError
+from ..core.outputs import Outputs
+from ..core.results import ResultRow, rows_from_metrics
+from ..core.rundir import RunDir
+from ..core.store import Store
+from ..text.classes import ClassList
+from ..text.templates import SEED_TEMPLATES
+from ..util.progress import progress_bar
 from .scores import LOGIT_SCORES, SCORES, get_score, glmcm_scores, logit_scores
 from .text import EmbedFn, embed_labels
 from .vocab.artefact import KINDS, Vocabulary

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
-from ..chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ..errors import ZeroShotError
-from ..numerics import logsumexp
-from ..papers import Paper
+from ..core.errors import ZeroShotError
+from ..core.numerics import logsumexp
+from ..core.papers import Paper
+from ..util.chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 
 __all__ = [
     "TAU",

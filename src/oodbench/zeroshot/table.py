@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ZeroShotError
-from ..results import ResultRow, read_rows
-from ..rundir import RunDir
-from ..tabular import detector_table_markdown
+from ..core.errors import ZeroShotError
+from ..core.results import ResultRow, read_rows
+from ..core.rundir import RunDir
+from ..core.tabular import detector_table_markdown
 
 __all__ = [
     "RunView",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ZeroShotError
+from ..core.errors import ZeroShotError
 from .scores import unit_rows
 
 __all__ = ["EmbedFn", "embed_labels"]

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from oodbench import __version__
-from oodbench.atomic import sha256_file
+from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import create
 from oodbench.detectors.artefact import ARRAYS_FILE, META_FILE
-from oodbench.outputs import Head, Outputs
+from oodbench.util.atomic import sha256_file
 
 EVIL_MODULE = "oodbench_hostile_probe"
 EVIL_SOURCE = f'''"""Imported only if a loader runs code a file names: leaves a marker behind."""
@@ -129,7 +129,7 @@ def legacy(path: Path, state: dict[str, Any], tensors: dict[str, np.ndarray] | N
 def legacy_object_deletes_a_file(path: Path, victim: Path) -> None:
     """The review's attack: a dotted path from an oodbench module to tempfile's closer, which unlinks its name
     when collected (even when the load is then refused)."""
-    closer = "oodbench.testing:tempfile._TemporaryFileCloser"
+    closer = "oodbench.detectors.testing:tempfile._TemporaryFileCloser"
     harmless = {"$object": closer, "state": {"close_called": True}}
     evil = {"$object": closer, "state": {"file": harmless, "name": str(victim), "delete": True}}
     legacy(path, {"trap_": evil})

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ...errors import ExtractError
-from ...outputs import Head
+from ...core.errors import ExtractError
+from ...core.outputs import Head
 
 __all__ = [
     "Backbone",

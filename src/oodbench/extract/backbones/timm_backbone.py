@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...atomic import sha256_file
-from ...errors import ExtractError
-from ...outputs import Head
+from ...core.errors import ExtractError
+from ...core.outputs import Head
+from ...util.atomic import sha256_file
 from ..hub import cached_file, prefer_cache, require_reachable
 from ..nac import NacLayer, capture_outputs, neuron_states
 from ..posthoc_net import NetSpec, check_specs, network_arrays
@@ -216,7 +216,7 @@ def check_timm_name(name: str) -> None:
     """Raise one ExtractError for an unknown timm architecture or pretrained tag, with the closest names."""
     import timm
 
-    from ...names import suggest
+    from ...core.names import suggest
 
     if name.startswith("hf-hub:"):
         return

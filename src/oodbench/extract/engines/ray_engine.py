@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ExtractError
+from ...core.errors import ExtractError
 from ..backbones.base import Backbone
 from .common import BatchResult, BatchTask, load_batch, pack, unpack
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...atomic import atomic_write_text
-from ...errors import ZeroShotError
-from ...names import is_name
+from ...core.errors import ZeroShotError
+from ...core.names import is_name
+from ...util.atomic import atomic_write_text
 from .labels import dedupe
 
 __all__ = ["Vocabulary", "VocabStore", "KINDS", "NOUN", "ADJECTIVE", "split_prefix"]

@@ -10,9 +10,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ...classes import ClassList, normalize_label
-from ...errors import ZeroShotError
-from ...templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from ...core.errors import ZeroShotError
+from ...text.classes import ClassList, normalize_label
+from ...text.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from .artefact import ADJECTIVE, KINDS, NOUN, Vocabulary
 from .labels import IdFilter, dedupe
 from .lexicon import Lexicon, packaged_lexicon

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...classes import ClassList
-from ...errors import ZeroShotError
-from ...llm import ChatClient, Messages
+from ...core.errors import ZeroShotError
+from ...text.classes import ClassList
+from ...text.llm import ChatClient, Messages
 from .artefact import Vocabulary
 from .labels import IdFilter
 from .lexicon import Lexicon, packaged_lexicon

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...classes import ClassList
-from ...errors import ZeroShotError
-from ...llm import ChatClient, Messages
+from ...core.errors import ZeroShotError
+from ...text.classes import ClassList
+from ...text.llm import ChatClient, Messages
 from .artefact import Vocabulary
 from .eoe import EOE_TASKS
 

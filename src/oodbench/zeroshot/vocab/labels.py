@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ...classes import normalize_label
+from ...text.classes import normalize_label
 from .lexicon import Lexicon
 
 __all__ = ["dedupe", "IdFilter"]

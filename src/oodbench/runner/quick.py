@@ -22,14 +22,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import detectors as detector_registry
-from .detectors.fitsize import SMALL_FIT_SET, FitSize
-from .errors import DataError, ExtractError, OodbenchError
-from .evaluation import EvaluationResult, check_fit_size, evaluate_store, normalize_detectors, nothing_evaluated
-from .extract.backbones.base import Backbone, autocast, safe_id
-from .outputs import Head
-from .progress import note_work, work_topics
-from .store import Store
+from .. import detectors as detector_registry
+from ..core.errors import DataError, ExtractError, OodbenchError
+from ..core.outputs import Head
+from ..core.store import Store
+from ..detectors.fitsize import SMALL_FIT_SET, FitSize
+from ..evaluation.evaluate import (
+    EvaluationResult,
+    check_fit_size,
+    evaluate_store,
+    normalize_detectors,
+    nothing_evaluated,
+)
+from ..extract.backbones.base import Backbone, autocast, safe_id
+from ..util.progress import note_work, work_topics
 
 __all__ = ["ModelEvaluation", "ModuleBackbone", "evaluate_model", "as_backbone", "as_image_data"]
 
@@ -167,13 +173,13 @@ def as_backbone(
     if isinstance(model, Backbone):
         return model
     if isinstance(model, (str, os.PathLike)):
-        from .extract.backbones.timm_backbone import load_timm
+        from ..extract.backbones.timm_backbone import load_timm
 
         return load_timm(str(model), pretrained=pretrained, checkpoint=checkpoint, image_size=image_size)
     if not isinstance(model, torch.nn.Module):
         raise OodbenchError(f"model must be a timm name, a torch.nn.Module or a Backbone; got {type(model).__name__}")
     if forward is None and head is None and hasattr(model, "get_classifier") and hasattr(model, "pretrained_cfg"):
-        from .extract.backbones.timm_backbone import TimmBackbone
+        from ..extract.backbones.timm_backbone import TimmBackbone
 
         digest = state_hash(model)
         name = (model.pretrained_cfg or {}).get("architecture") or type(model).__name__
@@ -235,7 +241,7 @@ def _fingerprint(dataset: Any, loader: _DatasetLoader) -> str:
 
 def as_image_data(data: Any, *, name: str, labelled: bool, transform: Callable[[Any], Any]) -> _ImageData:
     """Resolve a data argument: a folder or file list path, an `ImageList`, a torch dataset or a data loader."""
-    from .extract.datasets import ImageList, file_list, image_folder
+    from ..extract.datasets import ImageList, file_list, image_folder
 
     if isinstance(data, ImageList):
         return _ImageData(data)
@@ -443,8 +449,8 @@ def _extract_and_evaluate(
     progress: bool,
     small_fit_set: str,
 ) -> ModelEvaluation:
-    from .extract.datasets import ImageList
-    from .extract.pipeline import extract
+    from ..extract.datasets import ImageList
+    from ..extract.pipeline import extract
 
     model_id = model_id or backbone.default_model_id()
     provenance = backbone.provenance()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import OodbenchError
+from ..core.errors import OodbenchError
 
 __all__ = ["ClassList", "ClassListError", "load_classes", "imagenet1k", "imagenet_wnids", "normalize_label"]
 

@@ -1,6 +1,6 @@
 """`check_detector`: the battery every detector must pass, built-in or plugin (scikit-learn's `check_estimator`).
 
-    from oodbench.testing import check_detector
+    from oodbench.detectors.testing import check_detector
 
     def test_my_detector_passes_the_battery():
         check_detector(MyDetector, params={"k": 5}).raise_if_failed()
@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from .detectors import registry
-from .detectors.artefact import fitted_state, load
-from .detectors.base import Detector, Requirements
-from .errors import DetectorError, OodbenchError
-from .outputs import Head, Outputs
+from ..core.errors import DetectorError, OodbenchError
+from ..core.outputs import Head, Outputs
+from . import registry
+from .artefact import fitted_state, load
+from .base import Detector, Requirements
 
 __all__ = ["CHECKS", "CheckData", "CheckReport", "CheckResult", "check_data", "check_detector"]
 

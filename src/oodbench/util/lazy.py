@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["lazy_package", "SUBMODULE"]
 
-SUBMODULE = ".{name}:module"  # an export that is the submodule itself: {"metrics": ".metrics:module"}
+SUBMODULE = ":module"  # suffix of an export that is a module itself: {"metrics": ".core.metrics:module"}
 
 
 class _LazyPackage(types.ModuleType):
@@ -33,8 +33,8 @@ class _LazyPackage(types.ModuleType):
         module = self.__dict__.get("_exports", {}).get(name)
         if module is None:
             raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-        imported = importlib.import_module(module.removesuffix(":module"), self.__name__)
-        value = imported if module == SUBMODULE.format(name=name) else getattr(imported, name)
+        imported = importlib.import_module(module.removesuffix(SUBMODULE), self.__name__)
+        value = imported if module.endswith(SUBMODULE) else getattr(imported, name)
         self.__dict__[name] = value  # the next access is an ordinary attribute
         return value
 
@@ -43,7 +43,7 @@ class _LazyPackage(types.ModuleType):
         if (
             isinstance(value, types.ModuleType)
             and name in exports
-            and not exports[name].endswith(":module")
+            and not exports[name].endswith(SUBMODULE)
             and value.__name__ == f"{self.__name__}.{name}"
         ):
             return  # the import system binding a submodule that shares an export's name: the export wins

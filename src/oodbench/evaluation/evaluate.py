@@ -18,18 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from . import detectors as detector_registry
-from .detectors.fitsize import SMALL_FIT_SET, FitSize, adapt_plan, plan_size_problems
-from .detectors.shared import FitStatistics, check_gram_dtype, gram_key
-from .errors import DetectorError, OodbenchError, StoreError
-from .grouped import run_tables_markdown
-from .metrics import check_convention
-from .oodgroups import OodGroups
-from .outputs import Head, Outputs
-from .progress import note_work, progress_bar
-from .results import ResultRow, metric_rows
-from .rundir import RunDir
-from .store import Store
+from .. import detectors as detector_registry
+from ..core.errors import DetectorError, OodbenchError, StoreError
+from ..core.grouped import run_tables_markdown
+from ..core.metrics import check_convention
+from ..core.oodgroups import OodGroups
+from ..core.outputs import Head, Outputs
+from ..core.results import ResultRow, metric_rows
+from ..core.rundir import RunDir
+from ..core.store import Store
+from ..detectors.fitsize import SMALL_FIT_SET, FitSize, adapt_plan, plan_size_problems
+from ..detectors.shared import FitStatistics, check_gram_dtype, gram_key
+from ..util.progress import note_work, progress_bar
 
 __all__ = [
     "EvaluationResult",
@@ -116,7 +116,7 @@ def evaluate_outputs(
     twice the speed, within the bound of docs/detectors.md). ``csid_sets`` are covariate-shifted ID sets, scored
     too and counted as ID in the table's full-spectrum setting; ``convention`` is the table's metric convention
     (``openood`` also adds its ``openood.*`` rows), ``aupr`` adds AUPR columns and ``groups`` the grouped table
-    (`oodbench.grouped`).
+    (`oodbench.core.grouped`).
     """
     check_convention(convention)
     if not ood_sets:

@@ -47,8 +47,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_write_json
-from .errors import OodbenchError
+from ..core.errors import OodbenchError
+from ..util.atomic import atomic_write_json
 
 __all__ = [
     "LLMConfig",

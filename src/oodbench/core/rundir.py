@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_write_json, atomic_write_text, unwritable
+from ..util.atomic import atomic_write_json, atomic_write_text, unwritable
+from ..util.progress import progress_bar
 from .errors import RunDirError, StoreError
-from .progress import progress_bar
 from .results import ResultRow, read_rows, write_rows
 from .scores import list_scores, load_scores, save_scores, score_path
 from .store import Store, Verification

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_path
+from ..util.atomic import atomic_path
 from .errors import AnalysisError
 
 __all__ = [

@@ -122,7 +122,7 @@ def render_markdown(table: Table, *, title: bool = True) -> str:
 
 
 class MetricRow(Protocol):
-    """What the detector table reads of a result row (`oodbench.results.ResultRow` has it; core imports nothing
+    """What the detector table reads of a result row (`oodbench.core.results.ResultRow` has it; core imports nothing
     above itself). Read-only, as a frozen dataclass's fields are."""
 
     @property

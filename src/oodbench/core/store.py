@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_save_npy, atomic_write_json
+from ..util.atomic import atomic_save_npy, atomic_write_json
 from .errors import StoreError
 from .names import check_name, is_name
 from .outputs import Head, Outputs
@@ -92,7 +92,7 @@ def hash_items(items: Iterable[str]) -> str:
 def library_versions() -> dict[str, str]:
     """Versions of Python and of the numerical libraries already imported (recorded in meta.json)."""
     versions = {"python": platform.python_version(), "numpy": np.__version__}
-    from . import __version__
+    from .. import __version__
 
     versions["oodbench"] = __version__
     for module in ("torch", "torchvision", "timm", "open_clip", "faiss", "sklearn", "scipy"):

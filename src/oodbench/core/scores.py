@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import atomic_path
+from ..util.atomic import atomic_path
 from .errors import AnalysisError
 
 __all__ = ["save_scores", "load_scores", "score_path", "list_scores"]

@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import atomic_write_json
-from .chunking import iter_chunks, rows_per_chunk
-from .errors import OodbenchError
-from .outputs import Outputs
-from .store import Store
+from ..core.errors import OodbenchError
+from ..core.outputs import Outputs
+from ..core.store import Store
+from ..util.atomic import atomic_write_json
+from ..util.chunking import iter_chunks, rows_per_chunk
 
 __all__ = [
     "ACCURACY_FILE",
@@ -104,7 +104,7 @@ def head_label_set(dataset: Mapping[str, Any] | None, labels: np.ndarray, num_cl
     names = info.get("class_names")
     known = labels[labels >= 0]
     if names:
-        from .extract.datasets import imagenet_synsets
+        from ..extract.datasets import imagenet_synsets
 
         synsets = imagenet_synsets()
         if list(names) == list(synsets):
@@ -338,9 +338,9 @@ def class_text_embeddings(store: Store, model_id: str, classes: str = "imagenet1
 
     They are cached by a zero-shot run or by `oodbench extract --text-labels`; nothing is encoded here.
     """
-    from .classes import load_classes
-    from .extract.openclip import cached_text_embeddings
-    from .templates import SEED_TEMPLATES
+    from ..extract.openclip import cached_text_embeddings
+    from ..text.classes import load_classes
+    from ..text.templates import SEED_TEMPLATES
 
     names = list(load_classes(classes).names)
     return cached_text_embeddings(store, model_id, names, SEED_TEMPLATES)

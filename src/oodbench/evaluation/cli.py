@@ -1,0 +1,239 @@
+"""`oodbench evaluate` (detectors fitted and scored on a store) and `oodbench accuracy` (top-1 of a stored model)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ..core.errors import OodbenchError
+from ..core.names import suggest, unknown_parameter
+from ..util.cli_params import parse_params, refuse_inside
+
+__all__ = ["SOME_FAILED", "accuracy_command", "evaluate_command", "print_accuracy", "register", "report_detectors"]
+
+console = Console(stderr=True)
+
+
+def accuracy_command(
+    store: Path = typer.Option(..., "--store", "-s", help="Feature store root."),
+    model_id: str = typer.Option(..., "--model-id", "-m", help="Store model id."),
+    dataset: str = typer.Option(..., "--dataset", help="Labelled dataset id (e.g. the ID test set)."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Write/merge accuracy.json into this run directory."),
+    labels: list[str] = typer.Option(
+        [], "--labels", help="Re-annotation NAME=FILE (ReaL's JSON format or {image: [classes]}), repeatable."
+    ),
+    real: bool = typer.Option(True, "--real/--no-real", help="Also score timm's ImageNet-ReaL labels."),
+    zero_shot: bool = typer.Option(
+        False, "--zero-shot", help="VLM: predict from image embeddings and the cached class text embeddings."
+    ),
+    classes: str = typer.Option("imagenet1k", "--classes", help="Zero-shot ID classes (as in `oodbench zeroshot`)."),
+) -> None:
+    """Top-1 on the original labels, on re-annotated labels (multi-label rule) and zero-shot for VLMs.
+
+    Example: oodbench accuracy --store store --model-id resnet50.a1_in1k --dataset imagenet-1k-val --run-dir runs/r50
+    """
+    from ..core.store import Store
+    from .accuracy import class_text_embeddings, load_multilabels, real_labels_path, record_accuracy
+
+    try:
+        sources = {}
+        if real:
+            sources["real"] = load_multilabels(real_labels_path())
+        for spec in labels:
+            name, sep, file = spec.partition("=")
+            if not sep or not name or not file:
+                raise OodbenchError(f"--labels takes NAME=FILE; got {spec!r}")
+            sources[name] = load_multilabels(file)
+        opened = Store(store)
+        text = class_text_embeddings(opened, model_id, classes) if zero_shot else None
+        rows = record_accuracy(run_dir, opened, model_id, dataset, multilabels=sources, text_embeddings=text)
+    except OodbenchError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not rows:
+        console.print(f"[yellow]{model_id}/{dataset} has no labels to score[/yellow]")
+    for row in rows:
+        value = f"top1={row.top1:.4f}" if not row.reason else f"top1 not computed: {row.reason}"
+        typer.echo(
+            f"{model_id}\t{row.dataset}\t{row.labels}{' (zero-shot)' if zero_shot else ''}\t"
+            f"{value}\tn={row.n}\texcluded={row.n_excluded}"
+            + (f"\tlabel set: {row.label_set}" if row.label_set else "")
+        )
+
+
+def evaluate_command(
+    store: Path = typer.Option(..., "--store", help="Feature store root."),
+    model: str = typer.Option(..., "--model", help="Model id in the store."),
+    fit: str = typer.Option(..., "--fit", help="Dataset id of the ID fit set (e.g. the train split)."),
+    id_dataset: str = typer.Option(..., "--id", help="Dataset id of the ID test set."),
+    ood: list[str] = typer.Option(..., "--ood", help="Dataset id of an OOD set (repeat for several)."),
+    detectors: str | None = typer.Option(
+        None, "--detectors", "-d", help="Comma-separated names; default: all registered."
+    ),
+    param: list[str] | None = typer.Option(
+        None, "--param", "-p", help="Detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable)."
+    ),
+    out: Path = typer.Option(
+        Path("oodbench-run"), "--out", help="Run directory for results.parquet, scores, table.md, run.json."
+    ),
+    tpr: float = typer.Option(0.95, help="ID acceptance rate of the FPR threshold."),
+    strict: bool = typer.Option(False, help="Fail (instead of skip) when a detector's requirements are not met."),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+    plugin: list[str] | None = typer.Option(
+        None, "--plugin", help="Import MODULE (or a .py file) to register its detectors (repeatable)."
+    ),
+    save_detectors: Path | None = typer.Option(
+        None, "--save-detectors", help="Keep each fitted detector in DIR/<name> (reload with `oodbench score`)."
+    ),
+    gram_dtype: str = typer.Option(
+        "float64",
+        "--gram-dtype",
+        help="Precision of the Gram matrices the Gaussian-family fits share: float64, or float32 (about twice "
+        "the speed, within a proven bound; docs/detectors.md).",
+    ),
+    convention: str = typer.Option(
+        "oodbench",
+        "--convention",
+        help="Metric convention of the table: oodbench (ID positive), or openood (OOD-positive FPR@95 and "
+        "trapezoidal AUPR, as OpenOOD v1.5 and pytorch-ood; its rows are added as openood.*).",
+    ),
+    aupr: bool = typer.Option(False, "--aupr", help="Add AUPR-In and AUPR-Out to the table's cells."),
+    groups: str | None = typer.Option(
+        None,
+        "--groups",
+        help="OOD groups with group means: a groups TOML file or a shipped name (default with --convention "
+        "openood: openood-v1.5-imagenet, OpenOOD's near / far).",
+    ),
+    csid: list[str] | None = typer.Option(
+        None,
+        "--csid",
+        help="Covariate-shifted ID set (e.g. imagenet-v2; repeatable): scored, and counted as ID in a "
+        "full-spectrum table beside the standard one.",
+    ),
+    small_fit_set: str = typer.Option(
+        "fail",
+        "--small-fit-set",
+        help="fail (default: name every parameter the fit set is too small for) or adapt (scale those defaults).",
+    ),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Check every byte of the store entries against their checksums even if this run directory did already.",
+    ),
+) -> None:
+    """Fit detectors on the fit set, score ID test and OOD sets, write tidy results and a table.
+
+    Example:
+      oodbench evaluate --store feats --model resnet50.tv_in1k --fit imagenet-train --id imagenet-val \\
+          --ood ninco --ood ssb-hard -d msp,energy,knn -p knn.k=1000 --out runs/resnet50
+    """
+    from .. import detectors as registry
+    from ..detectors.cli import warn_plugin_failures
+    from .evaluate import evaluate_store
+
+    registry.load_plugins(plugin or ())
+    warn_plugin_failures()
+    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else registry.available()
+    for name in names:
+        if name not in registry.available():
+            raise typer.BadParameter(
+                f"--detectors: unknown detector {name!r}{suggest(name, registry.available())} "
+                "(list them with `oodbench detectors`)"
+            )
+    overrides = parse_params(param)
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
+    for name, given in overrides.items():
+        unknown_param = unknown_parameter(name, given, registry.get_class(name).param_names())
+        if unknown_param is not None:
+            raise typer.BadParameter(f"--param {name}.{unknown_param[0]}: {unknown_param[1]}")
+    if not store.is_dir():
+        raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
+    if not 0.0 < tpr <= 1.0:  # NaN fails this too; checked before anything is written
+        raise typer.BadParameter(f"--tpr: the ID acceptance rate must lie in (0, 1], e.g. 0.95; got {tpr}")
+    refuse_inside(("--out", out), ("--store", store))
+    refuse_inside(("--save-detectors", save_detectors), ("--store", store))
+    from ..detectors._gaussian import GRAM_DTYPES
+
+    if gram_dtype not in GRAM_DTYPES:
+        raise typer.BadParameter(f"--gram-dtype: must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
+    from ..core.rundir import RunDir
+
+    RunDir(out).check_writable("--out")  # before any work, not after the detectors ran
+    from ..core.metrics import CONVENTIONS
+    from ..core.oodgroups import DEFAULT_GROUPS, load_groups
+
+    if convention not in CONVENTIONS:
+        raise typer.BadParameter(f"--convention: must be one of {', '.join(CONVENTIONS)}; got {convention!r}")
+    group_spec = groups if groups is not None else (DEFAULT_GROUPS if convention == "openood" else None)
+    ood_groups = load_groups(group_spec) if group_spec is not None else None
+    plan = {name: overrides.get(name, {}) for name in names}
+    result = evaluate_store(
+        store,
+        model,
+        fit,
+        id_dataset,
+        ood,
+        plan,
+        out_dir=out,
+        tpr=tpr,
+        strict=strict,
+        progress=progress,
+        save_detectors=save_detectors,
+        gram_dtype=gram_dtype,
+        csid_datasets=list(csid or ()),
+        convention=convention,
+        aupr=aupr,
+        groups=ood_groups,
+        small_fit_set=small_fit_set,
+        verify=verify,
+    )
+    if result.verification:
+        typer.echo(result.verification, err=True)
+    sys.stdout.write(result.table_markdown)
+    print_accuracy(result.accuracy)
+    report_detectors(result.skipped, result.failed, result.adapted)
+    typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
+    if result.failed:
+        raise typer.Exit(SOME_FAILED)
+
+
+SOME_FAILED = 3  # exit status of a run whose other detectors' results are written but some detectors failed
+
+
+def print_accuracy(rows: list) -> None:
+    """The Top-1 lines of a run (or why Top-1 is not computed), after its table."""
+    from ..evaluation.accuracy import describe_row
+
+    for row in rows:
+        typer.echo(describe_row(row))
+
+
+def report_detectors(skipped: dict[str, str], failed: dict[str, str], adapted: dict | None = None) -> None:
+    """On stderr: the parameters adapted to a small fit set, one line per skipped and per failed detector (the
+    caller exits `SOME_FAILED` for failures)."""
+    if adapted:
+        from ..detectors.fitsize import describe_changes
+
+        typer.secho(f"adapted to the small fit set: {describe_changes(adapted)}", err=True)
+    for name, reason in skipped.items():
+        typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+    for name, reason in failed.items():
+        typer.secho(f"failed {name}: {reason}", fg=typer.colors.RED, err=True)
+    if failed:
+        typer.secho(
+            f"{len(failed)} detector(s) failed; the others' results, scores and table are written "
+            "(rerun the same command to retry only the failed ones)",
+            fg=typer.colors.RED,
+            err=True,
+        )
+
+
+def register(main: typer.Typer) -> None:
+    """Add `oodbench evaluate` and `oodbench accuracy` to the main CLI."""
+    main.command("evaluate")(evaluate_command)
+    main.command("accuracy")(accuracy_command)
