@@ -24,6 +24,7 @@ def _loaded_after(code: str) -> list[str]:
         "import oodbench",
         "import oodbench.analysis, oodbench.audit, oodbench.zeroshot, oodbench.runner, oodbench.annotate",
         "import oodbench.report, oodbench.extract, oodbench.detectors",
+        "import oodbench.core, oodbench.util, oodbench.text, oodbench.evaluation",
     ],
 )
 def test_cli_and_packages_import_no_heavy_library(code: str) -> None:
@@ -38,8 +39,8 @@ def test_lazy_exports_still_resolve() -> None:
     assert (
         callable(oodbench.audit.fingerprint) and oodbench.audit.fingerprint.__module__ == "oodbench.audit.fingerprint"
     )
-    assert oodbench.core.metrics.__name__ == "oodbench.core.metrics" and oodbench.Store.__name__ == "Store"
-    for package in ("analysis", "audit", "zeroshot", "runner", "annotate", "report"):
+    assert oodbench.metrics.__name__ == "oodbench.core.metrics" and oodbench.Store.__name__ == "Store"
+    for package in ("analysis", "audit", "zeroshot", "runner", "annotate", "report", "evaluation"):
         module = __import__(f"oodbench.{package}", fromlist=["*"])
         for name in module.__all__:
             assert getattr(module, name) is not None, f"oodbench.{package}.{name}"
