@@ -51,8 +51,9 @@ def _resolve(name: str) -> object:
 def _documented_names() -> list[str]:
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     found = {m.group(0) for page in pages for m in DOTTED.finditer(page.read_text(encoding="utf-8"))}
-    # `oodbench.report.figures.fig_*` names a family of functions, not one name.
-    return sorted(name for name in found if not name.endswith("_"))
+    # `oodbench.report.figures.fig_*` names a family of functions, not one name; an old path (`_compat.MOVED`)
+    # is named only to say it moved, and its own test below checks it.
+    return sorted(name for name in found if not name.endswith("_") and name not in MOVED)
 
 
 def test_docs_name_real_paths() -> None:

@@ -15,7 +15,7 @@ from ..util.lazy import lazy_package
 _EXPORTS = {
     "AMBIGUITY_REASONS": ".protocol",
     "Candidate": ".importers",
-    "ClassList": "..classes",
+    "ClassList": "..text.classes",
     "Event": ".protocol",
     "EventKind": ".protocol",
     "ImageRecord": ".protocol",
@@ -27,7 +27,7 @@ _EXPORTS = {
     "TableMapping": ".importers",
     "Verdict": ".protocol",
     "agree": ".protocol",
-    "load_classes": "..classes",
+    "load_classes": "..text.classes",
     "load_original_labels": ".importers",
     "merge_candidates": ".importers",
     "label_match_key": ".protocol",

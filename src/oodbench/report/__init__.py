@@ -10,17 +10,17 @@ from __future__ import annotations
 from ..util.lazy import lazy_package
 
 _EXPORTS = {
-    "detector_table_markdown": "..tabular",
+    "detector_table_markdown": "..core.tabular",
     "write_html_report": ".html_report",
     "render_html_document": ".html_report",
     "build_report": ".build",
     "ReportOptions": ".build",
     "write_report": ".output",
-    "render_markdown": "..tabular",
+    "render_markdown": "..core.tabular",
     "render_latex": ".latex",
     "render_html": ".html",
-    "Table": "..tabular",
-    "Cell": "..tabular",
+    "Table": "..core.tabular",
+    "Cell": "..core.tabular",
     "Vocabulary": ".tables",
     "table1": ".tables",
     "table_a1": ".tables",
