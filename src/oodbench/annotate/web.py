@@ -3,6 +3,9 @@
 Pages: login, home, Stage 1 queue (blind), Stage 3 joint review, admin (progress, outcome
 statistics, explicit label matches). Every state-changing request is a POST carrying the
 session's CSRF token; images are served only from the project's configured roots.
+
+`create_app` builds the shared state (`_Site`) and lets each route group add its routes: login,
+Stage 1, Stage 3, admin, files.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
@@ -20,12 +24,13 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from ..core.errors import AnnotateError
-from .db import MAX_ROW_ID, User
+from .db import MAX_ROW_ID, AnnotationStore, User
 from .evidence import SOURCE_TITLES, SOURCES
 from .project import Project
 from .protocol import AMBIGUITY_REASONS, MAX_NOTE_LENGTH, PANEL_SIZE, Judgement, Status, Verdict
 from .security import (
     DeviceTokens,
+    IPNetwork,
     LoginCsrf,
     LoginThrottle,
     client_address,
@@ -153,62 +158,65 @@ def judgement_from_form(form: Any, names: tuple[str, ...]) -> Judgement:
     raise AnnotateError("choose a verdict: OOD, ID or ambiguous")
 
 
-def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> FastAPI:
-    """The FastAPI application serving one project.
+@dataclass
+class _Site:
+    """What every route group shares: the project, its store, the page templates and the login defences."""
 
-    `trusted_proxies`: addresses or networks of reverse proxies whose X-Forwarded-For header names the client.
-    Without them the headers are ignored and the socket's peer is the client (serve the app with the server's
-    own proxy-header handling off, as `oodbench annotate serve` does).
-    """
-    trusted = parse_trusted_proxies(trusted_proxies)
-    store = project.store()
-    names = project.classes.names
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.globals.update(
-        title=project.config.title,
-        SOURCES=SOURCES,
-        SOURCE_TITLES=SOURCE_TITLES,
-        REASONS=AMBIGUITY_REASONS,
-        MAX_NOTE_LENGTH=MAX_NOTE_LENGTH,
-        class_name=lambda i: project.classes.name(i),
-    )
-    login_csrf = LoginCsrf(project.secret)
-    throttle = LoginThrottle()
-    devices = DeviceTokens(project.secret)
-    secure = project.config.cookie_secure
-    app = FastAPI(title=project.config.title, docs_url=None, redoc_url=None, openapi_url=None)
-    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
-    app.add_middleware(SecurityHeaders)
+    project: Project
+    store: AnnotationStore
+    names: tuple[str, ...]  # the class names, as the verdict form's class field is parsed against them
+    secure: bool  # whether cookies carry the Secure flag
+    templates: Jinja2Templates
+    trusted: tuple[IPNetwork, ...]  # reverse proxies whose X-Forwarded-For names the client
+    login_csrf: LoginCsrf
+    throttle: LoginThrottle
+    devices: DeviceTokens
 
-    @app.exception_handler(_Redirect)
-    async def _redirect(_request: Request, exc: _Redirect) -> Response:
-        return RedirectResponse(exc.url, status_code=303)
-
-    @app.exception_handler(_Denied)
-    async def _denied(request: Request, exc: _Denied) -> Response:
-        return templates.TemplateResponse(
-            request, "error.html", {"message": exc.message, "user": None}, status_code=exc.status
+    @classmethod
+    def open(cls, project: Project, trusted_proxies: Sequence[str]) -> _Site:
+        """The shared state of one project's app; a bad trusted proxy is refused before the store opens."""
+        trusted = parse_trusted_proxies(trusted_proxies)
+        store = project.store()
+        templates = Jinja2Templates(directory=str(HERE / "templates"))
+        templates.env.globals.update(
+            title=project.config.title,
+            SOURCES=SOURCES,
+            SOURCE_TITLES=SOURCE_TITLES,
+            REASONS=AMBIGUITY_REASONS,
+            MAX_NOTE_LENGTH=MAX_NOTE_LENGTH,
+            class_name=lambda i: project.classes.name(i),
+        )
+        return cls(
+            project=project,
+            store=store,
+            names=project.classes.names,
+            secure=project.config.cookie_secure,
+            templates=templates,
+            trusted=trusted,
+            login_csrf=LoginCsrf(project.secret),
+            throttle=LoginThrottle(),
+            devices=DeviceTokens(project.secret),
         )
 
-    def current(request: Request) -> tuple[User, str]:
-        found = store.session_user(request.cookies.get(SESSION_COOKIE))
+    def current(self, request: Request) -> tuple[User, str]:
+        """The logged-in user and their session's CSRF token, or a redirect to the login page."""
+        found = self.store.session_user(request.cookies.get(SESSION_COOKIE))
         if found is None:
             raise _Redirect("/login")
         return found
 
-    def same_origin(request: Request) -> bool:
-        # Browsers send Origin on POSTs; when present it must name this server.
-        origin = request.headers.get("origin")
-        if origin is None:
-            return True
-        return origin != "null" and urlsplit(origin).netloc == request.headers.get("host", "")
+    def admin(self, request: Request) -> tuple[User, str]:
+        """As `current`, for administrators only."""
+        user, csrf = self.current(request)
+        if not user.is_admin:
+            raise _Denied(403, "This page is for project administrators.")
+        return user, csrf
 
-    def check_csrf(request: Request, csrf: str, given: str) -> None:
-        if not same_origin(request) or not tokens_equal(csrf, given):
-            raise _Denied(403, "The form's security token is missing or wrong. Reload the page and try again.")
-
-    def page(request: Request, name: str, user: User | None, csrf: str | None, status: int = 200, **context: Any):
-        return templates.TemplateResponse(
+    def page(
+        self, request: Request, name: str, user: User | None, csrf: str | None, status: int = 200, **context: Any
+    ) -> Response:
+        """A rendered template, never cached."""
+        return self.templates.TemplateResponse(
             request,
             name,
             {"user": user, "csrf": csrf, **context},
@@ -216,28 +224,77 @@ def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> Fast
             headers={"cache-control": "no-store"},
         )
 
-    # -- login ----------------------------------------------------------------------------------
+    async def denied(self, request: Request, exc: _Denied) -> Response:
+        """The error page of a refused request (an exception handler)."""
+        return self.templates.TemplateResponse(
+            request, "error.html", {"message": exc.message, "user": None}, status_code=exc.status
+        )
+
+
+async def _redirect(_request: Request, exc: _Redirect) -> Response:
+    return RedirectResponse(exc.url, status_code=303)
+
+
+def _same_origin(request: Request) -> bool:
+    # Browsers send Origin on POSTs; when present it must name this server.
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    return origin != "null" and urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+def _check_csrf(request: Request, csrf: str, given: str) -> None:
+    if not _same_origin(request) or not tokens_equal(csrf, given):
+        raise _Denied(403, "The form's security token is missing or wrong. Reload the page and try again.")
+
+
+def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> FastAPI:
+    """The FastAPI application serving one project.
+
+    `trusted_proxies`: addresses or networks of reverse proxies whose X-Forwarded-For header names the client.
+    Without them the headers are ignored and the socket's peer is the client (serve the app with the server's
+    own proxy-header handling off, as `oodbench annotate serve` does).
+    """
+    site = _Site.open(project, trusted_proxies)
+    app = FastAPI(title=project.config.title, docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    app.add_middleware(SecurityHeaders)
+    app.add_exception_handler(_Redirect, _redirect)
+    app.add_exception_handler(_Denied, site.denied)
+    # Order matters where paths overlap: /stage3/next is matched before /stage3/{image_id}.
+    # Each group adds its routes to the app itself (no included routers): the app matches one flat list.
+    for add_routes in (_login_routes, _stage1_routes, _stage3_routes, _admin_routes, _file_routes):
+        add_routes(app, site)
+    return app
+
+
+# Handlers are plain functions: FastAPI parses the form, then runs them in its thread pool, so
+# password hashing and database work never block the event loop.
+
+
+def _login_routes(app: FastAPI, site: _Site) -> None:
+    """Login (CSRF cookie, throttling, device recognition) and logout."""
+    store = site.store
+
     @app.get("/login", response_class=HTMLResponse)
     def login_form(request: Request, error: str | None = None) -> Response:
-        token, cookie = login_csrf.issue()
-        response = page(request, "login.html", None, token, error=error)
-        response.set_cookie(LOGIN_COOKIE, cookie, httponly=True, samesite="strict", secure=secure, max_age=3600)
+        token, cookie = site.login_csrf.issue()
+        response = site.page(request, "login.html", None, token, error=error)
+        response.set_cookie(LOGIN_COOKIE, cookie, httponly=True, samesite="strict", secure=site.secure, max_age=3600)
         return response
 
-    # Handlers are plain functions: FastAPI parses the form, then runs them in its thread pool, so
-    # password hashing and database work never block the event loop.
     @app.post("/login")
     def login(
         request: Request, username: FormText = "", password: FormText = "", csrf_token: FormText = ""
     ) -> Response:
-        if not same_origin(request) or not login_csrf.check(request.cookies.get(LOGIN_COOKIE), csrf_token):
+        if not _same_origin(request) or not site.login_csrf.check(request.cookies.get(LOGIN_COOKIE), csrf_token):
             raise _Denied(403, "The login form expired. Reload the page and try again.")
         name = username.strip()[:64]
         peer = request.client.host if request.client else None
-        client = client_address(peer, request.headers.getlist("x-forwarded-for"), trusted)
-        device = devices.device_for(request.cookies.get(DEVICE_COOKIE), name)
+        client = client_address(peer, request.headers.getlist("x-forwarded-for"), site.trusted)
+        device = site.devices.device_for(request.cookies.get(DEVICE_COOKIE), name)
         # Checked before authenticate(): a throttled attempt costs no password hash.
-        if throttle.blocked(client, name, device):
+        if site.throttle.blocked(client, name, device):
             return RedirectResponse(
                 "/login?error=Too+many+failed+attempts%3B+wait+a+few+minutes+(a+browser+you+have+logged+in+"
                 "with+before+is+not+affected)",
@@ -245,19 +302,19 @@ def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> Fast
             )
         user = store.authenticate(name, password)
         if user is None:
-            throttle.failed(client, name, device, known_account=store.has_account(name))
+            site.throttle.failed(client, name, device, known_account=store.has_account(name))
             return RedirectResponse("/login?error=Wrong+name+or+password", 303)
-        throttle.succeeded(client, name, device)
+        site.throttle.succeeded(client, name, device)
         token, _csrf = store.open_session(user)
         response = RedirectResponse("/", 303)
         # Recognition for later logins from this browser: judged by its own failures, not a stranger's.
         response.set_cookie(
             DEVICE_COOKIE,
-            devices.issue(user.name, device),
+            site.devices.issue(user.name, device),
             httponly=True,
             samesite="strict",
-            secure=secure,
-            max_age=int(devices.max_age_s),
+            secure=site.secure,
+            max_age=int(site.devices.max_age_s),
             path="/login",
         )
         response.set_cookie(
@@ -265,104 +322,155 @@ def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> Fast
             token,
             httponly=True,
             samesite="lax",
-            secure=secure,
-            max_age=int(project.config.session_hours * 3600),
+            secure=site.secure,
+            max_age=int(site.project.config.session_hours * 3600),
         )
         response.delete_cookie(LOGIN_COOKIE)
         return response
 
     @app.post("/logout")
     def logout(request: Request, csrf_token: FormText = "") -> Response:
-        _user, csrf = current(request)
-        check_csrf(request, csrf, csrf_token)
+        _user, csrf = site.current(request)
+        _check_csrf(request, csrf, csrf_token)
         store.close_session(request.cookies.get(SESSION_COOKIE))
         response = RedirectResponse("/login", 303)
         response.delete_cookie(SESSION_COOKIE)
         return response
 
-    # -- home and Stage 1 -----------------------------------------------------------------------
+
+def _stage1_page(
+    site: _Site,
+    request: Request,
+    user: User,
+    csrf: str,
+    image_id: int,
+    error: str | None = None,
+    status: int = 200,
+    typed: dict | None = None,
+) -> Response:
+    """The Stage 1 page of one image in the user's queue (404 for any other image)."""
+    store = site.store
+    image = store.image(image_id)
+    if image is None or not store.is_assigned(user, image_id):
+        raise _Denied(404, "This image is not in your queue.")
+    mine = store.own_stage1(user, image_id)
+    progress = store.progress(user)
+    # Position: this image's number among the user's verdicts; left: what the user can still do after it.
+    waiting = mine is None and image.status is Status.STAGE1
+    return site.page(
+        request,
+        "annotate.html",
+        user,
+        csrf,
+        status=status,
+        image=image,
+        mine=mine,
+        error=error,
+        typed=typed,
+        open=image.status is Status.STAGE1,
+        examples=site.project.examples,
+        position=progress["mine_done"] + 1 if waiting else None,
+        left=progress["mine_open"] - int(waiting) + store.claimable(user),
+    )
+
+
+def _stage1_routes(app: FastAPI, site: _Site) -> None:
+    """Home, the blind Stage 1 queue and the user's own verdicts."""
+    store = site.store
+
     @app.get("/", response_class=HTMLResponse)
     def home(request: Request) -> Response:
-        user, csrf = current(request)
-        return page(request, "home.html", user, csrf, progress=store.progress(user))
+        user, csrf = site.current(request)
+        return site.page(request, "home.html", user, csrf, progress=store.progress(user))
 
     @app.get("/annotate")
     def next_item(request: Request) -> Response:
         # A GET never claims an image (a cross-site link must not change a queue): it shows the
         # pending image if there is one, else a button that claims the next one by POST.
-        user, csrf = current(request)
+        user, csrf = site.current(request)
         image_id = store.pending_stage1(user)
         if image_id is not None:
             return RedirectResponse(f"/annotate/{image_id}", 303)
-        return page(request, "empty.html", user, csrf, progress=store.progress(user), claimable=store.claimable(user))
+        return site.page(
+            request, "empty.html", user, csrf, progress=store.progress(user), claimable=store.claimable(user)
+        )
 
     @app.post("/annotate")
     def claim_item(request: Request, csrf_token: FormText = "") -> Response:
-        user, csrf = current(request)
-        check_csrf(request, csrf, csrf_token)
+        user, csrf = site.current(request)
+        _check_csrf(request, csrf, csrf_token)
         image_id = store.next_stage1(user)
         if image_id is None:
-            return page(request, "empty.html", user, csrf, progress=store.progress(user), claimable=0)
+            return site.page(request, "empty.html", user, csrf, progress=store.progress(user), claimable=0)
         return RedirectResponse(f"/annotate/{image_id}", 303)
-
-    def stage1_page(
-        request: Request,
-        user: User,
-        csrf: str,
-        image_id: int,
-        error: str | None = None,
-        status: int = 200,
-        typed: dict | None = None,
-    ) -> Response:
-        image = store.image(image_id)
-        if image is None or not store.is_assigned(user, image_id):
-            raise _Denied(404, "This image is not in your queue.")
-        mine = store.own_stage1(user, image_id)
-        progress = store.progress(user)
-        # Position: this image's number among the user's verdicts; left: what the user can still do after it.
-        waiting = mine is None and image.status is Status.STAGE1
-        return page(
-            request,
-            "annotate.html",
-            user,
-            csrf,
-            status=status,
-            image=image,
-            mine=mine,
-            error=error,
-            typed=typed,
-            open=image.status is Status.STAGE1,
-            examples=project.examples,
-            position=progress["mine_done"] + 1 if waiting else None,
-            left=progress["mine_open"] - int(waiting) + store.claimable(user),
-        )
 
     @app.get("/annotate/{image_id}", response_class=HTMLResponse)
     def annotate_form(request: Request, image_id: ImageId) -> Response:
-        user, csrf = current(request)
-        return stage1_page(request, user, csrf, image_id)
+        user, csrf = site.current(request)
+        return _stage1_page(site, request, user, csrf, image_id)
 
     @app.post("/annotate/{image_id}")
     def annotate_submit(request: Request, image_id: ImageId, form: VerdictForm) -> Response:
-        user, csrf = current(request)
-        check_csrf(request, csrf, form["csrf_token"])
-        try:  # the store refuses images outside the user's queue; stage1_page then answers 404
-            store.submit_stage1(user, image_id, judgement_from_form(form, names))
+        user, csrf = site.current(request)
+        _check_csrf(request, csrf, form["csrf_token"])
+        try:  # the store refuses images outside the user's queue; _stage1_page then answers 404
+            store.submit_stage1(user, image_id, judgement_from_form(form, site.names))
         except AnnotateError as exc:  # the page comes back with the form as typed
-            return stage1_page(request, user, csrf, image_id, error=str(exc), status=400, typed=form)
+            return _stage1_page(site, request, user, csrf, image_id, error=str(exc), status=400, typed=form)
         following = store.next_stage1(user)  # straight to the next item: one round trip fewer
         return RedirectResponse("/annotate" if following is None else f"/annotate/{following}", 303)
 
     @app.get("/mine", response_class=HTMLResponse)
     def my_verdicts(request: Request) -> Response:
-        user, csrf = current(request)
-        return page(request, "mine.html", user, csrf, history=store.stage1_history(user))
+        user, csrf = site.current(request)
+        return site.page(request, "mine.html", user, csrf, history=store.stage1_history(user))
 
-    # -- Stage 3 --------------------------------------------------------------------------------
+
+def _stage3_page(
+    site: _Site,
+    request: Request,
+    user: User,
+    csrf: str,
+    image_id: int,
+    error: str | None = None,
+    status: int = 200,
+    typed: dict | None = None,
+) -> Response:
+    """The joint-review page of one image (404 unless the image is or was in Stage 3)."""
+    store = site.store
+    image = store.image(image_id)
+    # Stage 1 verdicts are shown only once both are in: the page does not exist before that.
+    if image is None or image.status is Status.STAGE1:
+        raise _Denied(404, "This image is not in Stage 3 review.")
+    outcome = store.outcome(image_id)
+    if outcome.decided_in != 3 and outcome.status is not Status.STAGE3:
+        raise _Denied(404, "This image was decided by agreement in Stage 2; it has no joint review.")
+    waiting = [i for i in store.stage3_open_for(user) if i != image_id]
+    return site.page(
+        request,
+        "stage3.html",
+        user,
+        csrf,
+        status=status,
+        image=image,
+        outcome=outcome,
+        error=error,
+        examples=site.project.examples,
+        panel_size=PANEL_SIZE,
+        mine=outcome.stage3.get(user.name),
+        typed=typed,
+        waiting=len(waiting),
+    )
+
+
+def _stage3_routes(app: FastAPI, site: _Site) -> None:
+    """Stage 3 joint review: the list, the next open image, votes and closing."""
+    store = site.store
+
     @app.get("/stage3", response_class=HTMLResponse)
     def stage3_list(request: Request) -> Response:
-        user, csrf = current(request)
-        return page(
+        user, csrf = site.current(request)
+        return site.page(
             request,
             "stage3_list.html",
             user,
@@ -374,88 +482,53 @@ def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> Fast
 
     @app.get("/stage3/next")
     def stage3_next(request: Request) -> Response:
-        user, _csrf = current(request)
+        user, _csrf = site.current(request)
         waiting = store.stage3_open_for(user)
         return RedirectResponse(f"/stage3/{waiting[0]}" if waiting else "/stage3", 303)
 
-    def stage3_page(
-        request: Request,
-        user: User,
-        csrf: str,
-        image_id: int,
-        error: str | None = None,
-        status: int = 200,
-        typed: dict | None = None,
-    ) -> Response:
-        image = store.image(image_id)
-        # Stage 1 verdicts are shown only once both are in: the page does not exist before that.
-        if image is None or image.status is Status.STAGE1:
-            raise _Denied(404, "This image is not in Stage 3 review.")
-        outcome = store.outcome(image_id)
-        if outcome.decided_in != 3 and outcome.status is not Status.STAGE3:
-            raise _Denied(404, "This image was decided by agreement in Stage 2; it has no joint review.")
-        waiting = [i for i in store.stage3_open_for(user) if i != image_id]
-        return page(
-            request,
-            "stage3.html",
-            user,
-            csrf,
-            status=status,
-            image=image,
-            outcome=outcome,
-            error=error,
-            examples=project.examples,
-            panel_size=PANEL_SIZE,
-            mine=outcome.stage3.get(user.name),
-            typed=typed,
-            waiting=len(waiting),
-        )
-
     @app.get("/stage3/{image_id}", response_class=HTMLResponse)
     def stage3_form(request: Request, image_id: ImageId) -> Response:
-        user, csrf = current(request)
-        return stage3_page(request, user, csrf, image_id)
+        user, csrf = site.current(request)
+        return _stage3_page(site, request, user, csrf, image_id)
 
     @app.post("/stage3/{image_id}/vote")
     def stage3_vote(request: Request, image_id: ImageId, form: VerdictForm) -> Response:
-        user, csrf = current(request)
-        check_csrf(request, csrf, form["csrf_token"])
+        user, csrf = site.current(request)
+        _check_csrf(request, csrf, form["csrf_token"])
         try:
-            store.vote_stage3(user, image_id, judgement_from_form(form, names), note=form["note"])
+            store.vote_stage3(user, image_id, judgement_from_form(form, site.names), note=form["note"])
         except AnnotateError as exc:
-            return stage3_page(request, user, csrf, image_id, error=str(exc), status=400, typed=form)
+            return _stage3_page(site, request, user, csrf, image_id, error=str(exc), status=400, typed=form)
         return RedirectResponse(f"/stage3/{image_id}", 303)
 
     @app.post("/stage3/{image_id}/close")
     def stage3_close(request: Request, image_id: ImageId, csrf_token: FormText = "") -> Response:
-        user, csrf = current(request)
-        check_csrf(request, csrf, csrf_token)
+        user, csrf = site.current(request)
+        _check_csrf(request, csrf, csrf_token)
         try:
             store.close_stage3(user, image_id)
         except AnnotateError as exc:
-            return stage3_page(request, user, csrf, image_id, error=str(exc), status=400)
+            return _stage3_page(site, request, user, csrf, image_id, error=str(exc), status=400)
         return RedirectResponse(f"/stage3/{image_id}", 303)
 
-    # -- admin ----------------------------------------------------------------------------------
-    def admin(request: Request) -> tuple[User, str]:
-        user, csrf = current(request)
-        if not user.is_admin:
-            raise _Denied(403, "This page is for project administrators.")
-        return user, csrf
+
+def _admin_routes(app: FastAPI, site: _Site) -> None:
+    """The admin page (progress, outcome statistics, label disputes) and explicit label matches."""
+    store = site.store
 
     @app.get("/admin", response_class=HTMLResponse)
     def admin_page(request: Request, message: str | None = None) -> Response:
-        user, csrf = admin(request)
+        user, csrf = site.admin(request)
         images = {img.id: img for img in store.images()}
         outcomes = store.replay_all()
-        stats = outcome_stats(images.values(), outcomes, names)
+        stats = outcome_stats(images.values(), outcomes, site.names)
         # Stage 3 images whose two verdicts are both OOD differ only in the label: candidates for a match.
         disputes = [
             (images[i], [j.label for j in o.stage1.values()])
             for i, o in outcomes.items()
             if o.status is Status.STAGE3 and all(j.verdict is Verdict.OOD for j in o.stage1.values())
         ]
-        return page(
+        return site.page(
             request,
             "admin.html",
             user,
@@ -472,19 +545,24 @@ def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> Fast
     def admin_match(
         request: Request, csrf_token: FormText = "", label_a: FormText = "", label_b: FormText = ""
     ) -> Response:
-        user, csrf = admin(request)
-        check_csrf(request, csrf, csrf_token)
+        user, csrf = site.admin(request)
+        _check_csrf(request, csrf, csrf_token)
         try:
             changed = store.add_match(user, label_a, label_b)
         except AnnotateError as exc:
             return RedirectResponse(f"/admin?message={quote(str(exc))}", 303)
         return RedirectResponse(f"/admin?message=Match+recorded%3B+{changed}+image(s)+resolved", 303)
 
-    # -- files and data -------------------------------------------------------------------------
-    def image_response(path: Path | None) -> Response:
-        if path is None:
-            return Response("not found", status_code=404, media_type="text/plain")
-        return FileResponse(path, headers={"cache-control": "private, max-age=3600"})
+
+def _image_response(path: Path | None) -> Response:
+    if path is None:
+        return Response("not found", status_code=404, media_type="text/plain")
+    return FileResponse(path, headers={"cache-control": "private, max-age=3600"})
+
+
+def _file_routes(app: FastAPI, site: _Site) -> None:
+    """Images, class examples, the class list and the health check."""
+    store = site.store
 
     def login_required(request: Request) -> Response | None:
         # Files answer 401 rather than redirecting: an <img> cannot follow a login page.
@@ -499,21 +577,19 @@ def create_app(project: Project, *, trusted_proxies: Sequence[str] = ()) -> Fast
             return Response("login required", status_code=401, media_type="text/plain")
         # An annotator sees the images of their own Stage 1 queue and those in joint review; admins all.
         image = store.image(image_id) if store.may_view(found[0], image_id) else None
-        return image_response(None if image is None else project.image_file(image))
+        return _image_response(None if image is None else site.project.image_file(image))
 
     @app.get("/example/{class_index}/{number}")
     def example_file(request: Request, class_index: int, number: int) -> Response:
         if (denied := login_required(request)) is not None:
             return denied
-        return image_response(project.example_file(class_index, number))
+        return _image_response(site.project.example_file(class_index, number))
 
     @app.get("/api/classes")
     def classes(request: Request) -> Response:
-        current(request)
-        return JSONResponse(list(names), headers={"cache-control": "private, max-age=86400"})
+        site.current(request)
+        return JSONResponse(list(site.names), headers={"cache-control": "private, max-age=86400"})
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
-
-    return app
