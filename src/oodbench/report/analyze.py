@@ -30,6 +30,15 @@ Convention = Annotated[
     ),
 ]
 
+SubsetSizes = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--n",
+        help="Subset size(s); 'auto' = 655 capped at half the smallest "
+        "OOD set. Several --n give one table each and the Fig. A4 curve.",
+    ),
+]
+
 
 def _convention(convention: str) -> str:
     from ..core.metrics import CONVENTIONS
@@ -47,14 +56,7 @@ def _write_json(target: Path, payload: dict[str, object]) -> None:
 @app.command("subsample")
 def subsample_command(
     run_dir: RunDir,
-    n: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--n",
-            help="Subset size(s); 'auto' = 655 capped at half the smallest "
-            "OOD set. Several --n give one table each and the Fig. A4 curve.",
-        ),
-    ] = None,
+    n: SubsetSizes = None,
     draws: Annotated[int, typer.Option(help="Draws per subset size (R).")] = 1000,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     tpr: Annotated[float, typer.Option(help="ID acceptance rate of the threshold.")] = 0.95,
@@ -122,15 +124,20 @@ def subsample_command(
     target = out or run_dir / "analysis" / "subsample.json"
     _write_json(target, {"run": str(run_dir), "draws": draws, "seed": seed, "tpr": tpr, "results": results})
     if figure is not None:
-        from .figures import fig_subsample_curves, save_figure
+        _write_curves(per_n, figure)
 
-        curves: dict[str, list] = {}
-        for studies in per_n:
-            for study in studies:
-                curves.setdefault(f"{study.model}/{study.ood_dataset}", []).append(study)
-        fmt = figure.suffix.lstrip(".").lower() or "png"
-        save_figure(fig_subsample_curves(curves), figure.parent, figure.stem, [fmt])
-        typer.echo(f"wrote {figure}", err=True)
+
+def _write_curves(per_n: list[list], figure: Path) -> None:
+    """Fig. A4 over the studied sizes (one curve per model and OOD set), as FIGURE (its suffix names the format)."""
+    from .figures import fig_subsample_curves, save_figure
+
+    curves: dict[str, list] = {}
+    for studies in per_n:
+        for study in studies:
+            curves.setdefault(f"{study.model}/{study.ood_dataset}", []).append(study)
+    fmt = figure.suffix.lstrip(".").lower() or "png"
+    save_figure(fig_subsample_curves(curves), figure.parent, figure.stem, [fmt])
+    typer.echo(f"wrote {figure}", err=True)
 
 
 @app.command("ci")

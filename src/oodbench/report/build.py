@@ -29,6 +29,7 @@ from ..analysis.rundata import RunData, check_distinct, load_run
 from ..analysis.runs import IntervalRecord, best_detectors, interval_record
 from ..analysis.spread import spread_vs_noise
 from ..analysis.subsample import (
+    AcceptanceBits,
     SubsampleStudy,
     SubsampleSummary,
     acceptance_bits,
@@ -39,7 +40,7 @@ from ..analysis.subsample import (
 from ..core.errors import AnalysisError
 from ..core.oodgroups import OodGroups
 from ..core.results import ResultRow, convention_rows
-from ..core.tabular import Cell, Table
+from ..core.tabular import Table
 from ..util.progress import progress_bar
 from . import figures, tables
 from .conventions import (
@@ -51,6 +52,7 @@ from .conventions import (
     rows_in_convention,
     with_convention_note,
 )
+from .provenance import RunProvenance, plain_text, provenance_tables, report_versions, slug
 
 __all__ = [
     "CONVENTION",
@@ -61,6 +63,7 @@ __all__ = [
     "ReportContent",
     "build_report",
     "curve_sizes",
+    "plain_text",
     "provenance_tables",
     "split_rows",
     "merge_vocabularies",
@@ -150,10 +153,6 @@ def curve_sizes(n_total: int, points: int, extra: Sequence[int] = ()) -> list[in
     return sorted(s for s in sizes if s >= 1)
 
 
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
-
-
 def _mean_fpr_order(rows: Sequence[ResultRow], pair: tuple[str, str], available: set[str]) -> list[str]:
     """Detectors of a (model, ID) ordered by mean FPR@95 over its OOD sets (only those with scores)."""
     sums: dict[str, list[float]] = {}
@@ -164,143 +163,6 @@ def _mean_fpr_order(rows: Sequence[ResultRow], pair: tuple[str, str], available:
     return sorted(sums, key=lambda d: (float(np.mean(sums[d])), order.index(d)))
 
 
-def plain_text(value: object) -> str:
-    """A provenance value as reading text: nested mappings as `key: value` pairs, lists comma-separated.
-
-    Never a Python repr: `{'input': '8x8'}` reads as `input: 8x8`, and a nested `{'sizes': {'fit': 650}}` as
-    `sizes: (fit: 650)`.
-    """
-    if isinstance(value, Mapping):
-        return "; ".join(f"{k}: {_nested(v)}" for k, v in value.items()) or "–"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(plain_text(v) for v in value) or "–"
-    return "–" if value is None else str(value)
-
-
-def _nested(value: object) -> str:
-    if isinstance(value, Mapping) and value:
-        return "(" + ", ".join(f"{k}: {_nested(v)}" for k, v in value.items()) + ")"
-    return plain_text(value)
-
-
-def provenance_tables(run: RunData) -> list[Table]:
-    """The run's description (datasets, detectors), its store entries' provenance and the library versions."""
-    info = run.info
-    key = _slug(run.path.name or "run")
-    if not info:
-        return [
-            Table(
-                f"prov-{key}",
-                f"Run {run.path}",
-                ("item", "value"),
-                ((Cell("run.json"), Cell("absent: no provenance recorded")),),
-                align=("l", "l"),
-                wrap=True,
-            )
-        ]
-    head = info.get("head") or {}
-    head_prov = head.get("provenance") or {}
-    general = [
-        ("model", str(info.get("model", "–"))),
-        ("run directory", str(run.path)),
-        ("kind", "zero-shot" if run.is_zeroshot else "supervised"),
-        ("store", str(info.get("store", "–"))),
-        ("fit set", str(info.get("fit_dataset") or "–")),
-        ("ID test set", str(info.get("id_dataset", "–"))),
-        ("OOD sets", ", ".join(info.get("ood_datasets", [])) or "–"),
-        ("head", plain_text(head_prov)),
-        ("complete", str(info.get("complete", "–"))),
-    ]
-    detectors = info.get("detectors") or {}
-    general.append(
-        (
-            "detectors",
-            ", ".join(
-                f"{name}({', '.join(f'{k}={plain_text(v)}' for k, v in params.items())})" if params else name
-                for name, params in detectors.items()
-            )
-            or "–",
-        )
-    )
-    for name, reason in (info.get("skipped_detectors") or {}).items():
-        general.append((f"skipped {name}", plain_text(reason)))
-    result = [
-        Table(
-            f"prov-{key}",
-            f"Run: {info.get('model', run.path.name)}",
-            ("item", "value"),
-            tuple((Cell(k), Cell(v)) for k, v in general),
-            align=("l", "l"),
-            wrap=True,
-        )
-    ]
-    entries = info.get("entries") or {}
-    if entries:
-        body = []
-        versions: dict[str, set[str]] = {}
-        for dataset, meta in entries.items():
-            meta = meta or {}
-            prov = meta.get("provenance") or {}
-            body.append(
-                (
-                    Cell(dataset),
-                    Cell(str(meta.get("num_rows", "–"))),
-                    Cell(str(meta.get("item_hash") or "–")),
-                    Cell(plain_text(prov.get("model"))),
-                    Cell(plain_text(prov.get("checkpoint"))),
-                    Cell(plain_text(prov.get("preprocessing"))),
-                    Cell(str(meta.get("finished") or "–")),
-                )
-            )
-            for lib, version in (meta.get("versions") or {}).items():
-                versions.setdefault(lib, set()).add(str(version))
-        for lib, version in (head.get("versions") or {}).items():
-            versions.setdefault(lib, set()).add(str(version))
-        result.append(
-            Table(
-                f"entries-{key}",
-                "Store entries (dataset hashes, checkpoints)",
-                ("dataset", "rows", "item hash (SHA-256)", "model", "checkpoint", "preprocessing", "extracted"),
-                tuple(body),
-                align=("l", "r", "l", "l", "l", "l", "l"),
-                wrap=True,
-            )
-        )
-        if versions:
-            result.append(
-                Table(
-                    f"versions-{key}",
-                    "Library versions at extraction",
-                    ("library", "version"),
-                    tuple((Cell(lib), Cell(", ".join(sorted(v)))) for lib, v in sorted(versions.items())),
-                )
-            )
-    return result
-
-
-def _report_versions() -> Table:
-    import platform
-
-    import matplotlib
-    import scipy
-
-    from .. import __version__
-
-    items = [
-        ("python", platform.python_version()),
-        ("oodbench", __version__),
-        ("numpy", np.__version__),
-        ("scipy", scipy.__version__),
-        ("matplotlib", matplotlib.__version__),
-    ]
-    return Table(
-        "versions-report",
-        "Library versions of this report",
-        ("library", "version"),
-        tuple((Cell(k), Cell(v)) for k, v in items),
-    )
-
-
 def build_report(
     run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData],
     options: ReportOptions | None = None,
@@ -309,10 +171,43 @@ def build_report(
 ) -> ReportContent:
     """Tables, figures and provenance for one or more evaluation runs (e.g. one per model)."""
     options = options or ReportOptions()
+    groups = _checked_groups(options)
+    runs = _loaded_runs(run_dirs)
+    supervised, zeroshot = split_rows(runs)
+    supervised = convention_rows(supervised, "oodbench")  # the score sections' rows; tables use `shown`
+    shown = rows_in_convention(runs, supervised, options.convention, options.tpr)
+    content = ReportContent(options.title, [], [str(run.path) for run in runs])
+    vocabularies, conflicts = merge_vocabularies(runs, options.vocabularies)
+    content.notes.extend(conflicts)
+    pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in supervised))
+    accuracy: list[Accuracy] = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
+    if options.intro:
+        content.sections.append(_context_section(options.intro))
+    if supervised:
+        content.sections.append(_overview_section(runs, shown, accuracy, options))
+        _add_layout_sections(content, runs, shown, pairs, groups, options, accuracy)
+        content.sections.extend(_model_section(shown, pair, options) for pair in pairs)
+    if zeroshot:
+        content.sections.append(_zeroshot_section(zeroshot, vocabularies, bool(supervised), options))
+    _add_score_sections(content, supervised, _scored_runs(runs, pairs), pairs, options, progress)
+    if options.against:
+        _add_published_section(content, runs, options.against, accuracy)
+    content.sections.append(_provenance_section(runs))
+    _unique_names(content)
+    return content
+
+
+def _checked_groups(options: ReportOptions) -> OodGroups | None:
+    """The OOD groups of the options, after checking the options that can fail before any work."""
     groups = resolve_groups(options.groups, options.convention)  # a bad convention or groups file fails here
     if options.against is not None and options.against not in PUBLISHED_SETS:
         # Checked before any statistics run: a typo should not cost the whole report's time.
         raise AnalysisError(f"unknown published set {options.against!r}; available: {', '.join(PUBLISHED_SETS)}")
+    return groups
+
+
+def _loaded_runs(run_dirs: Sequence[str | os.PathLike[str]] | Sequence[RunData]) -> list[RunData]:
+    """The runs (loaded from their directories where given as paths), labelled apart and checked distinct."""
     if all(isinstance(r, RunData) for r in run_dirs):
         runs = list(run_dirs)  # type: ignore[arg-type]
     elif any(isinstance(r, RunData) for r in run_dirs):
@@ -323,16 +218,11 @@ def build_report(
         raise AnalysisError("no runs to report on")
     runs = label_variants(runs)
     check_distinct(runs)
-    supervised, zeroshot = split_rows(runs)
-    supervised = convention_rows(supervised, "oodbench")  # the score sections' rows; tables use `shown`
-    shown = rows_in_convention(runs, supervised, options.convention, options.tpr)
-    convention = convention_text(options.convention, CONVENTION)
-    content = ReportContent(options.title, [], [str(run.path) for run in runs])
-    vocabularies, conflicts = merge_vocabularies(runs, options.vocabularies)
-    content.notes.extend(conflicts)
+    return runs
 
-    # Which run holds the scores of each supervised (model, ID) pair (never a zero-shot run of the same model id).
-    pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in supervised))
+
+def _scored_runs(runs: Sequence[RunData], pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], RunData]:
+    """Which run holds the scores of each supervised (model, ID) pair (never a zero-shot run of the same model id)."""
     scored: dict[tuple[str, str], RunData] = {}
     for run in runs:
         if run.is_zeroshot:
@@ -340,104 +230,99 @@ def build_report(
         for pair in run.pairs():
             if pair in pairs and pair not in scored and run.path.is_dir() and run.has_scores(*pair):
                 scored[pair] = run
+    return scored
 
-    if options.intro:
-        content.sections.append(
-            Section(
-                "context",
-                "Context",
-                "\n\n".join(i for i in options.intro if isinstance(i, str)),
-                [i for i in options.intro if isinstance(i, Table)],
+
+def _context_section(intro: Sequence[str | Table]) -> Section:
+    """The "Context" section: the intro's paragraphs, then its tables."""
+    text = "\n\n".join(i for i in intro if isinstance(i, str))
+    return Section("context", "Context", text, [i for i in intro if isinstance(i, Table)])
+
+
+def _accuracy_columns(
+    runs: Sequence[RunData], accuracy: Sequence[Accuracy]
+) -> tuple[dict[str, dict[str, float]], dict[str, str], dict[str, str]]:
+    """Table 1's accuracy inputs per model: top-1 per label set, the original labels' set, why top-1 is missing."""
+    top1: dict[str, dict[str, float]] = {}
+    for acc in accuracy:
+        top1.setdefault(acc.model, {})[acc.labels] = acc.top1
+    label_sets = {acc.model: acc.label_set for acc in accuracy if acc.labels == "original" and acc.label_set}
+    missing = {m: why for run in runs if run.path.is_dir() for m, why in accuracy_not_computed(run.path).items()}
+    for run in runs:  # a model shown under a label (runs of one model that differ) keeps its accuracy
+        if isinstance(run, _Variant):
+            for known in (top1, label_sets, missing):
+                if run.model_name in known:
+                    known[run.label] = known[run.model_name]  # type: ignore[index]
+    return top1, label_sets, missing
+
+
+def _overview_section(
+    runs: Sequence[RunData], shown: Sequence[ResultRow], accuracy: Sequence[Accuracy], options: ReportOptions
+) -> Section:
+    """Tables 1, A2 and A1: the best detectors per model and OOD set."""
+    convention = convention_text(options.convention, CONVENTION)
+    top1, label_sets, missing = _accuracy_columns(runs, accuracy)
+    items = [
+        tables.table1(shown, top1=top1, label_sets=label_sets, top1_missing=missing),
+        tables.table_a2(shown),
+        tables.table_a1(shown),
+    ]
+    if options.convention != "oodbench":
+        items = [with_convention_note(t, options.convention) for t in items]
+    return Section("overview", "Overview", "Best detectors per model and OOD set.\n\n" + convention, list(items))
+
+
+def _model_section(shown: Sequence[ResultRow], pair: tuple[str, str], options: ReportOptions) -> Section:
+    """One (model, ID set): its detectors × OOD sets table and the best detector per OOD set (Fig. 1)."""
+    model, id_dataset = pair
+    detectors = tables.table_detectors(
+        shown,
+        model,
+        id_dataset,
+        convention=None if options.convention == "oodbench" else options.convention,
+        aupr=options.aupr,
+    )
+    figure = FigureItem(
+        f"fig1-{slug(model)}",
+        f"Best detector per OOD set for {model} (paper Fig. 1)",
+        lambda: figures.fig_best_detectors(shown, model, id_dataset),
+    )
+    return Section(
+        f"model-{slug(model)}-{slug(id_dataset)}", f"Model {model} (ID: {id_dataset})", "", [detectors, figure]
+    )
+
+
+def _zeroshot_section(
+    zeroshot: Sequence[ResultRow], vocabularies: Mapping[str, Any], with_supervised: bool, options: ReportOptions
+) -> Section:
+    """Table 2 and the vocabulary-size figure of the zero-shot models."""
+    zero_pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in zeroshot))
+    section = Section(
+        "zeroshot",
+        "Zero-shot vocabularies",
+        "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
+        "vocabulary-size figure only, not in the supervised tables, subsampling or intervals."
+        + ("" if with_supervised and options.convention == "oodbench" else "\n\n" + CONVENTION),  # Table 2: oodbench's
+    )
+    section.items.append(tables.table2(zeroshot, vocabularies, pairs=zero_pairs))
+    if figures.vocab_sweep_lines(zeroshot, vocabularies):
+        section.items.append(
+            FigureItem(
+                "figA1-vocabulary-sweep",
+                "FPR@95 against negative-vocabulary size (paper Figs. A1 and A2)",
+                lambda: figures.fig_vocab_sweep(zeroshot, vocabularies),
             )
         )
-    accuracy: list[Accuracy] = [a for run in runs if run.path.is_dir() for a in read_accuracy(run.path)]
-    if supervised:
-        overview = Section("overview", "Overview", "Best detectors per model and OOD set.\n\n" + convention)
-        top1: dict[str, dict[str, float]] = {}
-        for acc in accuracy:
-            top1.setdefault(acc.model, {})[acc.labels] = acc.top1
-        label_sets = {acc.model: acc.label_set for acc in accuracy if acc.labels == "original" and acc.label_set}
-        missing = {m: why for run in runs if run.path.is_dir() for m, why in accuracy_not_computed(run.path).items()}
-        for run in runs:  # a model shown under a label (runs of one model that differ) keeps its accuracy
-            if isinstance(run, _Variant):
-                for known in (top1, label_sets, missing):
-                    if run.model_name in known:
-                        known[run.label] = known[run.model_name]  # type: ignore[index]
-        overview_tables = [
-            tables.table1(shown, top1=top1, label_sets=label_sets, top1_missing=missing),
-            tables.table_a2(shown),
-            tables.table_a1(shown),
-        ]
-        if options.convention != "oodbench":
-            overview_tables = [with_convention_note(t, options.convention) for t in overview_tables]
-        overview.items.extend(overview_tables)
-        content.sections.append(overview)
-        _add_layout_sections(content, runs, shown, pairs, groups, options, accuracy)
-        for model, id_dataset in pairs:
-            section = Section(f"model-{_slug(model)}-{_slug(id_dataset)}", f"Model {model} (ID: {id_dataset})")
-            section.items.append(
-                tables.table_detectors(
-                    shown,
-                    model,
-                    id_dataset,
-                    convention=None if options.convention == "oodbench" else options.convention,
-                    aupr=options.aupr,
-                )
-            )
-            section.items.append(
-                FigureItem(
-                    f"fig1-{_slug(model)}",
-                    f"Best detector per OOD set for {model} (paper Fig. 1)",
-                    lambda m=model, i=id_dataset: figures.fig_best_detectors(shown, m, i),
-                )
-            )
-            content.sections.append(section)
+    return section
 
-    if zeroshot:
-        zero_pairs = list(dict.fromkeys((r.model, r.id_dataset) for r in zeroshot))
-        zero = Section(
-            "zeroshot",
-            "Zero-shot vocabularies",
-            "Zero-shot models (" + ", ".join(m for m, _ in zero_pairs) + ") appear in Table 2 and the "
-            "vocabulary-size figure only, not in the supervised tables, subsampling or intervals."
-            + ("" if supervised and options.convention == "oodbench" else "\n\n" + CONVENTION),  # Table 2: oodbench's
-        )
-        zero.items.append(tables.table2(zeroshot, vocabularies, pairs=zero_pairs))
-        if figures.vocab_sweep_lines(zeroshot, vocabularies):
-            zero.items.append(
-                FigureItem(
-                    "figA1-vocabulary-sweep",
-                    "FPR@95 against negative-vocabulary size (paper Figs. A1 and A2)",
-                    lambda: figures.fig_vocab_sweep(zeroshot, vocabularies),
-                )
-            )
-        content.sections.append(zero)
 
-    scored_pairs = [p for p in pairs if p in scored]
-    missing = [p for p in pairs if p not in scored]
-    if missing:
-        content.notes.append(
-            "No per-image scores for "
-            + ", ".join(f"{m}/{i}" for m, i in missing)
-            + ": subsampling, intervals and score figures skipped for them."
-        )
-    if scored_pairs:
-        _add_score_sections(content, supervised, scored, scored_pairs, options, progress)
-        if options.convention != "oodbench":  # their thresholds accept 95% of ID: oodbench's FPR@95, said so
-            for section in content.sections:
-                if section.key in ("subsampling", "uncertainty", "ood-classes", "scores"):
-                    section.text = (section.text + "\n\n" + CONVENTION).strip()
-
-    if options.against:
-        _add_published_section(content, runs, options.against, accuracy)
-
-    provenance = Section("provenance", "Provenance", "Models, checkpoints, dataset hashes and library versions.")
+def _provenance_section(runs: Sequence[RunData]) -> Section:
+    """Each run's provenance tables, then the library versions of this report."""
+    section = Section("provenance", "Provenance", "Models, checkpoints, dataset hashes and library versions.")
     for run in runs:
-        provenance.items.extend(provenance_tables(run))
-    provenance.items.append(_report_versions())
-    content.sections.append(provenance)
-    _unique_names(content)
-    return content
+        section.items.extend(provenance_tables(run))
+    section.items.append(report_versions())
+    return section
 
 
 def _add_layout_sections(
@@ -550,20 +435,6 @@ class _Variant(RunData):
         return super().scores(self._real(model), dataset)
 
 
-def _settings(run: RunData) -> dict[str, str]:
-    """What a run was evaluated with, flattened: each detector's parameters, the fit set, the head, the store."""
-    info = run.info
-    flat = {
-        f"{name}": ", ".join(f"{k}={plain_text(v)}" for k, v in sorted((params or {}).items()))
-        for name, params in (info.get("detectors") or {}).items()
-    }
-    flat["fit set"] = str(info.get("fit_dataset") or "")
-    head = (info.get("head") or {}).get("provenance") or {}
-    flat["head"] = plain_text(dict(sorted(head.items()))) if head else ""
-    flat["store"] = str(info.get("store") or "")
-    return flat
-
-
 def label_variants(runs: Sequence[RunData]) -> list[RunData]:
     """Runs of one (model, ID set) that differ in their settings, relabelled by what differs (e.g.
     ``resnet50 [energy: temperature=2]``) so that tables keep them apart; runs without a difference are labelled
@@ -576,7 +447,7 @@ def label_variants(runs: Sequence[RunData]) -> list[RunData]:
     for (model, _), indices in by_pair.items():
         if len(indices) < 2 or any(runs[i].is_zeroshot or len({m for m, _ in runs[i].pairs()}) > 1 for i in indices):
             continue
-        settings = [_settings(runs[i]) for i in indices]
+        settings = [RunProvenance.from_run(runs[i]).settings() for i in indices]
         keys = sorted({k for s in settings for k in s})
         differing = [k for k in keys if len({s.get(k, "(absent)") for s in settings}) > 1]
         for i, setting in zip(indices, settings, strict=True):
@@ -657,6 +528,34 @@ def _unique_names(content: ReportContent) -> None:
                     item.stem = unique
 
 
+@dataclass(frozen=True, eq=False)  # arrays inside: identity is the only sensible equality
+class _ScoredOod:
+    """One (model, ID set, OOD set) with per-image scores: the supervised detectors' ID and OOD scores."""
+
+    run: RunData
+    model: str
+    id_dataset: str
+    ood: str
+    id_scores: dict[str, np.ndarray]
+    ood_scores: dict[str, np.ndarray]
+    bits: AcceptanceBits  # one set of acceptance bits serves Table A6 and every point of the Fig. A4 curve
+    best: str = ""  # the best detector by FPR@95 (known once its Fig. A4 curve is)
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return self.model, self.id_dataset
+
+    @property
+    def total(self) -> int:
+        """OOD images in the set."""
+        return len(next(iter(self.ood_scores.values())))
+
+    def ranked(self, metric: str) -> list[str]:
+        """The detectors with scores, best first by `metric` in the run's results."""
+        order = best_detectors(self.run, self.model, self.id_dataset, self.ood, metric, count=len(self.id_scores))
+        return [d for d in order if d in self.id_scores]
+
+
 def _add_score_sections(
     content: ReportContent,
     supervised: Sequence[ResultRow],
@@ -665,170 +564,261 @@ def _add_score_sections(
     options: ReportOptions,
     progress: bool,
 ) -> None:
-    """Subsampling (Table A6, Fig. A4), intervals and DeLong, ROC curves and histograms."""
-    plans = [(pair, ood) for pair in pairs for ood in scored[pair].ood_datasets(*pair)]
+    """Subsampling (Table A6, Fig. A4), intervals and DeLong, per-class acceptance, ROC curves and histograms."""
+    missing = [p for p in pairs if p not in scored]
+    if missing:
+        content.notes.append(
+            "No per-image scores for "
+            + ", ".join(f"{m}/{i}" for m, i in missing)
+            + ": subsampling, intervals and score figures skipped for them."
+        )
+    scored_pairs = [p for p in pairs if p in scored]
+    if not scored_pairs:
+        return
+    n = _subset_size(scored, scored_pairs, options)
+    with progress_bar(progress) as bar:
+        items = _scored_oods(scored, scored_pairs, options)
+        # One step per subsampling study and one per interval: the two costly statistics.
+        task = bar.add_task("report statistics", total=2 * len(items))
+        summaries, curves, notes = _subsample_studies(items, n, options, lambda: bar.advance(task))
+        # The best detector by the run's FPR@95 rows; without a ranked detector that has scores, the curve's choice.
+        items = [
+            replace(item, best=(item.ranked("fpr95") or [curve[0].best])[0])
+            for item, curve in zip(items, curves, strict=True)
+        ]
+        intervals = [_interval(item, options, lambda: bar.advance(task)) for item in items]
+    content.notes.extend(notes)
+    content.subsample.extend(summaries)
+    content.intervals.extend(intervals)
+    content.comparisons.extend(c for c in (_delong(item, options) for item in items) if c is not None)
+    sections = [
+        _subsampling_section(items, summaries, curves, n, options),
+        _uncertainty_section(content.intervals, content.comparisons, options),
+        _class_section(items, options),
+        _score_figure_section(items, supervised, options),
+    ]
+    for section in sections:
+        if section.key in ("subsampling", "uncertainty") or section.items:
+            if options.convention != "oodbench":  # their thresholds accept 95% of ID: oodbench's FPR@95, said so
+                section.text = (section.text + "\n\n" + CONVENTION).strip()
+            content.sections.append(section)
+
+
+def _subset_size(
+    scored: Mapping[tuple[str, str], RunData], pairs: Sequence[tuple[str, str]], options: ReportOptions
+) -> int:
+    """Table A6's n (options.n resolved against the OOD set sizes); one that exceeds every OOD set fails."""
     n_ood = {(r.model, r.id_dataset, r.ood_dataset): r.n_ood for run in scored.values() for r in run.rows}
-    sizes = {f"{pair[0]}/{ood}": n_ood[(*pair, ood)] for pair, ood in plans}
+    sizes = {f"{pair[0]}/{ood}": n_ood[(*pair, ood)] for pair in pairs for ood in scored[pair].ood_datasets(*pair)}
     n = resolve_n(options.n, sizes)
     if n > max(sizes.values()):
         raise AnalysisError(
             f"n={n} exceeds every OOD set ({', '.join(f'{k}: {v}' for k, v in sizes.items())}); "
             f"pass a smaller n, e.g. {max(1, min(sizes.values()) // 2)}"
         )
-    sub = Section(
+    return n
+
+
+def _scored_oods(
+    scored: Mapping[tuple[str, str], RunData], pairs: Sequence[tuple[str, str]], options: ReportOptions
+) -> list[_ScoredOod]:
+    """Every OOD set of the scored pairs with its supervised detectors' scores (vocabulary scores left out)."""
+    thresholds: dict[tuple[str, str], dict[str, float]] = {}  # ID thresholds per (model, ID set): computed once
+    items = []
+    for pair in pairs:
+        run = scored[pair]
+        for ood in run.ood_datasets(*pair):
+            id_scores, ood_scores = run.paired_scores(pair[0], pair[1], ood)
+            id_scores = {d: s for d, s in id_scores.items() if tables.parse_vocabulary_score(d) is None}
+            ood_scores = {d: ood_scores[d] for d in id_scores}
+            bits = acceptance_bits(id_scores, ood_scores, options.tpr, thresholds.setdefault(pair, {}))
+            items.append(_ScoredOod(run, pair[0], pair[1], ood, id_scores, ood_scores, bits))
+    return items
+
+
+def _subsample_studies(
+    items: Sequence[_ScoredOod], n: int, options: ReportOptions, advance: Callable[[], None]
+) -> tuple[list[SubsampleSummary], list[list[SubsampleStudy]], list[str]]:
+    """Table A6's rows (sets with at least n images), each set's Fig. A4 curve, and notes on the sets left out."""
+    summaries: list[SubsampleSummary] = []
+    curves: list[list[SubsampleStudy]] = []
+    notes: list[str] = []
+    for item in items:
+        if n <= item.total:
+            study = subsample_fpr(
+                item.id_scores,
+                item.ood_scores,
+                n,
+                draws=options.draws,
+                seed=options.seed,
+                tpr=options.tpr,
+                model=item.model,
+                id_dataset=item.id_dataset,
+                ood_dataset=item.ood,
+                bits=item.bits,
+            )
+            summaries.append(study.summary())
+        else:
+            notes.append(f"{item.model}/{item.ood}: not subsampled, n={n} exceeds its {item.total} OOD images.")
+        sizes = curve_sizes(item.total, options.curve_points, [n])
+        curves.append(
+            subsample_curve(
+                item.id_scores,
+                item.ood_scores,
+                sizes,
+                draws=options.curve_draws,
+                seed=options.seed,
+                tpr=options.tpr,
+                model=item.model,
+                id_dataset=item.id_dataset,
+                ood_dataset=item.ood,
+                bits=item.bits,
+            )
+        )
+        advance()
+    return summaries, curves, notes
+
+
+def _subsampling_section(
+    items: Sequence[_ScoredOod],
+    summaries: Sequence[SubsampleSummary],
+    curves: Sequence[list[SubsampleStudy]],
+    n: int,
+    options: ReportOptions,
+) -> Section:
+    """Table A6 (the best detector's FPR@95 over draws of n OOD images) and a Fig. A4 curve per model."""
+    section = Section(
         "subsampling",
         "Subsampling (paper Table A6, Fig. A4)",
         f"The best detector's FPR@95 over {options.draws} draws of n={n} OOD images without replacement.",
     )
-    stats_section = Section(
+    if summaries:
+        section.items.append(tables.table_a6(list(summaries), spread_vs_noise(list(summaries))))
+    per_pair: dict[tuple[str, str], dict[str, list[SubsampleStudy]]] = {}
+    for item, curve in zip(items, curves, strict=True):
+        per_pair.setdefault(item.pair, {})[item.ood] = curve
+    for (model, _), per_ood in per_pair.items():
+        section.items.append(
+            FigureItem(
+                f"figA4-{slug(model)}",
+                f"FPR@95 over subset size n, {model} "
+                f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE) (paper Fig. A4)",
+                lambda c=per_ood, m=model: figures.fig_subsample_curves(c, m),
+            )
+        )
+    return section
+
+
+def _interval(item: _ScoredOod, options: ReportOptions, advance: Callable[[], None]) -> IntervalRecord:
+    """Bootstrap intervals of the set's best detector."""
+    record = interval_record(
+        item.model,
+        item.id_dataset,
+        item.ood,
+        item.best,
+        item.id_scores[item.best],
+        item.ood_scores[item.best],
+        resamples=options.resamples,
+        confidence=options.confidence,
+        seed=options.seed,
+        tpr=options.tpr,
+    )
+    advance()
+    return record
+
+
+def _delong(item: _ScoredOod, options: ReportOptions) -> tuple[str, str, DeLongResult] | None:
+    """DeLong's test of the set's two best detectors by AUROC (None with fewer than two)."""
+    top = item.ranked("auroc")[:2]
+    if len(top) < 2:
+        return None
+    a, b = top
+    result = delong_test(
+        item.id_scores[a],
+        item.ood_scores[a],
+        item.id_scores[b],
+        item.ood_scores[b],
+        confidence=options.confidence,
+        names=(a, b),
+    )
+    return item.model, item.ood, result
+
+
+def _uncertainty_section(
+    intervals: Sequence[IntervalRecord], comparisons: Sequence[tuple[str, str, DeLongResult]], options: ReportOptions
+) -> Section:
+    """The interval table of each OOD set's best detector and the DeLong table."""
+    section = Section(
         "uncertainty",
         "Uncertainty",
         "Intervals of each OOD set's best detector, and DeLong's test of the two best by AUROC.",
     )
-    score_section = Section("scores", "ROC curves and score distributions")
-    class_section = Section(
+    if intervals:
+        title = "Confidence intervals of the best detector per OOD set"
+        section.items.append(tables.table_intervals(list(intervals), options.confidence, title=title))
+    if comparisons:
+        section.items.append(tables.table_delong(list(comparisons), options.confidence))
+    return section
+
+
+def _class_section(items: Sequence[_ScoredOod], options: ReportOptions) -> Section:
+    """Per OOD class (for sets stored with class labels): the share the best detector accepts as ID."""
+    section = Section(
         "ood-classes",
         "Which OOD classes pass as ID",
         "For OOD sets whose store entry carries class labels: each class's images accepted as ID by the best detector "
         "(by FPR@95) at the threshold that accepts 95% of the ID test set, most accepted first, with Wilson 95% "
         "intervals.",
     )
-    curves: dict[tuple[str, str], dict[str, list[SubsampleStudy]]] = {}
-    thresholds: dict[tuple[str, str], dict[str, float]] = {}  # ID thresholds per (model, ID set): computed once
-    with progress_bar(progress) as bar:
-        task = bar.add_task("report statistics", total=len(plans))
-        for pair, ood in plans:
-            run = scored[pair]
-            id_scores, ood_scores = run.paired_scores(pair[0], pair[1], ood)
-            id_scores = {d: s for d, s in id_scores.items() if tables.parse_vocabulary_score(d) is None}
-            ood_scores = {d: ood_scores[d] for d in id_scores}
-            total = len(next(iter(ood_scores.values())))
-            # One set of acceptance bits serves Table A6 and every point of the Fig. A4 curve.
-            bits = acceptance_bits(id_scores, ood_scores, options.tpr, thresholds.setdefault(pair, {}))
-            if n <= total:
-                study = subsample_fpr(
-                    id_scores,
-                    ood_scores,
-                    n,
-                    draws=options.draws,
-                    seed=options.seed,
-                    tpr=options.tpr,
-                    model=pair[0],
-                    id_dataset=pair[1],
-                    ood_dataset=ood,
-                    bits=bits,
-                )
-                content.subsample.append(study.summary())
-            else:
-                content.notes.append(f"{pair[0]}/{ood}: not subsampled, n={n} exceeds its {total} OOD images.")
-            curves.setdefault(pair, {})[ood] = subsample_curve(
-                id_scores,
-                ood_scores,
-                curve_sizes(total, options.curve_points, [n]),
-                draws=options.curve_draws,
-                seed=options.seed,
-                tpr=options.tpr,
-                model=pair[0],
-                id_dataset=pair[1],
-                ood_dataset=ood,
-                bits=bits,
+    for item in items:
+        labelled = _ood_labels(item.run, item.model, item.ood, item.total)
+        if labelled is None:
+            continue
+        acceptance = class_acceptance(
+            item.id_scores[item.best], item.ood_scores[item.best], labelled[0], labelled[1], tpr=options.tpr
+        )
+        section.items.append(
+            tables.table_class_acceptance(
+                acceptance,
+                key=f"classes-{slug(item.model)}-{slug(item.ood)}",
+                title=f"{item.model} on {item.ood}: acceptance per OOD class ({item.best})",
             )
-            ranked = [
-                d for d in best_detectors(run, pair[0], pair[1], ood, "fpr95", count=len(id_scores)) if d in id_scores
-            ]
-            best = ranked[0] if ranked else curves[pair][ood][0].best
-            content.intervals.append(
-                interval_record(
-                    pair[0],
-                    pair[1],
-                    ood,
-                    best,
-                    id_scores[best],
-                    ood_scores[best],
-                    resamples=options.resamples,
-                    confidence=options.confidence,
-                    seed=options.seed,
-                    tpr=options.tpr,
-                )
-            )
-            labelled = _ood_labels(run, pair[0], ood, total)
-            if labelled is not None:
-                class_section.items.append(
-                    tables.table_class_acceptance(
-                        class_acceptance(id_scores[best], ood_scores[best], labelled[0], labelled[1], tpr=options.tpr),
-                        key=f"classes-{_slug(pair[0])}-{_slug(ood)}",
-                        title=f"{pair[0]} on {ood}: acceptance per OOD class ({best})",
-                    )
-                )
-            top_auroc = [
-                d for d in best_detectors(run, pair[0], pair[1], ood, "auroc", count=len(id_scores)) if d in id_scores
-            ][:2]
-            if len(top_auroc) == 2:
-                a, b = top_auroc
-                content.comparisons.append(
-                    (
-                        pair[0],
-                        ood,
-                        delong_test(
-                            id_scores[a],
-                            ood_scores[a],
-                            id_scores[b],
-                            ood_scores[b],
-                            confidence=options.confidence,
-                            names=(a, b),
-                        ),
-                    )
-                )
-            if options.score_figures:
-                chosen = list(options.plot_detectors or _mean_fpr_order(supervised, pair, set(id_scores))[:3])
-                chosen = [d for d in chosen if d in id_scores]
-                if chosen:
-                    ids_c = {d: id_scores[d] for d in chosen}
-                    oods_c = {d: ood_scores[d] for d in chosen}
-                    label = f"{pair[0]}: {pair[1]} vs {ood}"
-                    score_section.items.append(
-                        FigureItem(
-                            f"roc-{_slug(pair[0])}-{_slug(ood)}",
-                            f"ROC curves, {label}",
-                            lambda i=ids_c, o=oods_c, t=label: figures.fig_roc(i, o, t, options.tpr),
-                        )
-                    )
-                    score_section.items.append(
-                        FigureItem(
-                            f"hist-{_slug(pair[0])}-{_slug(ood)}",
-                            f"Score histograms, {label}",
-                            lambda i=ids_c, o=oods_c, t=label, lab=(pair[1], ood): figures.fig_score_histograms(
-                                i, o, t, options.tpr, labels=lab
-                            ),
-                        )
-                    )
-            bar.advance(task)
-    if content.subsample:
-        spreads = spread_vs_noise(content.subsample)
-        sub.items.append(tables.table_a6(content.subsample, spreads))
-    for pair, per_ood in curves.items():
-        sub.items.append(
+        )
+    return section
+
+
+def _score_figure_section(
+    items: Sequence[_ScoredOod], supervised: Sequence[ResultRow], options: ReportOptions
+) -> Section:
+    """ROC curves and score histograms per OOD set, of the chosen detectors (default: the 3 best by mean FPR@95)."""
+    section = Section("scores", "ROC curves and score distributions")
+    if not options.score_figures:
+        return section
+    for item in items:
+        chosen = list(options.plot_detectors or _mean_fpr_order(supervised, item.pair, set(item.id_scores))[:3])
+        ids = {d: item.id_scores[d] for d in chosen if d in item.id_scores}
+        oods = {d: item.ood_scores[d] for d in ids}
+        if not ids:
+            continue
+        label = f"{item.model}: {item.id_dataset} vs {item.ood}"
+        stem = f"{slug(item.model)}-{slug(item.ood)}"
+        section.items.append(
             FigureItem(
-                f"figA4-{_slug(pair[0])}",
-                f"FPR@95 over subset size n, {pair[0]} "
-                f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE) (paper Fig. A4)",
-                lambda c=per_ood, m=pair[0]: figures.fig_subsample_curves(c, m),
+                f"roc-{stem}",
+                f"ROC curves, {label}",
+                lambda i=ids, o=oods, t=label: figures.fig_roc(i, o, t, options.tpr),
             )
         )
-    content.sections.append(sub)
-    if content.intervals:
-        stats_section.items.append(
-            tables.table_intervals(
-                content.intervals, options.confidence, title="Confidence intervals of the best detector per OOD set"
+        section.items.append(
+            FigureItem(
+                f"hist-{stem}",
+                f"Score histograms, {label}",
+                lambda i=ids, o=oods, t=label, lab=(item.id_dataset, item.ood): figures.fig_score_histograms(
+                    i, o, t, options.tpr, labels=lab
+                ),
             )
         )
-    if content.comparisons:
-        stats_section.items.append(tables.table_delong(content.comparisons, options.confidence))
-    content.sections.append(stats_section)
-    if class_section.items:
-        content.sections.append(class_section)
-    if score_section.items:
-        content.sections.append(score_section)
+    return section
 
 
 def _ood_labels(run: RunData, model: str, ood: str, count: int) -> tuple[np.ndarray, list[str] | None] | None:
