@@ -26,6 +26,7 @@ from oodbench.detectors import (
     fit_provenance,
     load,
     read_meta,
+    save,
 )
 from oodbench.detectors.artefact import ARRAYS_FILE, META_FILE
 
@@ -36,7 +37,7 @@ def test_all_builtins_score_byte_identically_after_loading_in_a_fresh_process(pr
     expected = {}
     for name in available():
         detector = create(name, **small_params.get(name, {})).fit(problem.fit, problem.head)
-        detector.save(tmp_path / name)
+        save(detector, tmp_path / name)
         expected[name] = detector.score(problem.test)
     np.save(tmp_path / "features.npy", problem.test.features)
     np.save(tmp_path / "logits.npy", problem.test.logits)
@@ -99,7 +100,7 @@ class Layouts(Detector):
 
 def test_declared_state_round_trips_values_types_and_layouts(problem, tmp_path):
     detector = Layouts(layers=("x",), bins={"x": 3}).fit(problem.fit)
-    detector.save(tmp_path / "d")
+    save(detector, tmp_path / "d")
     loaded = load(tmp_path / "d", detector_class=Layouts)
     assert loaded.get_params() == {"layers": ("x",), "bins": {"x": 3}}  # a tuple default brings the tuple back
     for key in ("fortran_", "bools_", "ints_", "empty_", "mean_"):
@@ -116,30 +117,30 @@ def test_declared_state_round_trips_values_types_and_layouts(problem, tmp_path):
 
 def test_saving_refuses_state_that_is_not_declared_or_not_as_declared(problem, tmp_path):
     with pytest.raises(DetectorError, match="not fitted: nothing to save"):
-        create("knn").save(tmp_path / "unfitted")
+        save(create("knn"), tmp_path / "unfitted")
     detector = create("energy").fit(problem.fit)
     detector.holder_ = np.zeros(3)
     with pytest.raises(DetectorError, match="fitted state holder_ is not declared"):
-        detector.save(tmp_path / "undeclared")
+        save(detector, tmp_path / "undeclared")
     detector = Layouts().fit(problem.fit)
     detector.mean_ = detector.mean_.astype(np.float32)
     with pytest.raises(DetectorError, match="cannot save mean_ is float32; the detector declares float64"):
-        detector.save(tmp_path / "dtype")
+        save(detector, tmp_path / "dtype")
     detector = Layouts().fit(problem.fit)
     detector.fortran_ = np.asarray(problem.fit.features, dtype=np.float64)[:10:2, :4]
     with pytest.raises(DetectorError, match="a strided view"):
-        detector.save(tmp_path / "strided")
+        save(detector, tmp_path / "strided")
     detector = Layouts().fit(problem.fit)
     detector.mean_ = np.full(problem.fit.num_features, np.nan)
     with pytest.raises(DetectorError, match="holds 12 non-finite values"):
-        detector.save(tmp_path / "nan")
+        save(detector, tmp_path / "nan")
     assert not (tmp_path / "nan" / META_FILE).exists()
 
 
 @pytest.mark.parametrize("name", ["vim", "residual"])
 def test_the_residual_space_is_checked_against_the_parameters(problem, tmp_path, name):
     """ViM and Residual keep dim_ and a D × (D − dim) basis: a file whose dim disagrees with its state is refused."""
-    path = create(name, dim=5).fit(problem.fit, problem.head).save(tmp_path / name)
+    path = save(create(name, dim=5).fit(problem.fit, problem.head), tmp_path / name)
     meta = json.loads((path / META_FILE).read_text())
     (path / META_FILE).write_text(json.dumps(dict(meta, params={**meta["params"], "dim": 6})))
     with pytest.raises(DetectorError, match="dim_"):
@@ -147,7 +148,7 @@ def test_the_residual_space_is_checked_against_the_parameters(problem, tmp_path,
 
 
 def test_loading_refuses_tampering_and_the_earlier_format(problem, tmp_path):
-    path = create("maha").fit(problem.fit).save(tmp_path / "maha")
+    path = save(create("maha").fit(problem.fit), tmp_path / "maha")
     meta = json.loads((path / META_FILE).read_text())
     evil = dict(meta, state={**meta["state"], "x_": {"$object": "os:system", "state": {}}})
     (path / META_FILE).write_text(json.dumps(evil))
@@ -183,12 +184,12 @@ def test_knn_ivf_and_the_background_gaussian_round_trip_bit_identically(problem,
     assert cases["rmaha-pinv"].gaussians_.background is not None
     test = problem.test
     for label, detector in cases.items():
-        loaded = load(detector.save(tmp_path / label))
+        loaded = load(save(detector, tmp_path / label))
         assert loaded.score(test).tobytes() == detector.score(test).tobytes(), label
 
 
 def test_loading_refuses_another_version_unless_told(problem, tmp_path):
-    path = create("energy").fit(problem.fit).save(tmp_path / "energy")
+    path = save(create("energy").fit(problem.fit), tmp_path / "energy")
     meta = json.loads((path / META_FILE).read_text())
     meta["origin"]["version"] = "0.0.1"
     (path / META_FILE).write_text(json.dumps(meta))
@@ -198,10 +199,10 @@ def test_loading_refuses_another_version_unless_told(problem, tmp_path):
 
 
 def test_a_resave_keeps_the_fit_provenance(problem, tmp_path):
-    path = create("energy").fit(problem.fit).save(tmp_path / "a", provenance={"model_id": "m", "checkpoint": "c"})
+    path = save(create("energy").fit(problem.fit), tmp_path / "a", provenance={"model_id": "m", "checkpoint": "c"})
     loaded = load(path)
     assert loaded.fit_provenance_ == {"model_id": "m", "checkpoint": "c"}
-    assert read_meta(loaded.save(tmp_path / "b"))["provenance"] == {"model_id": "m", "checkpoint": "c"}
+    assert read_meta(save(loaded, tmp_path / "b"))["provenance"] == {"model_id": "m", "checkpoint": "c"}
     assert "fit_provenance_" not in read_meta(tmp_path / "b")["state"]
 
 
@@ -273,7 +274,7 @@ def test_evaluate_refits_when_the_saved_detector_is_missing(tiny_store, tmp_path
 
 def test_the_api_records_the_fit_sets_provenance_and_score_uses_it(tiny_store, tmp_path):
     fit = tiny_store.read("tiny", "fit")
-    path = create("energy").fit(fit).save(tmp_path / "api")
+    path = save(create("energy").fit(fit), tmp_path / "api")
     provenance = read_meta(path)["provenance"]
     assert provenance["model_id"] == "tiny" and provenance["fit_dataset"] == "fit"
     assert provenance["checkpoint"] == "sha256:abc" and provenance["item_hash"] == "items-fit"
@@ -287,7 +288,7 @@ def test_the_api_records_the_fit_sets_provenance_and_score_uses_it(tiny_store, t
 
 def test_score_refuses_missing_provenance_on_either_side_unless_told(tiny_store, tmp_path, build_outputs, make):
     root = str(tiny_store.root)
-    bare = create("energy").fit(tiny_store.read("tiny", "fit").subset(slice(0, 200))).save(tmp_path / "bare")
+    bare = save(create("energy").fit(tiny_store.read("tiny", "fit").subset(slice(0, 200))), tmp_path / "bare")
     base = ["score", "--detector", str(bare), "--store", root, "--dataset", "new", "--model", "tiny"]
     result = cli(*base)
     assert result.exit_code == 2 and "records no fit provenance" in result.output
@@ -300,7 +301,7 @@ def test_score_refuses_missing_provenance_on_either_side_unless_told(tiny_store,
     # An entry without provenance, scored by a detector with it.
     tiny_store.write_outputs("tiny", "unknown", build_outputs(np.asarray(make(seed=5).test.features), tiny_store.read_head("tiny")),
                              provenance={}, item_hash="items-unknown")  # fmt: skip
-    kept = create("energy").fit(tiny_store.read("tiny", "fit")).save(tmp_path / "kept")
+    kept = save(create("energy").fit(tiny_store.read("tiny", "fit")), tmp_path / "kept")
     refused = cli("score", "--detector", str(kept), "--store", root, "--dataset", "unknown")
     assert refused.exit_code == 2 and "tiny/unknown records no provenance" in refused.output
     assert "--no-provenance-check" in refused.output
@@ -319,7 +320,7 @@ def test_score_refuses_missing_provenance_on_either_side_unless_told(tiny_store,
 
 def test_score_refuses_outputs_inside_its_inputs_and_writes_atomically(tiny_store, tmp_path, monkeypatch):
     root = tiny_store.root
-    kept = create("energy").fit(tiny_store.read("tiny", "fit")).save(tmp_path / "kept")
+    kept = save(create("energy").fit(tiny_store.read("tiny", "fit")), tmp_path / "kept")
     base = ["score", "--detector", str(kept), "--store", str(root), "--dataset", "new"]
     for out in (root / "scores", root / "tiny" / "new" / "scores", root, kept / "scores"):
         result = cli(*base, "--out", str(out))

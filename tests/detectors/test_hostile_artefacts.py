@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from oodbench.core.errors import DetectorError
 from oodbench.core.store import Store
-from oodbench.detectors import load
+from oodbench.detectors import load, save
 
 from .hostile.cases import CASES, EVIL_MODULE, build, fit_data
 
@@ -107,7 +107,7 @@ def test_the_valid_sources_of_the_cases_load_and_score(tmp_path):
 
     for source, (name, params) in SOURCES.items():
         detector = create(name, **params).fit(fit, head)
-        detector.save(tmp_path / source, provenance=PROVENANCE)
+        save(detector, tmp_path / source, provenance=PROVENANCE)
         scores = load(tmp_path / source).score(fit)
         assert scores.tobytes() == detector.score(fit).tobytes(), source
         assert np.isfinite(scores).all()

@@ -23,6 +23,7 @@ from oodbench.detectors import (
     plugin_failures,
     plugin_versions,
     registry,
+    save,
 )
 
 BUILTINS = list(registry._REGISTRY)
@@ -169,7 +170,7 @@ def test_a_saved_plugin_detector_loads_only_when_its_plugin_is_installed_or_name
     plugin.write_text(source)
     before = registry._snapshot()
     load_plugins([str(plugin)])
-    saved = create("saved_norm", power=2.0).fit(problem.fit).save(tmp_path / "kept")
+    saved = save(create("saved_norm", power=2.0).fit(problem.fit), tmp_path / "kept")
     expected = create("saved_norm", power=2.0).fit(problem.fit).score(problem.test)
     registry._restore(before)  # as a fresh process would start: the plugin is neither installed nor named
     for module in [m for m in sys.modules if m.startswith("oodbench_plugin_") and m.endswith("_saved_norm")]:

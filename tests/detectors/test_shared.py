@@ -89,6 +89,9 @@ def test_provider_errors(problem, make):
     other = FitStatistics(make(seed=1).fit, ["features_by_class"])
     with pytest.raises(DetectorError, match="another fit set"):
         create("maha").fit(problem.fit, stats=other)
+    # The base class keeps `stats` without knowing its type; the detector's statistics_for refuses anything else.
+    with pytest.raises(DetectorError, match="stats must be a FitStatistics, got dict"):
+        create("maha").fit(problem.fit, stats={"features_by_class": None})
     unlabelled = Outputs(problem.fit.features, problem.fit.logits)
     with pytest.raises(DetectorError, match="need labels"):
         FitStatistics(unlabelled, ["class_sums"]).get("class_sums")

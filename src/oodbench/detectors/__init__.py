@@ -14,7 +14,7 @@ from . import patterns  # noqa: F401
 from . import network  # noqa: F401
 
 # isort: on
-from .artefact import check_provenance, fit_provenance, load, read_meta, saved_score_key
+from .artefact import check_provenance, fit_provenance, load, read_meta, save, saved_score_key
 from .base import Detector, Paper, Range, Requirements
 from .registry import (
     Origin,
@@ -59,6 +59,7 @@ __all__ = [
     "plugin_versions",
     "read_meta",
     "register",
+    "save",
     "saved_score_key",
     "tune",
 ]

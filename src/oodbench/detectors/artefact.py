@@ -12,6 +12,9 @@ fitted state must be exactly what the class declares (`Detector.state_spec`): ea
 dtype and shape for the recorded fit (D features, C classes, N rows), in C or Fortran order, finite where
 declared; each number of the declared kind and range. Anything else in either file is refused with one line.
 Arrays keep their dtype and memory order, so a loaded detector scores bit for bit like the one that was saved.
+
+Saving and loading are functions of this module over the detector's declared state, ``save(detector, dir)`` and
+``load(dir)`` (both exported by `oodbench.detectors`); the base class does not know this module.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..core.errors import DetectorError
 from ..core.names import check_name
 from ..core.store import PROVENANCE_KEYS, Store, library_versions
 from ..util.atomic import atomic_path, atomic_write_json, sha256_file
+from . import registry
 from .base import Detector, _FitInfo, fit_record
 from .state import Array, Dims, FlatIndex, IVFIndex, Keyed, Object, Optional, Scalar, check_array, check_scalar
 
@@ -422,7 +426,7 @@ def check_provenance(
         else:
             raise DetectorError(
                 "the saved detector records no fit provenance (model, checkpoint, preprocessing), so its inputs cannot "
-                "be checked; save it with provenance (evaluate --save-detectors does, and so does detector.save after "
+                "be checked; save it with provenance (evaluate --save-detectors does, and so does save after "
                 f"a fit on outputs read from a store), or pass {NO_PROVENANCE_FLAG} to score anyway"
             )
     entry = store.meta(model_id, dataset_id).get("provenance") or {}
@@ -447,8 +451,6 @@ def check_provenance(
 
 # ----------------------------------------------------------------------------------------------- save / load
 def _origin_record(detector: Detector) -> dict[str, Any]:
-    from . import registry
-
     cls = type(detector)
     try:
         registered = registry.get_class(detector.name) is cls
@@ -523,7 +525,9 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(directory)
     meta_path = path / META_FILE
     if not meta_path.is_file():
-        raise DetectorError(f"{path} is not a saved detector (no {META_FILE}); save one with detector.save(dir)")
+        raise DetectorError(
+            f"{path} is not a saved detector (no {META_FILE}); save one with detectors.save(detector, dir)"
+        )
     try:
         size = meta_path.stat().st_size
         if size > META_LIMIT_BYTES:
@@ -614,8 +618,6 @@ def load(
     `detector_class` when the caller names it; the file never decides what is imported.
     """
     from safetensors import SafetensorError, safe_open
-
-    from . import registry
 
     path = Path(directory)
     meta = read_meta(path)

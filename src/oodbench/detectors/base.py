@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 import types
 import typing
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
 import numpy as np
@@ -23,7 +21,6 @@ from .state import Spec
 
 if TYPE_CHECKING:
     from .fitsize import FitSize
-    from .shared import FitStatistics
 
 __all__ = ["Detector", "Requirements", "Paper", "Range"]
 
@@ -208,7 +205,7 @@ class Detector:
     paper: ClassVar[Paper | None] = None
     # Bytes of working memory per chunk of test rows; subclasses with wide per-row work keep it bounded.
     chunk_bytes: ClassVar[int] = DEFAULT_CHUNK_BYTES
-    # The fitted state, declared (see oodbench.detectors.state): save() writes and load() accepts exactly this.
+    # The fitted state, declared (see oodbench.detectors.state): artefact.save writes and load accepts exactly this.
     state: ClassVar[Mapping[str, Spec]] = {}
     # Free dimensions of `state`'s shapes and their upper bounds, e.g. {"K": "C"} (at most C present classes).
     state_dims: ClassVar[Mapping[str, int | str]] = {}
@@ -294,10 +291,11 @@ class Detector:
         return {}
 
     # ----------------------------------------------------------------- the protocol
-    def fit(self, fit_set: Outputs, head: Head | None = None, *, stats: FitStatistics | None = None) -> Detector:
+    def fit(self, fit_set: Outputs, head: Head | None = None, *, stats: object | None = None) -> Detector:
         """Learn from the ID fit set (and the model's head where needed); returns self.
 
-        `stats` shares one pass of sufficient statistics among detectors fitted on this fit set (`shared.fit_all`).
+        `stats` is a provider of fit statistics shared among detectors fitted on this fit set. The base class only
+        keeps it on the instance while `_fit` runs; `shared.statistics_for` reads and checks it (`shared.fit_all`).
         """
         self.validate_params()
         if not isinstance(fit_set, Outputs):
@@ -329,7 +327,7 @@ class Detector:
         finally:
             del self._shared_stats
         if fit_set.provenance is not None:
-            self.fit_provenance_ = fit_record(fit_set.provenance)  # kept by save(), checked by `oodbench score`
+            self.fit_provenance_ = fit_record(fit_set.provenance)  # kept by artefact.save, checked by `oodbench score`
         elif hasattr(self, "fit_provenance_"):
             del self.fit_provenance_  # a refit on other outputs must not keep the earlier fit's provenance
         self.fit_info_ = _FitInfo(
@@ -372,16 +370,6 @@ class Detector:
                 f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale"
             )
         return scores
-
-    # ----------------------------------------------------------------- artefacts
-    def save(self, directory: str | os.PathLike[str], *, provenance: Mapping[str, Any] | None = None) -> Path:
-        """Write the fitted detector to `directory` (parameters, state, versions, fit provenance); see `load`.
-
-        The fitted state is every attribute whose name ends with an underscore: name what `_fit` learns so.
-        """
-        from .artefact import save
-
-        return save(self, directory, provenance=provenance)
 
     # ----------------------------------------------------------------- hooks
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:

@@ -90,7 +90,7 @@ def new_plugin(
 
 def score_command(
     detector: Annotated[
-        Path, typer.Option("--detector", help="Saved detector directory (detector.save / --save-detectors).")
+        Path, typer.Option("--detector", help="Saved detector directory (detectors.save / --save-detectors).")
     ],
     store: Annotated[Path, typer.Option("--store", help="Feature store root.")],
     dataset: Annotated[list[str], typer.Option("--dataset", help="Dataset id to score (repeatable).")],

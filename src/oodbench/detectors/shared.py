@@ -6,6 +6,9 @@ just its own statistics in one pass (as before). Fitted with others through `fit
 `detector.fit(fit_set, head, stats=provider)`, every detector gets the same provider, which computes the union of
 what they declared in a single streamed pass the first time any of them asks, and hands each its part.
 
+This module builds on the base class, never the reverse: `Detector.fit` only keeps the provider it is given on the
+instance while `_fit` runs, and `statistics_for` is what reads it.
+
     fitted = fit_all([create("maha"), create("rmaha++"), create("vim")], fit_set, head)
 """
 
@@ -204,6 +207,8 @@ def statistics_for(detector: Detector, fit_set: Outputs) -> FitStatistics:
     stats = getattr(detector, "_shared_stats", None)
     if stats is None:
         return FitStatistics(fit_set, declared_statistics(detector), description=f"{detector.name}: fit statistics")
+    if not isinstance(stats, FitStatistics):
+        raise DetectorError(f"{detector.name}: stats must be a FitStatistics, got {type(stats).__name__}")
     if stats.fit_set is not fit_set:
         raise DetectorError(f"{detector.name}: the shared statistics were computed on another fit set")
     return stats

@@ -24,7 +24,7 @@ import numpy as np
 from ..core.errors import DetectorError, OodbenchError
 from ..core.outputs import Head, Outputs
 from . import registry
-from .artefact import fitted_state, load
+from .artefact import fitted_state, load, save
 from .base import Detector, Requirements
 
 __all__ = ["CHECKS", "CheckData", "CheckReport", "CheckResult", "check_data", "check_detector"]
@@ -554,7 +554,7 @@ def _state_names(ctx: _Context) -> None:
     undeclared = sorted(k for k in fitted_state(detector) if k != "fit_info_" and k not in declared)
     if undeclared:
         raise CheckFailed(
-            f"fit set {', '.join(undeclared)}, which the class's `state` does not declare: save() refuses "
+            f"fit set {', '.join(undeclared)}, which the class's `state` does not declare: save refuses "
             "undeclared state (declare each with Array(dtype, shape) or Scalar(kind))"
         )
 
@@ -562,7 +562,7 @@ def _state_names(ctx: _Context) -> None:
 def _save_load(ctx: _Context) -> None:
     detector, scores = ctx.reference()
     with tempfile.TemporaryDirectory(prefix="oodbench-check-") as tmp:
-        detector.save(tmp)
+        save(detector, tmp)
         loaded = load(tmp, detector_class=type(detector))
     if type(loaded) is not type(detector):
         raise CheckFailed(f"load gave a {type(loaded).__name__}, saved was a {type(detector).__name__}")
@@ -678,7 +678,7 @@ CHECKS: dict[str, Check] = {
         ),
         Check(
             "save_load",
-            "save() then detectors.load() gives the same parameters and bit-identical scores",
+            "detectors.save() then detectors.load() gives the same parameters and bit-identical scores",
             _save_load,
         ),
         Check("inputs_unchanged", "fit and score leave their input arrays and the head unchanged", _inputs_unchanged),

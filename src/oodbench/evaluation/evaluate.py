@@ -354,7 +354,7 @@ def evaluate_store(
 
     def keep_fitted(name: str, detector: detector_registry.Detector) -> None:
         provenance = {**detector_registry.fit_provenance(store, model_id, fit_dataset), "score_key": keys[name]}
-        detector.save(keep / name, provenance=provenance)
+        detector_registry.save(detector, keep / name, provenance=provenance)
 
     def describe(score_keys: Mapping[str, str], **status: Any) -> dict[str, Any]:
         info = run_description(

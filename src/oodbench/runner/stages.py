@@ -387,8 +387,10 @@ def run_fit_score(
     else:
         fitted = registry.create(detector, **params).fit(store.read(model_id, config.fit), head)
     if config.save_detectors:
-        fitted.save(
-            lay.detector_dir(model_id, detector), provenance=registry.fit_provenance(store, model_id, config.fit)
+        registry.save(
+            fitted,
+            lay.detector_dir(model_id, detector),
+            provenance=registry.fit_provenance(store, model_id, config.fit),
         )
     done = []
     for item in todo:

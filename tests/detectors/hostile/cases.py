@@ -25,7 +25,7 @@ import numpy as np
 
 from oodbench import __version__
 from oodbench.core.outputs import Head, Outputs
-from oodbench.detectors import create
+from oodbench.detectors import create, save
 from oodbench.detectors.artefact import ARRAYS_FILE, META_FILE
 from oodbench.util.atomic import sha256_file
 
@@ -695,7 +695,7 @@ def build(
     valid = out / "_valid"
     for source, (name, params) in SOURCES.items():
         if any(s == source and n.startswith(only) for n, (s, _) in CASES.items()):
-            create(name, **params).fit(fit, head).save(valid / source, provenance=provenance or PROVENANCE)
+            save(create(name, **params).fit(fit, head), valid / source, provenance=provenance or PROVENANCE)
     paths = []
     for name, (source, mutate) in CASES.items():
         if not name.startswith(only):
