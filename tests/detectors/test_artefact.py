@@ -401,3 +401,17 @@ def test_evaluate_takes_plugin_files_and_keys_their_scores_by_source(tiny_store,
         assert second["energy"] == first["energy"] and second["neg_norm"] != first["neg_norm"]
     finally:
         registry._restore(saved)
+
+
+def test_the_deprecated_method_still_saves_and_warns(tmp_path) -> None:
+    """`Detector.save(dir)` keeps working for one release, through `detectors.save`, with a DeprecationWarning."""
+    import oodbench.detectors as registry
+    from oodbench.core.outputs import Outputs
+
+    rng = np.random.default_rng(0)
+    fit = Outputs(features=rng.normal(size=(40, 4)).astype(np.float32), labels=np.arange(40) % 2)
+    detector = registry.create("knn", k=3).fit(fit)
+    with pytest.warns(DeprecationWarning, match=r"oodbench\.detectors\.save"):
+        detector.save(tmp_path / "old")
+    reloaded = registry.load(tmp_path / "old")
+    np.testing.assert_array_equal(reloaded.score(fit), detector.score(fit))

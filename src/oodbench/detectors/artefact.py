@@ -35,7 +35,7 @@ from ..core.names import check_name
 from ..core.store import PROVENANCE_KEYS, Store, library_versions
 from ..util.atomic import atomic_path, atomic_write_json, sha256_file
 from . import registry
-from .base import Detector, _FitInfo, fit_record
+from .base import Detector, _FitInfo, fit_record, use_saver
 from .state import Array, Dims, FlatIndex, IVFIndex, Keyed, Object, Optional, Scalar, check_array, check_scalar
 
 __all__ = [
@@ -689,3 +689,6 @@ def load(
     detector.fit_info_ = info
     setattr(detector, PROVENANCE_ATTRIBUTE, meta.get("provenance"))
     return detector
+
+
+use_saver(save)  # the deprecated Detector.save(dir) calls save(detector, dir)

@@ -6,7 +6,8 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Collection, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
@@ -18,6 +19,17 @@ from ..core.outputs import Head, Outputs, check_class_labels, require_finite
 from ..core.papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
 from ..util.chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from .state import Spec
+
+# The saved-file format (`artefact.save`) plugs itself in here when imported, so the deprecated `Detector.save`
+# still works while this module imports nothing of the artefact layer.
+_SAVER: Callable[..., Any] | None = None
+
+
+def use_saver(saver: Callable[..., Any]) -> None:
+    """Called by `detectors.artefact`: the function behind the deprecated `Detector.save`."""
+    global _SAVER
+    _SAVER = saver
+
 
 if TYPE_CHECKING:
     from .fitsize import FitSize
@@ -370,6 +382,17 @@ class Detector:
                 f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale"
             )
         return scores
+
+    def save(self, directory: Any, *, provenance: Mapping[str, Any] | None = None) -> Any:
+        """Deprecated spelling of `oodbench.detectors.save(detector, directory)`; removed in oodbench 0.2."""
+        warnings.warn(
+            "Detector.save(dir) is deprecated: use oodbench.detectors.save(detector, dir); removed in oodbench 0.2",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if _SAVER is None:  # only reachable by importing this module alone, outside the package
+            raise DetectorError("saving needs oodbench.detectors: call oodbench.detectors.save(detector, dir)")
+        return _SAVER(self, directory, provenance=provenance)
 
     # ----------------------------------------------------------------- hooks
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
