@@ -38,9 +38,9 @@ class KindRegistry:
     def load_builtins(self) -> KindRegistry:
         """Import the built-in kind modules once (their decorators register them); returns the registry."""
         if not self._loaded:
-            self._loaded = True
             for module in self.builtins:
                 importlib.import_module(module)
+            self._loaded = True
         return self
 
     def model(self, name: str, key: str = "kind") -> Any:

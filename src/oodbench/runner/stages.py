@@ -278,6 +278,12 @@ def _entry_items(store: Store, model_id: str, dataset_id: str) -> list[str]:
 def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: DatasetSpec) -> None:
     """Write the rows of `parent`'s entry that the subset's include/exclude lists select, as a new entry."""
     items = _entry_items(store, model_id, parent.id)
+    keep, notes = _select_items(items, spec, parent)
+    _write_subset(store, model_id, spec, parent, items, keep, notes)
+
+
+def _select_items(items: Sequence[str], spec: DatasetSpec, parent: DatasetSpec) -> tuple[np.ndarray, dict[str, Any]]:
+    """(which of the parent's items the subset keeps, per list file: its entries and those not in the parent)."""
     index_of = _ItemIndex(items)
     keep = np.ones(len(items), dtype=bool)
     notes: dict[str, Any] = {}
@@ -301,6 +307,19 @@ def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: Datase
             selected[[h[0] for h in hits if h]] = True
             keep = keep & selected if which == "include" else keep & ~selected
             notes[file] = {"entries": len(wanted), "not_in_parent": len(unknown)}
+    return keep, notes
+
+
+def _write_subset(
+    store: Store,
+    model_id: str,
+    spec: DatasetSpec,
+    parent: DatasetSpec,
+    items: Sequence[str],
+    keep: np.ndarray,
+    notes: Mapping[str, Any],
+) -> None:
+    """The kept rows of the parent's entry, in the subset's item order, as a store entry of their own."""
     kept = np.flatnonzero(keep)
     new_position = np.full(len(items), -1, dtype=np.int64)
     new_position[kept] = np.arange(kept.size)
