@@ -13,6 +13,7 @@ from oodbench import detectors
 from oodbench.analysis.published import POST_HOC_POOL
 from oodbench.runner.config import load_config
 from oodbench.runner.plan import build_plan
+from oodbench.runner.units import ZeroShotUnit
 
 from .helpers import CONFIGS
 
@@ -77,7 +78,7 @@ def test_fi_plan_has_every_unit(fi_config) -> None:
     plan = build_plan(fi_config)
     classifiers = [m.id for m in fi_config.classifiers]
     tests = [fi_config.id_test, *OOD]
-    assert {u.label for u in plan.stage("score") if not u.spec.get("zeroshot")} == {
+    assert {u.label for u in plan.stage("score") if not isinstance(u, ZeroShotUnit)} == {
         f"{m}/{d}/{t}" for m in classifiers for d in fi_config.detectors for t in tests
     }
     assert len(plan.stage("fit")) == 29 * 21  # BiT-s is skipped without its checkpoint

@@ -14,9 +14,9 @@ _EXPORTS = {
     "parse_config": ".config",
     "RunReport": ".executor",
     "run_experiment": ".executor",
-    "STAGES": ".plan",
+    "STAGES": ".units",
     "Plan": ".plan",
-    "Unit": ".plan",
+    "Unit": ".units",
     "build_plan": ".plan",
     "format_plan": ".plan",
 }

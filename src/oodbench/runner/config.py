@@ -2,7 +2,8 @@
 
 Every problem is a `ConfigError` whose message starts with the offending key (``datasets.ninco.root``,
 ``models[3].name``, ``detectors.params.knn.kk``), so a user can jump to the line. Each table has a declarative
-schema (`schema.Table`, pydantic); models and datasets are validated by their kind (`runner/kinds.py`), which
+schema (`schema.Table`, pydantic); models and datasets are validated by their kind, looked up in a
+`registry.KindRegistry` given as data (`registry.KINDS` by default; the kinds' modules are not imported here), which
 also resolves names against the timm and open_clip registries. Detector names and hyper-parameters are checked
 against the detector registry. Validation is static and needs no weights, images or network; whether dataset
 roots exist is checked by `missing_roots`, which `oodbench run` calls before any work and `--dry-run` reports.
@@ -28,7 +29,8 @@ from pydantic import BeforeValidator, Field
 
 from ..core.errors import ConfigError
 from ..core.names import check_name, unknown_parameter
-from .kinds import DatasetSpec, ModelSpec, dataset_kind, model_kind
+from .kinds import DatasetSpec, ModelSpec
+from .registry import KINDS, KindRegistry
 from .schema import PositiveInt, StrList, Table, as_mapping, suggest, validate
 
 __all__ = [
@@ -308,13 +310,15 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
 
 
 # ----------------------------------------------------------------------------------------------- models, datasets
-def _parse_model(entry: Mapping[str, Any], key: str, variables: Mapping[str, str], seed: int) -> ModelSpec:
+def _parse_model(
+    entry: Mapping[str, Any], key: str, variables: Mapping[str, str], seed: int, kinds: KindRegistry
+) -> ModelSpec:
     kind_name = entry.get("kind")
     if kind_name is None:
         raise ConfigError(f"{key}.kind: missing (required)")
     if not isinstance(kind_name, str):
         raise ConfigError(f"{key}.kind: expected a string, got {type(kind_name).__name__} {kind_name!r}")
-    kind = model_kind(kind_name, f"{key}.kind")
+    kind = kinds.model(kind_name, f"{key}.kind")
     entry = dict(entry)
     # Every kind takes `display`: the name tables show (free text, e.g. "DINOv2-g/14"); not part of any identity.
     display = entry.pop("display", None)
@@ -322,10 +326,12 @@ def _parse_model(entry: Mapping[str, Any], key: str, variables: Mapping[str, str
         raise ConfigError(f"{key}.display: expected a non-empty string, got {display!r}")
     table = validate(kind.Table, _expand_tree(entry, variables, key), key)
     model_id, params = kind.parse(table, key, seed=seed)
-    return ModelSpec(check_id(model_id, f"{key}.id"), kind.name, params, key, display)
+    return ModelSpec(check_id(model_id, f"{key}.id"), kind.name, params, key, display, kinds=kinds)
 
 
-def _parse_dataset(name: str, entry: Mapping[str, Any], variables: Mapping[str, str]) -> DatasetSpec:
+def _parse_dataset(
+    name: str, entry: Mapping[str, Any], variables: Mapping[str, str], kinds: KindRegistry
+) -> DatasetSpec:
     key = f"datasets.{name}"
     check_id(name, key)
     kind_name = entry.get("kind")
@@ -333,9 +339,9 @@ def _parse_dataset(name: str, entry: Mapping[str, Any], variables: Mapping[str, 
         raise ConfigError(f"{key}.kind: missing (required)")
     if not isinstance(kind_name, str):
         raise ConfigError(f"{key}.kind: expected a string, got {type(kind_name).__name__} {kind_name!r}")
-    kind = dataset_kind(kind_name, f"{key}.kind")
+    kind = kinds.dataset(kind_name, f"{key}.kind")
     table = validate(kind.Table, _expand_tree(dict(entry), variables, key), key)
-    return DatasetSpec(name, kind.name, kind.parse(table, name, key), key)
+    return DatasetSpec(name, kind.name, kind.parse(table, name, key), key, kinds=kinds)
 
 
 # ----------------------------------------------------------------------------------------------- detectors
@@ -491,22 +497,15 @@ def _parse_analysis(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------------------------- top level
-def parse_config(
-    raw: Mapping[str, Any], *, path: Path | None = None, workdir: str | os.PathLike[str] | None = None
-) -> ExperimentConfig:
-    """Validate a parsed TOML document; `workdir` overrides ``experiment.workdir``."""
-    top = validate(_File, raw, "")
-    variables = _path_variables(top.paths)
-    experiment = validate(_Experiment, _expand_tree(top.experiment, variables, "experiment"), "experiment")
-    name = experiment.name or (path.stem if path else "experiment")
-    chosen_workdir = Path(workdir) if workdir is not None else Path(experiment.workdir or f"oodbench-{name}")
-    store = Path(experiment.store or str(chosen_workdir / "store"))
-
-    if not top.models:
+def _parse_models(
+    entries: Sequence[Mapping[str, Any]], variables: Mapping[str, str], seed: int, kinds: KindRegistry
+) -> tuple[dict[str, ModelSpec], tuple[tuple[ModelSpec, str], ...]]:
+    """(the models that run, by id; the declared models skipped with why): ids and display names unique."""
+    if not entries:
         raise ConfigError("models: empty; declare at least one [[models]] entry")
     models: dict[str, ModelSpec] = {}
-    for i, entry in enumerate(top.models):
-        spec = _parse_model(entry, f"models[{i}]", variables, experiment.seed)
+    for i, entry in enumerate(entries):
+        spec = _parse_model(entry, f"models[{i}]", variables, seed, kinds)
         if spec.id in models:
             raise ConfigError(f"models[{i}].id: {spec.id!r} is already used by {models[spec.id].key_path}")
         shown = {m.display_name: m for m in models.values()}
@@ -520,14 +519,11 @@ def parse_config(
     models = {k: m for k, m in models.items() if m.kind_of.unavailable(m) is None}
     if not models:
         raise ConfigError(f"models: every model is skipped ({skipped[0][0].key_path}: {skipped[0][1]})")
+    return models, skipped
 
-    if not top.datasets:
-        raise ConfigError("datasets: missing; declare each dataset under [datasets.<id>]")
-    datasets = {name_: _parse_dataset(name_, entry, variables) for name_, entry in top.datasets.items()}
-    for spec in datasets.values():
-        if spec.parent is not None:
-            spec.kind_of.check(spec, datasets, models, [])
 
+def _parse_splits(top: _File, datasets: Mapping[str, DatasetSpec]) -> tuple[_Id, list[str], list[tuple[str, str]]]:
+    """(the ID table, the OOD ids, (config key, id) of every dataset evaluated): each declared, none twice."""
     id_table = validate(_Id, top.id, "id")
     ood = list(validate(_Ood, top.ood, "ood").datasets)
     if not ood:
@@ -546,12 +542,45 @@ def parse_config(
         raise ConfigError(
             f"ood.datasets: {', '.join(duplicates)} used twice (ID fit, ID test and OOD sets must differ)"
         )
+    return id_table, ood, used
+
+
+def _parse_datasets(
+    top: _File, variables: Mapping[str, str], models: Mapping[str, ModelSpec], store: Path, kinds: KindRegistry
+) -> tuple[dict[str, DatasetSpec], _Id, list[str]]:
+    """(the datasets by id, the ID table, the OOD ids), each checked by its kind against the others and the models."""
+    if not top.datasets:
+        raise ConfigError("datasets: missing; declare each dataset under [datasets.<id>]")
+    datasets = {name_: _parse_dataset(name_, entry, variables, kinds) for name_, entry in top.datasets.items()}
+    for spec in datasets.values():
+        if spec.parent is not None:
+            spec.kind_of.check(spec, datasets, models, [])
+    id_table, ood, used = _parse_splits(top, datasets)
     for spec in datasets.values():
         if spec.parent is None:
             spec.kind_of.check(spec, datasets, models, used)
     for model in models.values():
         model.kind_of.check(model, datasets, used, store)
+    return datasets, id_table, ood
 
+
+def parse_config(
+    raw: Mapping[str, Any],
+    *,
+    path: Path | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+    kinds: KindRegistry | None = None,
+) -> ExperimentConfig:
+    """Validate a parsed TOML document; `workdir` overrides ``experiment.workdir``; `kinds` defaults to `KINDS`."""
+    kinds = KINDS if kinds is None else kinds
+    top = validate(_File, raw, "")
+    variables = _path_variables(top.paths)
+    experiment = validate(_Experiment, _expand_tree(top.experiment, variables, "experiment"), "experiment")
+    name = experiment.name or (path.stem if path else "experiment")
+    chosen_workdir = Path(workdir) if workdir is not None else Path(experiment.workdir or f"oodbench-{name}")
+    store = Path(experiment.store or str(chosen_workdir / "store"))
+    models, skipped = _parse_models(top.models, variables, experiment.seed, kinds)
+    datasets, id_table, ood = _parse_datasets(top, variables, models, store, kinds)
     plugins = _load_plugins(top.plugins, path)
     detectors = _parse_detectors(top.detectors)
     zeroshot = _parse_zeroshot(top.zeroshot, models, variables)
@@ -584,9 +613,13 @@ def parse_config(
 
 
 def load_config(
-    path: str | os.PathLike[str], *, overrides: Sequence[str] = (), workdir: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str],
+    *,
+    overrides: Sequence[str] = (),
+    workdir: str | os.PathLike[str] | None = None,
+    kinds: KindRegistry | None = None,
 ) -> ExperimentConfig:
-    """Read, override and validate an experiment file."""
+    """Read, override and validate an experiment file (kinds looked up in `kinds`, default `registry.KINDS`)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -600,7 +633,7 @@ def load_config(
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses once per nesting level: a 5,000-deep array exhausts the stack
         raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
-    return parse_config(apply_overrides(raw, overrides), path=path, workdir=workdir)
+    return parse_config(apply_overrides(raw, overrides), path=path, workdir=workdir, kinds=kinds)
 
 
 def missing_roots(config: ExperimentConfig, dataset_ids: Iterable[str] | None = None) -> dict[str, str]:

@@ -9,14 +9,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ..core.errors import ConfigError
-from .kinds import DatasetKind, DatasetSpec, ModelSpec, register_dataset_kind
+from .kinds import DatasetKind, DatasetSpec, Experiment, ModelSpec, register_dataset_kind
 from .schema import PositiveInt, StrList, Table, suggest
-
-if TYPE_CHECKING:
-    from .config import ExperimentConfig
 
 __all__ = ["Demo", "Registry", "Folder", "FileList", "ImageNet", "Subset", "DEMO_DATASETS"]
 
@@ -57,7 +54,7 @@ class Demo(DatasetKind):
                 f"{spec.key_path}.kind: 'demo' datasets come from a model of kind 'demo-digits'; declare one"
             )
 
-    def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
+    def count(self, spec: DatasetSpec, config: Experiment) -> int | None:
         declared = super().count(spec, config)
         if declared is not None:
             return declared
@@ -129,7 +126,7 @@ class Registry(DatasetKind):
             identity["official_list_sha256"] = None if absent else [source.sha256 for source in official.sources]
         return identity
 
-    def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
+    def count(self, spec: DatasetSpec, config: Experiment) -> int | None:
         declared = super().count(spec, config)
         if declared is not None:
             return declared
@@ -250,7 +247,7 @@ class ImageNet(DatasetKind):
     def parse(self, table: Any, name: str, key: str) -> dict[str, Any]:
         return super().parse(table, name, key) | {"root": _path(table.root)}
 
-    def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
+    def count(self, spec: DatasetSpec, config: Experiment) -> int | None:
         declared = super().count(spec, config)
         return declared if declared is not None else self.SIZES[spec.params.get("split", "val")]
 

@@ -18,7 +18,7 @@ from typing import Any
 from ..core.errors import ConfigError, OodbenchError
 from ..util.progress import note_work, progress_bar
 from .config import ExperimentConfig
-from .plan import STAGES, Plan, Unit, build_plan, report_files
+from .plan import STAGES, Plan, build_plan, report_files
 from .stages import (
     Context,
     record_adopted,
@@ -31,6 +31,19 @@ from .stages import (
     run_metrics_unit,
     run_report_unit,
     run_zeroshot_unit,
+)
+from .units import (
+    AnalysisUnit,
+    CombineUnit,
+    ExtractStageUnit,
+    ExtractUnit,
+    FitUnit,
+    HeadUnit,
+    MetricsUnit,
+    ReportUnit,
+    ScoreUnit,
+    Unit,
+    ZeroShotUnit,
 )
 
 __all__ = ["ENGINES", "RunReport", "run_experiment", "check_runnable", "check_outputs"]
@@ -68,7 +81,7 @@ def check_runnable(plan: Plan, stages: Sequence[str]) -> None:
     """Raise before any work when inputs are missing or --only skips prerequisites."""
     pending = [u for u in plan.units if u.todo and u.stage in stages]
     extract_datasets = {u.dataset for u in pending if u.stage == "extract"}
-    zeroshot_pending = any(u.spec.get("zeroshot") for u in pending)
+    zeroshot_pending = any(isinstance(u, ZeroShotUnit) for u in pending)
 
     def relevant(key: str) -> bool:
         if key.startswith("datasets."):
@@ -110,29 +123,35 @@ def _waves(units: Sequence[Unit]) -> list[list[Unit]]:
     return waves
 
 
-def _extract_groups(config: ExperimentConfig, units: Sequence[Unit], device: str = "auto") -> list[list[Unit]]:
+def _extract_groups(
+    config: ExperimentConfig, units: Sequence[ExtractStageUnit], device: str = "auto"
+) -> list[list[ExtractStageUnit]]:
     """Units that run in one task: a model that fills its store in one call (the demo) with all its units, the
     models of one shared-decode pass over a dataset (`runner.passes`) together, any other unit alone."""
     from .passes import extraction_passes
 
-    groups: dict[str, list[Unit]] = {}
-    shareable: list[Unit] = []
+    groups: dict[str, list[ExtractStageUnit]] = {}
+    shareable: list[ExtractStageUnit] = []
     for unit in units:
-        fills_store = config.models[unit.spec["model"]].kind_of.fills_store
-        if fills_store and unit.spec["step"] == "extract":
+        fills_store = config.models[unit.model_id].kind_of.fills_store
+        if fills_store and unit.step == "extract":
             groups.setdefault(f"model:{unit.model}", []).append(unit)
         else:
             shareable.append(unit)
     return list(groups.values()) + [p.units for p in extraction_passes(config, shareable, device)]
 
 
-def _fit_score_tasks(plan: Plan) -> list[tuple[Unit, list[Unit]]]:
+FitScoreTask = tuple[FitUnit, list[ScoreUnit]]  # a fit unit and its pending score units
+
+
+def _fit_score_tasks(plan: Plan) -> list[FitScoreTask]:
     """(fit unit, its pending score units) for every classifier detector with scores to compute."""
-    todo: dict[tuple[str | None, str | None], list[Unit]] = {}
+    todo: dict[tuple[str | None, str | None], list[ScoreUnit]] = {}
     for unit in plan.stage("score"):
-        if unit.todo and not unit.spec.get("zeroshot"):
+        if unit.todo and isinstance(unit, ScoreUnit):
             todo.setdefault((unit.model, unit.detector), []).append(unit)
-    return [(f, todo[(f.model, f.detector)]) for f in plan.stage("fit") if (f.model, f.detector) in todo]
+    fits = [f for f in plan.stage("fit") if isinstance(f, FitUnit)]
+    return [(f, todo[(f.model, f.detector)]) for f in fits if (f.model, f.detector) in todo]
 
 
 # ----------------------------------------------------------------------------------------------- executors
@@ -150,7 +169,7 @@ class _Local:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
-    def extract(self, groups: Sequence[Sequence[Unit]]) -> Iterable[list[Unit]]:
+    def extract(self, groups: Sequence[Sequence[ExtractStageUnit]]) -> Iterable[list[ExtractStageUnit]]:
         for group in groups:
             try:
                 _run_group(self.ctx, group)
@@ -158,7 +177,7 @@ class _Local:
                 raise _failed(failed.unit_id, failed.cause) from failed.cause
             yield list(group)
 
-    def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
+    def fit_score(self, tasks: Sequence[FitScoreTask]) -> Iterable[FitScoreTask]:
         for model_tasks in _by_model(tasks).values():
             for fit_unit, todo in model_tasks:
                 _fit_score_one(self.ctx, fit_unit.id, *_fit_score_args(fit_unit, todo), _sharing(model_tasks))
@@ -174,12 +193,12 @@ class _GroupFailed(Exception):
         self.unit_id, self.cause = unit_id, cause
 
 
-def _is_pass(config: ExperimentConfig, group: Sequence[Unit]) -> bool:
+def _is_pass(config: ExperimentConfig, group: Sequence[ExtractStageUnit]) -> bool:
     """A shared-decode pass: several extraction units of one dataset (not one model filling its store)."""
-    return len(group) > 1 and not config.models[group[0].spec["model"]].kind_of.fills_store
+    return len(group) > 1 and not config.models[group[0].model_id].kind_of.fills_store
 
 
-def _run_group(ctx: Context, group: Sequence[Unit]) -> None:
+def _run_group(ctx: Context, group: Sequence[ExtractStageUnit]) -> None:
     """Run one group of extraction units; a failure names its unit (the pass's models, for a shared pass)."""
     if _is_pass(ctx.config, group):
         try:
@@ -194,7 +213,7 @@ def _run_group(ctx: Context, group: Sequence[Unit]) -> None:
             raise _GroupFailed(unit.id, exc) from exc
 
 
-def _ray_extract(config: ExperimentConfig, group: list[Unit], device: str) -> list[str]:
+def _ray_extract(config: ExperimentConfig, group: list[ExtractStageUnit], device: str) -> list[str]:
     ctx = Context(config, progress=False, device=device)
     if _is_pass(config, group):
         run_extract_pass(ctx, group)
@@ -207,22 +226,22 @@ def _ray_extract(config: ExperimentConfig, group: list[Unit], device: str) -> li
 FitScoreArgs = tuple[str, str, Mapping[str, Any], list[dict[str, str]]]  # model, detector, params, score items
 
 
-def _by_model(tasks: Sequence[tuple[Unit, list[Unit]]]) -> dict[str, list[tuple[Unit, list[Unit]]]]:
+def _by_model(tasks: Sequence[FitScoreTask]) -> dict[str, list[FitScoreTask]]:
     """The fit+score tasks grouped by model, in their order."""
-    groups: dict[str, list[tuple[Unit, list[Unit]]]] = {}
+    groups: dict[str, list[FitScoreTask]] = {}
     for fit_unit, todo in tasks:
         groups.setdefault(fit_unit.model or "", []).append((fit_unit, todo))
     return groups
 
 
-def _fit_score_args(fit_unit: Unit, todo: list[Unit]) -> FitScoreArgs:
+def _fit_score_args(fit_unit: FitUnit, todo: list[ScoreUnit]) -> FitScoreArgs:
     items = [{"label": u.label, "key": u.key, "dataset": u.dataset or ""} for u in todo]
-    return fit_unit.model or "", fit_unit.detector or "", fit_unit.spec["params"], items
+    return fit_unit.model or "", fit_unit.detector or "", fit_unit.params, items
 
 
-def _sharing(model_tasks: Sequence[tuple[Unit, list[Unit]]]) -> list[tuple[str, Mapping[str, Any]]]:
+def _sharing(model_tasks: Sequence[FitScoreTask]) -> list[tuple[str, Mapping[str, Any]]]:
     """The (detector, params) of one model fitted in this run: their fits share one pass over its fit set."""
-    return [(f.detector or "", f.spec["params"]) for f, _ in model_tasks]
+    return [(f.detector or "", f.params) for f, _ in model_tasks]
 
 
 def _fit_score_one(
@@ -288,11 +307,11 @@ class _Ray:
                 raise _failed(name(refs[ready[0]]), cause) from exc
             yield refs[ready[0]]
 
-    def extract(self, groups: Sequence[Sequence[Unit]]) -> Iterable[list[Unit]]:
+    def extract(self, groups: Sequence[Sequence[ExtractStageUnit]]) -> Iterable[list[ExtractStageUnit]]:
         refs = {self.extract_task.remote(self.ctx.config, list(g), self.ctx.device): list(g) for g in groups}
         yield from self._as_completed(refs, lambda group: group[0].id)
 
-    def fit_score(self, tasks: Sequence[tuple[Unit, list[Unit]]]) -> Iterable[tuple[Unit, list[Unit]]]:
+    def fit_score(self, tasks: Sequence[FitScoreTask]) -> Iterable[FitScoreTask]:
         # One task per model (its units in order), so the model's detectors share one pass over its fit set.
         refs = {
             self.fit_score_task.remote(
@@ -368,13 +387,7 @@ def _run_stage(
     with_fit: bool,
 ) -> None:
     stage_units = plan.stage(stage) + (plan.stage("fit") if with_fit else [])
-    for unit in stage_units:
-        if not unit.todo:
-            report.cached[unit.stage].append(unit.id)
-            if unit.status == "skipped" and unit.stage == "score":
-                report.skipped[unit.id] = unit.note
-            if unit.spec.get("adopt") is not None:
-                record_adopted(ctx, unit)
+    _note_done(ctx, report, stage_units)
     pending = [u for u in stage_units if u.todo]
     if not pending:
         return
@@ -390,37 +403,69 @@ def _run_stage(
                 on_unit(unit)
 
         if stage == "extract":
-            reset_changed_models(ctx, pending)
-            for wave in _waves(pending):
-                for group in executor.extract(_extract_groups(ctx.config, wave, ctx.device)):
-                    for unit in group:
-                        finished(unit)
-            ctx._backbone = None  # free the last model (GPU memory) before scoring
+            _run_extractions(ctx, executor, [u for u in pending if isinstance(u, (ExtractUnit, HeadUnit))], finished)
             return
         if stage == "score":
-            for fit_unit, todo in executor.fit_score(_fit_score_tasks(plan)):
-                if fit_unit.todo:
-                    finished(fit_unit)
-                for unit in todo:
-                    record = ctx.ledger.read("score", unit.label)
-                    if record and record.get("skipped"):
-                        report.skipped[unit.id] = record["skipped"]
-                    finished(unit)
-        runners: dict[str, Callable[[Unit], None]] = {
-            "score": lambda u: run_zeroshot_unit(ctx, u),
-            "metrics": lambda u: (
-                run_combine_unit(ctx, u)
-                if u.spec.get("kind") == "combine"
-                else run_metrics_unit(ctx, u, [s for s in plan.stage("score") if s.model == u.model])
-            ),
-            "analysis": lambda u: run_analysis_unit(ctx, u),
-            "report": lambda u: run_report_unit(ctx, u),
-        }
+            _run_fit_score(ctx, executor, plan, report, finished)
         for unit in pending:
-            if unit.stage != stage or (stage == "score" and not unit.spec.get("zeroshot")):
-                continue
+            if unit.stage != stage or isinstance(unit, ScoreUnit):
+                continue  # fit and score units ran above, with the executor
             try:
-                runners[stage](unit)
+                _run_driver_unit(ctx, plan, unit)
             except OodbenchError as exc:
                 raise _failed(unit.id, exc) from exc
             finished(unit)
+
+
+def _note_done(ctx: Context, report: RunReport, units: Iterable[Unit]) -> None:
+    """Count the units that need not run (with the reasons of skipped scores); record the entries the plan adopted."""
+    for unit in units:
+        if unit.todo:
+            continue
+        report.cached[unit.stage].append(unit.id)
+        if unit.status == "skipped" and unit.stage == "score":
+            report.skipped[unit.id] = unit.note
+        if isinstance(unit, ExtractUnit) and unit.adopt is not None:
+            record_adopted(ctx, unit)
+
+
+def _run_extractions(
+    ctx: Context, executor: _Local | _Ray, pending: list[ExtractStageUnit], finished: UnitHook
+) -> None:
+    """The pending extraction units in dependency waves, each wave in groups (passes, whole-store models)."""
+    reset_changed_models(ctx, pending)
+    for wave in _waves(pending):
+        for group in executor.extract(_extract_groups(ctx.config, wave, ctx.device)):
+            for unit in group:
+                finished(unit)
+    ctx._backbone = None  # free the last model (GPU memory) before scoring
+
+
+def _run_fit_score(ctx: Context, executor: _Local | _Ray, plan: Plan, report: RunReport, finished: UnitHook) -> None:
+    """Every detector with scores to compute, fitted and scored by the executor; skips are reported with why."""
+    for fit_unit, todo in executor.fit_score(_fit_score_tasks(plan)):
+        if fit_unit.todo:
+            finished(fit_unit)
+        for unit in todo:
+            record = ctx.ledger.read("score", unit.label)
+            if record and record.get("skipped"):
+                report.skipped[unit.id] = record["skipped"]
+            finished(unit)
+
+
+def _run_driver_unit(ctx: Context, plan: Plan, unit: Unit) -> None:
+    """Run one unit that is cheap enough for the driver: zero-shot scores, a run directory, an analysis, the report."""
+    if isinstance(unit, ZeroShotUnit):
+        run_zeroshot_unit(ctx, unit)
+    elif isinstance(unit, MetricsUnit):
+        run_metrics_unit(
+            ctx, unit, [s for s in plan.stage("score") if isinstance(s, ScoreUnit) and s.model == unit.model]
+        )
+    elif isinstance(unit, CombineUnit):
+        run_combine_unit(ctx, unit)
+    elif isinstance(unit, AnalysisUnit):
+        run_analysis_unit(ctx, unit)
+    elif isinstance(unit, ReportUnit):
+        run_report_unit(ctx, unit)
+    else:
+        raise OodbenchError(f"{unit.id}: a {type(unit).__name__} does not run in the driver")

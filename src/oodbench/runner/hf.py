@@ -8,14 +8,11 @@ id can only be checked for its form and for being in the local cache; the plan s
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.errors import ConfigError, ExtractError
-from .kinds import ModelKind, ModelSpec, register_model_kind
+from .kinds import ModelKind, ModelSpec, RunContext, register_model_kind
 from .schema import PositiveInt, Table
-
-if TYPE_CHECKING:
-    from .stages import Context
 
 __all__ = ["HfClip"]
 
@@ -87,7 +84,7 @@ class HfClip(ModelKind):
             return "aimv2", ROUTES["aimv2"] + " (config not in the local cache: checked when the weights load)"
         return _aimv2_route(config), ROUTES["aimv2"]
 
-    def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
+    def text_model(self, ctx: RunContext, spec: ModelSpec) -> Callable[[], Any]:
         from ..extract.backbones.base import resolve_device
         from ..extract.hf_clip import load_hf_clip
 

@@ -6,30 +6,33 @@ keys), how many images it has (`count`), and how its work is done (`open` for da
 for models). The planner and the stages never branch on a kind's name; they ask the kind.
 
 Adding a kind is one class: subclass `ModelKind` or `DatasetKind`, set ``name`` and ``Table``, decorate it with
-`register_model_kind` / `register_dataset_kind`. The built-in kinds live in `runner/models.py` and
-`runner/datasets.py`; a kind defined elsewhere is available once its module is imported.
+`register_model_kind` / `register_dataset_kind` (from `runner/registry.py`, re-exported here). The built-in kinds
+live in `runner/models.py`, `runner/hf.py` and `runner/datasets.py`; a kind defined elsewhere is available once its
+module is imported. Kinds sit below the config and the stages: what they read of those is the `Experiment` and
+`RunContext` protocols.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..core.errors import ConfigError
-from .schema import Table, suggest
+from .registry import KINDS, KindRegistry, register_dataset_kind, register_model_kind
+from .schema import Table
 
 if TYPE_CHECKING:
     from ..core.store import Store
-    from .config import ExperimentConfig
-    from .stages import Context
 
 __all__ = [
     "ModelSpec",
     "DatasetSpec",
     "ModelKind",
     "DatasetKind",
+    "Experiment",
+    "RunContext",
     "register_model_kind",
     "register_dataset_kind",
     "model_kind",
@@ -38,11 +41,49 @@ __all__ = [
     "dataset_kinds",
 ]
 
-M = TypeVar("M", bound="type[ModelKind]")
-D = TypeVar("D", bound="type[DatasetKind]")
 
-_MODEL_KINDS: dict[str, ModelKind] = {}
-_DATASET_KINDS: dict[str, DatasetKind] = {}
+# ----------------------------------------------------------------------------------------------- what kinds read
+class Experiment(Protocol):
+    """What a kind reads of the experiment (`runner.config.ExperimentConfig` is one; kinds sit below it)."""
+
+    @property
+    def store(self) -> Path: ...
+
+    @property
+    def fit(self) -> str: ...
+
+    @property
+    def id_test(self) -> str: ...
+
+    @property
+    def models(self) -> Mapping[str, ModelSpec]: ...
+
+    @property
+    def engine(self) -> Mapping[str, Any]: ...
+
+    def datasets_of(self, model: ModelSpec) -> list[str]:
+        """Dataset ids a model needs features of."""
+        ...
+
+
+class RunContext(Protocol):
+    """What a kind's work reads of the run (`runner.stages.Context` is one; kinds sit below it)."""
+
+    @property
+    def config(self) -> Experiment: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def progress(self) -> bool: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    def backbone(self, model: ModelSpec) -> Any:
+        """The model's extraction backbone, loaded."""
+        ...
 
 
 # ----------------------------------------------------------------------------------------------- specs
@@ -55,6 +96,7 @@ class ModelSpec:
     params: dict[str, Any]
     key_path: str  # where it was declared, for error messages (e.g. "models[2]")
     display: str | None = None  # the name tables show (e.g. the paper's "DINOv2-g/14"); the id when unset
+    kinds: KindRegistry | None = field(default=None, compare=False, repr=False)  # where `kind` is looked up
 
     @property
     def display_name(self) -> str:
@@ -64,7 +106,8 @@ class ModelSpec:
     @property
     def kind_of(self) -> ModelKind:
         """The registered kind object."""
-        return model_kind(self.kind)
+        kind: ModelKind = (self.kinds or KINDS).model(self.kind)
+        return kind
 
     @property
     def is_classifier(self) -> bool:
@@ -93,11 +136,13 @@ class DatasetSpec:
     kind: str
     params: dict[str, Any]
     key_path: str
+    kinds: KindRegistry | None = field(default=None, compare=False, repr=False)  # where `kind` is looked up
 
     @property
     def kind_of(self) -> DatasetKind:
         """The registered kind object."""
-        return dataset_kind(self.kind)
+        kind: DatasetKind = (self.kinds or KINDS).dataset(self.kind)
+        return kind
 
     @property
     def root(self) -> Path | None:
@@ -170,7 +215,7 @@ class ModelKind:
         """The extraction backbone (an `oodbench.extract` Backbone), loaded."""
         raise ConfigError(f"{spec.key_path}: model kind {spec.kind!r} has no extraction backbone")
 
-    def extract(self, ctx: Context, spec: ModelSpec, dataset: DatasetSpec) -> None:
+    def extract(self, ctx: RunContext, spec: ModelSpec, dataset: DatasetSpec) -> None:
         """Fill the model's store entry of one dataset (default: the extraction pipeline on its backbone)."""
         from ..extract.pipeline import extract
 
@@ -201,11 +246,11 @@ class ModelKind:
         """VLM kinds: (route, description) of the patch embeddings GL-MCM needs, or (None, why there are none)."""
         return None, f"model kind {spec.kind!r} has no patch embeddings"
 
-    def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
+    def text_model(self, ctx: RunContext, spec: ModelSpec) -> Callable[[], Any]:
         """VLM kinds: a loader of the model's text side (a bundle with ``encode_texts``), called on first need."""
         raise ConfigError(f"{spec.key_path}: model kind {spec.kind!r} has no text encoder")
 
-    def train_head(self, ctx: Context, spec: ModelSpec, stale: bool) -> dict[str, Any]:
+    def train_head(self, ctx: RunContext, spec: ModelSpec, stale: bool) -> dict[str, Any]:
         """Train the head on the extracted arrays (kinds with `trains_head`); returns details for the ledger."""
         raise NotImplementedError
 
@@ -241,7 +286,7 @@ class DatasetKind:
         """What determines the dataset's items (an expected count does not)."""
         return {"id": spec.id, "kind": spec.kind, **{k: v for k, v in spec.params.items() if k != "count"}}
 
-    def count(self, spec: DatasetSpec, config: ExperimentConfig) -> int | None:
+    def count(self, spec: DatasetSpec, config: Experiment) -> int | None:
         """The number of images, when known without reading them (the declared ``count`` first)."""
         return int(spec.params["count"]) if "count" in spec.params else None
 
@@ -261,46 +306,24 @@ class DatasetKind:
         raise ConfigError(f"{spec.key_path}: datasets of kind {spec.kind!r} have no images to extract")
 
 
-# ----------------------------------------------------------------------------------------------- registries
-def register_model_kind(cls: M) -> M:
-    """Class decorator: make a ModelKind available under its ``name``."""
-    _MODEL_KINDS[cls.name] = cls()
-    return cls
-
-
-def register_dataset_kind(cls: D) -> D:
-    """Class decorator: make a DatasetKind available under its ``name``."""
-    _DATASET_KINDS[cls.name] = cls()
-    return cls
-
-
-def _builtins() -> None:
-    from . import datasets, hf, models  # noqa: F401  (registers the built-in kinds)
-
-
+# ----------------------------------------------------------------------------------------------- lookups
 def model_kinds() -> dict[str, ModelKind]:
-    """Registered model kinds by name."""
-    _builtins()
-    return dict(_MODEL_KINDS)
+    """Registered model kinds by name (`registry.KINDS`)."""
+    return KINDS.model_kinds()
 
 
 def dataset_kinds() -> dict[str, DatasetKind]:
-    """Registered dataset kinds by name."""
-    _builtins()
-    return dict(_DATASET_KINDS)
+    """Registered dataset kinds by name (`registry.KINDS`)."""
+    return KINDS.dataset_kinds()
 
 
 def model_kind(name: str, key: str = "kind") -> ModelKind:
     """The model kind called `name`; ConfigError (with the closest names) when there is none."""
-    kinds = model_kinds()
-    if name not in kinds:
-        raise ConfigError(f"{key}: unknown model kind {name!r}{suggest(name, kinds)} (kinds: {', '.join(kinds)})")
-    return kinds[name]
+    kind: ModelKind = KINDS.model(name, key)
+    return kind
 
 
 def dataset_kind(name: str, key: str = "kind") -> DatasetKind:
     """The dataset kind called `name`; ConfigError (with the closest names) when there is none."""
-    kinds = dataset_kinds()
-    if name not in kinds:
-        raise ConfigError(f"{key}: unknown dataset kind {name!r}{suggest(name, kinds)} (kinds: {', '.join(kinds)})")
-    return kinds[name]
+    kind: DatasetKind = KINDS.dataset(name, key)
+    return kind

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, ExtractError
 from ..core.names import check_name
-from .kinds import DatasetSpec, ModelKind, ModelSpec, register_model_kind
+from .kinds import DatasetSpec, ModelKind, ModelSpec, RunContext, register_model_kind
 from .schema import PositiveInt, StrList, Table, suggest
 
 if TYPE_CHECKING:
     from ..core.store import Store
-    from .stages import Context
 
 __all__ = ["DemoDigits", "Timm", "Probe", "OpenClip", "register_open_clip_config"]
 
@@ -68,7 +67,7 @@ class DemoDigits(ModelKind):
         recorded = store.head_meta(spec.id).get("provenance", {})
         return recorded.get("seed") == spec.params["seed"] and recorded.get("epochs") == spec.params["epochs"]
 
-    def extract(self, ctx: Context, spec: ModelSpec, dataset: DatasetSpec) -> None:
+    def extract(self, ctx: RunContext, spec: ModelSpec, dataset: DatasetSpec) -> None:
         from ..demo import prepare
 
         prepare(Path(ctx.config.store).parent, spec.params["seed"], epochs=spec.params["epochs"], verbose=ctx.progress)
@@ -327,7 +326,7 @@ class Probe(ModelKind):
     def footprint(self, spec: ModelSpec) -> Any:
         return _timm_footprint(spec.params["backbone"], spec.params)
 
-    def train_head(self, ctx: Context, spec: ModelSpec, stale: bool) -> dict[str, Any]:
+    def train_head(self, ctx: RunContext, spec: ModelSpec, stale: bool) -> dict[str, Any]:
         from ..extract.probe import ProbeConfig, run_probe
 
         config, store = ctx.config, ctx.store
@@ -486,7 +485,7 @@ class OpenClip(ModelKind):
 
         return open_clip_config_route(spec.params["name"])
 
-    def text_model(self, ctx: Context, spec: ModelSpec) -> Callable[[], Any]:
+    def text_model(self, ctx: RunContext, spec: ModelSpec) -> Callable[[], Any]:
         from ..extract.backbones.base import resolve_device
         from ..extract.label_embedder import bundle_loader
 

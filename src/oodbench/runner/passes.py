@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config import ExperimentConfig
-from .plan import Unit
+from .units import ExtractStageUnit
 
 __all__ = ["Pass", "extraction_passes", "pass_budget"]
 
@@ -21,7 +21,7 @@ __all__ = ["Pass", "extraction_passes", "pass_budget"]
 class Pass:
     """Units extracted in one pass over a dataset (one unit: a single-model extraction), with their estimated bytes."""
 
-    units: list[Unit]
+    units: list[ExtractStageUnit]
     nbytes: int | None = None
 
     @property
@@ -41,17 +41,17 @@ def pass_budget(config: ExperimentConfig, device: str = "auto") -> int:
     return int(device_memory(resolve_device(device)) * BUDGET_FRACTION)
 
 
-def extraction_passes(config: ExperimentConfig, units: Sequence[Unit], device: str = "auto") -> list[Pass]:
+def extraction_passes(config: ExperimentConfig, units: Sequence[ExtractStageUnit], device: str = "auto") -> list[Pass]:
     """The extraction units in passes, in plan order of each pass's first unit."""
     from ..extract.passes import pack_passes
 
     budget: int | None = None
-    by_dataset: dict[str, list[tuple[Unit, int | None]]] = {}
+    by_dataset: dict[str, list[tuple[ExtractStageUnit, int | None]]] = {}
     passes: list[Pass] = []
     slot: dict[str, int] = {}
     for unit in units:
-        model = config.models[unit.spec["model"]]
-        if unit.spec.get("step") != "extract" or not model.kind_of.shares_decode(model):
+        model = config.models[unit.model_id]
+        if unit.step != "extract" or not model.kind_of.shares_decode(model):
             passes.append(Pass([unit]))
             continue
         footprint = model.kind_of.footprint(model)

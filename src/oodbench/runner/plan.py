@@ -28,13 +28,24 @@ from ..core.store import Store
 from ..text.templates import SEED_TEMPLATES
 from .config import ExperimentConfig, ModelSpec, missing_roots
 from .ledger import Ledger, content_key
+from .units import (
+    DONE,
+    STAGES,
+    AnalysisUnit,
+    CombineUnit,
+    ExtractUnit,
+    FitUnit,
+    HeadUnit,
+    MetricsUnit,
+    ReportUnit,
+    ScoreUnit,
+    Unit,
+    UnitKeys,
+    ZeroShotUnit,
+    recorded_status,
+)
 
 __all__ = ["STAGES", "Unit", "Plan", "build_plan", "layout", "Layout", "format_plan", "skip_line"]
-
-STAGES = ("extract", "fit", "score", "metrics", "analysis", "report")
-# Statuses: cached (done, key matches, outputs verify) · pending (never done) · stale (done with another key) ·
-# skipped (done: the detector's requirements are not met by the model's arrays; the reason is recorded).
-DONE = ("cached", "skipped")
 
 
 @dataclass(frozen=True)
@@ -90,34 +101,6 @@ def report_files(config: ExperimentConfig) -> list[Path]:
 def layout(config: ExperimentConfig) -> Layout:
     """The output layout of a config."""
     return Layout(Path(config.workdir), Path(config.store))
-
-
-@dataclass
-class Unit:
-    """One unit of work: stage, label (model/detector/dataset …), content key, status, size, what it reads."""
-
-    stage: str
-    label: str
-    key: str
-    status: str = "pending"
-    model: str | None = None
-    dataset: str | None = None
-    detector: str | None = None
-    deps: tuple[str, ...] = ()
-    items: int | None = None
-    nbytes: int | None = None
-    note: str = ""
-    spec: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def id(self) -> str:
-        """Unique id, ``<stage>:<label>``."""
-        return f"{self.stage}:{self.label}"
-
-    @property
-    def todo(self) -> bool:
-        """True when the unit must (re)run."""
-        return self.status not in DONE
 
 
 @dataclass
@@ -205,101 +188,99 @@ def _extract_datasets(config: ExperimentConfig, model: ModelSpec) -> list[str]:
     return ordered
 
 
-def _plan_extract(
-    config: ExperimentConfig, store: Store, ledger: Ledger, units: list[Unit], keys: dict[tuple[str, str], str]
-) -> None:
+def _plan_extract(config: ExperimentConfig, store: Store, ledger: Ledger, units: list[Unit], keys: UnitKeys) -> None:
     for model in config.models.values():
-        sid = model.store_id
         identity = model.extract_identity()
-        model_key = content_key("model", identity)
         per_row: int | None = None
-        model_units: list[Unit] = []
+        model_units: list[ExtractUnit] = []
         for dataset in _extract_datasets(config, model):
-            if (sid, dataset) in keys:
+            if (model.store_id, dataset) in keys.entries:
                 continue  # a backbone shared by several probes is extracted once
-            spec = config.datasets[dataset]
-            parent_key = keys.get((sid, spec.parent)) if spec.parent is not None else None
-            key = content_key("extract", identity, spec.identity(), parent_key, _list_files_identity(spec.params))
-            keys[(sid, dataset)] = key
-            label = f"{sid}/{dataset}"
-            unit = Unit(
-                "extract",
-                label,
-                key,
-                model=sid,
-                dataset=dataset,
-                deps=(f"extract:{sid}/{spec.parent}",) if parent_key else (),
-                spec={
-                    "step": "derive" if spec.parent is not None else "extract",
-                    "model": model.id,
-                    "model_key": model_key,
-                },
-            )
-            meta = _complete_meta(store, sid, dataset)
-            rows, nbytes = _entry_size(meta) if meta is not None else (None, None)
-            unit.items = rows if rows is not None else spec.kind_of.count(spec, config)
-            unit.nbytes = nbytes
-            if rows:
-                per_row = nbytes // rows if nbytes else per_row
-            record = ledger.read("extract", label)
-            if meta is not None and record is not None and record.get("key") == key:
-                unit.status = "cached" if record.get("fingerprint") == fingerprint(meta) else "stale"
-                if unit.status == "stale":
-                    unit.note = "store entry changed since it was recorded"
-            elif (
-                meta is not None
-                and record is None
-                and spec.parent is None
-                and model.kind_of.adoptable(model, store, meta)
-            ):
-                unit.status, unit.note = "cached", "found in store"
-                unit.spec["adopt"] = fingerprint(meta)
-            elif record is not None or meta is not None:
-                unit.status = "stale"
-                unit.note = "recorded with other inputs" if record is not None else "store entry has other provenance"
-                if record is not None and record.get("model_key") != model_key:
-                    unit.spec["model_changed"] = True
+            unit, meta = _plan_entry(config, model, identity, dataset, store, ledger, keys)
+            if meta is not None and unit.items:  # its size is known: it is the model's bytes per row
+                per_row = unit.nbytes // unit.items if unit.nbytes else per_row
             model_units.append(unit)
         for unit in model_units:
             if unit.nbytes is None and per_row and unit.items:
                 unit.nbytes = per_row * unit.items
-                unit.spec["estimated_bytes"] = True
+                unit.estimated_bytes = True
         units.extend(model_units)
         if model.kind_of.trains_head:
-            _plan_head(config, model, store, ledger, units, keys)
+            units.append(_plan_head(config, model, store, ledger, units, keys))
+
+
+def _plan_entry(
+    config: ExperimentConfig,
+    model: ModelSpec,
+    identity: Mapping[str, Any],
+    dataset: str,
+    store: Store,
+    ledger: Ledger,
+    keys: UnitKeys,
+) -> tuple[ExtractUnit, dict[str, Any] | None]:
+    """The unit of one store entry (extracted, or derived from its parent's entry), and its metadata when complete."""
+    sid = model.store_id
+    spec = config.datasets[dataset]
+    parent_key = keys.entries.get((sid, spec.parent)) if spec.parent is not None else None
+    key = content_key("extract", identity, spec.identity(), parent_key, _list_files_identity(spec.params))
+    keys.entries[(sid, dataset)] = key
+    unit = ExtractUnit(
+        label=f"{sid}/{dataset}",
+        key=key,
+        model=sid,
+        dataset=dataset,
+        deps=(f"extract:{sid}/{spec.parent}",) if parent_key else (),
+        step="derive" if spec.parent is not None else "extract",
+        model_id=model.id,
+        model_key=content_key("model", identity),
+    )
+    meta = _complete_meta(store, sid, dataset)
+    rows, nbytes = _entry_size(meta) if meta is not None else (None, None)
+    unit.items = rows if rows is not None else spec.kind_of.count(spec, config)
+    unit.nbytes = nbytes
+    _entry_status(unit, ledger.read("extract", unit.label), meta, model, store)
+    return unit, meta
+
+
+def _entry_status(
+    unit: ExtractUnit, record: Mapping[str, Any] | None, meta: Mapping[str, Any] | None, model: ModelSpec, store: Store
+) -> None:
+    """A store entry's status: its record's key and the entry's fingerprint, or an entry made outside the runner."""
+    if meta is not None and record is not None and record.get("key") == unit.key:
+        unit.status = "cached" if record.get("fingerprint") == fingerprint(meta) else "stale"
+        if unit.status == "stale":
+            unit.note = "store entry changed since it was recorded"
+    elif meta is not None and record is None and unit.step == "extract" and model.kind_of.adoptable(model, store, meta):
+        unit.status, unit.note = "cached", "found in store"
+        unit.adopt = fingerprint(meta)
+    elif record is not None or meta is not None:
+        unit.status = "stale"
+        unit.note = "recorded with other inputs" if record is not None else "store entry has other provenance"
+        if record is not None and record.get("model_key") != unit.model_key:
+            unit.model_changed = True
 
 
 def _plan_head(
-    config: ExperimentConfig,
-    model: ModelSpec,
-    store: Store,
-    ledger: Ledger,
-    units: list[Unit],
-    keys: dict[tuple[str, str], str],
-) -> None:
+    config: ExperimentConfig, model: ModelSpec, store: Store, ledger: Ledger, units: list[Unit], keys: UnitKeys
+) -> HeadUnit:
+    """The unit training a probe's head on its backbone's entries; the probe's entries are keyed by it."""
     sid = model.store_id
     datasets = config.datasets_of(model)
-    key = content_key("probe", model.identity(), [keys[(sid, d)] for d in datasets])
+    key = content_key("probe", model.identity(), [keys.entries[(sid, d)] for d in datasets])
     for dataset in datasets:
-        keys[(model.id, dataset)] = content_key("probe-entry", key, keys[(sid, dataset)])
-    unit = Unit(
-        "extract",
-        f"{model.id}/probe",
-        key,
+        keys.entries[(model.id, dataset)] = content_key("probe-entry", key, keys.entries[(sid, dataset)])
+    unit = HeadUnit(
+        label=f"{model.id}/probe",
+        key=key,
         model=model.id,
         dataset=config.fit,
         deps=tuple(f"extract:{sid}/{d}" for d in datasets),
         items=next((u.items for u in units if u.id == f"extract:{sid}/{config.fit}"), None),
-        spec={"step": "head", "model": model.id},
+        model_id=model.id,
     )
-    record = ledger.done("extract", unit.label, key)
     complete = store.has_head(model.id) and all(store.exists(model.id, d) for d in datasets)
-    unit.status = (
-        "cached"
-        if record is not None and complete
-        else ("stale" if ledger.read("extract", unit.label) is not None else "pending")
-    )
-    units.append(unit)
+    unit.status = recorded_status(ledger, unit, complete)
+    return unit
 
 
 def _list_files_identity(params: Mapping[str, Any]) -> dict[str, list[str | None]]:
@@ -341,87 +322,118 @@ def skip_reason(
     return "; ".join(registry.create(detector, **params).unmet(arrays[fit], tests, has_head=has_head)) or None
 
 
-def _plan_fit_score(
-    config: ExperimentConfig,
-    lay: Layout,
-    store: Store,
-    ledger: Ledger,
-    units: list[Unit],
-    keys: dict[tuple[str, str], str],
-) -> None:
+@dataclass
+class _Classifier:
+    """What the fit and score units of one classifier share."""
+
+    model: ModelSpec
+    arrays: dict[str, set[str]] | None  # array names per entry, once every entry it reads is extracted
+    has_head: bool
+    fit_deps: tuple[str, ...]  # its fit set's extraction (and its head's training)
+    items: dict[str, int | None]  # images per dataset
+
+
+def _classifier(config: ExperimentConfig, store: Store, model: ModelSpec, extract: Mapping[str, Unit]) -> _Classifier:
+    sid = model.store_id
+    datasets = [config.fit, config.id_test, *config.ood]
+    probe = (f"extract:{model.id}/probe",) if model.kind_of.trains_head else ()
+    extract_ids = {f"extract:{sid}/{d}" for d in datasets} | set(probe)
+    extract_done = all(extract[i].status in DONE for i in extract_ids if i in extract)
+    arrays = _model_arrays(store, model.id, datasets) if extract_done else None
+    return _Classifier(
+        model,
+        arrays,
+        store.has_head(model.id) if arrays is not None else False,
+        (f"extract:{sid}/{config.fit}",) + probe,
+        {d: extract[f"extract:{sid}/{d}"].items for d in datasets},
+    )
+
+
+def _fit_key(
+    config: ExperimentConfig, model: ModelSpec, detector: str, params: Mapping[str, Any], keys: UnitKeys
+) -> str:
     from .. import detectors as detector_registry
     from ..detectors.shared import gram_key
 
-    fit_units: list[Unit] = []
-    score_units: list[Unit] = []
-    test_sets = [config.id_test, *config.ood]
+    fit_key = content_key("fit", keys.entries[(model.id, config.fit)], detector, params, __version__)
+    plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
+    if plugin is not None:
+        fit_key = content_key(fit_key, plugin)
+    precision = gram_key(detector_registry.get_class(detector), config.gram_dtype)
+    if precision is not None:
+        fit_key = content_key(fit_key, precision)
+    keys.fits[(model.id, detector)] = fit_key
+    return fit_key
+
+
+def _plan_fit_score(
+    config: ExperimentConfig, lay: Layout, store: Store, ledger: Ledger, units: list[Unit], keys: UnitKeys
+) -> None:
+    fit_units: list[FitUnit] = []
+    score_units: list[ScoreUnit] = []
     extract_units = {u.id: u for u in units if u.stage == "extract"}
     for model in config.classifiers:
-        sid = model.store_id
-        probe = (f"extract:{model.id}/probe",) if model.kind_of.trains_head else ()
-        extract_ids = {f"extract:{sid}/{d}" for d in (config.fit, *test_sets)} | set(probe)
-        extract_done = all(extract_units[i].status in DONE for i in extract_ids if i in extract_units)
-        arrays = _model_arrays(store, model.id, [config.fit, *test_sets]) if extract_done else None
-        has_head = store.has_head(model.id) if arrays is not None else False
-        fit_items = extract_units[f"extract:{sid}/{config.fit}"].items
+        classifier = _classifier(config, store, model, extract_units)
         for detector, params in config.detectors.items():
-            fit_key = content_key("fit", keys[(model.id, config.fit)], detector, params, __version__)
-            plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
-            if plugin is not None:
-                fit_key = content_key(fit_key, plugin)
-            precision = gram_key(detector_registry.get_class(detector), config.gram_dtype)
-            if precision is not None:
-                fit_key = content_key(fit_key, precision)
-            fit_label = f"{model.id}/{detector}"
-            fit_unit = Unit(
-                "fit",
-                fit_label,
-                fit_key,
+            fit_unit = FitUnit(
+                label=f"{model.id}/{detector}",
+                key=_fit_key(config, model, detector, params, keys),
                 model=model.id,
                 detector=detector,
-                items=fit_items,
-                deps=(f"extract:{sid}/{config.fit}",) + probe,
-                spec={"params": params},
+                items=classifier.items[config.fit],
+                deps=classifier.fit_deps,
+                params=params,
             )
-            reason = skip_reason(detector, params, arrays, config.fit, has_head) if arrays is not None else None
-            mine: list[Unit] = []
-            for dataset in test_sets:
-                key = content_key("score", fit_key, keys[(model.id, dataset)], config.tpr)
-                label = f"{model.id}/{detector}/{dataset}"
-                unit = Unit(
-                    "score",
-                    label,
-                    key,
-                    model=model.id,
-                    detector=detector,
-                    dataset=dataset,
-                    deps=fit_unit.deps + (f"extract:{sid}/{dataset}",),
-                    items=extract_units[f"extract:{sid}/{dataset}"].items,
-                )
-                record = ledger.read("score", label)
-                if record is not None and record.get("key") != key:
-                    unit.status = "stale"
-                elif record is not None and record.get("skipped"):
-                    unit.status, unit.note = "skipped", record["skipped"]
-                elif record is not None and _scores_verify(lay.score_file(model.id, detector, dataset), record):
-                    unit.status = "cached"
-                    unit.nbytes = lay.score_file(model.id, detector, dataset).stat().st_size
-                    if config.save_detectors and not (lay.detector_dir(model.id, detector) / "detector.json").is_file():
-                        unit.status = "stale"  # the scores are there, the fitted detector to keep is not
-                if unit.todo and reason is not None:
-                    unit.note = f"will be skipped: {reason}"
-                mine.append(unit)
-            if all(u.status == "skipped" for u in mine):
-                fit_unit.status, fit_unit.note = "skipped", mine[0].note
-            elif all(u.status in DONE for u in mine):
-                fit_unit.status = "cached"
-            elif reason is not None:
-                fit_unit.note = f"will be skipped: {reason}"
             fit_units.append(fit_unit)
-            score_units.extend(mine)
-            keys[(model.id, f"<fit:{detector}>")] = fit_key
+            score_units += _plan_scores(config, lay, ledger, classifier, fit_unit, keys)
     units.extend(fit_units)
     units.extend(score_units)
+
+
+def _plan_scores(
+    config: ExperimentConfig, lay: Layout, ledger: Ledger, classifier: _Classifier, fit_unit: FitUnit, keys: UnitKeys
+) -> list[ScoreUnit]:
+    """The score units one fitted detector feeds; the fit unit is done when all of them are."""
+    model, detector, arrays = classifier.model, fit_unit.detector or "", classifier.arrays
+    reason = (
+        skip_reason(detector, fit_unit.params, arrays, config.fit, classifier.has_head) if arrays is not None else None
+    )
+    mine: list[ScoreUnit] = []
+    for dataset in [config.id_test, *config.ood]:
+        unit = ScoreUnit(
+            label=f"{model.id}/{detector}/{dataset}",
+            key=content_key("score", fit_unit.key, keys.entries[(model.id, dataset)], config.tpr),
+            model=model.id,
+            detector=detector,
+            dataset=dataset,
+            deps=fit_unit.deps + (f"extract:{model.store_id}/{dataset}",),
+            items=classifier.items[dataset],
+        )
+        _score_status(config, lay, unit, ledger.read("score", unit.label))
+        if unit.todo and reason is not None:
+            unit.note = f"will be skipped: {reason}"
+        mine.append(unit)
+    if all(u.status == "skipped" for u in mine):
+        fit_unit.status, fit_unit.note = "skipped", mine[0].note
+    elif all(u.status in DONE for u in mine):
+        fit_unit.status = "cached"
+    elif reason is not None:
+        fit_unit.note = f"will be skipped: {reason}"
+    return mine
+
+
+def _score_status(config: ExperimentConfig, lay: Layout, unit: ScoreUnit, record: Mapping[str, Any] | None) -> None:
+    """A score unit's status: its record's key, a recorded skip, or per-image scores that verify."""
+    model, detector, dataset = unit.model or "", unit.detector or "", unit.dataset or ""
+    if record is not None and record.get("key") != unit.key:
+        unit.status = "stale"
+    elif record is not None and record.get("skipped"):
+        unit.status, unit.note = "skipped", record["skipped"]
+    elif record is not None and _scores_verify(lay.score_file(model, detector, dataset), record):
+        unit.status = "cached"
+        unit.nbytes = lay.score_file(model, detector, dataset).stat().st_size
+        if config.save_detectors and not (lay.detector_dir(model, detector) / "detector.json").is_file():
+            unit.status = "stale"  # the scores are there, the fitted detector to keep is not
 
 
 def _scores_verify(path: Path, record: Mapping[str, Any]) -> bool:
@@ -510,7 +522,7 @@ def _plan_zeroshot(
     lay: Layout,
     ledger: Ledger,
     units: list[Unit],
-    keys: dict[tuple[str, str], str],
+    keys: UnitKeys,
     problems: dict[str, str],
 ) -> None:
     spec = config.zeroshot
@@ -526,7 +538,7 @@ def _plan_zeroshot(
         sid = config.models[model_id].store_id
         key = content_key(
             "zeroshot",
-            [keys[(sid, d)] for d in datasets],
+            [keys.entries[(sid, d)] for d in datasets],
             spec.classes,
             _list_files_identity({"include": [spec.classes]}),
             spec.scores,
@@ -539,107 +551,73 @@ def _plan_zeroshot(
             config.tpr,
             __version__,
         )
-        keys[(model_id, "<zeroshot>")] = key
-        unit = Unit(
-            "score",
-            f"{model_id}/zeroshot",
-            key,
+        keys.zeroshot[model_id] = key
+        unit = ZeroShotUnit(
+            label=f"{model_id}/zeroshot",
+            key=key,
             model=model_id,
             deps=tuple(f"extract:{sid}/{d}" for d in datasets),
             items=sum(u.items or 0 for u in units if u.stage == "extract" and u.model == sid and u.dataset in datasets)
             or None,
-            spec={"zeroshot": True, "columns": columns, "datasets": datasets, "patches": patches},
+            columns=columns,
+            datasets=datasets,
+            patches=patches,
         )
-        unit.status = _status_with_file(ledger, unit, lay.run_dir(model_id) / "results.parquet")
+        unit.status = recorded_status(ledger, unit, (lay.run_dir(model_id) / "results.parquet").exists())
         units.append(unit)
 
 
 # ----------------------------------------------------------------------------------------------- metrics, analysis, report
-def _plan_metrics(
-    config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit], keys: dict[tuple[str, str], str]
-) -> None:
+def _plan_metrics(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit], keys: UnitKeys) -> None:
     metric_keys: list[str] = []
     for model in config.classifiers:
-        score_keys = sorted(u.key for u in units if u.stage == "score" and u.model == model.id)
-        key = content_key("metrics", score_keys, config.tpr)
-        keys[(model.id, "<metrics>")] = key
+        score_units = [u for u in units if u.stage == "score" and u.model == model.id]
+        key = content_key("metrics", sorted(u.key for u in score_units), config.tpr)
+        keys.metrics[model.id] = key
         metric_keys.append(key)
-        unit = Unit(
-            "metrics",
-            model.id,
-            key,
-            model=model.id,
-            deps=tuple(u.id for u in units if u.stage == "score" and u.model == model.id),
-            spec={"kind": "run"},
-        )
-        unit.status = _status_with_file(ledger, unit, lay.run_dir(model.id) / "results.parquet")
+        unit = MetricsUnit(label=model.id, key=key, model=model.id, deps=tuple(u.id for u in score_units))
+        unit.status = recorded_status(ledger, unit, (lay.run_dir(model.id) / "results.parquet").exists())
         units.append(unit)
     for model_id in config.zeroshot.models if config.zeroshot else ():
-        metric_keys.append(keys[(model_id, "<zeroshot>")])
-        keys[(model_id, "<metrics>")] = keys[(model_id, "<zeroshot>")]
-    key = content_key("results", metric_keys)
-    keys[("", "<results>")] = key
-    unit = Unit(
-        "metrics",
-        "all",
-        key,
+        metric_keys.append(keys.zeroshot[model_id])
+        keys.metrics[model_id] = keys.zeroshot[model_id]
+    keys.results = content_key("results", metric_keys)
+    unit = CombineUnit(
+        label="all",
+        key=keys.results,
         deps=tuple(u.id for u in units if u.stage == "metrics")
         + tuple(f"score:{m}/zeroshot" for m in (config.zeroshot.models if config.zeroshot else ())),
-        spec={"kind": "combine"},
     )
-    unit.status = _status_with_file(ledger, unit, lay.results)
+    unit.status = recorded_status(ledger, unit, lay.results.exists())
     units.append(unit)
 
 
-def _status_with_file(ledger: Ledger, unit: Unit, output: Path) -> str:
-    if ledger.done(unit.stage, unit.label, unit.key) is not None and output.exists():
-        return "cached"
-    return "stale" if ledger.read(unit.stage, unit.label) is not None else "pending"
-
-
-def _plan_analysis(
-    config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit], keys: dict[tuple[str, str], str]
-) -> None:
+def _plan_analysis(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit], keys: UnitKeys) -> None:
     model_ids = [m.id for m in config.classifiers] + list(config.zeroshot.models if config.zeroshot else ())
     for analysis, params in config.analysis.items():
         for model_id in model_ids:
-            key = content_key("analysis", analysis, params, keys[(model_id, "<metrics>")], config.seed)
-            label = f"{analysis}/{model_id}"
-            keys[(model_id, f"<analysis:{analysis}>")] = key
-            unit = Unit(
-                "analysis",
-                label,
-                key,
+            key = content_key("analysis", analysis, params, keys.metrics[model_id], config.seed)
+            keys.analyses[(analysis, model_id)] = key
+            unit = AnalysisUnit(
+                label=f"{analysis}/{model_id}",
+                key=key,
                 model=model_id,
-                spec={"analysis": analysis, "params": params},
+                analysis=analysis,
+                params=params,
                 deps=(
                     f"metrics:{model_id}"
                     if model_id in config.models and config.models[model_id].is_classifier
                     else f"score:{model_id}/zeroshot",
                 ),
             )
-            unit.status = _status_with_file(ledger, unit, lay.analysis / analysis / f"{model_id}.json")
+            unit.status = recorded_status(ledger, unit, (lay.analysis / analysis / f"{model_id}.json").exists())
             units.append(unit)
 
 
-def _plan_report(
-    config: ExperimentConfig, lay: Layout, ledger: Ledger, units: list[Unit], keys: dict[tuple[str, str], str]
-) -> None:
-    inputs = sorted(k for (m, name), k in keys.items() if name in ("<results>",) or name.startswith("<analysis:"))
-    key = content_key("report", inputs, config.report, config.name, __version__)
-    unit = Unit(
-        "report",
-        "report",
-        key,
-        deps=tuple(u.id for u in units if u.stage in ("metrics", "analysis")),
-        spec=dict(config.report),
-    )
-    files = report_files(config)
-    unit.status = (
-        _status_with_file(ledger, unit, files[0])
-        if all(f.is_file() for f in files)
-        else ("stale" if ledger.read("report", unit.label) is not None else "pending")
-    )
+def _plan_report(config: ExperimentConfig, ledger: Ledger, units: list[Unit], keys: UnitKeys) -> None:
+    key = content_key("report", keys.report_inputs(), config.report, config.name, __version__)
+    unit = ReportUnit(label="report", key=key, deps=tuple(u.id for u in units if u.stage in ("metrics", "analysis")))
+    unit.status = recorded_status(ledger, unit, all(f.is_file() for f in report_files(config)))
     units.append(unit)
 
 
@@ -650,16 +628,16 @@ def build_plan(config: ExperimentConfig) -> Plan:
     store = Store(lay.store)
     ledger = Ledger(lay.ledger)
     units: list[Unit] = []
-    keys: dict[tuple[str, str], str] = {}
+    keys = UnitKeys()
     _plan_extract(config, store, ledger, units, keys)
     _plan_fit_score(config, lay, store, ledger, units, keys)
     problems: dict[str, str] = {}
     _plan_zeroshot(config, lay, ledger, units, keys, problems)
     _plan_metrics(config, lay, ledger, units, keys)
     _plan_analysis(config, lay, ledger, units, keys)
-    _plan_report(config, lay, ledger, units, keys)
+    _plan_report(config, ledger, units, keys)
     _propagate(units)
-    pending_extract = {u.dataset for u in units if u.stage == "extract" and u.todo and u.spec["step"] != "head"}
+    pending_extract = {u.dataset for u in units if isinstance(u, ExtractUnit) and u.todo}
     problems.update(missing_roots(config, sorted(d for d in pending_extract if d is not None)))
     return Plan(config, lay, units, problems)
 
@@ -696,7 +674,21 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
         f"work directory {plan.layout.workdir}   store {plan.layout.store}",
         "",
     ]
-    lines.append(f"{'model':<22} {'kind':<9} weights (resolved offline)")
+    lines += _format_inputs(config)
+    lines += _format_zeroshot(plan)
+    lines += _format_totals(plan)
+    if plan.problems:
+        lines += ["", "input problems (extraction of these fails until they are fixed):"]
+        lines += [f"  {key}: {problem}" for key, problem in plan.problems.items()]
+    if units:
+        lines += _format_passes(plan)
+        lines += _format_units(plan)
+    return "\n".join(lines) + "\n"
+
+
+def _format_inputs(config: ExperimentConfig) -> list[str]:
+    """The models (with what their weights resolve to) and the datasets (with their image counts)."""
+    lines = [f"{'model':<22} {'kind':<9} weights (resolved offline)"]
     lines += [f"{m.display_name:<22} {m.kind:<9} {m.kind_of.weights(m)}" for m in config.models.values()]
     lines += [
         f"{m.display_name:<22} {m.kind:<9} {m.kind_of.weights(m)}; skipped until {m.key_path}.checkpoint is set"
@@ -709,22 +701,32 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
         shown = f"{count:,}" if count is not None else "?"
         lines.append(f"{spec.id:<24} {spec.kind:<9} {shown:>10}  {spec.kind_of.describe(spec)}".rstrip())
     lines.append("")
-    vlm_units = [u for u in plan.stage("score") if u.spec.get("zeroshot")]
-    if vlm_units:
-        lines.append("zero-shot scores per VLM (each on the ID test set and every OOD set):")
-        for unit in vlm_units:
-            model = config.models[unit.model]
-            columns = unit.spec["columns"]
-            logit = [c for c in columns if "@" not in c]
-            vocab = [c for c in columns if "@" in c and "[" not in c]
-            sweeps = len(columns) - len(logit) - len(vocab)
-            lines.append(f"  {model.display_name:<20} {' '.join(logit)}")
-            lines.append(f"  {'':<20} {' '.join(vocab)}" + (f"  (+{sweeps} sweep points)" if sweeps else ""))
-            lines.append(f"  {'':<20} {unit.spec['patches'].partition(': ')[0]}")
-        routes = dict.fromkeys(u.spec["patches"] for u in vlm_units if u.spec["patches"].startswith("GL-MCM"))
-        lines += [f"  {line.partition(': ')[0]}: {line.partition(': ')[2]}" for line in routes]
-        lines.append("")
-    lines.append(f"{'stage':<9} {'units':>7} {'cached':>7} {'skipped':>7} {'to run':>7} {'images':>14} {'size':>12}")
+    return lines
+
+
+def _format_zeroshot(plan: Plan) -> list[str]:
+    """Each VLM's zero-shot columns and how its GL-MCM patch embeddings are made."""
+    vlm_units = [u for u in plan.stage("score") if isinstance(u, ZeroShotUnit)]
+    if not vlm_units:
+        return []
+    lines = ["zero-shot scores per VLM (each on the ID test set and every OOD set):"]
+    for unit in vlm_units:
+        model = plan.config.models[unit.model or ""]
+        logit = [c for c in unit.columns if "@" not in c]
+        vocab = [c for c in unit.columns if "@" in c and "[" not in c]
+        sweeps = len(unit.columns) - len(logit) - len(vocab)
+        lines.append(f"  {model.display_name:<20} {' '.join(logit)}")
+        lines.append(f"  {'':<20} {' '.join(vocab)}" + (f"  (+{sweeps} sweep points)" if sweeps else ""))
+        lines.append(f"  {'':<20} {unit.patches.partition(': ')[0]}")
+    routes = dict.fromkeys(u.patches for u in vlm_units if u.patches.startswith("GL-MCM"))
+    lines += [f"  {line.partition(': ')[0]}: {line.partition(': ')[2]}" for line in routes]
+    lines.append("")
+    return lines
+
+
+def _format_totals(plan: Plan) -> list[str]:
+    """Per stage: units, cached, skipped, to run, images to process and bytes."""
+    lines = [f"{'stage':<9} {'units':>7} {'cached':>7} {'skipped':>7} {'to run':>7} {'images':>14} {'size':>12}"]
     for stage in STAGES:
         stage_units = plan.stage(stage)
         todo = [u for u in stage_units if u.todo]
@@ -735,33 +737,30 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
             f"{sum(u.status == 'skipped' for u in stage_units):>7} {len(todo):>7} "
             f"{(f'{items:,}' if items else '-'):>14} {(_human_bytes(nbytes) if nbytes else '-'):>12}"
         )
-    if plan.problems:
-        lines += ["", "input problems (extraction of these fails until they are fixed):"]
-        lines += [f"  {key}: {problem}" for key, problem in plan.problems.items()]
-    if units:
-        lines += _format_passes(plan)
-        for stage in STAGES:
-            stage_units = plan.stage(stage)
-            if not stage_units:
-                continue
-            lines += ["", f"[{stage}]"]
-            for unit in stage_units:
-                size = (
-                    f"{unit.items:,} images"
-                    if unit.items
-                    else "? images"
-                    if stage in ("extract", "fit", "score")
-                    else ""
-                )
-                if unit.nbytes:
-                    size += f", {'~' if unit.spec.get('estimated_bytes') else ''}{_human_bytes(unit.nbytes)}"
-                note = f"  ({unit.note})" if unit.note else ""
-                lines.append(f"  {unit.status:<8} {unit.label:<60} {size}{note}")
-                if unit.spec.get("zeroshot"):
-                    for column in unit.spec["columns"]:
-                        for dataset in unit.spec["datasets"]:
-                            lines.append(f"  {'':<8}   {unit.model}/{column}/{dataset}")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _format_units(plan: Plan) -> list[str]:
+    """One line per unit (status, label, size, note), stage by stage; a VLM's unit lists its columns."""
+    lines: list[str] = []
+    for stage in STAGES:
+        stage_units = plan.stage(stage)
+        if not stage_units:
+            continue
+        lines += ["", f"[{stage}]"]
+        for unit in stage_units:
+            size = (
+                f"{unit.items:,} images" if unit.items else "? images" if stage in ("extract", "fit", "score") else ""
+            )
+            if unit.nbytes:
+                estimated = isinstance(unit, ExtractUnit) and unit.estimated_bytes
+                size += f", {'~' if estimated else ''}{_human_bytes(unit.nbytes)}"
+            note = f"  ({unit.note})" if unit.note else ""
+            lines.append(f"  {unit.status:<8} {unit.label:<60} {size}{note}")
+            if isinstance(unit, ZeroShotUnit):
+                for column in unit.columns:
+                    lines += [f"  {'':<8}   {unit.model}/{column}/{dataset}" for dataset in unit.datasets]
+    return lines
 
 
 def skip_line(model: ModelSpec, reason: str) -> str:
@@ -773,8 +772,8 @@ def _format_passes(plan: Plan, device: str = "auto") -> list[str]:
     """The pending extractions as passes: the models that share one decode of each image of a dataset."""
     from .passes import extraction_passes, pass_budget
 
-    pending = [u for u in plan.stage("extract") if u.todo]
-    passes = [p for p in extraction_passes(plan.config, pending, device) if p.units[0].spec.get("step") == "extract"]
+    pending = [u for u in plan.units if isinstance(u, (ExtractUnit, HeadUnit)) and u.todo]
+    passes = [p for p in extraction_passes(plan.config, pending, device) if p.units[0].step == "extract"]
     if not passes:
         return []
     budget = pass_budget(plan.config, device)
@@ -791,7 +790,7 @@ def _format_passes(plan: Plan, device: str = "auto") -> list[str]:
     ]
     for number, item in enumerate(passes, 1):
         size = f"~{_human_bytes(item.nbytes)}" if item.nbytes is not None else "size unknown: runs alone"
-        names = ", ".join(plan.config.models[u.spec["model"]].display_name for u in item.units)
+        names = ", ".join(plan.config.models[u.model_id].display_name for u in item.units)
         lines.append(f"  pass {number:<3} {item.units[0].dataset:<22} {len(item.units):>2} model(s), {size}: {names}")
     return lines
 

@@ -322,16 +322,7 @@ def evaluate_model(
     ``small_fit_set="adapt"`` instead scales the defaults a small fit set cannot support (`result.adapted`).
     A detector that fails leaves the others' results (`result.failed` says why).
     """
-    if not ood:
-        raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
-    clash = sorted({FIT, ID} & set(ood))
-    if clash:
-        raise OodbenchError(f"OOD set names {clash} are reserved for the fit and ID test sets; rename them")
-    plan = normalize_detectors(detectors)
-    for name, params in plan.items():
-        detector_registry.create(name, **params)  # unknown names and bad parameters fail before any extraction
-    if small_fit_set not in SMALL_FIT_SET:
-        raise OodbenchError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
+    plan = _checked_plan(ood, detectors, small_fit_set)
     backbone = as_backbone(
         model,
         pretrained=pretrained,
@@ -371,6 +362,23 @@ def evaluate_model(
         )
         result.store = None if store is None else Path(root)
         return result
+
+
+def _checked_plan(
+    ood: Mapping[str, Any], detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None, small_fit_set: str
+) -> dict[str, dict[str, Any]]:
+    """The detectors to fit with their parameters, once the arguments are checked (before any image is read)."""
+    if not ood:
+        raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
+    clash = sorted({FIT, ID} & set(ood))
+    if clash:
+        raise OodbenchError(f"OOD set names {clash} are reserved for the fit and ID test sets; rename them")
+    plan = normalize_detectors(detectors)
+    for name, params in plan.items():
+        detector_registry.create(name, **params)  # unknown names and bad parameters fail before any extraction
+    if small_fit_set not in SMALL_FIT_SET:
+        raise OodbenchError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
+    return plan
 
 
 @contextlib.contextmanager

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..evaluation.cli import SOME_FAILED, print_accuracy, report_detectors
 from ..util.cli_params import parse_params
+
+if TYPE_CHECKING:
+    from .quick import ModelEvaluation
 
 __all__ = ["SOME_FAILED", "evaluate_model_command", "register", "print_accuracy", "report_detectors"]
 
@@ -27,47 +30,66 @@ def _named(values: list[str]) -> dict[str, Path]:
     return named
 
 
+# The command's options, declared once here so that the command reads as what it does.
+_Model = Annotated[str, typer.Argument(help="timm model name, e.g. resnet50.a1_in1k.")]
+_Fit = Annotated[Path, typer.Option("--fit", help="ID fit images: a folder with one sub-folder per class.")]
+_IdData = Annotated[Path, typer.Option("--id", help="ID test images: a folder with one sub-folder per class.")]
+_Ood = Annotated[list[str], typer.Option("--ood", help="OOD images as NAME=DIR (repeat for several sets).")]
+_Store = Annotated[
+    Path | None, typer.Option("--store", help="Feature store to extract into and reuse (default: a temporary one).")
+]
+_Out = Annotated[
+    Path | None, typer.Option("--out", help="Run directory for results.parquet, scores, table.md, run.json.")
+]
+_Detectors = Annotated[
+    str | None, typer.Option("--detectors", "-d", help="Comma-separated names; default: all registered.")
+]
+_Param = Annotated[
+    list[str] | None, typer.Option("--param", "-p", help="Detector parameter DETECTOR.PARAM=VALUE (repeatable).")
+]
+_Pretrained = Annotated[
+    bool, typer.Option("--pretrained/--no-pretrained", help="Hub weights, or seeded random ones (tests).")
+]
+_Checkpoint = Annotated[Path | None, typer.Option("--checkpoint", help="Local state dict file.")]
+_ImageSize = Annotated[int | None, typer.Option("--image-size", help="Override the input resolution.")]
+_BatchSize = Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")]
+_Workers = Annotated[
+    int | None,
+    typer.Option(
+        "--workers", min=0, help="Image decoding processes (default: one less than the cores available, at most 4)."
+    ),
+]
+_NumWorkers = Annotated[int | None, typer.Option("--num-workers", min=0, hidden=True)]
+_Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:1 …")]
+_Progress = Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")]
+_SmallFitSet = Annotated[
+    str,
+    typer.Option(
+        "--small-fit-set",
+        help="When the fit set is too small for a detector's default parameters (knn.k, nnguide.alpha/k, vim.dim): "
+        "fail before any extraction, naming each one, or adapt them to the fit set (recorded in run.json).",
+    ),
+]
+
+
 def evaluate_model_command(
-    model: Annotated[str, typer.Argument(help="timm model name, e.g. resnet50.a1_in1k.")],
-    fit: Annotated[Path, typer.Option("--fit", help="ID fit images: a folder with one sub-folder per class.")],
-    id_data: Annotated[Path, typer.Option("--id", help="ID test images: a folder with one sub-folder per class.")],
-    ood: Annotated[list[str], typer.Option("--ood", help="OOD images as NAME=DIR (repeat for several sets).")],
-    store: Annotated[
-        Path | None,
-        typer.Option("--store", help="Feature store to extract into and reuse (default: a temporary one)."),
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Run directory for results.parquet, scores, table.md, run.json.")
-    ] = None,
-    detectors: Annotated[
-        str | None, typer.Option("--detectors", "-d", help="Comma-separated names; default: all registered.")
-    ] = None,
-    param: Annotated[
-        list[str] | None, typer.Option("--param", "-p", help="Detector parameter DETECTOR.PARAM=VALUE (repeatable).")
-    ] = None,
-    pretrained: Annotated[
-        bool, typer.Option("--pretrained/--no-pretrained", help="Hub weights, or seeded random ones (tests).")
-    ] = True,
-    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="Local state dict file.")] = None,
-    image_size: Annotated[int | None, typer.Option("--image-size", help="Override the input resolution.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")] = 64,
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            "--workers", min=0, help="Image decoding processes (default: one less than the cores available, at most 4)."
-        ),
-    ] = None,
-    num_workers: Annotated[int | None, typer.Option("--num-workers", min=0, hidden=True)] = None,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:1 …")] = "auto",
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
-    small_fit_set: Annotated[
-        str,
-        typer.Option(
-            "--small-fit-set",
-            help="When the fit set is too small for a detector's default parameters (knn.k, nnguide.alpha/k, vim.dim): "
-            "fail before any extraction, naming each one, or adapt them to the fit set (recorded in run.json).",
-        ),
-    ] = "fail",
+    model: _Model,
+    fit: _Fit,
+    id_data: _IdData,
+    ood: _Ood,
+    store: _Store = None,
+    out: _Out = None,
+    detectors: _Detectors = None,
+    param: _Param = None,
+    pretrained: _Pretrained = True,
+    checkpoint: _Checkpoint = None,
+    image_size: _ImageSize = None,
+    batch_size: _BatchSize = 64,
+    workers: _Workers = None,
+    num_workers: _NumWorkers = None,
+    device: _Device = "auto",
+    progress: _Progress = True,
+    small_fit_set: _SmallFitSet = "fail",
 ) -> None:
     """Evaluate a timm model on image folders in one command: extract (cached in --store), fit, score, print.
 
@@ -80,28 +102,9 @@ def evaluate_model_command(
 
     if small_fit_set not in SMALL_FIT_SET:
         raise typer.BadParameter(f"--small-fit-set: must be {' or '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
-    if num_workers is not None:
-        if workers is not None and workers != num_workers:
-            raise typer.BadParameter("--num-workers is the old name of --workers; give only --workers")
-        typer.secho("warning: --num-workers is now --workers (as in `oodbench extract`)", fg="yellow", err=True)
-        workers = num_workers
+    workers = _workers(workers, num_workers)
     named = _named(ood)
-    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
-    overrides = parse_params(param)
-    from ..core.names import suggest
-    from ..detectors import available
-
-    for name in names or ():
-        if name not in available():
-            raise typer.BadParameter(
-                f"--detectors: unknown detector {name!r}{suggest(name, available())} (list them with `oodbench detectors`)"
-            )
-    if names is None and overrides:
-        names = available()
-    unknown = sorted(set(overrides) - set(names or ()))
-    if unknown:
-        raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
-    plan = None if names is None else {name: overrides.get(name, {}) for name in names}
+    plan = _detector_plan(detectors, param)
     result = evaluate_model(
         model,
         fit=fit,
@@ -119,6 +122,41 @@ def evaluate_model_command(
         progress=progress,
         small_fit_set=small_fit_set,
     )
+    _print_result(result)
+
+
+def _workers(workers: int | None, num_workers: int | None) -> int | None:
+    """--workers, or the value of its old name --num-workers (with a warning)."""
+    if num_workers is None:
+        return workers
+    if workers is not None and workers != num_workers:
+        raise typer.BadParameter("--num-workers is the old name of --workers; give only --workers")
+    typer.secho("warning: --num-workers is now --workers (as in `oodbench extract`)", fg="yellow", err=True)
+    return num_workers
+
+
+def _detector_plan(detectors: str | None, param: list[str] | None) -> dict[str, dict[str, Any]] | None:
+    """{detector: parameters} from --detectors and --param (None: every registered detector with its defaults)."""
+    from ..core.names import suggest
+    from ..detectors import available
+
+    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
+    overrides = parse_params(param)
+    for name in names or ():
+        if name not in available():
+            raise typer.BadParameter(
+                f"--detectors: unknown detector {name!r}{suggest(name, available())} (list them with `oodbench detectors`)"
+            )
+    if names is None and overrides:
+        names = available()
+    unknown = sorted(set(overrides) - set(names or ()))
+    if unknown:
+        raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
+    return None if names is None else {name: overrides.get(name, {}) for name in names}
+
+
+def _print_result(result: ModelEvaluation) -> None:
+    """The detector table, the accuracy, skipped and failed detectors, what was extracted and where results are."""
     sys.stdout.write(result.table_markdown)
     print_accuracy(result.accuracy)
     report_detectors(result.skipped, result.failed, result.adapted)

@@ -25,7 +25,18 @@ from ..util.atomic import atomic_save_npy, atomic_write_json, atomic_write_text
 from .config import DatasetSpec, ExperimentConfig
 from .kinds import ModelSpec
 from .ledger import Ledger
-from .plan import REPORT_FORMATS, Layout, Unit, fingerprint, layout, load_ref_vocabularies, skip_reason
+from .plan import REPORT_FORMATS, Layout, fingerprint, layout, load_ref_vocabularies, skip_reason
+from .units import (
+    AnalysisUnit,
+    CombineUnit,
+    ExtractStageUnit,
+    ExtractUnit,
+    HeadUnit,
+    MetricsUnit,
+    ReportUnit,
+    ScoreUnit,
+    ZeroShotUnit,
+)
 
 __all__ = [
     "Context",
@@ -106,19 +117,21 @@ class Context:
 
 
 # ----------------------------------------------------------------------------------------------- extraction
-def record_adopted(ctx: Context, unit: Unit) -> None:
+def record_adopted(ctx: Context, unit: ExtractUnit) -> None:
     """Record a store entry made outside the runner that the plan accepted as this unit's output."""
-    ctx.ledger.write(
-        "extract",
-        unit.label,
-        unit.key,
-        fingerprint=unit.spec["adopt"],
-        adopted=True,
-        model_key=unit.spec.get("model_key"),
-    )
+    ctx.ledger.write("extract", unit.label, unit.key, fingerprint=unit.adopt, adopted=True, model_key=unit.model_key)
 
 
-def reset_changed_models(ctx: Context, units: Iterable[Unit]) -> list[str]:
+def _record_entry(ctx: Context, unit: ExtractUnit) -> None:
+    """Record a filled store entry with its fingerprint (after checking it is complete)."""
+    sid, dataset_id = unit.model or "", unit.dataset or ""
+    if not ctx.store.exists(sid, dataset_id):
+        raise StoreError(f"extraction of {sid}/{dataset_id} finished without a complete store entry")
+    fingerprinted = fingerprint(ctx.store.meta(sid, dataset_id))
+    ctx.ledger.write("extract", unit.label, unit.key, fingerprint=fingerprinted, model_key=unit.model_key)
+
+
+def reset_changed_models(ctx: Context, units: Iterable[ExtractStageUnit]) -> list[str]:
     """Delete the store entries and head of models whose definition changed (name, checkpoint, …) since extraction.
 
     The extractor refuses to mix checkpoints under one model id, so a changed model is re-extracted from scratch.
@@ -129,9 +142,10 @@ def reset_changed_models(ctx: Context, units: Iterable[Unit]) -> list[str]:
         {
             u.model
             for u in units
-            if u.spec.get("model_changed")
-            and u.spec["step"] == "extract"
-            and not config.models[u.spec["model"]].kind_of.fills_store
+            if isinstance(u, ExtractUnit)
+            and u.model_changed
+            and u.step == "extract"
+            and not config.models[u.model_id].kind_of.fills_store
             and u.model is not None
         }
     )
@@ -142,12 +156,11 @@ def reset_changed_models(ctx: Context, units: Iterable[Unit]) -> list[str]:
     return reset
 
 
-def run_extract_unit(ctx: Context, unit: Unit) -> None:
+def run_extract_unit(ctx: Context, unit: ExtractStageUnit) -> None:
     """Fill one store entry (extracted by the model's kind, or derived from a parent entry) or train a head; record it."""
     config, store = ctx.config, ctx.store
-    model = config.models[unit.spec["model"]]
-    step = unit.spec["step"]
-    if step == "head":
+    model = config.models[unit.model_id]
+    if isinstance(unit, HeadUnit):
         details = model.kind_of.train_head(ctx, model, stale=unit.status == "stale")
         ctx.ledger.write("extract", unit.label, unit.key, **details)
         return
@@ -156,33 +169,28 @@ def run_extract_unit(ctx: Context, unit: Unit) -> None:
     dataset = config.datasets[dataset_id]
     if unit.status == "stale" and not model.kind_of.fills_store:
         store.delete(sid, dataset_id)  # made from other inputs: the store's writer would refuse to mix them
-    if step == "derive":
+    if unit.step == "derive":
         assert dataset.parent is not None
         derive_subset(store, sid, dataset, config.datasets[dataset.parent])
     else:
         model.kind_of.extract(ctx, model, dataset)
-    if not store.exists(sid, dataset_id):
-        raise StoreError(f"extraction of {sid}/{dataset_id} finished without a complete store entry")
-    ctx.ledger.write(
-        "extract",
-        unit.label,
-        unit.key,
-        fingerprint=fingerprint(store.meta(sid, dataset_id)),
-        model_key=unit.spec.get("model_key"),
-    )
+    _record_entry(ctx, unit)
 
 
-def run_extract_pass(ctx: Context, units: Sequence[Unit]) -> None:
+def run_extract_pass(ctx: Context, units: Sequence[ExtractStageUnit]) -> None:
     """Extract several models' entries of one dataset in one pass (each image decoded once); record each unit."""
     from ..extract.pipeline import GroupMember, extract_group
 
     if len(units) == 1:
         run_extract_unit(ctx, units[0])
         return
+    entries = [unit for unit in units if isinstance(unit, ExtractUnit) and unit.step == "extract"]
+    if len(entries) != len(units):
+        raise OodbenchError(f"a shared extraction pass extracts store entries only, not {units[0].id}")
     config, store = ctx.config, ctx.store
     dataset = config.datasets[units[0].dataset or ""]
-    models = [config.models[unit.spec["model"]] for unit in units]
-    for unit, model in zip(units, models, strict=True):
+    models = [config.models[unit.model_id] for unit in entries]
+    for unit, model in zip(entries, models, strict=True):
         if unit.status == "stale":
             store.delete(model.store_id, dataset.id)  # made from other inputs: the store's writer would refuse them
     ctx._backbone = None  # free a single model kept from earlier units before loading the pass's models
@@ -200,16 +208,8 @@ def run_extract_pass(ctx: Context, units: Sequence[Unit]) -> None:
         progress=ctx.progress,
     )
     del members
-    for unit, model in zip(units, models, strict=True):
-        if not store.exists(model.store_id, dataset.id):
-            raise StoreError(f"extraction of {model.store_id}/{dataset.id} finished without a complete store entry")
-        ctx.ledger.write(
-            "extract",
-            unit.label,
-            unit.key,
-            fingerprint=fingerprint(store.meta(model.store_id, dataset.id)),
-            model_key=unit.spec.get("model_key"),
-        )
+    for unit in entries:
+        _record_entry(ctx, unit)
 
 
 # ----------------------------------------------------------------------------------------------- subsets
@@ -278,6 +278,12 @@ def _entry_items(store: Store, model_id: str, dataset_id: str) -> list[str]:
 def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: DatasetSpec) -> None:
     """Write the rows of `parent`'s entry that the subset's include/exclude lists select, as a new entry."""
     items = _entry_items(store, model_id, parent.id)
+    keep, notes = _select_items(items, spec, parent)
+    _write_subset(store, model_id, spec, parent, items, keep, notes)
+
+
+def _select_items(items: Sequence[str], spec: DatasetSpec, parent: DatasetSpec) -> tuple[np.ndarray, dict[str, Any]]:
+    """(which of the parent's items the subset keeps, per list file: its entries and those not in the parent)."""
     index_of = _ItemIndex(items)
     keep = np.ones(len(items), dtype=bool)
     notes: dict[str, Any] = {}
@@ -301,6 +307,19 @@ def derive_subset(store: Store, model_id: str, spec: DatasetSpec, parent: Datase
             selected[[h[0] for h in hits if h]] = True
             keep = keep & selected if which == "include" else keep & ~selected
             notes[file] = {"entries": len(wanted), "not_in_parent": len(unknown)}
+    return keep, notes
+
+
+def _write_subset(
+    store: Store,
+    model_id: str,
+    spec: DatasetSpec,
+    parent: DatasetSpec,
+    items: Sequence[str],
+    keep: np.ndarray,
+    notes: Mapping[str, Any],
+) -> None:
+    """The kept rows of the parent's entry, in the subset's item order, as a store entry of their own."""
     kept = np.flatnonzero(keep)
     new_position = np.full(len(items), -1, dtype=np.int64)
     new_position[kept] = np.arange(kept.size)
@@ -415,7 +434,7 @@ def _vocab_summary(vocab: Any) -> dict[str, Any]:
     }
 
 
-def run_zeroshot_unit(ctx: Context, unit: Unit) -> None:
+def run_zeroshot_unit(ctx: Context, unit: ZeroShotUnit) -> None:
     """Zero-shot scores of one VLM over the ID test and OOD sets (a run directory), building per-model vocabularies."""
     from ..extract.label_embedder import store_embedder
     from ..text.classes import load_classes
@@ -521,7 +540,7 @@ def _run_json(
     return description
 
 
-def run_metrics_unit(ctx: Context, unit: Unit, score_units: Sequence[Unit]) -> None:
+def run_metrics_unit(ctx: Context, unit: MetricsUnit, score_units: Sequence[ScoreUnit]) -> None:
     """One model's run directory: per-image scores, tidy rows, the detector table and run.json."""
     from ..core.tabular import detector_table_markdown
 
@@ -558,7 +577,7 @@ def model_run_dirs(ctx: Context) -> list[Path]:
     return [ctx.layout.run_dir(m) for m in model_ids]
 
 
-def run_combine_unit(ctx: Context, unit: Unit) -> None:
+def run_combine_unit(ctx: Context, unit: CombineUnit) -> None:
     """All models' rows in one Parquet file."""
     rows = [row for d in model_run_dirs(ctx) for row in RunDir(d).read_rows()]
     write_rows(rows, ctx.layout.results)
@@ -566,11 +585,11 @@ def run_combine_unit(ctx: Context, unit: Unit) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- analysis
-def run_analysis_unit(ctx: Context, unit: Unit) -> None:
+def run_analysis_unit(ctx: Context, unit: AnalysisUnit) -> None:
     """One analysis of one model's run: the subsampling study (Table A6 rows) or confidence intervals."""
     from ..analysis.rundata import load_run
 
-    name, params = unit.spec["analysis"], dict(unit.spec["params"])
+    name, params = unit.analysis, dict(unit.params)
     assert unit.model is not None
     run = load_run(ctx.layout.run_dir(unit.model))
     target = ctx.layout.analysis / name / f"{unit.model}.json"
@@ -628,7 +647,7 @@ def run_analysis_unit(ctx: Context, unit: Unit) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- report
-def run_report_unit(ctx: Context, unit: Unit) -> None:
+def run_report_unit(ctx: Context, unit: ReportUnit) -> None:
     """Tables, figures and the self-contained HTML report of every model's run."""
     from ..report.build import ReportOptions, build_report
     from ..report.output import write_report
