@@ -118,3 +118,34 @@ def test_old_from_imports_keep_working() -> None:
 def test_python_dash_m_runs_the_command() -> None:
     done = subprocess.run([sys.executable, "-m", "oodbench", "store", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "verify" in done.stdout, done.stderr
+
+
+LIMIT = 80  # lines, def line to last line: a function a reader can hold whole
+ORCHESTRATION = ("report/*.py", "runner/*.py", "annotate/web.py")
+
+
+def long_functions(paths: list[Path], root: Path) -> list[str]:
+    """`file:line name (n lines)` for each function or method in `paths` longer than `LIMIT` lines."""
+    import ast
+
+    long = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > LIMIT:
+                    long.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({length} lines)")
+    return long
+
+
+def test_no_orchestration_function_exceeds_the_limit() -> None:
+    paths = [path for pattern in ORCHESTRATION for path in sorted(PACKAGE.glob(pattern))]
+    assert len(paths) > 30
+    assert not long_functions(paths, PACKAGE)
+
+
+def test_the_length_check_finds_a_long_method(tmp_path: Path) -> None:
+    body = lambda n: "\n".join(f"        x{i} = {i}" for i in range(n - 1))  # noqa: E731
+    source = f"class A:\n    def ok(self):\n{body(LIMIT)}\n\n    async def long(self):\n{body(LIMIT + 1)}\n"
+    (tmp_path / "m.py").write_text(source, encoding="utf-8")
+    assert long_functions([tmp_path / "m.py"], tmp_path) == [f"m.py:{LIMIT + 3} long ({LIMIT + 1} lines)"]
