@@ -51,3 +51,24 @@ def run_scores(run_dir: Path, dataset: str) -> dict[str, np.ndarray]:
     (path,) = Path(run_dir).glob(f"scores/*/{dataset}.npz")
     with np.load(path) as saved:
         return {name: saved[name] for name in saved.files}
+
+
+def float32_head_bound(features: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Per logit, the most a float32 ``features @ W.T + b`` can differ from the exact value (Higham §3.1).
+
+    A float32 sum of D products and the bias errs by at most γ_(D+1)·Σ|terms| with γ_n ≈ n·u, u = eps32/2, whatever
+    the summation order or blocking; the float32 result's own rounding adds u·|logit|. Twice u is used for room.
+    """
+    eps = float(np.finfo(np.float32).eps)
+    f, w, b = (np.asarray(a, dtype=np.float64) for a in (features, weight, bias))
+    terms = np.abs(f) @ np.abs(w).T + np.abs(b)
+    return (f.shape[1] + 2) * eps * terms
+
+
+def assert_float32_logits_of_head(logits: np.ndarray, features: np.ndarray, head: object) -> None:
+    """The float32 `logits` are `head` applied to `features`, within `float32_head_bound` per logit."""
+    weight, bias = head.weight, head.bias  # type: ignore[attr-defined]
+    exact = np.asarray(features, dtype=np.float64) @ np.asarray(weight, np.float64).T + np.asarray(bias, np.float64)
+    error = np.abs(np.asarray(logits, dtype=np.float64) - exact)
+    bound = float32_head_bound(features, weight, bias)
+    assert np.all(error <= bound), f"largest error {error.max():.3g} at a bound of {bound.flat[np.argmax(error)]:.3g}"
