@@ -9,6 +9,8 @@ from oodbench.demo import TRAIN_THREADS
 from oodbench.demo.data import digits_splits, lfw_faces, uniform_noise
 from oodbench.demo.model import checkpoint_sha256, forward_arrays, head_of, train_cnn
 
+from . import reference
+
 
 def test_demo_data_is_real_and_split_by_class():
     splits = digits_splits(seed=0)
@@ -38,8 +40,5 @@ def test_training_is_deterministic_and_head_reproduces_logits():
     assert checkpoint_sha256(other) != checkpoint_sha256(first)
     features, logits = forward_arrays(first, images[:50])
     head = head_of(first)
-    # torch's float32 logits against the head's float64 ones (same float32 weights and features): a float32 sum of
-    # D products and the bias errs by at most gamma_(D+1) = (D+1) u of the sum of absolute terms, u = eps32 / 2.
-    terms = np.abs(features.astype(np.float64)) @ np.abs(head.weight.astype(np.float64)).T + np.abs(head.bias)
-    bound = (features.shape[1] + 1) * np.finfo(np.float32).eps / 2 * terms + np.finfo(np.float32).eps * np.abs(logits)
-    assert np.all(np.abs(head.logits(features) - logits) <= bound)
+    # torch's float32 logits against the exact ones of the same float32 weights and features: float32 rounding only.
+    reference.assert_float32_logits_of_head(logits, features, head)
