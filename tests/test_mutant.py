@@ -18,13 +18,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # The small end-to-end runs: extraction into a store then the detectors, the `evaluate` CLI on extracted entries,
-# `oodbench.evaluate_model` (first and cached call) and the `evaluate-model` CLI.
+# `oodbench.evaluate_model` (first and cached call), the `evaluate-model` CLI, `evaluate_store` with its run directory
+# and the `evaluate` CLI on a toy store (both conventions).
 END_TO_END = [
     "tests/extract/test_pipeline.py::test_entries_feed_detectors_and_metrics",
     "tests/extract/test_pipeline.py::test_oodbench_evaluate_consumes_extracted_entries",
     "tests/test_quick.py::test_first_call_extracts_second_call_is_cached",
     "tests/test_quick.py::test_temporary_store_and_module_on_torch_datasets",
     "tests/test_quick.py::test_cli_evaluate_model",
+    "tests/test_evaluation.py::test_evaluate_store_writes_run_directory_and_resumes",
+    "tests/test_evaluation.py::test_cli_evaluate",
+    "tests/test_conventions.py::test_evaluate_and_report_in_the_openood_convention",
 ]
 
 
