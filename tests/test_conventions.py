@@ -22,6 +22,8 @@ from oodbench.core.oodgroups import DEFAULT_GROUPS, load_groups, shipped_groups
 from oodbench.core.results import ResultRow, convention_rows, full_spectrum_rows, metric_rows, read_rows
 from oodbench.core.scores import load_scores
 
+from . import reference
+
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 
 
@@ -257,6 +259,12 @@ def test_evaluate_and_report_in_the_openood_convention(tmp_path):
     info = json.loads((out / "run.json").read_text())
     assert info["csid_datasets"] == ["id_v2"] and info["convention"] == "openood" and "id_v2" in info["entries"]
     assert set(load_scores(out, "toy", "id_v2")) == {"msp", "energy"}  # the covariate-shifted set is scored
+    # The scores are the definitions' (MSP and energy of the stored logits), the covariate-shifted set's included.
+    store = Store(tmp_path / "store")
+    for ds in ("id", "id_v2", "ninco", "textures", "noise"):
+        saved, logits = load_scores(out, "toy", ds), store.read("toy", ds).logits
+        for name in ("msp", "energy"):
+            np.testing.assert_allclose(saved[name], getattr(reference, name)(logits), rtol=reference.SCORE_RTOL)
     # Both conventions' rows are written; the openood ones equal OpenOOD's recipe and pytorch-ood's FPR.
     assert assert_openood_rows_match_peers(out, "toy", "id") == 2 * 3 * 4
     assert {r.metric for r in read_rows(out / "results.parquet")} >= set(metrics.METRIC_NAMES)

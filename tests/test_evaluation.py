@@ -17,6 +17,8 @@ from oodbench.core.scores import load_scores
 from oodbench.demo import DEMO_EXCLUDED
 from oodbench.evaluation.evaluate import evaluate_outputs, evaluate_store
 
+from . import reference
+
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 
 
@@ -45,10 +47,14 @@ def test_evaluate_store_writes_run_directory_and_resumes(tmp_path):
     assert len(rows) == 2 * 2 * 4 and {r.metric for r in rows} == {"fpr95", "auroc", "aupr_in", "aupr_out"}
     scores = load_scores(out, "toy", "id")
     assert set(scores) == {"msp", "energy"} and scores["msp"].shape == (100,)
-    # Metrics recomputed independently from the saved scores agree with the rows.
+    # Metrics recomputed independently from the saved scores agree with the rows, and the scores are the definitions'.
     ood = load_scores(out, "toy", "ood_a")
     row = next(r for r in rows if r.detector == "energy" and r.ood_dataset == "ood_a" and r.metric == "auroc")
-    assert row.value == ob.metrics.auroc(scores["energy"], ood["energy"])
+    assert row.value == pytest.approx(reference.auroc(scores["energy"], ood["energy"]), abs=reference.AUROC_ABS)
+    for name in ("msp", "energy"):
+        definition = getattr(reference, name)
+        np.testing.assert_allclose(scores[name], definition(store.read("toy", "id").logits), rtol=reference.SCORE_RTOL)
+        np.testing.assert_allclose(ood[name], definition(store.read("toy", "ood_a").logits), rtol=reference.SCORE_RTOL)
     run = json.loads((out / "run.json").read_text())
     assert run["complete"] and run["entries"]["fit"]["provenance"] == PROV
     assert "**" in (out / "table.md").read_text()
@@ -130,7 +136,29 @@ def test_cli_evaluate(tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "| energy |" in result.output and (tmp_path / "run" / "results.parquet").is_file()
+    assert "| energy |" in result.output
+    # The CLI's rows are the library's evaluation of the same entries with the same parameters.
+    direct = evaluate_store(
+        tmp_path / "store",
+        "toy",
+        "fit",
+        "id",
+        ["ood_a", "ood_b"],
+        {"msp": {}, "energy": {"temperature": 2}},
+        progress=False,
+    )
+    reported = reference.run_results(tmp_path / "run")
+    np.testing.assert_equal(reported, {(r.detector, r.ood_dataset, r.metric): r.value for r in direct.rows})
+    # And the definitions: MSP, and energy at T = 2 (T·log Σ exp(f/T)), of the stored logits; AUROC of those scores.
+    store = Store(tmp_path / "store")
+    definitions = {"msp": reference.msp, "energy": lambda f: 2.0 * reference.energy(np.asarray(f, np.float64) / 2.0)}
+    for name, definition in definitions.items():
+        saved = {ds: reference.run_scores(tmp_path / "run", ds)[name] for ds in ("id", "ood_a", "ood_b")}
+        for ds, scores in saved.items():
+            np.testing.assert_allclose(scores, definition(store.read("toy", ds).logits), rtol=reference.SCORE_RTOL)
+        for ood in ("ood_a", "ood_b"):
+            expected = reference.auroc(saved["id"], saved[ood])
+            assert reported[(name, ood, "auroc")] == pytest.approx(expected, abs=reference.AUROC_ABS)
     bad = runner.invoke(
         app,
         [

@@ -17,8 +17,12 @@ from PIL import Image
 import oodbench
 from oodbench.cli.main import main
 from oodbench.core.errors import ExtractError, OodbenchError
+from oodbench.core.store import Store
+from oodbench.evaluation import evaluate_store
 from oodbench.extract.backbones.timm_backbone import TimmBackbone
 from oodbench.runner.quick import ModuleBackbone
+
+from . import reference
 
 DETECTORS = ["msp", "energy", "maha"]
 SIZE = 32
@@ -74,13 +78,34 @@ def _call(folders, store, **kwargs):
     )
 
 
+def _assert_run_scores_are_definitions(tmp_path, detectors=("msp", "energy")) -> None:
+    """A CLI run's saved MSP/energy scores are those of the store's logits, and its AUROC theirs (not plumbing only)."""
+    run = tmp_path / "run"
+    info = json.loads((run / "run.json").read_text())
+    store, reported = Store(tmp_path / "store"), reference.run_results(run)
+    for name in detectors:
+        saved = {ds: reference.run_scores(run, ds)[name] for ds in ("id", "photos")}
+        for ds, scores in saved.items():
+            logits = store.read(info["model"], ds).logits
+            definition = getattr(reference, name)
+            np.testing.assert_allclose(scores, definition(logits), rtol=reference.SCORE_RTOL)
+        expected = reference.auroc(saved["id"], saved["photos"])
+        assert reported[(name, "photos", "auroc")] == pytest.approx(expected, abs=reference.AUROC_ABS)
+
+
 def test_first_call_extracts_second_call_is_cached(folders, tmp_path, monkeypatch):
     first = _call(folders, tmp_path / "store")
     assert first.extracted == {"fit": 36, "id": 18, "photos": 16}
     assert first.store == tmp_path / "store"
     auroc = {(r.detector, r.ood_dataset): r.value for r in first.rows if r.metric == "auroc"}
     assert set(auroc) == {(d, "photos") for d in DETECTORS}
-    assert all(0.0 <= v <= 1.0 for v in auroc.values())
+    # MSP recomputed from the store's logits: the scores and the AUROC reported are the definition's.
+    store = Store(tmp_path / "store")
+    for ds in ("id", "photos"):
+        expected = reference.msp(store.read(first.model_id, ds).logits)
+        np.testing.assert_allclose(first.scores[ds]["msp"], expected, rtol=reference.SCORE_RTOL)
+    expected_auroc = reference.auroc(first.scores["id"]["msp"], first.scores["photos"]["msp"])
+    assert auroc[("msp", "photos")] == pytest.approx(expected_auroc, abs=reference.AUROC_ABS)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the second call ran the model")
@@ -128,8 +153,10 @@ def test_temporary_store_and_module_on_torch_datasets(folders, tmp_path):
     with torch.no_grad():
         msp_id = torch.softmax(net(test.tensors[0])[1], 1).max(1).values.numpy()
         msp_ood = torch.softmax(net(ood.tensors[0])[1], 1).max(1).values.numpy()
-    np.testing.assert_allclose(result.scores["id"]["msp"], msp_id, rtol=1e-5, atol=1e-6)  # float32 rounding
-    np.testing.assert_allclose(result.scores["shifted"]["msp"], msp_ood, rtol=1e-5, atol=1e-6)
+    # torch's float32 softmax over C = 3 classes (exp, sum, divide) vs float64 from the same float32 logits:
+    # ≤ (C + 3)·eps32 ≈ 7e-7 relative on MSP values in [1/3, 1].
+    np.testing.assert_allclose(result.scores["id"]["msp"], msp_id, rtol=2e-6)
+    np.testing.assert_allclose(result.scores["shifted"]["msp"], msp_ood, rtol=2e-6)
     expected = np.mean(msp_id[:, None] > msp_ood[None, :]) + 0.5 * np.mean(msp_id[:, None] == msp_ood[None, :])
     auroc = next(r.value for r in result.rows if r.detector == "msp" and r.metric == "auroc")
     assert auroc == pytest.approx(expected, abs=1e-12)
@@ -148,7 +175,12 @@ def test_cli_evaluate_model(folders, tmp_path, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "photos" in out and "msp" in out
-    assert (tmp_path / "run" / "results.parquet").is_file()
+    # The CLI's table is the library's evaluation of the entries it extracted, number for number.
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    direct = evaluate_store(tmp_path / "store", info["model"], "fit", "id", ["photos"], DETECTORS, progress=False)
+    expected = {(r.detector, r.ood_dataset, r.metric): r.value for r in direct.rows}
+    np.testing.assert_equal(reference.run_results(tmp_path / "run"), expected)
+    _assert_run_scores_are_definitions(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--ood", "photos"])  # a second --ood without NAME=DIR
     assert exit_info.value.code == 2
@@ -265,6 +297,7 @@ def test_small_fit_set_adapt_runs_every_detector_and_records_its_choices(folders
         row.split("|")[1].strip() for row in captured.out.splitlines() if row.startswith("| ") and "detector" not in row
     }
     assert ran == set(chosen)
+    _assert_run_scores_are_definitions(tmp_path)
 
 
 def test_adapt_cannot_give_a_per_class_detector_the_classes_the_fit_set_lacks(folders, tmp_path, monkeypatch, capsys):
@@ -294,6 +327,7 @@ def test_num_workers_is_the_hidden_old_name_of_workers(folders, tmp_path, capsys
         main(_cli_args(folders, tmp_path, "-d", "msp", "--num-workers", "0"))
     assert exit_info.value.code == 0
     assert "--num-workers is now --workers" in capsys.readouterr().err
+    _assert_run_scores_are_definitions(tmp_path, ["msp"])  # the run under the old name is a real run
     from typer.testing import CliRunner
 
     from oodbench.cli.main import app
@@ -311,3 +345,4 @@ def test_top1_is_not_computed_for_folder_labels_that_do_not_index_the_head(folde
     assert "Top-1 on id (original labels): not computed: its labels number its 3 class folders (0-2)" in out
     (row,) = json.loads((tmp_path / "run" / "accuracy.json").read_text())["rows"]
     assert row["top1"] is None and "1000 classes of the model's head" in row["reason"]
+    _assert_run_scores_are_definitions(tmp_path, ["msp"])  # the OOD results beside the refused Top-1 are real

@@ -163,6 +163,8 @@ def test_fpr_bootstrap_spread_matches_an_index_resampling_bootstrap() -> None:
     ours = bootstrap_replicates(ids, ood, resamples=3000, seed=3, metric_names=("fpr95",))["fpr95"]
     brute = np.array([metrics.fpr_at_tpr(rng.choice(ids, 200), rng.choice(ood, 150)) for _ in range(1500)])
     assert ours.mean() == pytest.approx(brute.mean(), abs=4 * brute.std() / np.sqrt(1500))
+    # A standard deviation from n draws has relative standard error ~1/√(2n): 1.8% for the 1500 brute-force draws,
+    # 1.3% for the 3000 resamples, 2.2% combined; 0.1 is 4.5 of those.
     assert ours.std() == pytest.approx(brute.std(), rel=0.1)
 
 

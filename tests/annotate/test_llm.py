@@ -5,57 +5,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from ..fakes.openai_server import FakeOpenAIServer
 from .helpers import build_project
 
 pytest.importorskip("httpx", reason="the LLM client needs the 'web' extra")
 
 from oodbench.annotate.llm import LLMConfig, LLMDescriber, parse_answer  # noqa: E402
 from oodbench.core.errors import AnnotateError  # noqa: E402
-
-
-class FakeLLM:
-    """Loopback chat endpoint answering from a script of (status, reply text, delay) steps."""
-
-    def __init__(self, script):
-        self.script = list(script)
-        self.requests = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-                status, text, delay = fake.script.pop(0) if fake.script else (200, "{}", 0)
-                time.sleep(delay)
-                payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timeout test)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
 
 ANSWER = json.dumps({"description": "A kayak on a lake.", "closed_world": "Class-3", "open_world": "sea kayak"})
 
@@ -65,7 +24,7 @@ def fake():
     servers = []
 
     def start(script):
-        server = FakeLLM(script)
+        server = FakeOpenAIServer.scripted(script).start()
         servers.append(server)
         return server
 
@@ -190,26 +149,23 @@ def test_describe_command(tmp_path, fake, monkeypatch):
     assert result.exit_code == 2 and "no LLM endpoint" in result.output
 
 
-def test_retry_after_zero_does_not_turn_off_the_backoff(tmp_path, monkeypatch):
+def test_retry_after_zero_does_not_turn_off_the_backoff(tmp_path, fake, monkeypatch):
     # Before: "Retry-After: 0" replaced the backoff, so a persistent 429 was retried with no pause.
-    import oodbench.annotate.llm as construct_llm
-    from oodbench.text.llm import ChatAttemptError
+    import oodbench.annotate.llm as annotate_llm
 
     waits: list[float] = []
-    answers = iter([ChatAttemptError("http", "HTTP 429", status=429, retry_after=0.0), (ANSWER, {})])
-
-    def post(*args, **kwargs):
-        answer = next(answers)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    monkeypatch.setattr(construct_llm, "post_chat_completion", post)
-    monkeypatch.setattr(construct_llm.time, "sleep", waits.append)
+    # The client's pause is recorded, not slept; the fake server's own delays use a sleep bound before this patch.
+    monkeypatch.setattr(annotate_llm.time, "sleep", waits.append)
+    server = fake([(429, "slow down", 0, {"Retry-After": "0"}), (200, ANSWER, 0)])
     image = tmp_path / "x.png"
     image.write_bytes(b"png")
-    LLMDescriber(LLMConfig("http://127.0.0.1:9/v1", "m", backoff=0.5), tmp_path / "c").describe(image, [])
+    answer = LLMDescriber(LLMConfig(server.url, "m", backoff=0.5), tmp_path / "c").describe(image, [])
+    assert answer["open_world"] == "sea kayak" and len(server.requests) == 2
     assert waits == [0.5]  # the larger of Retry-After (0) and the backoff (0.5)
+    waits.clear()
+    server = fake([(429, "slow down", 0, {"Retry-After": "120"}), (200, ANSWER, 0)])
+    LLMDescriber(LLMConfig(server.url, "m", backoff=0.5), tmp_path / "d").describe(image, [])
+    assert waits == [30.0]  # a longer Retry-After lengthens the pause, up to the client's 30 s cap
 
 
 def test_describe_honours_the_projects_timeout_and_retries(tmp_path, fake):

@@ -193,6 +193,11 @@ def test_battery_command_on_the_synthetic_battery(cli, tmp_path):
     assert "leaked/trained-class-0" in result.output and "clean/near-near-0" in result.output
     payload = json.loads((tmp_path / "out" / "battery.json").read_text())
     assert {s["meta"]["family"] for s in payload["splits"]} == {"trained-class", "near", "far"}
+    # A floor on separable data: the far set's mean lies 3·separation = 30 from the origin, orthogonal to every class
+    # mean (7.1 from it). With unit-variance noise in D = 128, its squared Mahalanobis distance to the nearest class
+    # is ~128 + 950 (sd ≈ 62) against ~128 (sd 16) for ID rows: over 12 standard deviations apart.
+    far = next(s for s in payload["splits"] if s["name"] == "clean/far-far")
+    assert far["fingerprint"]["pool_aurocs"]["maha"] >= 0.99
     assert (
         "designated_sensitivity" in payload and "verdict (designated)" in (tmp_path / "out" / "battery.md").read_text()
     )

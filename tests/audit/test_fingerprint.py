@@ -90,6 +90,8 @@ def test_logit_detectors_are_reported_beside_the_rule_not_in_it():
     result = fingerprint(with_logits(fit), with_logits(world.id_test()), with_logits(world.ood()), head, config=config)
     assert set(result.logit_aurocs) == {"msp", "energy", "kl_matching"} and not result.logit_skipped
     recomputed = fingerprint(fit, world.id_test(), world.ood(), head, config=config)  # no stored logits: from the head
+    # Stored float32 logits vs float64 ones from the head (relative 6e-8): an AUROC moves in steps of 1/(n_id·n_ood)
+    # > 1e-6, so abs=1e-6 requires that no ID/OOD pair changed order, i.e. equal AUROCs up to float64 rounding.
     assert recomputed.logit_aurocs == pytest.approx(result.logit_aurocs, abs=1e-6)
     assert not set(result.logit_aurocs) & set(result.pool_aurocs)
     # The head was trained on the leaked class, so its confidence reads the OOD class as ID too.

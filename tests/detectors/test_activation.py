@@ -85,6 +85,8 @@ def test_react_agrees_with_slow_reference(problem, agree, percentile):
 @pytest.mark.parametrize("percentile", [90.0, 65.0])
 def test_ash_s_agrees_with_slow_reference(problem, agree, percentile):
     fast = create("ash_s", percentile=percentile).fit(problem.fit, problem.head).score(problem.test)
+    # float32 head products over D = 12 (test problem): each logit within (D + 2)·eps32/2·Σ|w·z| ≈ 1e-6 of Σ|w·z|,
+    # which is below 10·max|energy| here: rtol (and atol = rtol·max|score|) 1e-5.
     agree(fast, slow_ash_s(problem, percentile), problem.n_id, rtol=1e-5)
 
 
@@ -97,7 +99,7 @@ def test_scale_agrees_with_slow_reference(problem, agree, percentile):
 @pytest.mark.parametrize("p", [90.0, 50.0])
 def test_dice_agrees_with_slow_reference(problem, agree, p):
     fast = create("dice", p=p).fit(problem.fit, problem.head).score(problem.test)
-    agree(fast, slow_dice(problem, p), problem.n_id, rtol=1e-5)
+    agree(fast, slow_dice(problem, p), problem.n_id, rtol=1e-5)  # float32 head products: as ASH-S above
 
 
 # ----------------------------------------------------------------------------- hand-computed cases
@@ -145,6 +147,8 @@ def test_react_at_100th_percentile_is_energy_inside_the_fit_range(problem):
     assert rows.size > 10
     subset = problem.test.subset(rows)
     energy = create("energy").fit(problem.fit).score(subset)
+    # ReAct's float32 head products vs the stored logits (float64 rounded to float32): both within
+    # (D + 3)·eps32/2·Σ|w·z| of the exact logits, ≈ 1e-6 of a scale below 10·|energy|.
     np.testing.assert_allclose(react.score(subset), energy, rtol=1e-5)
 
 
@@ -166,14 +170,17 @@ def test_ash_s_and_scale_follow_their_definition(values, percentile):
         return
     factor = math.exp(float(z.astype(np.float64).sum()) / float(top.sum()))
     scale = create("scale", percentile=percentile).fit(_with_logits(np.ones((1, dim)), head), head)
-    assert scale.score(_with_logits([z], head))[0] == pytest.approx(_energy(z.astype(np.float64) * factor), rel=1e-6)
+    # Identity head: the float32 logits are z exactly and the rest is float64 (sums of ≤ 12 values, one exp of a
+    # ratio ≤ 12, a log-sum-exp of ≤ 12 terms): ≤ ~40·eps64 ≈ 1e-14 relative.
+    assert scale.score(_with_logits([z], head))[0] == pytest.approx(_energy(z.astype(np.float64) * factor), rel=1e-12)
     ash = create("ash_s", percentile=percentile).fit(_with_logits(np.ones((1, dim)), head), head)
     threshold = top[-1]
-    pruned = np.where(z.astype(np.float64) > threshold, z, 0.0)
+    pruned = np.where(z.astype(np.float64) > threshold, z.astype(np.float64), 0.0)  # float64, as the detector scales
     # Ties at the threshold: keep exactly as many as `kept` (any of the tied entries; they have equal value).
     tied = np.flatnonzero(z.astype(np.float64) == threshold)[: kept - int((z.astype(np.float64) > threshold).sum())]
     pruned[tied] = threshold
-    assert ash.score(_with_logits([z], head))[0] == pytest.approx(_energy(pruned * factor), rel=1e-6)
+    # Identity head: pruned @ I is exact in float32, the scaling float64: the bound of SCALE above.
+    assert ash.score(_with_logits([z], head))[0] == pytest.approx(_energy(pruned * factor), rel=1e-12)
 
 
 def test_ash_s_all_zero_row_scores_the_bias_energy():
@@ -225,6 +232,7 @@ def test_rescaling_features_against_the_head_changes_nothing(problem, name):
 
     plain = create(name).fit(problem.fit, problem.head).score(problem.test)
     moved = create(name).fit(scaled(problem.fit), head).score(scaled(problem.test))
+    # The float32 features × 7.5 and W / 7.5 each round (eps32/2), then the float32 head products: as ASH-S above.
     np.testing.assert_allclose(moved, plain, rtol=1e-5)
 
 
@@ -235,4 +243,7 @@ def test_ash_s_breaks_ties_at_a_nonzero_cut_by_position():
     z = np.array([3.0, 2.0, 2.0, 2.0])  # keep 2: the 3 and the first of the tied 2s
     kept = np.array([3.0, 2.0, 0.0, 0.0]) * math.exp(9.0 / 5.0)
     expected = _energy(head.weight.astype(np.float64) @ kept)
-    assert detector.score(_with_logits([z], head))[0] == pytest.approx(expected, rel=1e-6)
+    # The product with W runs in float32 (D = 4 terms): each logit within (D + 2)·eps32/2·Σ|w·z| before the float64
+    # scaling by e^1.8; the energy moves by at most the largest logit error.
+    bound = math.exp(9.0 / 5.0) * 6 * np.finfo(np.float32).eps / 2 * float((np.abs(head.weight) @ np.abs(z)).max())
+    assert abs(detector.score(_with_logits([z], head))[0] - expected) <= bound

@@ -93,7 +93,9 @@ def slow_neco(problem, dim, use_maxlogit=False):
 )
 def test_mahalanobis_family_agrees_with_slow_reference(problem, agree, name, relative, normalize):
     fast = create(name).fit(problem.fit).score(problem.test)
-    agree(fast, slow_mahalanobis(problem, relative, normalize), problem.n_id, rtol=1e-6)
+    # Both float64 from the same float32 features (D = 12, a well-conditioned covariance): the whitening and the
+    # reference's solve differ by ~κ·D·eps64 ≲ 1e-12 relative; 1e-9 leaves room for κ up to 1e3.
+    agree(fast, slow_mahalanobis(problem, relative, normalize), problem.n_id, rtol=1e-9)
 
 
 @pytest.mark.parametrize("k", [1, 7, 50])
@@ -105,7 +107,12 @@ def test_knn_agrees_with_brute_force(problem, agree, k):
 def test_knn_ivf_probing_every_list_is_exact(problem):
     flat = create("knn", k=5).fit(problem.fit).score(problem.test)
     ivf = create("knn", k=5, index="ivf", nlist=8, nprobe=8).fit(problem.fit).score(problem.test)
-    np.testing.assert_allclose(ivf, flat, atol=1e-5)
+    # Probing every list finds the same neighbours; their float32 inner products of unit vectors (D terms) may be
+    # summed in another order: each within γ_D = D·u/(1 − D·u), u = 2^-24, so two differ by ≤ 2γ_D, and a distance
+    # √(2 − 2s) by ≤ 2γ_D / d.
+    dim = problem.fit.num_features
+    gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
+    np.testing.assert_allclose(ivf, flat, rtol=0, atol=2 * gamma / np.abs(flat).min())
 
 
 def test_knn_ivf_with_too_few_probed_neighbours_fails_clearly(make):
@@ -126,18 +133,23 @@ def test_cosine_and_mcm_agree_with_slow_reference(problem, agree):
     )
     for tau in (1.0, 0.1):
         slow = np.array([max(math.exp(c / tau) for c in row) / sum(math.exp(c / tau) for c in row) for row in cosines])
+        # Cosines off by ~1e-7 (above) become logits c/τ off by 1e-6 at τ = 0.1; a softmax moves relatively by at
+        # most twice its logits' largest error: 2e-6.
         agree(create("mcm", temperature=tau).fit(problem.fit).score(problem.test), slow, problem.n_id, rtol=1e-5)
 
 
 def test_fdbd_agrees_with_slow_reference(problem, agree):
     fast = create("fdbd").fit(problem.fit, problem.head).score(problem.test)
-    agree(fast, slow_fdbd(problem), problem.n_id, rtol=1e-5)
+    # float64 on both sides from the same float32 features and logits: a few eps64 per term of sums over C = 5.
+    agree(fast, slow_fdbd(problem), problem.n_id, rtol=1e-10)
 
 
 @pytest.mark.parametrize("dim,use_maxlogit", [(3, False), (8, True)])
 def test_neco_agrees_with_slow_reference(problem, agree, dim, use_maxlogit):
     fast = create("neco", dim=dim, use_maxlogit=use_maxlogit).fit(problem.fit).score(problem.test)
-    agree(fast, slow_neco(problem, dim, use_maxlogit), problem.n_id, rtol=1e-6)
+    # float64 PCA on both sides (D = 12): the principal subspace is fixed to ~eps64·‖Σ‖/gap ≲ 1e-13 for this problem's
+    # eigen-gaps; 1e-9 leaves room.
+    agree(fast, slow_neco(problem, dim, use_maxlogit), problem.n_id, rtol=1e-9)
 
 
 def test_neco_explained_variance_dimension(problem):
@@ -172,17 +184,20 @@ def test_knn_hand_computed():
     fit = Outputs(np.array([[1.0, 0.0], [0.0, 2.0], [-3.0, 0.0]], dtype=np.float32))
     test = Outputs(np.array([[5.0, 5.0]], dtype=np.float32))
     # Unit vectors at 0, 90 and 180 degrees; the query at 45 degrees.
+    # faiss: float32 unit vectors, cosine within ~3·eps32 ≈ 4e-7; the distance √(2 − 2 cos) ≥ 0.76 here moves by
+    # at most that / 0.76: rel 1e-6.
     assert create("knn", k=1).fit(fit).score(test)[0] == pytest.approx(
-        -math.sqrt(2 - 2 * math.cos(math.pi / 4)), rel=1e-5
+        -math.sqrt(2 - 2 * math.cos(math.pi / 4)), rel=1e-6
     )
     assert create("knn", k=3).fit(fit).score(test)[0] == pytest.approx(
-        -math.sqrt(2 - 2 * math.cos(3 * math.pi / 4)), rel=1e-5
+        -math.sqrt(2 - 2 * math.cos(3 * math.pi / 4)), rel=1e-6
     )
 
 
 def test_cosine_and_mcm_hand_computed():
     fit = Outputs(np.array([[2.0, 0.0], [4.0, 0.0], [0.0, 1.0]], dtype=np.float32), labels=np.array([0, 0, 1]))
     test = Outputs(np.array([[3.0, 0.0], [1.0, 1.0]], dtype=np.float32))
+    # float32 cosines of 2-D rows: ≤ 4·eps32 ≈ 5e-7 on values ≥ 0.7; MCM's softmax of two adds a few eps.
     np.testing.assert_allclose(create("cosine").fit(fit).score(test), [1.0, math.sqrt(0.5)], rtol=1e-6)
     np.testing.assert_allclose(create("mcm").fit(fit).score(test), [math.e / (math.e + 1.0), 0.5], rtol=1e-6)
 
@@ -217,6 +232,8 @@ def test_mahalanobis_is_affine_invariant(seed):
             .fit(Outputs(features @ transform.T + offset, labels=labels))
             .score(Outputs(test @ transform.T + offset))
         )
+        # The moved features are stored as float32 (u = 6e-8 relative per entry) and T·Σ·Tᵀ is less well conditioned
+        # than Σ by up to κ(T)² (≲ 10 for N(0, 1) + 3I in 4-D): ≲ 2·κ(T)²·u ≈ 1e-6 relative on a distance.
         np.testing.assert_allclose(moved, plain, rtol=1e-6, atol=1e-6 * np.abs(plain).max())
 
 
@@ -229,6 +246,8 @@ def test_normalised_detectors_ignore_per_row_rescaling(seed):
     test = np.abs(rng.normal(size=(25, 5))) * 2
     fit_scale = rng.uniform(0.1, 10.0, size=(150, 1))
     test_scale = rng.uniform(0.1, 10.0, size=(25, 1))
+    # Rescaled rows are stored as float32 (u = 6e-8 relative) and re-normalised: maha++ moves by ~κ(Σ)·u ≲ 1e-6;
+    # knn's float32 cosines (~4e-7) on distances that can be ~1e-2 small give ~1e-4 relative.
     for name, params, tolerance in [("maha++", {}, 1e-6), ("rmaha++", {}, 1e-6), ("knn", {"k": 3}, 1e-4)]:
         plain = create(name, **params).fit(Outputs(features, labels=labels)).score(Outputs(test))
         scaled = (
@@ -237,6 +256,7 @@ def test_normalised_detectors_ignore_per_row_rescaling(seed):
         np.testing.assert_allclose(scaled, plain, rtol=tolerance, atol=tolerance * max(1.0, np.abs(plain).max()))
     for name in ("cosine", "mcm"):  # class means use raw features: only the test rows may be rescaled
         fitted = create(name).fit(Outputs(features, labels=labels))
+        # float32 cosines of 5-D rows: each within (D + 2)·u ≈ 4.2e-7 (u = 2^-24), so two within 8.4e-7 < 1e-6.
         np.testing.assert_allclose(fitted.score(Outputs(test * test_scale)), fitted.score(Outputs(test)), rtol=1e-6)
 
 
@@ -253,6 +273,8 @@ def test_knn_with_k1_scores_fit_points_maximally(problem):
 def test_fdbd_ignores_a_common_logit_shift(problem):
     detector = create("fdbd").fit(problem.fit, problem.head)
     shifted = Outputs(problem.test.features, problem.test.logits + np.float32(7.0))
+    # logits + 7 rounded to float32 move by ≤ (|f| + 7)·eps32/2 ≈ 1e-6 each; FDBD divides logit gaps of ≳ 0.05 by
+    # the weight distances: ≤ 2e-6 / 0.05 = 4e-5 relative.
     np.testing.assert_allclose(detector.score(shifted), detector.score(problem.test), rtol=1e-4)
 
 
@@ -265,6 +287,7 @@ def test_neco_ignores_per_feature_affine_maps(seed):
     scale, shift = rng.uniform(0.5, 4.0, size=6), rng.normal(size=6) * 3
     plain = create("neco", dim=2).fit(Outputs(features)).score(Outputs(test))
     moved = create("neco", dim=2).fit(Outputs(features * scale + shift)).score(Outputs(test * scale + shift))
+    # Moved features stored as float32 (u = 6e-8) through a per-dimension scale of ≤ 8×: ≲ 16·u ≈ 1e-6 on a norm ratio.
     np.testing.assert_allclose(moved, plain, rtol=1e-6)
 
 

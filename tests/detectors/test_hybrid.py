@@ -57,6 +57,7 @@ def slow_nnguide(problem, k):
 @pytest.mark.parametrize("dim", [2, 4, 9])  # 2: alpha from the principal directions (2·dim < D − dim)
 def test_vim_agrees_with_reference_flow(problem, agree, dim):
     fast = create("vim", dim=dim).fit(problem.fit, problem.head).score(problem.test)
+    # ViM's alpha comes from float32 residual norms (~1e-6 relative, detectors/hybrid.py); the rest is float64.
     agree(fast, slow_vim(problem, dim), problem.n_id, rtol=1e-6)
 
 
@@ -89,6 +90,7 @@ def test_vim_is_invariant_to_rotating_features_and_head(problem):
 
     plain = create("vim", dim=5).fit(problem.fit, problem.head).score(problem.test)
     rotated = create("vim", dim=5).fit(rotate(problem.fit), head).score(rotate(problem.test))
+    # Rotated float64 features, alpha from float32 residual norms on each side: ~1e-6 relative as above.
     np.testing.assert_allclose(rotated, plain, rtol=1e-6, atol=1e-6)
 
 
@@ -116,6 +118,7 @@ def test_nnguide_hand_computed():
     energies = [math.log(math.e + 1.0), math.log(1.0 + math.exp(3.0))]
     test = Outputs(np.array([[3.0, 3.0]], dtype=np.float32), np.array([[0.5, 0.5]], dtype=np.float32))
     expected = math.log(2 * math.exp(0.5)) * max(energies) / math.sqrt(2.0)
+    # faiss's float32 cosines of 2-D unit rows (≤ 4·eps32 ≈ 5e-7 each) times a float64 energy: rel 1e-6.
     assert detector.score(test)[0] == pytest.approx(expected, rel=1e-6)
 
 

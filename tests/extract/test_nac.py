@@ -58,11 +58,16 @@ def test_states_match_the_per_image_definition(model_name, layer, alpha, pool, s
     states = arrays[f"extra.nac.{layer}"]
     assert states.dtype == np.float32 and states.shape[0] == 3
     reference = np.stack([_reference_states(backbone.model, pixels[i], layer, alpha, pool) for i in range(3)])
+    # Batched float32 forward/backward vs one image at a time (float64 only after): o·g agree to ~1e-6 relative. The
+    # sigmoid's slope is ≤ 1/4, and α·o·g ≲ 40 where a state is not saturated: ≤ 1e-5 absolute; a saturated state
+    # s ≈ e^(−α·o·g) errs relatively by the absolute error of α·o·g, ≤ 1e-4 for α·o·g ≲ 100.
     np.testing.assert_allclose(states, reference, rtol=1e-4, atol=1e-5)
     # The states are not trivially saturated, so the comparison is informative.
     assert 0.05 < float(np.mean((states > 0.01) & (states < 0.99)))
     # Logits and features are unchanged by the gradient pass.
     plain = load_timm(model_name, pretrained=False, image_size=48 if model_name == "test_resnet" else None)
+    # With autograd on, the forward may take other float32 kernels: a few layers of float32 sums of ≤ 100 terms each
+    # on O(1) activations, ≲ 100·eps32 ≈ 1e-5 of the logits.
     np.testing.assert_allclose(plain.infer(pixels)["logits"], arrays["logits"], rtol=1e-5, atol=1e-5)
 
 
@@ -72,6 +77,7 @@ def test_kl_to_uniform_closed_form():
     one_hot_ish = torch.tensor([[10.0, 0.0]])
     p = torch.softmax(one_hot_ish, dim=1)[0]
     expected = 0.5 * (math.log(0.5 / float(p[0])) + math.log(0.5 / float(p[1])))
+    # float32 softmax and logs of 2 classes vs float64 on the same float32 p: a few eps32 ≈ 3e-7 relative.
     assert float(kl_to_uniform(one_hot_ish)) == pytest.approx(expected, rel=1e-6)
 
 

@@ -190,6 +190,8 @@ def test_backbone_stores_the_arrays_and_records_the_settings():
     }
     # The extra passes leave features and logits as they are; with ε = 0 ODIN stores logits / T.
     np.testing.assert_array_equal(arrays["logits"], plain["logits"])
+    # ODIN's pass reruns the float32 forward (autograd on: other kernels, ≲ 1e-5 relative as the logits in
+    # test_nac) and divides by T in float32; atol 1e-9 covers logits / T within 1e-5·|logit|/T of 0.
     np.testing.assert_allclose(arrays["extra.odin"], plain["logits"] / 1000.0, rtol=1e-5, atol=1e-9)
     network = backbone.provenance()["network"]
     assert network[0] == {
@@ -237,7 +239,9 @@ def test_extract_then_evaluate_from_the_command_line(tmp_path):
     from oodbench import Store
     from oodbench.cli.main import app
     from oodbench.core.results import read_rows
+    from oodbench.evaluation import evaluate_store
 
+    from .. import reference
     from .helpers import write_images
 
     folders = {
@@ -268,6 +272,19 @@ def test_extract_then_evaluate_from_the_command_line(tmp_path):
     assert result.exit_code == 0, result.output
     rows = read_rows(tmp_path / "run" / "results.parquet")
     assert {r.detector for r in rows} == {"odin", "rankfeat", "gram", "mds_ensemble"}
+    # The CLI's rows are the library's evaluation of the same entries and parameters, number for number.
+    plan = {"odin": {}, "rankfeat": {}, "gram": {"layers": ["layer3", "layer4"]}}
+    plan["mds_ensemble"] = {"layers": ["layer3", "layer4"]}
+    direct = evaluate_store(store, "test_resnet", "fit", "val", ["ood"], plan, strict=True, progress=False)
+    expected = {(r.detector, r.ood_dataset, r.metric): r.value for r in direct.rows}
+    np.testing.assert_equal({(r.detector, r.ood_dataset, r.metric): r.value for r in rows}, expected)
+    # ODIN's score is the max softmax of the stored tempered logits of the perturbed images; its AUROC theirs.
+    odin = {ds: reference.run_scores(tmp_path / "run", ds)["odin"] for ds in ("val", "ood")}
+    for ds, scores in odin.items():
+        extras = store.read("test_resnet", ds).extras
+        np.testing.assert_allclose(scores, reference.msp(extras["odin"]), rtol=reference.SCORE_RTOL)
+    auroc = next(r.value for r in rows if r.detector == "odin" and r.metric == "auroc")
+    assert auroc == pytest.approx(reference.auroc(odin["val"], odin["ood"]), abs=reference.AUROC_ABS)
     # A spec error is one line and exit status 2, before anything is written.
     bad = runner.invoke(
         app,

@@ -213,6 +213,9 @@ def test_vocabularies_evaluation_and_table_from_the_cli(workspace, tiny_clip):
     expected = S.neglabel_scores(
         image.features, id_text, text_embeddings(tiny_clip, oracle_labels, SEED_TEMPLATES), groups=2
     )
+    # Text embeddings recomputed by the same float32 tower (≤ a few eps32 ≈ 5e-7 apart on unit vectors) and scaled
+    # by NegLabel's 1/τ = 100 before its softmax: ≤ ~1e-4 on a logit would be the worst case, 1e-5 relative holds
+    # because the run batches the labels as this call does (equal embeddings; float64 scoring, eps64 differences).
     np.testing.assert_allclose(load_scores(run, "tiny", "ood-textures")["neglabel@oracle"], expected, rtol=1e-5)
 
     # A second run answers from the run directory and the store's text cache.

@@ -21,7 +21,8 @@ from oodbench.zeroshot.vocab.eoe_release import (
     release_names,
 )
 
-from .test_llm import FakeServer, chat_body, client_for
+from ..fakes.openai_server import FakeOpenAIServer, chat_body
+from .test_llm import client_for
 
 PROMPTS = """
 source = "stand-in texts for the test"
@@ -82,7 +83,7 @@ def test_far_is_one_conversation_of_size_over_50_requests(tmp_path, prompt_file)
     def reply(prompt, seen):
         return 200, chat_body(f"Here:\n- Outlier {len(prompt)} {seen}\n- Cat\n- shared\nnot a name"), {}, 0.0
 
-    with FakeServer(reply) as server:
+    with FakeOpenAIServer(reply) as server:
         vocab = generate_released_eoe(
             CLASSES, client_for(server, tmp_path / "c"), load_prompt_file(prompt_file), style="far", size=150
         )
@@ -107,7 +108,7 @@ def test_near_asks_once_per_class_and_fine_grained_needs_its_class_type(tmp_path
         name = prompt.split("[")[1].split("]")[0]
         return 200, chat_body(f"- {name} statue\n- Glass {name.split()[-1]}\n- Lamp"), {}, 0.0
 
-    with FakeServer(reply) as server:
+    with FakeOpenAIServer(reply) as server:
         near = generate_released_eoe(
             CLASSES, client_for(server, tmp_path / "n"), load_prompt_file(prompt_file), style="near", per_class=3
         )
@@ -124,7 +125,7 @@ def test_cli_builds_with_a_prompt_file_and_refuses_a_bad_one_before_asking(tmp_p
 
     classes = tmp_path / "classes.txt"
     classes.write_text("cat\nhot dog\n")
-    with FakeServer(lambda prompt, seen: (200, chat_body("- mushroom\n- violin"), {}, 0.0)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (200, chat_body("- mushroom\n- violin"), {}, 0.0)) as server:
         base = ["zeroshot", "vocab", "build", "eoe", "--classes", str(classes), "--llm-base-url", server.url]
         base += ["--llm-model", "fake", "--vocab-dir", str(tmp_path / "vocab")]
         built = CliRunner().invoke(

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -21,69 +18,7 @@ from oodbench.zeroshot.vocab.eoe import generate_eoe_outliers
 from oodbench.zeroshot.vocab.parsing import parse_name_list
 from oodbench.zeroshot.vocab.siblings import generate_siblings
 
-
-def chat_body(content: str) -> bytes:
-    return json.dumps(
-        {
-            "id": "x",
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
-        }
-    ).encode()
-
-
-class FakeServer:
-    """An OpenAI-compatible /chat/completions endpoint on loopback whose replies a test scripts.
-
-    `reply(prompt, seen)` gets the user prompt and how many times it was received before, and returns
-    (status, body bytes, headers, delay seconds).
-    """
-
-    def __init__(self, reply: Callable[[str, int], tuple[int, bytes, dict[str, str], float]]) -> None:
-        self.reply = reply
-        self.prompts: list[str] = []
-        self.bodies: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                prompt = body["messages"][-1]["content"]
-                with lock:
-                    seen = outer.prompts.count(prompt)
-                    outer.prompts.append(prompt)
-                    outer.bodies.append(body)
-                    outer.headers.append(dict(self.headers))
-                assert self.path == "/v1/chat/completions"
-                status, payload, headers, delay = outer.reply(prompt, seen)
-                time.sleep(delay)
-                try:
-                    self.send_response(status)
-                    for key, value in {"Content-Type": "application/json", **headers}.items():
-                        self.send_header(key, value)
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up waiting (timeout test)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def __enter__(self) -> FakeServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+from ..fakes.openai_server import FakeOpenAIServer, chat_body
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +27,7 @@ def no_proxies(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def client_for(server: FakeServer, cache, **options: Any) -> ChatClient:
+def client_for(server: FakeOpenAIServer, cache, **options: Any) -> ChatClient:
     settings = {"timeout_s": 0.5, "max_retries": 3, "backoff_s": 0.01, "backoff_max_s": 0.05, **options}
     return ChatClient(LLMConfig(server.url, "fake-model", api_key="sk-test", **settings), cache)
 
@@ -129,7 +64,7 @@ CLASSES = ClassList(
 
 
 def test_siblings_survive_failures_and_a_resumed_run_sends_nothing(tmp_path, toy_lexicon):
-    with FakeServer(siblings_reply) as server:
+    with FakeOpenAIServer(siblings_reply) as server:
         client = client_for(server, tmp_path / "cache")
         vocab = generate_siblings(
             CLASSES, client, per_class=6, k=3, seed=1, workers=3, lexicon=toy_lexicon, min_items=3
@@ -165,7 +100,7 @@ def test_siblings_order_is_seeded_per_class_and_generations_merge(tmp_path, toy_
         return 200, chat_body("\n".join(f"{i}. {name} sib {seen * 3 + i}" for i in range(1, 4))), {}, 0.0
 
     classes = ClassList(("cat", "dog"), None, "two")
-    with FakeServer(reply) as server:
+    with FakeOpenAIServer(reply) as server:
         client = client_for(server, tmp_path / "cache", temperature=0.9)
         vocab = generate_siblings(
             classes, client, per_class=3, generations=2, k=2, seed=5, lexicon=toy_lexicon, min_items=1, workers=1
@@ -183,11 +118,11 @@ def test_siblings_order_is_seeded_per_class_and_generations_merge(tmp_path, toy_
 
 
 def test_unrecoverable_http_errors_and_exhausted_retries(tmp_path):
-    with FakeServer(lambda prompt, seen: (401, b'{"error": "bad key"}', {}, 0.0)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (401, b'{"error": "bad key"}', {}, 0.0)) as server:
         with pytest.raises(LLMError, match="HTTP 401 .check the API key"):
             client_for(server, tmp_path / "a").complete([{"role": "user", "content": "hi"}])
         assert len(server.prompts) == 1
-    with FakeServer(lambda prompt, seen: (503, b"busy", {}, 0.0)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (503, b"busy", {}, 0.0)) as server:
         client = client_for(server, tmp_path / "b", max_retries=2)
         with pytest.raises(LLMError, match="failed 3 time"):
             client.complete([{"role": "user", "content": "hi"}])
@@ -203,7 +138,7 @@ def test_eoe_far_asks_again_until_enough_names_and_resumes(tmp_path, toy_lexicon
         return 200, chat_body("Here you go:\n```json\n" + json.dumps(names) + "\n```"), {}, 0.0
 
     classes = ClassList(("cat", "dog"), ("n00000001", "n00000002"), "toy")
-    with FakeServer(reply) as server:
+    with FakeOpenAIServer(reply) as server:
         vocab = generate_eoe_outliers(
             classes, client_for(server, tmp_path / "c"), task="far", size=10, lexicon=toy_lexicon
         )
@@ -309,7 +244,7 @@ def test_vocabulary_artefacts_are_versioned_cached_and_checked(tmp_path, toy_lex
 
     classes = ClassList(("cat", "dog"), None, "two")
     store = VocabStore(tmp_path / "vocab")
-    with FakeServer(reply) as server:
+    with FakeOpenAIServer(reply) as server:
         client = client_for(server, tmp_path / "cache")
         first = store.save(generate_siblings(classes, client, per_class=4, k=2, lexicon=toy_lexicon))
         same = store.save(generate_siblings(classes, client, per_class=4, k=2, lexicon=toy_lexicon))
@@ -348,7 +283,7 @@ def test_cli_builds_llm_vocabularies_and_resumes(tmp_path, monkeypatch):
             return 200, chat_body(json.dumps([f"far thing {i}" for i in range(300)] + ["Tinca tinca"])), {}, 0.0
         return siblings_reply(prompt, seen)
 
-    with FakeServer(reply) as server:
+    with FakeOpenAIServer(reply) as server:
         args = [
             "zeroshot",
             "vocab",
@@ -429,9 +364,9 @@ def test_cli_builds_llm_vocabularies_and_resumes(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------- faults (issue 19)
 def test_a_redirect_is_refused_and_the_key_never_reaches_the_other_host(tmp_path):
     # Before: urllib followed the 302 and sent Authorization to the other host, whose answer was cached and used.
-    with FakeServer(lambda prompt, seen: (200, chat_body('["elsewhere"]'), {}, 0.0)) as other:
+    with FakeOpenAIServer(lambda prompt, seen: (200, chat_body('["elsewhere"]'), {}, 0.0)) as other:
         location = other.url + "/chat/completions"
-        with FakeServer(lambda prompt, seen: (302, b"", {"Location": location}, 0.0)) as server:
+        with FakeOpenAIServer(lambda prompt, seen: (302, b"", {"Location": location}, 0.0)) as server:
             with pytest.raises(LLMError, match=r"HTTP 302.*redirect to .* refused"):
                 client_for(server, tmp_path / "c").complete([{"role": "user", "content": "hi"}])
             assert len(server.prompts) == 1  # not retried either
@@ -443,7 +378,7 @@ def test_unusable_replies_are_not_cached_and_unanswered_classes_are_refused(tmp_
     # Before: prose replies were cached and saved as a 0-label vocabulary; a rerun sent 0 requests.
     prose = chat_body("I am sorry, I cannot list categories for that.")
     classes = ClassList(("cat", "dog"), None, "two")
-    with FakeServer(lambda prompt, seen: (200, prose, {}, 0.0)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (200, prose, {}, 0.0)) as server:
         for run in (1, 2):
             client = client_for(server, tmp_path / "cache")
             with pytest.raises(ZeroShotError, match="2 of 2 classes got no usable list of siblings in 2 attempt"):
@@ -467,7 +402,7 @@ def test_cli_exposes_the_reask_limit_and_refuses_unanswered_classes(tmp_path, mo
     classes = tmp_path / "classes.txt"
     classes.write_text("tench\ngoldfish\n")
     prose = chat_body("I am unable to provide such a list today.")
-    with FakeServer(lambda prompt, seen: (200, prose, {}, 0.0)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (200, prose, {}, 0.0)) as server:
         args = ["zeroshot", "vocab", "build", "siblings", "--classes", str(classes), "--llm-base-url", server.url]
         args += ["--llm-model", "fake", "--vocab-dir", str(tmp_path / "vocab"), "--workers", "1"]
         result = CliRunner().invoke(app, [*args, "--max-attempts", "1"])
@@ -480,7 +415,7 @@ def test_cli_exposes_the_reask_limit_and_refuses_unanswered_classes(tmp_path, mo
 def test_the_first_fatal_error_cancels_the_remaining_requests(tmp_path, toy_lexicon):
     # Before: every submitted class was still sent (8 classes, 8 requests for a key the server refuses).
     classes = ClassList(tuple(f"class {i}" for i in range(8)), None, "eight")
-    with FakeServer(lambda prompt, seen: (401, b'{"error": "bad key"}', {}, 0.05)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (401, b'{"error": "bad key"}', {}, 0.05)) as server:
         with pytest.raises(LLMError, match=r"HTTP 401.*stopped the remaining requests: 0 of 8 replies"):
             generate_siblings(classes, client_for(server, tmp_path / "c"), per_class=4, lexicon=toy_lexicon, workers=2)
         assert len(server.prompts) <= 2  # the two in flight when the first failed
@@ -496,7 +431,7 @@ def test_ctrl_c_cancels_the_remaining_requests_and_reports_what_was_saved(tmp_pa
         return 200, chat_body('["a b", "c d", "e f"]'), {}, 0.05
 
     requests = [([{"role": "user", "content": f'name "{i}"'}], 0) for i in range(20)]
-    with FakeServer(reply) as server:
+    with FakeOpenAIServer(reply) as server:
         client = client_for(server, tmp_path / "c")
         with pytest.raises(LLMInterrupted, match=r"interrupted: \d+ of 20 replies were received"):
             client.complete_many(requests, workers=1)
@@ -510,7 +445,7 @@ def test_deeply_nested_replies_are_refused_without_a_recursion_error(tmp_path):
     assert parse_name_list("[" * 3000) == []
     assert parse_name_list("[" * 3000 + "\n- real name\n- other name") == ["real name", "other name"]
     nested_body = b'{"choices": [{"message": {"content": ' + b"[" * 3000 + b"}}]}"
-    with FakeServer(lambda prompt, seen: (200, nested_body, {}, 0.0)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (200, nested_body, {}, 0.0)) as server:
         with pytest.raises(LLMError, match="nested deeper than 64 levels"):
             client_for(server, tmp_path / "c", max_retries=1).complete([{"role": "user", "content": "hi"}])
         assert len(server.prompts) == 2
@@ -519,12 +454,12 @@ def test_deeply_nested_replies_are_refused_without_a_recursion_error(tmp_path):
 def test_a_trickling_server_times_out_on_the_whole_request(tmp_path):
     # Before: the timeout bounded each socket read, so one byte every 0.1 s never timed out (0.5 s per read).
     body = chat_body('["a", "b"]')
-    server = FakeServer(lambda prompt, seen: (200, body, {}, 0.0))
+    server = FakeOpenAIServer(lambda prompt, seen: (200, body, {}, 0.0))
     handler = server.server.RequestHandlerClass
 
     def do_post(self) -> None:  # one byte per 0.1 s, for at most len(body) bytes (bounded)
-        self.rfile.read(int(self.headers["Content-Length"]))
-        server.prompts.append("trickle")
+        asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server.requests.append({"path": self.path, "auth": None, "headers": dict(self.headers), "body": asked})
         try:
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -540,14 +475,14 @@ def test_a_trickling_server_times_out_on_the_whole_request(tmp_path):
     with server:
         with pytest.raises(LLMError, match=r"no answer within 0.5 s \(the whole request\)"):
             client_for(server, tmp_path / "c", max_retries=0).complete([{"role": "user", "content": "hi"}])
-        assert server.prompts == ["trickle"]
+        assert server.prompts == ["hi"]  # one request, not retried
 
 
 def test_reply_size_and_name_count_are_capped(tmp_path, toy_lexicon):
     # Before: a 200k-name reply was kept whole for a class where 20 names were asked.
     many = chat_body(json.dumps([f"thing {i}" for i in range(5000)]))
     classes = ClassList(("cat",), None, "one")
-    with FakeServer(lambda prompt, seen: (200, many, {}, 0.0)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (200, many, {}, 0.0)) as server:
         vocab = generate_siblings(classes, client_for(server, tmp_path / "a"), per_class=6, k=50, lexicon=toy_lexicon)
         assert len(vocab.per_class["cat"]) == 6
         with pytest.raises(LLMError, match="reply larger than 10000 bytes"):
@@ -558,7 +493,7 @@ def test_reply_size_and_name_count_are_capped(tmp_path, toy_lexicon):
 
 def test_server_errors_are_reported_on_one_line(tmp_path):
     html = b"<html>\n<head><title>502 Bad Gateway</title></head>\n<body>\n<h1>Bad Gateway</h1>\n</body>\n</html>\n"
-    with FakeServer(lambda prompt, seen: (502, html, {"Content-Type": "text/html"}, 0.0)) as server:
+    with FakeOpenAIServer(lambda prompt, seen: (502, html, {"Content-Type": "text/html"}, 0.0)) as server:
         with pytest.raises(LLMError) as info:
             client_for(server, tmp_path / "c", max_retries=0).complete([{"role": "user", "content": "hi"}])
     message = str(info.value)
@@ -584,7 +519,7 @@ def test_api_key_precedence_is_arguments_then_config_file_then_environment(tmp_p
     register(app)
     classes = tmp_path / "classes.txt"
     classes.write_text("tench\n")
-    with FakeServer(siblings_reply) as server:
+    with FakeOpenAIServer(siblings_reply) as server:
         args = ["zeroshot", "vocab", "build", "siblings", "--classes", str(classes), "--llm-base-url", server.url]
         args += ["--llm-model", "fake", "--vocab-dir", str(tmp_path / "vocab"), "--llm-config", str(config)]
         result = CliRunner().invoke(app, args)

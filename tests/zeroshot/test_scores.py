@@ -76,11 +76,12 @@ def test_logit_scores_closed_form_two_orthogonal_labels():
     p2 = np.exp(-100.0) / (1.0 + np.exp(-100.0))
     log_p1, log_p2 = -np.log1p(np.exp(-100.0)), -100.0 - np.log1p(np.exp(-100.0))
     assert out["mcm"][0] == pytest.approx(p1, rel=1e-12)
-    assert out["maxlogit"][0] == pytest.approx(100.0, rel=1e-6)
-    assert out["energy"][0] == pytest.approx(np.log(np.exp(100.0) + 1.0), rel=1e-6)
+    # Exact inputs, float64 throughout: the largest error is exp's argument, |z|·eps64 ≈ 2e-14 relative.
+    assert out["maxlogit"][0] == pytest.approx(100.0, rel=1e-12)
+    assert out["energy"][0] == pytest.approx(np.log(np.exp(100.0) + 1.0), rel=1e-12)
     assert out["margin"][0] == pytest.approx(p1 - p2, rel=1e-12)
-    assert out["entropy"][0] == pytest.approx(p1 * log_p1 + p2 * log_p2, rel=1e-6)
-    assert out["gen"][0] == pytest.approx(-(p1**0.1 * p2**0.1 + p2**0.1 * p1**0.1), rel=1e-6)
+    assert out["entropy"][0] == pytest.approx(p1 * log_p1 + p2 * log_p2, rel=1e-12)
+    assert out["gen"][0] == pytest.approx(-(p1**0.1 * p2**0.1 + p2**0.1 * p1**0.1), rel=1e-12)
 
 
 def test_uniform_image_gives_uniform_softmax():
