@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The small end-to-end runs: extraction into a store then the detectors, the `evaluate` CLI on extracted entries,
 # `oodbench.evaluate_model` (first and cached call), the `evaluate-model` CLI, `evaluate_store` with its run directory
-# and the `evaluate` CLI on a toy store (both conventions).
+# and the `evaluate` CLI on a toy store (both conventions), and `oodbench run` on the demo experiment.
 END_TO_END = [
     "tests/extract/test_pipeline.py::test_entries_feed_detectors_and_metrics",
     "tests/extract/test_pipeline.py::test_oodbench_evaluate_consumes_extracted_entries",
@@ -29,6 +29,7 @@ END_TO_END = [
     "tests/test_evaluation.py::test_evaluate_store_writes_run_directory_and_resumes",
     "tests/test_evaluation.py::test_cli_evaluate",
     "tests/test_conventions.py::test_evaluate_and_report_in_the_openood_convention",
+    "tests/runner/test_run_demo.py::test_first_run_does_every_stage",
 ]
 
 

@@ -139,6 +139,8 @@ def test_a_flat_bootstrap_interval_beside_wilson_is_explained() -> None:
     """FPR@95 of 0: every resample gives 0, so the bootstrap says [0, 0] while Wilson's upper end is 1.3 % (n = 300)."""
     import numpy as np
 
+    from statistics import NormalDist
+
     from oodbench.analysis.runs import interval_record
     from oodbench.report.tables import table_intervals
 
@@ -149,7 +151,8 @@ def test_a_flat_bootstrap_interval_beside_wilson_is_explained() -> None:
     flat = interval_record("m", "id", "far", "energy", ids, far, resamples=200, seed=0)
     spread = interval_record("m", "id", "near", "energy", ids, near, resamples=200, seed=0)
     wilson, boot = flat.intervals["fpr95/wilson"], flat.intervals["fpr95/percentile"]
-    assert boot.low == boot.high == 0.0 and wilson.high == pytest.approx(1.96**2 / (300 + 1.96**2), rel=1e-3)
+    z = NormalDist().inv_cdf(0.975)  # Wilson's upper end with 0 of n accepted is z²/(n + z²), in closed form
+    assert boot.low == boot.high == 0.0 and wilson.high == pytest.approx(z**2 / (300 + z**2), rel=1e-12)
     table = table_intervals([flat, spread])
     assert len(table.notes) == 2 and "(far/energy)" in table.notes[1] and "near" not in table.notes[1]
     assert "300 OOD images, upper end 1.3 %" in table.notes[1] and "every bootstrap resample" in table.notes[1]

@@ -26,6 +26,16 @@ def _values(path: Path) -> dict[tuple[str, str, str, str], float]:
     return {(r.model, r.ood_dataset, r.detector, r.metric): r.value for r in read_rows(path)}
 
 
+def _assert_detects_noise(path: Path) -> None:
+    """The run's numbers are real: some detector tells uniform noise from digits (the demo's far-OOD set).
+
+    Noise images are far from every digit, so the best detector's AUROC on them is near 1 in the demo (the demo
+    test's floor is 0.9 too); a detector that scores every image alike gives 0.5 and fails this.
+    """
+    aurocs = [r.value for r in read_rows(path) if r.ood_dataset == "noise" and r.metric == "auroc"]
+    assert aurocs and max(aurocs) > 0.9, max(aurocs, default=None)
+
+
 def test_first_run_does_every_stage(finished_demo) -> None:
     workdir, report = finished_demo
     ran = {stage: len(units) for stage, units in report.executed.items()}
@@ -39,6 +49,7 @@ def test_first_run_does_every_stage(finished_demo) -> None:
     }
     rows = read_rows(workdir / "results.parquet")
     assert len(rows) == ALL_DETECTORS * 3 * 4  # detectors × OOD sets × metrics
+    _assert_detects_noise(workdir / "results.parquet")
     html = (workdir / "report" / "report.html").read_text(encoding="utf-8")
     assert "<table" in html and "rmaha++" in html and "digits-6to9" in html
     assert (workdir / "analysis" / "subsample" / "digits-cnn.json").is_file()
@@ -69,6 +80,7 @@ def test_second_run_recomputes_nothing(demo_copy: Path, monkeypatch: pytest.Monk
     }
     after = {p: p.stat().st_mtime_ns for p in demo_copy.rglob("*") if p.is_file()}
     assert after == before  # not a single file written
+    _assert_detects_noise(demo_copy / "results.parquet")
 
 
 def test_results_agree_with_evaluate_store(finished_demo, tmp_path: Path) -> None:
@@ -88,7 +100,10 @@ def test_results_agree_with_evaluate_store(finished_demo, tmp_path: Path) -> Non
         progress=False,
     )
     expected = {(r.model, r.ood_dataset, r.detector, r.metric): r.value for r in result.rows}
+    # Both paths compute each row from the same float scores in the same order: identical up to float64 rounding
+    # of the metric sums (|error| ≤ n·eps64 ≈ 1e-13 for n < 1,000 images).
     assert _values(workdir / "results.parquet") == pytest.approx(expected, abs=1e-12)
+    _assert_detects_noise(workdir / "results.parquet")
 
 
 def test_interrupted_run_resumes_where_it_stopped(
@@ -126,6 +141,7 @@ def test_interrupted_run_resumes_where_it_stopped(
     assert second_scores | recorded == {u.id for u in plan.stage("score")}
     assert report.executed["extract"] == []
     assert _values(workdir / "results.parquet") == _values(source / "results.parquet")
+    _assert_detects_noise(workdir / "results.parquet")
 
 
 def test_changing_one_parameter_reruns_only_what_depends_on_it(demo_copy: Path) -> None:
@@ -146,6 +162,7 @@ def test_changing_one_parameter_reruns_only_what_depends_on_it(demo_copy: Path) 
         "report:report",
     }
     assert [u.id for u in plan.units if u.todo and u.status != "stale"] == ["fit:digits-cnn/knn"]
+    _assert_detects_noise(demo_copy / "results.parquet")
 
 
 def test_only_checks_prerequisites(tmp_path: Path) -> None:
@@ -176,6 +193,7 @@ def test_cli_run_and_dry_run(demo_copy: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "cached   digits-cnn/knn/noise" in result.output
     assert "433 images" in result.output  # the ID test split's size
+    _assert_detects_noise(demo_copy / "results.parquet")
     result = CliRunner().invoke(app, ["run", str(CONFIGS / "demo.toml"), "--set", "detectors.include=['msp','nope']"])
     assert result.exit_code == 2
     assert "detectors.include[1]: unknown detector 'nope'" in result.output
@@ -213,3 +231,4 @@ def test_fits_of_one_model_share_one_pass_over_the_fit_set(demo_copy: Path, monk
         expected = alone.score(store.read(model, config.id_test))
         written = np.load(layout.score_file(model, name, config.id_test))
         np.testing.assert_allclose(written, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
+        assert np.unique(written).size > 100, name  # 433 images get distinct scores, not one constant
