@@ -137,9 +137,9 @@ def test_help_shows_examples(cli) -> None:
 
 def test_a_flat_bootstrap_interval_beside_wilson_is_explained() -> None:
     """FPR@95 of 0: every resample gives 0, so the bootstrap says [0, 0] while Wilson's upper end is 1.3 % (n = 300)."""
-    import numpy as np
-
     from statistics import NormalDist
+
+    import numpy as np
 
     from oodbench.analysis.runs import interval_record
     from oodbench.report.tables import table_intervals

@@ -15,6 +15,7 @@ from oodbench.runner.config import load_config
 from oodbench.runner.executor import run_experiment
 from oodbench.runner.plan import build_plan
 
+from .. import reference
 from ..extract.helpers import TINY_CLIP, register_tiny_clip, single_torch_thread, write_images
 
 
@@ -162,6 +163,14 @@ def test_models_run_end_to_end_and_then_is_cached(experiment: Path, first_run) -
     assert by_model["clip"] == {"mcm", "energy", "neglabel@negatives"}
     assert all(r.n_id == 6 and r.n_ood == 5 for r in rows)
     assert (workdir / "report" / "report.md").is_file()
+    # The numbers are the detectors' own: MSP and energy recomputed here from the stored logits in float64. The
+    # detectors work on the same float32 logits; exp/log of values of order 1 over C = 2 classes differ by a few
+    # float32 ulps at most (< 1e-6 relative).
+    for model in ("resnet", "vit-probe"):
+        logits = store.read(model, "far").logits.astype(np.float64)
+        for name, definition in (("msp", reference.msp), ("energy", reference.energy)):
+            written = np.load(workdir / "units" / "scores" / model / name / "far.npy")
+            np.testing.assert_allclose(written, definition(logits), rtol=1e-6, atol=1e-7, err_msg=f"{model}/{name}")
 
     again = run_experiment(load_config(experiment, workdir=workdir), progress=False, device="cpu")
     assert again.total_executed == 0
