@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 END_TO_END = [
     "tests/extract/test_pipeline.py::test_entries_feed_detectors_and_metrics",
     "tests/extract/test_pipeline.py::test_oodbench_evaluate_consumes_extracted_entries",
-    "tests/test_quick.py::test_first_call_extracts_second_call_is_cached",
-    "tests/test_quick.py::test_temporary_store_and_module_on_torch_datasets",
-    "tests/test_quick.py::test_cli_evaluate_model",
-    "tests/test_evaluation.py::test_evaluate_store_writes_run_directory_and_resumes",
-    "tests/test_evaluation.py::test_cli_evaluate",
-    "tests/test_conventions.py::test_evaluate_and_report_in_the_openood_convention",
+    "tests/runner/test_quick.py::test_first_call_extracts_second_call_is_cached",
+    "tests/runner/test_quick.py::test_temporary_store_and_module_on_torch_datasets",
+    "tests/runner/test_quick.py::test_cli_evaluate_model",
+    "tests/evaluation/test_evaluation.py::test_evaluate_store_writes_run_directory_and_resumes",
+    "tests/evaluation/test_evaluation.py::test_cli_evaluate",
+    "tests/evaluation/test_conventions.py::test_evaluate_and_report_in_the_openood_convention",
     "tests/runner/test_run_demo.py::test_first_run_does_every_stage",
 ]
 

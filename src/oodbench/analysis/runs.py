@@ -130,7 +130,7 @@ def intervals_for_run(
 
     With ``convention="openood"`` FPR@95 is OOD-positive: the intervals are those of the swapped problem (OOD
     scores negated as the accepted class, ID scores negated as the rejected one), since OOD-positive FPR@95 is
-    exactly ID-positive FPR@95 of that problem and AUROC is the same number in both (tests/test_metrics_openood.py).
+    exactly ID-positive FPR@95 of that problem and AUROC is the same number in both (tests/core/test_metrics_openood.py).
     """
     swap = check_convention(convention) == "openood"
     plans = run.ood_plans(ood_datasets)

@@ -22,7 +22,7 @@ from oodbench.evaluation import evaluate_store
 from oodbench.extract.backbones.timm_backbone import TimmBackbone
 from oodbench.runner.quick import ModuleBackbone
 
-from . import reference
+from .. import reference
 
 DETECTORS = ["msp", "energy", "maha"]
 SIZE = 32

@@ -18,7 +18,7 @@ from oodbench import Head, Outputs, Store
 from oodbench.cli.main import main
 
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _npy_truncated(path: Path) -> None:

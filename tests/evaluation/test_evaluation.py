@@ -17,7 +17,7 @@ from oodbench.core.scores import load_scores
 from oodbench.demo import DEMO_EXCLUDED
 from oodbench.evaluation.evaluate import evaluate_outputs, evaluate_store
 
-from . import reference
+from .. import reference
 
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 

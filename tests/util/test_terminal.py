@@ -70,7 +70,7 @@ def test_a_reader_that_leaves_early_is_not_an_error(tmp_path) -> None:
 
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
         "OODBENCH_LOG_DIR": str(tmp_path),
     }
     code = "from oodbench.cli import main; main(['datasets', 'list'])"

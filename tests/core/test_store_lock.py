@@ -25,7 +25,7 @@ from oodbench.core.errors import StoreError
 PROV = {"model": "m", "checkpoint": "abc", "preprocessing": {}}
 ROWS, DIM, SHARD = 3000, 32, 150  # 20 shards: many steps at which a kill can land
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 # A writer process: writes the data of seed `seed` to m/ds. `kill` is "" (run to the end), "shard:K" (SIGKILL
 # itself after writing shard K) or "step:K" (SIGKILL itself at the K-th durable step of finalize). "hold" keeps

@@ -22,7 +22,7 @@ from oodbench.core.oodgroups import DEFAULT_GROUPS, load_groups, shipped_groups
 from oodbench.core.results import ResultRow, convention_rows, full_spectrum_rows, metric_rows, read_rows
 from oodbench.core.scores import load_scores
 
-from . import reference
+from .. import reference
 
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 

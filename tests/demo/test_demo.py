@@ -9,7 +9,7 @@ from oodbench.demo import TRAIN_THREADS
 from oodbench.demo.data import digits_splits, lfw_faces, uniform_noise
 from oodbench.demo.model import checkpoint_sha256, forward_arrays, head_of, train_cnn
 
-from . import reference
+from .. import reference
 
 
 def test_demo_data_is_real_and_split_by_class():

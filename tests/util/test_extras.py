@@ -11,7 +11,7 @@ from pathlib import Path
 
 from oodbench.util import extras
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _records_elsewhere(entry: str) -> bool:
