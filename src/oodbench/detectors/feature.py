@@ -205,13 +205,20 @@ def ivf_kth_similarity(
     order = np.argsort(pairs, kind="stable")
     owner = np.repeat(np.arange(rows), nprobe)[order]
     bounds = np.searchsorted(pairs[order], np.arange(nlist + 1))
-    for number in np.flatnonzero(np.diff(bounds)):
-        vectors = lists[number]
-        if len(vectors) == 0:
-            continue
-        who = owner[bounds[number] : bounds[number + 1]]
-        merged = np.concatenate([top[who], queries[who] @ vectors.T], axis=1)
-        top[who] = np.partition(merged, merged.shape[1] - k, axis=1)[:, merged.shape[1] - k :]
+    # One BLAS thread for the per-list products: they are small (queries of a chunk that probe one list x its
+    # rows), and two threads waited on each other between them when other processes held the cores (1/20 of the
+    # benchmark, k = 50, 1,012 lists, 4 probed: 0.65 s on one thread against 4.65 s on two; docs/detectors.md).
+    # threadpoolctl comes with scikit-learn.
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        for number in np.flatnonzero(np.diff(bounds)):
+            vectors = lists[number]
+            if len(vectors) == 0:
+                continue
+            who = owner[bounds[number] : bounds[number + 1]]
+            merged = np.concatenate([top[who], queries[who] @ vectors.T], axis=1)
+            top[who] = np.partition(merged, merged.shape[1] - k, axis=1)[:, merged.shape[1] - k :]
     return top.min(axis=1).astype(np.float64), probed
 
 
