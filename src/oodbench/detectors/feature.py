@@ -226,9 +226,9 @@ def default_nlist(num_rows: int, k: int) -> int:
     """knn's number of IVF lists: lists of about k rows, kept between sqrt(N) and 4 sqrt(N) lists (and <= N).
 
     A query's k nearest neighbours in one cluster then fill about one list, so a few probed lists hold them (at
-    1/20 of the benchmark with k = 50 and 4 lists probed, AUROC moved by 0.01 points with 1,012 lists and by 27
-    with sqrt(N) = 253; docs/detectors.md). The clip bounds the fit: k-means and the assignment cost N x L products, the search
-    Q x N x nprobe / L; at ImageNet's N = 1.28 M and k = 1000 the rule gives 1,281 lists, near sqrt(N) = 1,131.
+    1/20 of the benchmark with k = 50 and 4 lists probed, AUROC moved by 0.005 points with 1,012 lists and by 27
+    with sqrt(N) = 253; docs/detectors.md). The clip bounds the fit: k-means and the assignment cost N x L
+    products, the search Q x N x nprobe / L; at ImageNet's N = 1.28 M and k = 1000 the rule gives 1,281 lists, near sqrt(N) = 1,131.
     """
     root = math.sqrt(num_rows)
     # At most 4 sqrt(N) lists, and no more than leave 39 rows per list (faiss's minimum for k-means) where
@@ -325,7 +325,7 @@ class KNN(Detector):
         )
         # The lists come from the centred rows: unit features share a large common direction (post-ReLU features
         # are all positive), and clustered as they are, one list near that direction drew the rows of many classes
-        # (the largest of 1,012 lists held 2,129 rows against a mean of 63 at 1/20 of the benchmark; centred, 202).
+        # (the largest of 1,012 lists held 2,129 rows against a mean of 63 at 1/20 of the benchmark; centred, 247).
         # Within one query's search the centre shifts every similarity by the same q·centre, so the ranking, and
         # thus which rows are near, does not change; the lists still hold the uncentred unit rows.
         self.centre_ = sample.mean(axis=0, dtype=np.float64).astype(np.float32)
