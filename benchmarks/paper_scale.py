@@ -44,6 +44,7 @@ from oodbench.analysis.published import POST_HOC_POOL
 from oodbench.core.outputs import Head
 from oodbench.core.store import Store
 from oodbench.detectors import available
+from oodbench.detectors.feature import default_nlist
 from oodbench.util.atomic import atomic_write_text
 
 MODEL = "synthetic-classifier"
@@ -320,7 +321,7 @@ def work_model(name: str, params: Mapping[str, Any], n: int, q: int, d: int, c: 
     elif name == "knn":
         fit_bytes, score_bytes = feat_fit, feat_test
         if params.get("index", "flat") == "ivf":
-            nlist = float(params.get("nlist") or max(1, min(round(4 * math.sqrt(n)), n // 39 or 1)))
+            nlist = float(params.get("nlist") or default_nlist(n, int(params.get("k", 1000))))
             nprobe = float(params.get("nprobe", 32))
             fit_flops = 2.0 * n * nlist * d  # assigning every row to its list
             score_flops = 2.0 * q * d * (nlist + n * min(1.0, nprobe / nlist))

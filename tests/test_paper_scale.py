@@ -50,6 +50,9 @@ def test_work_model_counts_the_unavoidable_products(paper_scale):
     assert knn["score_flops"] == 2 * q * n * d and knn["fit_bytes"] == 4 * n * d
     ivf = paper_scale.work_model("knn", {"index": "ivf", "nlist": 10, "nprobe": 2}, n, q, d, c)
     assert ivf["score_flops"] == 2 * q * d * (10 + n * 2 / 10)
+    # knn's default lists for N = 1000, k = 5: N/k = 200 clipped to sqrt(N) = 31.6 (N/39 = 25.6 < sqrt(N)): 32.
+    default = paper_scale.work_model("knn", {"index": "ivf", "k": 5, "nprobe": 2}, n, q, d, c)
+    assert default["score_flops"] == 2 * q * d * (32 + n * 2 / 32)
     msp = paper_scale.work_model("msp", {}, n, q, d, c)
     assert msp == {"fit_flops": 0.0, "score_flops": 0.0, "fit_bytes": 0.0, "score_bytes": 4.0 * q * c}
     floor = paper_scale.floor_seconds(knn, gflops=1.0, bytes_per_s=1e9)

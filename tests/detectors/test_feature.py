@@ -15,7 +15,7 @@ from sklearn.preprocessing import StandardScaler
 from oodbench.core.errors import DetectorError
 from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import create
-from oodbench.detectors.feature import _ivf_lists, ivf_kth_similarity
+from oodbench.detectors.feature import _ivf_lists, default_nlist, ivf_kth_similarity
 
 
 def _rows(outputs: Outputs) -> np.ndarray:
@@ -113,6 +113,48 @@ def test_knn_ivf_probing_every_list_is_exact(problem):
     dim = problem.fit.num_features
     gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
     np.testing.assert_allclose(ivf, flat, rtol=0, atol=2 * gamma / np.abs(flat).min())
+
+
+def test_knn_ivf_probing_every_list_is_exact_on_clustered_rows_with_ties():
+    """Tight clusters, every fit row three times (ties at every rank), k inside and at the edge of a tie group.
+
+    Probing all lists scans every row once, so the k-th similarity is the brute-force one up to float32 rounding of
+    a D-term inner product of unit vectors (gamma_D = D u / (1 - D u), u = 2^-24; the float64 reference adds far
+    less): 2 gamma_D bounds the difference.
+    """
+    rng = np.random.default_rng(7)
+    dim, clusters = 16, 6
+    centres = rng.standard_normal((clusters, dim)) * 3.0
+    base = centres[rng.integers(0, clusters, 60)] + 0.05 * rng.standard_normal((60, dim))
+    fit = np.repeat(base, 3, axis=0).astype(np.float32)  # ties: each row three times
+    test = (centres[rng.integers(0, clusters, 25)] + 0.05 * rng.standard_normal((25, dim))).astype(np.float32)
+    bank, queries = _unit(fit.astype(np.float64)), _unit(test.astype(np.float64))
+    bound = 2 * dim * 2.0**-24 / (1 - dim * 2.0**-24)
+    for k in (1, 3, 4, 30):
+        detector = create("knn", k=k, index="ivf", nlist=clusters, nprobe=clusters).fit(Outputs(fit))
+        kth = -np.sort(-(queries @ bank.T), axis=1)[:, k - 1]
+        # knn's score is -sqrt(2 - 2 s): back to the similarity s (in float64, exact up to rounding of 1e-16).
+        found = 1.0 - detector.score(Outputs(test)) ** 2 / 2.0
+        np.testing.assert_allclose(found, kth, rtol=0, atol=bound)
+
+
+def test_the_default_number_of_lists_follows_k_within_its_bounds():
+    """About N/k lists, clipped to [sqrt(N), 4 sqrt(N)] and to >= 39 rows per list where sqrt(N) allows."""
+    assert default_nlist(1_281_167, 1000) == 1281  # N/k inside [1,132, 4,528]
+    assert default_nlist(64_058, 1000) == 253  # N/k = 64 < sqrt(N) = 253.1
+    assert default_nlist(64_058, 50) == 1012  # N/k = 1,281 > 4 sqrt(N) = 1,012.4 (< N/39 = 1,642)
+    assert default_nlist(5_000, 5) == 128  # 4 sqrt(N) = 283 > N/39 = 128.2 > sqrt(N) = 70.7
+    assert default_nlist(200, 5) == 14  # N/39 = 5.1 < sqrt(N) = 14.1: sqrt(N) wins
+    for rows in (1, 2, 10, 999, 10_000, 123_457):
+        for k in (1, 7, 1000):
+            nlist = default_nlist(rows, k)
+            assert 1 <= nlist <= rows
+            assert round(math.sqrt(rows)) <= nlist <= max(round(math.sqrt(rows)), round(4 * math.sqrt(rows)))
+
+
+def test_knn_ivf_fits_the_default_number_of_lists(problem):
+    detector = create("knn", k=5, index="ivf").fit(problem.fit)
+    assert detector.nlist_ == detector.index_.nlist == default_nlist(len(problem.fit), 5)
 
 
 def test_knn_ivf_with_too_few_probed_neighbours_fails_clearly(make):
@@ -377,6 +419,35 @@ def test_ivf_search_by_lists_agrees_with_a_slow_reference_and_with_faiss(problem
     np.testing.assert_allclose(kth, slow_ivf_kth(detector.index_, queries, k), rtol=0, atol=bound)
     faiss_kth = detector.index_.search(queries, k)[0][:, -1]
     np.testing.assert_allclose(kth, faiss_kth, rtol=0, atol=bound)
+
+
+def test_knn_ivf_lists_and_probes_come_from_the_centred_rows(make):
+    """Rows are listed, and queries probe, by the centred normalised rows; similarities are of the uncentred ones.
+
+    The sample is every fit row here (64 x nlist > N), so the centre is the mean unit fit row (float32 of a
+    float64 mean: 1e-7). The score is checked against a float64 reference that probes the same way, within
+    2 gamma_D (float32 inner products of D terms of unit vectors; see the test above).
+    """
+    problem = make(seed=5, fit_rows=300)  # <= 64 x nlist: k-means samples every row
+    nlist, nprobe, k = 6, 2, 5
+    detector = create("knn", k=k, index="ivf", nlist=nlist, nprobe=nprobe).fit(problem.fit)
+    bank = _unit(_rows(problem.fit))
+    np.testing.assert_allclose(detector.centre_, bank.mean(axis=0), rtol=0, atol=1e-6)
+    centre = detector.centre_.astype(np.float64)
+    centroids, lists = _ivf_lists(detector.index_)
+    centroids = centroids.astype(np.float64)
+    for number, vectors in enumerate(lists):
+        for row in vectors.astype(np.float64):
+            assert int(np.argmax(_unit((row - centre)[None])[0] @ centroids.T)) == number
+    queries = _unit(_rows(problem.test))
+    expected = []
+    for z in queries:
+        chosen = np.argsort(-(_unit((z - centre)[None])[0] @ centroids.T))[:nprobe]
+        similarities = np.sort(np.concatenate([lists[i].astype(np.float64) @ z for i in chosen]))[::-1]
+        expected.append(similarities[k - 1])
+    dim = queries.shape[1]
+    found = 1.0 - detector.score(problem.test) ** 2 / 2.0  # knn's score -sqrt(2 - 2 s) back to s
+    np.testing.assert_allclose(found, expected, rtol=0, atol=2 * dim * 2.0**-24 / (1 - dim * 2.0**-24))
 
 
 def test_ivf_search_counts_the_vectors_each_query_probed(problem):

@@ -176,20 +176,27 @@ def _ivf_lists(index: Any) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 def ivf_kth_similarity(
-    queries: np.ndarray, centroids: np.ndarray, lists: list[np.ndarray], nprobe: int, k: int
+    queries: np.ndarray,
+    centroids: np.ndarray,
+    lists: list[np.ndarray],
+    nprobe: int,
+    k: int,
+    probe_with: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k-th largest inner product of each query among the vectors of its `nprobe` closest lists.
 
     What faiss's IndexIVFFlat search returns in its last column, computed list by list as BLAS products: the
     queries that probe a list are multiplied with its vectors in one GEMM, and each query keeps its k largest
     values so far (faiss scans one query's lists at a time, many times slower than a GEMM on these shapes; see
-    docs/detectors.md). Returns the k-th similarity (-inf where fewer than k vectors were probed) and the number
-    of vectors each query probed.
+    docs/detectors.md). The lists are chosen by the inner products of `probe_with` (default: the queries) with the
+    centroids; knn probes with its centred rows. Returns the k-th similarity (-inf where fewer than k vectors were
+    probed) and the number of vectors each query probed.
     """
     rows, nlist = queries.shape[0], centroids.shape[0]
     nprobe = min(nprobe, nlist)
     if nprobe < nlist:
-        probes = np.argpartition(-(queries @ centroids.T), nprobe - 1, axis=1)[:, :nprobe]
+        coarse = (queries if probe_with is None else probe_with) @ centroids.T
+        probes = np.argpartition(-coarse, nprobe - 1, axis=1)[:, :nprobe]
     else:
         probes = np.broadcast_to(np.arange(nlist), (rows, nlist))
     probed = np.array([len(v) for v in lists], dtype=np.int64)[probes].sum(axis=1)
@@ -198,14 +205,36 @@ def ivf_kth_similarity(
     order = np.argsort(pairs, kind="stable")
     owner = np.repeat(np.arange(rows), nprobe)[order]
     bounds = np.searchsorted(pairs[order], np.arange(nlist + 1))
-    for number in np.flatnonzero(np.diff(bounds)):
-        vectors = lists[number]
-        if len(vectors) == 0:
-            continue
-        who = owner[bounds[number] : bounds[number + 1]]
-        merged = np.concatenate([top[who], queries[who] @ vectors.T], axis=1)
-        top[who] = np.partition(merged, merged.shape[1] - k, axis=1)[:, merged.shape[1] - k :]
+    # One BLAS thread for the per-list products: they are small (queries of a chunk that probe one list x its
+    # rows), and two threads waited on each other between them when other processes held the cores (1/20 of the
+    # benchmark, k = 50, 1,012 lists, 4 probed: 0.65 s on one thread against 4.65 s on two; docs/detectors.md).
+    # threadpoolctl comes with scikit-learn.
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        for number in np.flatnonzero(np.diff(bounds)):
+            vectors = lists[number]
+            if len(vectors) == 0:
+                continue
+            who = owner[bounds[number] : bounds[number + 1]]
+            merged = np.concatenate([top[who], queries[who] @ vectors.T], axis=1)
+            top[who] = np.partition(merged, merged.shape[1] - k, axis=1)[:, merged.shape[1] - k :]
     return top.min(axis=1).astype(np.float64), probed
+
+
+def default_nlist(num_rows: int, k: int) -> int:
+    """knn's number of IVF lists: lists of about k rows, kept between sqrt(N) and 4 sqrt(N) lists (and <= N).
+
+    A query's k nearest neighbours in one cluster then fill about one list, so a few probed lists hold them (at
+    1/20 of the benchmark with k = 50 and 4 lists probed, AUROC moved by 0.005 points with 1,012 lists and by 27
+    with sqrt(N) = 253; docs/detectors.md). The clip bounds the fit: k-means and the assignment cost N x L
+    products, the search Q x N x nprobe / L; at ImageNet's N = 1.28 M and k = 1000 the rule gives 1,281 lists, near sqrt(N) = 1,131.
+    """
+    root = math.sqrt(num_rows)
+    # At most 4 sqrt(N) lists, and no more than leave 39 rows per list (faiss's minimum for k-means) where
+    # that still allows sqrt(N).
+    most = max(root, min(4 * root, num_rows / 39))
+    return max(1, min(num_rows, int(round(min(max(num_rows / k, root), most)))))
 
 
 @register("knn")
@@ -219,7 +248,8 @@ class KNN(Detector):
         "https://arxiv.org/abs/2204.06507",
         "k=1000: the paper's ImageNet setting (alpha = 100% of the training set); index='flat' is exact "
         "(faiss IndexFlatIP on unit vectors, distance = sqrt(2 - 2 cos)); index='ivf' is approximate "
-        "(faiss IndexIVFFlat: nlist default round(sqrt(N)), k-means on 64 rows per list with 10 iterations, "
+        "(faiss IndexIVFFlat: lists by spherical k-means of the centred normalised rows, nlist default N/k "
+        "clipped to [sqrt(N), 4 sqrt(N)], k-means on 64 rows per list with 10 iterations, "
         "nprobe=32 lists searched per query, searched list by list as BLAS products). The index holds the "
         "fit set in RAM as float32 (N x D x 4 bytes)",
     )
@@ -247,7 +277,11 @@ class KNN(Detector):
             raise DetectorError(f"knn: k={self.k} exceeds the fit set's {fit.num_rows} rows")
         if self.index == "flat":
             return {"index_": FlatIndex("N", "D")}
-        return {"index_": IVFIndex("N", "D", "L", int(self.nprobe)), "nlist_": Scalar(int, "L", "L")}
+        return {
+            "index_": IVFIndex("N", "D", "L", int(self.nprobe)),
+            "nlist_": Scalar(int, "L", "L"),
+            "centre_": Array("float32", ("D",)),
+        }
 
     state_dims = {"L": "N"}
 
@@ -276,9 +310,7 @@ class KNN(Detector):
         if self.index == "flat":
             self.index_ = _flat_index(fit_set.features)
             return
-        # sqrt(N) lists: training (k-means) and assigning cost N x L products, searching Q x N x nprobe / L; at
-        # ImageNet's N = 1.28 M the two balance near sqrt(N), where faiss's 4 sqrt(N) spends 4x more on k-means.
-        nlist = self.nlist if self.nlist is not None else max(1, min(int(round(math.sqrt(num_rows))), num_rows))
+        nlist = self.nlist if self.nlist is not None else default_nlist(num_rows, self.k)
         if nlist > num_rows:
             raise DetectorError(f"knn: nlist={nlist} exceeds the fit set's {num_rows} rows")
         quantizer = faiss.IndexFlatIP(dim)
@@ -288,12 +320,24 @@ class KNN(Detector):
         index.cp.niter = 10
         index.cp.max_points_per_centroid = 64
         index.cp.seed = int(self.seed)
-        sample = sample_rows(num_rows, min(num_rows, 64 * nlist), self.seed)
-        index.train(_unit_float32(gather_rows(fit_set.features, sample)))
+        sample = _unit_float32(
+            gather_rows(fit_set.features, sample_rows(num_rows, min(num_rows, 64 * nlist), self.seed))
+        )
+        # The lists come from the centred rows: unit features share a large common direction (post-ReLU features
+        # are all positive), and clustered as they are, one list near that direction drew the rows of many classes
+        # (the largest of 1,012 lists held 2,129 rows against a mean of 63 at 1/20 of the benchmark; centred, 247).
+        # Within one query's search the centre shifts every similarity by the same q·centre, so the ranking, and
+        # thus which rows are near, does not change; the lists still hold the uncentred unit rows.
+        self.centre_ = sample.mean(axis=0, dtype=np.float64).astype(np.float32)
+        index.train(_normalize_in_place(sample - self.centre_))
+        del sample
         index.nprobe = self.nprobe
         self.nlist_ = nlist
         for rows in fit_chunks(num_rows, dim, "knn: index"):
-            index.add(_unit_float32(fit_set.features[rows]))
+            unit = _unit_float32(fit_set.features[rows])
+            _, lists = index.quantizer.search(_normalize_in_place(unit - self.centre_), 1)
+            lists = np.ascontiguousarray(lists.ravel(), dtype=np.int64)
+            index.add_core(len(unit), faiss.swig_ptr(unit), None, faiss.swig_ptr(lists))
         self.index_ = index
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
@@ -303,7 +347,10 @@ class KNN(Detector):
             kth = similarities[:, -1].astype(np.float64)
         else:
             centroids, lists = _ivf_lists(self.index_)
-            kth, probed = ivf_kth_similarity(queries, centroids, lists, int(self.index_.nprobe), self.k)
+            probe_with = _normalize_in_place(queries - self.centre_)
+            kth, probed = ivf_kth_similarity(
+                queries, centroids, lists, int(self.index_.nprobe), self.k, probe_with=probe_with
+            )
             if (probed < self.k).any():
                 raise DetectorError(
                     f"knn: the IVF index found fewer than k={self.k} neighbours for some rows (as few as "
@@ -319,9 +366,10 @@ class KNN(Detector):
     def _row_width(self, test: Outputs) -> int:
         if self.index == "flat":
             return 2 * test.num_features + 2 * self.k
-        # The normalised float32 row and its gathered copy, the coarse products and the running top k (float32:
-        # half a value each); the per-list products and their merge are bounded by the largest list, not per row.
-        return test.num_features + (self.nlist_ + 3 * self.k) // 2
+        # The normalised float32 row, its centred copy that chooses the lists and its gathered copy, the coarse
+        # products and the running top k (float32: half a value each); the per-list products and their merge are
+        # bounded by the largest list, not per row.
+        return (3 * test.num_features + self.nlist_ + 3 * self.k) // 2
 
 
 class _CentroidDetector(Detector):
