@@ -416,3 +416,30 @@ def test_the_deprecated_method_still_saves_and_warns(tmp_path) -> None:
         detector.save(tmp_path / "old")
     reloaded = registry.load(tmp_path / "old")
     np.testing.assert_array_equal(reloaded.score(fit), detector.score(fit))
+
+
+def test_an_ivf_knn_saved_without_its_centre_loads_and_probes_uncentred(problem, tmp_path):
+    """`centre_` is optional state: a file that lacks it (lists built from uncentred rows) probes as it was built."""
+    import hashlib
+
+    from safetensors.numpy import load_file, save_file
+
+    from oodbench.detectors.feature import _ivf_lists, _unit_float32, ivf_kth_similarity
+
+    detector = create("knn", k=5, index="ivf", nlist=4, nprobe=2).fit(problem.fit)
+    path = save(detector, tmp_path / "ivf")
+    meta = json.loads((path / "detector.json").read_text())
+    assert meta["state"]["centre_"] is not None
+    # As a file written before the detector declared it: neither the state entry nor its array.
+    del meta["state"]["centre_"]
+    arrays = load_file(str(path / "state.safetensors"))
+    assert "centre_" in arrays
+    save_file({k: v for k, v in arrays.items() if k != "centre_"}, str(path / "state.safetensors"))
+    meta["arrays_sha256"] = hashlib.sha256((path / "state.safetensors").read_bytes()).hexdigest()
+    (path / "detector.json").write_text(json.dumps(meta))
+    loaded = load(path)
+    assert loaded.centre_ is None
+    queries = _unit_float32(problem.test.features)  # as knn normalises them; probing with these very rows
+    centroids, lists = _ivf_lists(loaded.index_)
+    kth, _ = ivf_kth_similarity(queries, centroids, lists, 2, 5)
+    np.testing.assert_array_equal(loaded.score(problem.test), -np.sqrt(np.maximum(2.0 - 2.0 * kth, 0.0)))

@@ -667,7 +667,8 @@ def load(
     unknown = sorted(set(state) - set(spec))
     if unknown:
         raise DetectorError(f"{path}: the state holds {', '.join(unknown)[:200]}, which {name} does not declare")
-    missing = sorted(set(spec) - set(state))
+    # An optional value may be absent (a file saved before the detector declared it): it loads as None.
+    missing = sorted(k for k in set(spec) - set(state) if not isinstance(spec[k], Optional))
     if missing:
         raise DetectorError(f"{path}: the state lacks {', '.join(missing)}, which {name} declares")
     arrays_path = path / ARRAYS_FILE
@@ -676,7 +677,7 @@ def load(
             raise DetectorError(f"{arrays_path} does not match {META_FILE} (modified or from another save)")
         with safe_open(str(arrays_path), framework="numpy") as handle:
             decoder = _Decoder(handle, _fit_dims(detector, info), str(path))
-            values = {key: decoder.decode(item, state[key], key) for key, item in spec.items()}
+            values = {key: decoder.decode(item, state.get(key), key) for key, item in spec.items()}
             extra = sorted(decoder.available - decoder.used)
     except (OSError, SafetensorError, ValueError, TypeError, MemoryError) as exc:
         raise DetectorError(f"cannot read {arrays_path}: {type(exc).__name__}: {exc}"[:400]) from None

@@ -17,7 +17,7 @@ from .base import Detector, Paper, Requirements, _FitInfo
 from .fitsize import FitSize
 from .registry import register
 from .shared import statistics_for
-from .state import Array, FlatIndex, IVFIndex, Scalar, Spec
+from .state import Array, FlatIndex, IVFIndex, Optional, Scalar, Spec
 
 _LEE = Paper(
     "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks",
@@ -208,7 +208,7 @@ def ivf_kth_similarity(
     # One BLAS thread for the per-list products: they are small (queries of a chunk that probe one list x its
     # rows), and two threads waited on each other between them when other processes held the cores (1/20 of the
     # benchmark, k = 50, 1,012 lists, 4 probed: 0.65 s on one thread against 4.65 s on two; docs/detectors.md).
-    # threadpoolctl comes with scikit-learn.
+    # threadpoolctl (a declared dependency; scikit-learn needs it too).
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1, user_api="blas"):
@@ -280,7 +280,8 @@ class KNN(Detector):
         return {
             "index_": IVFIndex("N", "D", "L", int(self.nprobe)),
             "nlist_": Scalar(int, "L", "L"),
-            "centre_": Array("float32", ("D",)),
+            # None in files saved before the lists were built from centred rows: they probe uncentred, as built.
+            "centre_": Optional(Array("float32", ("D",))),
         }
 
     state_dims = {"L": "N"}
@@ -347,7 +348,8 @@ class KNN(Detector):
             kth = similarities[:, -1].astype(np.float64)
         else:
             centroids, lists = _ivf_lists(self.index_)
-            probe_with = _normalize_in_place(queries - self.centre_)
+            centre = getattr(self, "centre_", None)
+            probe_with = queries if centre is None else _normalize_in_place(queries - centre)
             kth, probed = ivf_kth_similarity(
                 queries, centroids, lists, int(self.index_.nprobe), self.k, probe_with=probe_with
             )
