@@ -45,7 +45,7 @@ def gram_error_bound(depth: int, groups: int) -> float:
        γ32_depth · Σ |ŷ_j||ŷ_l|.
     3. Groups are summed in float64: at most `groups` more roundings, γ64_groups relative.
     4. Σ |ŷ_j||ŷ_l| ≤ (1 + ρ)² Σ |y_j||y_l| ≤ (1 + ρ)² sqrt(G_jj G_ll) (Cauchy–Schwarz).
-    Together: β = (1 + ρ)²(1 + γ32_depth)(1 + γ64_groups) − 1 ≈ γ32_depth + 2·u32 (3.1e-5 at depth 520).
+    Together: β = (1 + ρ)²(1 + γ32_depth)(1 + γ64_groups) − 1 ≈ γ32_depth + 2·u32 (1.2e-4 at the default depth 2050).
     The covariance Ĝ/N − d dᵀ (d the mean offset, exact in float64) inherits β·sqrt(G_jj G_ll)/N.
     """
     rho = (1.0 + _U64) * (1.0 + _U32) - 1.0
