@@ -119,6 +119,7 @@ def test_float32_gram_covariance_stays_within_the_proven_bound(monkeypatch):
 
     # Tiny products and groups: many float64 additions of float32 groups, so a float32 total would show.
     monkeypatch.setattr(_gaussian, "SYRK_ROWS", 8)
+    monkeypatch.setattr(_gaussian, "GRAM_ROWS", 8)
     monkeypatch.setattr(_gaussian, "GRAM_GROUP_ROWS", 8)
     rng = np.random.default_rng(7)
     rows, dim = 60_000, 6
@@ -247,3 +248,40 @@ def test_mahalanobis_uses_the_triangular_whitener_only_when_the_covariance_is_in
     singular = create("maha").fit(Outputs(np.hstack([features, features[:, :1]]), labels=labels))
     assert not singular.gaussians_.triangular
     assert singular.gaussians_.whitener.shape == (13, 12)
+
+
+@pytest.mark.parametrize(
+    "gram_dtype,input_dtype", [("float64", np.float64), ("float32", np.float32), ("float32", np.float64)]
+)
+def test_staged_rank_k_products_give_the_gram_of_every_row(monkeypatch, gram_dtype, input_dtype):
+    """Rows staged across update calls of every size (a part, several stages, a stage boundary) all reach the Gram,
+    also when it is read between updates; the float32 depth counts the widest product and the group's calls."""
+    monkeypatch.setattr(_gaussian, "SYRK_ROWS", 4)
+    monkeypatch.setattr(_gaussian, "GRAM_ROWS", 7)
+    monkeypatch.setattr(_gaussian, "GRAM_GROUP_ROWS", 10)
+    rng = np.random.default_rng(11)
+    features = (rng.normal(size=(120, 5)) * [1.0, 3.0, 0.5, 2.0, 1.0] + 4.0).astype(input_dtype)
+    accumulator = ScatterAccumulator(5, gram_dtype=gram_dtype)
+    sizes = [3, 11, 1, 7, 20, 2, 6, 30, 40]  # sums to 120: parts shorter than, equal to and longer than a stage
+    starts = np.cumsum([0] + sizes)
+    for index, (start, stop) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
+        accumulator.update(features[start:stop])
+        if index == 4:  # a read in between flushes the staged rows; the rows after it must still be added
+            # Loose: it only has to tell a missing row (an O(1) error) from float32 rounding (β < 1e-6 here).
+            centred = features[:stop].astype(np.float64) - accumulator.shift
+            np.testing.assert_allclose(accumulator.gram, centred.T @ centred, rtol=1e-4, atol=1e-3)
+    centred = features.astype(np.float64) - accumulator.shift
+    expected = centred.T @ centred
+    scale = np.sqrt(np.outer(np.diag(expected), np.diag(expected)))
+    assert accumulator.count == 120
+    np.testing.assert_allclose(accumulator.sum, centred.sum(axis=0), rtol=1e-12, atol=1e-10)
+    if gram_dtype == "float64":
+        # Both are float64 sums of 120 products, in different orders: each within γ64(120)·Σ|y_j||y_l| ≤
+        # γ64(120)·sqrt(G_jj G_ll) of the exact value; 1e-12 of that scale is ~40 times their sum.
+        assert (np.abs(accumulator.gram - expected) <= 1e-12 * scale).all()
+    else:
+        # Products of at most 7 rows and at most 2 of them per group of 10 rows (7 + 7 passes 10): depth 7 + 2.
+        assert accumulator.gram_depth == 9
+        beta = accumulator.gram_error_bound()
+        # β bounds the float32 Gram's error; the float64 reference adds γ64(120) on the same scale.
+        assert (np.abs(accumulator.gram - expected) <= (beta + 1e-13) * scale).all()

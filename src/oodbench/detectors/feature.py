@@ -74,11 +74,12 @@ class _MahalanobisFamily(Detector):
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         gaussians = self.gaussians_
         if self.normalize:
-            # One float64 copy, normalised and centred in place (as l2_normalize and whiten would, without
-            # temporaries); norms by einsum (np.linalg.norm squares the block into a temporary first).
-            centred = np.array(chunk.features, dtype=np.float64)
-            norms = np.sqrt(np.einsum("nd,nd->n", centred, centred))
-            centred /= np.maximum(norms, 1e-12)[:, None]
+            # One float64 array, converted and normalised in one pass, then centred in place (as l2_normalize and
+            # whiten would, without temporaries); norms by einsum in float64 (np.linalg.norm squares the block into
+            # a temporary first).
+            features = np.asarray(chunk.features)
+            norms = np.sqrt(np.einsum("nd,nd->n", features, features, dtype=np.float64))
+            centred = np.divide(features, np.maximum(norms, 1e-12)[:, None], dtype=np.float64)
             centred -= gaussians.centre
         else:
             centred = gaussians.centre_rows(chunk.features)  # converted and centred in one pass

@@ -147,6 +147,10 @@ class FitStatistics:
         # Working set per row: the raw block, its float64 copy for the class sums, the normalised rows; softmax over
         # the logits.
         width = (3 * dim if raw is not None or normalized is not None else 0) + (2 * num_classes if use_logits else 0)
+        # The cache-sized float64 parts of each block, reused from part to part (fresh arrays cost page faults):
+        # the rows as read, and the copy of their normalised rows that the accumulator centres.
+        parts = np.empty((SYRK_ROWS, dim)) if raw is not None or normalized is not None else None
+        unit_parts = np.empty((SYRK_ROWS, dim)) if normalized is not None else None
         for rows in fit_chunks(len(fit_set), max(1, width), self.description):
             labels = np.asarray(fit_set.labels[rows]) if labelled else None
             if raw is not None or normalized is not None:
@@ -161,12 +165,16 @@ class FitStatistics:
                     # is mostly per call).
                     unit_rows = None if normalized is None else np.empty(block.shape)
                     for part in iter_chunks(block.shape[0], SYRK_ROWS):
-                        values = np.array(block[part], dtype=np.float64)  # cache-sized
+                        values = parts[: part.stop - part.start]
+                        values[...] = block[part]  # converted to float64
                         if normalized is not None:
                             # As l2_normalize, without its temporaries: norms by einsum, divided into place.
                             norms = np.sqrt(np.einsum("nd,nd->n", values, values))
                             unit = np.divide(values, np.maximum(norms, 1e-12)[:, None], out=unit_rows[part])
-                            normalized.update_owned(unit.copy())  # a copy: the accumulator centres it in place
+                            # A copy: the accumulator centres it in place, and the class sums need unit_rows.
+                            centred = unit_parts[: unit.shape[0]]
+                            centred[...] = unit
+                            normalized.update_owned(centred)
                         if raw is not None and not raw_alone:
                             raw.update_owned(values)
                     if normalized is not None:
