@@ -620,7 +620,12 @@ def extrapolation_markdown(estimate: Mapping[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--d", type=int, default=2048, help="feature dimension D (768, 2048 or 4096: ViT-B, ResNet-50 and the widest backbones)")
+    parser.add_argument(
+        "--d",
+        type=int,
+        default=2048,
+        help="feature dimension D (768, 2048 or 4096: ViT-B, ResNet-50 and the widest backbones)",
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of every row count (default 1: full size)")
     parser.add_argument("--workdir", required=True, help="where the store and run directory go (needs the disk)")
     parser.add_argument(
