@@ -211,8 +211,9 @@ class MemorySampler:
 class Recorder:
     """Times every detector's fit and score (and the shared fit statistics' pass) inside `oodbench evaluate`."""
 
-    def __init__(self, sampler: MemorySampler) -> None:
+    def __init__(self, sampler: MemorySampler, log: Callable[[str], None] = lambda text: None) -> None:
         self.sampler = sampler
+        self.log = log  # a line per fit, score call and shared pass: an interrupted run keeps what it measured
         self.rows: dict[str, dict[str, float]] = {}
         self.shared: dict[str, float] = {"seconds": 0.0, "peak_extra_bytes": 0.0, "passes": 0}
         self._shared_in_fit = 0.0
@@ -238,6 +239,7 @@ class Recorder:
             row = recorder._row(detector.name)
             row["fit_s"] += seconds - recorder._shared_in_fit  # the shared pass is reported on its own row
             row["peak_extra_bytes"] = max(row["peak_extra_bytes"], memory["peak_extra_bytes"])
+            recorder.log(f"  {detector.name}: fit {seconds - recorder._shared_in_fit:.1f} s")
             return result
 
         def timed_score(detector: Any, *args: Any, **kwargs: Any) -> Any:
@@ -248,6 +250,7 @@ class Recorder:
             row = recorder._row(detector.name)
             row["score_s"] += seconds
             row["peak_extra_bytes"] = max(row["peak_extra_bytes"], memory["peak_extra_bytes"])
+            recorder.log(f"  {detector.name}: scored {len(args[0]):,} rows in {seconds:.1f} s")
             return result
 
         def timed_compute(stats: Any, *args: Any, **kwargs: Any) -> Any:
@@ -258,6 +261,7 @@ class Recorder:
             recorder._shared_in_fit += seconds
             recorder.shared["seconds"] += seconds
             recorder.shared["passes"] += 1
+            recorder.log(f"  shared fit statistics: one pass in {seconds:.1f} s")
             recorder.shared["peak_extra_bytes"] = max(recorder.shared["peak_extra_bytes"], memory["peak_extra_bytes"])
             return result
 
@@ -459,7 +463,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         params = detector_params(names, n, d, args)
         report["params"] = params
-        recorder = Recorder(sampler)
+        recorder = Recorder(sampler, log)
         hwm_before = _status_bytes("VmHWM")
         with recorder.installed(), sampler.phase() as run_memory:
             start = time.perf_counter()
