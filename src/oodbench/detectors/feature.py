@@ -349,8 +349,7 @@ class KNN(Detector):
             kth = similarities[:, -1].astype(np.float64)
         else:
             centroids, lists = _ivf_lists(self.index_)
-            centre = getattr(self, "centre_", None)
-            probe_with = queries if centre is None else _normalize_in_place(queries - centre)
+            probe_with = queries if self.centre_ is None else _normalize_in_place(queries - self.centre_)
             kth, probed = ivf_kth_similarity(
                 queries, centroids, lists, int(self.index_.nprobe), self.k, probe_with=probe_with
             )
