@@ -285,3 +285,45 @@ def test_staged_rank_k_products_give_the_gram_of_every_row(monkeypatch, gram_dty
         beta = accumulator.gram_error_bound()
         # β bounds the float32 Gram's error; the float64 reference adds γ64(120) on the same scale.
         assert (np.abs(accumulator.gram - expected) <= (beta + 1e-13) * scale).all()
+
+
+@pytest.mark.parametrize("order", ["shuffled", "sorted"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_class_sums_add_each_row_in_row_order(monkeypatch, order, dtype):
+    """Per-class sums are the row-order float64 sums np.add.at gives, bit for bit, across parts, calls and new classes."""
+    monkeypatch.setattr(_gaussian, "_CLASS_SUM_ROWS", 7)  # many parts per call, and a short last one
+    rng = np.random.default_rng(12)
+    features = (rng.normal(size=(300, 6)) * 3 + 20).astype(dtype)
+    labels = rng.integers(0, 9, 300)
+    if order == "sorted":  # a class-ordered fit set: every part holds one or two classes
+        labels = np.sort(labels)
+    labels[250:] += 3  # classes 9-11 appear only in the later calls: the totals grow
+    read_only = labels.copy()
+    read_only.flags.writeable = False  # labels from a memory-mapped store
+    accumulator = ScatterAccumulator(6, by_class=True, with_gram=False)
+    for start, stop in ((0, 100), (100, 101), (101, 250), (250, 300)):
+        accumulator.update(features[start:stop], read_only[start:stop])
+    expected = np.zeros((12, 6))
+    np.add.at(expected, labels, features.astype(np.float64))
+    np.testing.assert_array_equal(
+        accumulator.class_sums + accumulator.class_counts[:, None] * accumulator.shift, expected
+    )
+    np.testing.assert_array_equal(accumulator.class_counts, np.bincount(labels, minlength=12))
+
+
+def test_the_sum_of_a_per_class_accumulator_is_its_class_total():
+    """With per-class sums the total needs no pass of its own; rows added without their classes are refused."""
+    rng = np.random.default_rng(13)
+    features = rng.normal(size=(500, 4)) + 7.0
+    labels = rng.integers(0, 5, 500)
+    accumulator = ScatterAccumulator(4, by_class=True)
+    accumulator.update(features, labels)
+    # Σ(x − shift) over 500 rows of ~7: two float64 orders of the same sum differ by at most 2·γ64(500)·Σ|x − shift|.
+    centred = features - accumulator.shift
+    bound = 2 * 500 * 2.0**-53 / (1 - 500 * 2.0**-53) * np.abs(centred).sum(axis=0)
+    assert (np.abs(accumulator.sum - centred.sum(axis=0)) <= bound).all()
+    np.testing.assert_allclose(accumulator.mean, features.mean(axis=0), rtol=1e-13)
+    missing = ScatterAccumulator(4, by_class=True)
+    missing.update_owned(features[:10].copy())  # its class sums never added
+    with pytest.raises(DetectorError, match="10 rows were added but 0 have class sums"):
+        missing.sum

@@ -137,10 +137,12 @@ class ViM(_ResidualSpace):
             block -= origin
             projected = block @ basis
             if principal:
-                # Squared norms summed in float64 whatever the block's dtype.
-                squared = np.einsum("nd,nd->n", block, block, dtype=np.float64) - np.einsum(
-                    "nk,nk->n", projected, projected, dtype=np.float64
-                )
+                # Squared norms in the basis's precision. In float32 the product x·V already errs by up to γ_D·‖x‖
+                # (D float32 roundings), so float32 sums of squares (error ≤ γ_D·‖x‖²) keep the residual's error of
+                # the same order, and save numpy's float64 copies of both operands.
+                squared = np.einsum("nd,nd->n", block, block).astype(np.float64) - np.einsum(
+                    "nk,nk->n", projected, projected
+                ).astype(np.float64)
                 norms = np.sqrt(np.maximum(squared, 0.0))
             else:
                 norms = np.linalg.norm(projected, axis=1)

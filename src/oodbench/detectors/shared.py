@@ -144,11 +144,11 @@ class FitStatistics:
         max_logit_sum = 0.0
         template_sums = np.zeros((num_classes, num_classes)) if "prediction_templates" in needs else None
         template_counts = np.zeros(num_classes, dtype=np.int64)
-        # Working set per row: the raw block, its float64 copy for the class sums, the normalised rows; softmax over
-        # the logits.
+        # Working set per row: the block as read and at most a float64 copy of it (the cache-sized parts below are
+        # per block, not per row); softmax over the logits.
         width = (3 * dim if raw is not None or normalized is not None else 0) + (2 * num_classes if use_logits else 0)
         # The cache-sized float64 parts of each block, reused from part to part (fresh arrays cost page faults):
-        # the rows as read, and the copy of their normalised rows that the accumulator centres.
+        # the rows as read, and their normalised rows, which the accumulator centres in place.
         parts = np.empty((SYRK_ROWS, dim)) if raw is not None or normalized is not None else None
         unit_parts = np.empty((SYRK_ROWS, dim)) if normalized is not None else None
         for rows in fit_chunks(len(fit_set), max(1, width), self.description):
@@ -161,26 +161,19 @@ class FitStatistics:
                 if raw_alone:
                     raw.update(block, labels)
                 if normalized is not None or (raw is not None and not raw_alone):
-                    # The normalised rows of the block, kept for its class sums (added once per block: their cost
-                    # is mostly per call).
-                    unit_rows = None if normalized is None else np.empty(block.shape)
                     for part in iter_chunks(block.shape[0], SYRK_ROWS):
                         values = parts[: part.stop - part.start]
                         values[...] = block[part]  # converted to float64
                         if normalized is not None:
-                            # As l2_normalize, without its temporaries: norms by einsum, divided into place.
+                            # As l2_normalize, without its temporaries: norms by einsum, divided into a cache-sized
+                            # buffer that the accumulator centres in place and sums per class while it is in cache.
                             norms = np.sqrt(np.einsum("nd,nd->n", values, values))
-                            unit = np.divide(values, np.maximum(norms, 1e-12)[:, None], out=unit_rows[part])
-                            # A copy: the accumulator centres it in place, and the class sums need unit_rows.
-                            centred = unit_parts[: unit.shape[0]]
-                            centred[...] = unit
-                            normalized.update_owned(centred)
+                            unit = np.divide(
+                                values, np.maximum(norms, 1e-12)[:, None], out=unit_parts[: values.shape[0]]
+                            )
+                            normalized.update_owned(unit, labels[part])
                         if raw is not None and not raw_alone:
-                            raw.update_owned(values)
-                    if normalized is not None:
-                        normalized.update_classes(unit_rows, labels)
-                    if raw is not None and raw.by_class and not raw_alone:
-                        raw.update_classes(block, labels)
+                            raw.update_owned(values, labels[part] if raw.by_class else None)
             if use_logits:
                 logits = np.asarray(fit_set.logits[rows])
                 if "max_logit_sum" in needs:
