@@ -59,6 +59,24 @@ def test_work_model_counts_the_unavoidable_products(paper_scale):
     assert floor == pytest.approx(2 * q * n * d / 1e9)
 
 
+def test_elementary_work_counts_the_float64_kernels_and_prices_them_at_their_rates(paper_scale):
+    n, q, d, c = 1000, 300, 64, 10
+    # MSP: a float64 copy, the max, the shift, the clip and the sum (5 passes) and one exp per logit.
+    assert paper_scale.elementary_work("msp", {}, n, q, d, c) == {"pass64": 5.0 * q * c, "exp64": 1.0 * q * c}
+    gen = paper_scale.elementary_work("gen", {"top_m": 4}, n, q, d, c)
+    assert gen["select64"] == q * c and gen["exp64"] == q * c + 4 * q * 4  # two powers (a log and an exp each)
+    ivf = paper_scale.elementary_work("knn", {"index": "ivf", "nlist": 10, "nprobe": 2, "k": 5}, n, q, d, c)
+    assert ivf == {"select32": q * 2 * (5 + n / 10)}  # each probed list merged with the running top k
+    assert paper_scale.elementary_work("knn", {"index": "flat"}, n, q, d, c) == {}
+    assert paper_scale.elementary_work("maha", {}, n, q, d, c) == {}  # the GEMM floor covers it
+    rates = {"pass64": 2.0, "exp64": 4.0, "gemm64_gflops": 1e-9}  # 1 FLOP/s
+    seconds = paper_scale.elementary_seconds({"pass64": 6.0, "exp64": 8.0, "flops64": 3.0}, rates)
+    assert seconds == 6.0 / 2.0 + 8.0 / 4.0 + 3.0
+    measured = paper_scale.elementary_rates(classes=200, dim=32, rows=16, repeats=1)
+    assert set(measured) == set(paper_scale.ELEMENTARY_KERNELS) | {"gemm64_gflops"}
+    assert all(rate > 0 and np.isfinite(rate) for rate in measured.values())
+
+
 @pytest.mark.slow
 def test_a_tiny_run_times_every_detector_and_deletes_its_store(paper_scale, tmp_path):
     report_path = tmp_path / "report.json"
@@ -70,6 +88,10 @@ def test_a_tiny_run_times_every_detector_and_deletes_its_store(paper_scale, tmp_
     for name, row in report["detectors"].items():
         assert row["fit_s"] >= 0 and row["score_s"] > 0, name
         assert row["floor_s"] > 0 and row["ratio"] > 0, name
+    # Rows with float64 work by design carry a second floor: their float32 products plus those kernels.
+    assert report["detectors"]["msp"]["elementary_s"] > 0 and "elementary_s" not in report["detectors"]["maha"]
+    assert report["shared_statistics"]["elementary_s"] > 0
+    assert "| with float64 work (s) |" in paper_scale.markdown(report)
     assert report["shared_statistics"]["passes"] == 1  # one pass over the fit set for every detector that shares
     assert report["store"]["bytes"] > 4 * 32 * report["fit_rows"]
     assert not (tmp_path / "work" / "store").exists()  # deleted unless --keep-store
