@@ -326,4 +326,4 @@ def test_the_sum_of_a_per_class_accumulator_is_its_class_total():
     missing = ScatterAccumulator(4, by_class=True)
     missing.update_owned(features[:10].copy())  # its class sums never added
     with pytest.raises(DetectorError, match="10 rows were added but 0 have class sums"):
-        missing.sum
+        _ = missing.sum

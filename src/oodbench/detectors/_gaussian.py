@@ -19,10 +19,12 @@ _U64 = 2.0**-53
 # added into the float64 Gram. The float32 rows are staged into products of GRAM_ROWS rows: each call reads and
 # writes the whole D x D accumulator and wakes the BLAS's threads: on 2 busy cores, 512-row calls (D = 768) took
 # 1.8x the time of the same rows in 2048-row ones (on one thread, the same time). GRAM_ROWS and GRAM_GROUP_ROWS set
-# the float32 error bound below (gram_error_bound).
+# the float32 error bound below (gram_error_bound): each product in a group adds one rounding to the depth, so
+# groups of 8 products (depth 2048 + 8) bound the error as tightly as groups of 2, and add the float32 buffer into
+# the float64 total (a pass over D x D values) a quarter as often.
 SYRK_ROWS = 512
 GRAM_ROWS = 2048
-GRAM_GROUP_ROWS = 4096
+GRAM_GROUP_ROWS = 16384
 # Rows per tile of the float32 class search: the tile's (rows x C) float32 product stays in cache while it is
 # reduced (4 MiB at C = 1000).
 SEARCH_ROWS = 1024
@@ -47,7 +49,7 @@ def gram_error_bound(depth: int, groups: int) -> float:
        γ32_depth · Σ |ŷ_j||ŷ_l|.
     3. Groups are summed in float64: at most `groups` more roundings, γ64_groups relative.
     4. Σ |ŷ_j||ŷ_l| ≤ (1 + ρ)² Σ |y_j||y_l| ≤ (1 + ρ)² sqrt(G_jj G_ll) (Cauchy–Schwarz).
-    Together: β = (1 + ρ)²(1 + γ32_depth)(1 + γ64_groups) − 1 ≈ γ32_depth + 2·u32 (1.2e-4 at the default depth 2050).
+    Together: β = (1 + ρ)²(1 + γ32_depth)(1 + γ64_groups) − 1 ≈ γ32_depth + 2·u32 (1.2e-4 at the default depth 2056).
     The covariance Ĝ/N − d dᵀ (d the mean offset, exact in float64) inherits β·sqrt(G_jj G_ll)/N.
     """
     rho = (1.0 + _U64) * (1.0 + _U32) - 1.0

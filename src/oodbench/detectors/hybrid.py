@@ -132,9 +132,12 @@ class ViM(_ResidualSpace):
         else:
             basis = self.residual_basis_.astype(np.float32)
         origin = self.origin_.astype(basis.dtype)
+        buffer = None
         for rows in fit_chunks(len(fit_set), 2 * num_features, "vim: alpha"):
-            block = np.array(fit_set.features[rows], dtype=basis.dtype)  # a copy: centred in place
-            block -= origin
+            features = np.asarray(fit_set.features[rows])
+            if buffer is None or buffer.shape[0] < features.shape[0]:
+                buffer = np.empty(features.shape, dtype=basis.dtype)  # reused: fresh blocks cost page faults
+            block = np.subtract(features, origin, out=buffer[: features.shape[0]], dtype=basis.dtype)
             projected = block @ basis
             if principal:
                 # Squared norms in the basis's precision. In float32 the product x·V already errs by up to γ_D·‖x‖
