@@ -8,6 +8,13 @@ and the AUROC and FPR@95 differences (points) from the exact score (ID test rows
 
 Example (1/20 of the paper's fit set, k at the paper's share of the fit set per class):
     .venv/bin/python benchmarks/knn_index.py --fit 64058 --d 2048 --k 50 --nprobe 4,8,16 --nlist 0,253
+
+`--breakdown` instead times the IVF search's parts on the full-size per-list shapes (unit float32 rows, D = 2048,
+lists of 1,000 rows, k = 1000, 32 lists probed per query, ~160 queries per list as in a 6,400-row chunk of the
+paper's 1,281 lists) over few lists: the per-list GEMMs alone, the merge of the products into each query's k
+largest alone (the plain concatenate-and-partition merge and the thresholded, buffered one of
+`ivf_kth_similarity`), and both whole searches, best of R, on one BLAS thread as the search runs:
+    .venv/bin/python benchmarks/knn_index.py --breakdown --lists 64
 """
 
 from __future__ import annotations
@@ -26,12 +33,113 @@ from paper_scale import CLASSES, Synthetic  # noqa: E402
 from oodbench.core.metrics import auroc, fpr_at_tpr  # noqa: E402
 from oodbench.core.outputs import Outputs  # noqa: E402
 from oodbench.detectors import create  # noqa: E402
-from oodbench.detectors.feature import _ivf_lists, _unit_float32  # noqa: E402
+from oodbench.detectors.feature import (  # noqa: E402
+    _ivf_lists,
+    _normalize_in_place,
+    _RunningKth,
+    _unit_float32,
+    ivf_kth_similarity,
+)
 
 
 def features(synthetic: Synthetic, rows: int, seed: list[int], ood: bool) -> np.ndarray:
     """`rows` synthetic feature rows."""
     return synthetic.block(rows, np.random.default_rng(seed), ood)["features"]
+
+
+def _probe_plan(queries: np.ndarray, centroids: np.ndarray, nprobe: int) -> list[tuple[int, np.ndarray]]:
+    """(list number, queries probing it) for each probed list, in the order `ivf_kth_similarity` visits them."""
+    rows, nlist = queries.shape[0], centroids.shape[0]
+    nprobe = min(nprobe, nlist)
+    if nprobe < nlist:
+        probes = np.argpartition(-(queries @ centroids.T), nprobe - 1, axis=1)[:, :nprobe]
+    else:
+        probes = np.broadcast_to(np.arange(nlist), (rows, nlist))
+    pairs = probes.ravel()
+    order = np.argsort(pairs, kind="stable")
+    owner = np.repeat(np.arange(rows), nprobe)[order]
+    bounds = np.searchsorted(pairs[order], np.arange(nlist + 1))
+    return [(int(n), owner[bounds[n] : bounds[n + 1]]) for n in np.flatnonzero(np.diff(bounds))]
+
+
+def _concat_merge(rows: int, k: int, plan: list[tuple[int, np.ndarray]], products: list[np.ndarray]) -> np.ndarray:
+    """The plain merge: per list, concatenate each query's k held values with its products and keep the k largest."""
+    top = np.full((rows, k), -np.inf, dtype=np.float32)
+    for (_, who), block in zip(plan, products, strict=True):
+        merged = np.concatenate([top[who], block], axis=1)
+        top[who] = np.partition(merged, merged.shape[1] - k, axis=1)[:, merged.shape[1] - k :]
+    return top.min(axis=1).astype(np.float64)
+
+
+def concat_merge_search(queries: np.ndarray, centroids: np.ndarray, lists: list[np.ndarray], nprobe: int, k: int):
+    """The IVF search with the plain merge (products and probes as `ivf_kth_similarity`'s), the reference."""
+    plan = _probe_plan(queries, centroids, nprobe)
+    top = np.full((queries.shape[0], k), -np.inf, dtype=np.float32)
+    for number, who in plan:
+        merged = np.concatenate([top[who], queries[who] @ lists[number].T], axis=1)
+        top[who] = np.partition(merged, merged.shape[1] - k, axis=1)[:, merged.shape[1] - k :]
+    return top.min(axis=1).astype(np.float64)
+
+
+def breakdown(args: argparse.Namespace) -> dict:
+    """Time the IVF search's GEMMs, its merge (plain and thresholded) and the whole searches on full-size shapes."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(args.seed)
+    d, size, k, nprobe = args.d, args.list_size, args.k, args.nprobe_breakdown
+    rows = args.lists * args.per_list // nprobe
+    bank = _normalize_in_place(rng.standard_normal((args.lists * size, d), dtype=np.float32))
+    lists = [bank[i * size : (i + 1) * size] for i in range(args.lists)]
+    centroids = _normalize_in_place(rng.standard_normal((args.lists, d), dtype=np.float32))
+    queries = _normalize_in_place(rng.standard_normal((rows, d), dtype=np.float32))
+    plan = _probe_plan(queries, centroids, nprobe)
+    gathered = [np.ascontiguousarray(queries[who]) for _, who in plan]
+    widths = [int(w) for w in args.merge_width.split(",")]
+
+    def search(width: int) -> np.ndarray:
+        return ivf_kth_similarity(queries, centroids, lists, nprobe, k, merge_width=width)[0]
+
+    def thresholded(width: int) -> np.ndarray:
+        running = _RunningKth(rows, k, width)
+        for (_, who), block in zip(plan, products, strict=True):
+            running.add(who, block)
+        return running.result()
+
+    with threadpool_limits(1, user_api="blas"):
+        products = [g @ lists[n].T for g, (n, _) in zip(gathered, plan, strict=True)]
+    runs = {
+        "gemm": lambda: [g @ lists[n].T for g, (n, _) in zip(gathered, plan, strict=True)],
+        "merge_concat": lambda: _concat_merge(rows, k, plan, products),
+        **{f"merge_thresholded_w{w}": (lambda w=w: thresholded(w)) for w in widths},
+        "search_concat": lambda: concat_merge_search(queries, centroids, lists, nprobe, k),
+        **{f"search_thresholded_w{w}": (lambda w=w: search(w)) for w in widths},
+    }
+    reference = concat_merge_search(queries, centroids, lists, nprobe, k)
+    identical = all(np.array_equal(search(w), reference) for w in widths)
+    # Round by round, every part once per round: a change of load on a shared machine reaches all alike.
+    timings = dict.fromkeys(runs, float("inf"))
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            with threadpool_limits(1, user_api="blas"):
+                start = time.perf_counter()
+                run()
+                timings[name] = min(timings[name], time.perf_counter() - start)
+    flops = 2.0 * d * size * sum(len(who) for _, who in plan)
+    report = {
+        "lists": args.lists, "list_size": size, "d": d, "k": k, "nprobe": nprobe, "queries": rows,
+        "queries_per_list": float(np.mean([len(who) for _, who in plan])), "gemm_gflops": flops / timings["gemm"] / 1e9,
+        "bit_identical": identical, "seconds": timings,
+    }  # fmt: skip
+    print(
+        f"{rows} queries x {nprobe} of {args.lists} lists of {size} rows, D = {d}, k = {k}, "
+        f"{report['queries_per_list']:.0f} queries per list; one BLAS thread, best of {args.repeats}",
+        flush=True,
+    )
+    for name, seconds in timings.items():
+        whole = timings["search_thresholded_w" + name.split("_w")[-1]] if "_w" in name else timings["search_concat"]
+        print(f"  {name:26s} {seconds:8.3f} s  {100 * seconds / whole:5.1f} % of its whole search", flush=True)
+    print(f"  GEMM rate {report['gemm_gflops']:.1f} GFLOP/s; thresholded results bit-identical: {identical}")
+    return report
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -47,7 +155,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the report as JSON here")
+    parser.add_argument("--breakdown", action="store_true", help="time the IVF search's parts (see above)")
+    parser.add_argument("--lists", type=int, default=64, help="--breakdown: lists")
+    parser.add_argument("--list-size", type=int, default=1000, help="--breakdown: rows per list")
+    parser.add_argument("--per-list", type=int, default=160, help="--breakdown: queries per list (mean)")
+    parser.add_argument("--nprobe-breakdown", type=int, default=32, help="--breakdown: lists probed per query")
+    parser.add_argument("--merge-width", default="1000,2000", help="--breakdown: comma-separated merge widths")
     args = parser.parse_args(argv)
+    if args.breakdown:
+        report = breakdown(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+        return report
     synthetic = Synthetic(args.d, CLASSES, args.seed)
     fit = Outputs(features(synthetic, args.fit, [args.seed, 1], False))
     test = Outputs(
