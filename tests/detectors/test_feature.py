@@ -473,3 +473,39 @@ def test_ivf_search_of_each_query_does_not_depend_on_the_others(problem):
     )
     dim, unit = queries.shape[1], 2.0**-24
     np.testing.assert_allclose(alone, whole, rtol=0, atol=2 * dim * unit / (1 - dim * unit))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    nlist=st.integers(1, 8),
+    nprobe=st.integers(1, 8),
+    k=st.integers(1, 60),
+    width=st.one_of(st.none(), st.integers(1, 50)),
+)
+def test_ivf_search_returns_exactly_the_brute_force_kth_over_the_probed_lists(seed, nlist, nprobe, k, width):
+    """The thresholded, buffered merge gives the k-th largest of a brute-force sort of the probed products, exactly.
+
+    Integer entries in [-2, 2] (D <= 6): every inner product is an integer of magnitude <= 24, exact in float32
+    whatever the order of the sum, so the comparison is exact (assert_array_equal) and ties are many. Lists of
+    0 to 40 rows with k up to 60: k exceeds a list, and queries whose probed lists hold fewer than k rows get -inf.
+    Small merge widths force the buffer to overflow and values wider than the buffer to merge directly. The
+    centroids are the identity, so the coarse products are `probe_with` itself: a permutation per query, whose
+    nprobe largest entries name the probed lists without ties.
+    """
+    rng = np.random.default_rng(seed)
+    dim, rows = int(rng.integers(1, 7)), int(rng.integers(1, 30))
+    lists = [rng.integers(-2, 3, (int(rng.integers(0, 41)), dim)).astype(np.float32) for _ in range(nlist)]
+    queries = rng.integers(-2, 3, (rows, dim)).astype(np.float32)
+    order = np.argsort(rng.random((rows, nlist)), axis=1).astype(np.float32)  # a permutation of 0..nlist-1 per row
+    kth, probed = ivf_kth_similarity(
+        queries, np.eye(nlist, dtype=np.float32), lists, nprobe, k, probe_with=order, merge_width=width
+    )
+    expected, counts = [], []
+    for query, ranks in zip(queries, order, strict=True):
+        chosen = np.argsort(-ranks)[: min(nprobe, nlist)]
+        products = np.sort(np.concatenate([lists[i] @ query for i in chosen]))[::-1]
+        counts.append(len(products))
+        expected.append(products[k - 1] if len(products) >= k else -np.inf)
+    np.testing.assert_array_equal(kth, np.array(expected, dtype=np.float32).astype(np.float64))
+    np.testing.assert_array_equal(probed, counts)

@@ -176,6 +176,71 @@ def _ivf_lists(index: Any) -> tuple[np.ndarray, list[np.ndarray]]:
     return centroids, vectors
 
 
+class _RunningKth:
+    """Each query's k largest values so far, fed one block of values (one list's products) at a time.
+
+    A value at or below a query's k-th largest so far (`kth`: the least of its k held values, -inf until k are
+    held) cannot change its final k-th largest, so it is dropped. Proof: let S be the k values held (each an
+    element of the final multiset T, distinct from the dropped v) and s their least, so v <= s <= t, the k-th
+    largest of T. Every element of S is >= s >= v and stays in T without v: T without v still holds k values
+    >= s, and its k-th largest is >= s; if v < t, the k values of T that are >= t are all still there, so the
+    k-th largest stays t; if v == t, then s == t and S's k values (>= t) are still there, so again it stays t.
+    (Removing a value never raises a k-th largest, so it is exactly t.) Ties (v == s) thus drop too.
+    The values above `kth` are appended to a per-query `pending` buffer of `width` slots; a query's buffer is
+    merged into its k held values (one partition of k + width) only when the next block would overflow it, so
+    a partition is paid per `width` entering values rather than per block (the threshold used to filter is then
+    the one of the last merge: a lower bound of the current k-th, so the argument above still holds).
+    """
+
+    def __init__(self, rows: int, k: int, width: int) -> None:
+        self.k, self.width = k, width
+        self.top = np.full((rows, k), -np.inf, dtype=np.float32)
+        self.kth = np.full(rows, -np.inf, dtype=np.float32)
+        self.pending = np.full((rows, width), -np.inf, dtype=np.float32)  # unfilled slots stay -inf
+        self.fill = np.zeros(rows, dtype=np.int64)
+
+    def _merge(self, rows: np.ndarray, extra: np.ndarray | None = None) -> None:
+        """Merge the pending values of `rows` (and `extra` values, one row each) into their k held values."""
+        parts = [self.top[rows], self.pending[rows]] + ([] if extra is None else [extra])
+        merged = np.concatenate(parts, axis=1)
+        cut = merged.shape[1] - self.k
+        top = np.partition(merged, cut, axis=1)[:, cut:]
+        self.top[rows] = top
+        self.kth[rows] = top.min(axis=1)
+        self.pending[rows] = -np.inf
+        self.fill[rows] = 0
+
+    def add(self, who: np.ndarray, values: np.ndarray) -> None:
+        """Feed `values[i]` to query `who[i]` (the queries in `who` are distinct)."""
+        above = values > self.kth[who][:, None]
+        count = np.count_nonzero(above, axis=1)
+        full = self.fill[who] + count > self.width
+        if full.any():
+            self._merge(who[full])  # a tighter threshold first: fewer of this block's values then enter
+            above[full] = values[full] > self.kth[who[full]][:, None]
+            count[full] = np.count_nonzero(above[full], axis=1)
+            wide = count > self.width  # more entering values than the buffer holds (a first, large list)
+            if wide.any():
+                self._merge(who[wide], values[wide])
+                above[wide] = False
+                count[wide] = 0
+        entering = values[above]  # row-major: line by line, each line's entering values in order
+        if len(entering):
+            # The j-th entering value of line i goes to slot fill + j of query who[i]'s buffer: flat position
+            # who[i] * width + fill + (n - start[i]) for the n-th entering value overall.
+            fill = self.fill[who]
+            first = who * self.width + fill - (np.cumsum(count) - count)
+            self.pending.reshape(-1)[np.repeat(first, count) + np.arange(len(entering))] = entering
+            self.fill[who] = fill + count
+
+    def result(self) -> np.ndarray:
+        """Each query's k-th largest value over all blocks (-inf where fewer than k were fed), as float64."""
+        waiting = np.flatnonzero(self.fill)
+        for begin in range(0, len(waiting), 1024):  # bounded: 1,024 rows of k + width values at a time
+            self._merge(waiting[begin : begin + 1024])
+        return self.kth.astype(np.float64)
+
+
 def ivf_kth_similarity(
     queries: np.ndarray,
     centroids: np.ndarray,
@@ -183,6 +248,7 @@ def ivf_kth_similarity(
     nprobe: int,
     k: int,
     probe_with: np.ndarray | None = None,
+    merge_width: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k-th largest inner product of each query among the vectors of its `nprobe` closest lists.
 
@@ -190,8 +256,9 @@ def ivf_kth_similarity(
     queries that probe a list are multiplied with its vectors in one GEMM, and each query keeps its k largest
     values so far (faiss scans one query's lists at a time, many times slower than a GEMM on these shapes; see
     docs/detectors.md). The lists are chosen by the inner products of `probe_with` (default: the queries) with the
-    centroids; knn probes with its centred rows. Returns the k-th similarity (-inf where fewer than k vectors were
-    probed) and the number of vectors each query probed.
+    centroids; knn probes with its centred rows. Only products above a query's k-th so far are kept, and they are
+    merged into its k held values `merge_width` (default 2k) at a time (`_RunningKth`). Returns the k-th similarity
+    (-inf where fewer than k vectors were probed) and the number of vectors each query probed.
     """
     rows, nlist = queries.shape[0], centroids.shape[0]
     nprobe = min(nprobe, nlist)
@@ -201,7 +268,7 @@ def ivf_kth_similarity(
     else:
         probes = np.broadcast_to(np.arange(nlist), (rows, nlist))
     probed = np.array([len(v) for v in lists], dtype=np.int64)[probes].sum(axis=1)
-    top = np.full((rows, k), -np.inf, dtype=np.float32)  # each query's k largest similarities so far
+    running = _RunningKth(rows, k, 2 * k if merge_width is None else merge_width)
     pairs = probes.ravel()
     order = np.argsort(pairs, kind="stable")
     owner = np.repeat(np.arange(rows), nprobe)[order]
@@ -218,9 +285,8 @@ def ivf_kth_similarity(
             if len(vectors) == 0:
                 continue
             who = owner[bounds[number] : bounds[number + 1]]
-            merged = np.concatenate([top[who], queries[who] @ vectors.T], axis=1)
-            top[who] = np.partition(merged, merged.shape[1] - k, axis=1)[:, merged.shape[1] - k :]
-    return top.min(axis=1).astype(np.float64), probed
+            running.add(who, queries[who] @ vectors.T)
+    return running.result(), probed
 
 
 def default_nlist(num_rows: int, k: int) -> int:
@@ -369,9 +435,9 @@ class KNN(Detector):
         if self.index == "flat":
             return 2 * test.num_features + 2 * self.k
         # The normalised float32 row, its centred copy that chooses the lists and its gathered copy, the coarse
-        # products and the running top k (float32: half a value each); the per-list products and their merge are
-        # bounded by the largest list, not per row.
-        return (3 * test.num_features + self.nlist_ + 3 * self.k) // 2
+        # products, the running top k and its buffer of 2k entering values (float32: half a value each); the per-list
+        # products and their merge are bounded by the largest list, not per row.
+        return (3 * test.num_features + self.nlist_ + 5 * self.k) // 2
 
 
 class _CentroidDetector(Detector):
