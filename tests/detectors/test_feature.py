@@ -509,3 +509,24 @@ def test_ivf_search_returns_exactly_the_brute_force_kth_over_the_probed_lists(se
         expected.append(products[k - 1] if len(products) >= k else -np.inf)
     np.testing.assert_array_equal(kth, np.array(expected, dtype=np.float32).astype(np.float64))
     np.testing.assert_array_equal(probed, counts)
+
+
+def test_knn_ivf_split_across_cores_scores_exactly_as_one_search(problem, monkeypatch):
+    """Threads over parts of the queries (each part's search on one BLAS thread) give the one search's scores."""
+    from oodbench.detectors import feature
+
+    detector = create("knn", k=5, index="ivf", nlist=8, nprobe=3).fit(problem.fit)
+    monkeypatch.setattr(feature, "ROWS_PER_SEARCH_THREAD", 10**9)  # one search over every row
+    whole = detector.score(problem.test)
+    monkeypatch.setattr(feature, "ROWS_PER_SEARCH_THREAD", 7)
+    monkeypatch.setattr(feature, "available_cores", lambda: 3)  # three uneven parts, whatever this machine has
+    calls = []
+    original = feature.ivf_kth_similarity
+
+    def counted(queries, *args, **kwargs):
+        calls.append(len(queries))
+        return original(queries, *args, **kwargs)
+
+    monkeypatch.setattr(feature, "ivf_kth_similarity", counted)
+    np.testing.assert_array_equal(detector.score(problem.test), whole)
+    assert len(calls) == 3 and sum(calls) == len(problem.test)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -289,6 +292,34 @@ def ivf_kth_similarity(
     return running.result(), probed
 
 
+# Fewest queries per thread of a parallel IVF search: below this the per-list products get too narrow to pay.
+ROWS_PER_SEARCH_THREAD = 512
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def across_cores(search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """`search` over contiguous parts of `rows` queries, one per core, in threads; the parts' results in row order.
+
+    The IVF search's per-list products run on one BLAS thread each (ivf_kth_similarity), so one search uses one
+    core; queries are independent, so parts give exactly the results of one search over all rows. numpy releases
+    the GIL in its products and partitions, so threads suffice.
+    """
+    workers = max(1, min(available_cores(), rows // ROWS_PER_SEARCH_THREAD))
+    if workers == 1:
+        return search(slice(0, rows))
+    bounds = np.linspace(0, rows, workers + 1).astype(int)
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(search, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]))
+    return np.concatenate([kth for kth, _ in parts]), np.concatenate([probed for _, probed in parts])
+
+
 def default_nlist(num_rows: int, k: int) -> int:
     """knn's number of IVF lists: lists of about k rows, kept between sqrt(N) and 4 sqrt(N) lists (and <= N).
 
@@ -416,9 +447,17 @@ class KNN(Detector):
         else:
             centroids, lists = _ivf_lists(self.index_)
             probe_with = queries if self.centre_ is None else _normalize_in_place(queries - self.centre_)
-            kth, probed = ivf_kth_similarity(
-                queries, centroids, lists, int(self.index_.nprobe), self.k, probe_with=probe_with
-            )
+            nprobe = int(self.index_.nprobe)
+
+            def search(part: slice) -> tuple[np.ndarray, np.ndarray]:
+                return ivf_kth_similarity(queries[part], centroids, lists, nprobe, self.k, probe_with=probe_with[part])
+
+            from threadpoolctl import threadpool_limits
+
+            # One BLAS thread per search for the whole parallel section: a limit entered and left inside each
+            # thread would give the BLAS its threads back while the other search still runs.
+            with threadpool_limits(1, user_api="blas"):
+                kth, probed = across_cores(search, len(queries))
             if (probed < self.k).any():
                 raise DetectorError(
                     f"knn: the IVF index found fewer than k={self.k} neighbours for some rows (as few as "
@@ -428,8 +467,9 @@ class KNN(Detector):
         return -np.sqrt(np.maximum(2.0 - 2.0 * kth, 0.0))
 
     # The IVF search multiplies the queries of a chunk that probe one list with its vectors: about
-    # rows x nprobe / nlist queries per product, which needs wide chunks to run at the GEMM rate.
-    chunk_bytes = 4 * DEFAULT_CHUNK_BYTES
+    # rows x nprobe / nlist queries per product, which needs wide chunks to run at the GEMM rate; a chunk is
+    # split across the cores (across_cores), so it is wider again by their number.
+    chunk_bytes = 4 * DEFAULT_CHUNK_BYTES * min(available_cores(), 4)
 
     def _row_width(self, test: Outputs) -> int:
         if self.index == "flat":
