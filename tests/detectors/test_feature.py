@@ -519,7 +519,7 @@ def test_knn_ivf_split_across_cores_scores_exactly_as_one_search(problem, monkey
     monkeypatch.setattr(feature, "ROWS_PER_SEARCH_THREAD", 10**9)  # one search over every row
     whole = detector.score(problem.test)
     monkeypatch.setattr(feature, "ROWS_PER_SEARCH_THREAD", 7)
-    monkeypatch.setattr(feature, "available_cores", lambda: 3)  # three uneven parts, whatever this machine has
+    monkeypatch.setattr(feature, "search_threads", lambda: 3)  # three uneven parts, whatever this machine has
     calls = []
     original = feature.ivf_kth_similarity
 
@@ -530,3 +530,14 @@ def test_knn_ivf_split_across_cores_scores_exactly_as_one_search(problem, monkey
     monkeypatch.setattr(feature, "ivf_kth_similarity", counted)
     np.testing.assert_array_equal(detector.score(problem.test), whole)
     assert len(calls) == 3 and sum(calls) == len(problem.test)
+
+
+def test_the_search_uses_as_many_threads_as_the_blas_may():
+    """OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or a Ray task's CPUs bound the BLAS's threads; the search follows them."""
+    from threadpoolctl import threadpool_limits
+
+    from oodbench.detectors import feature
+
+    with threadpool_limits(1, user_api="blas"):
+        assert feature.search_threads() == 1
+    assert 1 <= feature.search_threads() <= feature.available_cores()

@@ -304,14 +304,23 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def search_threads() -> int:
+    """Threads for a parallel search: the BLAS's own thread count (which OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or a
+    Ray task's num_cpus set), at most the cores this process may use."""
+    from threadpoolctl import threadpool_info
+
+    blas = [int(pool["num_threads"]) for pool in threadpool_info() if pool.get("user_api") == "blas"]
+    return max(1, min(available_cores(), max(blas) if blas else available_cores()))
+
+
 def across_cores(search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """`search` over contiguous parts of `rows` queries, one per core, in threads; the parts' results in row order.
+    """`search` over contiguous parts of `rows` queries, one per search thread; the parts' results in row order.
 
     The IVF search's per-list products run on one BLAS thread each (ivf_kth_similarity), so one search uses one
     core; queries are independent, so parts give exactly the results of one search over all rows. numpy releases
     the GIL in its products and partitions, so threads suffice.
     """
-    workers = max(1, min(available_cores(), rows // ROWS_PER_SEARCH_THREAD))
+    workers = max(1, min(search_threads(), rows // ROWS_PER_SEARCH_THREAD))
     if workers == 1:
         return search(slice(0, rows))
     bounds = np.linspace(0, rows, workers + 1).astype(int)
