@@ -309,21 +309,3 @@ def test_class_sums_add_each_row_in_row_order(monkeypatch, order, dtype):
         accumulator.class_sums + accumulator.class_counts[:, None] * accumulator.shift, expected
     )
     np.testing.assert_array_equal(accumulator.class_counts, np.bincount(labels, minlength=12))
-
-
-def test_the_sum_of_a_per_class_accumulator_is_its_class_total():
-    """With per-class sums the total needs no pass of its own; rows added without their classes are refused."""
-    rng = np.random.default_rng(13)
-    features = rng.normal(size=(500, 4)) + 7.0
-    labels = rng.integers(0, 5, 500)
-    accumulator = ScatterAccumulator(4, by_class=True)
-    accumulator.update(features, labels)
-    # Σ(x − shift) over 500 rows of ~7: two float64 orders of the same sum differ by at most 2·γ64(500)·Σ|x − shift|.
-    centred = features - accumulator.shift
-    bound = 2 * 500 * 2.0**-53 / (1 - 500 * 2.0**-53) * np.abs(centred).sum(axis=0)
-    assert (np.abs(accumulator.sum - centred.sum(axis=0)) <= bound).all()
-    np.testing.assert_allclose(accumulator.mean, features.mean(axis=0), rtol=1e-13)
-    missing = ScatterAccumulator(4, by_class=True)
-    missing.update_owned(features[:10].copy())  # its class sums never added
-    with pytest.raises(DetectorError, match="10 rows were added but 0 have class sums"):
-        _ = missing.sum

@@ -102,9 +102,7 @@ class ScatterAccumulator:
         self.shift = None if shift is None else np.asarray(shift, dtype=np.float64)
         self.by_class = by_class
         self.count = 0
-        # Σ(x − shift), kept here only without per-class sums: with them it is their total (`sum`), which saves a
-        # reduction over every row.
-        self._sum = np.zeros(dim)
+        self.sum = np.zeros(dim)
         self.class_counts = np.zeros(0, dtype=np.int64)
         # Per-class sums of the rows as added, and per class the rows added uncentred (their sums still hold the
         # shift): `class_sums` subtracts n·shift once, at the end, instead of per block.
@@ -135,19 +133,20 @@ class ScatterAccumulator:
             if self.shift is None:
                 self.shift = np.zeros(self.dim)
             self.count += block.shape[0]
+            self.sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
             if self.by_class:
                 self.update_classes(block, labels)
-            else:
-                self._sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
             return
         if self.float32_input(block):
             self._update_float32(block)
-        else:
-            for part in iter_chunks(block.shape[0], SYRK_ROWS):
-                # A cache-sized float64 copy: centring, sums and the float32 rounding stay out of main memory.
-                self.update_owned(np.array(block[part], dtype=np.float64))
-        if self.by_class:
-            self.update_classes(block, labels)  # once per block: its cost is mostly per call
+            if self.by_class:
+                self.update_classes(block, labels)
+            return
+        labels = np.asarray(labels).ravel() if self.by_class else None
+        for part in iter_chunks(block.shape[0], SYRK_ROWS):
+            # A cache-sized float64 copy: centring, sums, class sums and the float32 rounding stay out of main
+            # memory. The shared pass adds its parts the same way, so a fit shared or alone sums alike, bit for bit.
+            self.update_owned(np.array(block[part], dtype=np.float64), None if labels is None else labels[part])
 
     def float32_input(self, block: np.ndarray) -> bool:
         """Whether `update` takes the float32 path for this block: a float32 Gram of float32 rows (no float64 copy)."""
@@ -166,8 +165,7 @@ class ScatterAccumulator:
         self.count += block.shape[0]
         # Σ(x − s) = Σx − n·s in float64: an error of at most γ64(n)·Σ|x| (numpy sums pairwise: far less in
         # practice), against the float32 Gram's β ≥ 2·u32 relative on the same scale.
-        if not self.by_class:
-            self._sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
+        self.sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
         self._gram = None
         start = 0
         while start < block.shape[0]:
@@ -194,8 +192,7 @@ class ScatterAccumulator:
             self.shift = values.mean(axis=0)
         values -= self.shift
         self.count += values.shape[0]
-        if not self.by_class:
-            self._sum += values.sum(axis=0)
+        self.sum += values.sum(axis=0)
         if labels is not None:
             if not self.by_class:
                 raise DetectorError("labels given to an accumulator without per-class sums")
@@ -327,22 +324,6 @@ class ScatterAccumulator:
         return self.derived("class_sums", compute)
 
     # ----------------------------------------------------------------- results
-    @property
-    def sum(self) -> np.ndarray:
-        """Σ (x − shift) over all rows (float64); with per-class sums, their total over the classes."""
-        if not self.by_class:
-            return self._sum
-
-        def compute() -> np.ndarray:
-            if int(self.class_counts.sum()) != self.count:
-                raise DetectorError(
-                    f"{self.count} rows were added but {int(self.class_counts.sum())} have class sums: give every "
-                    "row's label (update_owned's labels, or update_classes for the block)"
-                )
-            return self.class_sums.sum(axis=0)
-
-        return self.derived("sum", compute)
-
     @property
     def mean(self) -> np.ndarray:
         """Mean of all rows."""
