@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,6 +13,7 @@ from ..core.errors import DetectorError
 from ..core.numerics import l2_normalize, logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ..util.chunking import DEFAULT_CHUNK_BYTES
+from ..util.cores import available_cores
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo
@@ -294,14 +294,6 @@ def ivf_kth_similarity(
 
 # Fewest queries per thread of a parallel IVF search: below this the per-list products get too narrow to pay.
 ROWS_PER_SEARCH_THREAD = 512
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def search_threads() -> int:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from ...util.cores import available_cores
 from ..backbones.base import Backbone
 from .common import BatchResult, BatchTask, load_batch
 
@@ -37,11 +37,7 @@ def _identity(sample: Any) -> Any:
 def default_workers() -> int:
     """Loader processes by default: one less than the cores this process may use (the main process runs the
     model), at most 4; 0 on one core. torch warns when workers outnumber those cores."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    return max(0, min(4, cores - 1))
+    return max(0, min(4, available_cores() - 1))
 
 
 def iter_results(
