@@ -168,14 +168,12 @@ def from_store(args: argparse.Namespace) -> dict:
     oods = [name for name in store.datasets(args.model) if name not in (args.fit_set, args.id_set)]
     if not oods:
         raise SystemExit(f"knn_index: {args.store} holds no OOD sets for {args.model}")
-    sizes = np.array([len(store.read(args.model, name)) for name in oods])
+    entries = {name: store.read(args.model, name) for name in oods}  # opened once: sizes, then sampled rows
+    sizes = np.array([len(entries[name]) for name in oods])
     picked = _sample(int(sizes.sum()), args.ood, rng)
     which = np.searchsorted(np.cumsum(sizes), picked, side="right")  # the OOD set of each pooled row number
     offsets = np.r_[0, np.cumsum(sizes)[:-1]]
-    ood_parts = [
-        np.asarray(store.read(args.model, name).features)[picked[which == i] - offsets[i]]
-        for i, name in enumerate(oods)
-    ]
+    ood_parts = [np.asarray(entries[name].features)[picked[which == i] - offsets[i]] for i, name in enumerate(oods)]
     id_part = np.asarray(id_rows.features)[_sample(len(id_rows), args.id, rng)]
     test = Outputs(np.concatenate([id_part, *ood_parts]))
     is_id = np.r_[np.ones(len(id_part), bool), np.zeros(len(test) - len(id_part), bool)]

@@ -142,3 +142,38 @@ def test_extrapolation_recovers_a_fixed_cost_plus_a_rate_per_unit_of_work(paper_
             expected = fixed[phase] + rate[phase] * phase_floor(name, phase, n, q)
             assert estimate["detectors"][name][f"{phase}_s"] == pytest.approx(expected, rel=1e-9), (name, phase)
     assert estimate["shared_statistics_s"] == pytest.approx(1.0 + 1e-4 * n, rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def knn_index(paper_scale):
+    path = SCRIPT.with_name("knn_index.py")
+    spec = importlib.util.spec_from_file_location("knn_index", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_knn_index_breakdown_checks_the_thresholded_search_against_the_plain_one(knn_index):
+    report = knn_index.main(
+        ["--breakdown", "--d", "16", "--lists", "4", "--list-size", "20", "--k", "5", "--per-list", "8"]
+        + ["--nprobe-breakdown", "2", "--merge-width", "5,10", "--repeats", "1"]
+    )
+    assert report["bit_identical"] is True  # array_equal of both merges' k-th values, every width
+    assert {"gemm", "merge_concat", "search_concat", "search_thresholded_w5", "search_thresholded_w10"} <= set(
+        report["seconds"]
+    )
+
+
+@pytest.mark.slow
+def test_knn_index_on_a_store_runs_exact_then_ivf(paper_scale, knn_index, tmp_path):
+    paper_scale.main(
+        ["--d", "32", "--scale", "0.002", "--workdir", str(tmp_path), "--quiet", "--detectors", "msp", "--keep-store"]
+    )
+    report = knn_index.main(
+        ["--store", str(tmp_path / "store"), "--k", "3", "--id", "40", "--ood", "80", "--nlist", "8", "--nprobe", "8"]
+    )
+    assert report["id_rows"] == 40 and report["ood_rows"] == 80 and len(report["ood_sets"]) == 15
+    assert set(report["indexes"]) == {"flat", "ivf"}
+    # Every list probed: the same neighbours, their float32 inner products (32 terms) summed in other orders, each
+    # within γ_32 = 32·2⁻²⁴ ≈ 1.9e-6, so distances √(2 − 2s) of these spread rows (≥ 0.04 apart) within 1e-4.
+    assert report["max_abs_score_difference"] <= 1e-4
