@@ -177,3 +177,31 @@ def test_knn_index_on_a_store_runs_exact_then_ivf(paper_scale, knn_index, tmp_pa
     # Every list probed: the same neighbours, their float32 inner products (32 terms) summed in other orders, each
     # within γ_32 = 32·2⁻²⁴ ≈ 1.9e-6, so distances √(2 − 2s) of these spread rows (≥ 0.04 apart) within 1e-4.
     assert report["max_abs_score_difference"] <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def detector_bench():
+    spec = importlib.util.spec_from_file_location("bench_detectors", SCRIPT.with_name("detectors.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fit_target_times_every_part_of_the_floor_in_every_round(detector_bench, tmp_path):
+    """--fit-target: each round times a Gram pass, vim's residual product, the D³ work and the joint fit; the floor
+    is two Gram passes (raw and normalised) plus the best of each other part."""
+    out = tmp_path / "fit.json"
+    detector_bench.main(
+        ["--fit-target", "--fit", "3000", "--dim", "128", "--classes", "5", "--repeats", "2", "--out", str(out)]
+    )
+    report = json.loads(out.read_text())["fit_target"]
+    assert len(report["gram_pass_s"]) == len(report["floor_parts_s"]) == len(report["together_float32_s"]) == 2
+    floor = report["floor"]
+    assert floor["gram_passes"] == pytest.approx(2 * min(report["gram_pass_s"]))
+    for part in ("vim_residual_product", "fixed_d3_work"):
+        assert floor[part] == min(times[part] for times in report["floor_parts_s"]) > 0
+    assert floor["total"] == pytest.approx(
+        floor["gram_passes"] + floor["vim_residual_product"] + floor["fixed_d3_work"]
+    )
+    assert report["ratio_to_floor"] == pytest.approx(min(report["together_float32_s"]) / floor["total"])
+    assert detector_bench.gram_passes(["maha", "vim"]) == 1 and detector_bench.gram_passes(["maha++"]) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -160,3 +162,61 @@ def test_float32_gram_moves_mahalanobis_distances_within_the_propagated_bound(pr
     for detector64, detector32 in zip(exact[2:], fast[2:], strict=True):
         assert np.isfinite(detector32.score(problem.test)).all()
         assert detector32.fit_info_ is not None and detector64.fit_info_ is not None
+
+
+def _pass_statistics(fit_set: Outputs, gram_dtype: str) -> dict[str, np.ndarray]:
+    stats = FitStatistics(fit_set, {"features_by_class", "normalized_by_class", "max_logit_sum"}, gram_dtype=gram_dtype)
+    values = {"max_logit_sum": np.array(stats.get("max_logit_sum"))}
+    for need in ("features_by_class", "normalized_by_class"):
+        accumulator = stats.get(need)
+        for name in ("shift", "sum", "gram", "class_sums", "class_counts"):
+            values[f"{need}.{name}"] = np.array(getattr(accumulator, name))
+        values[f"{need}.count"] = np.array(accumulator.count)
+    return values
+
+
+@pytest.mark.parametrize("gram_dtype", ["float64", "float32"])
+@pytest.mark.parametrize("input_dtype", [np.float32, np.float64])
+def test_the_two_accumulators_in_threads_sum_bit_for_bit_as_one_after_the_other(monkeypatch, gram_dtype, input_dtype):
+    """Where the BLAS may use two threads the raw accumulator runs in a worker thread beside the normalised one; it
+    gets the same calls in the same order, so every statistic equals the sequential pass's bit for bit."""
+    from oodbench.detectors import _streaming, shared
+
+    monkeypatch.setattr(_gaussian, "GRAM_ROWS", 96)  # several staged products and groups per block
+    monkeypatch.setattr(_gaussian, "GRAM_GROUP_ROWS", 300)
+    monkeypatch.setattr(_streaming, "FIT_CHUNK_BYTES", 64 * 1024)  # many blocks: many hand-overs to the worker
+    rng = np.random.default_rng(5)
+    features = (rng.normal(size=(3000, 24)) * np.linspace(0.5, 3.0, 24) + 2.0).astype(input_dtype)
+    labels = rng.integers(0, 11, 3000)
+    fit_set = Outputs(features, rng.normal(size=(3000, 11)).astype(np.float32), labels)
+    threads = []
+    original = shared._add_raw
+
+    def spy(*args):
+        threads.append(threading.current_thread().name)
+        return original(*args)
+
+    monkeypatch.setattr(shared, "_add_raw", spy)
+    monkeypatch.setattr(shared, "blas_threads", lambda: 1)
+    sequential = _pass_statistics(fit_set, gram_dtype)
+    assert threads and all(name == threading.main_thread().name for name in threads)
+    threads.clear()
+    monkeypatch.setattr(shared, "blas_threads", lambda: 2)
+    parallel = _pass_statistics(fit_set, gram_dtype)
+    assert threads and all(name.startswith("oodbench-fit") for name in threads)
+    assert sequential.keys() == parallel.keys()
+    for name, value in sequential.items():
+        np.testing.assert_array_equal(parallel[name], value, err_msg=name)
+
+
+def test_an_error_in_the_worker_thread_reaches_the_caller(monkeypatch, problem):
+    from oodbench.detectors import shared
+
+    def failing(*args):
+        raise DetectorError("the raw accumulator failed")
+
+    monkeypatch.setattr(shared, "blas_threads", lambda: 2)
+    monkeypatch.setattr(shared, "_add_raw", failing)
+    stats = FitStatistics(problem.fit, {"features", "normalized_by_class"})
+    with pytest.raises(DetectorError, match="the raw accumulator failed"):
+        stats.get("features")

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..core.errors import DetectorError
 from ..util.chunking import iter_chunks
+from ._blas import syrk_update
 from .state import Array, Dims, Object, Optional, Scalar
 
 # Unit roundoffs of float32 and float64 (round to nearest).
@@ -201,10 +202,9 @@ class ScatterAccumulator:
             return
         self._gram = None
         if self.gram_dtype == "float64":
-            import scipy.linalg.blas  # imported on use: `oodbench --help` does not load scipy
-
-            # values.T is Fortran-contiguous, so dsyrk reads it in place: G += values^T values (upper triangle).
-            scipy.linalg.blas.dsyrk(1.0, values.T, beta=1.0, c=self._gram_upper, trans=0, lower=0, overwrite_c=1)
+            # G += values^T values on the upper triangle, the GIL released (the shared pass runs its accumulators in
+            # threads).
+            syrk_update(values, self._gram_upper)
             return
         start = 0
         while start < values.shape[0]:
@@ -227,9 +227,6 @@ class ScatterAccumulator:
         count = self._staged
         if count == 0:
             return
-        import scipy.linalg.blas  # imported on use: `oodbench --help` does not load scipy
-
-        # rows.T is Fortran-contiguous, so ssyrk reads it in place: C += rows^T rows on the upper triangle.
         rows = self._stage[:count]
         self._staged = 0
         if self._buffer is None:
@@ -237,7 +234,7 @@ class ScatterAccumulator:
         # The group's first product overwrites the buffer (beta = 0): no pass to zero it after each flush. Only the
         # upper triangle is written and read.
         beta = 1.0 if self._buffer_calls else 0.0
-        scipy.linalg.blas.ssyrk(1.0, rows.T, beta=beta, c=self._buffer, trans=0, lower=0, overwrite_c=1)
+        syrk_update(rows, self._buffer, beta=beta)
         self._buffer_rows += count
         self._buffer_calls += 1
         self._buffer_widest = max(self._buffer_widest, count)

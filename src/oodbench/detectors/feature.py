@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from ..core.numerics import l2_normalize, logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ..util.chunking import DEFAULT_CHUNK_BYTES
 from ..util.cores import available_cores
+from ._blas import across_threads, blas_threads
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo
@@ -297,12 +297,8 @@ ROWS_PER_SEARCH_THREAD = 512
 
 
 def search_threads() -> int:
-    """Threads for a parallel search: the BLAS's own thread count (which OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or a
-    Ray task's num_cpus set), at most the cores this process may use."""
-    from threadpoolctl import threadpool_info
-
-    blas = [int(pool["num_threads"]) for pool in threadpool_info() if pool.get("user_api") == "blas"]
-    return max(1, min(available_cores(), max(blas) if blas else available_cores()))
+    """Threads for a parallel search: as many as the BLAS may use (blas_threads)."""
+    return blas_threads()
 
 
 def across_cores(search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -312,12 +308,7 @@ def across_cores(search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows:
     core; queries are independent, so parts give exactly the results of one search over all rows. numpy releases
     the GIL in its products and partitions, so threads suffice.
     """
-    workers = max(1, min(search_threads(), rows // ROWS_PER_SEARCH_THREAD))
-    if workers == 1:
-        return search(slice(0, rows))
-    bounds = np.linspace(0, rows, workers + 1).astype(int)
-    with ThreadPoolExecutor(workers) as pool:
-        parts = list(pool.map(search, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]))
+    parts = across_threads(search, rows, min(search_threads(), rows // ROWS_PER_SEARCH_THREAD))
     return np.concatenate([kth for kth, _ in parts]), np.concatenate([probed for _, probed in parts])
 
 

@@ -14,7 +14,9 @@ instance while `_fit` runs, and `statistics_for` is what reads it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ from ..core.errors import DetectorError
 from ..core.numerics import softmax
 from ..core.outputs import Head, Outputs
 from ..util.chunking import iter_chunks
+from ._blas import blas_threads
 from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator, check_gram_dtype
 from ._streaming import fit_chunks
 from .base import Detector
@@ -141,45 +144,40 @@ class FitStatistics:
         if use_logits and fit_set.logits is None:
             raise DetectorError("logit statistics need logits in the fit set")
         num_classes = int(fit_set.num_classes or 0)
-        max_logit_sum = 0.0
-        template_sums = np.zeros((num_classes, num_classes)) if "prediction_templates" in needs else None
-        template_counts = np.zeros(num_classes, dtype=np.int64)
+        logit_sums = _LogitSums(needs, num_classes) if use_logits else None
         # Working set per row: the block as read and at most a float64 copy of it (the cache-sized parts below are
         # per block, not per row); softmax over the logits.
         width = (3 * dim if raw is not None or normalized is not None else 0) + (2 * num_classes if use_logits else 0)
-        # The cache-sized float64 parts of each block, reused from part to part (fresh arrays cost page faults):
-        # the rows as read, and their normalised rows, which the accumulator centres in place.
+        # The cache-sized float64 parts of each block, reused from part to part (fresh arrays cost page faults).
         parts = np.empty((SYRK_ROWS, dim)) if raw is not None or normalized is not None else None
+        both = raw is not None and raw.with_gram and normalized is not None
+        # Two Gram accumulators are independent: the raw one (with the logits' sums) runs in a worker thread beside
+        # the normalised one (their BLAS products and numpy's passes release the GIL), each on one BLAS thread. Each
+        # gets the same calls in the same order as one after the other, so the statistics are bit-identical either
+        # way. Only where the BLAS may use two threads or more: one BLAS thread (OMP_NUM_THREADS=1, a Ray task of
+        # one CPU) asks for one core.
+        parallel = both and blas_threads() >= 2
+        raw_parts = np.empty((SYRK_ROWS, dim)) if parallel else parts
         unit_parts = np.empty((SYRK_ROWS, dim)) if normalized is not None else None
-        for rows in fit_chunks(len(fit_set), max(1, width), self.description):
-            labels = np.asarray(fit_set.labels[rows]) if labelled else None
-            if raw is not None or normalized is not None:
-                block = np.asarray(fit_set.features[rows])
-                # The raw rows take their own path when it needs no float64 copy: sums only, or a float32 Gram of
-                # float32 rows (ScatterAccumulator.update); otherwise one float64 copy feeds both accumulators.
-                raw_alone = raw is not None and (not raw.with_gram or raw.float32_input(block))
-                if raw_alone:
-                    raw.update(block, labels)
-                if normalized is not None or (raw is not None and not raw_alone):
-                    for part in iter_chunks(block.shape[0], SYRK_ROWS):
-                        values = parts[: part.stop - part.start]
-                        values[...] = block[part]  # converted to float64
-                        if normalized is not None:
-                            # As l2_normalize, without its temporaries: norms by einsum, divided into a cache-sized
-                            # buffer that the accumulator centres in place and sums per class while it is in cache.
-                            norms = np.sqrt(np.einsum("nd,nd->n", values, values))
-                            unit = np.divide(
-                                values, np.maximum(norms, 1e-12)[:, None], out=unit_parts[: values.shape[0]]
-                            )
-                            normalized.update_owned(unit, labels[part])
-                        if raw is not None and not raw_alone:
-                            raw.update_owned(values, labels[part] if raw.by_class else None)
-            if use_logits:
-                logits = np.asarray(fit_set.logits[rows])
-                if "max_logit_sum" in needs:
-                    max_logit_sum += float(logits.max(axis=1).sum(dtype=np.float64))
-                if template_sums is not None:
-                    _add_templates(logits, template_sums, template_counts)
+
+        def beside(rows: slice, block: np.ndarray | None, labels: np.ndarray | None) -> None:
+            """The block's work apart from the normalised accumulator's: the raw accumulator and the logits."""
+            if raw is not None:
+                _add_raw(raw, block, labels, raw_parts)
+            if logit_sums is not None:
+                logit_sums.add(np.asarray(fit_set.logits[rows]))
+
+        with _accumulator_thread() if parallel else contextlib.nullcontext() as worker:
+            for rows in fit_chunks(len(fit_set), max(1, width), self.description):
+                labels = np.asarray(fit_set.labels[rows]) if labelled else None
+                block = np.asarray(fit_set.features[rows]) if raw is not None or normalized is not None else None
+                pending = None if worker is None else worker.submit(beside, rows, block, labels)
+                if normalized is not None:
+                    _add_normalized(normalized, block, labels, parts, unit_parts)
+                if pending is None:
+                    beside(rows, block, labels)
+                else:
+                    pending.result()  # the worker's exception, if any, is raised here
         self.passes += 1
         if raw is not None:
             for need in needs & _RAW:
@@ -187,9 +185,63 @@ class FitStatistics:
         if normalized is not None:
             self._values["normalized_by_class"] = normalized
         if "max_logit_sum" in needs:
-            self._values["max_logit_sum"] = max_logit_sum
-        if template_sums is not None:
-            self._values["prediction_templates"] = (template_sums, template_counts)
+            self._values["max_logit_sum"] = logit_sums.max_logit_sum
+        if "prediction_templates" in needs:
+            self._values["prediction_templates"] = (logit_sums.template_sums, logit_sums.template_counts)
+
+
+@contextlib.contextmanager
+def _accumulator_thread() -> Iterator[ThreadPoolExecutor]:
+    """A worker thread for the raw accumulator while the caller feeds the normalised one; BLAS on one thread each."""
+    from threadpoolctl import threadpool_limits  # a declared dependency (scikit-learn needs it too)
+
+    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(1, thread_name_prefix="oodbench-fit") as pool:
+        yield pool
+
+
+def _add_raw(raw: ScatterAccumulator, block: np.ndarray, labels: np.ndarray | None, parts: np.ndarray) -> None:
+    """Add a block of raw features: directly where no float64 copy is needed (sums only, or a float32 Gram of
+    float32 rows: ScatterAccumulator.update), else part by cache-sized part through the reused float64 `parts`."""
+    labels = labels if raw.by_class else None
+    if not raw.with_gram or raw.float32_input(block):
+        raw.update(block, labels)
+        return
+    for part in iter_chunks(block.shape[0], SYRK_ROWS):
+        values = parts[: part.stop - part.start]
+        values[...] = block[part]  # converted to float64; the accumulator centres it in place
+        raw.update_owned(values, None if labels is None else labels[part])
+
+
+def _add_normalized(
+    normalized: ScatterAccumulator, block: np.ndarray, labels: np.ndarray, parts: np.ndarray, unit_parts: np.ndarray
+) -> None:
+    """Add a block's ℓ2-normalised features, part by cache-sized part (as l2_normalize, without its temporaries:
+    norms by einsum, divided into a reused buffer that the accumulator centres in place and sums per class while
+    it is in cache)."""
+    for part in iter_chunks(block.shape[0], SYRK_ROWS):
+        values = parts[: part.stop - part.start]
+        values[...] = block[part]  # converted to float64
+        norms = np.sqrt(np.einsum("nd,nd->n", values, values))
+        unit = np.divide(values, np.maximum(norms, 1e-12)[:, None], out=unit_parts[: values.shape[0]])
+        normalized.update_owned(unit, labels[part])
+
+
+class _LogitSums:
+    """The logit statistics of a pass, block by block: the sum of the largest logits, the prediction templates."""
+
+    def __init__(self, needs: set[str], num_classes: int) -> None:
+        self.max_logit = "max_logit_sum" in needs
+        self.max_logit_sum = 0.0
+        templates = "prediction_templates" in needs
+        self.template_sums = np.zeros((num_classes, num_classes)) if templates else None
+        self.template_counts = np.zeros(num_classes, dtype=np.int64)
+
+    def add(self, logits: np.ndarray) -> None:
+        """Add a block of logits."""
+        if self.max_logit:
+            self.max_logit_sum += float(logits.max(axis=1).sum(dtype=np.float64))
+        if self.template_sums is not None:
+            _add_templates(logits, self.template_sums, self.template_counts)
 
 
 def _add_templates(logits: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> None:
