@@ -662,13 +662,15 @@ def markdown(report: Mapping[str, Any]) -> str:
         + f"; float64 GEMM {rates['gemm64_gflops']:.0f} GFLOP/s.",
     ]
     store = report["store"]
-    written = "reused" if store.get("seconds") is None else f"{store['seconds']:.0f} s"
+    written = (
+        "reused (written by an earlier run)" if store.get("seconds") is None else f"written in {store['seconds']:.0f} s"
+    )
     lines += [
         "",
         f"Run: `oodbench evaluate` {report['evaluate_seconds']:.0f} s; peak anonymous memory "
         f"{report['peak_anon_bytes'] / gb:.2f} GB (evaluate's own increase {report['evaluate_peak_extra_bytes'] / gb:.2f} "
         f"GB); peak resident set with mapped store pages {report['peak_rss_bytes'] / gb:.2f} GB; run directory "
-        f"{report['run_dir_bytes'] / 1e6:.0f} MB. Store: {store['bytes'] / gb:.2f} GB on disk, written in {written}. "
+        f"{report['run_dir_bytes'] / 1e6:.0f} MB. Store: {store['bytes'] / gb:.2f} GB on disk, {written}. "
         f"knn: {json.dumps(report['knn_index'])}.",
     ]
     return "\n".join(lines) + "\n"

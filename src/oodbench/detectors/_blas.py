@@ -11,17 +11,13 @@ the wrapper's.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from ..core.errors import DetectorError
 from ..util.cores import available_cores
-
-T = TypeVar("T")
 
 
 @cache
@@ -115,22 +111,3 @@ def blas_threads() -> int:
 
     blas = [int(pool["num_threads"]) for pool in threadpool_info() if pool.get("user_api") == "blas"]
     return max(1, min(available_cores(), max(blas) if blas else available_cores()))
-
-
-def across_threads(work: Callable[[slice], T], rows: int, threads: int) -> list[T]:
-    """`work` over `threads` contiguous parts of `rows` rows, each in its own thread on one BLAS thread; the results
-    in row order (one call over every row where threads <= 1).
-
-    For row-wise work whose products are too small to split well across BLAS threads (knn's per-list products):
-    the parts run side by side instead, and no row's result depends on the split. The BLAS limit is set once around
-    all the threads, so no thread restores another's limit while it runs. numpy's products and passes release the
-    GIL, so threads suffice.
-    """
-    if threads <= 1 or rows <= 1:
-        return [work(slice(0, rows))]
-    from threadpoolctl import threadpool_limits  # a declared dependency (scikit-learn needs it too)
-
-    bounds = np.linspace(0, rows, min(threads, rows) + 1).astype(int)
-    parts = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(len(parts), thread_name_prefix="oodbench") as pool:
-        return list(pool.map(work, parts))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from ..core.numerics import l2_normalize, logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ..util.chunking import DEFAULT_CHUNK_BYTES
 from ..util.cores import available_cores
-from ._blas import across_threads, blas_threads
+from ._blas import blas_threads
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, _FitInfo
@@ -308,7 +309,12 @@ def across_cores(search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows:
     core; queries are independent, so parts give exactly the results of one search over all rows. numpy releases
     the GIL in its products and partitions, so threads suffice.
     """
-    parts = across_threads(search, rows, min(search_threads(), rows // ROWS_PER_SEARCH_THREAD))
+    workers = max(1, min(search_threads(), rows // ROWS_PER_SEARCH_THREAD))
+    if workers == 1:
+        return search(slice(0, rows))
+    bounds = np.linspace(0, rows, workers + 1).astype(int)
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(search, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]))
     return np.concatenate([kth for kth, _ in parts]), np.concatenate([probed for _, probed in parts])
 
 
