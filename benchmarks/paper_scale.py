@@ -662,9 +662,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         + f"; float64 GEMM {rates['gemm64_gflops']:.0f} GFLOP/s.",
     ]
     store = report["store"]
-    written = (
-        "reused (written by an earlier run)" if store.get("seconds") is None else f"written in {store['seconds']:.0f} s"
-    )
+    written = "reused (--reuse-store)" if store.get("seconds") is None else f"written in {store['seconds']:.0f} s"
     lines += [
         "",
         f"Run: `oodbench evaluate` {report['evaluate_seconds']:.0f} s; peak anonymous memory "
