@@ -420,7 +420,11 @@ def fit_floor(names: list[str], fit: Outputs, head: Head, gram_s: float) -> dict
     - the work that does not grow with N (eigendecompositions, Cholesky factors, whiteners: D³), measured as the
       same joint fit on the first 4·D rows.
     """
-    rounds = [fixed_floor_parts(names, fit, head) for _ in range(2)]
+    return best_floor(names, gram_s, [fixed_floor_parts(names, fit, head) for _ in range(2)])
+
+
+def best_floor(names: list[str], gram_s: float, rounds: list[dict[str, float]]) -> dict[str, float]:
+    """The floor from a Gram pass's best time and the best of each other part over `rounds`, with its total."""
     floor = {"gram_passes": gram_passes(names) * gram_s}
     floor.update({part: min(times[part] for times in rounds) for part in rounds[0]})
     floor["total"] = sum(floor.values())
@@ -493,9 +497,7 @@ def main_fit_target(args: argparse.Namespace) -> dict[str, Any]:
                 timed(lambda: fit_all([create(n) for n in names], fit, data.head, gram_dtype="float32"))[1]
             )
     gram_s = min(gram_times)
-    floor = {"gram_passes": gram_passes(names) * gram_s}
-    floor.update({part: min(times[part] for times in part_times) for part in part_times[0]})
-    floor["total"] = sum(floor.values())
+    floor = best_floor(names, gram_s, part_times)
     report = {
         "fit_rows": len(fit),
         "dim": args.dim,

@@ -519,7 +519,7 @@ def test_knn_ivf_split_across_cores_scores_exactly_as_one_search(problem, monkey
     monkeypatch.setattr(feature, "ROWS_PER_SEARCH_THREAD", 10**9)  # one search over every row
     whole = detector.score(problem.test)
     monkeypatch.setattr(feature, "ROWS_PER_SEARCH_THREAD", 7)
-    monkeypatch.setattr(feature, "search_threads", lambda: 3)  # three uneven parts, whatever this machine has
+    monkeypatch.setattr(feature, "blas_threads", lambda: 3)  # three uneven parts, whatever this machine has
     calls = []
     original = feature.ivf_kth_similarity
 
@@ -539,5 +539,5 @@ def test_the_search_uses_as_many_threads_as_the_blas_may():
     from oodbench.detectors import feature
 
     with threadpool_limits(1, user_api="blas"):
-        assert feature.search_threads() == 1
-    assert 1 <= feature.search_threads() <= feature.available_cores()
+        assert feature.blas_threads() == 1
+    assert 1 <= feature.blas_threads() <= feature.available_cores()

@@ -297,11 +297,6 @@ def ivf_kth_similarity(
 ROWS_PER_SEARCH_THREAD = 512
 
 
-def search_threads() -> int:
-    """Threads for a parallel search: as many as the BLAS may use (blas_threads)."""
-    return blas_threads()
-
-
 def across_cores(search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows: int) -> tuple[np.ndarray, np.ndarray]:
     """`search` over contiguous parts of `rows` queries, one per search thread; the parts' results in row order.
 
@@ -309,7 +304,7 @@ def across_cores(search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows:
     core; queries are independent, so parts give exactly the results of one search over all rows. numpy releases
     the GIL in its products and partitions, so threads suffice.
     """
-    workers = max(1, min(search_threads(), rows // ROWS_PER_SEARCH_THREAD))
+    workers = max(1, min(blas_threads(), rows // ROWS_PER_SEARCH_THREAD))
     if workers == 1:
         return search(slice(0, rows))
     bounds = np.linspace(0, rows, workers + 1).astype(int)
