@@ -483,7 +483,19 @@ class EntryKey:
 
 
 class Store:
-    """A feature store rooted at a directory; one entry per (model-id, dataset-id)."""
+    """A feature store rooted at a directory; one entry per (model-id, dataset-id).
+
+    ``Store(path)`` of a pack directory (a folder with a pack's ``manifest.json``) is a read-only `PackStore`
+    over it (`oodbench.core.pack`), so whatever reads a store reads a pack without importing it.
+    """
+
+    def __new__(cls, root: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Store:
+        if cls is Store and root is not None:
+            from .pack import PackStore, is_pack
+
+            if is_pack(root):
+                return super().__new__(PackStore)
+        return super().__new__(cls)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
