@@ -127,6 +127,7 @@ from ..annotate import cli as _annotate_cli  # noqa: E402
 from ..audit import cli as _audit_cli  # noqa: E402
 from ..audit import render as _audit_render  # noqa: E402
 from ..core import cli as _store_cli  # noqa: E402
+from ..core import pack_cli as _pack_cli  # noqa: E402
 from ..demo import cli as _demo_cli  # noqa: E402
 from ..detectors import cli as _detectors_cli  # noqa: E402
 from ..evaluation import cli as _evaluation_cli  # noqa: E402
@@ -141,6 +142,7 @@ for _area in (
     _evaluation_cli,
     _demo_cli,
     _store_cli,
+    _pack_cli,
     _detectors_cli,
     _extract_cli,
     _quick_cli,
