@@ -189,11 +189,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._missing()
         repo, path, data = found
         state = self.state
-        with state.lock:
-            refuse = state.refuse.get(path, 0)
+        with state.lock:  # a cut comes first; the refusals answer the downloads after it
+            cut = state.break_after.pop(path, None)
+            refuse = state.refuse.get(path, 0) if cut is None else 0
             if refuse:
                 state.refuse[path] = refuse - 1
-            cut = state.break_after.pop(path, None)
         if refuse:
             self.send_response(503)
             self.send_header("Content-Length", "0")

@@ -3,9 +3,9 @@
 Everything goes through ``huggingface_hub`` (the ``hub`` extra): its token from its usual place (``HF_TOKEN`` or
 the file ``hf auth login`` writes; oodbench stores nothing) and its endpoint (``HF_ENDPOINT``, read at each call).
 A pull fetches the manifest first (its size bounded before the download), pins the revision to the manifest's
-commit, downloads only the files of the chosen models and datasets with ``hf_hub_download`` (which resumes a
-broken download from the bytes already on disk), and checks every file's SHA-256 against the manifest before
-the pack is used; a file that fails is deleted.
+commit, downloads only the files of the chosen models and datasets (``huggingface_hub``'s ``http_get``, which
+resumes from a given byte), keeps each unfinished file as ``.<name>.partial`` so that a rerun continues it, and
+checks every file's SHA-256 against the manifest before it takes its place; a file that fails is deleted.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def pull_pack(
 ) -> PackSummary:
     """Download the manifest and the files of the chosen entries (with their models' heads) into `dest`.
 
-    An interrupted pull resumes: rerun it and each file continues from the bytes already downloaded. Every file
-    is checked against the manifest's SHA-256 before the pull returns.
+    Each file is downloaded to ``.<name>.partial`` beside its place and renamed once its SHA-256 matches the
+    manifest; an interrupted pull resumes: rerun it and each file continues from the bytes already on disk
+    (an HTTP range request). A file whose SHA-256 differs is deleted.
     """
     import time
 
@@ -97,7 +98,6 @@ def pull_pack(
     started = time.perf_counter()
     dest = Path(dest)
     endpoint = _endpoint()
-    common: dict[str, Any] = {"repo_type": "dataset", "token": token, "local_dir": dest, "endpoint": endpoint}
     try:
         url = hub.hf_hub_url(repo_id, MANIFEST, repo_type="dataset", revision=revision, endpoint=endpoint)
         info = hub.get_hf_file_metadata(url, token=token, endpoint=endpoint)
@@ -105,8 +105,9 @@ def pull_pack(
             raise StoreError(
                 f"{repo_id}: its {MANIFEST} is {info.size} bytes; a pack manifest is at most {MAX_JSON_BYTES:,}"
             )
-        pinned = info.commit_hash or revision
-        hub.hf_hub_download(repo_id, MANIFEST, revision=pinned, **common)
+        pinned = info.commit_hash or revision  # every file from the manifest's commit, whatever is pushed meanwhile
+        dest.mkdir(parents=True, exist_ok=True)
+        _download(hub, repo_id, MANIFEST, pinned, dest, info.size, None, token, endpoint)
     except StoreError:
         raise
     except Exception as exc:
@@ -119,17 +120,65 @@ def pull_pack(
             keys.append((model_id, HEAD))
     names = [name for key in keys for name in pack.files_of(*key)]
     try:
-        for name in [CARD, *names]:
-            hub.hf_hub_download(repo_id, name, revision=pinned, **common)
+        _download(hub, repo_id, CARD, pinned, dest, None, None, token, endpoint)
+        for name in names:
+            _download(
+                hub, repo_id, name, pinned, dest, pack.files[name]["size"], pack.files[name]["sha256"], token, endpoint
+            )
+    except StoreError:
+        raise
     except Exception as exc:
         raise _hub_error("pull interrupted (rerun the same command to resume the download) from", repo_id, exc) from exc
     problems = pack.verify_files(names)
     if problems:
-        for name in names:
-            if any(f"/{name}:" in problem for problem in problems):
-                (dest / name).unlink(missing_ok=True)
-        raise StoreError(f"pulled files failed their checksums and were deleted: {problems[0]}")
+        raise StoreError(f"pulled files failed their checksums: {problems[0]}")
     summary = PackSummary(entries=[f"{m}/{d}" for m, d in keys])
     summary.nbytes = sum(pack.files[name]["size"] for name in names)
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _download(
+    hub: Any,
+    repo_id: str,
+    name: str,
+    revision: str | None,
+    dest: Path,
+    size: int | None,
+    sha256: str | None,
+    token: str | None,
+    endpoint: str | None,
+) -> None:
+    """Fetch one file into `dest/name`, resuming its partial download; its SHA-256 checked when known."""
+    import hashlib
+
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    final = dest / name
+    partial = final.parent / f".{final.name}.partial"
+    if sha256 is not None and final.is_file() and not final.is_symlink() and final.stat().st_size == size:
+        return  # pulled before; checked with the others at the end
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for path in (final, partial):
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise StoreError(f"{path} exists and is not a regular file; not writing through it")
+    done = partial.stat().st_size if partial.exists() else 0
+    if size is not None and done > size:
+        partial.unlink()
+        done = 0
+    url = hub.hf_hub_url(repo_id, name, repo_type="dataset", revision=revision, endpoint=endpoint)
+    with open(partial, "ab") as handle:
+        if size is None or done < size:
+            http_get(url, handle, resume_size=done, headers=build_hf_headers(token=token), expected_size=size)
+    if sha256 is not None:
+        digest = hashlib.sha256()
+        with open(partial, "rb") as handle:
+            while block := handle.read(16 * 2**20):
+                digest.update(block)
+        if digest.hexdigest() != sha256:
+            partial.unlink()
+            raise StoreError(
+                f"pulled files failed their checksums and were deleted: {name}'s SHA-256 differs from the manifest's"
+            )
+    os.replace(partial, final)
