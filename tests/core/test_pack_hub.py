@@ -134,3 +134,19 @@ def test_a_damaged_pack_is_not_pushed(pack, hub):
     with pytest.raises(StoreError, match="not pushed"):
         push_pack(pack, REPO)
     assert REPO not in hub.state.repos
+
+
+def test_a_repository_named_for_evaluation_pulls_only_that_model_and_those_sets(pack, hub, tmp_path, monkeypatch):
+    from oodbench.core.packhub import resolve_pack
+
+    push_pack(pack, REPO)
+    monkeypatch.setenv("OODBENCH_PACK_CACHE", str(tmp_path / "cache"))
+    hub.state.log.clear()
+    folder = resolve_pack(REPO, "other", ["fit", "test", "test"])
+    assert folder == tmp_path / "cache" / REPO
+    assert Store(folder).models() == ["other"] and Store(folder).datasets("other") == ["fit", "test"]
+    assert {path.split("/")[0] for path in _downloads(hub)} == {"manifest.json", "README.md", "other"}
+    assert not any(path.startswith("other/ood/") for path in _downloads(hub))
+    assert resolve_pack(str(pack), "toy", ["fit"]) == pack  # a folder is used as it is
+    with pytest.raises(StoreError, match="neither a pack folder nor a dataset repository"):
+        resolve_pack("../x", "toy", ["fit"])

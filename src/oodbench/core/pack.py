@@ -1164,35 +1164,56 @@ def _stage_entry(
             raise StoreError(f"{where}: lists {sorted(specs)} but the arrays file holds {sorted(opened.tensors)}")
         relative = f"{model_id}/{dataset_id}/{ARRAYS_FILE}"
         digest = hashlib.sha256(os.pread(opened.fd, opened.offset, 0))
-        for name, tensor in sorted(opened.tensors.items(), key=lambda item: item[1].start):
-            spec = specs[name]
-            if tensor.dtype != np.dtype(spec["dtype"]) or list(tensor.shape) != list(spec["shape"]):
-                raise StoreError(f"{where}: {name} is recorded as {spec['dtype']} {spec['shape']} but stored otherwise")
-            header = _npy_header(tensor.dtype, tensor.shape)
-            if spec.get("header_sha256") is not None and hashlib.sha256(header).hexdigest() != spec["header_sha256"]:
-                raise StoreError(f"{where}: the .npy header of {name} cannot be rebuilt byte for byte")
-            row_bytes = tensor.dtype.itemsize * int(np.prod(tensor.shape[1:], dtype=np.int64))
-            rows = chunk_rows if chunk_rows is not None else [tensor.shape[0]]
-            with open(temporary / f"{name}.npy", "wb") as out:
-                out.write(header)
-                position = opened.offset + tensor.start
-                for part, count in enumerate(rows):
-                    check, left = hashlib.sha256(), count * row_bytes
-                    while left:
-                        data = os.pread(opened.fd, min(CHUNK_BYTES, left), position)
-                        if not data:
-                            raise StoreError(f"{pack.root}/{relative}: became shorter while it was read")
-                        digest.update(data)
-                        check.update(data)
-                        out.write(data)
-                        position += len(data)
-                        left -= len(data)
-                        if advance is not None:
-                            advance(len(data))
-                    if check.hexdigest() != checks[name][part]:
-                        raise StoreError(f"{where}: rows of {name} disagree with the checksums meta.json records")
-                out.flush()
-                os.fsync(out.fileno())
+        # The file digest and the writes run in a helper thread while this one checks the rows' digests and reads
+        # the next block: two hashes of the same bytes on two cores (at most two blocks in memory).
+        helper = concurrent.futures.ThreadPoolExecutor(1)
+        pending: concurrent.futures.Future[Any] | None = None
+
+        def digest_and_write(out: Any, data: bytes) -> None:
+            digest.update(data)
+            out.write(data)
+
+        try:
+            for name, tensor in sorted(opened.tensors.items(), key=lambda item: item[1].start):
+                spec = specs[name]
+                if tensor.dtype != np.dtype(spec["dtype"]) or list(tensor.shape) != list(spec["shape"]):
+                    raise StoreError(
+                        f"{where}: {name} is recorded as {spec['dtype']} {spec['shape']} but stored otherwise"
+                    )
+                header = _npy_header(tensor.dtype, tensor.shape)
+                if (
+                    spec.get("header_sha256") is not None
+                    and hashlib.sha256(header).hexdigest() != spec["header_sha256"]
+                ):
+                    raise StoreError(f"{where}: the .npy header of {name} cannot be rebuilt byte for byte")
+                row_bytes = tensor.dtype.itemsize * int(np.prod(tensor.shape[1:], dtype=np.int64))
+                rows = chunk_rows if chunk_rows is not None else [tensor.shape[0]]
+                with open(temporary / f"{name}.npy", "wb") as out:
+                    out.write(header)
+                    position = opened.offset + tensor.start
+                    for part, count in enumerate(rows):
+                        check, left = hashlib.sha256(), count * row_bytes
+                        while left:
+                            data = os.pread(opened.fd, min(CHUNK_BYTES, left), position)
+                            if not data:
+                                raise StoreError(f"{pack.root}/{relative}: became shorter while it was read")
+                            if pending is not None:
+                                pending.result()
+                            pending = helper.submit(digest_and_write, out, data)
+                            check.update(data)
+                            position += len(data)
+                            left -= len(data)
+                            if advance is not None:
+                                advance(len(data))
+                        if check.hexdigest() != checks[name][part]:
+                            raise StoreError(f"{where}: rows of {name} disagree with the checksums meta.json records")
+                    if pending is not None:
+                        pending.result()
+                        pending = None
+                    out.flush()
+                    os.fsync(out.fileno())
+        finally:
+            helper.shutdown(wait=True)
         if digest.hexdigest() != pack.files[relative]["sha256"]:
             raise StoreError(f"{pack.root}/{relative}: its SHA-256 differs from the manifest's (damaged or changed)")
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 from .errors import StoreError
 from .pack import CARD, HEAD, MANIFEST, MAX_JSON_BYTES, Pack, PackSummary, _selection, verify_pack
 
-__all__ = ["pull_pack", "push_pack"]
+__all__ = ["pack_cache", "pull_pack", "push_pack", "resolve_pack"]
 
 
 def _hub() -> Any:
@@ -182,3 +182,30 @@ def _download(
                 f"pulled files failed their checksums and were deleted: {name}'s SHA-256 differs from the manifest's"
             )
     os.replace(partial, final)
+
+
+def pack_cache() -> Path:
+    """Where `resolve_pack` pulls repositories: $OODBENCH_PACK_CACHE, else ~/.cache/oodbench/packs."""
+    configured = os.environ.get("OODBENCH_PACK_CACHE")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oodbench" / "packs"
+
+
+def resolve_pack(source: str, model_id: str, datasets: Sequence[str]) -> Path:
+    """A pack folder for `source`: the folder itself, or a dataset repository ``owner/name`` whose entries of
+    `model_id` and `datasets` (only those) are pulled into the pack cache, resuming what an earlier pull left."""
+    import re
+
+    from .pack import is_pack
+
+    path = Path(source)
+    if path.is_dir():
+        if not is_pack(path):
+            raise StoreError(f"--pack {source}: no manifest.json there (not a pack folder)")
+        return path
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", source) or ".." in source:
+        raise StoreError(f"--pack {source}: neither a pack folder nor a dataset repository name (owner/name)")
+    dest = pack_cache() / source
+    pull_pack(source, dest, models=[model_id], datasets=list(dict.fromkeys(datasets)))
+    return dest
