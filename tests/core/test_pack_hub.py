@@ -150,3 +150,15 @@ def test_a_repository_named_for_evaluation_pulls_only_that_model_and_those_sets(
     assert resolve_pack(str(pack), "toy", ["fit"]) == pack  # a folder is used as it is
     with pytest.raises(StoreError, match="neither a pack folder nor a dataset repository"):
         resolve_pack("../x", "toy", ["fit"])
+
+
+def test_a_server_sending_more_than_the_manifest_records_is_cut_off(pack, hub, tmp_path):
+    push_pack(pack, REPO)
+    name = "toy/fit/meta.json"
+    files = hub.state.repos[REPO]["files"]
+    files[name] = files[name] + b" " * 10_000_000  # served with its true length, but the manifest says less
+    with pytest.raises(StoreError, match="more bytes than the manifest records"):
+        pull_pack(REPO, tmp_path / "pulled", models=["toy"], datasets=["fit"])
+    partial = tmp_path / "pulled" / "toy" / "fit" / ".meta.json.partial"
+    assert not (tmp_path / "pulled" / name).exists()
+    assert not partial.exists() or partial.stat().st_size <= len(files[name]) - 10_000_000

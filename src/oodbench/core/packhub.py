@@ -168,9 +168,14 @@ def _download(
         partial.unlink()
         done = 0
     url = hub.hf_hub_url(repo_id, name, repo_type="dataset", revision=revision, endpoint=endpoint)
+    if size is None:  # the dataset card: not in the manifest, so its size comes from the server, bounded
+        size = hub.get_hf_file_metadata(url, token=token, endpoint=endpoint).size
+        if size is None or size > MAX_JSON_BYTES:
+            raise StoreError(f"{repo_id}: its {name} is {size} bytes; at most {MAX_JSON_BYTES:,} are downloaded")
     with open(partial, "ab") as handle:
-        if size is None or done < size:
-            http_get(url, handle, resume_size=done, headers=build_hf_headers(token=token), expected_size=size)
+        if done < size:
+            bounded = _Bounded(handle, size, f"{repo_id}: {name}")
+            http_get(url, bounded, resume_size=done, headers=build_hf_headers(token=token), expected_size=size)
     if sha256 is not None:
         digest = hashlib.sha256()
         with open(partial, "rb") as handle:
@@ -182,6 +187,21 @@ def _download(
                 f"pulled files failed their checksums and were deleted: {name}'s SHA-256 differs from the manifest's"
             )
     os.replace(partial, final)
+
+
+class _Bounded:
+    """A file that refuses to grow beyond `limit` bytes: a server sending more than the manifest says is cut off."""
+
+    def __init__(self, handle: Any, limit: int, what: str) -> None:
+        self.handle, self.limit, self.what = handle, limit, what
+
+    def write(self, data: bytes) -> int:
+        if self.handle.tell() + len(data) > self.limit:  # the position, so a restart from byte 0 counts afresh
+            raise StoreError(f"{self.what}: the server sent more bytes than the manifest records; not pulled")
+        return self.handle.write(data)
+
+    def __getattr__(self, name: str) -> Any:  # seek, tell, truncate, flush: the file's own
+        return getattr(self.handle, name)
 
 
 def pack_cache() -> Path:
