@@ -226,6 +226,8 @@ class HubServer:
         handler = type("Handler", (_Handler,), {"state": self.state})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
+        # A client that hangs up mid-answer (a cut pull, a refused oversized file) is expected here, not printed.
+        self.server.handle_error = lambda request, address: None  # type: ignore[method-assign]
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -182,20 +182,18 @@ def _parse_json(data: bytes, where: str) -> dict[str, Any]:
     return value
 
 
-def _sha256_fd(fd: int, size: int, advance: Callable[[int], None] | None = None) -> str:
-    """SHA-256 of the first `size` bytes of an open file (read in CHUNK_BYTES steps)."""
-    digest, buffer = hashlib.sha256(), bytearray(min(CHUNK_BYTES, max(size, 1)))
-    view, offset = memoryview(buffer), 0
-    while offset < size:
-        got = os.preadv(fd, [view[: min(len(view), size - offset)]], offset)
+def _sha256_range(fd: int, start: int, length: int, advance: Callable[[int], None] | None = None) -> str:
+    """SHA-256 of `length` bytes of an open file from `start` (read in 16 MiB steps; the GIL is released)."""
+    digest, buffer = hashlib.sha256(), bytearray(min(16 * 2**20, max(length, 1)))
+    view, done = memoryview(buffer), 0
+    while done < length:
+        got = os.preadv(fd, [view[: min(len(view), length - done)]], start + done)
         if not got:
-            break
+            raise StoreError("the file became shorter while it was read")
         digest.update(view[:got])
-        offset += got
+        done += got
         if advance is not None:
             advance(got)
-    if offset != size:
-        raise StoreError("the file became shorter while it was read")
     return digest.hexdigest()
 
 
@@ -335,6 +333,21 @@ def _check_array_specs(specs: object, where: str, *, head: bool) -> dict[str, di
     return specs
 
 
+def _check_chunks(record: dict[str, Any], where: str, rows: int) -> None:
+    """A record's chunk checksums: checksum_rows summing to `rows`, one SHA-256 per chunk per array, the header's."""
+    chunks = record.get("checksum_rows")
+    if not (isinstance(chunks, list) and chunks and all(_natural(n) for n in chunks) and sum(chunks) == rows):
+        raise StoreError(f"{where}: checksum_rows must be row counts summing to {rows}")
+    if not _check_sha(record.get("header_sha256")):
+        raise StoreError(f"{where}: header_sha256 must be a SHA-256 (64 hex digits)")
+    for name, spec in record["arrays"].items():
+        digests = spec.get("sha256")
+        if not (isinstance(digests, list) and len(digests) == len(chunks) and all(_check_sha(d) for d in digests)):
+            raise StoreError(f"{where}: array {name!r} needs one SHA-256 per chunk of checksum_rows")
+        if spec["shape"][0] != rows:
+            raise StoreError(f"{where}: array {name!r} has {spec['shape'][0]} rows, not {rows}")
+
+
 def _check_manifest(manifest: dict[str, Any], where: str) -> dict[str, Any]:
     """The manifest checked for everything read from it; StoreError naming the first problem."""
     if manifest.get("format") != PACK_FORMAT:
@@ -359,6 +372,9 @@ def _check_manifest(manifest: dict[str, Any], where: str) -> dict[str, Any]:
             _check_array_specs(
                 head.get("arrays") if isinstance(head, dict) else None, f"{where}: {model_id}/head", head=True
             )
+            if set(head["arrays"]) != {"weight", "bias"}:
+                raise StoreError(f"{where}: {model_id}/head must hold weight and bias")
+            _check_chunks(head, f"{where}: {model_id}/head", head["arrays"]["weight"]["shape"][0])
             expected.update(entry_files(model_id, HEAD, items=False))
         for dataset_id, entry in model["datasets"].items():
             check_name(dataset_id, f"{where}: dataset id", error=StoreError)
@@ -374,6 +390,7 @@ def _check_manifest(manifest: dict[str, Any], where: str) -> dict[str, Any]:
             specs = _check_array_specs(entry.get("arrays"), key, head=False)
             if "features" not in specs or any(spec["shape"][0] != entry["rows"] for spec in specs.values()):
                 raise StoreError(f"{key}: every array needs {entry['rows']} rows, and features must be present")
+            _check_chunks(entry, key, entry["rows"])
             expected.update(entry_files(model_id, dataset_id, items=entry["items"]))
     if set(files) != expected:
         extra, missing = sorted(set(files) - expected), sorted(expected - set(files))
@@ -492,28 +509,78 @@ class Pack:
             raise
         return _Opened(fd, offset, tensors)
 
-    def verify_files(
-        self, names: Sequence[str], *, advance: Callable[[int], None] | None = None, threads: int | None = None
+    def verify_entries(
+        self,
+        keys: Sequence[tuple[str, str]],
+        *,
+        advance: Callable[[int], None] | None = None,
+        threads: int | None = None,
     ) -> list[str]:
-        """Problems found hashing `names` against the manifest (empty: intact); files are hashed in parallel."""
+        """Problems found hashing every byte of the entries `keys` (empty: intact), on all cores.
 
-        def check(name: str) -> str | None:
-            try:
-                fd, size = self.open_file(name)
-            except StoreError as exc:
-                return str(exc)
-            try:
-                if _sha256_fd(fd, size, advance) != self.files[name]["sha256"]:
-                    return f"{self.root}/{name}: its SHA-256 differs from the manifest's (damaged or changed)"
-            except (OSError, StoreError) as exc:
-                return f"{self.root}/{name}: {exc}"
-            finally:
+        The arrays file is checked as its header (against ``header_sha256``) and each array's chunks of rows
+        (against the manifest's per-chunk SHA-256s, the store's own row checksums for a float32 pack), which are
+        independent, so they are hashed in parallel; meta.json and items.txt against their file SHA-256.
+        """
+        problems: list[str] = []
+        tasks: list[tuple[int, int, int, str, str]] = []  # fd, offset, length, expected digest, what
+        fds: list[int] = []
+        try:
+            for model_id, dataset_id in keys:
+                record = self.models[model_id]["head"] if dataset_id == HEAD else self._entry(model_id, dataset_id)
+                for name in self.files_of(model_id, dataset_id):
+                    try:
+                        fd, size = self.open_file(name)
+                    except StoreError as exc:
+                        problems.append(str(exc))
+                        continue
+                    fds.append(fd)
+                    where = f"{self.root}/{name}"
+                    if not name.endswith(ARRAYS_FILE):
+                        tasks.append((fd, 0, size, self.files[name]["sha256"], where))
+                        continue
+                    try:
+                        offset, tensors, _ = _st_parse(fd, size, where)
+                    except StoreError as exc:
+                        problems.append(str(exc))
+                        continue
+                    tasks.append((fd, 0, offset, record["header_sha256"], f"{where}: header"))
+                    for array, spec in sorted(record["arrays"].items()):
+                        tensor = tensors.get(array)
+                        if (
+                            tensor is None
+                            or list(tensor.shape) != spec["shape"]
+                            or tensor.dtype != np.dtype(spec["stored"])
+                        ):
+                            problems.append(f"{where}: {array} is not stored as the manifest records")
+                            continue
+                        row_bytes = tensor.dtype.itemsize * int(np.prod(tensor.shape[1:], dtype=np.int64))
+                        first = 0
+                        for rows, digest in zip(record["checksum_rows"], spec["sha256"], strict=True):
+                            start = offset + tensor.start + first * row_bytes
+                            what = f"{where}: rows {first:,}-{first + rows - 1:,} of {array}"
+                            tasks.append((fd, start, rows * row_bytes, digest, what))
+                            first += rows
+
+            def check(task: tuple[int, int, int, str, str]) -> str | None:
+                fd, start, length, expected, what = task
+                try:
+                    digest = _sha256_range(fd, start, length, advance)
+                except (OSError, StoreError) as exc:
+                    return f"{what}: {exc}"
+                return (
+                    None if digest == expected else f"{what}: SHA-256 differs from the manifest's (damaged or changed)"
+                )
+
+            # Largest first, so the long hashes start early and the pool ends together.
+            tasks.sort(key=lambda task: -task[2])
+            workers = max(1, min(len(tasks), threads or os.cpu_count() or 1))
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                problems += [problem for problem in pool.map(check, tasks) if problem]
+        finally:
+            for fd in fds:
                 os.close(fd)
-            return None
-
-        workers = max(1, min(len(names), threads or os.cpu_count() or 1))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            return [problem for problem in pool.map(check, names) if problem]
+        return problems
 
 
 class PackStore(Store):
@@ -527,7 +594,7 @@ class PackStore(Store):
         super().__init__(root)
         self.pack = Pack(root)
         self.check_files = verify
-        self._verified: set[tuple[str, tuple[int, int, int, int]]] = set()
+        self._verified: set[tuple[Any, ...]] = set()
         self._metas: dict[tuple[str, str], dict[str, Any]] = {}
 
     def __repr__(self) -> str:
@@ -570,19 +637,18 @@ class PackStore(Store):
                 f"`oodbench pack pull REPO --to {self.root} --model {model_id} --dataset {dataset_id}`)"
             )
 
+    def _identity(self, model_id: str, dataset_id: str) -> tuple[Any, ...]:
+        """The entry's files as they are now (device, inode, size, change time): a verification holds while equal."""
+        stats = [os.stat(self.root / n, follow_symlinks=False) for n in self.pack.files_of(model_id, dataset_id)]
+        return (model_id, dataset_id, *[(i.st_dev, i.st_ino, i.st_size, i.st_mtime_ns, i.st_ctime_ns) for i in stats])
+
     def _checked(self, model_id: str, dataset_id: str) -> None:
         """Hash the entry's files once per process before first use (when verification is on)."""
-        if not self.check_files:
+        if not self.check_files or self._identity(model_id, dataset_id) in self._verified:
             return
-        for name in self.pack.files_of(model_id, dataset_id):
-            info = os.stat(self.root / name, follow_symlinks=False)
-            key = (name, (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns))
-            if key in self._verified:
-                continue
-            problems = self.pack.verify_files([name], threads=1)
-            if problems:
-                raise StoreError(f"pack entry {model_id}/{dataset_id} is damaged: {problems[0]}")
-            self._verified.add(key)
+        result = self.verify(model_id, dataset_id)
+        if result.problems:
+            raise StoreError(f"pack entry {model_id}/{dataset_id} is damaged: {result.problems[0]}")
 
     def meta(self, model_id: str, dataset_id: str) -> dict[str, Any]:
         """The entry's store meta.json (as the pack carries it), checked; a float16 pack's arrays as stored."""
@@ -656,12 +722,11 @@ class PackStore(Store):
         self._require(model_id, dataset_id)
         names = self.pack.files_of(model_id, dataset_id)
         result = Verification(f"{model_id}/{dataset_id}")
-        result.problems = self.pack.verify_files(names, advance=advance)
+        identity = self._identity(model_id, dataset_id)
+        result.problems = self.pack.verify_entries([(model_id, dataset_id)], advance=advance)
         result.nbytes = sum(self.pack.files[name]["size"] for name in names)
-        if not result.problems and self.check_files:
-            for name in names:
-                info = os.stat(self.root / name, follow_symlinks=False)
-                self._verified.add((name, (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)))
+        if not result.problems:
+            self._verified.add(identity)
         return result
 
     def verify_head(self, model_id: str, *, advance: Callable[[int], None] | None = None) -> Verification:
@@ -777,35 +842,43 @@ def _export_arrays(
     stored: Mapping[str, np.dtype],
     metadata: Mapping[str, str],
     where: str,
-    checks: Mapping[str, list[str]] | None,
-    chunk_rows: list[int] | None,
+    checks: Mapping[str, list[str]],
+    chunk_rows: list[int],
     advance: Callable[[int], None] | None,
+    out: dict[str, Any],
 ) -> None:
-    """Stream `sources` into one safetensors file, checking each source's recorded row checksums as it is read."""
+    """Stream `sources` into one safetensors file, checking each chunk of rows against the store's checksum as it
+    is read; `out` receives the header's SHA-256 and each array's chunk SHA-256s as stored (the store's own for
+    arrays stored unchanged, those of the float16 bytes otherwise)."""
     header, layout = _st_layout({n: (stored[n], sources[n].shape) for n in sources}, metadata, where)
     writer.write(header)
+    out["header_sha256"] = hashlib.sha256(header).hexdigest()
+    out["sha256"] = {}
+    bounds = [int(b) for b in np.cumsum([0, *chunk_rows])]
     for name in sorted(layout, key=lambda n: layout[n].start):
         source = sources[name]
         row_bytes = source.dtype.itemsize * int(np.prod(source.shape[1:], dtype=np.int64))
-        bounds = list(np.cumsum([0, *chunk_rows])) if chunk_rows else [0, source.shape[0]]
-        digests = checks.get(name) if checks else None
+        step = _rows_per_chunk(row_bytes)
+        converted = source.dtype != stored[name]
+        digests: list[str] = []
         for part, (first, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-            check = hashlib.sha256() if digests else None
-            step = _rows_per_chunk(row_bytes)
-            for start in range(int(first), int(stop), step):
-                block = np.ascontiguousarray(source[start : min(int(stop), start + step)])
-                if check is not None:
-                    check.update(memoryview(block).cast("B"))
-                if block.dtype != stored[name]:
+            check, kept = hashlib.sha256(), hashlib.sha256()
+            for start in range(first, stop, step):
+                block = np.ascontiguousarray(source[start : min(stop, start + step)])
+                check.update(memoryview(block).cast("B"))
+                if converted:
                     block = block.astype(stored[name])
+                    kept.update(memoryview(block).cast("B"))
                 writer.write(memoryview(block).cast("B"))
                 if advance is not None:
                     advance(block.nbytes)
-            if check is not None and digests is not None and check.hexdigest() != digests[part]:
+            if check.hexdigest() != checks[name][part]:
                 raise StoreError(
-                    f"{where}: rows {int(first):,}-{int(stop) - 1:,} of {name} changed since they were written "
+                    f"{where}: rows {first:,}-{stop - 1:,} of {name} changed since they were written "
                     "(checksum mismatch); nothing exported; `oodbench store verify` lists the damage"
                 )
+            digests.append(kept.hexdigest() if converted else checks[name][part])
+        out["sha256"][name] = digests
 
 
 def _array_record(spec: Mapping[str, Any], stored: np.dtype) -> dict[str, Any]:
@@ -885,9 +958,10 @@ def export_pack(
         stored = {name: _stored_dtype(name, sources[name].dtype, float16) for name in sources}
         items = (source_dir / ITEMS_FILE).is_file()
         base = f"{model_id}/{dataset_id}"
+        digests: dict[str, Any] = {}
         files[f"{base}/{ARRAYS_FILE}"] = _write_file_atomic(
             dest / base / ARRAYS_FILE,
-            lambda w, s=sources, t=stored, b=base, m=meta: _export_arrays(
+            lambda w, s=sources, t=stored, b=base, m=meta, o=digests: _export_arrays(
                 w,
                 s,
                 t,
@@ -896,6 +970,7 @@ def export_pack(
                 {n: spec["sha256"] for n, spec in m["arrays"].items()},
                 m["checksum_rows"],
                 advance,
+                o,
             ),
         )
         for name in [META_FILE, *([ITEMS_FILE] if items else [])]:
@@ -904,7 +979,12 @@ def export_pack(
             "rows": meta["num_rows"],
             "image_list_sha256": meta.get("item_hash"),
             "items": items,
-            "arrays": {n: _array_record(spec, stored[n]) for n, spec in meta["arrays"].items()},
+            "checksum_rows": list(meta["checksum_rows"]),
+            "header_sha256": digests["header_sha256"],
+            "arrays": {
+                n: {**_array_record(spec, stored[n]), "sha256": digests["sha256"][n]}
+                for n, spec in meta["arrays"].items()
+            },
         }
         summary.entries.append(base)
     if heads:
@@ -915,28 +995,33 @@ def export_pack(
             specs = Store._head_specs(model_id, head_meta)
             if specs is None:
                 raise StoreError(f"the head of {model_id} records no checksums; extract it again to export it")
-            problems = store.verify_head(model_id).problems
-            if problems:
-                raise StoreError(f"the head of {model_id} is damaged: {problems[0]}")
             head = store.read_head(model_id)
             sources = {"weight": np.asarray(head.weight), "bias": np.asarray(head.bias)}
             base = f"{model_id}/{HEAD}"
+            digests = {}
+            # Its recorded checksums (one per array) are checked as it is copied, as an entry's rows are.
             files[f"{base}/{ARRAYS_FILE}"] = _write_file_atomic(
                 dest / base / ARRAYS_FILE,
-                lambda w, s=sources, b=base: _export_arrays(
+                lambda w, s=sources, b=base, o=digests, c=specs: _export_arrays(
                     w,
                     s,
                     {n: a.dtype for n, a in s.items()},
                     {"format": PACK_FORMAT, "entry": b},
                     b,
-                    None,
-                    None,
+                    {n: c[n]["sha256"] for n in s},
+                    [int(s["weight"].shape[0])],
                     advance,
+                    o,
                 ),
             )
             files[f"{base}/{META_FILE}"] = _copy_file(store.root / model_id / HEAD / META_FILE, dest / base / META_FILE)
             models[model_id]["head"] = {
-                "arrays": {n: _array_record(specs[n], np.dtype(specs[n]["dtype"])) for n in specs}
+                "checksum_rows": [int(sources["weight"].shape[0])],
+                "header_sha256": digests["header_sha256"],
+                "arrays": {
+                    n: {**_array_record(specs[n], np.dtype(specs[n]["dtype"])), "sha256": digests["sha256"][n]}
+                    for n in specs
+                },
             }
             summary.entries.append(base)
     manifest = {
@@ -1131,8 +1216,9 @@ def _stage_entry(
 ) -> None:
     """Copy one entry (or head) from the pack into `target` as store files, hashing every pack byte on the way.
 
-    Writes under `target`'s temporary twin and renames it once every file's SHA-256 matched the manifest: a
-    staged folder is complete and verified, so a rerun keeps it.
+    Each chunk of rows is hashed as it is copied (chunks in parallel, on all cores) against the manifest's
+    SHA-256, which must be the entry's own row checksum in its meta.json. Writes under `target`'s temporary twin
+    and renames it once everything matched: a staged folder is complete and verified, so a rerun keeps it.
     """
     temporary = target.parent / f".{target.name}.partial"
     shutil.rmtree(temporary, ignore_errors=True)
@@ -1158,64 +1244,70 @@ def _stage_entry(
             raise StoreError(f"{where}: records no checksums")
         checks = {name: spec["sha256"] for name, spec in specs.items()}
         chunk_rows = meta["checksum_rows"]
+    record = pack.models[model_id]["head"] if head else pack.models[model_id]["datasets"][dataset_id]
+    rows_of = chunk_rows if chunk_rows is not None else [int(specs["weight"]["shape"][0])]
+    # The manifest's chunk checksums must be the entry's own row checksums: one hash of each byte checks both.
+    if record["checksum_rows"] != rows_of or any(record["arrays"][n]["sha256"] != checks[n] for n in checks):
+        raise StoreError(f"{where}: its row checksums disagree with the manifest's")
     opened = pack.open_arrays(model_id, dataset_id)
+    relative = f"{model_id}/{dataset_id}/{ARRAYS_FILE}"
+    tasks: list[tuple[str, int, int, int, str]] = []  # array, pack offset, length, .npy offset, expected digest
     try:
         if set(opened.tensors) != set(specs):
             raise StoreError(f"{where}: lists {sorted(specs)} but the arrays file holds {sorted(opened.tensors)}")
-        relative = f"{model_id}/{dataset_id}/{ARRAYS_FILE}"
-        digest = hashlib.sha256(os.pread(opened.fd, opened.offset, 0))
-        # The file digest and the writes run in a helper thread while this one checks the rows' digests and reads
-        # the next block: two hashes of the same bytes on two cores (at most two blocks in memory).
-        helper = concurrent.futures.ThreadPoolExecutor(1)
-        pending: concurrent.futures.Future[Any] | None = None
+        if hashlib.sha256(os.pread(opened.fd, opened.offset, 0)).hexdigest() != record["header_sha256"]:
+            raise StoreError(f"{pack.root}/{relative}: its header's SHA-256 differs from the manifest's")
+        for name, tensor in sorted(opened.tensors.items(), key=lambda item: item[1].start):
+            spec = specs[name]
+            if tensor.dtype != np.dtype(spec["dtype"]) or list(tensor.shape) != list(spec["shape"]):
+                raise StoreError(f"{where}: {name} is recorded as {spec['dtype']} {spec['shape']} but stored otherwise")
+            header = _npy_header(tensor.dtype, tensor.shape)
+            if spec.get("header_sha256") is not None and hashlib.sha256(header).hexdigest() != spec["header_sha256"]:
+                raise StoreError(f"{where}: the .npy header of {name} cannot be rebuilt byte for byte")
+            with open(temporary / f"{name}.npy", "wb") as out:
+                out.write(header)
+                out.truncate(len(header) + tensor.end - tensor.start)
+            row_bytes = tensor.dtype.itemsize * int(np.prod(tensor.shape[1:], dtype=np.int64))
+            first = 0
+            for count, expected in zip(rows_of, checks[name], strict=True):
+                start = first * row_bytes
+                tasks.append(
+                    (name, opened.offset + tensor.start + start, count * row_bytes, len(header) + start, expected)
+                )
+                first += count
 
-        def digest_and_write(out: Any, data: bytes) -> None:
-            digest.update(data)
-            out.write(data)
+        def copy(task: tuple[str, int, int, int, str]) -> str | None:
+            """Copy one chunk of rows into its .npy file while hashing it (chunks run in parallel)."""
+            name, source, length, target, expected = task
+            digest, done = hashlib.sha256(), 0
+            out = os.open(temporary / f"{name}.npy", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                while done < length:
+                    data = os.pread(opened.fd, min(16 * 2**20, length - done), source + done)
+                    if not data:
+                        return f"{pack.root}/{relative}: became shorter while it was read"
+                    digest.update(data)
+                    os.pwrite(out, data, target + done)
+                    done += len(data)
+                    if advance is not None:
+                        advance(len(data))
+            finally:
+                os.close(out)
+            if digest.hexdigest() != expected:
+                return f"{pack.root}/{relative}: rows of {name} differ from their SHA-256 in the manifest (damaged or changed)"
+            return None
 
-        try:
-            for name, tensor in sorted(opened.tensors.items(), key=lambda item: item[1].start):
-                spec = specs[name]
-                if tensor.dtype != np.dtype(spec["dtype"]) or list(tensor.shape) != list(spec["shape"]):
-                    raise StoreError(
-                        f"{where}: {name} is recorded as {spec['dtype']} {spec['shape']} but stored otherwise"
-                    )
-                header = _npy_header(tensor.dtype, tensor.shape)
-                if (
-                    spec.get("header_sha256") is not None
-                    and hashlib.sha256(header).hexdigest() != spec["header_sha256"]
-                ):
-                    raise StoreError(f"{where}: the .npy header of {name} cannot be rebuilt byte for byte")
-                row_bytes = tensor.dtype.itemsize * int(np.prod(tensor.shape[1:], dtype=np.int64))
-                rows = chunk_rows if chunk_rows is not None else [tensor.shape[0]]
-                with open(temporary / f"{name}.npy", "wb") as out:
-                    out.write(header)
-                    position = opened.offset + tensor.start
-                    for part, count in enumerate(rows):
-                        check, left = hashlib.sha256(), count * row_bytes
-                        while left:
-                            data = os.pread(opened.fd, min(CHUNK_BYTES, left), position)
-                            if not data:
-                                raise StoreError(f"{pack.root}/{relative}: became shorter while it was read")
-                            if pending is not None:
-                                pending.result()
-                            pending = helper.submit(digest_and_write, out, data)
-                            check.update(data)
-                            position += len(data)
-                            left -= len(data)
-                            if advance is not None:
-                                advance(len(data))
-                        if check.hexdigest() != checks[name][part]:
-                            raise StoreError(f"{where}: rows of {name} disagree with the checksums meta.json records")
-                    if pending is not None:
-                        pending.result()
-                        pending = None
-                    out.flush()
-                    os.fsync(out.fileno())
-        finally:
-            helper.shutdown(wait=True)
-        if digest.hexdigest() != pack.files[relative]["sha256"]:
-            raise StoreError(f"{pack.root}/{relative}: its SHA-256 differs from the manifest's (damaged or changed)")
+        tasks.sort(key=lambda task: -task[2])
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(tasks), os.cpu_count() or 1))) as pool:
+            problems = [problem for problem in pool.map(copy, tasks) if problem]
+        if problems:
+            raise StoreError(problems[0])
+        for name in opened.tensors:
+            fd = os.open(temporary / f"{name}.npy", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     finally:
         os.close(opened.fd)
     files = (
@@ -1315,18 +1407,16 @@ def verify_pack(
     pack = Pack(root)
     started, summary, absent = time.perf_counter(), PackSummary(), []
     names: list[str] = []
+    present: list[tuple[str, str]] = []
     keys = [*pack.entries(), *[(m, HEAD) for m, model in sorted(pack.models.items()) if model.get("head") is not None]]
     for model_id, dataset_id in keys:
         if not pack.present(model_id, dataset_id):
             absent.append(f"{model_id}/{dataset_id}")
             continue
         names += pack.files_of(model_id, dataset_id)
+        present.append((model_id, dataset_id))
         summary.entries.append(f"{model_id}/{dataset_id}")
-        try:
-            os.close(pack.open_arrays(model_id, dataset_id).fd)
-        except StoreError as exc:
-            summary.problems.append(str(exc))
-    summary.problems += pack.verify_files(names, advance=advance)
+    summary.problems += pack.verify_entries(present, advance=advance)
     summary.nbytes = sum(pack.files[name]["size"] for name in names)
     summary.seconds = time.perf_counter() - started
     return pack, summary, absent

@@ -129,7 +129,7 @@ def pull_pack(
         raise
     except Exception as exc:
         raise _hub_error("pull interrupted (rerun the same command to resume the download) from", repo_id, exc) from exc
-    problems = pack.verify_files(names)
+    problems = pack.verify_entries(keys)
     if problems:
         raise StoreError(f"pulled files failed their checksums: {problems[0]}")
     summary = PackSummary(entries=[f"{m}/{d}" for m, d in keys])
