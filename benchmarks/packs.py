@@ -15,6 +15,7 @@ Usage: python benchmarks/packs.py --workdir /var/tmp/packs --d 2048 --scale 0.01
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -60,6 +61,27 @@ def disk_read_seconds(paths: list[Path]) -> tuple[float, int]:
     return time.perf_counter() - started, total
 
 
+def disk_write_seconds(path: Path, nbytes: int) -> float:
+    """Seconds to write `nbytes` to a new file and fsync it (the disk's write rate), the file removed after."""
+    block = bytes(16 * 2**20)
+    started = time.perf_counter()
+    with open(path, "wb", buffering=0) as handle:
+        for start in range(0, nbytes, len(block)):
+            handle.write(block[: min(len(block), nbytes - start)])
+        os.fsync(handle.fileno())
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return seconds
+
+
+def sha256_rate(nbytes: int = 256 * 2**20) -> float:
+    """GB/s of SHA-256 on one core (from memory)."""
+    data = os.urandom(nbytes)
+    started = time.perf_counter()
+    hashlib.sha256(data).hexdigest()
+    return nbytes / (time.perf_counter() - started) / 1e9
+
+
 def timed(step: Callable[[], Any], reads: list[Path]) -> tuple[float, Any]:
     """Seconds of `step` with `reads` dropped from the cache first."""
     drop_cache(reads)
@@ -83,7 +105,12 @@ def throughput(store_root: Path, work: Path, entries: list[tuple[str, str]]) -> 
     verify_s, (_, verified, _) = timed(lambda: verify_pack(work / "pack"), pack_files)
     assert not verified.problems
     import_s, _ = timed(lambda: import_pack(work / "pack", work / "imported"), pack_files)
+    write_s = disk_write_seconds(work / "write-test", pack_bytes)
+    sha_rate = sha256_rate()
     return {
+        "disk_write_s": write_s,
+        "disk_write_GBps": pack_bytes / write_s / 1e9,
+        "sha256_GBps_one_core": sha_rate,
         "store_bytes": read_bytes,
         "pack_bytes": pack_bytes,
         "disk_read_store_s": read_s,
@@ -204,10 +231,15 @@ def synthetic_report(work: Path, args: argparse.Namespace, report: dict[str, Any
 def print_report(report: dict[str, Any]) -> None:
     """The report as Markdown tables."""
     t = report["throughput"]
-    print(f"disk read: {t['disk_read_GBps']:.2f} GB/s over {t['store_bytes'] / 1e9:.2f} GB, {t['cpus']} CPUs")
-    print("| step | seconds | disk read of the same bytes (s) | ratio |\n|---|---:|---:|---:|")
+    print(
+        f"disk read {t['disk_read_GBps']:.2f} GB/s, disk write {t['disk_write_GBps']:.2f} GB/s (fsync), SHA-256 "
+        f"{t['sha256_GBps_one_core']:.2f} GB/s on one core, over {t['store_bytes'] / 1e9:.2f} GB, {t['cpus']} CPUs"
+    )
+    print("| step | seconds | disk read of the same bytes (s) | ratio to the read | disk write of them (s) |")
+    print("|---|---:|---:|---:|---:|")
     for step, base in (("export", "disk_read_store_s"), ("verify", "disk_read_pack_s"), ("import", "disk_read_pack_s")):
-        print(f"| {step} | {t[step + '_s']:.2f} | {t[base]:.2f} | {t[step + '_ratio']:.2f} |")
+        write = f"{t['disk_write_s']:.2f}" if step != "verify" else "-"
+        print(f"| {step} | {t[step + '_s']:.2f} | {t[base]:.2f} | {t[step + '_ratio']:.2f} | {write} |")
     for key in ("demo_bytes_per_row", "synthetic_bytes_per_row"):
         if key not in report:
             continue
