@@ -32,7 +32,7 @@ import shutil
 import stat
 import struct
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -769,11 +769,6 @@ class PackSummary:
     skipped: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def rate(self) -> float:
-        """Bytes per second (0 when nothing was timed)."""
-        return self.nbytes / self.seconds if self.seconds > 0 else 0.0
-
 
 def _stored_dtype(name: str, dtype: np.dtype, float16: bool) -> np.dtype:
     """The dtype an array is stored with: float16 for floating arrays of a float16 pack (labels, index exact)."""
@@ -1420,9 +1415,3 @@ def verify_pack(
     summary.nbytes = sum(pack.files[name]["size"] for name in names)
     summary.seconds = time.perf_counter() - started
     return pack, summary, absent
-
-
-def iter_entries(pack: Pack) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """(model id, dataset id, manifest record) of every entry, in order."""
-    for model_id, dataset_id in pack.entries():
-        yield model_id, dataset_id, pack.models[model_id]["datasets"][dataset_id]
