@@ -102,12 +102,15 @@ def test_evaluate_on_a_pack_equals_evaluate_on_its_store(demo_store, demo_pack, 
     common = ["--model", MODEL, "--fit", "digits-fit", "--id", "digits-id-test", "--ood", "digits-6to9"]
     common += ["--ood", "lfw-faces", "--ood", "noise", "-d", "msp,energy,maha,knn,odin", "-p", "knn.k=10"]
     tables = []
-    for source, out in ((demo_store, tmp_path / "a"), (demo_pack, tmp_path / "b")):
-        code, _, err = _run(["evaluate", "--store", str(source), *common, "--out", str(out), "--no-progress"], capsys)
+    for option, source, out in (("--store", demo_store, tmp_path / "a"), ("--pack", demo_pack, tmp_path / "b")):
+        code, _, err = _run(["evaluate", option, str(source), *common, "--out", str(out), "--no-progress"], capsys)
         assert code == 0, err
         tables.append(((out / "table.md").read_text(), pd.read_parquet(out / "results.parquet")))
     assert tables[0][0] == tables[1][0]
     pd.testing.assert_frame_equal(tables[0][1], tables[1][1], check_exact=True)
+    both = ["evaluate", "--store", str(demo_store), "--pack", str(demo_pack), *common, "--out", str(tmp_path / "c")]
+    code, _, err = _run(both, capsys)
+    assert code == 2 and "one of them" in _one_error_line(err) and not (tmp_path / "c").exists()
 
 
 def test_a_pack_opens_without_oodbench(demo_store, demo_pack):

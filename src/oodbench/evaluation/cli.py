@@ -65,7 +65,13 @@ def accuracy_command(
 
 
 def evaluate_command(
-    store: Path = typer.Option(..., "--store", help="Feature store root."),
+    store: Path | None = typer.Option(None, "--store", help="Feature store root (or a pack folder)."),
+    pack: str | None = typer.Option(
+        None,
+        "--pack",
+        help="A feature pack instead of --store: its folder, or a Hugging Face dataset repository (owner/name) "
+        "from which only this model's --fit, --id, --ood and --csid entries are pulled (docs/packs.md).",
+    ),
     model: str = typer.Option(..., "--model", help="Model id in the store."),
     fit: str = typer.Option(..., "--fit", help="Dataset id of the ID fit set (e.g. the train split)."),
     id_dataset: str = typer.Option(..., "--id", help="Dataset id of the ID test set."),
@@ -151,6 +157,13 @@ def evaluate_command(
         unknown_param = unknown_parameter(name, given, registry.get_class(name).param_names())
         if unknown_param is not None:
             raise typer.BadParameter(f"--param {name}.{unknown_param[0]}: {unknown_param[1]}")
+    if (store is None) == (pack is None):
+        raise typer.BadParameter("give --store (a feature store) or --pack (a feature pack), one of them")
+    if pack is not None:
+        from ..core.packhub import resolve_pack
+
+        store = resolve_pack(pack, model, [fit, id_dataset, *ood, *(csid or ())])
+    assert store is not None
     if not store.is_dir():
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
     if not 0.0 < tpr <= 1.0:  # NaN fails this too; checked before anything is written
