@@ -1,0 +1,80 @@
+"""Messages that must say what happened: each case runs the console entry point on tiny real data and reads the
+one line it prints (a problem blamed on the right thing, an interruption that kept nothing saying so)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oodbench import Outputs, Store
+from oodbench.cli.main import main
+from oodbench.extract.backbones.timm_backbone import TimmBackbone
+
+from ..extract.helpers import write_images
+
+PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory):
+    """Toy entries with D=4 features: 20 fit rows of 3 classes, 10 ID and 10 OOD rows."""
+    rng = np.random.default_rng(0)
+    store = Store(tmp_path_factory.mktemp("messages") / "store")
+    for name, n in (("fit", 20), ("id", 10), ("ood", 10)):
+        z = rng.normal(size=(n, 4)).astype(np.float32)
+        store.write_outputs("toy", name, Outputs(z, z[:, :3], rng.integers(0, 3, n)), provenance=PROV)
+    return store
+
+
+def _error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def _evaluate(store: Store, tmp_path, detectors: str) -> list[str]:
+    args = ["evaluate", "--store", str(store.root), "--model", "toy", "--fit", "fit", "--id", "id", "--ood", "ood"]
+    return [*args, "-d", detectors, "--out", str(tmp_path / "run"), "--no-progress"]
+
+
+def test_a_parameter_wider_than_the_features_is_not_called_a_small_fit_set(store, tmp_path, capsys) -> None:
+    # Before: "the fit set (20 rows) is too small for: neco: dim=100 exceeds the feature dimension D=4".
+    err = _error(_evaluate(store, tmp_path, "neco"), capsys)
+    assert err.startswith("error: the features (D=4) are too narrow for: neco: dim=100 exceeds the feature dimension")
+    assert "too small" not in err
+    err = _error(_evaluate(store, tmp_path, "neco,knn"), capsys)
+    assert err.startswith("error: the fit set (20 rows) is too small for: knn: k=1000 exceeds the fit set's 20 rows")
+    assert "; and the features (D=4) are too narrow for: neco: dim=100" in err
+    assert "neco" not in err.split("; and ")[0]
+
+
+@pytest.mark.parametrize("interrupt_at", [1, 3])
+def test_ctrl_c_during_extract_says_kept_only_once_a_shard_is_whole(tmp_path, monkeypatch, capsys, interrupt_at):
+    # Before: Ctrl-C on the first batch said "nothing finished; kept whole shards in store …" with none written.
+    images = write_images(tmp_path / "images", {"cat": 5, "dog": 4})
+    calls = []
+    original = TimmBackbone.infer
+
+    def infer(self, pixels, **kwargs):  # Ctrl-C when the `interrupt_at`-th batch reaches the model
+        calls.append(len(pixels))
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return original(self, pixels, **kwargs)
+
+    monkeypatch.setattr(TimmBackbone, "infer", infer)
+    args = ["extract", "--model", "test_resnet", "--no-pretrained", "--image-size", "32"]
+    args += ["--store", str(tmp_path / "store"), "--data", str(images), "--batch-size", "3", "--shard-size", "3"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--workers", "0", "--no-progress"])
+    assert exit_info.value.code == 130
+    # stderr also shows the preprocessing and probe lines printed before the first batch.
+    (line,) = [text for text in capsys.readouterr().err.splitlines() if text.startswith("interrupted:")]
+    if interrupt_at == 1:
+        assert line.startswith("interrupted: nothing finished; nothing kept; to start again, run: oodbench extract")
+    else:  # two batches of 3 are two whole shards
+        assert line.startswith(
+            f"interrupted: finished 6 of 9 images of images; kept whole shards in store {tmp_path / 'store'}; "
+            "to resume, run: oodbench extract"
+        )
