@@ -78,3 +78,28 @@ def test_ctrl_c_during_extract_says_kept_only_once_a_shard_is_whole(tmp_path, mo
             f"interrupted: finished 6 of 9 images of images; kept whole shards in store {tmp_path / 'store'}; "
             "to resume, run: oodbench extract"
         )
+
+
+def test_delong_on_two_perfect_detectors_prints_undefined(tmp_path, capsys) -> None:
+    # Before: two AUROCs of 1.0 printed z = 0.00 and p = 1.000, as if the test had found no difference.
+    rng = np.random.default_rng(1)
+    store = Store(tmp_path / "store")
+    for name, n, peak in (("fit", 30, 10.0), ("id", 20, 10.0), ("ood", 20, 0.0)):
+        labels = rng.integers(0, 3, n)
+        logits = rng.normal(0, 0.1, (n, 3)).astype(np.float32)
+        logits[np.arange(n), labels] += peak  # ID images: one confident class; OOD: none
+        store.write_outputs("toy", name, Outputs(logits.copy(), logits, labels), provenance=PROV)
+    run = tmp_path / "run"
+    args = ["evaluate", "--store", str(store.root), "--model", "toy", "--fit", "fit", "--id", "id", "--ood", "ood"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "-d", "msp,maxlogit", "--out", str(run), "--no-progress"])
+    assert exit_info.value.code == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", "compare", str(run), "--a", "msp", "--b", "maxlogit"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("| ood ")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[3:5] == ["100.00", "100.00"] and cells[-2:] == ["undefined", "undefined"], cells
+    assert "neither AUROC varies over the images" in out
