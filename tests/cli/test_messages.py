@@ -103,3 +103,23 @@ def test_delong_on_two_perfect_detectors_prints_undefined(tmp_path, capsys) -> N
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[3:5] == ["100.00", "100.00"] and cells[-2:] == ["undefined", "undefined"], cells
     assert "neither AUROC varies over the images" in out
+
+
+def test_openood_csv_names_are_sanitised_as_the_docs_say(store, tmp_path, capsys) -> None:
+    # A name with characters outside letters, digits, '-', '_' and '.' is written with '-' in their place
+    # (maha++ -> maha--.csv); the docs said nothing of it, so the user looked for maha++.csv.
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(_evaluate(store, tmp_path, "maha,maha++"))  # writes to tmp_path / "run"
+    assert exit_info.value.code == 0
+    out = tmp_path / "report"
+    args = ["report", str(run), "--out", str(out), "--format", "md", "--convention", "openood", "--no-progress"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--draws", "20", "--curve-draws", "5", "--resamples", "20"])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    written = sorted(p.name for p in (out / "openood" / "toy" / "ood").iterdir())
+    assert written == ["maha--.csv", "maha.csv"]
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "reports.md").read_text(encoding="utf-8")
+    assert "`maha++` is written to `maha--.csv`" in docs
