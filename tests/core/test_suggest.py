@@ -1,10 +1,10 @@
-"""Did-you-mean: the closest names (prefix relations first, ties in name order) and every unknown name at once."""
+"""Did-you-mean: the closest names (a case-only difference, then prefix relations, then difflib; ties in name order)."""
 
 from __future__ import annotations
 
 import pytest
 
-from oodbench.core.names import closest, suggest, unknown_names
+from oodbench.core.names import closest, suggest
 from oodbench.detectors import available
 
 
@@ -30,16 +30,6 @@ def test_short_names_are_not_prefix_matches() -> None:
     # 'ms' begins 'msp' but two letters say too little; difflib still judges it (ratio 0.8).
     assert closest("m", ["msp", "maha"]) == []
     assert closest("ms", ["msp", "maha"]) == ["msp"]
-
-
-def test_every_unknown_name_is_reported_with_its_own_suggestions() -> None:
-    # Before: only the first unknown name was reported, one per run.
-    assert unknown_names("detector", ["msp", "energy"], available()) is None
-    assert unknown_names("detector", ["mps"], available()) == "unknown detector 'mps'; did you mean 'msp'?"
-    line = unknown_names("detector", ["mahalanobis", "msp", "enrgy", "qqqq", "enrgy"], available())
-    assert line == (
-        "unknown detectors 'mahalanobis' (did you mean 'maha'?), 'enrgy' (did you mean 'energy', 'entropy'?), 'qqqq'"
-    )
 
 
 @pytest.mark.parametrize("given", ["tf_efficientnet_lite", "TF_EFFICIENTNET_LITE"])

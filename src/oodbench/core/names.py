@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from .errors import OodbenchError
 
-__all__ = ["NAME_PATTERN", "VERSIONLESS_PATTERN", "is_name", "check_name", "closest", "suggest", "unknown_names"]
+__all__ = ["NAME_PATTERN", "VERSIONLESS_PATTERN", "is_name", "check_name", "closest", "suggest"]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=,-]*$")
 VERSIONLESS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
@@ -37,9 +37,10 @@ def check_name(value: object, where: str, *, error: type[OodbenchError] = Oodben
 def closest(name: str, options: Iterable[str], n: int = 3) -> list[str]:
     """Up to `n` of `options` nearest to `name`, case-insensitive, nearest first.
 
-    First an option that differs only in case, then the options one of which begins with the other (``tf_efficientnet_lite`` → ``tf_efficientnet_lite0``,
-    ``mahalanobis`` → ``maha``), the closest in length first, the shorter of the two at least 3 characters; then
-    difflib's similar names, most similar first. Ties go in name order, so a family's first member comes first.
+    First an option that differs only in case; then the options one of which begins with the other
+    (``tf_efficientnet_lite`` → ``tf_efficientnet_lite0``, ``mahalanobis`` → ``maha``), the closest in length
+    first, the shorter of the two at least 3 characters; then difflib's similar names, most similar first. Ties go
+    in name order, so a family's first member comes first.
     """
     by_lower: dict[str, str] = {}
     for option in options:
@@ -61,25 +62,6 @@ def suggest(name: str, options: Iterable[str]) -> str:
     """``; did you mean 'x'?`` for the options closest to `name` (see `closest`), or an empty string."""
     close = closest(name, options)
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-
-
-def unknown_names(what: str, given: Iterable[str], known: Iterable[str]) -> str | None:
-    """One line naming every one of `given` not in `known`, each with its closest known names; None when all are known.
-
-    ``unknown detector 'mps'; did you mean 'msp'?`` for one, ``unknown detectors 'mps' (did you mean 'msp'?),
-    'x'`` for several: a user fixes every typo at once instead of one per run.
-    """
-    options = list(known)
-    missing = [g for g in dict.fromkeys(given) if g not in options]
-    if not missing:
-        return None
-    if len(missing) == 1:
-        return f"unknown {what} {missing[0]!r}{suggest(missing[0], options)}"
-    parts = []
-    for g in missing:
-        close = closest(g, options)
-        parts.append(f"{g!r}" + (f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""))
-    return f"unknown {what}s {', '.join(parts)}"
 
 
 def unknown_parameter(owner: str, given: Iterable[str], allowed: Sequence[str]) -> tuple[str, str] | None:

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from ..core.errors import OodbenchError
-from ..core.names import unknown_names, unknown_parameter
+from ..core.names import suggest, unknown_parameter
 from ..util.cli_params import parse_params, refuse_inside
 
 __all__ = ["SOME_FAILED", "accuracy_command", "evaluate_command", "print_accuracy", "register", "report_detectors"]
@@ -137,9 +137,12 @@ def evaluate_command(
     registry.load_plugins(plugin or ())
     warn_plugin_failures()
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else registry.available()
-    unknown_detectors = unknown_names("detector", names, registry.available())
-    if unknown_detectors:
-        raise typer.BadParameter(f"--detectors: {unknown_detectors} (list them with `oodbench detectors`)")
+    for name in names:
+        if name not in registry.available():
+            raise typer.BadParameter(
+                f"--detectors: unknown detector {name!r}{suggest(name, registry.available())} "
+                "(list them with `oodbench detectors`)"
+            )
     overrides = parse_params(param)
     unknown = sorted(set(overrides) - set(names))
     if unknown:

@@ -27,7 +27,7 @@ from ..core.outputs import Head, Outputs
 from ..core.results import ResultRow, metric_rows
 from ..core.rundir import RunDir
 from ..core.store import Store
-from ..detectors.fitsize import SMALL_FIT_SET, FitSize, adapt_plan, plan_size_problems, unsupported_line
+from ..detectors.fitsize import SMALL_FIT_SET, FitSize, adapt_plan, plan_size_problems
 from ..detectors.shared import FitStatistics, check_gram_dtype, gram_key
 from ..util.progress import note_work, progress_bar
 
@@ -230,6 +230,8 @@ def check_fit_size(
             "Change them with -p DETECTOR.PARAM=VALUE, or let the defaults scale to the fit set with "
             "--small-fit-set adapt (small_fit_set='adapt' in Python)"
         )
+    from ..detectors.fitsize import unsupported_line
+
     raise FitSetTooSmall(f"{unsupported_line(size, problems, instances)}. {advice}")
 
 

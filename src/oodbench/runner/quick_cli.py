@@ -66,9 +66,9 @@ _SmallFitSet = Annotated[
     str,
     typer.Option(
         "--small-fit-set",
-        help="fail or adapt, when the fit set is too small for a detector's default parameters (knn.k, "
-        "nnguide.alpha/k, vim.dim): fail stops before any extraction, naming each one; adapt scales them to the fit "
-        "set (recorded in run.json).",
+        help="fail or adapt: when the fit set is too small for a detector's default parameters (knn.k, "
+        "nnguide.alpha/k, vim.dim), fail before any extraction, naming each one, or adapt them to the fit set "
+        "(recorded in run.json).",
     ),
 ]
 
@@ -138,14 +138,16 @@ def _workers(workers: int | None, num_workers: int | None) -> int | None:
 
 def _detector_plan(detectors: str | None, param: list[str] | None) -> dict[str, dict[str, Any]] | None:
     """{detector: parameters} from --detectors and --param (None: every registered detector with its defaults)."""
-    from ..core.names import unknown_names
+    from ..core.names import suggest
     from ..detectors import available
 
     names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
     overrides = parse_params(param)
-    unknown_detectors = unknown_names("detector", names or (), available())
-    if unknown_detectors:
-        raise typer.BadParameter(f"--detectors: {unknown_detectors} (list them with `oodbench detectors`)")
+    for name in names or ():
+        if name not in available():
+            raise typer.BadParameter(
+                f"--detectors: unknown detector {name!r}{suggest(name, available())} (list them with `oodbench detectors`)"
+            )
     if names is None and overrides:
         names = available()
     unknown = sorted(set(overrides) - set(names or ()))
