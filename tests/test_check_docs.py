@@ -167,3 +167,22 @@ def test_the_built_site_navigates_from_disk(tmp_path):
     assert (site / "detectors.html").is_file() and not (site / "detectors").exists()
     assert list(check_docs.site_findings(site)) == []
     assert 'href="concepts.html"' in (site / "index.html").read_text(encoding="utf-8")
+
+
+def test_site_resources_from_the_network_are_found(tmp_path):
+    # Before: the offline plugin's worker shim from a CDN passed: search never started from disk offline.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "local.js").write_text("", encoding="utf-8")
+    (site / "index.html").write_text(
+        '<script src="https://unpkg.com/iframe-worker/shim"></script>'
+        '<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
+        "<img src=//cdn.example.org/a.png>"
+        '<script src="local.js"></script><a href="https://arxiv.org/abs/1">a paper</a>'
+        '<link rel="canonical" href="https://example.org/index.html">',
+        encoding="utf-8",
+    )
+    found = list(check_docs.site_findings(site))
+    assert len(found) == 3, found
+    assert "loads 'https://unpkg.com/iframe-worker/shim' from the network" in found[0]
+    assert "fonts.googleapis.com" in found[1] and "//cdn.example.org/a.png" in found[2]

@@ -10,7 +10,9 @@ instead of the moment it was taken.
 
 Built site (`--site DIR`): every relative link and resource of every HTML page leads to a file, so the site
 navigates when opened from disk (file://), where a link to a folder shows a directory listing, and a link
-starting with "/" leaves the site. (404.html is exempt: only a web server shows it, for any address.)
+starting with "/" leaves the site. (404.html is exempt: only a web server shows it, for any address.) No page
+loads a resource (script, stylesheet, font, image) from the network: opened from disk with the network off, a
+script from a CDN never arrives (the search box waits for its worker shim forever).
 
 Usage: python tools/check_docs.py docs README.md        (exit 1 listing each finding, 0 when clean)
        python tools/check_docs.py --site site
@@ -40,6 +42,13 @@ HISTORY = re.compile(
 # A Markdown link to an external page: its text may name that project's issues.
 EXTERNAL_LINK = re.compile(r"\[[^\]\n]*\]\(https?://[^)\s]+\)")
 LINK_ATTR = re.compile(r"""\b(?:href|src)\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
+# A resource the page loads by itself (not a link the reader follows): any src=, and a <link> other than
+# rel=canonical/alternate, whose address is on another host.
+REMOTE_RESOURCE = re.compile(
+    r"""<(?:[a-z]+\b[^>]*?\ssrc|link\b(?![^>]*\brel\s*=\s*["']?(?:canonical|alternate))[^>]*?\shref)\s*=\s*"""
+    r"""["']?((?:https?:)?//[^"'\s>]+)""",
+    re.IGNORECASE,
+)
 
 
 def markdown_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -88,6 +97,8 @@ def site_findings(site: Path) -> Iterator[str]:
         if page == site / "404.html":  # a web server's answer to any missing address: root links by design
             continue
         text = page.read_text(encoding="utf-8", errors="replace")
+        for match in REMOTE_RESOURCE.finditer(text):
+            yield f"{page.relative_to(site)}: loads {match[1]!r} from the network: opened from disk offline it fails"
         for match in LINK_ATTR.finditer(text):
             link = match[1] if match[1] is not None else match[2]
             target = _local_target(link)

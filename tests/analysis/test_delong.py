@@ -92,15 +92,16 @@ def test_identical_detectors_are_not_different() -> None:
 
 
 def test_perfect_separation_gives_strict_json() -> None:
-    # Both detectors separate perfectly: every component is constant, so the correlation is undefined (NaN).
+    # Both detectors separate perfectly: every component is constant, so the correlation is undefined (NaN), and
+    # so are z and p (before: p = 1.0, as if the test had found no difference).
     result = delong_test(
         np.array([5.0, 6.0, 7.0]), np.array([0.0, 1.0]), np.array([5.0, 6.0, 9.0]), np.array([0.0, 2.0])
     )
-    assert np.isnan(result.correlation)
+    assert (result.auroc_a, result.auroc_b, result.se) == (1.0, 1.0, 0.0)
+    assert np.isnan(result.correlation) and np.isnan(result.z) and np.isnan(result.p_value)
     payload = json.loads(json.dumps(result.as_dict(), allow_nan=False))
-    assert (
-        payload["correlation"] is None and payload["p_value"] == 1.0 and (payload["n_id"], payload["n_ood"]) == (3, 2)
-    )
+    assert payload["correlation"] is None and payload["z"] is None and payload["p_value"] is None
+    assert (payload["n_id"], payload["n_ood"]) == (3, 2)
 
 
 def test_delong_variance_matches_simulated_variance_of_the_difference() -> None:

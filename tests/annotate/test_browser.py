@@ -226,3 +226,34 @@ def test_one_annotator_works_through_a_queue_with_the_keyboard_only(tmp_path):
         ("id", None, 2, None, False),
         ("ambiguous", None, None, "degraded", False),
     ]
+
+
+# The line boxes of an element's text: 1 when every word of it sits on one line.
+TEXT_LINES = """e => {
+  const range = document.createRange();
+  range.selectNodeContents(e);
+  return new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top))).size;
+}"""
+
+
+def test_the_header_keeps_each_link_on_one_line_at_phone_width(tmp_path):
+    # Before: at 390 px "Stage 1 queue" took 3 lines and "Log out" 2, squeezed beside the title.
+    project = build_project(tmp_path, n_images=1)
+    project.store().add_user("annotator.with-a-long-name", PASSWORD, is_admin=True)
+    with serving(project) as url, chromium() as browser:
+        page = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True).new_page()
+        page.set_default_timeout(15_000)
+        page.goto(f"{url}/login")
+        page.fill("#username", "annotator.with-a-long-name")
+        page.fill("#password", PASSWORD)
+        page.click("#login")
+        page.wait_for_selector("text=Hello, annotator.with-a-long-name")
+        items = page.locator("header.top .brand, header.top nav a, header.top .who, header.top button")
+        texts = [items.nth(i).inner_text() for i in range(items.count())]
+        assert {"Stage 1 queue", "My verdicts", "Stage 3 review", "Admin", "Log out"} <= set(texts)
+        lines = {text: items.nth(i).evaluate(TEXT_LINES) for i, text in enumerate(texts)}
+        assert all(count == 1 for count in lines.values()), lines
+        for i in range(items.count()):
+            box = items.nth(i).bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, (texts[i], box)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390

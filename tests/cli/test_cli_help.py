@@ -97,3 +97,38 @@ def test_no_command_knows_quiet_without_no_progress() -> None:
     for path, _ in COMMANDS:
         options = _options(path)
         assert "--quiet" not in options or "--no-progress" in options, path
+
+
+def _panel_lines(output: str, title: str) -> list[str]:
+    """The inside of every panel called `title` (one string per line, the borders removed)."""
+    lines, inside = [], False
+    for line in output.splitlines():
+        if line.startswith(f"╭─ {title} "):
+            inside = True
+        elif line.startswith("╰"):
+            inside = False
+        elif inside:
+            lines.append(line[1:-1])
+    return lines
+
+
+@pytest.mark.parametrize("path, callback", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_option_descriptions_keep_a_readable_width_at_80_columns(path, callback) -> None:
+    # Before: five columns (option, short, negative flag, type, description) left descriptions 17 characters.
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=WIDTH, env={"COLUMNS": str(WIDTH)})
+    lines = _panel_lines(result.output, "Options")
+    # A description's continuation lines (the option column blank) all start in one column, 40 or more from the end.
+    starts = {len(line) - len(line.lstrip()) for line in lines if line.strip() and line[:8].isspace()}
+    assert len(starts) <= 1 and all(WIDTH - start >= 40 for start in starts), (starts, result.output)
+    assert any("--help  " in line and "Show this message and exit." in line for line in lines)
+
+
+@pytest.mark.parametrize("path", [("evaluate",), ("evaluate-model",)])
+def test_small_fit_set_help_lists_its_values(path) -> None:
+    from oodbench.detectors.fitsize import SMALL_FIT_SET
+
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=WIDTH, env={"COLUMNS": str(WIDTH)})
+    rows = " ".join(" ".join(_panel_lines(result.output, "Options")).split())
+    description = rows[rows.index("--small-fit-set <str>") + len("--small-fit-set <str>") :].split()
+    # The description opens with the values: "fail (...) or adapt ..." / "fail or adapt, ...".
+    assert description[0] == SMALL_FIT_SET[0] and f"or {SMALL_FIT_SET[1]}" in " ".join(description[:20])

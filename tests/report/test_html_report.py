@@ -221,3 +221,47 @@ def test_intro_becomes_a_context_section_first(two_runs, tmp_path) -> None:
     assert context < html.index('<section id="overview">')
     assert "<p>First paragraph.</p>" in html and "<p>Second paragraph.</p>" in html
     assert 'data-table="demo-datasets"' in html
+
+
+# The strip of the scroll container's edge, text and rules hidden: only the container's own background is seen.
+HIDE_CONTENT = (
+    "table.oodb *, figure.table figcaption { color: transparent !important; border-color: transparent !important; }"
+)
+
+
+def _edge_darkness(figure, side: str) -> float:
+    """How much darker than white the 4 px at one edge of `figure` are, at their darkest (0: no shadow)."""
+    shot = Image.open(io.BytesIO(figure.screenshot())).convert("L")
+    width, height = shot.size
+    strip = shot.crop((0, 0, 4, height) if side == "left" else (width - 4, 0, width, height))
+    return 255 - strip.getextrema()[0]
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian Chromium (/usr/bin/chromium) is not installed")
+def test_per_model_mean_table_scrolls_with_a_visible_cue_at_390px(tmp_path) -> None:
+    """Phone width: the page itself never scrolls sideways; Table A1 scrolls inside its figure, and a shadow marks
+    each edge with more columns beyond it (before: the columns past the edge were cut with nothing to say so)."""
+    from ..analysis.helpers import make_run
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    runs = [make_run(tmp_path, "tf_efficientnet_lite0.in1k", 0), make_run(tmp_path, "convnext_base.fb_in22k", 1)]
+    out = write_html_report(runs, tmp_path / "report.html", score_figures=False, **FAST)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+        page.goto(out.resolve().as_uri())
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        figure = page.locator("figure#tableA1")
+        figure.scroll_into_view_if_needed()
+        scroll_width, client_width = figure.evaluate("e => [e.scrollWidth, e.clientWidth]")
+        assert scroll_width > client_width  # wider than the phone: it scrolls
+        page.add_style_tag(content=HIDE_CONTENT)
+        at_start = (_edge_darkness(figure, "left"), _edge_darkness(figure, "right"))
+        figure.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+        at_end = (_edge_darkness(figure, "left"), _edge_darkness(figure, "right"))
+        # Row bands are 11 grey levels below white at most; a shadow is well beyond that.
+        assert at_start[1] > 30 and at_start[0] <= 12, at_start
+        assert at_end[0] > 30 and at_end[1] <= 12, at_end
+        last = page.locator('table[data-table="tableA1"] thead th').last.bounding_box()
+        assert last is not None and last["x"] + last["width"] <= 390 + 1  # the last model's column is reachable
+        browser.close()

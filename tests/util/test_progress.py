@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,8 @@ from oodbench.cli.main import main
 from oodbench.util import progress
 
 
-def test_progress_in_a_log_file_is_plain_whole_lines(capsys):
+def test_progress_in_a_log_file_is_plain_whole_lines(capsys, monkeypatch):
+    monkeypatch.setattr(progress, "PLAIN_EVERY_S", math.inf)  # lines by tenths only, however slow the machine
     bar = progress.make_progress(rate_unit="img")  # stderr is captured here: not a terminal
     assert isinstance(bar, progress.PlainProgress)
     long_name = "tf_efficientnet_lite0@579344248a93/imagenet-1k-train-subset-of-a-long-name"
@@ -34,12 +37,13 @@ def test_disabled_progress_writes_nothing(capsys):
 
 
 def test_a_transient_task_reports_only_after_a_silence_and_not_its_end(capsys, monkeypatch):
+    monkeypatch.setattr(progress, "PLAIN_EVERY_S", math.inf)  # a silence only where the test makes one
     with progress.PlainProgress(transient=True) as bar:
         task = bar.add_task("fit chunks", total=10)
         bar.advance(task, 5)
         monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.0)
         bar.advance(task, 1)
-        monkeypatch.setattr(progress, "PLAIN_EVERY_S", 30.0)
+        monkeypatch.setattr(progress, "PLAIN_EVERY_S", math.inf)
         bar.advance(task, 4)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("fit chunks: 6/10 (60%)")

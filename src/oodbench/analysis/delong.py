@@ -110,8 +110,13 @@ def delong_test(
     # Rounding can leave a tiny positive variance for identical detectors; treat it as zero relative to the terms.
     if se <= 1e-12 * max(1.0, math.sqrt(abs(cov[0, 0]) + abs(cov[1, 1]))):
         se = 0.0
-    if se == 0.0:
-        # No sampling variability in the difference: it is exactly zero (p = 1) or certain (p = 0).
+    if se == 0.0 and difference == 0 and cov[0, 0] <= 0 and cov[1, 1] <= 0:
+        # Neither AUROC varies over the images (both separate perfectly, e.g. two AUROCs of 1.0): the test has no
+        # variance to compare the difference with, so z and p are undefined (NaN), not "no difference" (p = 1).
+        z = p_value = math.nan
+    elif se == 0.0:
+        # Variable AUROCs whose difference never varies: identical up to a constant, so exactly zero (p = 1) or
+        # certain (p = 0).
         z = 0.0 if difference == 0 else math.copysign(math.inf, difference)
         p_value = 1.0 if difference == 0 else 0.0
     else:

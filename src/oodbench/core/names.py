@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from .errors import OodbenchError
 
-__all__ = ["NAME_PATTERN", "VERSIONLESS_PATTERN", "is_name", "check_name", "suggest"]
+__all__ = ["NAME_PATTERN", "VERSIONLESS_PATTERN", "is_name", "check_name", "closest", "suggest"]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=,-]*$")
 VERSIONLESS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
@@ -34,12 +34,33 @@ def check_name(value: object, where: str, *, error: type[OodbenchError] = Oodben
     return value
 
 
-def suggest(name: str, options: Iterable[str]) -> str:
-    """``; did you mean 'x'?`` for the options closest to `name` (case-insensitive), or an empty string."""
+def closest(name: str, options: Iterable[str], n: int = 3) -> list[str]:
+    """Up to `n` of `options` nearest to `name`, case-insensitive, nearest first.
+
+    First an option that differs only in case; then the options one of which begins with the other
+    (``tf_efficientnet_lite`` → ``tf_efficientnet_lite0``, ``mahalanobis`` → ``maha``), the closest in length
+    first, the shorter of the two at least 3 characters; then difflib's similar names, most similar first. Ties go
+    in name order, so a family's first member comes first.
+    """
     by_lower: dict[str, str] = {}
     for option in options:
         by_lower.setdefault(option.lower(), option)
-    close = [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)]
+    key = name.lower()
+    prefixed = sorted(
+        (abs(len(o) - len(key)), o)
+        for o in by_lower
+        if o != key and min(len(o), len(key)) >= 3 and (o.startswith(key) or key.startswith(o))
+    )
+    similar = difflib.get_close_matches(key, list(by_lower), n=max(n, 1) * 4, cutoff=0.6)
+    scored = sorted((-difflib.SequenceMatcher(None, key, o).ratio(), o) for o in similar)
+    same = [key] if key in by_lower else []  # differs only in case: the one meant
+    ranked = list(dict.fromkeys(same + [o for _, o in prefixed] + [o for _, o in scored]))
+    return [by_lower[o] for o in ranked][:n]
+
+
+def suggest(name: str, options: Iterable[str]) -> str:
+    """``; did you mean 'x'?`` for the options closest to `name` (see `closest`), or an empty string."""
+    close = closest(name, options)
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 

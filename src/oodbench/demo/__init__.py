@@ -77,7 +77,9 @@ def demo_detector_params(fit_size: int, num_features: int, num_classes: int) -> 
     }
     plan: dict[str, dict[str, Any]] = {}
     for name in detectors.available():
-        if name in DEMO_EXCLUDED:
+        # The built-in set only: the demo is the same reference table on every install (an installed plugin
+        # is named under the table instead, with the command that evaluates it on the demo's store).
+        if name in DEMO_EXCLUDED or not detectors.origin(name).builtin:
             continue
         cls = detectors.get_class(name)
         plan[name] = {k: v for k, v in scaled.get(name, {}).items() if k in cls.param_names()}

@@ -166,10 +166,30 @@ def _markdown_report(setup: DemoSetup, evaluation: EvaluationResult, battery: An
     return "\n".join(lines)
 
 
+def plugin_note(setup: DemoSetup) -> str | None:
+    """The line under the demo's table naming installed plugin detectors (the table holds the built-in set only)."""
+    from .. import detectors
+
+    plugins = [name for name in detectors.available() if not detectors.origin(name).builtin]
+    if not plugins:
+        return None
+    names = ",".join(plugins)
+    command = (
+        f"oodbench evaluate --store {setup.store.root} --model {setup.model_id} --fit {setup.fit_dataset} "
+        f"--id {setup.id_dataset} {' '.join(f'--ood {o}' for o in setup.ood_datasets)} -d {names} "
+        f"--out {setup.root / 'plugins'}"
+    )
+    which = "plugin detector" + ("s" if len(plugins) > 1 else "")
+    return f"not in this table (the built-in set): installed {which} {', '.join(plugins)}; evaluate on the demo's store: {command}"
+
+
 def print_summary(result: DemoResult) -> None:
-    """Print the table and where the outputs went."""
+    """Print the table, a line naming installed plugin detectors (not in the table), and where the outputs went."""
     sys.stdout.write(result.evaluation.table_markdown)
     sys.stdout.flush()
+    note = plugin_note(result.setup)
+    if note is not None:
+        console.print(note, soft_wrap=True, highlight=False, markup=False)
     battery = result.battery
     console.print(
         f"leak audit battery: sensitivity {battery.sensitivity:.2f}, specificity {battery.specificity:.2f} "

@@ -8,7 +8,7 @@ command checks every detector against the fit set before extracting anything and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import DetectorError
@@ -16,7 +16,15 @@ from ..core.errors import DetectorError
 if TYPE_CHECKING:
     from ..core.outputs import Outputs
 
-__all__ = ["FitSize", "SMALL_FIT_SET", "adapt_plan", "describe_changes", "plan_size_problems", "raise_size_problems"]
+__all__ = [
+    "FitSize",
+    "SMALL_FIT_SET",
+    "adapt_plan",
+    "describe_changes",
+    "plan_size_problems",
+    "raise_size_problems",
+    "unsupported_line",
+]
 
 SMALL_FIT_SET = ("fail", "adapt")  # what a run does when the fit set is too small for a detector's parameters
 
@@ -46,6 +54,25 @@ class FitSize:
 def plan_size_problems(instances: Mapping[str, Any], size: FitSize) -> list[str]:
     """Every parameter of every detector that the fit set cannot support, as 'name: problem' lines."""
     return [f"{name}: {problem}" for name, detector in instances.items() for problem in detector.size_problems(size)]
+
+
+def unsupported_line(size: FitSize, problems: Sequence[str], instances: Mapping[str, Any]) -> str:
+    """`problems` (from `plan_size_problems`) as one sentence that blames the right thing.
+
+    A problem that a fit set of any size would still have (``neco: dim=100 exceeds the feature dimension D=64``)
+    is about the model's feature width, not the fit set: it is listed under "the features (D=64) are too narrow
+    for", the others under "the fit set (650 rows) is too small for".
+    """
+    unlimited = replace(size, rows=2**40, classes=size.head_classes)
+    lasting = set(plan_size_problems(instances, unlimited))
+    narrow = [p for p in problems if p.removesuffix(" (no automatic choice)") in lasting]
+    small = [p for p in problems if p not in narrow]
+    parts = []
+    if small:
+        parts.append(f"the fit set ({size.describe()}) is too small for: {'; '.join(small)}")
+    if narrow:
+        parts.append(f"the features (D={size.features}) are too narrow for: {'; '.join(narrow)}")
+    return "; and ".join(parts)
 
 
 def adapt_plan(

@@ -230,7 +230,9 @@ def check_fit_size(
             "Change them with -p DETECTOR.PARAM=VALUE, or let the defaults scale to the fit set with "
             "--small-fit-set adapt (small_fit_set='adapt' in Python)"
         )
-    raise FitSetTooSmall(f"the fit set ({size.describe()}) is too small for: {'; '.join(problems)}. {advice}")
+    from ..detectors.fitsize import unsupported_line
+
+    raise FitSetTooSmall(f"{unsupported_line(size, problems, instances)}. {advice}")
 
 
 class FitSetTooSmall(DetectorError):

@@ -208,7 +208,19 @@ def extract(
         done_items = len(dataset) - sum(len(task.positions) for task in tasks)
         bar, bar_task = _progress(len(dataset), done_items, progress, f"{model_id}/{dataset_id}")
         topic = f"extract {model_id}/{dataset_id}"
-        note_work(topic, kept=f"whole shards in store {store.root}")  # written atomically: a rerun resumes from them
+
+        def note_shards() -> None:
+            # Rows count once their shard is written, atomically: a rerun resumes from whole shards, so they are
+            # "kept" only once there is one (a Ctrl-C on the first batch keeps nothing).
+            rows = done_items + assembler.rows
+            if rows:
+                note_work(
+                    topic,
+                    finished=f"{rows} of {len(dataset)} images of {dataset_id}",
+                    kept=f"whole shards in store {store.root}",
+                )
+
+        note_shards()
         with bar:
             for result in _engine_results(
                 engine, backbone, item_loader, tasks, num_workers=num_workers, amp=amp, options=engine_options or {}
@@ -216,8 +228,7 @@ def extract(
                 assembler.add(result)
                 processed += len(result.task.positions)
                 bar.update(bar_task, advance=len(result.task.positions))
-                if done_items + assembler.rows:  # rows count once their shard is written
-                    note_work(topic, finished=f"{done_items + assembler.rows} of {len(dataset)} images of {dataset_id}")
+                note_shards()
         assembler.finish()
         _finalize(writer, dataset)
     seconds = time.perf_counter() - started

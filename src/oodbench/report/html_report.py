@@ -34,7 +34,15 @@ main { padding: 8px 32px 48px; max-width: 1400px; }
 section { margin-top: 28px; }
 h2 { font-size: 19px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
 figure { margin: 16px 0 22px; }
-figure.table { overflow-x: auto; }
+/* A table wider than the window scrolls inside its figure, and says so: a shadow on each edge that has more
+   columns beyond it (no script: the "local" covers travel with the content and hide a shadow at that end). */
+figure.table { overflow-x: auto;
+  background: linear-gradient(to right, var(--bg) 40%, rgba(255, 255, 255, 0)) left / 36px 100% no-repeat local,
+              linear-gradient(to left, var(--bg) 40%, rgba(255, 255, 255, 0)) right / 36px 100% no-repeat local,
+              radial-gradient(farthest-side at 0 50%, rgba(29, 36, 48, .35), rgba(29, 36, 48, 0)) left / 14px 100%
+                no-repeat scroll,
+              radial-gradient(farthest-side at 100% 50%, rgba(29, 36, 48, .35), rgba(29, 36, 48, 0)) right / 14px 100%
+                no-repeat scroll; }
 table.oodb { border-collapse: collapse; font-size: 12.5px; font-variant-numeric: tabular-nums; }
 table.oodb caption { text-align: left; font-weight: 600; padding: 4px 0 8px; font-size: 14px; white-space: nowrap; }
 table.oodb thead tr:first-child th { border-top: 2px solid var(--ink); }
@@ -42,7 +50,8 @@ table.oodb thead tr:last-child th { border-bottom: 1px solid var(--ink); }
 table.oodb th.group { text-align: center; border-bottom: 1px solid var(--line); }
 table.oodb th, table.oodb td { padding: 3px 9px; white-space: nowrap; }
 table.oodb tbody tr:last-child td { border-bottom: 2px solid var(--ink); }
-table.oodb tbody tr:nth-child(even) { background: var(--band); }
+/* The band is translucent (the same colour on white) so that the scroll shadows show through it. */
+table.oodb tbody tr:nth-child(even) { background: rgba(35, 75, 135, .05); }
 table.oodb tr.rule td { border-bottom: 1px solid var(--line); }
 table.oodb .num { text-align: right; }
 table.oodb .txt { text-align: left; }
@@ -58,6 +67,13 @@ table.oodb.wrap caption { white-space: normal; }
 figcaption { color: var(--muted); font-size: 12px; margin-top: 4px; max-width: 1000px; }
 figure.plot img { max-width: 100%; height: auto; border: 1px solid var(--line); }
 ul.notes { color: var(--muted); }
+/* A phone: less padding, and captions wrap within the window (the table under them still scrolls). */
+@media (max-width: 600px) {
+  header { padding: 16px 12px 10px; }
+  nav { padding: 8px 12px; }
+  main { padding: 8px 12px 32px; }
+  table.oodb caption { white-space: normal; max-width: calc(100vw - 24px); }
+}
 """
 
 

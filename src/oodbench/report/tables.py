@@ -719,10 +719,15 @@ def table_class_acceptance(
     )
 
 
+# DeLong's z and p when neither AUROC varies over the images (see `oodbench.analysis.delong.delong_test`).
+UNDEFINED = "undefined"
+
+
 def format_p(p: float) -> str:
-    """A p-value at the precision of the table's other numbers: three decimals, and "< 0.001" below that."""
+    """A p-value at the precision of the table's other numbers: three decimals, "< 0.001" below that, and
+    "undefined" for NaN (a test that has no variance to compare the difference with)."""
     if p != p:
-        return MISSING
+        return UNDEFINED
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
@@ -742,7 +747,7 @@ def table_delong(results: Sequence[tuple[str, str, DeLongResult]], confidence: f
             Cell(percent(r.auroc_b, 2)),
             Cell(_signed(100 * r.difference)),
             Cell(f"[{_signed(100 * r.low)}, {_signed(100 * r.high)}]"),
-            Cell(f"{r.z:.2f}".replace("-", "−")),
+            Cell(UNDEFINED if r.z != r.z else f"{r.z:.2f}".replace("-", "−")),
             Cell(format_p(r.p_value), bold=significant),
         ]
         body.append(tuple(line))
@@ -758,5 +763,10 @@ def table_delong(results: Sequence[tuple[str, str, DeLongResult]], confidence: f
         "p",
     )
     align = ("l",) * (4 if multi_model else 3) + ("r",) * 6
-    note = f"DeLong's paired test on the same ID and OOD images; p < {1 - confidence:.2g} in bold. AUROC in %."
-    return Table("delong", "Paired AUROC comparisons (DeLong)", columns, tuple(body), align=align, notes=(note,))
+    notes = [f"DeLong's paired test on the same ID and OOD images; p < {1 - confidence:.2g} in bold. AUROC in %."]
+    if any(r.p_value != r.p_value for _, _, r in results):
+        notes.append(
+            f"z and p {UNDEFINED}: neither AUROC varies over the images (both separate them perfectly, e.g. two "
+            "AUROCs of 100%), so the test has no variance to weigh the difference against."
+        )
+    return Table("delong", "Paired AUROC comparisons (DeLong)", columns, tuple(body), align=align, notes=tuple(notes))

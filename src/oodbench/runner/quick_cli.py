@@ -66,8 +66,9 @@ _SmallFitSet = Annotated[
     str,
     typer.Option(
         "--small-fit-set",
-        help="When the fit set is too small for a detector's default parameters (knn.k, nnguide.alpha/k, vim.dim): "
-        "fail before any extraction, naming each one, or adapt them to the fit set (recorded in run.json).",
+        help="fail or adapt: when the fit set is too small for a detector's default parameters (knn.k, "
+        "nnguide.alpha/k, vim.dim), fail before any extraction, naming each one, or adapt them to the fit set "
+        "(recorded in run.json).",
     ),
 ]
 
