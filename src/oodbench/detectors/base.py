@@ -34,7 +34,7 @@ def use_saver(saver: Callable[..., Any]) -> None:
 if TYPE_CHECKING:
     from .fitsize import FitSize
 
-__all__ = ["Detector", "Requirements", "Paper", "Range"]
+__all__ = ["Detector", "Requirements", "Paper", "Range", "Summary"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,22 @@ class Requirements:
         if self.score:
             parts.append("score: " + ", ".join(sorted(self.score)))
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the detector tables say beside the paper, the requirements and the defaults (`detectors.catalog`).
+
+    method: the score in the tables' notation; defaults: where the defaults come from; needs: a note on the
+    arrays (where extras come from); also_in: the peer libraries with the method; agreement: the largest measured
+    difference from a peer on the same arrays, or what a peer's user sees differently.
+    """
+
+    method: str
+    defaults: str = ""
+    needs: str = ""
+    also_in: str = ""
+    agreement: str = ""
 
 
 @dataclass
@@ -215,6 +231,8 @@ class Detector:
     name: ClassVar[str] = ""
     requires: ClassVar[Requirements] = Requirements()
     paper: ClassVar[Paper | None] = None
+    # The detector tables' row (README, docs/detectors.md and `oodbench detectors`), generated from the class.
+    summary: ClassVar[Summary | None] = None
     # Bytes of working memory per chunk of test rows; subclasses with wide per-row work keep it bounded.
     chunk_bytes: ClassVar[int] = DEFAULT_CHUNK_BYTES
     # The fitted state, declared (see oodbench.detectors.state): artefact.save writes and load accepts exactly this.

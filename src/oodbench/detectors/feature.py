@@ -17,7 +17,7 @@ from ..util.cores import available_cores
 from ._blas import blas_threads
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements, _FitInfo
+from .base import Detector, Paper, Requirements, Summary, _FitInfo
 from .fitsize import FitSize
 from .registry import register
 from .shared import statistics_for
@@ -105,6 +105,10 @@ class Mahalanobis(_MahalanobisFamily):
     """Negative squared Mahalanobis distance to the closest class mean (shared covariance)."""
 
     paper = _LEE
+    summary = Summary(
+        "−min_c (z−μ_c)ᵀP(z−μ_c), shared covariance",
+        also_in="pytorch-ood, OpenOOD",
+    )
 
 
 @register("rmaha")
@@ -113,6 +117,10 @@ class RelativeMahalanobis(_MahalanobisFamily):
 
     relative = True
     paper = _REN
+    summary = Summary(
+        "−min_c [MD_c(z) − MD_0(z)], MD_0 from one Gaussian on all fit features",
+        also_in="pytorch-ood, OpenOOD",
+    )
 
 
 @register("maha++")
@@ -122,6 +130,9 @@ class MahalanobisPlusPlus(_MahalanobisFamily):
     shared_statistics = frozenset({"normalized_by_class"})
     normalize = True
     paper = _MUELLER
+    summary = Summary(
+        "`maha` on ℓ2-normalised features (fit and test)",
+    )
 
 
 @register("rmaha++")
@@ -132,6 +143,9 @@ class RelativeMahalanobisPlusPlus(_MahalanobisFamily):
     normalize = True
     relative = True
     paper = _MUELLER
+    summary = Summary(
+        "`rmaha` on ℓ2-normalised features, background Gaussian included",
+    )
 
 
 def _normalize_in_place(block: np.ndarray) -> np.ndarray:
@@ -344,6 +358,11 @@ class KNN(Detector):
         "nprobe=32 lists searched per query, searched list by list as BLAS products). The index holds the "
         "fit set in RAM as float32 (N x D x 4 bytes)",
     )
+    summary = Summary(
+        "−‖ẑ − ẑ_(K)‖, the K-th nearest normalised fit feature (faiss)",
+        defaults='k: the paper\'s ImageNet setting, 100% of the training set; index "flat" is exact, "ivf" approximate (faiss IVF lists searched as BLAS products); nlist None: N/k within [√N, 4√N]',
+        also_in="pytorch-ood, OpenOOD",
+    )
 
     def __init__(
         self, k: int = 1000, index: str = "flat", nlist: int | None = None, nprobe: int = 32, seed: int = 0
@@ -514,6 +533,9 @@ class Cosine(_CentroidDetector):
         "https://github.com/mueller-mp/maha-norm",
         "class means of the raw fit features, then ℓ2-normalised; no hyper-parameters",
     )
+    summary = Summary(
+        "max_c cos(z, μ_c), class means of the fit features",
+    )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         products, inverse_norms = self._products(chunk)
@@ -530,6 +552,11 @@ class MCM(_CentroidDetector):
         "https://arxiv.org/abs/2211.13445",
         "temperature=1: the MCM paper's default tau and the class-mean variant in Müller & Hein's evaluation "
         "code (github.com/mueller-mp/maha-norm)",
+    )
+    summary = Summary(
+        "max_c softmax_c(cos(z, μ_c)/τ)",
+        defaults="MCM's τ; the class-mean variant of Müller & Hein's code",
+        also_in="pytorch-ood, OpenOOD (on CLIP text embeddings)",
     )
 
     def __init__(self, temperature: float = 1.0) -> None:
@@ -559,6 +586,11 @@ class FDBD(Detector):
         "https://arxiv.org/abs/2312.11536",
         "the paper's score (feature distance to the fit-set mean as the normaliser, as in its ImageNet "
         "results); the mean over the C - 1 other classes; no hyper-parameters",
+    )
+    summary = Summary(
+        "mean_{c≠ŷ} |f_ŷ − f_c| / ‖w_ŷ − w_c‖, over ‖z − mean_fit(z)‖",
+        also_in="pytorch-ood, OpenOOD",
+        agreement="OpenOOD sums over the classes (the c = ŷ term is 0): (C − 1) × this score, the same ranks, to 2.4e-7 relative (its `fdbd.yml`, distance_as_normalizer=True); pytorch-ood not compared",
     )
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
@@ -607,6 +639,10 @@ class NECO(Detector):
         "dim=100: the reference code's --neco_dim default (an int is a number of components, a float in "
         "(0, 1) a fraction of explained variance, as in Müller & Hein's evaluation code with 0.9); "
         "use_maxlogit=False as the reference for ResNets (it multiplies by the max logit for ViT/Swin/DeiT)",
+    )
+    summary = Summary(
+        "‖PCA_d(x)‖/‖x‖, x the fit-standardised z; optionally × max logit",
+        defaults="dim: the reference's `--neco_dim` (a float in (0, 1): an explained-variance fraction); use_maxlogit: the reference's choice for ResNets, True for ViT/Swin/DeiT",
     )
 
     def __init__(self, dim: int | float = 100, use_maxlogit: bool = False) -> None:
