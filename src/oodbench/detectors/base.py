@@ -236,6 +236,7 @@ class Detector:
     # Bytes of working memory per chunk of test rows; subclasses with wide per-row work keep it bounded.
     chunk_bytes: ClassVar[int] = DEFAULT_CHUNK_BYTES
     # The fitted state, declared (see oodbench.detectors.state): artefact.save writes and load accepts exactly this.
+    # A class that declares none has it inferred from its fitted attributes when saved (`declares_state`).
     state: ClassVar[Mapping[str, Spec]] = {}
     # Free dimensions of `state`'s shapes and their upper bounds, e.g. {"K": "C"} (at most C present classes).
     state_dims: ClassVar[Mapping[str, int | str]] = {}
@@ -270,6 +271,17 @@ class Detector:
                     label = self.name or type(self).__name__
                     raise DetectorError(f"{label}: {name} must be {problem}; got {value!r}"[:300])
         self._validate_params()
+
+    @classmethod
+    def declares_state(cls) -> bool:
+        """Whether the class (or a parent below `Detector`) declares its fitted state: sets `state` or `state_dims`, or
+        overrides `state_spec`. A class that does not has its state inferred from its fitted attributes on save."""
+        for klass in cls.__mro__:
+            if klass is Detector:
+                return False
+            if any(key in vars(klass) for key in ("state", "state_dims", "state_spec")):
+                return True
+        return False
 
     def state_spec(self, fit: _FitInfo) -> Mapping[str, Spec]:
         """The fitted state this instance keeps for a fit of this shape: the class's `state`, unless a detector

@@ -127,6 +127,7 @@ class Entropy(Detector):
     """Negative predictive entropy Σ_c p_c log p_c, p = softmax(f)."""
 
     requires = Requirements.of(score=("logits",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Chan, Rottmann & Gottschalk, Entropy Maximization and Meta Classification for Out-of-Distribution "
         "Detection in Semantic Segmentation",
@@ -159,6 +160,7 @@ class GradNorm(Detector):
     """
 
     requires = Requirements.of(score=("features", "logits"))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Huang, Geng & Li, On the Importance of Gradients for Detecting Distributional Shifts in the Wild",
         "NeurIPS 2021",

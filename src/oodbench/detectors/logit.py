@@ -25,6 +25,7 @@ class MSP(Detector):
     """Maximum softmax probability."""
 
     requires = Requirements.of(score=("logits",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Hendrycks & Gimpel, A Baseline for Detecting Misclassified and OOD Examples",
         "ICLR 2017",
@@ -51,6 +52,7 @@ class MaxLogit(Detector):
     """Maximum logit."""
 
     requires = Requirements.of(score=("logits",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings",
         "ICML 2022",
@@ -120,6 +122,7 @@ class Energy(Detector):
     """Negative free energy T · logsumexp(f / T)."""
 
     requires = Requirements.of(score=("logits",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Liu et al., Energy-based Out-of-distribution Detection", "NeurIPS 2020", "https://arxiv.org/abs/2010.03759"
     )
@@ -143,6 +146,7 @@ class GEN(Detector):
     """Generalized entropy over the top-M probabilities: −Σ p^γ (1 − p)^γ."""
 
     requires = Requirements.of(score=("logits",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Liu, Lochman & Zach, GEN: Pushing the Limits of Softmax-Based OOD Detection",
         "CVPR 2023",

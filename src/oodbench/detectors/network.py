@@ -55,6 +55,7 @@ class ODIN(Detector):
     """ODIN: maximum softmax probability of the tempered logits f(x̃)/T of the perturbed input (stored as extra.odin)."""
 
     requires = Requirements.of(score=("extra.odin",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Liang, Li & Srikant, Enhancing The Reliability of Out-of-distribution Image Detection in Neural Networks",
         "ICLR 2018",
@@ -84,6 +85,7 @@ class RankFeat(Detector):
     """RankFeat: energy of the logits after removing the rank-1 component of a layer's feature map (extras)."""
 
     requires = Requirements.of(score=("extra.rankfeat.layer4",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Song, Sebe & Wang, RankFeat: Rank-1 Feature Removal for Out-of-distribution Detection",
         "NeurIPS 2022",
