@@ -18,6 +18,7 @@ from ..core.errors import DetectorError
 from ..core.outputs import Head, Outputs, check_class_labels, require_finite
 from ..core.papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
 from ..util.chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
+from ._blas import SMALL_WORK, threads_for
 from .state import Spec
 
 # The saved-file format (`artefact.save`) plugs itself in here when imported, so the deprecated `Detector.save`
@@ -364,8 +365,12 @@ class Detector:
             classes = head.num_classes if head is not None else fit_set.num_classes
             check_class_labels(fit_set.labels, classes, what=f"{self.name}: fit set", error=DetectorError)
         self._shared_stats = stats  # read by shared.statistics_for during _fit only
+        width = max(fit_set.num_features, fit_set.num_classes or 0, head.num_classes if head is not None else 0)
         try:
-            self._fit(fit_set, head)
+            # A small fit runs its BLAS on one thread (`_blas.SMALL_WORK`); scoring keeps the BLAS's threads, so a
+            # row's score never depends on how many rows are scored with it.
+            with threads_for(len(fit_set) * fit_set.num_features * width if requires.fit else SMALL_WORK):
+                self._fit(fit_set, head)
         finally:
             del self._shared_stats
         if fit_set.provenance is not None:

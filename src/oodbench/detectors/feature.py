@@ -14,7 +14,7 @@ from ..core.numerics import l2_normalize, logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ..util.chunking import DEFAULT_CHUNK_BYTES
 from ..util.cores import available_cores
-from ._blas import blas_threads
+from ._blas import blas_threads, faiss_threads_for, one_blas_thread
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, Summary, _FitInfo
@@ -294,10 +294,7 @@ def ivf_kth_similarity(
     # One BLAS thread for the per-list products: they are small (queries of a chunk that probe one list x its
     # rows), and two threads waited on each other between them when other processes held the cores (1/20 of the
     # benchmark, k = 50, 1,012 lists, 4 probed: 0.65 s on one thread against 4.65 s on two; docs/detectors.md).
-    # threadpoolctl (a declared dependency; scikit-learn needs it too).
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
+    with one_blas_thread():
         for number in np.flatnonzero(np.diff(bounds)):
             vectors = lists[number]
             if len(vectors) == 0:
@@ -454,7 +451,8 @@ class KNN(Detector):
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         queries = _unit_float32(chunk.features)
         if self.index == "flat":
-            similarities, _ = self.index_.search(queries, self.k)
+            with faiss_threads_for(self.index_):
+                similarities, _ = self.index_.search(queries, self.k)
             kth = similarities[:, -1].astype(np.float64)
         else:
             centroids, lists = _ivf_lists(self.index_)
@@ -464,11 +462,9 @@ class KNN(Detector):
             def search(part: slice) -> tuple[np.ndarray, np.ndarray]:
                 return ivf_kth_similarity(queries[part], centroids, lists, nprobe, self.k, probe_with=probe_with[part])
 
-            from threadpoolctl import threadpool_limits
-
             # One BLAS thread per search for the whole parallel section: a limit entered and left inside each
             # thread would give the BLAS its threads back while the other search still runs.
-            with threadpool_limits(1, user_api="blas"):
+            with one_blas_thread():
                 kth, probed = across_cores(search, len(queries))
             if (probed < self.k).any():
                 raise DetectorError(

@@ -10,6 +10,7 @@ import numpy as np
 from ..core.errors import DetectorError
 from ..core.numerics import energy, l2_normalize
 from ..core.outputs import Head, Outputs
+from ._blas import faiss_threads_for
 from ._gaussian import symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, Summary, _FitInfo
@@ -237,7 +238,8 @@ class NNGuide(Detector):
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         queries = np.ascontiguousarray(l2_normalize(np.asarray(chunk.features, dtype=np.float64)), dtype=np.float32)
-        similarities, _ = self.index_.search(queries, self.k)
+        with faiss_threads_for(self.index_):
+            similarities, _ = self.index_.search(queries, self.k)
         return energy(chunk.logits) * similarities.astype(np.float64).mean(axis=1)
 
     def _row_width(self, test: Outputs) -> int:
