@@ -34,7 +34,7 @@ class MSP(Detector):
     summary = Summary(
         "max_c p_c",
         also_in="pytorch-ood, OpenOOD",
-        agreement="not compared; both peers take the softmax in float32, where a row whose top logit leads by more than about 17 scores exactly 1.0 (in float64, as here, about 37): such rows tie, and FPR@95 counts every ID row of a tie it has to cross",
+        agreement="both peers take the softmax in float32, where a row whose top logit leads by more than about 17 scores exactly 1.0 (in float64, as here, about 37): such rows tie, and FPR@95 counts every ID row of a tie it has to cross. On the arrays of `benchmarks/small_inputs.py` (seed 0) AUROC is 0.9956 here and 0.9557 in pytorch-ood",
     )
 
     def __init__(self, temperature: float = 1.0) -> None:
@@ -156,7 +156,7 @@ class GEN(Detector):
         "−Σ_top-M p^γ(1−p)^γ",
         defaults="the paper",
         also_in="pytorch-ood, OpenOOD",
-        agreement="not compared; OpenOOD computes 1 − p in float32, which drops the winning class's term (1 − p)^γ, still about 0.2 at γ = 0.1, once p rounds to 1 (here 1 − p of the winner is the sum of the other probabilities); pytorch-ood clamps p to [1e-7, 1 − 1e-7], so every winning p above 1 − 1e-7 gives the same term, and averages over the top M instead of summing (÷M, the same ranks)",
+        agreement="OpenOOD computes 1 − p in float32, which drops the winning class's term (1 − p)^γ, still about 0.2 at γ = 0.1, once p rounds to 1 (here 1 − p of the winner is the sum of the other probabilities); pytorch-ood clamps p to [1e-7, 1 − 1e-7], so every winning p above 1 − 1e-7 gives the same term, and averages over the top M instead of summing (÷M, the same ranks). On the arrays of `benchmarks/small_inputs.py` (seed 0) AUROC is 0.9937 here and 0.9508 in pytorch-ood",
     )
 
     def __init__(self, gamma: float = 0.1, top_m: int = 100) -> None:
