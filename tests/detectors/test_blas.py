@@ -78,8 +78,9 @@ def test_syrk_update_from_threads_gives_each_its_own_sum():
             thread.start()
         for thread in threads:
             thread.join()
-    alone = np.zeros((64, 64), dtype=np.float32, order="F")
-    work(alone)
+        # The reference on one BLAS thread too: OpenBLAS rounds differently with two (a 2-core machine's default).
+        alone = np.zeros((64, 64), dtype=np.float32, order="F")
+        work(alone)
     upper = np.triu_indices(64)
     for result in results:
         assert np.array_equal(result[upper], alone[upper])
@@ -89,3 +90,71 @@ def test_blas_threads_follows_the_blas_limit():
     with threadpool_limits(1, user_api="blas"):
         assert blas_threads() == 1
     assert 1 <= blas_threads() <= _blas.available_cores()
+
+
+# ----------------------------------------------------------------------------------------------- small fits
+def _needs_two_threads() -> int:
+    from oodbench.detectors._blas import blas_threads
+
+    threads = blas_threads()
+    if threads < 2:
+        pytest.skip("the BLAS runs one thread here (one core, or OMP_NUM_THREADS=1): nothing to limit")
+    return threads
+
+
+def test_small_work_runs_on_one_blas_thread_and_restores_the_count():
+    from oodbench.detectors._blas import SMALL_WORK, blas_threads, threads_for
+
+    threads = _needs_two_threads()
+    with threads_for(SMALL_WORK - 1):
+        assert blas_threads() == 1
+    assert blas_threads() == threads
+    with threads_for(SMALL_WORK):
+        assert blas_threads() == threads
+
+
+def test_a_small_fit_runs_on_one_blas_thread_and_scoring_keeps_the_blas_threads(monkeypatch):
+    """The fit's BLAS threads follow the fit set's size (N·D·max(D, C)); scoring never changes them, so a row's
+    score does not depend on how many rows are scored with it."""
+    from oodbench.core.outputs import Outputs
+    from oodbench.detectors import Detector, Requirements, _blas
+    from oodbench.detectors._blas import blas_threads
+
+    threads = _needs_two_threads()
+    seen = {}
+
+    class Records(Detector):
+        requires = Requirements.of(fit=("features",), score=("features",))
+        state = {}
+
+        def _fit(self, fit_set, head):
+            seen["fit"] = blas_threads()
+
+        def _score_chunk(self, chunk):
+            seen["score"] = blas_threads()
+            return np.asarray(chunk.features, dtype=np.float64).sum(axis=1)
+
+    data = Outputs(np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32))
+    Records().fit(data).score(data)
+    assert seen == {"fit": 1, "score": threads} and blas_threads() == threads
+    monkeypatch.setattr(_blas, "SMALL_WORK", 50 * 4 * 4)  # this fit set is no longer small
+    Records().fit(data).score(data)
+    assert seen == {"fit": threads, "score": threads}
+
+
+def test_a_search_in_a_small_index_runs_on_one_faiss_thread():
+    """The choice follows the index's size only (never the queries'), and faiss's thread count comes back after."""
+    faiss = pytest.importorskip("faiss")
+    from oodbench.detectors._blas import SMALL_INDEX, faiss_threads_for
+
+    threads = faiss.omp_get_max_threads()
+    if threads < 2:
+        pytest.skip("faiss runs one thread here: nothing to limit")
+    small, large = faiss.IndexFlatIP(8), faiss.IndexFlatIP(8)
+    small.add(np.ones((SMALL_INDEX // 8, 8), dtype=np.float32))
+    large.add(np.ones((SMALL_INDEX // 8 + 1, 8), dtype=np.float32))
+    with faiss_threads_for(small):
+        assert faiss.omp_get_max_threads() == 1
+    assert faiss.omp_get_max_threads() == threads
+    with faiss_threads_for(large):
+        assert faiss.omp_get_max_threads() == threads

@@ -309,3 +309,27 @@ def test_class_sums_add_each_row_in_row_order(monkeypatch, order, dtype):
         accumulator.class_sums + accumulator.class_counts[:, None] * accumulator.shift, expected
     )
     np.testing.assert_array_equal(accumulator.class_counts, np.bincount(labels, minlength=12))
+
+
+def test_class_sums_without_torch_are_torchs_bit_for_bit(monkeypatch):
+    """A small fit set's class sums come from np.add.at while torch is not imported (importing it costs seconds):
+    the same row-order float64 sums as torch's accumulating index_put_, which larger fit sets use."""
+    rng = np.random.default_rng(5)
+    features = (rng.normal(size=(3000, 9)) * 10 ** rng.uniform(-3, 3, size=9)).astype(np.float32)
+    labels = rng.integers(0, 7, 3000)
+
+    def sums(use_numpy: bool) -> np.ndarray:
+        monkeypatch.setattr(_gaussian, "NUMPY_CLASS_SUM_ROWS", 10**9 if use_numpy else 0)
+        import sys
+
+        if use_numpy:
+            monkeypatch.delitem(sys.modules, "torch", raising=False)
+        stats = ScatterAccumulator(9, by_class=True)
+        for start in range(0, 3000, 700):
+            stats.update(features[start : start + 700], labels[start : start + 700])
+        if use_numpy:
+            assert "torch" not in sys.modules  # the numpy path imported nothing
+        monkeypatch.undo()
+        return stats.class_sums
+
+    np.testing.assert_array_equal(sums(True), sums(False))

@@ -4,7 +4,7 @@ pytorch-ood scores are outlier scores (higher = more OOD) and run in float32; ea
 relates them to ours and the bound that limits the agreement; docs/detectors.md's table gives the differences
 measured on these arrays. OpenOOD's postprocessors expect a CUDA network; its relation, residual, GradNorm and SHE
 code runs on the arrays through a stand-in network where OpenOOD's source is given
-(OODBENCH_OPENOOD=<checkout>/openood/postprocessors), else skipped.
+(OODBENCH_OPENOOD=<checkout>/openood/postprocessors), else skipped; so do its ASH network (`../networks/ash_net.py`) and fDBD.
 """
 
 from __future__ import annotations
@@ -254,3 +254,52 @@ def test_she_agrees_with_openood(arrays):
         _, theirs = postprocessor.postprocess(net, torch.from_numpy(test.features))
     # Their patterns and products in float32.
     assert _relative(ours, theirs.numpy()) < 1e-6
+
+
+def _openood_file(relative: str, name: str) -> types.ModuleType:
+    """A module of OpenOOD's source outside the postprocessors (e.g. ``../networks/ash_net.py``), or skip."""
+    root = os.environ.get("OODBENCH_OPENOOD")
+    path = Path(root or ".") / relative
+    if not root or not path.is_file():
+        pytest.skip(
+            f"OpenOOD's source is not given (OODBENCH_OPENOOD=<checkout>/openood/postprocessors, with {relative})"
+        )
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_openoods_ash_is_ash_b_at_percentile_90(arrays):
+    """OpenOOD's `ash` postprocessor (configs/postprocessors/ash.yml: percentile 90) scores the energy of
+    `ASHNet.forward_threshold`, which applies `ash_b`: oodbench's `ash_b` with percentile=90, not `ash_s`."""
+    module = _openood_file("../networks/ash_net.py", "openood_ash_net")
+    fit, head, test = arrays
+    ours = create("ash_b", percentile=90).fit(fit, head).score(test)
+    layer = _linear(head)
+    with torch.no_grad():
+        features = torch.from_numpy(test.features.copy())
+        shaped = module.ash_b(features.view(len(features), -1, 1, 1), 90).view(len(features), -1)
+        theirs = torch.logsumexp(layer(shaped), dim=1).numpy()
+    # Their head product and energy in float32: ~1e-7 relative.
+    assert _relative(ours, theirs) < 1e-5
+    ash_s = create("ash_s", percentile=90).fit(fit, head).score(test)
+    assert _relative(ash_s, theirs) > 1e-2  # ASH-S is another score
+
+
+def test_openoods_fdbd_is_c_minus_1_times_ours(arrays):
+    """OpenOOD's fDBD sums |f_ŷ − f_c| / ‖w_ŷ − w_c‖ over all c (the c = ŷ term is 0): (C − 1) × oodbench's mean
+    over c ≠ ŷ, with distance_as_normalizer=True (its fdbd.yml default) dividing by ‖z − mean_fit(z)‖."""
+    module = _openood_module("fdbd_postprocessor")
+    fit, head, test = arrays
+    ours = create("fdbd").fit(fit, head).score(test)
+    postprocessor = module.fDBDPostprocessor.__new__(module.fDBDPostprocessor)
+    postprocessor.setup_flag, postprocessor.distance_as_normalizer = False, True
+    net = _FeatureNet(head)
+    net.fc = net.layer
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(torch.Tensor, "cuda", lambda self: self)
+        postprocessor.setup(net, {"train": [{"data": torch.from_numpy(fit.features)}]}, {})
+        _, theirs = postprocessor.postprocess(net, torch.from_numpy(test.features))
+    # Their logits and norms in float32 (the denominators in float64): ~1e-7 relative.
+    assert _relative(ours, theirs.numpy() / (head.num_classes - 1)) < 1e-5

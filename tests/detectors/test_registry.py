@@ -21,7 +21,8 @@ NETWORK = ["odin", "rankfeat", "gram", "mds_ensemble"]
 
 
 def test_available_is_the_21_then_the_peer_then_the_network_detectors_in_order():
-    assert available() == NAMES + PEER_NAMES + NETWORK
+    # A new built-in module registers after these (tests/detectors/test_catalog.py); none is pinned here.
+    assert available()[: len(NAMES + PEER_NAMES + NETWORK)] == NAMES + PEER_NAMES + NETWORK
 
 
 @pytest.mark.parametrize("name", NAMES + PEER_NAMES)

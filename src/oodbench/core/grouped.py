@@ -23,6 +23,7 @@ __all__ = [
     "group_table",
     "full_spectrum_table",
     "openood_csv",
+    "openood_label",
     "OPENOOD_CSV_COLUMNS",
     "run_tables_markdown",
 ]
@@ -180,7 +181,9 @@ def openood_csv(
 ) -> str:
     """One detector's results in the layout of OpenOOD v1.5's ``eval_ood`` CSV: a row per OOD set of a group,
     then the group's mean named ``<group>ood`` (``nearood``, ``farood``), ungrouped sets last; columns FPR@95,
-    AUROC, AUPR_IN, AUPR_OUT, ACC in %, two decimals. ACC is the ID top-1 accuracy, empty when unknown."""
+    AUROC, AUPR_IN, AUPR_OUT, ACC in %, two decimals. ACC is the ID top-1 accuracy, empty when unknown.
+
+    Rows carry OpenOOD's labels (`openood_label`): ``ssb_hard``, ``openimage_o``, whatever name the store uses."""
     values = _values(rows)
     oods = list(dict.fromkeys(r.ood_dataset for r in rows if r.detector == detector))
     if not oods:
@@ -196,8 +199,15 @@ def openood_csv(
 
     columns, _ = group_columns(groups, oods)
     for group, label, sets in columns:
-        line(f"{group}ood" if label == f"{group} mean" else label, sets)
+        line(f"{group}ood" if label == f"{group} mean" else openood_label(label, groups), sets)
     return buffer.getvalue()
+
+
+def openood_label(dataset: str, groups: OodGroups | None = None) -> str:
+    """The row label OpenOOD's evaluator gives an OOD set: its group member id (through the groups' aliases) with
+    underscores for hyphens, as the keys of OpenOOD's ``evaluation_api/datasets.py`` (``ssb_hard``, ``openimage_o``)."""
+    member = groups.member(dataset) if groups is not None else None
+    return (member or dataset).replace("-", "_")
 
 
 def run_tables_markdown(

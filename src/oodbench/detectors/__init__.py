@@ -1,19 +1,9 @@
 """Post-hoc OOD detectors: `create(name, **params).fit(fit_set, head).score(test)`; higher = more ID."""
 
-# Importing the detector modules registers them, in documentation order (so the import sorter must keep off).
-# isort: off
-from . import logit  # noqa: F401
-from . import activation  # noqa: F401
-from . import feature  # noqa: F401
-from . import nac  # noqa: F401
-from . import hybrid  # noqa: F401
-from . import confidence  # noqa: F401
-from . import shaping  # noqa: F401
-from . import subspace  # noqa: F401
-from . import patterns  # noqa: F401
-from . import network  # noqa: F401
+import importlib as _importlib
+import re as _re
+from pathlib import Path as _Path
 
-# isort: on
 from .artefact import check_provenance, fit_provenance, load, read_meta, save, saved_score_key
 from .base import Detector, Paper, Range, Requirements
 from .registry import (
@@ -29,7 +19,7 @@ from .registry import (
     register,
 )
 from .state import Array, FlatIndex, IVFIndex, Keyed, Object, Optional, Scalar
-from .tune import TunePoint, TuneResult, tune  # noqa: E402
+from .tune import TunePoint, TuneResult, tune
 
 __all__ = [
     "Array",
@@ -63,3 +53,35 @@ __all__ = [
     "saved_score_key",
     "tune",
 ]
+
+
+# The built-in detector modules: every module of this package that registers a class with ``@register`` at the
+# start of a line is imported here, so a new detector is one new file. Registration order is the documentation
+# order: these modules first, in this order, then any other detector module by name.
+_DOCUMENTED_ORDER = (
+    "logit",
+    "activation",
+    "feature",
+    "nac",
+    "hybrid",
+    "confidence",
+    "shaping",
+    "subspace",
+    "patterns",
+    "network",
+)
+_REGISTERS = _re.compile(r"^@register\(", _re.MULTILINE)
+
+
+def _detector_modules(folder: _Path = _Path(__file__).parent) -> list[str]:
+    """Names of the modules in `folder` (this package) that register detectors, in registration order."""
+    found = {
+        path.stem
+        for path in folder.glob("*.py")
+        if not path.stem.startswith("_") and _REGISTERS.search(path.read_text(encoding="utf-8"))
+    }
+    return [m for m in _DOCUMENTED_ORDER if m in found] + sorted(found - set(_DOCUMENTED_ORDER))
+
+
+for _module in _detector_modules():
+    _importlib.import_module(f"{__name__}.{_module}")

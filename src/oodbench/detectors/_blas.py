@@ -10,7 +10,9 @@ the wrapper's.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -99,6 +101,19 @@ def syrk_update(rows: np.ndarray, upper: np.ndarray, beta: float = 1.0) -> None:
     )
 
 
+@cache
+def _controller() -> Any:
+    """threadpoolctl's view of the loaded BLAS libraries, built once (scipy's BLAS loaded first, so that it is seen).
+
+    Building it scans the process's libraries (about 2.5 ms); reading or limiting through it afterwards costs
+    microseconds, which matters where a detector fits in milliseconds.
+    """
+    import scipy.linalg.cython_blas  # noqa: F401  (loads scipy's BLAS, so that it is counted and limits reach it)
+    from threadpoolctl import ThreadpoolController  # a declared dependency (scikit-learn needs it too)
+
+    return ThreadpoolController().select(user_api="blas")
+
+
 def blas_threads() -> int:
     """Threads the BLAS may use (which OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, threadpoolctl or a Ray task's num_cpus
     set), at most the cores this process may use.
@@ -106,8 +121,51 @@ def blas_threads() -> int:
     scipy's BLAS is loaded first: threadpoolctl sees (and limits) only the libraries loaded when it is called, and
     the fit's products run on scipy's.
     """
-    import scipy.linalg.cython_blas  # noqa: F401  (loads scipy's BLAS, so that it is counted and limits reach it)
-    from threadpoolctl import threadpool_info  # a declared dependency (scikit-learn needs it too)
-
-    blas = [int(pool["num_threads"]) for pool in threadpool_info() if pool.get("user_api") == "blas"]
+    blas = [int(library.num_threads) for library in _controller().lib_controllers]
     return max(1, min(available_cores(), max(blas) if blas else available_cores()))
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """The BLAS on one thread inside the block (every loaded BLAS library), its thread counts restored after."""
+    with _controller().limit(limits=1):
+        yield
+
+
+# Below this many multiply-adds (N·D·max(D, C), N fit rows) a detector's fit runs its BLAS on one thread: the products take well under a second on one core, and a second BLAS thread saves little of it
+# while its synchronisation costs whole seconds when other processes hold the cores (5,000 fit rows, D = 512,
+# C = 100 on the shared 2-core machine: rmaha 0.8-3.8 s on one thread against 4.1-7.3 s on two; docs/detectors.md).
+SMALL_WORK = 1 << 32
+
+
+@contextlib.contextmanager
+def threads_for(work: int) -> Iterator[None]:
+    """One BLAS thread for `work` multiply-adds below SMALL_WORK, the BLAS's own threads above (a no-op there)."""
+    if work >= SMALL_WORK or blas_threads() == 1:
+        yield
+        return
+    with one_blas_thread():
+        yield
+
+
+# An exact faiss search in an index of at most this many values (rows × D) runs on one OpenMP thread: 8,192 rows at
+# D = 512. faiss's threads cost more than they save there, and whole seconds where other processes hold the cores
+# (1,000 queries in a 50-row bank at D = 512 on the shared 2-core machine: 4 ms on one thread, 32 ms on two). The
+# choice follows the index, never the number of queries, so a row's score does not depend on the rows beside it.
+SMALL_INDEX = 1 << 22
+
+
+@contextlib.contextmanager
+def faiss_threads_for(index: Any) -> Iterator[None]:
+    """faiss's searches in `index` on one OpenMP thread when it holds at most SMALL_INDEX values; restored after."""
+    import faiss
+
+    if index.ntotal * index.d > SMALL_INDEX or faiss.omp_get_max_threads() == 1:
+        yield
+        return
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(threads)

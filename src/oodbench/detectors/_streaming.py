@@ -185,8 +185,13 @@ def exact_percentile(array: np.ndarray, q: float, description: str = "percentile
     lower_rank = int(math.floor(virtual))
     fraction = virtual - lower_rank
     ranks = [lower_rank] if fraction == 0.0 or lower_rank + 1 >= count else [lower_rank, lower_rank + 1]
-    # Usually one pass: a random sample brackets the ranks, and only the values inside the bracket are kept.
-    values = _bracketed_ranks(array, ranks, seed, description)
+    if count <= _SAMPLE_VALUES:
+        # Small enough to be its own sample: one selection over all values (a copy; the input is left as it is).
+        flat = np.partition(np.asarray(array).reshape(-1), ranks)
+        values: list[float] | None = [float(flat[rank]) for rank in ranks]
+    else:
+        # Usually one pass: a random sample brackets the ranks, and only the values inside the bracket are kept.
+        values = _bracketed_ranks(array, ranks, seed, description)
     if values is None:
         low, high = math.inf, -math.inf
         for rows in fit_chunks(array.shape[0], int(np.prod(array.shape[1:])), description):

@@ -8,7 +8,7 @@ from ..core.errors import DetectorError
 from ..core.numerics import logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ._streaming import exact_percentile
-from .base import Detector, Paper, Requirements
+from .base import Detector, Paper, Requirements, Summary
 from .registry import register
 from .shared import statistics_for
 from .state import Array, Scalar
@@ -93,6 +93,11 @@ class ReAct(_HeadDetector):
         "percentile=90: the paper's default and OpenOOD v1.5's react.yml; the percentile is exact "
         "(numpy's linear method) over every activation of the fit set, computed in streamed passes",
     )
+    summary = Summary(
+        "energy of W·min(z, c) + b, c the p-th percentile of all fit activations",
+        defaults="paper; OpenOOD `react.yml`",
+        also_in="pytorch-ood, OpenOOD",
+    )
 
     state = {**_HeadDetector.state, "threshold_": Scalar(float)}
 
@@ -142,8 +147,14 @@ class ASHS(_ASH):
 
     paper = Paper(
         *ASH_PAPER,
-        "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting and OpenOOD v1.5's ash.yml; "
+        "percentile=90: the paper's ImageNet/ResNet-50 ASH-S@90 setting (OpenOOD's ash.yml runs ASH-B, see ash_b); "
         "applied to the penultimate (pooled) features; k = D - round(D p / 100) kept, as the reference",
+    )
+    summary = Summary(
+        "ASH-S: keep the top (100−p)% of z, scale by exp(s1/s2), energy",
+        defaults="the paper's ImageNet ASH-S@90",
+        also_in="pytorch-ood",
+        agreement="not compared; OpenOOD's `ash` postprocessor is ASH-B, see `ash_b`",
     )
 
     def __init__(self, percentile: float = 90.0) -> None:
@@ -173,6 +184,11 @@ class SCALE(Detector):
         "https://arxiv.org/abs/2310.00227",
         "percentile=85: the paper's ImageNet setting and OpenOOD v1.5's scale.yml; logits of the scaled "
         "features computed as e^r (f - b) + b from the test logits f (exact algebra)",
+    )
+    summary = Summary(
+        "z·exp(s1/s2), s2 the sum of the top (100−p)%, energy",
+        defaults="paper's ImageNet setting; OpenOOD `scale.yml`",
+        also_in="pytorch-ood, OpenOOD",
     )
 
     state = {"bias_": Array("float64", ("C",)), "kept_": Scalar(int, 1, "D")}
@@ -219,6 +235,11 @@ class DICE(_HeadDetector):
         "https://arxiv.org/abs/2111.09805",
         "p=90: the default of RouteDICE in the official code and OpenOOD v1.5's dice.yml; the mean "
         "activation is taken over the fit set",
+    )
+    summary = Summary(
+        "energy of (W⊙M)z + b, M keeps contributions mean_fit(z)⊙W above their p-th percentile",
+        defaults="RouteDICE default in the official code; OpenOOD `dice.yml`",
+        also_in="pytorch-ood, OpenOOD",
     )
 
     def __init__(self, p: float = 90.0) -> None:

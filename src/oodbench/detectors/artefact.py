@@ -10,7 +10,10 @@ built-ins, installed plugins and those given with ``plugins=``/``--plugin``: not
 imported). Parameters are plain JSON checked against the constructor's signature and `validate_params`. The
 fitted state must be exactly what the class declares (`Detector.state_spec`): each array with the declared
 dtype and shape for the recorded fit (D features, C classes, N rows), in C or Fortran order, finite where
-declared; each number of the declared kind and range. Anything else in either file is refused with one line.
+declared; each number of the declared kind and range. A class that declares no state has it inferred at save
+(`state.infer_spec`): the file records each fitted value's dtype and shape (``inferred_state``), and loading holds
+the arrays to that record within bounds derived from D, C and N (`state.read_inferred`). Anything else in either
+file is refused with one line.
 Arrays keep their dtype and memory order, so a loaded detector scores bit for bit like the one that was saved.
 
 Saving and loading are functions of this module over the detector's declared state, ``save(detector, dir)`` and
@@ -36,7 +39,23 @@ from ..core.store import PROVENANCE_KEYS, Store, library_versions
 from ..util.atomic import atomic_path, atomic_write_json, sha256_file
 from . import registry
 from .base import Detector, _FitInfo, fit_record, use_saver
-from .state import Array, Dims, FlatIndex, IVFIndex, Keyed, Object, Optional, Scalar, check_array, check_scalar
+from .state import (
+    Array,
+    Dims,
+    FlatIndex,
+    IVFIndex,
+    Keyed,
+    Object,
+    Optional,
+    Scalar,
+    check_array,
+    check_inferred,
+    check_scalar,
+    infer_spec,
+    inferred_bounds,
+    inferred_record,
+    read_inferred,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -69,6 +88,7 @@ _TOP_KEYS = {
     "provenance",
     "versions",
     "saved",
+    "inferred_state",
 }
 
 # Set on a loaded detector (and kept by a later save): where its fit came from; not part of the learned state.
@@ -99,6 +119,19 @@ def fitted_state(detector: Detector) -> dict[str, Any]:
         for k, v in vars(detector).items()
         if k.endswith("_") and not k.startswith("__") and k != PROVENANCE_ATTRIBUTE
     }
+
+
+def inferred_spec(detector: Detector, info: _FitInfo, what: str) -> dict[str, Array | Scalar]:
+    """The state of a detector that declares none, inferred from its fitted attributes and checked against the bounds
+    that loading applies (`state.inferred_bounds`); DetectorError naming the attribute that cannot be saved."""
+    state = {k: v for k, v in fitted_state(detector).items() if k != FIT_INFO}
+    try:
+        spec = {name: infer_spec(name, value) for name, value in sorted(state.items())}
+        check_inferred(spec, inferred_bounds(info.num_features, info.num_classes, info.num_rows), what)
+    except DetectorError as exc:
+        message = str(exc)
+        raise DetectorError(message if message.startswith(what) else f"{what}: {message}") from None
+    return spec
 
 
 def _fit_dims(detector: Detector, info: _FitInfo) -> Dims:
@@ -478,9 +511,14 @@ def save(detector: Detector, directory: str | os.PathLike[str], *, provenance: M
         provenance = getattr(detector, PROVENANCE_ATTRIBUTE, None)
     path = Path(directory)
     dims = _fit_dims(detector, info)
-    spec = dict(detector.state_spec(info))
     state = {k: v for k, v in fitted_state(detector).items() if k != FIT_INFO}
     label = detector.name or type(detector).__name__
+    inferred = None
+    if detector.declares_state():
+        spec = dict(detector.state_spec(info))
+    else:
+        spec = inferred_spec(detector, info, f"cannot save {label}")
+        inferred = inferred_record(spec)
     undeclared = sorted(set(state) - set(spec))
     if undeclared:
         raise DetectorError(
@@ -516,6 +554,8 @@ def save(detector: Detector, directory: str | os.PathLike[str], *, provenance: M
         "versions": library_versions(),
         "saved": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
+    if inferred:  # a class without declarations: the record that loading checks the arrays against
+        meta["inferred_state"] = inferred
     atomic_write_json(path / META_FILE, meta)
     return path
 
@@ -660,9 +700,18 @@ def load(
         raise DetectorError(f"{path}: invalid parameters for {name}: {type(exc).__name__}: {exc}"[:400]) from None
     info = _read_fit(meta, str(path))
     try:
-        spec = dict(detector.state_spec(info))
+        if detector.declares_state():
+            if "inferred_state" in meta:
+                raise DetectorError(f"{name} declares its state; the file's inferred_state is not its")
+            spec = dict(detector.state_spec(info))
+        else:
+            bounds = inferred_bounds(info.num_features, info.num_classes, info.num_rows)
+            spec = dict(read_inferred(meta.get("inferred_state", {}), bounds, META_FILE))
+            taken = sorted(key for key in spec if hasattr(cls, key))
+            if taken:
+                raise DetectorError(f"the state names {', '.join(taken)[:100]}, which {name} has as class attributes")
     except DetectorError as exc:
-        raise DetectorError(f"{path}: {exc}") from None
+        raise DetectorError(f"{path}: {exc}"[:400]) from None
     state = meta["state"]
     unknown = sorted(set(state) - set(spec))
     if unknown:

@@ -18,6 +18,7 @@ from ..core.errors import DetectorError
 from ..core.outputs import Head, Outputs, check_class_labels, require_finite
 from ..core.papers import Paper  # noqa: F401  (re-exported: detectors name their papers through base)
 from ..util.chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
+from ._blas import SMALL_WORK, threads_for
 from .state import Spec
 
 # The saved-file format (`artefact.save`) plugs itself in here when imported, so the deprecated `Detector.save`
@@ -34,7 +35,7 @@ def use_saver(saver: Callable[..., Any]) -> None:
 if TYPE_CHECKING:
     from .fitsize import FitSize
 
-__all__ = ["Detector", "Requirements", "Paper", "Range"]
+__all__ = ["Detector", "Requirements", "Paper", "Range", "Summary"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,22 @@ class Requirements:
         if self.score:
             parts.append("score: " + ", ".join(sorted(self.score)))
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the detector tables say beside the paper, the requirements and the defaults (`detectors.catalog`).
+
+    method: the score in the tables' notation; defaults: where the defaults come from; needs: a note on the
+    arrays (where extras come from); also_in: the peer libraries with the method; agreement: the largest measured
+    difference from a peer on the same arrays, or what a peer's user sees differently.
+    """
+
+    method: str
+    defaults: str = ""
+    needs: str = ""
+    also_in: str = ""
+    agreement: str = ""
 
 
 @dataclass
@@ -215,9 +232,12 @@ class Detector:
     name: ClassVar[str] = ""
     requires: ClassVar[Requirements] = Requirements()
     paper: ClassVar[Paper | None] = None
+    # The detector tables' row (README, docs/detectors.md and `oodbench detectors`), generated from the class.
+    summary: ClassVar[Summary | None] = None
     # Bytes of working memory per chunk of test rows; subclasses with wide per-row work keep it bounded.
     chunk_bytes: ClassVar[int] = DEFAULT_CHUNK_BYTES
     # The fitted state, declared (see oodbench.detectors.state): artefact.save writes and load accepts exactly this.
+    # A class that declares none has it inferred from its fitted attributes when saved (`declares_state`).
     state: ClassVar[Mapping[str, Spec]] = {}
     # Free dimensions of `state`'s shapes and their upper bounds, e.g. {"K": "C"} (at most C present classes).
     state_dims: ClassVar[Mapping[str, int | str]] = {}
@@ -252,6 +272,17 @@ class Detector:
                     label = self.name or type(self).__name__
                     raise DetectorError(f"{label}: {name} must be {problem}; got {value!r}"[:300])
         self._validate_params()
+
+    @classmethod
+    def declares_state(cls) -> bool:
+        """Whether the class (or a parent below `Detector`) declares its fitted state: sets `state` or `state_dims`, or
+        overrides `state_spec`. A class that does not has its state inferred from its fitted attributes on save."""
+        for klass in cls.__mro__:
+            if klass is Detector:
+                return False
+            if any(key in vars(klass) for key in ("state", "state_dims", "state_spec")):
+                return True
+        return False
 
     def state_spec(self, fit: _FitInfo) -> Mapping[str, Spec]:
         """The fitted state this instance keeps for a fit of this shape: the class's `state`, unless a detector
@@ -334,8 +365,12 @@ class Detector:
             classes = head.num_classes if head is not None else fit_set.num_classes
             check_class_labels(fit_set.labels, classes, what=f"{self.name}: fit set", error=DetectorError)
         self._shared_stats = stats  # read by shared.statistics_for during _fit only
+        width = max(fit_set.num_features, fit_set.num_classes or 0, head.num_classes if head is not None else 0)
         try:
-            self._fit(fit_set, head)
+            # A small fit runs its BLAS on one thread (`_blas.SMALL_WORK`); scoring keeps the BLAS's threads, so a
+            # row's score never depends on how many rows are scored with it.
+            with threads_for(len(fit_set) * fit_set.num_features * width if requires.fit else SMALL_WORK):
+                self._fit(fit_set, head)
         finally:
             del self._shared_stats
         if fit_set.provenance is not None:

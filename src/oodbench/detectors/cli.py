@@ -29,12 +29,18 @@ def warn_plugin_failures() -> None:
 
 
 @app.callback(invoke_without_command=True)
-def list_detectors(ctx: typer.Context, plugin: Plugins = None) -> None:
+def list_detectors(
+    ctx: typer.Context,
+    plugin: Plugins = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the docs' detector table (Markdown), plugins included.")
+    ] = False,
+) -> None:
     """List registered detectors with their origin, requirements, defaults and papers.
 
     Example: oodbench detectors
 
-    Example: oodbench detectors --plugin my_detectors.py
+    Example: oodbench detectors --plugin my_detectors.py --markdown
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -44,6 +50,11 @@ def list_detectors(ctx: typer.Context, plugin: Plugins = None) -> None:
     from . import registry
 
     registry.load_plugins(plugin or ())
+    if markdown:
+        from .catalog import markdown_table
+
+        typer.echo(markdown_table(registry.available()), nl=False)
+        return
     table = Table(title="oodbench detectors (higher score = more in-distribution)")
     for column in ("name", "origin", "requires", "defaults", "paper"):
         table.add_column(column, overflow="fold")

@@ -14,10 +14,10 @@ from ..core.numerics import l2_normalize, logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ..util.chunking import DEFAULT_CHUNK_BYTES
 from ..util.cores import available_cores
-from ._blas import blas_threads
+from ._blas import blas_threads, faiss_threads_for, one_blas_thread
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements, _FitInfo
+from .base import Detector, Paper, Requirements, Summary, _FitInfo
 from .fitsize import FitSize
 from .registry import register
 from .shared import statistics_for
@@ -105,6 +105,10 @@ class Mahalanobis(_MahalanobisFamily):
     """Negative squared Mahalanobis distance to the closest class mean (shared covariance)."""
 
     paper = _LEE
+    summary = Summary(
+        "−min_c (z−μ_c)ᵀP(z−μ_c), shared covariance",
+        also_in="pytorch-ood, OpenOOD",
+    )
 
 
 @register("rmaha")
@@ -113,6 +117,10 @@ class RelativeMahalanobis(_MahalanobisFamily):
 
     relative = True
     paper = _REN
+    summary = Summary(
+        "−min_c [MD_c(z) − MD_0(z)], MD_0 from one Gaussian on all fit features",
+        also_in="pytorch-ood, OpenOOD",
+    )
 
 
 @register("maha++")
@@ -122,6 +130,9 @@ class MahalanobisPlusPlus(_MahalanobisFamily):
     shared_statistics = frozenset({"normalized_by_class"})
     normalize = True
     paper = _MUELLER
+    summary = Summary(
+        "`maha` on ℓ2-normalised features (fit and test)",
+    )
 
 
 @register("rmaha++")
@@ -132,6 +143,9 @@ class RelativeMahalanobisPlusPlus(_MahalanobisFamily):
     normalize = True
     relative = True
     paper = _MUELLER
+    summary = Summary(
+        "`rmaha` on ℓ2-normalised features, background Gaussian included",
+    )
 
 
 def _normalize_in_place(block: np.ndarray) -> np.ndarray:
@@ -280,10 +294,7 @@ def ivf_kth_similarity(
     # One BLAS thread for the per-list products: they are small (queries of a chunk that probe one list x its
     # rows), and two threads waited on each other between them when other processes held the cores (1/20 of the
     # benchmark, k = 50, 1,012 lists, 4 probed: 0.65 s on one thread against 4.65 s on two; docs/detectors.md).
-    # threadpoolctl (a declared dependency; scikit-learn needs it too).
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
+    with one_blas_thread():
         for number in np.flatnonzero(np.diff(bounds)):
             vectors = lists[number]
             if len(vectors) == 0:
@@ -343,6 +354,11 @@ class KNN(Detector):
         "clipped to [sqrt(N), 4 sqrt(N)], k-means on 64 rows per list with 10 iterations, "
         "nprobe=32 lists searched per query, searched list by list as BLAS products). The index holds the "
         "fit set in RAM as float32 (N x D x 4 bytes)",
+    )
+    summary = Summary(
+        "−‖ẑ − ẑ_(K)‖, the K-th nearest normalised fit feature (faiss)",
+        defaults='k: the paper\'s ImageNet setting, 100% of the training set; index "flat" is exact, "ivf" approximate (faiss IVF lists searched as BLAS products); nlist None: N/k within [√N, 4√N]',
+        also_in="pytorch-ood, OpenOOD",
     )
 
     def __init__(
@@ -435,7 +451,8 @@ class KNN(Detector):
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         queries = _unit_float32(chunk.features)
         if self.index == "flat":
-            similarities, _ = self.index_.search(queries, self.k)
+            with faiss_threads_for(self.index_):
+                similarities, _ = self.index_.search(queries, self.k)
             kth = similarities[:, -1].astype(np.float64)
         else:
             centroids, lists = _ivf_lists(self.index_)
@@ -445,11 +462,9 @@ class KNN(Detector):
             def search(part: slice) -> tuple[np.ndarray, np.ndarray]:
                 return ivf_kth_similarity(queries[part], centroids, lists, nprobe, self.k, probe_with=probe_with[part])
 
-            from threadpoolctl import threadpool_limits
-
             # One BLAS thread per search for the whole parallel section: a limit entered and left inside each
             # thread would give the BLAS its threads back while the other search still runs.
-            with threadpool_limits(1, user_api="blas"):
+            with one_blas_thread():
                 kth, probed = across_cores(search, len(queries))
             if (probed < self.k).any():
                 raise DetectorError(
@@ -514,6 +529,9 @@ class Cosine(_CentroidDetector):
         "https://github.com/mueller-mp/maha-norm",
         "class means of the raw fit features, then ℓ2-normalised; no hyper-parameters",
     )
+    summary = Summary(
+        "max_c cos(z, μ_c), class means of the fit features",
+    )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         products, inverse_norms = self._products(chunk)
@@ -530,6 +548,11 @@ class MCM(_CentroidDetector):
         "https://arxiv.org/abs/2211.13445",
         "temperature=1: the MCM paper's default tau and the class-mean variant in Müller & Hein's evaluation "
         "code (github.com/mueller-mp/maha-norm)",
+    )
+    summary = Summary(
+        "max_c softmax_c(cos(z, μ_c)/τ)",
+        defaults="MCM's τ; the class-mean variant of Müller & Hein's code",
+        also_in="pytorch-ood, OpenOOD (on CLIP text embeddings)",
     )
 
     def __init__(self, temperature: float = 1.0) -> None:
@@ -559,6 +582,11 @@ class FDBD(Detector):
         "https://arxiv.org/abs/2312.11536",
         "the paper's score (feature distance to the fit-set mean as the normaliser, as in its ImageNet "
         "results); the mean over the C - 1 other classes; no hyper-parameters",
+    )
+    summary = Summary(
+        "mean_{c≠ŷ} |f_ŷ − f_c| / ‖w_ŷ − w_c‖, over ‖z − mean_fit(z)‖",
+        also_in="pytorch-ood, OpenOOD",
+        agreement="OpenOOD sums over the classes (the c = ŷ term is 0): (C − 1) × this score, the same ranks, to 2.4e-7 relative (its `fdbd.yml`, distance_as_normalizer=True); pytorch-ood not compared",
     )
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
@@ -607,6 +635,10 @@ class NECO(Detector):
         "dim=100: the reference code's --neco_dim default (an int is a number of components, a float in "
         "(0, 1) a fraction of explained variance, as in Müller & Hein's evaluation code with 0.9); "
         "use_maxlogit=False as the reference for ResNets (it multiplies by the max logit for ViT/Swin/DeiT)",
+    )
+    summary = Summary(
+        "‖PCA_d(x)‖/‖x‖, x the fit-standardised z; optionally × max logit",
+        defaults="dim: the reference's `--neco_dim` (a float in (0, 1): an explained-variance fraction); use_maxlogit: the reference's choice for ResNets, True for ViT/Swin/DeiT",
     )
 
     def __init__(self, dim: int | float = 100, use_maxlogit: bool = False) -> None:

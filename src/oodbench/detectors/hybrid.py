@@ -10,9 +10,10 @@ import numpy as np
 from ..core.errors import DetectorError
 from ..core.numerics import energy, l2_normalize
 from ..core.outputs import Head, Outputs
+from ._blas import faiss_threads_for
 from ._gaussian import symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements, _FitInfo
+from .base import Detector, Paper, Requirements, Summary, _FitInfo
 from .fitsize import FitSize
 from .registry import register
 from .shared import FitStatistics, statistics_for
@@ -87,6 +88,11 @@ class ViM(_ResidualSpace):
         "dim=None picks the paper's rule (D >= 2048: 1000, D >= 768: 512, else D/2); covariance of z − u about "
         "u (divide by N, as EmpiricalCovariance(assume_centered=True)); alpha = mean max-logit / mean "
         "residual norm over the fit set",
+    )
+    summary = Summary(
+        "energy(f) − α‖(z−u) off the principal subspace‖, u = −pinv(W)b",
+        defaults="None: by D as the paper, 1000 (D ≥ 2048), 512 (D ≥ 768), D/2",
+        also_in="pytorch-ood, OpenOOD",
     )
 
     def state_spec(self, fit: _FitInfo) -> dict[str, Spec]:
@@ -175,6 +181,11 @@ class NNGuide(Detector):
         "k=100, alpha=0.01: OpenOOD v1.5's nnguide.yml (the paper's bank is a 1% subset of the training set); "
         "the bank is a seeded uniform random alpha-fraction of the fit set; exact inner-product search (faiss)",
     )
+    summary = Summary(
+        "energy(f)·mean top-K ⟨ẑ, bank⟩, bank = ẑ_j·energy_j for a random α of the fit set",
+        defaults="OpenOOD `nnguide.yml`",
+        also_in="pytorch-ood, OpenOOD",
+    )
 
     def __init__(self, k: int = 100, alpha: float = 0.01, seed: int = 0) -> None:
         self.k = k
@@ -227,7 +238,8 @@ class NNGuide(Detector):
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         queries = np.ascontiguousarray(l2_normalize(np.asarray(chunk.features, dtype=np.float64)), dtype=np.float32)
-        similarities, _ = self.index_.search(queries, self.k)
+        with faiss_threads_for(self.index_):
+            similarities, _ = self.index_.search(queries, self.k)
         return energy(chunk.logits) * similarities.astype(np.float64).mean(axis=1)
 
     def _row_width(self, test: Outputs) -> int:

@@ -11,7 +11,7 @@ from ..core.errors import DetectorError
 from ..core.numerics import softmax
 from ..core.outputs import Head, Outputs
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements, _FitInfo
+from .base import Detector, Paper, Requirements, Summary, _FitInfo
 from .registry import register
 from .state import Array, Keyed, Scalar, Spec
 
@@ -61,6 +61,12 @@ class NAC(Detector):
         "steepness) = 3000, bins M = 50 (the reference's M edges, M − 1 intervals), r (its O: count for "
         "full coverage) = 10, fit_rows = 1000 (its valid_num; drawn uniformly at random here, per class "
         "there). The penultimate layer's gradient is closed-form; deeper layers come as extras nac.<layer>",
+    )
+    summary = Summary(
+        "mean over neurons of the fit coverage min(count/r, 1) of the bin of sigmoid(α·z⊙∂KL/∂z)",
+        defaults="the official ResNet-50/ImageNet config",
+        needs="deeper layers: extras `nac.<layer>`",
+        also_in="pytorch-ood",
     )
 
     def __init__(

@@ -18,7 +18,7 @@ from ..core.numerics import logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ._gaussian import ClassGaussians, ScatterAccumulator, class_gaussians_state, pinv_sqrt, triangular_whitener
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements, _FitInfo
+from .base import Detector, Paper, Requirements, Summary, _FitInfo
 from .logit import max_softmax
 from .registry import register
 from .state import Array, Keyed, Spec
@@ -55,6 +55,7 @@ class ODIN(Detector):
     """ODIN: maximum softmax probability of the tempered logits f(x̃)/T of the perturbed input (stored as extra.odin)."""
 
     requires = Requirements.of(score=("extra.odin",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Liang, Li & Srikant, Enhancing The Reliability of Out-of-distribution Image Detection in Neural Networks",
         "ICLR 2018",
@@ -63,6 +64,13 @@ class ODIN(Detector):
         "defaults), set at extraction (--net odin[:temperature=T,epsilon=E]): x̃ = x − ε · "
         "sign(∇ₓ CE(f(x)/T, ŷ)) / σ, the signed gradient divided by the preprocessing std per channel as the "
         "reference code does (ε in [0, 1] pixel units); extra.odin stores f(x̃)/T",
+    )
+    summary = Summary(
+        "max_c softmax_c(f(x̃)/T), x̃ = x − ε·sign(∇ₓ CE(f(x)/T, ŷ))/σ",
+        defaults="T=1000, ε=0.0014 (paper; OpenOOD), set at extraction",
+        needs="f(x̃)/T, from `--net odin`",
+        also_in="pytorch-ood, OpenOOD",
+        agreement="2.6e-8 absolute (pytorch-ood `ODIN`, same network and images)",
     )
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
@@ -77,6 +85,7 @@ class RankFeat(Detector):
     """RankFeat: energy of the logits after removing the rank-1 component of a layer's feature map (extras)."""
 
     requires = Requirements.of(score=("extra.rankfeat.layer4",))
+    state = {}  # learns nothing: declared, so a saved file holds no state
     paper = Paper(
         "Song, Sebe & Wang, RankFeat: Rank-1 Feature Removal for Out-of-distribution Detection",
         "NeurIPS 2022",
@@ -84,6 +93,13 @@ class RankFeat(Detector):
         "layer4 (Block 4, the paper's main setting), removal by exact SVD (torch.linalg.svd, not the paper's "
         "power-iteration speed-up), energy at temperature 1; with several layers the logits are averaged before "
         "the energy (the reference's Block 3 + Block 4 fusion); the layer is set at extraction (--net rankfeat)",
+    )
+    summary = Summary(
+        "T·logsumexp(f′/T), f′ the logits after removing s₁u₁v₁ᵀ from a layer's feature map",
+        defaults="layer4: the paper's Block 4; exact SVD",
+        needs="from `--net rankfeat`",
+        also_in="pytorch-ood, OpenOOD",
+        agreement="7e-8 relative (pytorch-ood `RankFeat`)",
     )
 
     def __init__(self, layers: Sequence[str] = ("layer4",), temperature: float = 1.0) -> None:
@@ -135,6 +151,13 @@ class Gram(Detector):
         "set's logits) the min and max of each Gram statistic; δ = Σ relu(min − v)/|min + 1e-6| + relu(v − max)/"
         "|max + 1e-6| per layer, as the reference code; score −Σ_l δ_l / E[δ_l], E[δ_l] on a held-out 10% of the "
         "fit set (1 where it is 0); a class absent from the fit set takes the range over all classes",
+    )
+    summary = Summary(
+        "−Σ_l δ_l/E[δ_l], δ_l the deviation of a layer's Gram statistics from the predicted class's fit range",
+        defaults="orders p = 1…10 (paper), set at extraction",
+        needs="from `--net gram`",
+        also_in="pytorch-ood, OpenOOD",
+        agreement="not compared (pytorch-ood holds out a share of each class, not of the fit set)",
     )
 
     def __init__(self, layers: Sequence[str] = _STAGES, holdout: float = 0.1, seed: int = 0) -> None:
@@ -252,6 +275,13 @@ class MahalanobisEnsemble(Detector):
         "means from fit labels and one shared covariance (divide by N, pseudo-inverse as maha); layers combined by "
         "an unweighted sum (the paper fits the weights by logistic regression on OOD validation data, which a "
         "post-hoc detector does not have; give weights to use others); no input preprocessing",
+    )
+    summary = Summary(
+        "−Σ_l w_l min_c (z_l−μ_lc)ᵀP_l(z_l−μ_lc), z_l a layer's map averaged over positions",
+        defaults="weights None: an unweighted sum; the paper fits them on OOD validation data",
+        needs="from `--net mds`",
+        also_in="pytorch-ood, OpenOOD",
+        agreement="4.9e-5 relative after scaling (pytorch-ood `MultiMahalanobis` = −ours/(2N)); identical ranks",
     )
 
     # K classes present in the fit labels (shared by the layers); r<i>, s<i>: the whitener ranks of layer i.

@@ -10,7 +10,7 @@ from ..core.numerics import l2_normalize, logsumexp_in_place, softmax
 from ..core.outputs import Head, Outputs
 from ..util.chunking import iter_chunks
 from ._streaming import fit_chunks
-from .base import Detector, Paper, Requirements
+from .base import Detector, Paper, Requirements, Summary
 from .fitsize import FitSize
 from .registry import register
 from .state import Array, Scalar
@@ -97,6 +97,11 @@ class SHE(Detector):
         "classified fit rows (prediction = argmax of the logits); the score is the inner product with the pattern "
         "of the predicted class (OpenOOD's she.yml metric inner_product); a class without a correctly classified "
         "fit row falls back to the mean of all its fit rows (fallback_classes_)",
+    )
+    summary = Summary(
+        "z · S_ŷ, S_c the mean z of fit rows correctly classified as c",
+        also_in="pytorch-ood, OpenOOD",
+        agreement="1.2e-7 relative (pytorch-ood and OpenOOD, float32)",
     )
 
     def size_problems(self, size: FitSize) -> list[str]:
@@ -222,6 +227,12 @@ class OpenMax(Detector):
         "alpha=3 with the plain euclidean distance, pytorch-ood tail 25, alpha 10, euclidean (euclidean=1, "
         "cosine=0); a class with fewer than 2 correctly classified fit rows falls back to all its fit rows",
     )
+    summary = Summary(
+        "log P(known) after revising the top-α logits by per-class Weibull tails of distances to class mean logits",
+        defaults="eucos = euclidean/200 + cosine: the official code",
+        also_in="pytorch-ood, OpenOOD",
+        agreement="P(unknown) to 3.6e-4 absolute, 2.3e-3 relative; AUROC 0.8741 vs 0.8744 (pytorch-ood's Nelder-Mead Weibull fit stops short of the MLE). pytorch-ood clips the revised logits at 709 before exp, without subtracting the row maximum: on large logits P(unknown) comes out exactly 1 (or 0) for many rows, which then tie; log P(known) here keeps them ranked",
+    )
 
     def __init__(self, tail: int = 20, alpha: int = 10, euclidean: float = 1.0 / 200.0, cosine: float = 1.0) -> None:
         self.tail = tail
@@ -326,6 +337,12 @@ class Relation(Detector):
         "pow=1), threshold=0.03 and hop=1 (every fit row in the bank): the official defaults; the bank holds the "
         "ℓ2-normalised features and softmax probabilities of the fit rows as float32, (D + C) x 4 bytes per row; "
         "products and the threshold test run in float64",
+    )
+    summary = Summary(
+        "Σ_j k^t over edges k > 0.03, k = max(ẑ·ẑ_j, 0)·(p·p_j), j over the fit rows",
+        defaults="the official code",
+        also_in="OpenOOD",
+        agreement="1.7e-7 relative (OpenOOD's float32 kernel)",
     )
     # Bank rows per product: the (test rows x bank rows) kernel blocks stay within the chunk budget.
     bank_tile: int = 2048

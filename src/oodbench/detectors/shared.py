@@ -25,7 +25,7 @@ from ..core.errors import DetectorError
 from ..core.numerics import softmax
 from ..core.outputs import Head, Outputs
 from ..util.chunking import iter_chunks
-from ._blas import blas_threads
+from ._blas import blas_threads, one_blas_thread
 from ._gaussian import GRAM_DTYPES, SYRK_ROWS, ScatterAccumulator, check_gram_dtype
 from ._streaming import fit_chunks
 from .base import Detector
@@ -193,9 +193,7 @@ class FitStatistics:
 @contextlib.contextmanager
 def _accumulator_thread() -> Iterator[ThreadPoolExecutor]:
     """A worker thread for the raw accumulator while the caller feeds the normalised one; BLAS on one thread each."""
-    from threadpoolctl import threadpool_limits  # a declared dependency (scikit-learn needs it too)
-
-    with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(1, thread_name_prefix="oodbench-fit") as pool:
+    with one_blas_thread(), ThreadPoolExecutor(1, thread_name_prefix="oodbench-fit") as pool:
         yield pool
 
 

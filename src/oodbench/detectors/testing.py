@@ -24,7 +24,7 @@ import numpy as np
 from ..core.errors import DetectorError, OodbenchError
 from ..core.outputs import Head, Outputs
 from . import registry
-from .artefact import fitted_state, load, save
+from .artefact import fitted_state, inferred_spec, load, save
 from .base import Detector, Requirements
 
 __all__ = ["CHECKS", "CheckData", "CheckReport", "CheckResult", "check_data", "check_detector"]
@@ -550,6 +550,12 @@ def _state_names(ctx: _Context) -> None:
             f"fit set {', '.join(unnamed)}, whose names do not end with '_': save() would lose them "
             "(name learned state with a trailing underscore)"
         )
+    if not detector.declares_state():  # inferred at save: each fitted value must be an array or number within bounds
+        try:
+            inferred_spec(detector, detector.fit_info_, "save")
+        except DetectorError as exc:
+            raise CheckFailed(f"{exc} (or declare the class's `state`)") from None
+        return
     declared = set(detector.state_spec(detector.fit_info_))
     undeclared = sorted(k for k in fitted_state(detector) if k != "fit_info_" and k not in declared)
     if undeclared:
@@ -673,7 +679,8 @@ CHECKS: dict[str, Check] = {
         ),
         Check(
             "state_names",
-            "every attribute fit() sets ends with '_' and is declared in `state` (the fitted state that save() keeps)",
+            "every attribute fit() sets ends with '_' and is declared in `state`, or (a class declaring none) is a "
+            "numeric array or number within the bounds save() and load() apply",
             _state_names,
         ),
         Check(

@@ -209,6 +209,7 @@ class _WordnetVocabulary(Table):
     build: str
     m: PositiveInt = 5000
     percentile: Annotated[float, Field(gt=0.0, le=100.0)] = 95.0
+    pool: Literal["all", "neglabel"] = "all"  # the paper's 79,403 head lemmas, or NegLabel's corpus (70,794)
 
 
 class _UnionVocabulary(Table):

@@ -464,7 +464,13 @@ def run_zeroshot_unit(ctx: Context, unit: ZeroShotUnit) -> None:
 
                 vocabularies[name] = built.save(
                     mine_wordnet_negatives(
-                        classes, embed, m=vocab["m"], percentile=vocab["percentile"], name=name, model=model.id
+                        classes,
+                        embed,
+                        m=vocab["m"],
+                        percentile=vocab["percentile"],
+                        pool=vocab["pool"],
+                        name=name,
+                        model=model.id,
                     )
                 )
             elif all(part in vocabularies for part in vocab["of"]):

@@ -325,7 +325,12 @@ def build_wordnet(
     classes: str = CLASSES,
     m: int = typer.Option(5000, "--m", help="How many negatives to keep (NegLabel used 10000)."),
     percentile: float = typer.Option(95.0, help="Percentile of a candidate's cosine to the ID names."),
-    include_all_nouns: bool = typer.Option(False, help="Also mine noun.animal and noun.food (NegLabel omits them)."),
+    pool: str = typer.Option(
+        "all",
+        "--pool",
+        help="Candidate pool: 'all' (every noun and adjective synset, the Fi-ImageNet-1k paper's 79,403 head lemmas) "
+        "or 'neglabel' (without noun.animal and noun.food, as NegLabel's corpus: 70,794).",
+    ),
     lexicon: Path | None = typer.Option(
         None, "--lexicon", help="Lexicon .tsv.gz (pos, offset, lexname, lemmas) instead of the packaged WordNet 3.0."
     ),
@@ -343,7 +348,7 @@ def build_wordnet(
       oodbench zeroshot vocab build wordnet --store feats --model ViT-B-16@openai --m 5000 --vocab-dir vocab
     """
     from ..text.classes import load_classes
-    from .vocab.lexicon import NEGLABEL_EXCLUDED_LEXNAMES, Lexicon
+    from .vocab.lexicon import Lexicon
     from .vocab.wordnet_negmining import mine_wordnet_negatives
 
     vocab = mine_wordnet_negatives(
@@ -351,7 +356,7 @@ def build_wordnet(
         _embedder(store, model, openclip_model, pretrained, device),
         m=m,
         percentile=percentile,
-        exclude_lexnames=() if include_all_nouns else NEGLABEL_EXCLUDED_LEXNAMES,
+        pool=pool,
         lexicon=Lexicon.read(lexicon) if lexicon is not None else None,
         name=name or f"wordnet-{model}",
         model=model,

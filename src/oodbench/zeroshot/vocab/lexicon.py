@@ -31,13 +31,28 @@ __all__ = [
     "packaged_lexicon",
     "LEXICON_RESOURCE",
     "NEGLABEL_EXCLUDED_LEXNAMES",
+    "WORDNET_POOLS",
+    "DEFAULT_POOL",
+    "pool_exclusions",
 ]
 
 LEXICON_RESOURCE = ("data", "wordnet", "wordnet-3.0-noun-adj.tsv.gz")
 # NegLabel's candidate corpus has every noun lexicographer file except these two (by its authors' design).
 NEGLABEL_EXCLUDED_LEXNAMES = ("noun.animal", "noun.food")
+# NegMining's candidate pools, by name -> the lexicographer files left out. "all" is the Fi-ImageNet-1k paper's pool
+# (Sec. 4.4: the head lemmas of all noun and adjective synsets, 79,403 in WordNet 3.0); "neglabel" is NegLabel's
+# corpus (70,794 head lemmas). They differ most where an ID set is made of animals.
+WORDNET_POOLS: dict[str, tuple[str, ...]] = {"all": (), "neglabel": NEGLABEL_EXCLUDED_LEXNAMES}
+DEFAULT_POOL = "all"
 # Syntactic markers WordNet appends to some adjective lemmas: (a) attributive, (p) predicative, (ip) postnominal.
 _ADJ_MARKER = re.compile(r"\((?:a|p|ip)\)$")
+
+
+def pool_exclusions(pool: str) -> tuple[str, ...]:
+    """The lexicographer files a named candidate pool leaves out (see `WORDNET_POOLS`)."""
+    if pool not in WORDNET_POOLS:
+        raise ZeroShotError(f"unknown WordNet pool {pool!r}; choose one of: {', '.join(WORDNET_POOLS)}")
+    return WORDNET_POOLS[pool]
 
 
 class Synset(NamedTuple):
@@ -94,6 +109,12 @@ class Lexicon:
     def lexnames(self) -> list[str]:
         """Lexicographer files present, in first-seen order."""
         return list(dict.fromkeys(s.lexname for s in self.synsets))
+
+    def candidates(self, exclude_lexnames: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+        """NegMining's candidates (nouns, adjectives): head lemmas, a word heading both kinds counted as a noun once."""
+        nouns = self.first_lemmas("n", exclude_lexnames)
+        noun_set = set(nouns)
+        return nouns, [a for a in self.first_lemmas("a", exclude_lexnames) if a not in noun_set]
 
     def first_lemmas(self, pos: str, exclude_lexnames: Sequence[str] = ()) -> list[str]:
         """The normalised first lemma of every synset of `pos`, outside `exclude_lexnames`, de-duplicated in order."""

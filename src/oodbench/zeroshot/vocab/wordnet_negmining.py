@@ -1,7 +1,8 @@
 """WordNet negative labels by NegMining (NegLabel, ICLR 2024): keep the candidates farthest from every ID name.
 
-Candidates are the first lemma of every WordNet noun and adjective synset (by default without the noun.animal and
-noun.food files, as NegLabel's corpus). Candidates equal to an ID name or to a WordNet synonym of one are dropped
+Candidates are the first lemma of every WordNet noun and adjective synset: by default all of them (pool ``all``, the
+Fi-ImageNet-1k paper's 79,403 head lemmas), or without the noun.animal and noun.food files (pool ``neglabel``, as
+NegLabel's corpus). Candidates equal to an ID name or to a WordNet synonym of one are dropped
 first (NegLabel's own list keeps 32 exact ImageNet names; we do not). Nouns and ID names are embedded with the
 prompt ``the nice {}``, adjectives with ``This is a {} photo``. A candidate's closeness to the ID set is the 95th
 percentile of its cosine similarities to the ID names; nouns and adjectives are ranked separately, farthest (least
@@ -22,7 +23,7 @@ from ...util.chunking import DEFAULT_CHUNK_BYTES, iter_chunks, rows_per_chunk
 from ..text import EmbedFn, embed_labels
 from .artefact import ADJECTIVE, NOUN, Vocabulary
 from .labels import IdFilter
-from .lexicon import LEXICON_RESOURCE, NEGLABEL_EXCLUDED_LEXNAMES, Lexicon, packaged_lexicon
+from .lexicon import DEFAULT_POOL, LEXICON_RESOURCE, Lexicon, packaged_lexicon, pool_exclusions
 
 __all__ = ["closeness_to_id", "rank_farthest", "mine_wordnet_negatives", "DEFAULT_M"]
 
@@ -66,17 +67,17 @@ def mine_wordnet_negatives(
     m: int = DEFAULT_M,
     percentile: float = 95.0,
     lexicon: Lexicon | None = None,
-    exclude_lexnames: Sequence[str] = NEGLABEL_EXCLUDED_LEXNAMES,
+    pool: str = DEFAULT_POOL,
     name: str = "wordnet",
     model: str | None = None,
 ) -> Vocabulary:
     """A 'wordnet' vocabulary: the M WordNet nouns/adjectives farthest from the ID names, with full rankings."""
+    exclude_lexnames = pool_exclusions(pool)
     packaged = lexicon is None
     lexicon = packaged_lexicon() if lexicon is None else lexicon
-    nouns = lexicon.first_lemmas("n", exclude_lexnames)
-    noun_set = set(nouns)
     # A word that heads both a noun and an adjective synset is a noun candidate only (one embedding per word).
-    adjectives = [a for a in lexicon.first_lemmas("a", exclude_lexnames) if a not in noun_set]
+    nouns, adjectives = lexicon.candidates(exclude_lexnames)
+    pool_size = len(nouns) + len(adjectives)
     id_filter = IdFilter(id_classes.names, id_classes.wnids, lexicon)
     nouns, dropped_nouns = id_filter.keep(nouns)
     adjectives, dropped_adjectives = id_filter.keep(adjectives)
@@ -101,6 +102,7 @@ def mine_wordnet_negatives(
         params={
             "m": int(m),
             "percentile": float(percentile),
+            "pool": pool,
             "exclude_lexnames": list(exclude_lexnames),
             "noun_template": NEGMINING_NOUN_TEMPLATE,
             "adjective_template": NEGMINING_ADJECTIVE_TEMPLATE,
@@ -111,6 +113,7 @@ def mine_wordnet_negatives(
             "lexicon": "/".join(LEXICON_RESOURCE) if packaged else f"custom ({len(lexicon)} synsets)",
             "model": model,
             "id_classes": id_classes.describe(),
+            "pool": {"name": pool, "excluded_lexnames": list(exclude_lexnames), "head_lemmas": pool_size},
             "candidates": {"nouns": len(nouns), "adjectives": len(adjectives)},
             "dropped_id_names_or_synonyms": sorted(set(dropped_nouns) | set(dropped_adjectives)),
         },
