@@ -308,14 +308,18 @@ def ivf_kth_similarity(
 ROWS_PER_SEARCH_THREAD = 512
 
 
-def across_cores(search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """`search` over contiguous parts of `rows` queries, one per search thread; the parts' results in row order.
+def across_cores(
+    search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows: int, threads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`search` over contiguous parts of `rows` queries, on up to `threads` threads; the parts' results in row order.
 
     The IVF search's per-list products run on one BLAS thread each (ivf_kth_similarity), so one search uses one
-    core; queries are independent, so parts give exactly the results of one search over all rows. numpy releases
-    the GIL in its products and partitions, so threads suffice.
+    core. Queries are independent, so parts give the results of one search over all rows up to the float32
+    rounding of the products: the BLAS may sum a product in another order for another number of rows (OpenBLAS
+    0.3.31 does, from one row up), never by more than that rounding. numpy releases the GIL in its products and
+    partitions, so threads suffice. `threads` is read by the caller before it limits the BLAS to one thread.
     """
-    workers = max(1, min(blas_threads(), rows // ROWS_PER_SEARCH_THREAD))
+    workers = max(1, min(threads, rows // ROWS_PER_SEARCH_THREAD))
     if workers == 1:
         return search(slice(0, rows))
     bounds = np.linspace(0, rows, workers + 1).astype(int)
@@ -463,9 +467,11 @@ class KNN(Detector):
                 return ivf_kth_similarity(queries[part], centroids, lists, nprobe, self.k, probe_with=probe_with[part])
 
             # One BLAS thread per search for the whole parallel section: a limit entered and left inside each
-            # thread would give the BLAS its threads back while the other search still runs.
+            # thread would give the BLAS its threads back while the other search still runs. The number of
+            # searches is read before that limit, which would otherwise report one thread.
+            threads = blas_threads()
             with one_blas_thread():
-                kth, probed = across_cores(search, len(queries))
+                kth, probed = across_cores(search, len(queries), threads)
             if (probed < self.k).any():
                 raise DetectorError(
                     f"knn: the IVF index found fewer than k={self.k} neighbours for some rows (as few as "
