@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 import oodbench
+import oodbench as ob
 from oodbench.cli.main import main
 from oodbench.core.errors import ExtractError, OodbenchError
 from oodbench.core.store import Store
@@ -292,7 +293,9 @@ def test_small_fit_set_adapt_runs_every_detector_and_records_its_choices(folders
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["adapted_parameters"]["knn"] == {"k": {"from": 1000, "to": 1}}
     assert info["adapted_parameters"]["nnguide"] == {"alpha": {"from": 0.01, "to": 1.0}, "k": {"from": 100, "to": 1}}
-    assert info["detectors"]["knn"] == {"k": 1} and info["failed_detectors"] == {}
+    # Resolved parameters (defaults filled in), the adapted value among them.
+    assert info["detectors"]["knn"] == {**ob.detectors.create("knn").get_params(), "k": 1}
+    assert info["failed_detectors"] == {}
     ran = {
         row.split("|")[1].strip() for row in captured.out.splitlines() if row.startswith("| ") and "detector" not in row
     }
