@@ -15,7 +15,15 @@ from ..util.cli_params import parse_params, refuse_inside
 if TYPE_CHECKING:
     from .spec import EvaluationSpec
 
-__all__ = ["SOME_FAILED", "accuracy_command", "build_spec", "evaluate_command", "print_accuracy", "register", "report_detectors"]
+__all__ = [
+    "SOME_FAILED",
+    "accuracy_command",
+    "build_spec",
+    "evaluate_command",
+    "print_accuracy",
+    "register",
+    "report_detectors",
+]
 
 console = Console(stderr=True)
 

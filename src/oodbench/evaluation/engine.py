@@ -256,9 +256,7 @@ def evaluate_inputs(
     failed: dict[str, str] = {}
     cached = cached or {}
     lengths = {ds: len(inputs.outputs(ds)) for ds in datasets}
-    reuse = {
-        n: all(n in cached.get(ds, {}) and len(cached[ds][n]) == lengths[ds] for ds in datasets) for n in plan
-    }
+    reuse = {n: all(n in cached.get(ds, {}) and len(cached[ds][n]) == lengths[ds] for ds in datasets) for n in plan}
     unmet = unmet_reasons(inputs, spec)
     for name, reason in unmet.items():
         if reason and spec.strict:
