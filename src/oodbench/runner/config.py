@@ -400,8 +400,18 @@ def _parse_detectors(raw: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]],
     include = table.include
     if include == "all":
         names = list(available)
+    elif isinstance(include, str) and include.strip():
+        from ..evaluation.spec import select_detectors
+
+        try:  # a selection: "all,-she,-openmax"
+            names = select_detectors(include, option="detectors.include")
+        except DetectorError as exc:
+            raise ConfigError(str(exc)) from None
     elif not isinstance(include, list) or not all(isinstance(n, str) and n for n in include):
-        raise ConfigError(f'detectors.include: expected "all" or a list of detector names; got {include!r}')
+        raise ConfigError(
+            f'detectors.include: expected "all", a selection such as "all,-she" or a list of detector names; '
+            f"got {include!r}"
+        )
     else:
         names = list(include)
     for field_name, listed in (("include", names), ("exclude", table.exclude)):
@@ -685,8 +695,10 @@ def load_config(
     overrides: Sequence[str] = (),
     workdir: str | os.PathLike[str] | None = None,
     kinds: KindRegistry | None = None,
+    plugins: Sequence[str] = (),
 ) -> ExperimentConfig:
-    """Read, override and validate an experiment file (kinds looked up in `kinds`, default `registry.KINDS`)."""
+    """Read, override and validate an experiment file (kinds looked up in `kinds`, default `registry.KINDS`);
+    `plugins` are detector plugins imported besides the file's own (``oodbench run --plugin``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -700,7 +712,11 @@ def load_config(
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses once per nesting level: a 5,000-deep array exhausts the stack
         raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
-    return parse_config(apply_overrides(raw, overrides), path=path, workdir=workdir, kinds=kinds)
+    raw = apply_overrides(raw, overrides)
+    if plugins:
+        listed = raw.get("plugins", [])
+        raw["plugins"] = [*(listed if isinstance(listed, list) else [listed]), *plugins]
+    return parse_config(raw, path=path, workdir=workdir, kinds=kinds)
 
 
 def missing_roots(config: ExperimentConfig, dataset_ids: Iterable[str] | None = None) -> dict[str, str]:
