@@ -17,6 +17,7 @@ from PIL import Image
 import oodbench
 import oodbench as ob
 from oodbench.cli.main import main
+from oodbench.core import metrics as ob_metrics
 from oodbench.core.errors import ExtractError, OodbenchError
 from oodbench.core.store import Store
 from oodbench.evaluation import evaluate_store
@@ -349,3 +350,22 @@ def test_top1_is_not_computed_for_folder_labels_that_do_not_index_the_head(folde
     (row,) = json.loads((tmp_path / "run" / "accuracy.json").read_text())["rows"]
     assert row["top1"] is None and "1000 classes of the model's head" in row["reason"]
     _assert_run_scores_are_definitions(tmp_path, ["msp"])  # the OOD results beside the refused Top-1 are real
+
+
+def test_without_out_top1_is_printed_and_returned_and_evaluate_options_apply(folders, tmp_path, capsys):
+    """Top-1 needs no run directory; --convention, --aupr and a -d selection are `evaluate`'s, on the quick path."""
+    args = _cli_args(folders, tmp_path, "-d", "msp,energy,maha,-maha", "--convention", "openood", "--aupr")
+    at = args.index("--out")
+    del args[at : at + 2]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "Top-1 on id (original labels)" in out and "AUPR" in out and "openood" in out
+    assert "| maha" not in out and "| energy" in out
+    result = _call(folders, tmp_path / "store", convention="openood")
+    assert result.run_dir is None and [row.labels for row in result.accuracy][:1] == ["original"]
+    openood = {r.detector: r.value for r in result.rows if r.metric == "openood.fpr95"}
+    id_scores, ood_scores = result.scores["id"], result.scores["photos"]
+    for name in DETECTORS:
+        assert openood[name] == ob_metrics.fpr_at_tpr_ood_positive(id_scores[name], ood_scores[name])

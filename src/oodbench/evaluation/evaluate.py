@@ -53,7 +53,7 @@ class EvaluationResult:
     run_dir: Path | None = None
     failed: dict[str, str] = field(default_factory=dict)  # detector -> the error that stopped its fit or scoring
     adapted: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # detector -> param -> from/to
-    accuracy: list[Any] = field(default_factory=list)  # accuracy.AccuracyRow of the ID test set (run directory only)
+    accuracy: list[Any] = field(default_factory=list)  # accuracy.AccuracyRow of the ID test set (labels and logits)
     verification: str | None = None  # what checking the store entries against their checksums found, and its time
 
 
@@ -338,12 +338,13 @@ def evaluate_spec(
         on_detector_done=persist,
         on_detector_fitted=keep_fitted if keep is not None else None,
     )
-    if writer is not None and run_dir is not None:
-        id_test = inputs.outputs(spec.id)
-        if id_test.labels is not None and id_test.logits is not None:
-            from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
+    id_test = inputs.outputs(spec.id)
+    if id_test.labels is not None and id_test.logits is not None:
+        from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
 
-            result.accuracy = record_accuracy(run_dir.path, store, model_id, spec.id, outputs=id_test)
+        where = run_dir.path if run_dir is not None else None  # without a run directory: returned, not written
+        result.accuracy = record_accuracy(where, store, model_id, spec.id, outputs=id_test)
+    if writer is not None and run_dir is not None:
         ran = [name for name in spec.detectors if name not in result.skipped and name not in result.failed]
         # A run with failed detectors is not complete: a rerun fits only those (the others' score keys match).
         writer.finish(

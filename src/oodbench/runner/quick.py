@@ -24,16 +24,12 @@ import torch
 
 from .. import detectors as detector_registry
 from ..core.errors import DataError, ExtractError, OodbenchError
+from ..core.oodgroups import OodGroups
 from ..core.outputs import Head
 from ..core.store import Store
-from ..detectors.fitsize import SMALL_FIT_SET, FitSize
-from ..evaluation.evaluate import (
-    EvaluationResult,
-    check_fit_size,
-    evaluate_store,
-    normalize_detectors,
-    nothing_evaluated,
-)
+from ..detectors.fitsize import FitSize
+from ..evaluation.evaluate import EvaluationResult, check_fit_size, evaluate_spec, nothing_evaluated
+from ..evaluation.spec import EvaluationSpec
 from ..extract.backbones.base import Backbone, autocast, safe_id
 from ..util.progress import note_work, work_topics
 
@@ -307,6 +303,13 @@ def evaluate_model(
     tpr: float = 0.95,
     progress: bool = True,
     small_fit_set: str = "fail",
+    convention: str = "oodbench",
+    aupr: bool = False,
+    groups: str | os.PathLike[str] | OodGroups | None = None,
+    gram_dtype: str = "float64",
+    strict: bool = False,
+    verify: bool = False,
+    spec: EvaluationSpec | None = None,
 ) -> ModelEvaluation:
     """Extract `fit`, `id` and every `ood` set with `model` into `store`, fit the detectors, score, return results.
 
@@ -321,8 +324,24 @@ def evaluate_model(
     model's feature width, the arrays it will have); the error names every parameter to change.
     ``small_fit_set="adapt"`` instead scales the defaults a small fit set cannot support (`result.adapted`).
     A detector that fails leaves the others' results (`result.failed` says why).
+    `convention`, `aupr`, `groups` (default with ``convention="openood"``: OpenOOD's near / far), `gram_dtype`,
+    `strict` and `verify` are `oodbench evaluate`'s options (one `EvaluationSpec`, validated before any image is read);
+    a built `spec` (fit "fit", ID "id", the OOD sets' names) replaces `detectors`, `tpr` and those options.
     """
-    plan = _checked_plan(ood, detectors, small_fit_set)
+    if spec is not None and (spec.fit, spec.id, list(spec.ood)) != (FIT, ID, list(ood)):
+        raise OodbenchError(f"spec: expected fit {FIT!r}, ID {ID!r} and the OOD sets {list(ood)}")
+    spec = spec or _checked_spec(
+        ood,
+        detectors,
+        tpr=tpr,
+        small_fit_set=small_fit_set,
+        convention=convention,
+        aupr=aupr,
+        groups=groups,
+        gram_dtype=gram_dtype,
+        strict=strict,
+        verify=verify,
+    )
     backbone = as_backbone(
         model,
         pretrained=pretrained,
@@ -337,7 +356,7 @@ def evaluate_model(
         dataset_id: as_image_data(value, name=dataset_id, labelled=labelled, transform=backbone.transform)
         for dataset_id, (value, labelled) in data.items()
     }
-    _check_before_extraction(plan, backbone, resolved[FIT], small_fit_set)
+    _check_before_extraction(spec.detectors, backbone, resolved[FIT], spec.small_fit_set)
     with (
         tempfile.TemporaryDirectory(prefix="oodbench-store-")
         if store is None
@@ -348,37 +367,30 @@ def evaluate_model(
             Store(root),
             backbone,
             resolved,
-            list(ood),
-            plan,
+            spec,
             model_id=model_id,
             out=out,
             batch_size=batch_size,
             num_workers=num_workers,
             device=device,
             amp=amp,
-            tpr=tpr,
             progress=progress,
-            small_fit_set=small_fit_set,
         )
         result.store = None if store is None else Path(root)
         return result
 
 
-def _checked_plan(
-    ood: Mapping[str, Any], detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None, small_fit_set: str
-) -> dict[str, dict[str, Any]]:
-    """The detectors to fit with their parameters, once the arguments are checked (before any image is read)."""
+def _checked_spec(
+    ood: Mapping[str, Any], detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None, **options: Any
+) -> EvaluationSpec:
+    """The evaluation's specification, once the arguments are checked (before any image is read)."""
     if not ood:
         raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
     clash = sorted({FIT, ID} & set(ood))
     if clash:
         raise OodbenchError(f"OOD set names {clash} are reserved for the fit and ID test sets; rename them")
-    plan = normalize_detectors(detectors)
-    for name, params in plan.items():
-        detector_registry.create(name, **params)  # unknown names and bad parameters fail before any extraction
-    if small_fit_set not in SMALL_FIT_SET:
-        raise OodbenchError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
-    return plan
+    # Unknown names, bad parameters and options fail here, before any extraction.
+    return EvaluationSpec.build(detectors, fit=FIT, id=ID, ood=list(ood), **options)
 
 
 @contextlib.contextmanager
@@ -444,8 +456,7 @@ def _extract_and_evaluate(
     store: Store,
     backbone: Any,
     resolved: Mapping[str, _ImageData],
-    ood_ids: list[str],
-    detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None,
+    spec: EvaluationSpec,
     *,
     model_id: str | None,
     out: str | os.PathLike[str] | None,
@@ -453,9 +464,7 @@ def _extract_and_evaluate(
     num_workers: int | None,
     device: str,
     amp: bool,
-    tpr: float,
     progress: bool,
-    small_fit_set: str,
 ) -> ModelEvaluation:
     from ..extract.datasets import ImageList
     from ..extract.pipeline import extract
@@ -484,18 +493,7 @@ def _extract_and_evaluate(
             loader=data.loader,
         )
         extracted[dataset_id] = report.processed
-    evaluation = evaluate_store(
-        store,
-        model_id,
-        FIT,
-        ID,
-        ood_ids,
-        detectors,
-        out_dir=out,
-        tpr=tpr,
-        progress=progress,
-        small_fit_set=small_fit_set,
-    )
+    evaluation = evaluate_spec(store, model_id, spec, out_dir=out, progress=progress)
     return ModelEvaluation(
         rows=evaluation.rows,
         scores=evaluation.scores,
