@@ -7,6 +7,7 @@ A rerun with the same inputs and parameters reuses the saved scores of each fini
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -35,6 +36,7 @@ __all__ = [
     "evaluate_store",
     "evaluate_outputs",
     "evaluate_spec",
+    "fit_size_plan",
     "normalize_detectors",
     "run_description",
 ]
@@ -211,6 +213,44 @@ class FitSetTooSmall(DetectorError):
     """Detector parameters the fit set cannot support (the message names each one)."""
 
 
+def fit_set_size(fit_set: Outputs, *, count_classes: bool) -> FitSize:
+    """The fit set's size; with `count_classes` its distinct labels too (one pass over the labels), so that adapt
+    can tell per-class detectors (she, openmax) that lack rows of some head class."""
+    size = FitSize.of(fit_set)
+    if count_classes and fit_set.labels is not None:
+        size = dataclasses.replace(size, classes=int(np.unique(np.asarray(fit_set.labels)).size))
+    return size
+
+
+def fit_size_plan(
+    plan: Mapping[str, Mapping[str, Any]],
+    size: FitSize,
+    small_fit_set: str = "fail",
+    *,
+    ignore: Collection[str] = (),
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+    """`check_fit_size`, except that with ``small_fit_set="adapt"`` a detector the fit set cannot support even with
+    adapted defaults is left out: (plan without it, what changed, {detector: why it was left out, in one line})."""
+    try:
+        plan, changed = check_fit_size(plan, size, small_fit_set, ignore=ignore)
+        return plan, changed, {}
+    except FitSetTooSmall:
+        if small_fit_set != "adapt":
+            raise
+    checked = {name: dict(params) for name, params in plan.items() if name not in ignore}
+    instances = {name: detector_registry.create(name, **params) for name, params in checked.items()}
+    adapted, changed, refused = adapt_plan(checked, instances, size)
+    remaining = plan_size_problems({n: detector_registry.create(n, **p) for n, p in adapted.items()}, size)
+    reasons: dict[str, list[str]] = {}
+    for problem in [*refused, *remaining]:
+        name, _, why = problem.partition(": ")
+        if why not in reasons.setdefault(name, []):
+            reasons[name].append(why)
+    left_out = {name: f"left out by --small-fit-set adapt: {'; '.join(why)}" for name, why in reasons.items()}
+    kept = {name: adapted.get(name, dict(params)) for name, params in plan.items() if name not in left_out}
+    return kept, {name: c for name, c in changed.items() if name not in left_out}, left_out
+
+
 def evaluate_store(
     store: Store | str | os.PathLike[str],
     model_id: str,
@@ -287,8 +327,11 @@ def evaluate_spec(
     if len(fit_set) == 0:  # before the parameters are checked against its size
         raise OodbenchError(f"fit dataset {spec.fit!r} is empty")
     will_skip = {name for name, reason in unmet_reasons(inputs, spec).items() if reason}
-    plan, adapted = check_fit_size(spec.detectors, FitSize.of(fit_set), spec.small_fit_set, ignore=will_skip)
-    if adapted:
+    size = fit_set_size(fit_set, count_classes=spec.small_fit_set == "adapt")
+    plan, adapted, left_out = fit_size_plan(spec.detectors, size, spec.small_fit_set, ignore=will_skip)
+    if left_out and len(left_out) == len(spec.detectors):
+        raise nothing_evaluated(left_out, {})
+    if adapted or left_out:
         spec = spec.with_plan(plan, adapted)
     keys = {name: score_key(inputs, names, name, spec.resolved[name], spec.gram_dtype) for name in spec.detectors}
 
@@ -338,6 +381,7 @@ def evaluate_spec(
         on_detector_done=persist,
         on_detector_fitted=keep_fitted if keep is not None else None,
     )
+    result.skipped = {**left_out, **result.skipped}  # what adapt left out, with why (run.json's skipped_detectors)
     id_test = inputs.outputs(spec.id)
     if id_test.labels is not None and id_test.logits is not None:
         from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json

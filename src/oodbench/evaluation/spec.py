@@ -210,8 +210,9 @@ class EvaluationSpec:
         return replace(self, fit=fit, id=id, ood=tuple(ood), csid=tuple(csid))
 
     def with_plan(self, plan: Mapping[str, Mapping[str, Any]], adapted: Mapping[str, Any]) -> EvaluationSpec:
-        """The spec with the parameters a small fit set adapted (resolved again: the keys follow them)."""
-        given = {name: dict(plan[name]) for name in self.detectors}
+        """The spec with the parameters a small fit set adapted (resolved again: the keys follow them); detectors
+        missing from `plan` are left out."""
+        given = {name: dict(plan[name]) for name in self.detectors if name in plan}
         return replace(
             self,
             detectors=given,

@@ -28,7 +28,7 @@ from ..core.oodgroups import OodGroups
 from ..core.outputs import Head
 from ..core.store import Store
 from ..detectors.fitsize import FitSize
-from ..evaluation.evaluate import EvaluationResult, check_fit_size, evaluate_spec, nothing_evaluated
+from ..evaluation.evaluate import EvaluationResult, evaluate_spec, fit_size_plan, nothing_evaluated
 from ..evaluation.spec import EvaluationSpec
 from ..extract.backbones.base import Backbone, autocast, safe_id
 from ..util.progress import note_work, work_topics
@@ -449,7 +449,9 @@ def _check_before_extraction(
                 will_skip[name] = "; ".join(reasons)
         if len(will_skip) == len(plan):
             raise nothing_evaluated(will_skip, {})
-    check_fit_size(plan, size, small_fit_set, ignore=will_skip)
+    _, _, left_out = fit_size_plan(plan, size, small_fit_set, ignore=will_skip)
+    if len(left_out) + len(will_skip) == len(plan):  # adapt leaves out what cannot run; something must remain
+        raise nothing_evaluated({**will_skip, **left_out}, {})
 
 
 def _extract_and_evaluate(

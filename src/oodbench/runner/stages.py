@@ -383,9 +383,8 @@ def run_fit_score(
     """
     from .. import detectors as registry
     from ..core.errors import DetectorError
-    from ..detectors.fitsize import FitSize
     from ..evaluation.engine import fit_and_score
-    from ..evaluation.evaluate import check_fit_size
+    from ..evaluation.evaluate import fit_set_size, fit_size_plan
 
     config, ledger, lay = ctx.config, ctx.ledger, ctx.layout
     spec = config.evaluation
@@ -402,7 +401,12 @@ def run_fit_score(
     inputs.check_compatible(names)
     # The parameters as given are checked against the fit set; with small_fit_set = "adapt" defaults scale to it.
     given = {detector: dict(spec.detectors.get(detector, params))}
-    plan, adapted = check_fit_size(given, FitSize.of(inputs.outputs(spec.fit)), spec.small_fit_set)
+    size = fit_set_size(inputs.outputs(spec.fit), count_classes=spec.small_fit_set == "adapt")
+    plan, adapted, left_out = fit_size_plan(given, size, spec.small_fit_set)
+    if left_out:  # small_fit_set = "adapt" leaves out what the fit set cannot support, with why
+        for item in todo:
+            ledger.write("score", item["label"], item["key"], skipped=left_out[detector])
+        return []
     instance = registry.create(detector, **(plan[detector] if adapted else params))
     stats = None
     if len(share_with) > 1 and not adapted:
