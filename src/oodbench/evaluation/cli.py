@@ -85,7 +85,8 @@ def evaluate_command(
         None,
         "--detectors",
         "-d",
-        help="Comma-separated names; all for every registered one, -NAME leaves one out (all,-she,-openmax); "
+        help="Comma-separated names; all (every registered one), paper (the paper's 21), -NAME leaves one out "
+        "(all,-she,-openmax); "
         "default: all.",
     ),
     param: list[str] | None = typer.Option(

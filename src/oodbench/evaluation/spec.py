@@ -25,6 +25,7 @@ from ..core.errors import DetectorError, OodbenchError
 from ..core.metrics import CONVENTIONS
 from ..core.names import suggest, unknown_parameter
 from ..core.oodgroups import DEFAULT_GROUPS, OodGroups, load_groups
+from ..core.papers import POST_HOC_POOL
 from ..detectors.fitsize import SMALL_FIT_SET
 from ..detectors.shared import check_gram_dtype
 
@@ -41,7 +42,8 @@ def resolve_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def select_detectors(text: str | Sequence[str] | None, *, option: str = "detectors") -> list[str]:
-    """Detector names from a selection: names, ``all``, and ``-NAME`` to leave one out.
+    """Detector names from a selection: names, ``all``, ``paper`` (the paper's 21 post-hoc detectors) and ``-NAME``
+    to leave one out.
 
     ``"all,-she,-openmax"`` is every registered detector but two; a selection starting with ``-NAME`` starts from
     ``all``. Unknown names are all reported in one error (with a suggestion each).
@@ -50,7 +52,7 @@ def select_detectors(text: str | Sequence[str] | None, *, option: str = "detecto
         return list(detector_registry.available())
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t and t.strip()]
     available = detector_registry.available()
-    groups = {"all": lambda: list(available)}
+    groups = {"all": lambda: list(available), "paper": lambda: [n for n in available if n in POST_HOC_POOL]}
     chosen: list[str] = []
     unknown: list[str] = []
     if items and items[0].startswith("-"):
@@ -72,7 +74,7 @@ def select_detectors(text: str | Sequence[str] | None, *, option: str = "detecto
     if unknown:
         raise DetectorError(
             f"{option}: unknown detector{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-            "(list them with `oodbench detectors`; all selects every one, -NAME leaves one out)"
+            "(list them with `oodbench detectors`; all and paper select groups, -NAME leaves one out)"
         )
     if not chosen:
         raise DetectorError(f"{option}: the selection {text!r} leaves no detector to evaluate")

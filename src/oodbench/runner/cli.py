@@ -39,7 +39,7 @@ def run_command(
         typer.Option(
             "--detectors",
             "-d",
-            help="Detectors (detectors.include): comma-separated names, all, -NAME to leave one out (all,-she).",
+            help="Detectors (detectors.include): comma-separated names, all, paper, -NAME leaves one out (all,-she).",
         ),
     ] = None,
     param: Annotated[
