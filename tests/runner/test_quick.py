@@ -21,7 +21,7 @@ from oodbench.core import metrics as ob_metrics
 from oodbench.core.errors import ExtractError, OodbenchError
 from oodbench.core.store import Store
 from oodbench.evaluation import evaluate_store
-from oodbench.extract.backbones.timm_backbone import TimmBackbone
+from oodbench.extract.backbones.timm_backbone import TimmBackbone, load_timm
 from oodbench.runner.quick import ModuleBackbone
 
 from .. import reference
@@ -381,3 +381,20 @@ def test_without_out_top1_is_printed_and_returned_and_evaluate_options_apply(fol
     id_scores, ood_scores = result.scores["id"], result.scores["photos"]
     for name in DETECTORS:
         assert openood[name] == ob_metrics.fpr_at_tpr_ood_positive(id_scores[name], ood_scores[name])
+
+
+def test_the_checks_against_wrong_features_are_printed_before_extraction(folders, tmp_path, capsys):
+    """As `oodbench extract`: the preprocessing, and with a checkpoint the top-1 class names of the first ID images."""
+    model = load_timm("test_resnet", pretrained=False, image_size=SIZE)
+    checkpoint = tmp_path / "weights.pth"
+    torch.save(model.model.state_dict(), checkpoint)
+    args = _cli_args(folders, tmp_path, "-d", "msp", "--checkpoint", str(checkpoint))
+    args[args.index("--no-pretrained")] = "--pretrained"
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 0, err
+    assert "preprocessing of test_resnet: " in err and "probe: top-1 of the first" in err
+    lines = err.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("preprocessing of"))
+    assert lines[first + 1].startswith("probe: top-1 of the first 16 images: ")

@@ -48,6 +48,7 @@ class ModelEvaluation(EvaluationResult):
     store: Path | None = None  # None when a temporary store was used (deleted on return)
     model_id: str = ""
     extracted: dict[str, int] = field(default_factory=dict)  # dataset id -> images run through the model now
+    notes: list[str] = field(default_factory=list)  # the preprocessing, checkpoint conversion, probe top-1 lines
 
 
 def state_hash(module: Any) -> str:
@@ -310,6 +311,7 @@ def evaluate_model(
     strict: bool = False,
     verify: bool = False,
     spec: EvaluationSpec | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> ModelEvaluation:
     """Extract `fit`, `id` and every `ood` set with `model` into `store`, fit the detectors, score, return results.
 
@@ -327,6 +329,9 @@ def evaluate_model(
     `convention`, `aupr`, `groups` (default with ``convention="openood"``: OpenOOD's near / far), `gram_dtype`,
     `strict` and `verify` are `oodbench evaluate`'s options (one `EvaluationSpec`, validated before any image is read);
     a built `spec` (fit "fit", ID "id", the OOD sets' names) replaces `detectors`, `tpr` and those options.
+    The checks that guard against wrong features, as `oodbench extract` prints them (the preprocessing, a converted
+    checkpoint's naming, a checkpoint's top-1 class names on the first ID images), are in `result.notes` and are
+    handed line by line to `report` before any image is extracted.
     """
     if spec is not None and (spec.fit, spec.id, list(spec.ood)) != (FIT, ID, list(ood)):
         raise OodbenchError(f"spec: expected fit {FIT!r}, ID {ID!r} and the OOD sets {list(ood)}")
@@ -357,6 +362,9 @@ def evaluate_model(
         for dataset_id, (value, labelled) in data.items()
     }
     _check_before_extraction(spec.detectors, backbone, resolved[FIT], spec.small_fit_set)
+    notes = model_checks(backbone, resolved[ID], probe=checkpoint is not None)
+    for line in notes:
+        (report or (lambda _line: None))(line)
     with (
         tempfile.TemporaryDirectory(prefix="oodbench-store-")
         if store is None
@@ -377,7 +385,29 @@ def evaluate_model(
             progress=progress,
         )
         result.store = None if store is None else Path(root)
+        result.notes = notes
         return result
+
+
+def model_checks(backbone: Any, id_data: _ImageData, *, probe: bool) -> list[str]:
+    """The lines `oodbench extract` prints before extracting: the preprocessing, the naming a checkpoint was
+    converted from, and (`probe`: a checkpoint on a labelled ID folder) the top-1 class names of its first images."""
+    from ..extract.backbones.base import describe_preprocessing
+
+    overrides = getattr(backbone, "preprocessing_overrides", None)
+    lines = [f"preprocessing of {backbone.name}: {describe_preprocessing(backbone.preprocessing, overrides)}"]
+    converted = getattr(backbone, "checkpoint_format", None)
+    if converted:
+        lines.append(f"checkpoint converted from the {converted} naming (keys renamed; tensors unchanged)")
+    if probe and backbone.kind == "timm" and id_data.loader is None and id_data.images.labels is not None:
+        from ..extract.checks import probe_predictions
+
+        check = probe_predictions(backbone, id_data.images)
+        if check is not None:
+            hits = "" if check.correct is None else f", {check.correct} matching their labels"
+            lines.append(f"probe: top-1 of the first {check.n} images: {check.shown()}{hits}")
+            lines += [f"warning: {message}" for message in check.warnings]
+    return lines
 
 
 def _checked_spec(

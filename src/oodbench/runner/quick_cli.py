@@ -165,6 +165,7 @@ def evaluate_model_command(
         device=device,
         progress=progress,
         spec=spec,
+        report=lambda line: typer.echo(line, err=True),
     )
     _print_result(result)
 
