@@ -266,6 +266,7 @@ def evaluate_inputs(
     to_fit = [instances[n] for n in plan if not reuse[n] and not unmet[n]]
     # The detectors to fit share one pass over the fit set for their sufficient statistics (detectors.shared).
     shared = inputs.fit_statistics(spec.fit, to_fit, spec.gram_dtype) if to_fit else None
+    del to_fit  # it would keep every fitted detector alive to the end of the loop
     with progress_bar(progress) as bar:
         task = bar.add_task("detectors", total=len(plan))
         for name in plan:
