@@ -200,7 +200,11 @@ def build_spec(detectors: str | None, param: list[str] | None, **options: Any) -
             raise DetectorError(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
         return EvaluationSpec.build({name: overrides.get(name, {}) for name in names}, **options)
     except OodbenchError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        text = str(exc)
+        field, sep, rest = text.partition(": ")
+        if sep and field in options:  # the spec names its field; the command line names the option
+            text = f"--{field.replace('_', '-')}: {rest}"
+        raise typer.BadParameter(text) from None
 
 
 SOME_FAILED = 3  # exit status of a run whose other detectors' results are written but some detectors failed

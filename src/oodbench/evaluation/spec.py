@@ -144,9 +144,9 @@ class EvaluationSpec:
         `require_ood=False` builds a spec whose OOD sets come with the data.
         """
         if isinstance(tpr, bool) or not isinstance(tpr, (int, float)) or not 0.0 < float(tpr) <= 1.0:
-            raise OodbenchError(f"tpr must lie in (0, 1], e.g. 0.95; got {tpr}")  # NaN fails this too
+            raise OodbenchError(f"tpr: must lie in (0, 1], e.g. 0.95; got {tpr}")  # NaN fails this too
         if convention not in CONVENTIONS:
-            raise OodbenchError(f"convention must be one of {', '.join(CONVENTIONS)}; got {convention!r}")
+            raise OodbenchError(f"convention: must be one of {', '.join(CONVENTIONS)}; got {convention!r}")
         if small_fit_set not in SMALL_FIT_SET:
             raise DetectorError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
         check_gram_dtype(gram_dtype)
