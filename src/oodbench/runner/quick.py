@@ -333,20 +333,8 @@ def evaluate_model(
     checkpoint's naming, a checkpoint's top-1 class names on the first ID images), are in `result.notes` and are
     handed line by line to `report` before any image is extracted.
     """
-    if spec is not None and (spec.fit, spec.id, list(spec.ood)) != (FIT, ID, list(ood)):
-        raise OodbenchError(f"spec: expected fit {FIT!r}, ID {ID!r} and the OOD sets {list(ood)}")
-    spec = spec or _checked_spec(
-        ood,
-        detectors,
-        tpr=tpr,
-        small_fit_set=small_fit_set,
-        convention=convention,
-        aupr=aupr,
-        groups=groups,
-        gram_dtype=gram_dtype,
-        strict=strict,
-        verify=verify,
-    )
+    options = {"tpr": tpr, "small_fit_set": small_fit_set, "convention": convention, "aupr": aupr, "groups": groups}
+    spec = _checked_spec(ood, detectors, spec, **options, gram_dtype=gram_dtype, strict=strict, verify=verify)
     backbone = as_backbone(
         model,
         pretrained=pretrained,
@@ -362,34 +350,35 @@ def evaluate_model(
         for dataset_id, (value, labelled) in data.items()
     }
     _check_before_extraction(spec.detectors, backbone, resolved[FIT], spec.small_fit_set)
-    notes = model_checks(backbone, resolved[ID], probe=checkpoint is not None)
-    for line in notes:
-        (report or (lambda _line: None))(line)
+    notes = model_checks(backbone, resolved[ID], probe=checkpoint is not None, report=report)
+    run = {"model_id": model_id, "out": out, "batch_size": batch_size, "num_workers": num_workers, "device": device}
+    result = _in_store(store, backbone, resolved, spec, amp=amp, progress=progress, **run)
+    result.notes = notes
+    return result
+
+
+def _in_store(
+    store: str | os.PathLike[str] | None,
+    backbone: Any,
+    resolved: Mapping[str, _ImageData],
+    spec: EvaluationSpec,
+    **run: Any,
+) -> ModelEvaluation:
+    """Extract and evaluate in `store`, or in a temporary store deleted on the way out (`result.store` is None)."""
     with (
         tempfile.TemporaryDirectory(prefix="oodbench-store-")
         if store is None
         else contextlib.nullcontext(store) as root,
         _temporary_store_notes(store is None),
     ):
-        result = _extract_and_evaluate(
-            Store(root),
-            backbone,
-            resolved,
-            spec,
-            model_id=model_id,
-            out=out,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            device=device,
-            amp=amp,
-            progress=progress,
-        )
+        result = _extract_and_evaluate(Store(root), backbone, resolved, spec, **run)
         result.store = None if store is None else Path(root)
-        result.notes = notes
         return result
 
 
-def model_checks(backbone: Any, id_data: _ImageData, *, probe: bool) -> list[str]:
+def model_checks(
+    backbone: Any, id_data: _ImageData, *, probe: bool, report: Callable[[str], None] | None = None
+) -> list[str]:
     """The lines `oodbench extract` prints before extracting: the preprocessing, the naming a checkpoint was
     converted from, and (`probe`: a checkpoint on a labelled ID folder) the top-1 class names of its first images."""
     from ..extract.backbones.base import describe_preprocessing
@@ -407,13 +396,23 @@ def model_checks(backbone: Any, id_data: _ImageData, *, probe: bool) -> list[str
             hits = "" if check.correct is None else f", {check.correct} matching their labels"
             lines.append(f"probe: top-1 of the first {check.n} images: {check.shown()}{hits}")
             lines += [f"warning: {message}" for message in check.warnings]
+    for line in lines if report is not None else ():
+        report(line)
     return lines
 
 
 def _checked_spec(
-    ood: Mapping[str, Any], detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None, **options: Any
+    ood: Mapping[str, Any],
+    detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None,
+    spec: EvaluationSpec | None,
+    **options: Any,
 ) -> EvaluationSpec:
-    """The evaluation's specification, once the arguments are checked (before any image is read)."""
+    """The evaluation's specification (`spec` as given, else built), once the arguments are checked (before any
+    image is read)."""
+    if spec is not None:
+        if (spec.fit, spec.id, list(spec.ood)) != (FIT, ID, list(ood)):
+            raise OodbenchError(f"spec: expected fit {FIT!r}, ID {ID!r} and the OOD sets {list(ood)}")
+        return spec
     if not ood:
         raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
     clash = sorted({FIT, ID} & set(ood))
