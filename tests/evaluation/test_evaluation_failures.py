@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+import oodbench as ob
 from oodbench import Head, Outputs, Store
 from oodbench.cli.main import main
 from oodbench.core.errors import DetectorError
@@ -111,5 +112,7 @@ def test_store_fit_set_too_small_fails_before_any_fit_or_adapts(tmp_path, monkey
         "nnguide": {"alpha": {"from": 0.01, "to": 1.0}, "k": {"from": 100, "to": 1}},
     }
     info = json.loads((out / "run.json").read_text())
-    assert info["adapted_parameters"] == result.adapted and info["detectors"]["knn"] == {"k": 1}
+    # run.json records the resolved parameters (defaults filled in), the adapted value among them.
+    assert info["adapted_parameters"] == result.adapted
+    assert info["detectors"]["knn"] == {**ob.detectors.create("knn").get_params(), "k": 1}
     assert {row.detector for row in result.rows} == {"msp", "knn", "nnguide"}

@@ -15,11 +15,13 @@ import torch
 from PIL import Image
 
 import oodbench
+import oodbench as ob
 from oodbench.cli.main import main
+from oodbench.core import metrics as ob_metrics
 from oodbench.core.errors import ExtractError, OodbenchError
 from oodbench.core.store import Store
 from oodbench.evaluation import evaluate_store
-from oodbench.extract.backbones.timm_backbone import TimmBackbone
+from oodbench.extract.backbones.timm_backbone import TimmBackbone, load_timm
 from oodbench.runner.quick import ModuleBackbone
 
 from .. import reference
@@ -292,7 +294,9 @@ def test_small_fit_set_adapt_runs_every_detector_and_records_its_choices(folders
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["adapted_parameters"]["knn"] == {"k": {"from": 1000, "to": 1}}
     assert info["adapted_parameters"]["nnguide"] == {"alpha": {"from": 0.01, "to": 1.0}, "k": {"from": 100, "to": 1}}
-    assert info["detectors"]["knn"] == {"k": 1} and info["failed_detectors"] == {}
+    # Resolved parameters (defaults filled in), the adapted value among them.
+    assert info["detectors"]["knn"] == {**ob.detectors.create("knn").get_params(), "k": 1}
+    assert info["failed_detectors"] == {}
     ran = {
         row.split("|")[1].strip() for row in captured.out.splitlines() if row.startswith("| ") and "detector" not in row
     }
@@ -300,15 +304,27 @@ def test_small_fit_set_adapt_runs_every_detector_and_records_its_choices(folders
     _assert_run_scores_are_definitions(tmp_path)
 
 
-def test_adapt_cannot_give_a_per_class_detector_the_classes_the_fit_set_lacks(folders, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(TimmBackbone, "infer", lambda *a, **k: pytest.fail("the model ran"))
+def test_adapt_leaves_out_the_per_class_detectors_the_fit_set_cannot_support(folders, tmp_path, capsys):
+    """she and openmax need rows of every head class: adapt leaves them out with one line each (and in run.json)
+    and runs the others; without adapt the same run fails before any image is read, naming them."""
     with pytest.raises(SystemExit) as exit_info:
         main(_cli_args(folders, tmp_path, "--small-fit-set", "adapt", "-d", "knn,she,openmax"))
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
     for name in ("she", "openmax"):
-        assert f"{name}: the fit set has rows of 3 classes but the model's head has 1000" in err
-    assert "knn" not in err.split("too small for:")[1]  # knn's k was adapted, not refused
+        reason = "the fit set has rows of 3 classes but the model's head has 1000"
+        assert (
+            reason in info["skipped_detectors"][name]
+            and "left out by --small-fit-set adapt" in info["skipped_detectors"][name]
+        )
+        assert f"skipped {name}: left out by --small-fit-set adapt" in captured.err
+        assert name not in info["detectors"]
+    assert info["adapted_parameters"]["knn"]["k"]["to"] < 1000 and "| knn" in captured.out
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path / "again", "-d", "knn,she,openmax"))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "she: the fit set has rows of 3 classes" in err
 
 
 def test_a_run_where_no_detector_can_run_exits_2_before_extraction(folders, tmp_path, monkeypatch, capsys):
@@ -346,3 +362,39 @@ def test_top1_is_not_computed_for_folder_labels_that_do_not_index_the_head(folde
     (row,) = json.loads((tmp_path / "run" / "accuracy.json").read_text())["rows"]
     assert row["top1"] is None and "1000 classes of the model's head" in row["reason"]
     _assert_run_scores_are_definitions(tmp_path, ["msp"])  # the OOD results beside the refused Top-1 are real
+
+
+def test_without_out_top1_is_printed_and_returned_and_evaluate_options_apply(folders, tmp_path, capsys):
+    """Top-1 needs no run directory; --convention, --aupr and a -d selection are `evaluate`'s, on the quick path."""
+    args = _cli_args(folders, tmp_path, "-d", "msp,energy,maha,-maha", "--convention", "openood", "--aupr")
+    at = args.index("--out")
+    del args[at : at + 2]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "Top-1 on id (original labels)" in out and "AUPR" in out and "openood" in out
+    assert "| maha" not in out and "| energy" in out
+    result = _call(folders, tmp_path / "store", convention="openood")
+    assert result.run_dir is None and [row.labels for row in result.accuracy][:1] == ["original"]
+    openood = {r.detector: r.value for r in result.rows if r.metric == "openood.fpr95"}
+    id_scores, ood_scores = result.scores["id"], result.scores["photos"]
+    for name in DETECTORS:
+        assert openood[name] == ob_metrics.fpr_at_tpr_ood_positive(id_scores[name], ood_scores[name])
+
+
+def test_the_checks_against_wrong_features_are_printed_before_extraction(folders, tmp_path, capsys):
+    """As `oodbench extract`: the preprocessing, and with a checkpoint the top-1 class names of the first ID images."""
+    model = load_timm("test_resnet", pretrained=False, image_size=SIZE)
+    checkpoint = tmp_path / "weights.pth"
+    torch.save(model.model.state_dict(), checkpoint)
+    args = _cli_args(folders, tmp_path, "-d", "msp", "--checkpoint", str(checkpoint))
+    args[args.index("--no-pretrained")] = "--pretrained"
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 0, err
+    assert "preprocessing of test_resnet: " in err and "probe: top-1 of the first" in err
+    lines = err.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("preprocessing of"))
+    assert lines[first + 1].startswith("probe: top-1 of the first 16 images: ")

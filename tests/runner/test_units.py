@@ -6,6 +6,8 @@ The key test recomputes every unit key of the demo plan from the content-address
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 
 from oodbench import __version__
 from oodbench.core.errors import ConfigError
+from oodbench.detectors import get_class
 from oodbench.runner.config import parse_config
 from oodbench.runner.kinds import DatasetKind
 from oodbench.runner.ledger import Ledger, content_key
@@ -87,7 +90,10 @@ def _expected_keys(config: Any) -> dict[str, str]:
         )
     score_keys = []
     for detector, params in config.detectors.items():
-        fit = content_key("fit", entry[config.fit], detector, params, __version__)
+        # The detector's code version: oodbench's version and the hash of the module defining it.
+        source = Path(inspect.getsourcefile(get_class(detector))).read_bytes()
+        version = f"oodbench=={__version__}+{hashlib.sha256(source).hexdigest()[:16]}"
+        fit = content_key("fit", entry[config.fit], detector, params, version)
         assert registry.detector_fingerprint(detector) is None  # built-in: no plugin part
         assert gram_key(registry.get_class(detector), config.gram_dtype) is None  # float64: no precision part
         keys[f"fit:{model.id}/{detector}"] = fit

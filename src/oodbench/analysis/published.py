@@ -37,6 +37,7 @@ import numpy as np
 from scipy import stats
 
 from ..core.errors import AnalysisError
+from ..core.papers import POST_HOC_POOL
 from ..core.results import ResultRow
 from .delong import delong_interval
 from .intervals import wilson_interval
@@ -93,13 +94,8 @@ NUMERICAL_TOLERANCE = 1e-6
 # regimes Appendix E compares (two SSL probes, FCMAE and MIM); the regime means it prints (79.0, 75.4, 73.7) are over
 # the other 26.
 APPENDIX_E_EXCLUDED = ("DINOv2-g/14", "DINOv3-7B", "ConvNeXtV2-L", "EVA02-L-448")
-# Sec. 4.1 ("OOD Detectors") and Table 1's caption: a best-of cell is the best of the 21 post-hoc detectors for a
-# supervised model and of the 7 logit-based scores for a VLM (Sec. 3.3), in oodbench's names. Other detectors a run
-# holds (pytorch-ood's and OpenOOD's further post-hoc detectors, vocabulary scores) are outside the paper's pools.
-POST_HOC_POOL = frozenset(
-    ("msp", "maxlogit", "kl_matching", "energy", "gen", "react", "ash_s", "scale", "dice", "maha", "rmaha", "maha++")
-    + ("rmaha++", "knn", "cosine", "mcm", "fdbd", "neco", "nac", "vim", "nnguide")
-)
+# The paper's 21 post-hoc detectors (Sec. 4.1, Table 1's caption): `core.papers.POST_HOC_POOL`, where the
+# detector selection `-d paper` reads them too.
 VLM_POOL = frozenset(("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm"))
 GENERATION = re.compile(r"^(?P<base>.+)\.g(?P<index>[1-9][0-9]*)$")  # a vocabulary's generation: <vocab>.g<k>
 # Table A6's columns and the SubsampleSummary fields that reproduce them.

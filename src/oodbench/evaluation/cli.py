@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from ..core.errors import OodbenchError
-from ..core.names import suggest, unknown_parameter
 from ..util.cli_params import parse_params, refuse_inside
 
-__all__ = ["SOME_FAILED", "accuracy_command", "evaluate_command", "print_accuracy", "register", "report_detectors"]
+if TYPE_CHECKING:
+    from .spec import EvaluationSpec
+
+__all__ = [
+    "SOME_FAILED",
+    "accuracy_command",
+    "build_spec",
+    "evaluate_command",
+    "print_accuracy",
+    "register",
+    "report_detectors",
+]
 
 console = Console(stderr=True)
 
@@ -77,7 +88,12 @@ def evaluate_command(
     id_dataset: str = typer.Option(..., "--id", help="Dataset id of the ID test set."),
     ood: list[str] = typer.Option(..., "--ood", help="Dataset id of an OOD set (repeat for several)."),
     detectors: str | None = typer.Option(
-        None, "--detectors", "-d", help="Comma-separated names; default: all registered."
+        None,
+        "--detectors",
+        "-d",
+        help="Comma-separated names; all (every registered one), paper (the paper's 21), -NAME leaves one out "
+        "(all,-she,-openmax); "
+        "default: all.",
     ),
     param: list[str] | None = typer.Option(
         None, "--param", "-p", help="Detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable)."
@@ -138,73 +154,41 @@ def evaluate_command(
     """
     from .. import detectors as registry
     from ..detectors.cli import warn_plugin_failures
-    from .evaluate import evaluate_store
+    from .evaluate import evaluate_spec
 
     registry.load_plugins(plugin or ())
     warn_plugin_failures()
-    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else registry.available()
-    for name in names:
-        if name not in registry.available():
-            raise typer.BadParameter(
-                f"--detectors: unknown detector {name!r}{suggest(name, registry.available())} "
-                "(list them with `oodbench detectors`)"
-            )
-    overrides = parse_params(param)
-    unknown = sorted(set(overrides) - set(names))
-    if unknown:
-        raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
-    for name, given in overrides.items():
-        unknown_param = unknown_parameter(name, given, registry.get_class(name).param_names())
-        if unknown_param is not None:
-            raise typer.BadParameter(f"--param {name}.{unknown_param[0]}: {unknown_param[1]}")
     if (store is None) == (pack is None):
         raise typer.BadParameter("give --store (a feature store) or --pack (a feature pack), one of them")
-    if pack is not None:
+    spec = build_spec(
+        detectors,
+        param,
+        fit=fit,
+        id=id_dataset,
+        ood=ood,
+        csid=csid or (),
+        tpr=tpr,
+        convention=convention,
+        aupr=aupr,
+        groups=groups,
+        small_fit_set=small_fit_set,
+        gram_dtype=gram_dtype,
+        strict=strict,
+        verify=verify,
+    )
+    if pack is not None:  # the options are checked before a repository's entries are pulled
         from ..core.packhub import resolve_pack
 
         store = resolve_pack(pack, model, [fit, id_dataset, *ood, *(csid or ())])
     assert store is not None
     if not store.is_dir():
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
-    if not 0.0 < tpr <= 1.0:  # NaN fails this too; checked before anything is written
-        raise typer.BadParameter(f"--tpr: the ID acceptance rate must lie in (0, 1], e.g. 0.95; got {tpr}")
     refuse_inside(("--out", out), ("--store", store))
     refuse_inside(("--save-detectors", save_detectors), ("--store", store))
-    from ..detectors._gaussian import GRAM_DTYPES
-
-    if gram_dtype not in GRAM_DTYPES:
-        raise typer.BadParameter(f"--gram-dtype: must be one of {', '.join(GRAM_DTYPES)}; got {gram_dtype!r}")
     from ..core.rundir import RunDir
 
     RunDir(out).check_writable("--out")  # before any work, not after the detectors ran
-    from ..core.metrics import CONVENTIONS
-    from ..core.oodgroups import DEFAULT_GROUPS, load_groups
-
-    if convention not in CONVENTIONS:
-        raise typer.BadParameter(f"--convention: must be one of {', '.join(CONVENTIONS)}; got {convention!r}")
-    group_spec = groups if groups is not None else (DEFAULT_GROUPS if convention == "openood" else None)
-    ood_groups = load_groups(group_spec) if group_spec is not None else None
-    plan = {name: overrides.get(name, {}) for name in names}
-    result = evaluate_store(
-        store,
-        model,
-        fit,
-        id_dataset,
-        ood,
-        plan,
-        out_dir=out,
-        tpr=tpr,
-        strict=strict,
-        progress=progress,
-        save_detectors=save_detectors,
-        gram_dtype=gram_dtype,
-        csid_datasets=list(csid or ()),
-        convention=convention,
-        aupr=aupr,
-        groups=ood_groups,
-        small_fit_set=small_fit_set,
-        verify=verify,
-    )
+    result = evaluate_spec(store, model, spec, out_dir=out, progress=progress, save_detectors=save_detectors)
     if result.verification:
         typer.echo(result.verification, err=True)
     sys.stdout.write(result.table_markdown)
@@ -213,6 +197,27 @@ def evaluate_command(
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
     if result.failed:
         raise typer.Exit(SOME_FAILED)
+
+
+def build_spec(detectors: str | None, param: list[str] | None, **options: Any) -> EvaluationSpec:
+    """The evaluation's `EvaluationSpec` from command-line options (-d selection, -p DETECTOR.PARAM=VALUE and the
+    rest by name), validated once; a problem is one line naming the option (exit status 2)."""
+    from ..core.errors import DetectorError
+    from .spec import EvaluationSpec, select_detectors
+
+    try:
+        names = select_detectors(detectors, option="--detectors")
+        overrides = parse_params(param)
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise DetectorError(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
+        return EvaluationSpec.build({name: overrides.get(name, {}) for name in names}, **options)
+    except OodbenchError as exc:
+        text = str(exc)
+        field, sep, rest = text.partition(": ")
+        if sep and field in options:  # the spec names its field; the command line names the option
+            text = f"--{field.replace('_', '-')}: {rest}"
+        raise typer.BadParameter(text) from None
 
 
 SOME_FAILED = 3  # exit status of a run whose other detectors' results are written but some detectors failed

@@ -7,11 +7,10 @@ A rerun with the same inputs and parameters reuses the saved scores of each fini
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
 import logging
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,17 +18,15 @@ from typing import Any
 import numpy as np
 
 from .. import detectors as detector_registry
-from ..core.errors import DetectorError, OodbenchError, StoreError
-from ..core.grouped import run_tables_markdown
-from ..core.metrics import check_convention
+from ..core.errors import DetectorError, OodbenchError
 from ..core.oodgroups import OodGroups
 from ..core.outputs import Head, Outputs
-from ..core.results import ResultRow, metric_rows
+from ..core.results import ResultRow
 from ..core.rundir import RunDir
 from ..core.store import Store
 from ..detectors.fitsize import SMALL_FIT_SET, FitSize, adapt_plan, plan_size_problems
-from ..detectors.shared import FitStatistics, check_gram_dtype, gram_key
-from ..util.progress import note_work, progress_bar
+from .engine import ModelInputs, RunWriter, evaluate_inputs, result_tables, score_key, unmet_reasons
+from .spec import EvaluationSpec
 
 __all__ = [
     "EvaluationResult",
@@ -38,6 +35,8 @@ __all__ = [
     "check_fit_size",
     "evaluate_store",
     "evaluate_outputs",
+    "evaluate_spec",
+    "fit_size_plan",
     "normalize_detectors",
     "run_description",
 ]
@@ -56,7 +55,7 @@ class EvaluationResult:
     run_dir: Path | None = None
     failed: dict[str, str] = field(default_factory=dict)  # detector -> the error that stopped its fit or scoring
     adapted: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # detector -> param -> from/to
-    accuracy: list[Any] = field(default_factory=list)  # accuracy.AccuracyRow of the ID test set (run directory only)
+    accuracy: list[Any] = field(default_factory=list)  # accuracy.AccuracyRow of the ID test set (labels and logits)
     verification: str | None = None  # what checking the store entries against their checksums found, and its time
 
 
@@ -69,12 +68,6 @@ def nothing_evaluated(skipped: Mapping[str, str], failed: Mapping[str, str]) -> 
     reasons = [f"{name} skipped: {why}" for name, why in skipped.items()]
     reasons += [f"{name} failed: {why}" for name, why in failed.items()]
     return NothingEvaluated("no detector could be evaluated: " + "; ".join(reasons))
-
-
-def _failure(exc: Exception) -> str:
-    """One line for a detector's failure: the message of an expected error, else the type and the message."""
-    text = " ".join(str(exc).split())
-    return text if isinstance(exc, OodbenchError) else f"{type(exc).__name__}: {text}"
 
 
 def normalize_detectors(detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
@@ -118,84 +111,67 @@ def evaluate_outputs(
     (``openood`` also adds its ``openood.*`` rows), ``aupr`` adds AUPR columns and ``groups`` the grouped table
     (`oodbench.core.grouped`).
     """
-    check_convention(convention)
-    if not ood_sets:
-        raise OodbenchError("no OOD datasets given: pass at least one")
+    spec = EvaluationSpec.build(
+        detectors,
+        id=id_dataset,
+        ood=list(ood_sets),
+        csid=list(csid_sets or {}),
+        fit=_free_name("fit", [id_dataset, *(csid_sets or {}), *ood_sets]),
+        tpr=tpr,
+        convention=convention,
+        aupr=aupr,
+        groups=groups,
+        gram_dtype=gram_dtype,
+        strict=strict,
+        default_groups=False,
+    )
     for name, outputs in ood_sets.items():
         if len(outputs) == 0:
             raise OodbenchError(f"OOD dataset {name!r} is empty")
     if len(id_test) == 0:
         raise OodbenchError(f"ID test dataset {id_dataset!r} is empty")
-    plan = normalize_detectors(detectors)
-    # Unknown names and invalid parameters fail here, before any work.
-    instances = {name: detector_registry.create(name, **params) for name, params in plan.items()}
-    datasets = {id_dataset: id_test, **(csid_sets or {}), **ood_sets}
-    scores: dict[str, dict[str, np.ndarray]] = {name: {} for name in datasets}
-    skipped: dict[str, str] = {}
-    failed: dict[str, str] = {}
-    cached = cached or {}
-    reuse = {
-        n: all(n in cached.get(ds, {}) and len(cached[ds][n]) == len(out) for ds, out in datasets.items()) for n in plan
-    }
-    unmet = {name: "; ".join(instances[name].unmet(fit_set, datasets, has_head=head is not None)) for name in plan}
-    for name, reason in unmet.items():
-        if reason and strict:
-            raise DetectorError(f"{name} cannot run: {reason}")
-    if all(unmet.values()):
-        raise nothing_evaluated(unmet, {})  # before any fit
-    # The detectors to fit share one pass over the fit set for their sufficient statistics (detectors.shared).
-    shared = FitStatistics.for_detectors(
-        fit_set, [instances[n] for n in plan if not reuse[n] and not unmet[n]], head, gram_dtype=gram_dtype
+    sets = {spec.fit: fit_set, id_dataset: id_test, **(csid_sets or {}), **ood_sets}
+    inputs = ModelInputs.from_outputs(sets, head, model)
+    return _evaluate(
+        inputs,
+        spec,
+        model=model,
+        progress=progress,
+        cached=cached,
+        on_detector_done=on_detector_done,
+        on_detector_fitted=on_detector_fitted,
     )
-    with progress_bar(progress) as bar:
-        task = bar.add_task("detectors", total=len(plan))
-        for name in plan:
-            bar.update(task, description=f"{name}")
-            # Taken out of the dict: a fitted detector is freed once it has scored (knn's index is the fit set).
-            instance = instances.pop(name)
-            if unmet[name]:
-                skipped[name] = unmet[name]
-                bar.advance(task)
-                continue
-            if reuse[name]:
-                for ds in datasets:
-                    scores[ds][name] = np.asarray(cached[ds][name])
-            else:
-                try:
-                    detector = instance.fit(fit_set, head, stats=shared)
-                    if on_detector_fitted is not None:
-                        on_detector_fitted(name, detector)
-                    per_dataset = {ds: detector.score(outputs) for ds, outputs in datasets.items()}
-                except Exception as exc:
-                    # One detector's failure keeps none of its scores and stops none of the others.
-                    if strict:
-                        raise
-                    log.debug("detector %s failed", name, exc_info=True)
-                    failed[name] = _failure(exc)
-                    bar.advance(task)
-                    continue
-                for ds, values in per_dataset.items():
-                    scores[ds][name] = values
-                if on_detector_done is not None:
-                    on_detector_done(name, per_dataset)
-                del detector, instance  # before the next fit, not after it
-            bar.advance(task)
-    ran = [name for name in plan if name not in skipped and name not in failed]
-    if not ran:
-        raise nothing_evaluated(skipped, failed)
-    conventions = list(dict.fromkeys(["oodbench", convention]))
-    rows = metric_rows(model, id_dataset, list(ood_sets), ran, scores, tpr, conventions)
-    table = run_tables_markdown(
-        rows,
-        ran,
-        list(ood_sets),
-        convention=convention,
-        aupr=aupr,
-        groups=groups,
-        csid_datasets=list(csid_sets or {}),
-        scores=scores,
-        tpr=tpr,
+
+
+def _free_name(base: str, taken: Sequence[str]) -> str:
+    """`base`, or `base` with a suffix, so that the in-memory fit set's name is none of the test sets'."""
+    name, number = base, 1
+    while name in taken:
+        name, number = f"{base}-{number}", number + 1
+    return name
+
+
+def _evaluate(
+    inputs: ModelInputs,
+    spec: EvaluationSpec,
+    *,
+    model: str,
+    progress: bool,
+    cached: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    on_detector_done: Any = None,
+    on_detector_fitted: Any = None,
+) -> EvaluationResult:
+    """The engine's detectors, rows and table as an `EvaluationResult`."""
+    scores, skipped, failed, ran = evaluate_inputs(
+        inputs,
+        spec,
+        model=model,
+        progress=progress,
+        cached=cached,
+        on_detector_done=on_detector_done,
+        on_detector_fitted=on_detector_fitted,
     )
+    rows, table = result_tables(model, spec, ran, scores)
     return EvaluationResult(rows=rows, scores=scores, table_markdown=table, skipped=skipped, failed=failed)
 
 
@@ -239,35 +215,42 @@ class FitSetTooSmall(DetectorError):
     """Detector parameters the fit set cannot support (the message names each one)."""
 
 
-def _fingerprint(
-    store: Store,
-    model_id: str,
-    datasets: Sequence[str],
-    name: str,
-    params: Mapping[str, Any],
-    gram_dtype: str = "float64",
-) -> str:
-    """Content key of one detector's scores: inputs' store metadata + detector parameters (+ a float32 Gram)."""
-    digest = hashlib.sha256()
-    for dataset in datasets:
-        meta = store.meta(model_id, dataset)
-        digest.update(
-            json.dumps(
-                [dataset, meta.get("finished"), meta.get("num_rows"), meta.get("provenance")],
-                sort_keys=True,
-                default=str,
-            ).encode()
-        )
-    if store.has_head(model_id):
-        digest.update(json.dumps(store.head_meta(model_id).get("written")).encode())
-    digest.update(json.dumps([name, dict(params)], sort_keys=True, default=str).encode())
-    plugin = detector_registry.detector_fingerprint(name)  # None for built-ins: their keys stay as they were
-    if plugin is not None:
-        digest.update(plugin.encode())
-    precision = gram_key(detector_registry.get_class(name), gram_dtype)
-    if precision is not None:
-        digest.update(precision.encode())
-    return digest.hexdigest()[:16]
+def fit_set_size(fit_set: Outputs, *, count_classes: bool) -> FitSize:
+    """The fit set's size; with `count_classes` its distinct labels too (one pass over the labels), so that adapt
+    can tell per-class detectors (she, openmax) that lack rows of some head class."""
+    size = FitSize.of(fit_set)
+    if count_classes and fit_set.labels is not None:
+        size = dataclasses.replace(size, classes=int(np.unique(np.asarray(fit_set.labels)).size))
+    return size
+
+
+def fit_size_plan(
+    plan: Mapping[str, Mapping[str, Any]],
+    size: FitSize,
+    small_fit_set: str = "fail",
+    *,
+    ignore: Collection[str] = (),
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+    """`check_fit_size`, except that with ``small_fit_set="adapt"`` a detector the fit set cannot support even with
+    adapted defaults is left out: (plan without it, what changed, {detector: why it was left out, in one line})."""
+    try:
+        plan, changed = check_fit_size(plan, size, small_fit_set, ignore=ignore)
+        return plan, changed, {}
+    except FitSetTooSmall:
+        if small_fit_set != "adapt":
+            raise
+    checked = {name: dict(params) for name, params in plan.items() if name not in ignore}
+    instances = {name: detector_registry.create(name, **params) for name, params in checked.items()}
+    adapted, changed, refused = adapt_plan(checked, instances, size)
+    remaining = plan_size_problems({n: detector_registry.create(n, **p) for n, p in adapted.items()}, size)
+    reasons: dict[str, list[str]] = {}
+    for problem in [*refused, *remaining]:
+        name, _, why = problem.partition(": ")
+        if why not in reasons.setdefault(name, []):
+            reasons[name].append(why)
+    left_out = {name: f"left out by --small-fit-set adapt: {'; '.join(why)}" for name, why in reasons.items()}
+    kept = {name: adapted.get(name, dict(params)) for name, params in plan.items() if name not in left_out}
+    return kept, {name: c for name, c in changed.items() if name not in left_out}, left_out
 
 
 def evaluate_store(
@@ -300,128 +283,127 @@ def evaluate_store(
     ``small_fit_set="adapt"`` scales the defaults a small fit set cannot support and records them in run.json.
     The entries read are checked against their checksums once per run directory (every time with `verify`).
     """
+    spec = EvaluationSpec.build(
+        detectors,
+        fit=fit_dataset,
+        id=id_dataset,
+        ood=ood_datasets,
+        csid=csid_datasets,
+        tpr=tpr,
+        convention=convention,
+        aupr=aupr,
+        groups=groups,
+        small_fit_set=small_fit_set,
+        gram_dtype=gram_dtype,
+        strict=strict,
+        verify=verify,
+        default_groups=False,
+    )
+    return evaluate_spec(store, model_id, spec, out_dir=out_dir, progress=progress, save_detectors=save_detectors)
+
+
+def evaluate_spec(
+    store: Store | str | os.PathLike[str],
+    model_id: str,
+    spec: EvaluationSpec,
+    *,
+    out_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    save_detectors: str | os.PathLike[str] | None = None,
+    run_info: Mapping[str, Any] | None = None,
+) -> EvaluationResult:
+    """`evaluate_store` for a built `EvaluationSpec` (what every front end calls); `run_info` joins run.json."""
     store = store if isinstance(store, Store) else Store(store)
-    check_gram_dtype(gram_dtype)  # before any work
-    if not 0.0 < float(tpr) <= 1.0:  # before run.json or any score file is written (NaN fails this too)
-        raise OodbenchError(f"tpr must lie in (0, 1], e.g. 0.95; got {tpr}")
-    check_convention(convention)
-    if small_fit_set not in SMALL_FIT_SET:
-        raise DetectorError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
-    if not ood_datasets:
-        raise OodbenchError("no OOD datasets given: pass at least one --ood")
     run_dir = RunDir(out_dir) if out_dir is not None else None
     if run_dir is not None:
         run_dir.check_writable("out_dir")  # before any work, not after the detectors ran
-    names = [fit_dataset, id_dataset, *csid_datasets, *ood_datasets]
-    if len(set(names)) != len(names):
-        raise OodbenchError(f"dataset names must be distinct; got {names}")
-    store.check_compatible(*[(model_id, name) for name in names])
+    names = spec.datasets
+    inputs = ModelInputs(store, model_id, verify=spec.verify and run_dir is None)
+    inputs.check_compatible(names)
     verification = None
     if run_dir is not None:
-        verification = run_dir.verify_store(store, model_id, names, force=verify, progress=progress)
-    elif verify:
-        for name in names:
-            store.read(model_id, name, verify=True)
-    fit_set = store.read(model_id, fit_dataset)
-    id_test = store.read(model_id, id_dataset)
-    oods = {name: store.read(model_id, name) for name in ood_datasets}
-    csids = {name: store.read(model_id, name) for name in csid_datasets}
-    head = store.read_head(model_id, verify=verify and run_dir is None) if store.has_head(model_id) else None
-    if head is not None:
-        for name, outputs in [(fit_dataset, fit_set), (id_dataset, id_test), *csids.items(), *oods.items()]:
-            try:
-                head.check_outputs(outputs)
-            except ValueError as exc:
-                raise StoreError(f"{model_id}/{name}: {exc}") from exc
+        verification = run_dir.verify_store(store, model_id, names, force=spec.verify, progress=progress)
+    fit_set = inputs.outputs(spec.fit)
+    for name in spec.scored:
+        inputs.outputs(name)  # each opened, checked finite and against the head once, before any fit
     if len(fit_set) == 0:  # before the parameters are checked against its size
-        raise OodbenchError(f"fit dataset {fit_dataset!r} is empty")
-    plan = normalize_detectors(detectors)
-    tests = {id_dataset: id_test, **oods}
-    will_skip = {
-        name
-        for name, params in plan.items()
-        if detector_registry.create(name, **params).unmet(fit_set, tests, has_head=head is not None)
-    }
-    plan, adapted = check_fit_size(plan, FitSize.of(fit_set), small_fit_set, ignore=will_skip)
-    keys = {name: _fingerprint(store, model_id, names, name, params, gram_dtype) for name, params in plan.items()}
-
-    scored = [id_dataset, *csid_datasets, *ood_datasets]
-    cached, done = run_dir.resume(model_id, scored, keys) if run_dir is not None else ({}, {})
-
-    keep = Path(save_detectors) if save_detectors is not None else None
-    if keep is not None:
-        # Cached scores skip the fit; reuse them only where the detector fitted for that key is already saved.
-        saved_keys = {name: detector_registry.saved_score_key(keep / name) for name in plan}
-        cached = {ds: {d: s for d, s in per.items() if saved_keys.get(d) == keys.get(d)} for ds, per in cached.items()}
-
-    def keep_fitted(name: str, detector: detector_registry.Detector) -> None:
-        provenance = {**detector_registry.fit_provenance(store, model_id, fit_dataset), "score_key": keys[name]}
-        detector_registry.save(detector, keep / name, provenance=provenance)
+        raise OodbenchError(f"fit dataset {spec.fit!r} is empty")
+    will_skip = {name for name, reason in unmet_reasons(inputs, spec).items() if reason}
+    size = fit_set_size(fit_set, count_classes=spec.small_fit_set == "adapt")
+    plan, adapted, left_out = fit_size_plan(spec.detectors, size, spec.small_fit_set, ignore=will_skip)
+    if left_out and len(left_out) == len(spec.detectors):
+        raise nothing_evaluated(left_out, {})
+    if adapted or left_out:
+        spec = spec.with_plan(plan, adapted)
+    keys = {name: score_key(inputs, names, name, spec.resolved[name], spec.gram_dtype) for name in spec.detectors}
 
     def describe(score_keys: Mapping[str, str], **status: Any) -> dict[str, Any]:
         info = run_description(
             store,
             model_id,
-            fit_dataset,
-            id_dataset,
-            ood_datasets,
-            plan,
+            spec.fit,
+            spec.id,
+            spec.ood,
+            spec.resolved,
             score_keys,
-            gram_dtype=gram_dtype,
-            csid_datasets=csid_datasets,
-            adapted=adapted,
+            gram_dtype=spec.gram_dtype,
+            csid_datasets=spec.csid,
+            adapted=spec.adapted,
+            metas=inputs.meta,
             **status,
         )
-        info["convention"] = convention
+        info["convention"] = spec.convention
+        info.update(run_info or {})
         return info
+
+    writer = RunWriter(run_dir, model_id, describe) if run_dir is not None else None
+    cached = writer.resume(spec.scored, keys) if writer is not None else {}
+
+    keep = Path(save_detectors) if save_detectors is not None else None
+    if keep is not None:
+        # Cached scores skip the fit; reuse them only where the detector fitted for that key is already saved.
+        saved_keys = {name: detector_registry.saved_score_key(keep / name) for name in spec.detectors}
+        cached = {ds: {d: s for d, s in per.items() if saved_keys.get(d) == keys.get(d)} for ds, per in cached.items()}
+
+    def keep_fitted(name: str, detector: detector_registry.Detector) -> None:
+        provenance = {**detector_registry.fit_provenance(store, model_id, spec.fit), "score_key": keys[name]}
+        detector_registry.save(detector, keep / name, provenance=provenance)
 
     def persist(name: str, per_dataset: Mapping[str, np.ndarray]) -> None:
         # Saved as soon as a detector finishes, so an interrupted run resumes from the next detector.
-        if run_dir is None:
-            return
-        for dataset, values in per_dataset.items():
-            run_dir.save_scores(model_id, dataset, {name: values})
-        done[name] = keys[name]
-        run_dir.write_info(describe(done, complete=False))
-        note_work("detectors", finished=f"detectors {', '.join(done)}", kept=f"their scores in {run_dir.path}")
+        if writer is not None:
+            writer.detector_done(name, per_dataset, keys[name])
 
-    result = evaluate_outputs(
-        fit_set,
-        head,
-        id_test,
-        oods,
-        plan,
+    result = _evaluate(
+        inputs,
+        spec,
         model=model_id,
-        id_dataset=id_dataset,
-        tpr=tpr,
-        strict=strict,
         progress=progress,
         cached=cached,
         on_detector_done=persist,
         on_detector_fitted=keep_fitted if keep is not None else None,
-        gram_dtype=gram_dtype,
-        csid_sets=csids,
-        convention=convention,
-        aupr=aupr,
-        groups=groups,
     )
-    if run_dir is not None:
-        run_dir.write_results(model_id, result.rows, result.scores, result.table_markdown)
-        if id_test.labels is not None and id_test.logits is not None:
-            from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
+    result.skipped = {**left_out, **result.skipped}  # what adapt left out, with why (run.json's skipped_detectors)
+    id_test = inputs.outputs(spec.id)
+    if id_test.labels is not None and id_test.logits is not None:
+        from .accuracy import record_accuracy  # Top-1 (original, ReaL) beside the OOD metrics: accuracy.json
 
-            result.accuracy = record_accuracy(run_dir.path, store, model_id, id_dataset, outputs=id_test)
-        ran = [name for name in plan if name not in result.skipped and name not in result.failed]
+        where = run_dir.path if run_dir is not None else None  # without a run directory: returned, not written
+        result.accuracy = record_accuracy(where, store, model_id, spec.id, outputs=id_test)
+    if writer is not None and run_dir is not None:
+        ran = [name for name in spec.detectors if name not in result.skipped and name not in result.failed]
         # A run with failed detectors is not complete: a rerun fits only those (the others' score keys match).
-        info = describe(
+        writer.finish(
+            result.rows,
+            result.scores,
+            result.table_markdown,
             {name: keys[name] for name in ran},
             complete=not result.failed,
             skipped=result.skipped,
             failed=result.failed,
         )
-        run_dir.write_info(info)
         result.run_dir = run_dir.path
-    result.adapted = adapted
+    result.adapted = dict(spec.adapted)
     result.verification = verification
     return result
 
@@ -441,11 +423,15 @@ def run_description(
     csid_datasets: Sequence[str] = (),
     failed: Mapping[str, str] | None = None,
     adapted: Mapping[str, Any] | None = None,
+    metas: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The content of a run directory's run.json: inputs, parameters and the store entries' provenance."""
+    """The content of a run directory's run.json: inputs, parameters and the store entries' provenance.
+
+    `metas` reads an entry's meta.json (`ModelInputs.meta`, parsed once per evaluation); default: the store's.
+    """
     entries = {}
     for name in [fit_dataset, id_dataset, *csid_datasets, *ood_datasets]:
-        meta = store.meta(model_id, name)
+        meta = metas(name) if metas is not None else store.meta(model_id, name)
         entries[name] = {
             k: meta.get(k) for k in ("provenance", "item_hash", "num_rows", "finished", "skipped", "versions")
         }

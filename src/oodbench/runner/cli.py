@@ -4,9 +4,70 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+# `oodbench evaluate`'s options, declared once here so that the command reads as what it does.
+_Detectors = Annotated[
+    str | None,
+    typer.Option(
+        "--detectors",
+        "-d",
+        help="Detectors (detectors.include): comma-separated names, all, paper, -NAME leaves one out (all,-she).",
+    ),
+]
+_Param = Annotated[
+    list[str] | None,
+    typer.Option("--param", "-p", help="Detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable)."),
+]
+_Tpr = Annotated[float | None, typer.Option("--tpr", help="ID acceptance rate of the FPR threshold.")]
+_Convention = Annotated[
+    str | None,
+    typer.Option(
+        "--convention",
+        help="Metric convention of the tables: oodbench (ID positive) or openood (OOD-positive FPR@95 and "
+        "trapezoidal AUPR; its rows are added as openood.*).",
+    ),
+]
+_Aupr = Annotated[bool, typer.Option("--aupr", help="Add AUPR-In and AUPR-Out to the tables' cells.")]
+_Groups = Annotated[
+    str | None,
+    typer.Option(
+        "--groups",
+        help="OOD groups with group means: a groups TOML file or a shipped name (default with --convention "
+        "openood: openood-v1.5-imagenet).",
+    ),
+]
+_Csid = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--csid",
+        help="Covariate-shifted ID set (a dataset id of the file; repeatable): scored, and counted as ID in a "
+        "full-spectrum table.",
+    ),
+]
+_SmallFitSet = Annotated[
+    str | None,
+    typer.Option("--small-fit-set", help="fail (name every parameter the fit set is too small for) or adapt."),
+]
+_Strict = Annotated[
+    bool, typer.Option("--strict", help="Fail (instead of skip) when a detector's requirements are not met.")
+]
+_Verify = Annotated[
+    bool, typer.Option("--verify", help="Check every byte of the store entries against their checksums.")
+]
+_GramDtype = Annotated[
+    str | None, typer.Option("--gram-dtype", help="Precision of the shared Gram matrices: float64 or float32.")
+]
+_Plugin = Annotated[
+    list[str] | None,
+    typer.Option("--plugin", help="Import MODULE (or a .py file) to register its detectors (repeatable)."),
+]
+_SaveDetectors = Annotated[
+    bool,
+    typer.Option("--save-detectors", help="Keep each fitted detector under <workdir>/detectors (detectors.save)."),
+]
 
 
 def run_command(
@@ -34,6 +95,19 @@ def run_command(
     summary: Annotated[bool, typer.Option("--summary", help="With --dry-run: stage totals only.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bars per stage.")] = True,
+    detectors: _Detectors = None,
+    param: _Param = None,
+    tpr: _Tpr = None,
+    convention: _Convention = None,
+    aupr: _Aupr = False,
+    groups: _Groups = None,
+    csid: _Csid = None,
+    small_fit_set: _SmallFitSet = None,
+    strict: _Strict = False,
+    verify: _Verify = False,
+    gram_dtype: _GramDtype = None,
+    plugin: _Plugin = None,
+    save_detectors: _SaveDetectors = False,
 ) -> None:
     """Run an experiment: extract → fit → score → metrics → analysis → report, skipping what is already done.
 
@@ -45,9 +119,23 @@ def run_command(
     """
     from .config import load_config
     from .executor import run_experiment
-    from .plan import STAGES, build_plan, format_plan, plan_json
+    from .plan import build_plan, format_plan, plan_json
 
-    config = load_config(experiment, overrides=set_values or (), workdir=out)
+    options = evaluation_overrides(
+        detectors=detectors,
+        param=param,
+        tpr=tpr,
+        convention=convention,
+        aupr=aupr,
+        groups=groups,
+        csid=csid,
+        small_fit_set=small_fit_set,
+        strict=strict,
+        verify=verify,
+        gram_dtype=gram_dtype,
+        save_detectors=save_detectors,
+    )
+    config = load_config(experiment, overrides=[*options, *(set_values or ())], workdir=out, plugins=plugin or ())
     if dry_run:
         plan = build_plan(config)
         sys.stdout.write(plan_json(plan) + "\n" if as_json else format_plan(plan, units=not summary))
@@ -57,15 +145,20 @@ def run_command(
     for model, reason in config.skipped_models:
         typer.secho(f"skipping {model.display_name}: {skip_line(model, reason)}", fg=typer.colors.YELLOW, err=True)
     report = run_experiment(config, engine=engine, only=only, progress=progress, device=device, ray_address=ray_address)
-    # The results first: each model's detector table (from its run directory), then what ran.
-    from ..core.rundir import RunDir
-    from .plan import layout
+    _print_run(config, report)
 
+
+def _print_run(config: Any, report: Any) -> None:
+    """The results first: each model's detector table (from its run directory); then what ran, skipped, the report."""
+    from ..core.rundir import RunDir
+    from .plan import STAGES, layout
+
+    positive = "OOD positive, OpenOOD's convention" if config.evaluation.convention == "openood" else "ID positive"
     for model_id in [m.id for m in config.classifiers] + list(config.zeroshot.models if config.zeroshot else ()):
         table = RunDir(layout(config).run_dir(model_id)).table_path
         if table.is_file():
             typer.echo(f"## {model_id}\n\n{table.read_text(encoding='utf-8').strip()}\n")
-            typer.echo("cells: FPR@95 / AUROC in % (ID positive; lower FPR and higher AUROC are better)\n")
+            typer.echo(f"cells: FPR@95 / AUROC in % ({positive}; lower FPR and higher AUROC are better)\n")
     for stage in STAGES:
         ran, cached = len(report.executed[stage]), len(report.cached[stage])
         if ran or cached:
@@ -81,6 +174,52 @@ def run_command(
         typer.echo("everything cached: nothing to do")
     for path in report.outputs:
         typer.echo(f"report: {path}")
+
+
+def evaluation_overrides(
+    *,
+    detectors: str | None = None,
+    param: list[str] | None = None,
+    tpr: float | None = None,
+    convention: str | None = None,
+    aupr: bool = False,
+    groups: str | None = None,
+    csid: list[str] | None = None,
+    small_fit_set: str | None = None,
+    strict: bool = False,
+    verify: bool = False,
+    gram_dtype: str | None = None,
+    save_detectors: bool = False,
+) -> list[str]:
+    """`oodbench evaluate`'s options as the experiment file's keys (``--set`` overrides, applied before the user's
+    own ``--set``); the file's validation then checks them once, with everything else."""
+    import json
+
+    from ..util.cli_params import parse_params
+
+    def value(v: object) -> str:
+        return json.dumps(v)  # strings, numbers, booleans and lists of them: the same text in TOML
+
+    overrides = []
+    if detectors is not None:
+        overrides += [f"detectors.include={value(detectors)}", "detectors.exclude=[]"]
+    for name, given in parse_params(param).items():
+        overrides += [f"detectors.params.{name}.{key}={value(v)}" for key, v in given.items()]
+    if tpr is not None:
+        overrides.append(f"experiment.tpr={value(tpr)}")
+    for key, given in (("convention", convention), ("groups", groups), ("small_fit_set", small_fit_set)):
+        if given is not None:
+            overrides.append(f"evaluation.{key}={value(given)}")
+    for key, flag in (("aupr", aupr), ("strict", strict), ("verify", verify)):
+        if flag:
+            overrides.append(f"evaluation.{key}=true")
+    if csid:
+        overrides.append(f"id.csid={value(list(csid))}")
+    if gram_dtype is not None:
+        overrides.append(f"detectors.gram_dtype={value(gram_dtype)}")
+    if save_detectors:
+        overrides.append("detectors.save=true")
+    return overrides
 
 
 def register(app: typer.Typer) -> None:

@@ -29,6 +29,7 @@ from pydantic import BeforeValidator, Field
 
 from ..core.errors import ConfigError
 from ..core.names import check_name, unknown_parameter
+from ..evaluation.spec import EvaluationSpec
 from .kinds import DatasetSpec, ModelSpec
 from .registry import KINDS, KindRegistry
 from .schema import PositiveInt, StrList, Table, as_mapping, suggest, validate
@@ -88,6 +89,19 @@ class ExperimentConfig:
     gram_dtype: str = "float64"
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
     skipped_models: tuple[tuple[ModelSpec, str], ...] = ()  # declared but not run (a needed checkpoint), with why
+    # What each classifier's evaluation computes, built once from the file (`evaluation.spec`): the detectors as
+    # given and resolved, fit / ID / covariate-shifted ID / OOD sets, tpr, convention, groups, AUPR, precision.
+    evaluation: EvaluationSpec = field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def csid(self) -> tuple[str, ...]:
+        """Covariate-shifted ID sets: scored, and counted as ID in the full-spectrum table."""
+        return self.evaluation.csid if self.evaluation is not None else ()
+
+    @property
+    def scored(self) -> list[str]:
+        """The datasets every detector of a classifier scores: ID test, covariate-shifted ID, OOD."""
+        return [self.id_test, *self.csid, *self.ood]
 
     @property
     def classifiers(self) -> list[ModelSpec]:
@@ -101,8 +115,9 @@ class ExperimentConfig:
 
     def datasets_of(self, model: ModelSpec) -> list[str]:
         """Dataset ids a model needs features of (fit set only for classifiers)."""
-        names = [self.fit] if model.is_classifier else []
-        return names + [self.id_test, *self.ood]
+        if model.is_classifier:
+            return [self.fit, *self.scored]
+        return [self.id_test, *self.ood]
 
 
 # ----------------------------------------------------------------------------------------------- schema
@@ -121,6 +136,7 @@ class _File(Table):
     analysis: dict[str, Any] = {}
     report: dict[str, Any] = {}
     engine: dict[str, Any] = {}
+    evaluation: dict[str, Any] = {}
 
 
 class _Experiment(Table):
@@ -134,6 +150,18 @@ class _Experiment(Table):
 class _Id(Table):
     fit: str
     test: str
+    csid: StrList = []  # covariate-shifted ID sets (e.g. imagenet-v2): scored, counted as ID in a full-spectrum table
+
+
+class _Evaluation(Table):
+    """The options of `oodbench evaluate` that are not datasets or detectors (the same names, the same values)."""
+
+    convention: Literal["oodbench", "openood"] = "oodbench"  # the table's metric convention
+    aupr: bool = False  # AUPR-In and AUPR-Out in the table's cells
+    groups: str | None = None  # OOD groups: a groups TOML file or a shipped name (openood: OpenOOD's near / far)
+    small_fit_set: Literal["fail", "adapt"] = "fail"  # what a fit set too small for a default does
+    strict: bool = False  # fail (instead of skip) when a detector's requirements are not met
+    verify: bool = False  # check every byte of the store entries against their checksums when they are read
 
 
 class _Ood(Table):
@@ -363,7 +391,8 @@ def _load_plugins(plugins: Sequence[str], path: Path | None) -> tuple[str, ...]:
     return tuple(resolved)
 
 
-def _parse_detectors(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def _parse_detectors(raw: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """({detector: resolved parameters}, {detector: parameters as given}) of the detectors evaluated."""
     from .. import detectors as registry
     from ..core.errors import DetectorError
 
@@ -372,8 +401,18 @@ def _parse_detectors(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     include = table.include
     if include == "all":
         names = list(available)
+    elif isinstance(include, str) and include.strip():
+        from ..evaluation.spec import select_detectors
+
+        try:  # a selection: "all,-she,-openmax"
+            names = select_detectors(include, option="detectors.include")
+        except DetectorError as exc:
+            raise ConfigError(str(exc)) from None
     elif not isinstance(include, list) or not all(isinstance(n, str) and n for n in include):
-        raise ConfigError(f'detectors.include: expected "all" or a list of detector names; got {include!r}')
+        raise ConfigError(
+            f'detectors.include: expected "all", a selection such as "all,-she" or a list of detector names; '
+            f"got {include!r}"
+        )
     else:
         names = list(include)
     for field_name, listed in (("include", names), ("exclude", table.exclude)):
@@ -405,7 +444,7 @@ def _parse_detectors(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         resolved[name] = json.loads(json.dumps(detector.get_params(), default=str))
     if not resolved:
         raise ConfigError("detectors: no detector left to evaluate (include/exclude remove them all)")
-    return resolved
+    return resolved, {name: dict(table.params.get(name, {})) for name in chosen}
 
 
 # ----------------------------------------------------------------------------------------------- zero-shot
@@ -532,6 +571,7 @@ def _parse_splits(top: _File, datasets: Mapping[str, DatasetSpec]) -> tuple[_Id,
     used = [
         ("id.fit", id_table.fit),
         ("id.test", id_table.test),
+        *[(f"id.csid[{i}]", n) for i, n in enumerate(id_table.csid)],
         *[(f"ood.datasets[{i}]", n) for i, n in enumerate(ood)],
     ]
     for key, name_ in used:
@@ -541,7 +581,8 @@ def _parse_splits(top: _File, datasets: Mapping[str, DatasetSpec]) -> tuple[_Id,
     if len(set(names)) != len(names):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         raise ConfigError(
-            f"ood.datasets: {', '.join(duplicates)} used twice (ID fit, ID test and OOD sets must differ)"
+            f"ood.datasets: {', '.join(duplicates)} used twice (ID fit, ID test, covariate-shifted ID and OOD sets "
+            "must differ)"
         )
     return id_table, ood, used
 
@@ -583,7 +624,9 @@ def parse_config(
     models, skipped = _parse_models(top.models, variables, experiment.seed, kinds)
     datasets, id_table, ood = _parse_datasets(top, variables, models, store, kinds)
     plugins = _load_plugins(top.plugins, path)
-    detectors = _parse_detectors(top.detectors)
+    detectors, given = _parse_detectors(top.detectors)
+    detector_table = validate(_Detectors, top.detectors, "detectors")
+    evaluation = _parse_evaluation(top, variables, given, id_table, ood, experiment.tpr, detector_table.gram_dtype)
     zeroshot = _parse_zeroshot(top.zeroshot, models, variables)
     if any(not m.is_classifier for m in models.values()) and zeroshot is None:
         vlm = next(m for m in models.values() if not m.is_classifier)
@@ -606,11 +649,45 @@ def parse_config(
         report=validate(_Report, top.report, "report").model_dump(),
         engine=validate(_Engine, top.engine, "engine").model_dump(),
         plugins=plugins,
-        save_detectors=validate(_Detectors, top.detectors, "detectors").save,
-        gram_dtype=validate(_Detectors, top.detectors, "detectors").gram_dtype,
+        save_detectors=detector_table.save,
+        gram_dtype=detector_table.gram_dtype,
         raw=dict(raw),
         skipped_models=skipped,
+        evaluation=evaluation,
     )
+
+
+def _parse_evaluation(
+    top: _File,
+    variables: Mapping[str, str],
+    given: Mapping[str, Mapping[str, Any]],
+    id_table: _Id,
+    ood: Sequence[str],
+    tpr: float,
+    gram_dtype: str,
+) -> EvaluationSpec:
+    """The classifiers' `EvaluationSpec`: the [evaluation] table's options over the file's datasets and detectors."""
+    from ..core.errors import OodbenchError
+
+    table = validate(_Evaluation, _expand_tree(top.evaluation, variables, "evaluation"), "evaluation")
+    try:
+        return EvaluationSpec.build(
+            dict(given),
+            fit=id_table.fit,
+            id=id_table.test,
+            ood=ood,
+            csid=id_table.csid,
+            tpr=tpr,
+            convention=table.convention,
+            aupr=table.aupr,
+            groups=table.groups,
+            small_fit_set=table.small_fit_set,
+            gram_dtype=gram_dtype,
+            strict=table.strict,
+            verify=table.verify,
+        )
+    except OodbenchError as exc:
+        raise ConfigError(f"evaluation: {exc}") from None
 
 
 def load_config(
@@ -619,8 +696,10 @@ def load_config(
     overrides: Sequence[str] = (),
     workdir: str | os.PathLike[str] | None = None,
     kinds: KindRegistry | None = None,
+    plugins: Sequence[str] = (),
 ) -> ExperimentConfig:
-    """Read, override and validate an experiment file (kinds looked up in `kinds`, default `registry.KINDS`)."""
+    """Read, override and validate an experiment file (kinds looked up in `kinds`, default `registry.KINDS`);
+    `plugins` are detector plugins imported besides the file's own (``oodbench run --plugin``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -634,7 +713,11 @@ def load_config(
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses once per nesting level: a 5,000-deep array exhausts the stack
         raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
-    return parse_config(apply_overrides(raw, overrides), path=path, workdir=workdir, kinds=kinds)
+    raw = apply_overrides(raw, overrides)
+    if plugins:
+        listed = raw.get("plugins", [])
+        raw["plugins"] = [*(listed if isinstance(listed, list) else [listed]), *plugins]
+    return parse_config(raw, path=path, workdir=workdir, kinds=kinds)
 
 
 def missing_roots(config: ExperimentConfig, dataset_ids: Iterable[str] | None = None) -> dict[str, str]:

@@ -335,7 +335,7 @@ class _Classifier:
 
 def _classifier(config: ExperimentConfig, store: Store, model: ModelSpec, extract: Mapping[str, Unit]) -> _Classifier:
     sid = model.store_id
-    datasets = [config.fit, config.id_test, *config.ood]
+    datasets = [config.fit, *config.scored]
     probe = (f"extract:{model.id}/probe",) if model.kind_of.trains_head else ()
     extract_ids = {f"extract:{sid}/{d}" for d in datasets} | set(probe)
     extract_done = all(extract[i].status in DONE for i in extract_ids if i in extract)
@@ -354,14 +354,18 @@ def _fit_key(
 ) -> str:
     from .. import detectors as detector_registry
     from ..detectors.shared import gram_key
+    from ..evaluation.engine import detector_code_version
 
-    fit_key = content_key("fit", keys.entries[(model.id, config.fit)], detector, params, __version__)
-    plugin = detector_registry.detector_fingerprint(detector)  # a plugin's version and source; None built-in
-    if plugin is not None:
-        fit_key = content_key(fit_key, plugin)
+    # Resolved parameters (config.detectors) and the detector's code version: a changed default or an edited
+    # detector recomputes (the same parts as `oodbench evaluate`'s score keys, evaluation.engine.score_key).
+    fit_key = content_key(
+        "fit", keys.entries[(model.id, config.fit)], detector, params, detector_code_version(detector)
+    )
     precision = gram_key(detector_registry.get_class(detector), config.gram_dtype)
     if precision is not None:
         fit_key = content_key(fit_key, precision)
+    if config.evaluation.small_fit_set != "fail":
+        fit_key = content_key(fit_key, "small_fit_set", config.evaluation.small_fit_set)
     keys.fits[(model.id, detector)] = fit_key
     return fit_key
 
@@ -399,7 +403,7 @@ def _plan_scores(
         skip_reason(detector, fit_unit.params, arrays, config.fit, classifier.has_head) if arrays is not None else None
     )
     mine: list[ScoreUnit] = []
-    for dataset in [config.id_test, *config.ood]:
+    for dataset in config.scored:
         unit = ScoreUnit(
             label=f"{model.id}/{detector}/{dataset}",
             key=content_key("score", fit_unit.key, keys.entries[(model.id, dataset)], config.tpr),
@@ -572,7 +576,14 @@ def _plan_metrics(config: ExperimentConfig, lay: Layout, ledger: Ledger, units: 
     metric_keys: list[str] = []
     for model in config.classifiers:
         score_units = [u for u in units if u.stage == "score" and u.model == model.id]
-        key = content_key("metrics", sorted(u.key for u in score_units), config.tpr)
+        spec = config.evaluation
+        table = [spec.convention, spec.aupr, spec.groups, list(spec.csid)]  # what the table shows beyond the rows
+        key = content_key(
+            "metrics",
+            sorted(u.key for u in score_units),
+            config.tpr,
+            *([table] if table != ["oodbench", False, None, []] else []),  # default: the keys as they were
+        )
         keys.metrics[model.id] = key
         metric_keys.append(key)
         unit = MetricsUnit(label=model.id, key=key, model=model.id, deps=tuple(u.id for u in score_units))

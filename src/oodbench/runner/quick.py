@@ -24,16 +24,12 @@ import torch
 
 from .. import detectors as detector_registry
 from ..core.errors import DataError, ExtractError, OodbenchError
+from ..core.oodgroups import OodGroups
 from ..core.outputs import Head
 from ..core.store import Store
-from ..detectors.fitsize import SMALL_FIT_SET, FitSize
-from ..evaluation.evaluate import (
-    EvaluationResult,
-    check_fit_size,
-    evaluate_store,
-    normalize_detectors,
-    nothing_evaluated,
-)
+from ..detectors.fitsize import FitSize
+from ..evaluation.evaluate import EvaluationResult, evaluate_spec, fit_size_plan, nothing_evaluated
+from ..evaluation.spec import EvaluationSpec
 from ..extract.backbones.base import Backbone, autocast, safe_id
 from ..util.progress import note_work, work_topics
 
@@ -52,6 +48,7 @@ class ModelEvaluation(EvaluationResult):
     store: Path | None = None  # None when a temporary store was used (deleted on return)
     model_id: str = ""
     extracted: dict[str, int] = field(default_factory=dict)  # dataset id -> images run through the model now
+    notes: list[str] = field(default_factory=list)  # the preprocessing, checkpoint conversion, probe top-1 lines
 
 
 def state_hash(module: Any) -> str:
@@ -307,6 +304,14 @@ def evaluate_model(
     tpr: float = 0.95,
     progress: bool = True,
     small_fit_set: str = "fail",
+    convention: str = "oodbench",
+    aupr: bool = False,
+    groups: str | os.PathLike[str] | OodGroups | None = None,
+    gram_dtype: str = "float64",
+    strict: bool = False,
+    verify: bool = False,
+    spec: EvaluationSpec | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> ModelEvaluation:
     """Extract `fit`, `id` and every `ood` set with `model` into `store`, fit the detectors, score, return results.
 
@@ -321,8 +326,15 @@ def evaluate_model(
     model's feature width, the arrays it will have); the error names every parameter to change.
     ``small_fit_set="adapt"`` instead scales the defaults a small fit set cannot support (`result.adapted`).
     A detector that fails leaves the others' results (`result.failed` says why).
+    `convention`, `aupr`, `groups` (default with ``convention="openood"``: OpenOOD's near / far), `gram_dtype`,
+    `strict` and `verify` are `oodbench evaluate`'s options (one `EvaluationSpec`, validated before any image is read);
+    a built `spec` (fit "fit", ID "id", the OOD sets' names) replaces `detectors`, `tpr` and those options.
+    The checks that guard against wrong features, as `oodbench extract` prints them (the preprocessing, a converted
+    checkpoint's naming, a checkpoint's top-1 class names on the first ID images), are in `result.notes` and are
+    handed line by line to `report` before any image is extracted.
     """
-    plan = _checked_plan(ood, detectors, small_fit_set)
+    options = {"tpr": tpr, "small_fit_set": small_fit_set, "convention": convention, "aupr": aupr, "groups": groups}
+    spec = _checked_spec(ood, detectors, spec, **options, gram_dtype=gram_dtype, strict=strict, verify=verify)
     backbone = as_backbone(
         model,
         pretrained=pretrained,
@@ -337,48 +349,77 @@ def evaluate_model(
         dataset_id: as_image_data(value, name=dataset_id, labelled=labelled, transform=backbone.transform)
         for dataset_id, (value, labelled) in data.items()
     }
-    _check_before_extraction(plan, backbone, resolved[FIT], small_fit_set)
+    _check_before_extraction(spec.detectors, backbone, resolved[FIT], spec.small_fit_set)
+    notes = model_checks(backbone, resolved[ID], probe=checkpoint is not None, report=report)
+    run = {"model_id": model_id, "out": out, "batch_size": batch_size, "num_workers": num_workers, "device": device}
+    result = _in_store(store, backbone, resolved, spec, amp=amp, progress=progress, **run)
+    result.notes = notes
+    return result
+
+
+def _in_store(
+    store: str | os.PathLike[str] | None,
+    backbone: Any,
+    resolved: Mapping[str, _ImageData],
+    spec: EvaluationSpec,
+    **run: Any,
+) -> ModelEvaluation:
+    """Extract and evaluate in `store`, or in a temporary store deleted on the way out (`result.store` is None)."""
     with (
         tempfile.TemporaryDirectory(prefix="oodbench-store-")
         if store is None
         else contextlib.nullcontext(store) as root,
         _temporary_store_notes(store is None),
     ):
-        result = _extract_and_evaluate(
-            Store(root),
-            backbone,
-            resolved,
-            list(ood),
-            plan,
-            model_id=model_id,
-            out=out,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            device=device,
-            amp=amp,
-            tpr=tpr,
-            progress=progress,
-            small_fit_set=small_fit_set,
-        )
+        result = _extract_and_evaluate(Store(root), backbone, resolved, spec, **run)
         result.store = None if store is None else Path(root)
         return result
 
 
-def _checked_plan(
-    ood: Mapping[str, Any], detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None, small_fit_set: str
-) -> dict[str, dict[str, Any]]:
-    """The detectors to fit with their parameters, once the arguments are checked (before any image is read)."""
+def model_checks(
+    backbone: Any, id_data: _ImageData, *, probe: bool, report: Callable[[str], None] | None = None
+) -> list[str]:
+    """The lines `oodbench extract` prints before extracting: the preprocessing, the naming a checkpoint was
+    converted from, and (`probe`: a checkpoint on a labelled ID folder) the top-1 class names of its first images."""
+    from ..extract.backbones.base import describe_preprocessing
+
+    overrides = getattr(backbone, "preprocessing_overrides", None)
+    lines = [f"preprocessing of {backbone.name}: {describe_preprocessing(backbone.preprocessing, overrides)}"]
+    converted = getattr(backbone, "checkpoint_format", None)
+    if converted:
+        lines.append(f"checkpoint converted from the {converted} naming (keys renamed; tensors unchanged)")
+    if probe and backbone.kind == "timm" and id_data.loader is None and id_data.images.labels is not None:
+        from ..extract.checks import probe_predictions
+
+        check = probe_predictions(backbone, id_data.images)
+        if check is not None:
+            hits = "" if check.correct is None else f", {check.correct} matching their labels"
+            lines.append(f"probe: top-1 of the first {check.n} images: {check.shown()}{hits}")
+            lines += [f"warning: {message}" for message in check.warnings]
+    for line in lines if report is not None else ():
+        report(line)
+    return lines
+
+
+def _checked_spec(
+    ood: Mapping[str, Any],
+    detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None,
+    spec: EvaluationSpec | None,
+    **options: Any,
+) -> EvaluationSpec:
+    """The evaluation's specification (`spec` as given, else built), once the arguments are checked (before any
+    image is read)."""
+    if spec is not None:
+        if (spec.fit, spec.id, list(spec.ood)) != (FIT, ID, list(ood)):
+            raise OodbenchError(f"spec: expected fit {FIT!r}, ID {ID!r} and the OOD sets {list(ood)}")
+        return spec
     if not ood:
         raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
     clash = sorted({FIT, ID} & set(ood))
     if clash:
         raise OodbenchError(f"OOD set names {clash} are reserved for the fit and ID test sets; rename them")
-    plan = normalize_detectors(detectors)
-    for name, params in plan.items():
-        detector_registry.create(name, **params)  # unknown names and bad parameters fail before any extraction
-    if small_fit_set not in SMALL_FIT_SET:
-        raise OodbenchError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
-    return plan
+    # Unknown names, bad parameters and options fail here, before any extraction.
+    return EvaluationSpec.build(detectors, fit=FIT, id=ID, ood=list(ood), **options)
 
 
 @contextlib.contextmanager
@@ -437,15 +478,16 @@ def _check_before_extraction(
                 will_skip[name] = "; ".join(reasons)
         if len(will_skip) == len(plan):
             raise nothing_evaluated(will_skip, {})
-    check_fit_size(plan, size, small_fit_set, ignore=will_skip)
+    _, _, left_out = fit_size_plan(plan, size, small_fit_set, ignore=will_skip)
+    if len(left_out) + len(will_skip) == len(plan):  # adapt leaves out what cannot run; something must remain
+        raise nothing_evaluated({**will_skip, **left_out}, {})
 
 
 def _extract_and_evaluate(
     store: Store,
     backbone: Any,
     resolved: Mapping[str, _ImageData],
-    ood_ids: list[str],
-    detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None,
+    spec: EvaluationSpec,
     *,
     model_id: str | None,
     out: str | os.PathLike[str] | None,
@@ -453,9 +495,7 @@ def _extract_and_evaluate(
     num_workers: int | None,
     device: str,
     amp: bool,
-    tpr: float,
     progress: bool,
-    small_fit_set: str,
 ) -> ModelEvaluation:
     from ..extract.datasets import ImageList
     from ..extract.pipeline import extract
@@ -484,18 +524,7 @@ def _extract_and_evaluate(
             loader=data.loader,
         )
         extracted[dataset_id] = report.processed
-    evaluation = evaluate_store(
-        store,
-        model_id,
-        FIT,
-        ID,
-        ood_ids,
-        detectors,
-        out_dir=out,
-        tpr=tpr,
-        progress=progress,
-        small_fit_set=small_fit_set,
-    )
+    evaluation = evaluate_spec(store, model_id, spec, out_dir=out, progress=progress)
     return ModelEvaluation(
         rows=evaluation.rows,
         scores=evaluation.scores,

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..evaluation.cli import SOME_FAILED, print_accuracy, report_detectors
-from ..util.cli_params import parse_params
 
 if TYPE_CHECKING:
     from .quick import ModelEvaluation
@@ -42,7 +41,14 @@ _Out = Annotated[
     Path | None, typer.Option("--out", help="Run directory for results.parquet, scores, table.md, run.json.")
 ]
 _Detectors = Annotated[
-    str | None, typer.Option("--detectors", "-d", help="Comma-separated names; default: all registered.")
+    str | None,
+    typer.Option(
+        "--detectors",
+        "-d",
+        help="Comma-separated names; all (every registered one), paper (the paper's 21), -NAME leaves one out "
+        "(all,-she,-openmax); "
+        "default: all.",
+    ),
 ]
 _Param = Annotated[
     list[str] | None, typer.Option("--param", "-p", help="Detector parameter DETECTOR.PARAM=VALUE (repeatable).")
@@ -71,6 +77,33 @@ _SmallFitSet = Annotated[
         "(recorded in run.json).",
     ),
 ]
+_Tpr = Annotated[float, typer.Option("--tpr", help="ID acceptance rate of the FPR threshold.")]
+_Convention = Annotated[
+    str,
+    typer.Option(
+        "--convention",
+        help="Metric convention of the table: oodbench (ID positive), or openood (OOD-positive FPR@95 and "
+        "trapezoidal AUPR; its rows are added as openood.*).",
+    ),
+]
+_Aupr = Annotated[bool, typer.Option("--aupr", help="Add AUPR-In and AUPR-Out to the table's cells.")]
+_Groups = Annotated[
+    str | None,
+    typer.Option(
+        "--groups",
+        help="OOD groups with group means: a groups TOML file or a shipped name (default with --convention "
+        "openood: openood-v1.5-imagenet).",
+    ),
+]
+_GramDtype = Annotated[
+    str, typer.Option("--gram-dtype", help="Precision of the shared Gram matrices: float64 or float32.")
+]
+_Strict = Annotated[
+    bool, typer.Option("--strict", help="Fail (instead of skip) when a detector's requirements are not met.")
+]
+_Verify = Annotated[
+    bool, typer.Option("--verify", help="Check every byte of the store entries against their checksums.")
+]
 
 
 def evaluate_model_command(
@@ -91,6 +124,13 @@ def evaluate_model_command(
     device: _Device = "auto",
     progress: _Progress = True,
     small_fit_set: _SmallFitSet = "fail",
+    tpr: _Tpr = 0.95,
+    convention: _Convention = "oodbench",
+    aupr: _Aupr = False,
+    groups: _Groups = None,
+    gram_dtype: _GramDtype = "float64",
+    strict: _Strict = False,
+    verify: _Verify = False,
 ) -> None:
     """Evaluate a timm model on image folders in one command: extract (cached in --store), fit, score, print.
 
@@ -98,14 +138,18 @@ def evaluate_model_command(
 
     Example: oodbench evaluate-model resnet50.a1_in1k --fit data/train --id data/val --ood inat=data/inat --store feats -d msp,energy,knn
     """
-    from ..detectors.fitsize import SMALL_FIT_SET
+    from ..evaluation.cli import build_spec
     from .quick import evaluate_model
 
-    if small_fit_set not in SMALL_FIT_SET:
-        raise typer.BadParameter(f"--small-fit-set: must be {' or '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
     workers = _workers(workers, num_workers)
     named = _named(ood)
-    plan = _detector_plan(detectors, param)
+    reserved = sorted({"fit", "id"} & set(named))
+    if reserved:
+        raise typer.BadParameter(f"--ood: the names {reserved} are reserved for the fit and ID test sets; rename them")
+    options = {"tpr": tpr, "convention": convention, "aupr": aupr, "groups": groups, "gram_dtype": gram_dtype}
+    options |= {"small_fit_set": small_fit_set, "strict": strict, "verify": verify}
+    # One specification, validated here (a bad option is one line naming it, before any image is read).
+    spec = build_spec(detectors, param, fit="fit", id="id", ood=list(named), **options)
     result = evaluate_model(
         model,
         fit=fit,
@@ -113,7 +157,6 @@ def evaluate_model_command(
         ood=named,
         store=store,
         out=out,
-        detectors=plan,
         pretrained=pretrained,
         checkpoint=checkpoint,
         image_size=image_size,
@@ -121,7 +164,8 @@ def evaluate_model_command(
         num_workers=workers,
         device=device,
         progress=progress,
-        small_fit_set=small_fit_set,
+        spec=spec,
+        report=lambda line: typer.echo(line, err=True),
     )
     _print_result(result)
 
@@ -134,26 +178,6 @@ def _workers(workers: int | None, num_workers: int | None) -> int | None:
         raise typer.BadParameter("--num-workers is the old name of --workers; give only --workers")
     typer.secho("warning: --num-workers is now --workers (as in `oodbench extract`)", fg="yellow", err=True)
     return num_workers
-
-
-def _detector_plan(detectors: str | None, param: list[str] | None) -> dict[str, dict[str, Any]] | None:
-    """{detector: parameters} from --detectors and --param (None: every registered detector with its defaults)."""
-    from ..core.names import suggest
-    from ..detectors import available
-
-    names = [d.strip() for d in detectors.split(",") if d.strip()] if detectors else None
-    overrides = parse_params(param)
-    for name in names or ():
-        if name not in available():
-            raise typer.BadParameter(
-                f"--detectors: unknown detector {name!r}{suggest(name, available())} (list them with `oodbench detectors`)"
-            )
-    if names is None and overrides:
-        names = available()
-    unknown = sorted(set(overrides) - set(names or ()))
-    if unknown:
-        raise typer.BadParameter(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
-    return None if names is None else {name: overrides.get(name, {}) for name in names}
 
 
 def _print_result(result: ModelEvaluation) -> None:

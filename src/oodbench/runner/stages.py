@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import ExtractError, OodbenchError, StoreError
-from ..core.results import metric_rows, write_rows
+from ..core.results import write_rows
 from ..core.rundir import RunDir
 from ..core.store import Store, hash_items
 from ..util.atomic import atomic_save_npy, atomic_write_json, atomic_write_text
@@ -61,7 +61,7 @@ class Context:
     progress: bool = True
     device: str = "auto"
     _backbone: tuple[str, Any] | None = field(default=None, repr=False)
-    _fit_statistics: tuple[str, Any, Any] | None = field(default=None, repr=False)
+    _inputs: Any = field(default=None, repr=False)  # evaluation.engine.ModelInputs of the last model scored
 
     def __post_init__(self) -> None:
         # A Ray worker gets the config, not this process's registry: import the file's detector plugins there too.
@@ -89,31 +89,21 @@ class Context:
         self._backbone = (model.store_id, model.kind_of.backbone(model, self.device))
         return self._backbone[1]
 
-    def fit_statistics(
-        self, model_id: str, head: Any, detectors: Sequence[tuple[str, Mapping[str, Any]]]
-    ) -> tuple[Any, Any]:
-        """The model's fit set and one shared-statistics provider for `detectors` ((name, params)), kept per model.
+    def inputs(self, model_id: str) -> Any:
+        """The model's `ModelInputs` (evaluation.engine), kept for consecutive units of the model: each entry is
+        opened, checked finite and against the head once, and the fits share one pass over the fit set."""
+        if self._inputs is not None and self._inputs.model_id == model_id:
+            return self._inputs
+        from ..evaluation.engine import ModelInputs
 
-        The fit units of one model that run one after another then read the fit set once for all the statistics
-        they share (Gram matrices, class sums: `detectors.shared`).
-        """
-        if self._fit_statistics is not None and self._fit_statistics[0] == model_id:
-            return self._fit_statistics[1], self._fit_statistics[2]
-        from .. import detectors as registry
-        from ..core.errors import DetectorError
-        from ..detectors.shared import FitStatistics
+        self._inputs = None  # the previous model's arrays and statistics go before this model's are read
+        self._inputs = ModelInputs(self.store, model_id, verify=self.config.evaluation.verify)
+        return self._inputs
 
-        self._fit_statistics = None  # the previous model's statistics go before this model's are computed
-        created = []
-        for name, params in detectors:
-            try:
-                created.append(registry.create(name, **params))
-            except DetectorError:
-                continue  # its own unit reports the error; the others still share
-        fit_set = self.store.read(model_id, self.config.fit)
-        stats = FitStatistics.for_detectors(fit_set, created, head, gram_dtype=self.config.gram_dtype)
-        self._fit_statistics = (model_id, fit_set, stats)
-        return fit_set, stats
+    def forget_inputs(self, model_id: str | None = None) -> None:
+        """Drop the kept inputs (of `model_id`, or any): its store entries are about to change."""
+        if self._inputs is not None and (model_id is None or self._inputs.model_id == model_id):
+            self._inputs = None
 
 
 # ----------------------------------------------------------------------------------------------- extraction
@@ -160,6 +150,7 @@ def run_extract_unit(ctx: Context, unit: ExtractStageUnit) -> None:
     """Fill one store entry (extracted by the model's kind, or derived from a parent entry) or train a head; record it."""
     config, store = ctx.config, ctx.store
     model = config.models[unit.model_id]
+    ctx.forget_inputs()  # the store changes under them
     if isinstance(unit, HeadUnit):
         details = model.kind_of.train_head(ctx, model, stale=unit.status == "stale")
         ctx.ledger.write("extract", unit.label, unit.key, **details)
@@ -188,6 +179,7 @@ def run_extract_pass(ctx: Context, units: Sequence[ExtractStageUnit]) -> None:
     if len(entries) != len(units):
         raise OodbenchError(f"a shared extraction pass extracts store entries only, not {units[0].id}")
     config, store = ctx.config, ctx.store
+    ctx.forget_inputs()  # the store changes under them
     dataset = config.datasets[units[0].dataset or ""]
     models = [config.models[unit.model_id] for unit in entries]
     for unit, model in zip(entries, models, strict=True):
@@ -385,38 +377,66 @@ def run_fit_score(
 ) -> list[str]:
     """Fit one detector on the model's fit set and score the datasets of `todo` ({label, key, dataset}); record each.
 
-    `share_with`: every (detector, params) of this model that this process fits in this run, this one included;
-    with more than one, their fits share one pass over the fit set (Context.fit_statistics).
+    The fit and scoring are the evaluation engine's (`evaluation.engine.fit_and_score`) over the model's inputs,
+    loaded once per model (`Context.inputs`). `share_with`: every (detector, params) of this model that this process
+    fits in this run, this one included; with more than one, their fits share one pass over the fit set.
     """
     from .. import detectors as registry
+    from ..core.errors import DetectorError
+    from ..evaluation.engine import fit_and_score
+    from ..evaluation.evaluate import fit_set_size, fit_size_plan
 
-    config, store, ledger, lay = ctx.config, ctx.store, ctx.ledger, ctx.layout
-    names = [config.fit, *[item["dataset"] for item in todo]]
-    arrays = {name: set(store.meta(model_id, name).get("arrays", {})) - {"index"} for name in dict.fromkeys(names)}
-    reason = skip_reason(detector, params, arrays, config.fit, store.has_head(model_id))
+    config, ledger, lay = ctx.config, ctx.ledger, ctx.layout
+    spec = config.evaluation
+    inputs = ctx.inputs(model_id)
+    datasets = [item["dataset"] for item in todo]
+    names = list(dict.fromkeys([spec.fit, *datasets]))
+    reason = skip_reason(detector, params, {name: inputs.arrays(name) for name in names}, spec.fit, inputs.has_head)
     if reason is not None:
+        if spec.strict:
+            raise DetectorError(f"{detector} cannot run: {reason}")
         for item in todo:
             ledger.write("score", item["label"], item["key"], skipped=reason)
         return []
-    store.check_compatible(*[(model_id, name) for name in dict.fromkeys(names)])
-    head = store.read_head(model_id) if store.has_head(model_id) else None
-    if len(share_with) > 1:
-        fit_set, stats = ctx.fit_statistics(model_id, head, share_with)
-        fitted = registry.create(detector, **params).fit(fit_set, head, stats=stats)
-    else:
-        fitted = registry.create(detector, **params).fit(store.read(model_id, config.fit), head)
-    if config.save_detectors:
-        registry.save(
-            fitted,
-            lay.detector_dir(model_id, detector),
-            provenance=registry.fit_provenance(store, model_id, config.fit),
-        )
+    inputs.check_compatible(names)
+    # The parameters as given are checked against the fit set; with small_fit_set = "adapt" defaults scale to it.
+    given = {detector: dict(spec.detectors.get(detector, params))}
+    size = fit_set_size(inputs.outputs(spec.fit), count_classes=spec.small_fit_set == "adapt")
+    plan, adapted, left_out = fit_size_plan(given, size, spec.small_fit_set)
+    if left_out:  # small_fit_set = "adapt" leaves out what the fit set cannot support, with why
+        for item in todo:
+            ledger.write("score", item["label"], item["key"], skipped=left_out[detector])
+        return []
+    instance = registry.create(detector, **(plan[detector] if adapted else params))
+    stats = None
+    if len(share_with) > 1 and not adapted:
+        created = []
+        for name, shared_params in share_with:
+            try:
+                created.append(registry.create(name, **shared_params))
+            except DetectorError:
+                continue  # its own unit reports the error; the others still share
+        stats = inputs.fit_statistics(spec.fit, created, spec.gram_dtype)
+
+    def keep(fitted: registry.Detector) -> None:
+        provenance = registry.fit_provenance(ctx.store, model_id, spec.fit)
+        registry.save(fitted, lay.detector_dir(model_id, detector), provenance=provenance)
+
+    per_dataset = fit_and_score(
+        instance, inputs, spec.fit, datasets, stats=stats, on_fitted=keep if config.save_detectors else None
+    )
     done = []
     for item in todo:
-        scores = fitted.score(store.read(model_id, item["dataset"]))
+        scores = per_dataset[item["dataset"]]
         atomic_save_npy(lay.score_file(model_id, detector, item["dataset"]), scores)
         ledger.write(
-            "score", item["label"], item["key"], rows=int(scores.shape[0]), detector=detector, params=dict(params)
+            "score",
+            item["label"],
+            item["key"],
+            rows=int(scores.shape[0]),
+            detector=detector,
+            params=dict(params),
+            **({"adapted": adapted[detector]} if adapted else {}),
         )
         done.append(item["label"])
     return done
@@ -518,43 +538,18 @@ def _record_accuracy_and_name(ctx: Context, model: ModelSpec, run_dir: RunDir, *
 
 
 # ----------------------------------------------------------------------------------------------- metrics
-def _run_json(
-    ctx: Context,
-    model_id: str,
-    detectors: Mapping[str, Mapping[str, Any]],
-    skipped: Mapping[str, str],
-    score_keys: Mapping[str, str],
-    key: str,
-) -> dict[str, Any]:
-    """The run description, in the layout `oodbench evaluate` writes (so analyses and reports read it)."""
+def run_metrics_unit(ctx: Context, unit: MetricsUnit, score_units: Sequence[ScoreUnit]) -> None:
+    """One model's run directory, written by the evaluation engine's writer: scores, rows, the table, run.json."""
+    from ..evaluation.engine import RunWriter, result_tables
     from ..evaluation.evaluate import run_description
 
-    config = ctx.config
-    description = run_description(
-        ctx.store,
-        model_id,
-        config.fit,
-        config.id_test,
-        list(config.ood),
-        detectors,
-        score_keys,
-        complete=True,
-        skipped=skipped,
-    )
-    description["runner"] = {"experiment": config.name, "config": str(config.path) if config.path else None, "key": key}
-    description["display"] = config.models[model_id].display_name
-    return description
-
-
-def run_metrics_unit(ctx: Context, unit: MetricsUnit, score_units: Sequence[ScoreUnit]) -> None:
-    """One model's run directory: per-image scores, tidy rows, the detector table and run.json."""
-    from ..core.tabular import detector_table_markdown
-
     config, lay, ledger = ctx.config, ctx.layout, ctx.ledger
+    spec = config.evaluation
     model_id = unit.model
     assert model_id is not None
     scores: dict[str, dict[str, np.ndarray]] = {}
     skipped: dict[str, str] = {}
+    adapted: dict[str, Any] = {}
     for score_unit in score_units:
         record = ledger.done("score", score_unit.label, score_unit.key)
         if record is None:
@@ -562,16 +557,35 @@ def run_metrics_unit(ctx: Context, unit: MetricsUnit, score_units: Sequence[Scor
         if record.get("skipped"):
             skipped[score_unit.detector or ""] = record["skipped"]
             continue
+        if record.get("adapted"):
+            adapted[score_unit.detector or ""] = record["adapted"]
         values = np.load(lay.score_file(model_id, score_unit.detector or "", score_unit.dataset or ""))
         scores.setdefault(score_unit.dataset or "", {})[score_unit.detector or ""] = np.asarray(values)
     ran = [d for d in config.detectors if d not in skipped]
-    rows = metric_rows(model_id, config.id_test, list(config.ood), ran, scores, config.tpr)
+    rows, table = result_tables(model_id, spec, ran, scores)
+    score_keys = {d: u.key for u in score_units if (d := u.detector or "") in ran and u.dataset == spec.id}
+
+    def describe(keys: Mapping[str, str], **status: Any) -> dict[str, Any]:
+        """The run description, in the layout `oodbench evaluate` writes (so analyses and reports read it)."""
+        description = run_description(
+            ctx.store,
+            model_id,
+            spec.fit,
+            spec.id,
+            list(spec.ood),
+            config.detectors,
+            keys,
+            csid_datasets=spec.csid,
+            adapted=adapted,
+            **status,
+        )
+        if spec.convention != "oodbench":
+            description["convention"] = spec.convention
+        runner = {"experiment": config.name, "config": str(config.path) if config.path else None, "key": unit.key}
+        return {**description, "runner": runner, "display": config.models[model_id].display_name}
+
     run_dir = RunDir(lay.run_dir(model_id))
-    run_dir.write_results(model_id, rows, scores, detector_table_markdown(rows, ran, list(config.ood)))
-    score_keys = {d: u.key for u in score_units if (d := u.detector or "") in ran and u.dataset == config.id_test}
-    run_dir.write_info(
-        _run_json(ctx, model_id, {d: config.detectors[d] for d in config.detectors}, skipped, score_keys, unit.key)
-    )
+    RunWriter(run_dir, model_id, describe).finish(rows, scores, table, score_keys, complete=True, skipped=skipped)
     _record_accuracy_and_name(ctx, config.models[model_id], run_dir)
     ledger.write("metrics", unit.label, unit.key, rows=len(rows), skipped=skipped)
 
