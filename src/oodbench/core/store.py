@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from ..util.atomic import atomic_save_npy, atomic_write_json
+from ..util.atomic import atomic_save_npy, atomic_write_json, open_regular, open_regular_file, read_regular
 from .errors import StoreError
 from .names import check_name, is_name
 from .outputs import Head, Outputs
@@ -67,6 +67,8 @@ _EXTRA = "extra."
 _ARRAYS = ("features", "logits", "labels", "index")
 # Bytes hashed per read while verifying (one buffer, reused).
 _VERIFY_BLOCK = 16 * 2**20
+# The largest JSON file a store reads back (meta.json of a 1.28 M-row entry is well under 1 MiB).
+_JSON_LIMIT = 64 * 2**20
 
 
 def _check_name(kind: str, name: str) -> str:
@@ -105,7 +107,7 @@ def library_versions() -> dict[str, str]:
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`; one-line StoreError when it is missing, not UTF-8, not JSON or not an object."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(read_regular(path, _JSON_LIMIT).decode("utf-8"))
     except FileNotFoundError:
         raise StoreError(f"missing {path}") from None
     except UnicodeDecodeError as exc:
@@ -187,7 +189,7 @@ def _check_npy(
     shard's rows (calling `advance` with the bytes read, for progress).
     """
     try:
-        handle = open(path, "rb")
+        handle = open_regular_file(path)
     except OSError as exc:
         return [f"{path.name}: cannot open ({exc.strerror or exc})"]
     with handle:
@@ -339,7 +341,7 @@ if hasattr(os, "register_at_fork"):
 def _holder(path: Path) -> dict[str, Any] | None:
     """The holder record a writer left in a lock file (pid, host, since, command), or None."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8") or "null")
+        record = json.loads(read_regular(path, 2**16).decode("utf-8") or "null")
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
@@ -380,7 +382,7 @@ def _flock(path: Path, what: str, wait: float | None) -> int:
     while True:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)  # a planted link is refused, never truncated
         except OSError as exc:
             raise StoreError(f"cannot write {what}: cannot open its lock file {path} ({exc.strerror or exc})") from None
         try:
@@ -402,7 +404,7 @@ def _flock(path: Path, what: str, wait: float | None) -> int:
             raise StoreError(f"cannot write {what}: cannot lock {path} ({exc.strerror or exc})") from None
         # The lock file could have been deleted by hand between open and flock: lock the file now at `path`.
         try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
+            same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
             same = False
         if not same:
@@ -724,10 +726,7 @@ class Store:
         problems = _check_npy(path, meta["arrays"][name], meta.get("checksum_rows"), full=False)
         if problems:
             raise StoreError(f"store entry {model_id}/{dataset_id} is damaged: {problems[0]}")
-        try:
-            return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"cannot read {path}: {exc}") from exc
+        return _load_npy(path, mmap)
 
     @staticmethod
     def _raise_damage(result: Verification) -> None:
@@ -770,8 +769,8 @@ class Store:
             file = path / f"{name}.npy"
             if specs is None:
                 try:
-                    np.load(file, mmap_mode="r", allow_pickle=False)
-                except (OSError, ValueError) as exc:
+                    _load_npy(file, True)
+                except (OSError, ValueError, StoreError) as exc:
                     result.problems.append(f"{file.name}: {exc}")
             else:
                 result.problems += _check_npy(file, specs[name], [specs[name]["shape"][0]], full=True, advance=advance)
@@ -828,10 +827,8 @@ class Store:
                 if problems:
                     raise StoreError(f"the head of {model_id} is damaged: {problems[0]}")
         try:
-            return Head(
-                np.load(path / "weight.npy", allow_pickle=False), np.load(path / "bias.npy", allow_pickle=False)
-            )
-        except (OSError, ValueError) as exc:
+            return Head(_load_npy(path / "weight.npy", False), _load_npy(path / "bias.npy", False))
+        except (OSError, ValueError, StoreError) as exc:
             raise StoreError(f"cannot read head of {model_id}: {exc}") from exc
 
     @staticmethod
@@ -876,9 +873,26 @@ def _get(mapping: object, key: str) -> Any:
     return mapping.get(key) if isinstance(mapping, dict) else None
 
 
+def _load_npy(path: Path, mmap: bool) -> np.ndarray:
+    """An .npy array of a regular file reached without a link (memory-mapped read-only with `mmap`), no pickles."""
+    try:
+        with open_regular_file(path) as handle:
+            if not mmap:
+                return np.lib.format.read_array(handle, allow_pickle=False)
+            shape, fortran, dtype, offset = _npy_header(handle, path)
+            if dtype.hasobject:
+                raise StoreError(f"cannot read {path}: it holds Python objects")
+            if not shape or 0 in shape:
+                handle.seek(0)
+                return np.lib.format.read_array(handle, allow_pickle=False)  # mmap cannot map zero bytes
+            return np.memmap(handle, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from exc
+
+
 def _header_digest(path: Path) -> str:
     """SHA-256 of an .npy file's header (magic, version, shape and dtype record, padding)."""
-    with open(path, "rb") as handle:
+    with open_regular_file(path) as handle:
         *_, offset = _npy_header(handle, path)
         handle.seek(0)
         return hashlib.sha256(handle.read(offset)).hexdigest()
@@ -1007,14 +1021,14 @@ class EntryWriter:
             return done
         for marker in shard_dir.glob("*.done.json"):
             try:
-                record = json.loads(marker.read_text(encoding="utf-8"))
+                record = json.loads(read_regular(marker, _JSON_LIMIT).decode("utf-8"))
                 shard = int(marker.name.split(".")[0])
                 arrays = record["arrays"]
                 for name, spec in arrays.items():
                     _check_array_name(name, str(marker))
                     int(spec["nbytes"])
                 int(record["rows"])
-            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, StoreError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, StoreError):
                 continue  # a damaged marker counts as absent: the shard is written again
             files_ok = all(
                 (shard_dir / f"{name}.{shard:05d}.npy").is_file()
@@ -1176,7 +1190,11 @@ class EntryWriter:
             )
         for shard in range(spec["copied"]):  # copied and recorded, but a kill came before their release
             (self.shard_dir / f"{name}.{shard:05d}.npy").unlink(missing_ok=True)
-        with open(partial, "r+b" if partial.exists() else "w+b") as handle:
+        try:
+            opened = open_regular_file(partial, "r+b" if os.path.lexists(partial) else "w+b")
+        except OSError as exc:
+            raise StoreError(f"finalizing {self}: cannot open {partial} ({exc.strerror or exc})") from None
+        with opened as handle:
             handle.seek(0)
             np.lib.format.write_array_header_1_0(
                 handle, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
@@ -1186,7 +1204,7 @@ class EntryWriter:
             handle.truncate(header + rows_done * row_bytes)
             for shard in range(spec["copied"], self.num_shards):
                 source = self.shard_dir / f"{name}.{shard:05d}.npy"
-                part = np.load(source, mmap_mode="r")
+                part = _load_npy(source, True)
                 handle.seek(header + rows_done * row_bytes)
                 step = max(1, _COPY_BYTES // max(1, row_bytes))
                 digest = hashlib.sha256()
