@@ -101,7 +101,7 @@ POST_HOC_POOL = frozenset(
     + ("rmaha++", "knn", "cosine", "mcm", "fdbd", "neco", "nac", "vim", "nnguide")
 )
 VLM_POOL = frozenset(("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm"))
-GENERATION = re.compile(r"^(?P<base>.+)\.g(?P<index>[1-9][0-9]*)$")  # a vocabulary's generation: <vocab>.g<k>
+GENERATION = re.compile(r"^(?P<base>.+)\.g(?P<index>[1-9][0-9]*)\Z")  # a vocabulary's generation: <vocab>.g<k>
 # Table A6's columns and the SubsampleSummary fields that reproduce them.
 DRAW_METRICS = {
     "draw_mean": "mean",

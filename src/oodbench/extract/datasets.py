@@ -39,7 +39,7 @@ __all__ = [
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp", ".gif"}
 )
-_SYNSET = re.compile(r"^n\d{8}$")
+_SYNSET = re.compile(r"^n\d{8}\Z")
 _VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})")
 
 
