@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..util.atomic import atomic_save_npy, atomic_write_json, open_regular, open_regular_file, read_regular
+from ..util.schema import Int, ListOf, MapOf, Record, SchemaError, Str, validate
 from .errors import StoreError
 from .names import check_name, is_name
 from .outputs import Head, Outputs
@@ -69,6 +70,28 @@ _ARRAYS = ("features", "logits", "labels", "index")
 _VERIFY_BLOCK = 16 * 2**20
 # The largest JSON file a store reads back (meta.json of a 1.28 M-row entry is well under 1 MiB).
 _JSON_LIMIT = 64 * 2**20
+
+
+# The JSON files a writer reads back, by schema: a shard's done marker and the merge's progress record.
+_SHAPE = ListOf(Int(0, 2**40), min_len=1, max_len=32)
+_SHARD_RECORD = Record(
+    {
+        "rows": Int(0, 2**40),
+        "arrays": MapOf(
+            Record({"shape": _SHAPE, "dtype": Str(max_len=64), "nbytes": Int(0)}, {"sha256": Str("[0-9a-f]{64}")}),
+            key=Str(max_len=256),
+            max_len=4096,
+        ),
+    },
+    {"skipped": ListOf(object)},
+)
+_MERGE_RECORD = Record(
+    {
+        "plan": MapOf(_SHARD_RECORD, key=Str("[0-9]{1,9}")),
+        "arrays": MapOf(Record({"shape": _SHAPE, "dtype": Str(max_len=64), "copied": Int(0)}), max_len=4096),
+    },
+    {"extra_meta": dict},
+)
 
 
 def _check_name(kind: str, name: str) -> str:
@@ -551,13 +574,13 @@ class Store:
         merge = shard_dir / _MERGE_STATE
         if merge.is_file():
             try:
-                state = _read_json(merge)
-                merged = sum(spec.get("copied") == num_shards for spec in state["arrays"].values())
+                state = validate(_MERGE_RECORD, _read_json(merge))
+                merged = sum(spec["copied"] == num_shards for spec in state["arrays"].values())
                 text = (
                     f"interrupted while finalizing: all {num_shards} shards written, {merged} of "
                     f"{len(state['arrays'])} arrays merged into their final files"
                 )
-            except (StoreError, KeyError, TypeError, AttributeError):
+            except (StoreError, SchemaError):
                 text = f"interrupted while finalizing (its progress record {merge} is unreadable)"
         else:
             done = EntryWriter._done_shards(shard_dir)
@@ -1021,7 +1044,7 @@ class EntryWriter:
             return done
         for marker in shard_dir.glob("*.done.json"):
             try:
-                record = json.loads(read_regular(marker, _JSON_LIMIT).decode("utf-8"))
+                record = validate(_SHARD_RECORD, json.loads(read_regular(marker, _JSON_LIMIT).decode("utf-8")))
                 shard = int(marker.name.split(".")[0])
                 arrays = record["arrays"]
                 for name, spec in arrays.items():
@@ -1145,8 +1168,8 @@ class EntryWriter:
 
     def _merge_state(self, extra_meta: Mapping[str, Any] | None) -> dict[str, Any]:
         """The merge plan and progress: resumed from merge.json, or drawn up from the complete shards."""
-        if self._merge_file.is_file():
-            return _read_json(self._merge_file)
+        if os.path.lexists(self._merge_file):
+            return self._checked_merge_state(_read_json(self._merge_file))
         done = self._done_shards(self.shard_dir)
         missing = [k for k in range(self.num_shards) if k not in done]
         if missing:
@@ -1168,6 +1191,30 @@ class EntryWriter:
         if extra_meta:
             state["extra_meta"] = json.loads(json.dumps(dict(extra_meta), default=str))
         atomic_write_json(self._merge_file, state)
+        return state
+
+    def _checked_merge_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """merge.json checked against its schema and against this entry (shards, rows, arrays) before use."""
+        where = f"{self._merge_file}"
+        try:
+            validate(_MERGE_RECORD, state)
+            plan, arrays = state["plan"], state["arrays"]
+            if set(plan) != {str(k) for k in range(self.num_shards)}:
+                raise SchemaError(f"plan: expected shards 0 to {self.num_shards - 1}, got {sorted(plan)[:5]}")
+            rows = sum(record["rows"] for record in plan.values())
+            for name, spec in arrays.items():
+                _check_array_name(name, where)
+                _check_spec(name, spec, where, None)
+                if spec["copied"] > self.num_shards or spec["shape"][0] != rows:
+                    raise SchemaError(f"arrays.{name}: copied or rows do not fit the plan")
+                for k, record in plan.items():
+                    part = record["arrays"].get(name)
+                    if part is None or part["dtype"] != spec["dtype"] or part["shape"][1:] != spec["shape"][1:]:
+                        raise SchemaError(f"plan.{k}: array {name!r} missing or of another shape or dtype")
+        except (SchemaError, StoreError) as exc:
+            raise StoreError(
+                f"finalizing {self}: {where} is damaged ({exc}); delete the entry and extract it again"[:500]
+            ) from None
         return state
 
     def _merge(self, name: str, spec: dict[str, Any], state: dict[str, Any]) -> None:
