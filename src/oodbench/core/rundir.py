@@ -158,9 +158,11 @@ class RunDir:
         The record is written with the next `write_info`, so a run refused before its first result writes nothing.
         """
         record = self._read_verified()
-        seals = {f"{model}/{name}": _seal(store.meta(model, name)) for name in datasets}
+        # Stamps (size, mtime, inode) are taken before hashing: a file changed during or after the check is
+        # verified again next time.
+        seals = {f"{model}/{name}": _seal(store.meta(model, name), store.file_stamps(model, name)) for name in datasets}
         if store.has_head(model):
-            seals[f"{model}/head"] = _seal(store.head_meta(model))
+            seals[f"{model}/head"] = _seal(store.head_meta(model), store.file_stamps(model, "head"))
         todo = [key for key, seal in seals.items() if force or record.get(key, {}).get("seal") != seal]
         if not todo:
             return f"store entries already verified for this run directory ({len(seals)} checked before)"
@@ -268,9 +270,10 @@ class RunDir:
         return rows
 
 
-def _seal(meta: Mapping[str, Any]) -> str:
-    """What identifies a verified store entry or head: its recorded arrays and checksums, and when it was written."""
-    fields = [meta.get(key) for key in ("arrays", "checksum_rows", "finished", "written")]
+def _seal(meta: Mapping[str, Any], stamps: Sequence[Sequence[Any]]) -> str:
+    """What identifies a verified store entry or head: its recorded arrays and checksums, when it was written, and
+    each array file's size, modification time and inode (a file changed since it was verified gets a new seal)."""
+    fields = [meta.get(key) for key in ("arrays", "checksum_rows", "finished", "written")] + [list(stamps)]
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

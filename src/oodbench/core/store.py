@@ -781,6 +781,19 @@ class Store:
             result.nbytes += path.stat().st_size if path.is_file() else 0
         return result
 
+    def file_stamps(self, model_id: str, dataset_id: str) -> list[list[Any]]:
+        """(name, size, mtime in ns, inode) of each array file of an entry (``dataset_id="head"``: the head's).
+
+        Cheap to take: a run directory records them with a verification, so that a file changed since (a flipped
+        byte changes the modification time) is verified again.
+        """
+        folder = self.root / _check_name("model id", model_id) / _check_name("dataset id", dataset_id)
+        stamps: list[list[Any]] = []
+        for path in sorted(folder.glob("*.npy")):
+            info = os.lstat(path)
+            stamps.append([path.name, info.st_size, info.st_mtime_ns, info.st_ino])
+        return stamps
+
     def verify_head(self, model_id: str, *, advance: Callable[[int], None] | None = None) -> Verification:
         """Check every byte of the model's stored head against its recorded checksums (`advance` as in `verify`)."""
         path = self.root / _check_name("model id", model_id) / "head"
