@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import os
 import stat
@@ -90,6 +91,43 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     if len(data) > limit:  # grew while read
         raise UnsafeFileError(errno.EFBIG, f"more than the {limit:,} bytes allowed", str(path))
     return data
+
+
+def read_text_file(path: str | os.PathLike[str], limit: int = 256 * 2**20) -> str:
+    """A user's text file (a path they named; ``.gz`` decompressed), or `ValueError` with one phrase saying why not.
+
+    The file must be regular (a FIFO or device is refused before reading; a link the user named is followed),
+    at most `limit` bytes (decompressed too), and UTF-8 text.
+    """
+    import gzip
+    import zlib
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"cannot read it ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"it is {_kind(info.st_mode)}, not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"it is {info.st_size:,} bytes, more than the {limit:,} allowed")
+        os.set_blocking(fd, True)
+        data = handle.read(limit + 1)
+    if str(path).lower().endswith(".gz"):
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as unzipped:
+                data = unzipped.read(limit + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ValueError(f"it is not a readable gzip file ({exc})") from None
+    if len(data) > limit:
+        raise ValueError(f"it holds more than the {limit:,} bytes allowed")
+    if b"\x00" in data:
+        raise ValueError("it is a binary file, not text (it holds NUL bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 @contextlib.contextmanager
