@@ -672,7 +672,7 @@ def load(
         detector.validate_params()
     except DetectorError as exc:
         raise DetectorError(f"{path}: {exc}"[:400]) from None
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
         raise DetectorError(f"{path}: invalid parameters for {name}: {type(exc).__name__}: {exc}"[:400]) from None
     info = _read_fit(meta, str(path))
     try:
@@ -704,7 +704,7 @@ def load(
             decoder = _Decoder(handle, _fit_dims(detector, info), str(path))
             values = {key: decoder.decode(item, state.get(key), key) for key, item in spec.items()}
             extra = sorted(decoder.available - decoder.used)
-    except (OSError, SafetensorError, ValueError, TypeError, MemoryError) as exc:
+    except (OSError, SafetensorError, ValueError, TypeError, MemoryError, OverflowError) as exc:
         raise DetectorError(f"cannot read {arrays_path}: {type(exc).__name__}: {exc}"[:400]) from None
     finally:
         os.close(fd)
