@@ -379,8 +379,11 @@ class Detector:
                     f"{_per_row(fitted)}"
                 )
         scores = np.empty(len(test), dtype=np.float64)
-        for rows in self._score_chunks(test):
-            scores[rows] = self._score_chunk(_declared_rows(test, rows, requires.score))
+        # The floating-point policy of scoring: no numpy warning on overflow, division by zero or invalid values
+        # (a temperature of 5e-324, a forged radius of 1e308); what they produce is judged below, in one line.
+        with np.errstate(all="ignore"):
+            for rows in self._score_chunks(test):
+                scores[rows] = self._score_chunk(_declared_rows(test, rows, requires.score))
         if not np.isfinite(scores).all():
             raise DetectorError(
                 f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale"
