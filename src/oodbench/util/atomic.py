@@ -93,6 +93,30 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     return data
 
 
+def read_file_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of a file a user named (a link is followed), read once; `ValueError` with one phrase when it is
+    not a regular file, is larger than `limit`, or changed while it was read (its size or mtime moved)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"cannot read it ({exc.strerror or exc})") from None
+    before = os.fstat(fd)
+    if not stat.S_ISREG(before.st_mode) or before.st_size > limit:
+        os.close(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise ValueError(f"it is {_kind(before.st_mode)}, not a regular file")
+        raise ValueError(f"it is {before.st_size:,} bytes, more than the {limit:,} allowed")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1)
+        after = os.fstat(fd)
+    if len(data) > limit:
+        raise ValueError(f"it grew beyond the {limit:,} bytes allowed while it was read")
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or len(data) != after.st_size:
+        raise ValueError("it changed while it was read")
+    return data
+
+
 def read_text_file(path: str | os.PathLike[str], limit: int = 256 * 2**20) -> str:
     """A user's text file (a path they named; ``.gz`` decompressed), or `ValueError` with one phrase saying why not.
 
@@ -102,18 +126,7 @@ def read_text_file(path: str | os.PathLike[str], limit: int = 256 * 2**20) -> st
     import gzip
     import zlib
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ValueError(f"cannot read it ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"it is {_kind(info.st_mode)}, not a regular file")
-        if info.st_size > limit:
-            raise ValueError(f"it is {info.st_size:,} bytes, more than the {limit:,} allowed")
-        os.set_blocking(fd, True)
-        data = handle.read(limit + 1)
+    data = read_file_bytes(path, limit)
     if str(path).lower().endswith(".gz"):
         try:
             with gzip.GzipFile(fileobj=io.BytesIO(data)) as unzipped:
