@@ -30,3 +30,36 @@ def test_a_planted_database_file_is_refused(tmp_path, suffix, kind):
         AnnotationStore(f"sqlite:///{database}").create_schema()
     assert "\n" not in str(info.value) and str(planted) in str(info.value)
     assert victim.read_bytes() == VICTIM
+
+
+@pytest.mark.parametrize("kind", ["link-to-valid-answer", "fifo", "not-utf8", "nested"])
+def test_a_planted_llm_cache_file_is_not_replayed(tmp_path, kind):
+    import json
+
+    from oodbench.annotate.llm import LLMDescriber
+
+    describer = LLMDescriber.__new__(LLMDescriber)
+    cache = tmp_path / "cache" / "answer.json"
+    cache.parent.mkdir()
+    valid = {"description": "a tent", "closed_world": "tent", "open_world": None, "parse_error": False}
+    if kind == "link-to-valid-answer":
+        (tmp_path / "elsewhere.json").write_text(json.dumps(valid))
+        cache.symlink_to(tmp_path / "elsewhere.json")
+    elif kind == "fifo":
+        os.mkfifo(cache)
+    elif kind == "not-utf8":
+        cache.write_bytes(b"\xff" + json.dumps(valid).encode())
+    else:
+        cache.write_text("[" * 100_000 + "]" * 100_000)
+    assert describer.cached(cache) is None
+
+
+def test_an_image_that_is_a_fifo_is_one_line(tmp_path):
+    from oodbench.annotate.llm import LLMDescriber
+
+    describer = LLMDescriber.__new__(LLMDescriber)
+    describer.cache_dir = tmp_path / "cache"
+    image = tmp_path / "x.jpg"
+    os.mkfifo(image)
+    with pytest.raises(AnnotateError, match="not a regular file"):
+        describer.describe(image, ["tent"])
