@@ -9,6 +9,8 @@ import pytest
 from oodbench.annotate.db import AnnotationStore
 from oodbench.core.errors import AnnotateError
 
+pytestmark = pytest.mark.hostile
+
 VICTIM = b"precious bytes outside the project\n"
 
 

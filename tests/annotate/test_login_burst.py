@@ -15,6 +15,8 @@ import pytest
 from .helpers import CSRF, PASSWORD, build_project
 from .test_cli import _serve
 
+pytestmark = pytest.mark.hostile
+
 BURST = 40
 
 

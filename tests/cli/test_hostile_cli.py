@@ -10,6 +10,8 @@ import pytest
 
 from oodbench.cli.main import main
 
+pytestmark = pytest.mark.hostile
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

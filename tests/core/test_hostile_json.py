@@ -17,6 +17,8 @@ from oodbench import Store
 from oodbench.core import store as store_module
 from oodbench.core.errors import StoreError
 
+pytestmark = pytest.mark.hostile
+
 PROV = {"model": "m", "checkpoint": "abc", "preprocessing": {}}
 ROWS, SHARD = 6, 2  # three shards
 

@@ -21,6 +21,8 @@ import pytest
 from oodbench import Head, Outputs, Store
 from oodbench.core.errors import StoreError
 
+pytestmark = pytest.mark.hostile
+
 PROV = {"model": "toy", "checkpoint": "c1", "preprocessing": {}}
 VICTIM = b"precious bytes outside the store\n"
 KINDS = ("link-to-victim", "link-to-copy", "link-to-dev-zero", "fifo", "directory", "link-loop")

@@ -42,12 +42,14 @@ def test_the_store_uses_the_rule(tmp_path) -> None:
 TRAILING = ["evil\n", "maha\n", "a\n", "resnet50\n", "wn@v2\n", "x\r\n"]
 
 
+@pytest.mark.hostile
 @pytest.mark.parametrize("name", TRAILING)
 def test_a_name_ending_in_a_newline_is_refused(name: str) -> None:
     """`$` matches before a final newline: the rule must match the whole name."""
     assert not is_name(name) and not is_name(name, allow_at=False)
 
 
+@pytest.mark.hostile
 @pytest.mark.parametrize("name", TRAILING[:3])
 def test_the_store_and_the_registry_refuse_a_name_ending_in_a_newline(tmp_path, name: str) -> None:
     import numpy as np
@@ -66,6 +68,7 @@ def test_the_store_and_the_registry_refuse_a_name_ending_in_a_newline(tmp_path, 
         register(name)(type("Evil", (Detector,), {}))
 
 
+@pytest.mark.hostile
 @pytest.mark.parametrize(
     "module, pattern, valid",
     [

@@ -11,6 +11,8 @@ from oodbench import Outputs, Store
 from oodbench.core.errors import StoreError
 from oodbench.core.rundir import RunDir
 
+pytestmark = pytest.mark.hostile
+
 PROV = {"model": "m", "checkpoint": "c", "preprocessing": {}}
 
 

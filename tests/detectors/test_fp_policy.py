@@ -18,6 +18,8 @@ from oodbench.detectors import create, load, save
 
 from .hostile.cases import PROVENANCE, fit_data
 
+pytestmark = pytest.mark.hostile
+
 
 def _score_quietly(detector, test):
     with warnings.catch_warnings(record=True) as caught:

@@ -21,6 +21,8 @@ from oodbench.detectors import artefact, create, load, save
 
 from .hostile.cases import PROVENANCE, fit_data
 
+pytestmark = pytest.mark.hostile
+
 KINDS = ("link-to-copy", "link-to-dev-zero", "fifo", "directory", "link-loop")
 FILES = (artefact.META_FILE, artefact.ARRAYS_FILE)
 

@@ -16,6 +16,8 @@ from oodbench.detectors import create, load, save
 
 from .hostile.cases import PROVENANCE, SOURCES, fit_data
 
+pytestmark = pytest.mark.hostile
+
 HUGE = [10**30, 2**63, 2**64 + 1, 2**41, -(2**63)]
 
 

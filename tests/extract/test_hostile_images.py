@@ -16,6 +16,8 @@ import pytest
 from oodbench.extract import datasets
 from oodbench.extract.datasets import UnreadableImage, _walk_images, load_rgb
 
+pytestmark = pytest.mark.hostile
+
 MAX_IMAGE_PIXELS = getattr(datasets, "MAX_IMAGE_PIXELS", 0)
 
 PIL = pytest.importorskip("PIL.Image")

@@ -12,6 +12,8 @@ from oodbench.text.llm import ChatClient, LLMConfig
 
 from ..fakes.openai_server import FakeOpenAIServer, chat_body
 
+pytestmark = pytest.mark.hostile
+
 MESSAGES = [{"role": "user", "content": "list three animals"}]
 GOOD = '["otter", "heron", "newt"]'
 
