@@ -691,13 +691,8 @@ class Store:
         Every read checks each file's size, header, shape and dtype; `verify` also hashes every byte against the
         checksums recorded when the entry was written.
         """
-        meta = self.meta(model_id, dataset_id)
         key = f"{model_id}/{dataset_id}"
-        if not meta.get("complete"):
-            raise StoreError(f"store entry {key} is incomplete: {self.describe_incomplete(model_id, dataset_id)}")
-        if verify:
-            self._raise_damage(self.verify(model_id, dataset_id))
-        arrays = {name: self._load(model_id, dataset_id, name, meta, mmap) for name in meta["arrays"]}
+        meta, arrays = self._consistent_read(model_id, dataset_id, mmap, verify)
         extras = {name[len(_EXTRA) :]: value for name, value in arrays.items() if name.startswith(_EXTRA)}
         try:
             return Outputs(
@@ -710,6 +705,41 @@ class Store:
             )
         except ValueError as exc:
             raise StoreError(f"store entry {key} holds invalid arrays: {exc}") from exc
+
+    def _consistent_read(
+        self, model_id: str, dataset_id: str, mmap: bool, verify: bool
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """meta.json and every array of one generation of the entry, even while a writer overwrites it.
+
+        The metadata and each file's (size, mtime, inode) are taken before and after the arrays are opened; when
+        either moved (a writer replaced the entry meanwhile), the read starts again, so the arrays never mix two
+        writers' data, nor one writer's arrays with another's metadata.
+        """
+        key = f"{model_id}/{dataset_id}"
+        for _ in range(_READ_ATTEMPTS):
+            stamps = self.file_stamps(model_id, dataset_id)
+            meta = self.meta(model_id, dataset_id)
+            if not meta.get("complete"):
+                raise StoreError(f"store entry {key} is incomplete: {self.describe_incomplete(model_id, dataset_id)}")
+            try:
+                if verify:
+                    self._raise_damage(self.verify(model_id, dataset_id))
+                arrays = {name: self._load(model_id, dataset_id, name, meta, mmap) for name in meta["arrays"]}
+                problem = None
+            except StoreError as exc:
+                problem = exc
+            try:
+                same = self.file_stamps(model_id, dataset_id) == stamps and self.meta(model_id, dataset_id) == meta
+            except StoreError:
+                same = False
+            if same:
+                if problem is not None:
+                    raise problem
+                return meta, arrays
+        raise StoreError(
+            f"store entry {key} changed while it was read, {_READ_ATTEMPTS} times (is it being overwritten?); "
+            "read it again once its writer has finished"
+        )
 
     def entry_provenance(self, model_id: str, dataset_id: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Where an entry's outputs come from (plain JSON): model id, dataset, checkpoint, preprocessing, store,
@@ -790,7 +820,11 @@ class Store:
         folder = self.root / _check_name("model id", model_id) / _check_name("dataset id", dataset_id)
         stamps: list[list[Any]] = []
         for path in sorted(folder.glob("*.npy")):
-            info = os.lstat(path)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:  # removed meanwhile (an overwrite): a different set of stamps
+                stamps.append([path.name, None, None, None])
+                continue
             stamps.append([path.name, info.st_size, info.st_mtime_ns, info.st_ino])
         return stamps
 
@@ -1292,6 +1326,8 @@ class EntryWriter:
         _merge_step(f"renamed {name}")
 
 
+# Reads of an entry that a writer keeps replacing start again at most this many times.
+_READ_ATTEMPTS = 5
 # The merge's progress record inside the shard directory, and the bytes copied per write.
 _MERGE_STATE = "merge.json"
 _COPY_BYTES = 64 * 2**20
