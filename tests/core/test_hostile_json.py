@@ -204,3 +204,23 @@ def test_a_run_description_that_is_a_fifo_or_a_link_is_refused(tmp_path, kind):
         run.info_path.symlink_to(outside)
     with pytest.raises(RunDirError, match="run.json"):
         run.read_info()
+
+
+def test_the_run_descriptions_oodbench_writes_are_valid(tmp_path):
+    """A zero-shot run has no fit set or head (null): the schema takes what the writers write."""
+    from oodbench.core.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    for info in (
+        {
+            "kind": "zeroshot",
+            "model": "clip",
+            "fit_dataset": None,
+            "id_dataset": "in1k",
+            "head": None,
+            "complete": True,
+        },
+        {"model": "m", "fit_dataset": "fit", "id_dataset": "id", "ood_datasets": ["o"], "score_keys": {"msp": "k"}},
+    ):
+        run.info_path.write_text(json.dumps(info))
+        assert run.read_info() == info

@@ -46,11 +46,11 @@ RUN_KINDS = ("supervised", "zeroshot")  # run.json "kind"; absent means supervis
 _INFO_SCHEMA = Record(
     {},
     {
-        "kind": Str("supervised|zeroshot"),
-        "model": str,
-        "store": str,
-        "fit_dataset": str,
-        "id_dataset": str,
+        "kind": Nullable(Str("supervised|zeroshot")),
+        "model": Nullable(str),
+        "store": Nullable(str),
+        "fit_dataset": Nullable(str),
+        "id_dataset": Nullable(str),
         "csid_datasets": ListOf(str),
         "ood_datasets": ListOf(str),
         "detectors": MapOf(dict),
