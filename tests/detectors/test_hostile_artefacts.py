@@ -23,6 +23,8 @@ from oodbench.detectors import load, save
 
 from .hostile.cases import CASES, EVIL_MODULE, build, fit_data
 
+pytestmark = pytest.mark.hostile
+
 VICTIM_TEXT = "must survive\n"
 
 

@@ -97,7 +97,7 @@ APPENDIX_E_EXCLUDED = ("DINOv2-g/14", "DINOv3-7B", "ConvNeXtV2-L", "EVA02-L-448"
 # The paper's 21 post-hoc detectors (Sec. 4.1, Table 1's caption): `core.papers.POST_HOC_POOL`, where the
 # detector selection `-d paper` reads them too.
 VLM_POOL = frozenset(("mcm", "maxlogit", "energy", "gen", "entropy", "margin", "glmcm"))
-GENERATION = re.compile(r"^(?P<base>.+)\.g(?P<index>[1-9][0-9]*)$")  # a vocabulary's generation: <vocab>.g<k>
+GENERATION = re.compile(r"^(?P<base>.+)\.g(?P<index>[1-9][0-9]*)\Z")  # a vocabulary's generation: <vocab>.g<k>
 # Table A6's columns and the SubsampleSummary fields that reproduce them.
 DRAW_METRICS = {
     "draw_mean": "mean",

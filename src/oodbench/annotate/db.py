@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from ..core.errors import AnnotateError
+from ..util.atomic import open_regular
 from .importers import Candidate
 from .protocol import (
     MAX_NOTE_LENGTH,
@@ -179,11 +180,18 @@ def _create_private(path: Path) -> None:
     SQLite gives its -wal and -shm files the database file's mode, so they stay private too.
     """
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     except FileExistsError:
         pass
     except OSError as exc:
         raise AnnotateError(f"cannot create the database file {path}: {exc.strerror}") from None
+    # SQLite follows links: the database and its journals must be regular files, not links planted in the project.
+    for file in (path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal"))):
+        if os.path.lexists(file):
+            try:
+                os.close(open_regular(file))
+            except OSError as exc:
+                raise AnnotateError(f"refusing the database file {file}: {exc.strerror or exc}") from None
 
 
 def _append_only_triggers(conn: sa.Connection) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.errors import AnnotateError
 from ..text.llm import ChatAttemptError, json_depth_ok, post_chat_completion
-from ..util.atomic import atomic_write_text
+from ..util.atomic import atomic_write_text, read_file_bytes, read_regular
 from .protocol import label_match_key
 
 PROMPT_VERSION = "closed-open-v1"
@@ -121,8 +121,8 @@ class LLMDescriber:
     def cached(self, cache: Path) -> dict[str, Any] | None:
         """A usable cached answer, or None (absent, damaged, or an unparseable reply an older version kept)."""
         try:
-            answer = json.loads(cache.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            answer = json.loads(read_regular(cache, 2**24).decode("utf-8"))  # no link or FIFO in the cache
+        except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             return None
         return answer if isinstance(answer, dict) and answer.get("parse_error") is False else None
 
@@ -134,8 +134,8 @@ class LLMDescriber:
         """
         image_path = Path(image_path)
         try:
-            data = image_path.read_bytes()
-        except OSError as exc:
+            data = read_file_bytes(image_path, 512 * 2**20)  # a regular file, read once (a FIFO would block)
+        except ValueError as exc:
             raise AnnotateError(f"cannot read image {image_path}: {exc}") from None
         cache = self._cache_path(hashlib.sha256(data).hexdigest(), candidates)
         if not refresh and (hit := self.cached(cache)) is not None:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
@@ -80,6 +81,15 @@ class LoginCsrf:
         return tokens_equal(str(token), form_token)
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """An attempt counted as a failure before its password is checked (`LoginThrottle.reserve`)."""
+
+    keys: tuple[tuple[str, ...], ...]
+    account: str | None  # the real account whose budget it took, kept apart from the evictable keys
+    at: float
+
+
 class LoginThrottle:
     """Counts failed logins so that guessing stays slow and no stranger can lock a colleague out.
 
@@ -98,6 +108,10 @@ class LoginThrottle:
     device and unknown-name keys holds at most `max_keys` (the least recently failed go first); the table of
     real accounts holds one key per account and is never evicted, so a flood of invented names cannot reset
     the budget of a real one.
+
+    The login uses `reserve` and `release`: an attempt is counted as failed before its password is checked and
+    the count is taken back when the password was right, both under one lock, so that no number of parallel
+    attempts gets more password checks than the budgets allow.
     """
 
     def __init__(
@@ -134,14 +148,41 @@ class LoginThrottle:
         """
         now = self._clock()
         with self._lock:
-            if device is not None:
-                return self._full(self._failures.get(("device", device, name)), self.per_name, now)
-            account = self._accounts.get(name) or self._failures.get(("account", name))
-            return (
-                self._full(self._failures.get(("client", client)), self.per_client, now)
-                or self._full(self._failures.get(("name", client, name)), self.per_name, now)
-                or self._full(account, self.per_account, now)
-            )
+            return self._blocked(client, name, device, now)
+
+    def _blocked(self, client: str, name: str, device: str | None, now: float) -> bool:
+        if device is not None:
+            return self._full(self._failures.get(("device", device, name)), self.per_name, now)
+        account = self._accounts.get(name) or self._failures.get(("account", name))
+        return (
+            self._full(self._failures.get(("client", client)), self.per_client, now)
+            or self._full(self._failures.get(("name", client, name)), self.per_name, now)
+            or self._full(account, self.per_account, now)
+        )
+
+    def reserve(
+        self, client: str, name: str, device: str | None = None, *, known_account: bool = False
+    ) -> Reservation | None:
+        """Count this attempt as failed before its password is checked; None when it must wait instead.
+
+        Checking the budgets and counting happen under one lock, so parallel attempts cannot all pass the check
+        before any of them is counted. Give the reservation back with `release` when the password was right.
+        """
+        now = self._clock()
+        with self._lock:
+            if self._blocked(client, name, device, now):
+                return None
+            return self._record(client, name, device, known_account, now)
+
+    def release(self, reservation: Reservation) -> None:
+        """Take back a reserved attempt whose password was right (it is not a failure)."""
+        with self._lock:
+            tables: list[deque[float] | None] = [self._failures.get(key) for key in reservation.keys]
+            if reservation.account is not None:
+                tables.append(self._accounts.get(reservation.account))
+            for times in tables:
+                if times is not None and reservation.at in times:
+                    times.remove(reservation.at)
 
     def _count(self, key: tuple[str, ...], limit: int, now: float) -> None:
         times = self._failures.get(key)
@@ -154,18 +195,27 @@ class LoginThrottle:
         """Count one failed attempt; `known_account`: the name is a real account (its count is never evicted)."""
         now = self._clock()
         with self._lock:
-            if device is not None:
-                self._count(("device", device, name), self.per_name, now)
-            else:
-                self._count(("client", client), self.per_client, now)
-                self._count(("name", client, name), self.per_name, now)
-                if known_account:
-                    times = self._accounts.setdefault(name, deque(maxlen=self.per_account))
-                    times.append(now)
-                else:  # invented names are counted too, or the answer would tell which names exist
-                    self._count(("account", name), self.per_account, now)
-            while len(self._failures) > self.max_keys:
-                self._failures.popitem(last=False)
+            self._record(client, name, device, known_account, now)
+
+    def _record(self, client: str, name: str, device: str | None, known_account: bool, now: float) -> Reservation:
+        """Count one failure at `now` in every budget of this attempt (the lock is held)."""
+        account = None
+        if device is not None:
+            keys: tuple[tuple[str, ...], ...] = (("device", device, name),)
+            self._count(keys[0], self.per_name, now)
+        else:
+            keys = (("client", client), ("name", client, name))
+            self._count(keys[0], self.per_client, now)
+            self._count(keys[1], self.per_name, now)
+            if known_account:
+                account = name
+                self._accounts.setdefault(name, deque(maxlen=self.per_account)).append(now)
+            else:  # invented names are counted too, or the answer would tell which names exist
+                keys += (("account", name),)
+                self._count(keys[2], self.per_account, now)
+        while len(self._failures) > self.max_keys:
+            self._failures.popitem(last=False)
+        return Reservation(keys, account, now)
 
     def succeeded(self, client: str, name: str, device: str | None = None) -> None:
         """Forget this client's (or device's) failures on this name; its other failures still count."""

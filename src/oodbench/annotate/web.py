@@ -293,8 +293,10 @@ def _login_routes(app: FastAPI, site: _Site) -> None:
         peer = request.client.host if request.client else None
         client = client_address(peer, request.headers.getlist("x-forwarded-for"), site.trusted)
         device = site.devices.device_for(request.cookies.get(DEVICE_COOKIE), name)
-        # Checked before authenticate(): a throttled attempt costs no password hash.
-        if site.throttle.blocked(client, name, device):
+        # Counted as a failure before authenticate() and taken back on success: a throttled attempt costs no
+        # password hash, and parallel attempts cannot all pass the check before any of them is counted.
+        reservation = site.throttle.reserve(client, name, device, known_account=store.has_account(name))
+        if reservation is None:
             return RedirectResponse(
                 "/login?error=Too+many+failed+attempts%3B+wait+a+few+minutes+(a+browser+you+have+logged+in+"
                 "with+before+is+not+affected)",
@@ -302,8 +304,8 @@ def _login_routes(app: FastAPI, site: _Site) -> None:
             )
         user = store.authenticate(name, password)
         if user is None:
-            site.throttle.failed(client, name, device, known_account=store.has_account(name))
             return RedirectResponse("/login?error=Wrong+name+or+password", 303)
+        site.throttle.release(reservation)
         site.throttle.succeeded(client, name, device)
         token, _csrf = store.open_session(user)
         response = RedirectResponse("/", 303)

@@ -48,13 +48,14 @@ COLLAPSE = typer.Option(
     0.65, "--collapse-threshold", help="Best unsupervised AUROC below which detection counts as collapsed."
 )
 MARGIN = typer.Option(0.10, "--margin", help="Recovery: best AUROC after exclusion >= collapse threshold + margin.")
-FOLDS = typer.Option(5, "--folds", help="Stratified folds of the out-of-fold OracleLDA.")
+FOLDS = typer.Option(5, "--folds", min=2, max=1000, help="Stratified folds of the out-of-fold OracleLDA.")
 IDENTITY = typer.Option(
     None,
     "--identity-threshold",
     help="Call a recovery inconclusive when the OOD set is this separable from the excluded fit data (off by default).",
 )
-SEED = typer.Option(0, "--seed", help="Seed of the fold split, subsampling and Isolation Forest.")
+# Isolation Forest (scikit-learn) takes seeds below 2^32.
+SEED = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="Seed of the fold split, subsampling and Isolation Forest.")
 
 
 def _config(
@@ -340,8 +341,10 @@ def overlap_command(
     model: str = typer.Option(..., "--model", help="Model id in the store."),
     id_dataset: str = typer.Option(..., "--id", help="Dataset id of the ID set."),
     ood: list[str] = typer.Option(..., "--ood", help="OOD set (repeatable)."),
-    k: int = typer.Option(10, "-k", help="Neighbours per point."),
-    max_rows: int = typer.Option(5000, "--max-rows", help="Rows per side (uniform subsample beyond)."),
+    k: int = typer.Option(10, "-k", min=1, max=10_000, help="Neighbours per point."),
+    max_rows: int = typer.Option(
+        5000, "--max-rows", min=1, max=2**31 - 1, help="Rows per side (uniform subsample beyond)."
+    ),
     seed: int = SEED,
 ) -> None:
     """Overlap index L_k of an ID set and each OOD set (share of neighbours with the other label).

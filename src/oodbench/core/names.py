@@ -14,15 +14,15 @@ from .errors import OodbenchError
 
 __all__ = ["NAME_PATTERN", "VERSIONLESS_PATTERN", "is_name", "check_name", "closest", "suggest"]
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=,-]*$")
-VERSIONLESS_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=,-]*$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@=,-]*")  # use with fullmatch: `$` matches before a final newline
+VERSIONLESS_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,-]*")
 _RULE = "letters, digits and . _ + {at}= , -; no slashes, no '..', not starting with a symbol"
 
 
 def is_name(value: object, *, allow_at: bool = True) -> bool:
     """True when `value` is a valid name (see the module docstring)."""
     pattern = NAME_PATTERN if allow_at else VERSIONLESS_PATTERN
-    return isinstance(value, str) and bool(pattern.match(value)) and ".." not in value
+    return isinstance(value, str) and bool(pattern.fullmatch(value)) and ".." not in value
 
 
 def check_name(value: object, where: str, *, error: type[OodbenchError] = OodbenchError, allow_at: bool = True) -> str:

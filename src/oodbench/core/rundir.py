@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..util.atomic import atomic_write_json, atomic_write_text, unwritable
+from ..util.atomic import atomic_write_json, atomic_write_text, read_regular, unwritable
 from ..util.progress import progress_bar
+from ..util.schema import ListOf, MapOf, Nullable, Record, SchemaError, Str, validate
 from .errors import RunDirError, StoreError
 from .results import ResultRow, read_rows, write_rows
 from .scores import list_scores, load_scores, save_scores, score_path
@@ -41,6 +42,30 @@ __all__ = ["RunDir", "RESULTS", "INFO", "TABLE", "VERIFIED", "RUN_KINDS"]
 
 RESULTS, INFO, TABLE, VERIFIED = "results.parquet", "run.json", "table.md", "verified.json"
 RUN_KINDS = ("supervised", "zeroshot")  # run.json "kind"; absent means supervised (`oodbench evaluate`)
+# The fields of run.json that oodbench reads back (others are descriptive and read defensively).
+_INFO_SCHEMA = Record(
+    {},
+    {
+        "kind": Nullable(Str("supervised|zeroshot")),
+        "model": Nullable(str),
+        "store": Nullable(str),
+        "fit_dataset": Nullable(str),
+        "id_dataset": Nullable(str),
+        "csid_datasets": ListOf(str),
+        "ood_datasets": ListOf(str),
+        "detectors": MapOf(dict),
+        "skipped_detectors": dict,
+        "failed_detectors": dict,
+        "adapted_parameters": dict,
+        "score_keys": MapOf(str),
+        "head": Nullable(dict),
+        "entries": MapOf(dict),
+        "complete": bool,
+    },
+    open=True,
+)
+_VERIFIED_SCHEMA = MapOf(Record({"seal": Str("[0-9a-f]{32}")}, {"seconds": float}, open=True))
+_JSON_LIMIT = 64 * 2**20
 
 
 class RunDir:
@@ -96,17 +121,23 @@ class RunDir:
     # ------------------------------------------------------------------ run.json
     def read_info(self) -> dict[str, Any]:
         """The run description ({} when there is none); a RunDirError when it is not a JSON object."""
-        if not self.info_path.is_file():
+        if not os.path.lexists(self.info_path):
             return {}
         try:
-            info = json.loads(self.info_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            info = json.loads(read_regular(self.info_path, _JSON_LIMIT).decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise RunDirError(f"{self.info_path} is not valid JSON: {exc}") from None
+        except OSError as exc:
+            raise RunDirError(f"cannot read {self.info_path}: {exc.strerror or exc}") from None
         if not isinstance(info, dict):
             raise RunDirError(f"{self.info_path} must hold a JSON object, not {type(info).__name__}")
         kind = info.get("kind")
         if kind not in (None, *RUN_KINDS):
             raise RunDirError(f"{self.info_path}: unknown run kind {kind!r}; expected one of {', '.join(RUN_KINDS)}")
+        try:
+            validate(_INFO_SCHEMA, info)
+        except SchemaError as exc:
+            raise RunDirError(f"{self.info_path} is damaged: {exc}"[:500]) from None
         return info
 
     def write_info(self, info: Mapping[str, Any]) -> None:
@@ -127,9 +158,11 @@ class RunDir:
         The record is written with the next `write_info`, so a run refused before its first result writes nothing.
         """
         record = self._read_verified()
-        seals = {f"{model}/{name}": _seal(store.meta(model, name)) for name in datasets}
+        # Stamps (size, mtime, inode) are taken before hashing: a file changed during or after the check is
+        # verified again next time.
+        seals = {f"{model}/{name}": _seal(store.meta(model, name), store.file_stamps(model, name)) for name in datasets}
         if store.has_head(model):
-            seals[f"{model}/head"] = _seal(store.head_meta(model))
+            seals[f"{model}/head"] = _seal(store.head_meta(model), store.file_stamps(model, "head"))
         todo = [key for key, seal in seals.items() if force or record.get(key, {}).get("seal") != seal]
         if not todo:
             return f"store entries already verified for this run directory ({len(seals)} checked before)"
@@ -173,10 +206,10 @@ class RunDir:
     def _read_verified(self) -> dict[str, Any]:
         """verified.json ({} when absent or unreadable: then everything is verified again)."""
         try:
-            record = json.loads((self.path / VERIFIED).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            record = json.loads(read_regular(self.path / VERIFIED, _JSON_LIMIT).decode("utf-8"))
+            return validate(_VERIFIED_SCHEMA, record)
+        except (OSError, ValueError, RecursionError):  # SchemaError is a ValueError
             return {}
-        return {k: v for k, v in record.items() if isinstance(v, dict)} if isinstance(record, dict) else {}
 
     # ------------------------------------------------------------------ scores
     def has_scores(self, model: str, dataset: str) -> bool:
@@ -237,9 +270,10 @@ class RunDir:
         return rows
 
 
-def _seal(meta: Mapping[str, Any]) -> str:
-    """What identifies a verified store entry or head: its recorded arrays and checksums, and when it was written."""
-    fields = [meta.get(key) for key in ("arrays", "checksum_rows", "finished", "written")]
+def _seal(meta: Mapping[str, Any], stamps: Sequence[Sequence[Any]]) -> str:
+    """What identifies a verified store entry or head: its recorded arrays and checksums, when it was written, and
+    each array file's size, modification time and inode (a file changed since it was verified gets a new seal)."""
+    fields = [meta.get(key) for key in ("arrays", "checksum_rows", "finished", "written")] + [list(stamps)]
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

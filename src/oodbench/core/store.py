@@ -50,7 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from ..util.atomic import atomic_save_npy, atomic_write_json
+from ..util.atomic import atomic_save_npy, atomic_write_json, open_regular, open_regular_file, read_regular
+from ..util.schema import Int, ListOf, MapOf, Record, SchemaError, Str, validate
 from .errors import StoreError
 from .names import check_name, is_name
 from .outputs import Head, Outputs
@@ -67,6 +68,30 @@ _EXTRA = "extra."
 _ARRAYS = ("features", "logits", "labels", "index")
 # Bytes hashed per read while verifying (one buffer, reused).
 _VERIFY_BLOCK = 16 * 2**20
+# The largest JSON file a store reads back (meta.json of a 1.28 M-row entry is well under 1 MiB).
+_JSON_LIMIT = 64 * 2**20
+
+
+# The JSON files a writer reads back, by schema: a shard's done marker and the merge's progress record.
+_SHAPE = ListOf(Int(0, 2**40), min_len=1, max_len=32)
+_SHARD_RECORD = Record(
+    {
+        "rows": Int(0, 2**40),
+        "arrays": MapOf(
+            Record({"shape": _SHAPE, "dtype": Str(max_len=64), "nbytes": Int(0)}, {"sha256": Str("[0-9a-f]{64}")}),
+            key=Str(max_len=256),
+            max_len=4096,
+        ),
+    },
+    {"skipped": ListOf(object)},
+)
+_MERGE_RECORD = Record(
+    {
+        "plan": MapOf(_SHARD_RECORD, key=Str("[0-9]{1,9}")),
+        "arrays": MapOf(Record({"shape": _SHAPE, "dtype": Str(max_len=64), "copied": Int(0)}), max_len=4096),
+    },
+    {"extra_meta": dict},
+)
 
 
 def _check_name(kind: str, name: str) -> str:
@@ -105,7 +130,7 @@ def library_versions() -> dict[str, str]:
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`; one-line StoreError when it is missing, not UTF-8, not JSON or not an object."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(read_regular(path, _JSON_LIMIT).decode("utf-8"))
     except FileNotFoundError:
         raise StoreError(f"missing {path}") from None
     except UnicodeDecodeError as exc:
@@ -187,7 +212,7 @@ def _check_npy(
     shard's rows (calling `advance` with the bytes read, for progress).
     """
     try:
-        handle = open(path, "rb")
+        handle = open_regular_file(path)
     except OSError as exc:
         return [f"{path.name}: cannot open ({exc.strerror or exc})"]
     with handle:
@@ -339,7 +364,7 @@ if hasattr(os, "register_at_fork"):
 def _holder(path: Path) -> dict[str, Any] | None:
     """The holder record a writer left in a lock file (pid, host, since, command), or None."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8") or "null")
+        record = json.loads(read_regular(path, 2**16).decode("utf-8") or "null")
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
@@ -380,7 +405,7 @@ def _flock(path: Path, what: str, wait: float | None) -> int:
     while True:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)  # a planted link is refused, never truncated
         except OSError as exc:
             raise StoreError(f"cannot write {what}: cannot open its lock file {path} ({exc.strerror or exc})") from None
         try:
@@ -402,7 +427,7 @@ def _flock(path: Path, what: str, wait: float | None) -> int:
             raise StoreError(f"cannot write {what}: cannot lock {path} ({exc.strerror or exc})") from None
         # The lock file could have been deleted by hand between open and flock: lock the file now at `path`.
         try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
+            same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
             same = False
         if not same:
@@ -561,13 +586,13 @@ class Store:
         merge = shard_dir / _MERGE_STATE
         if merge.is_file():
             try:
-                state = _read_json(merge)
-                merged = sum(spec.get("copied") == num_shards for spec in state["arrays"].values())
+                state = validate(_MERGE_RECORD, _read_json(merge))
+                merged = sum(spec["copied"] == num_shards for spec in state["arrays"].values())
                 text = (
                     f"interrupted while finalizing: all {num_shards} shards written, {merged} of "
                     f"{len(state['arrays'])} arrays merged into their final files"
                 )
-            except (StoreError, KeyError, TypeError, AttributeError):
+            except (StoreError, SchemaError):
                 text = f"interrupted while finalizing (its progress record {merge} is unreadable)"
         else:
             done = EntryWriter._done_shards(shard_dir)
@@ -678,13 +703,8 @@ class Store:
         Every read checks each file's size, header, shape and dtype; `verify` also hashes every byte against the
         checksums recorded when the entry was written.
         """
-        meta = self.meta(model_id, dataset_id)
         key = f"{model_id}/{dataset_id}"
-        if not meta.get("complete"):
-            raise StoreError(f"store entry {key} is incomplete: {self.describe_incomplete(model_id, dataset_id)}")
-        if verify:
-            self._raise_damage(self.verify(model_id, dataset_id))
-        arrays = {name: self._load(model_id, dataset_id, name, meta, mmap) for name in meta["arrays"]}
+        meta, arrays = self._consistent_read(model_id, dataset_id, mmap, verify)
         extras = {name[len(_EXTRA) :]: value for name, value in arrays.items() if name.startswith(_EXTRA)}
         try:
             return Outputs(
@@ -697,6 +717,41 @@ class Store:
             )
         except ValueError as exc:
             raise StoreError(f"store entry {key} holds invalid arrays: {exc}") from exc
+
+    def _consistent_read(
+        self, model_id: str, dataset_id: str, mmap: bool, verify: bool
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """meta.json and every array of one generation of the entry, even while a writer overwrites it.
+
+        The metadata and each file's (size, mtime, inode) are taken before and after the arrays are opened; when
+        either moved (a writer replaced the entry meanwhile), the read starts again, so the arrays never mix two
+        writers' data, nor one writer's arrays with another's metadata.
+        """
+        key = f"{model_id}/{dataset_id}"
+        for _ in range(_READ_ATTEMPTS):
+            stamps = self.file_stamps(model_id, dataset_id)
+            meta = self.meta(model_id, dataset_id)
+            if not meta.get("complete"):
+                raise StoreError(f"store entry {key} is incomplete: {self.describe_incomplete(model_id, dataset_id)}")
+            try:
+                if verify:
+                    self._raise_damage(self.verify(model_id, dataset_id))
+                arrays = {name: self._load(model_id, dataset_id, name, meta, mmap) for name in meta["arrays"]}
+                problem = None
+            except StoreError as exc:
+                problem = exc
+            try:
+                same = self.file_stamps(model_id, dataset_id) == stamps and self.meta(model_id, dataset_id) == meta
+            except StoreError:
+                same = False
+            if same:
+                if problem is not None:
+                    raise problem
+                return meta, arrays
+        raise StoreError(
+            f"store entry {key} changed while it was read, {_READ_ATTEMPTS} times (is it being overwritten?); "
+            "read it again once its writer has finished"
+        )
 
     def entry_provenance(self, model_id: str, dataset_id: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Where an entry's outputs come from (plain JSON): model id, dataset, checkpoint, preprocessing, store,
@@ -736,10 +791,7 @@ class Store:
         problems = _check_npy(path, meta["arrays"][name], meta.get("checksum_rows"), full=False)
         if problems:
             raise StoreError(f"store entry {model_id}/{dataset_id} is damaged: {problems[0]}")
-        try:
-            return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"cannot read {path}: {exc}") from exc
+        return _load_npy(path, mmap)
 
     @staticmethod
     def _raise_damage(result: Verification) -> None:
@@ -771,6 +823,23 @@ class Store:
             result.nbytes += path.stat().st_size if path.is_file() else 0
         return result
 
+    def file_stamps(self, model_id: str, dataset_id: str) -> list[list[Any]]:
+        """(name, size, mtime in ns, inode) of each array file of an entry (``dataset_id="head"``: the head's).
+
+        Cheap to take: a run directory records them with a verification, so that a file changed since (a flipped
+        byte changes the modification time) is verified again.
+        """
+        folder = self.root / _check_name("model id", model_id) / _check_name("dataset id", dataset_id)
+        stamps: list[list[Any]] = []
+        for path in sorted(folder.glob("*.npy")):
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:  # removed meanwhile (an overwrite): a different set of stamps
+                stamps.append([path.name, None, None, None])
+                continue
+            stamps.append([path.name, info.st_size, info.st_mtime_ns, info.st_ino])
+        return stamps
+
     def verify_head(self, model_id: str, *, advance: Callable[[int], None] | None = None) -> Verification:
         """Check every byte of the model's stored head against its recorded checksums (`advance` as in `verify`)."""
         path = self.root / _check_name("model id", model_id) / "head"
@@ -782,8 +851,8 @@ class Store:
             file = path / f"{name}.npy"
             if specs is None:
                 try:
-                    np.load(file, mmap_mode="r", allow_pickle=False)
-                except (OSError, ValueError) as exc:
+                    _load_npy(file, True)
+                except (OSError, ValueError, StoreError) as exc:
                     result.problems.append(f"{file.name}: {exc}")
             else:
                 result.problems += _check_npy(file, specs[name], [specs[name]["shape"][0]], full=True, advance=advance)
@@ -840,10 +909,8 @@ class Store:
                 if problems:
                     raise StoreError(f"the head of {model_id} is damaged: {problems[0]}")
         try:
-            return Head(
-                np.load(path / "weight.npy", allow_pickle=False), np.load(path / "bias.npy", allow_pickle=False)
-            )
-        except (OSError, ValueError) as exc:
+            return Head(_load_npy(path / "weight.npy", False), _load_npy(path / "bias.npy", False))
+        except (OSError, ValueError, StoreError) as exc:
             raise StoreError(f"cannot read head of {model_id}: {exc}") from exc
 
     @staticmethod
@@ -888,9 +955,26 @@ def _get(mapping: object, key: str) -> Any:
     return mapping.get(key) if isinstance(mapping, dict) else None
 
 
+def _load_npy(path: Path, mmap: bool) -> np.ndarray:
+    """An .npy array of a regular file reached without a link (memory-mapped read-only with `mmap`), no pickles."""
+    try:
+        with open_regular_file(path) as handle:
+            if not mmap:
+                return np.lib.format.read_array(handle, allow_pickle=False)
+            shape, fortran, dtype, offset = _npy_header(handle, path)
+            if dtype.hasobject:
+                raise StoreError(f"cannot read {path}: it holds Python objects")
+            if not shape or 0 in shape:
+                handle.seek(0)
+                return np.lib.format.read_array(handle, allow_pickle=False)  # mmap cannot map zero bytes
+            return np.memmap(handle, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from exc
+
+
 def _header_digest(path: Path) -> str:
     """SHA-256 of an .npy file's header (magic, version, shape and dtype record, padding)."""
-    with open(path, "rb") as handle:
+    with open_regular_file(path) as handle:
         *_, offset = _npy_header(handle, path)
         handle.seek(0)
         return hashlib.sha256(handle.read(offset)).hexdigest()
@@ -1019,14 +1103,14 @@ class EntryWriter:
             return done
         for marker in shard_dir.glob("*.done.json"):
             try:
-                record = json.loads(marker.read_text(encoding="utf-8"))
+                record = validate(_SHARD_RECORD, json.loads(read_regular(marker, _JSON_LIMIT).decode("utf-8")))
                 shard = int(marker.name.split(".")[0])
                 arrays = record["arrays"]
                 for name, spec in arrays.items():
                     _check_array_name(name, str(marker))
                     int(spec["nbytes"])
                 int(record["rows"])
-            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, StoreError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, StoreError):
                 continue  # a damaged marker counts as absent: the shard is written again
             files_ok = all(
                 (shard_dir / f"{name}.{shard:05d}.npy").is_file()
@@ -1143,8 +1227,8 @@ class EntryWriter:
 
     def _merge_state(self, extra_meta: Mapping[str, Any] | None) -> dict[str, Any]:
         """The merge plan and progress: resumed from merge.json, or drawn up from the complete shards."""
-        if self._merge_file.is_file():
-            return _read_json(self._merge_file)
+        if os.path.lexists(self._merge_file):
+            return self._checked_merge_state(_read_json(self._merge_file))
         done = self._done_shards(self.shard_dir)
         missing = [k for k in range(self.num_shards) if k not in done]
         if missing:
@@ -1168,6 +1252,30 @@ class EntryWriter:
         atomic_write_json(self._merge_file, state)
         return state
 
+    def _checked_merge_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """merge.json checked against its schema and against this entry (shards, rows, arrays) before use."""
+        where = f"{self._merge_file}"
+        try:
+            validate(_MERGE_RECORD, state)
+            plan, arrays = state["plan"], state["arrays"]
+            if set(plan) != {str(k) for k in range(self.num_shards)}:
+                raise SchemaError(f"plan: expected shards 0 to {self.num_shards - 1}, got {sorted(plan)[:5]}")
+            rows = sum(record["rows"] for record in plan.values())
+            for name, spec in arrays.items():
+                _check_array_name(name, where)
+                _check_spec(name, spec, where, None)
+                if spec["copied"] > self.num_shards or spec["shape"][0] != rows:
+                    raise SchemaError(f"arrays.{name}: copied or rows do not fit the plan")
+                for k, record in plan.items():
+                    part = record["arrays"].get(name)
+                    if part is None or part["dtype"] != spec["dtype"] or part["shape"][1:] != spec["shape"][1:]:
+                        raise SchemaError(f"plan.{k}: array {name!r} missing or of another shape or dtype")
+        except (SchemaError, StoreError) as exc:
+            raise StoreError(
+                f"finalizing {self}: {where} is damaged ({exc}); delete the entry and extract it again"[:500]
+            ) from None
+        return state
+
     def _merge(self, name: str, spec: dict[str, Any], state: dict[str, Any]) -> None:
         """Append the shards of one array to `.<name>.npy.partial`, releasing each; rename it when complete.
 
@@ -1188,7 +1296,11 @@ class EntryWriter:
             )
         for shard in range(spec["copied"]):  # copied and recorded, but a kill came before their release
             (self.shard_dir / f"{name}.{shard:05d}.npy").unlink(missing_ok=True)
-        with open(partial, "r+b" if partial.exists() else "w+b") as handle:
+        try:
+            opened = open_regular_file(partial, "r+b" if os.path.lexists(partial) else "w+b")
+        except OSError as exc:
+            raise StoreError(f"finalizing {self}: cannot open {partial} ({exc.strerror or exc})") from None
+        with opened as handle:
             handle.seek(0)
             np.lib.format.write_array_header_1_0(
                 handle, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
@@ -1198,7 +1310,7 @@ class EntryWriter:
             handle.truncate(header + rows_done * row_bytes)
             for shard in range(spec["copied"], self.num_shards):
                 source = self.shard_dir / f"{name}.{shard:05d}.npy"
-                part = np.load(source, mmap_mode="r")
+                part = _load_npy(source, True)
                 handle.seek(header + rows_done * row_bytes)
                 step = max(1, _COPY_BYTES // max(1, row_bytes))
                 digest = hashlib.sha256()
@@ -1226,6 +1338,8 @@ class EntryWriter:
         _merge_step(f"renamed {name}")
 
 
+# Reads of an entry that a writer keeps replacing start again at most this many times.
+_READ_ATTEMPTS = 5
 # The merge's progress record inside the shard directory, and the bytes copied per write.
 _MERGE_STATE = "merge.json"
 _COPY_BYTES = 64 * 2**20

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
+import hashlib
 import json
 import math
 import os
@@ -36,7 +38,7 @@ import numpy as np
 from ..core.errors import DetectorError
 from ..core.names import check_name
 from ..core.store import PROVENANCE_KEYS, Store, library_versions
-from ..util.atomic import atomic_path, atomic_write_json, sha256_file
+from ..util.atomic import UnsafeFileError, atomic_path, atomic_write_json, open_regular, read_regular, sha256_file
 from . import registry
 from .base import Detector, _FitInfo, fit_record, use_saver
 from .state import (
@@ -73,6 +75,8 @@ META_FILE = "detector.json"
 ARRAYS_FILE = "state.safetensors"
 # detector.json holds parameters, provenance and a few numbers; anything near this size is not one.
 META_LIMIT_BYTES = 8 << 20
+# The largest state.safetensors read (checked before reading): no dimension exceeds 2^40, nor does the file.
+ARRAYS_LIMIT_BYTES = 1 << 40
 # JSON nesting deeper than this is refused before anything walks it (real files nest 5 levels or so).
 MAX_JSON_DEPTH = 32
 # A dimension above this cannot be an array held in memory; refusing it keeps products of dimensions exact.
@@ -560,19 +564,31 @@ def save(detector: Detector, directory: str | os.PathLike[str], *, provenance: M
     return path
 
 
+def _sha256_fd(fd: int, block: int = 16 * 2**20) -> str:
+    """SHA-256 of an open file from its start (the descriptor's offset is left at its end)."""
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, block):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The saved detector's detector.json (name, parameters, fit, versions, provenance), checked for form."""
     path = Path(directory)
     meta_path = path / META_FILE
-    if not meta_path.is_file():
+    if not os.path.lexists(meta_path):
         raise DetectorError(
             f"{path} is not a saved detector (no {META_FILE}); save one with detectors.save(detector, dir)"
         )
     try:
-        size = meta_path.stat().st_size
-        if size > META_LIMIT_BYTES:
-            raise DetectorError(f"{meta_path} is {size:,} bytes; a saved detector's is far smaller")
-        meta = json.loads(meta_path.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)
+        # A regular file inside the folder only (no link, FIFO or device), its size checked before reading.
+        data = read_regular(meta_path, META_LIMIT_BYTES)
+        meta = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+    except UnsafeFileError as exc:
+        if exc.errno == errno.EFBIG:
+            raise DetectorError(f"{meta_path} is {exc.strerror}; a saved detector's is far smaller") from None
+        raise DetectorError(f"cannot read {meta_path}: {exc.strerror}") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise DetectorError(f"cannot read {meta_path}: {reason}"[:400]) from None
@@ -696,7 +712,7 @@ def load(
         detector.validate_params()
     except DetectorError as exc:
         raise DetectorError(f"{path}: {exc}"[:400]) from None
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
         raise DetectorError(f"{path}: invalid parameters for {name}: {type(exc).__name__}: {exc}"[:400]) from None
     info = _read_fit(meta, str(path))
     try:
@@ -722,14 +738,25 @@ def load(
         raise DetectorError(f"{path}: the state lacks {', '.join(missing)}, which {name} declares")
     arrays_path = path / ARRAYS_FILE
     try:
-        if sha256_file(arrays_path) != meta.get("arrays_sha256"):
+        fd = open_regular(arrays_path)  # a regular file inside the folder: no link, FIFO or device
+    except OSError as exc:
+        raise DetectorError(f"cannot read {arrays_path}: {exc.strerror or exc}") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size > ARRAYS_LIMIT_BYTES:
+            raise DetectorError(f"{arrays_path} is {size:,} bytes, more than the {ARRAYS_LIMIT_BYTES:,} allowed")
+        if _sha256_fd(fd) != meta.get("arrays_sha256"):
             raise DetectorError(f"{arrays_path} does not match {META_FILE} (modified or from another save)")
-        with safe_open(str(arrays_path), framework="numpy") as handle:
+        # The arrays are read from the very file just hashed and checked, not whatever the name points to now.
+        opened = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(arrays_path)
+        with safe_open(opened, framework="numpy") as handle:
             decoder = _Decoder(handle, _fit_dims(detector, info), str(path))
             values = {key: decoder.decode(item, state.get(key), key) for key, item in spec.items()}
             extra = sorted(decoder.available - decoder.used)
-    except (OSError, SafetensorError, ValueError, TypeError, MemoryError) as exc:
+    except (OSError, SafetensorError, ValueError, TypeError, MemoryError, OverflowError) as exc:
         raise DetectorError(f"cannot read {arrays_path}: {type(exc).__name__}: {exc}"[:400]) from None
+    finally:
+        os.close(fd)
     if extra:
         raise DetectorError(f"{path}: {ARRAYS_FILE} holds arrays no declared state uses: {', '.join(extra)[:200]}")
     if cls.name and cls.name != name:

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Detector", "Requirements", "Paper", "Range", "Summary"]
 
+# The largest integer parameter a detector accepts (as no array dimension exceeds 2^40), and the largest seed.
+INT_PARAM_MAX = 2**40
+SEED_MAX = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Requirements:
@@ -410,8 +414,11 @@ class Detector:
                     f"{_per_row(fitted)}"
                 )
         scores = np.empty(len(test), dtype=np.float64)
-        for rows in self._score_chunks(test):
-            scores[rows] = self._score_chunk(_declared_rows(test, rows, requires.score))
+        # The floating-point policy of scoring: no numpy warning on overflow, division by zero or invalid values
+        # (a temperature of 5e-324, a forged radius of 1e308); what they produce is judged below, in one line.
+        with np.errstate(all="ignore"):
+            for rows in self._score_chunks(test):
+                scores[rows] = self._score_chunk(_declared_rows(test, rows, requires.score))
         if not np.isfinite(scores).all():
             raise DetectorError(
                 f"{self.name} produced {int((~np.isfinite(scores)).sum())} non-finite scores; check the inputs' scale"
@@ -466,7 +473,10 @@ class Detector:
             if not isinstance(value, (int, float, np.integer, np.floating)) or not 0 <= value < 100:
                 raise DetectorError(f"{self.name}: {key} must be a percentile in [0, 100); got {value!r}")
 
-    def _check_int(self, minimum: int = 1, **values: int) -> None:
+    def _check_int(self, minimum: int = 1, maximum: int = INT_PARAM_MAX, **values: int) -> None:
+        # Integers reach faiss, numpy shapes and torch: bounded, so that native code never sees an overflow
+        # (seeds: 32-bit, as faiss and scikit-learn take them).
         for key, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-                raise DetectorError(f"{self.name}: {key} must be an integer >= {minimum}; got {value!r}")
+            top = min(maximum, SEED_MAX) if key == "seed" else maximum
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not minimum <= value <= top:
+                raise DetectorError(f"{self.name}: {key} must be an integer in [{minimum}, {top}]; got {value!r}"[:300])

@@ -15,7 +15,7 @@ from ..core.errors import DetectorError
 
 __all__ = ["scaffold", "identifiers"]
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_+.-]*$")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_+.-]*\Z")
 
 
 def identifiers(name: str) -> dict[str, str]:

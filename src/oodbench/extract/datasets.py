@@ -21,6 +21,7 @@ import numpy as np
 
 from ..core.errors import DataError
 from ..core.store import hash_items
+from ..util.atomic import read_file_bytes
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -39,7 +40,7 @@ __all__ = [
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp", ".gif"}
 )
-_SYNSET = re.compile(r"^n\d{8}$")
+_SYNSET = re.compile(r"^n\d{8}\Z")
 _VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})")
 
 
@@ -99,15 +100,55 @@ class ImageList:
         return f"ImageList({str(self.root)!r}, {len(self)} items, {labelled})"
 
 
-def load_rgb(path: str | os.PathLike[str]) -> Any:
-    """Open and fully decode an image as RGB; raise UnreadableImage with the reason if that fails."""
+# The most pixels an image may declare, checked on its header before anything is decoded: PIL's own warning
+# threshold (89.5 MP, 0.27 GB as RGB); a PNG or JPEG declaring 50,000 x 50,000 is a decompression bomb.
+MAX_IMAGE_PIXELS = 89_478_485
+# The largest image file read (its bytes are read once, into memory, then decoded).
+MAX_IMAGE_BYTES = 512 * 2**20
+
+
+def read_image_bytes(path: str | os.PathLike[str]) -> bytes:
+    """An image file's bytes, read once: a regular file (no FIFO or device), at most MAX_IMAGE_BYTES, that did not
+    change while it was read; UnreadableImage otherwise."""
+    try:
+        return read_file_bytes(path, MAX_IMAGE_BYTES)
+    except ValueError as exc:
+        raise UnreadableImage(str(exc)) from None
+
+
+def check_declared_size(image: Any) -> None:
+    """UnreadableImage when an opened (not yet decoded) image declares more than MAX_IMAGE_PIXELS pixels."""
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise UnreadableImage(
+            f"it declares {width:,} x {height:,} pixels, more than the {MAX_IMAGE_PIXELS:,} allowed "
+            "(a decompression bomb?); not decoded"
+        )
+
+
+def load_rgb(path: str | os.PathLike[str] | io.BytesIO) -> Any:
+    """Open and fully decode an image as RGB; raise UnreadableImage with the reason if that fails.
+
+    The bytes are read once (`read_image_bytes`) and the declared size is checked before decoding; a truncated
+    file is refused (PIL's LOAD_TRUNCATED_IMAGES stays off).
+    """
+    import warnings
+
     from PIL import Image
 
+    data = path if isinstance(path, io.BytesIO) else io.BytesIO(read_image_bytes(path))
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image.convert("RGB")
-    except Exception as exc:  # PIL raises many types (OSError, SyntaxError, DecompressionBombError, ...)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # judged by check_declared_size
+            with Image.open(data) as image:
+                check_declared_size(image)
+                image.load()
+                return image.convert("RGB")
+    except UnreadableImage:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise UnreadableImage(f"{exc} (a decompression bomb?); not decoded") from None
+    except Exception as exc:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
         raise UnreadableImage(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -118,7 +159,17 @@ def _is_image(name: str) -> bool:
 def _walk_images(directory: Path) -> list[str]:
     """Image files under `directory`, recursively, as sorted POSIX paths relative to it."""
     found: list[str] = []
+    seen: set[tuple[int, int]] = set()  # folders by (device, inode): a link back up (a loop) is walked once
     for current, dirs, files in os.walk(directory, followlinks=True):
+        try:
+            info = os.stat(current)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (info.st_dev, info.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((info.st_dev, info.st_ino))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         rel = os.path.relpath(current, directory)
         for name in sorted(files):

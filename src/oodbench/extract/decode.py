@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..core.errors import ExtractError
-from .datasets import ImageList, UnreadableImage, load_rgb
+from .datasets import ImageList, UnreadableImage, check_declared_size, load_rgb, read_image_bytes
 
 __all__ = [
     "DECODERS",
@@ -95,14 +95,30 @@ def _pil_pixels(image: Any) -> torch.Tensor:
 
 def read_for_device(path: str | os.PathLike[str]) -> Decoded:
     """The file's bytes when the device can decode it, else PIL's pixels; UnreadableImage when neither can."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        raise UnreadableImage(f"{type(exc).__name__}: {exc}") from exc
+    data = read_image_bytes(path)  # read once: a file changing meanwhile is refused, not half-decoded
     if jpeg_components(data) in _DEVICE_COMPONENTS:
+        _check_jpeg_size(data)  # before the device allocates the declared frame
         return Decoded(jpeg=torch.frombuffer(bytearray(data), dtype=torch.uint8))
     return Decoded(pixels=_pil_pixels(load_rgb(io.BytesIO(data))))
+
+
+def _check_jpeg_size(data: bytes) -> None:
+    """UnreadableImage when a JPEG's header declares more pixels than MAX_IMAGE_PIXELS (read from the header only)."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                check_declared_size(image)
+    except UnreadableImage:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise UnreadableImage(f"{exc} (a decompression bomb?); not decoded") from None
+    except Exception as exc:  # a header PIL cannot read: the device decoder would fail too
+        raise UnreadableImage(f"{type(exc).__name__}: {exc}") from exc
 
 
 def _default_decoder(blobs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:

@@ -31,7 +31,7 @@ from .patches import VisionLanguageBackbone
 __all__ = ["HfClipBundle", "HfClipBackbone", "load_hf_clip", "check_hf_id", "hf_cached"]
 
 # A hub repository id: owner/name, letters, digits, '-', '_', '.' (what the hub accepts).
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
 def check_hf_id(name: str) -> str:

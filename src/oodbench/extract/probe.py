@@ -239,7 +239,9 @@ def fit_probe(
     method = config.method
     if method == "auto":
         method = "lbfgs" if train_rows.size * features.shape[1] * 4 <= FULL_BATCH_BYTES else "streamed"
-    dev = torch.device(device)
+    from .backbones.base import resolve_device
+
+    dev = resolve_device(device)  # a device that does not exist is one line, not a CUDA traceback
     torch.manual_seed(config.seed)
     mean_t = torch.as_tensor(mean, dtype=torch.float32, device=dev)
     std_t = torch.as_tensor(std, dtype=torch.float32, device=dev)
@@ -441,6 +443,9 @@ def run_probe(
     shard_size: int = 65536,
 ) -> ProbeReport:
     """Train (or reuse) a probe on a store entry's embeddings, store it as a head, and write logits for datasets."""
+    from .backbones.base import resolve_device
+
+    resolve_device(device)  # before reading anything: a device that does not exist is one line
     config = config or ProbeConfig()
     probe_id = probe_id or f"{model_id}+probe"
     fit_meta = store.meta(model_id, fit_dataset)

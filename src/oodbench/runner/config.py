@@ -316,6 +316,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             value = text
         except RecursionError:  # tomllib recurses once per nesting level
             raise ConfigError(f"--set {item!r}: the value is nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits (Python's conversion limit)
+            raise ConfigError(f"--set {item[:60]!r}…: {str(exc).split(';')[0]}"[:300]) from None
         node: Any = data
         parts = re.sub(r"\[(\d+)\]", r".\1", target.strip()).split(".")
         for depth, part in enumerate(parts):

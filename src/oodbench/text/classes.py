@@ -31,7 +31,7 @@ from ..core.errors import OodbenchError
 
 __all__ = ["ClassList", "ClassListError", "load_classes", "imagenet1k", "imagenet_wnids", "normalize_label"]
 
-_WNID = re.compile(r"^n\d{8}$")
+_WNID = re.compile(r"^n\d{8}\Z")
 _WNID_NAME = re.compile(r"^(n\d{8})\s*[\t,]\s*(.+)$")
 _SPACES = re.compile(r"\s+")
 # Quotes, bullets and sentence punctuation that LLM replies and word lists leave around a name.

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import OodbenchError
-from ..util.atomic import atomic_write_json
+from ..util.atomic import atomic_write_json, read_regular
+from ..util.schema import Int, Record, Str, validate
 
 __all__ = [
     "LLMConfig",
@@ -66,6 +67,11 @@ __all__ = [
 Messages = list[dict[str, str]]
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 CACHE_FORMAT = 1
+# A cache file as read back: the reply text under the request key it was asked with (other fields descriptive).
+_CACHE_RECORD = Record(
+    {"format": Int(CACHE_FORMAT, CACHE_FORMAT), "key": Str("[0-9a-f]{64}"), "content": str}, open=True
+)
+_CACHE_LIMIT = 64 * 2**20
 # Deeper JSON than any chat completion or name list needs; deeper input would only exhaust the parser's stack.
 MAX_JSON_DEPTH = 64
 DEFAULT_MAX_REPLY_BYTES = 4 * 2**20
@@ -418,14 +424,15 @@ class ChatClient:
 
     def cached(self, messages: Messages, generation: int = 0) -> str | None:
         """The cached reply text, or None."""
-        path = self._cache_path(self.request_key(messages, generation))
-        if not path.is_file():
+        key = self.request_key(messages, generation)
+        path = self._cache_path(key)
+        if not os.path.lexists(path):
             return None
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-            return str(record["content"])
-        except (OSError, json.JSONDecodeError, KeyError):
+        try:  # a regular file (no link or FIFO), of the cache's form, for this very request
+            record = validate(_CACHE_RECORD, json.loads(read_regular(path, _CACHE_LIMIT).decode("utf-8")))
+        except (OSError, ValueError, RecursionError):  # SchemaError and JSONDecodeError are ValueErrors
             return None  # a damaged cache entry is simply asked again
+        return record["content"] if record["key"] == key else None
 
     # ----------------------------------------------------------------- requests
     def complete(self, messages: Messages, *, generation: int = 0, accept: Callable[[str], bool] | None = None) -> str:

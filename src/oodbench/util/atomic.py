@@ -1,11 +1,20 @@
-"""Files: atomic writes (a temporary name in the same directory, fsync, then rename) and streamed digests."""
+"""Files: atomic writes (a temporary name in the same directory, fsync, then rename), streamed digests, and
+opening a file only when it is a regular file reached without a final symbolic link.
+
+Every file oodbench opens inside a store, a run directory, an annotation project or a saved detector goes
+through `open_regular` (or `read_regular`): a link planted there is never followed, and a FIFO or a device
+is refused before anything is read from it or written to it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import io
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -15,6 +24,123 @@ import numpy as np
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+
+class UnsafeFileError(OSError):
+    """A path that is a symbolic link, a FIFO, a device or a directory where a regular file belongs."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o666) -> int:
+    """A descriptor of `path` when it is a regular file; a final symbolic link is never followed.
+
+    The file is opened with ``O_NOFOLLOW`` and ``O_NONBLOCK`` (so that opening a FIFO cannot block) and checked
+    with ``fstat`` on the opened descriptor, which no later rename can change; then made blocking again.
+    Raises `UnsafeFileError` (an `OSError` whose ``strerror`` says what the path is) for anything else.
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENXIO and os.path.exists(path)):
+            try:
+                kind = _kind(os.lstat(path).st_mode)
+            except OSError:
+                kind = "not a regular file"
+            raise UnsafeFileError(errno.ELOOP, f"{kind}, not followed or opened", str(path)) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeFileError(errno.EINVAL, f"{_kind(info.st_mode)}, not a regular file", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_regular_file(path: str | os.PathLike[str], mode: str = "rb") -> Any:
+    """A binary file object of `path` opened through `open_regular` (``rb``, ``r+b`` or ``w+b``: created, truncated)."""
+    flags = {"rb": os.O_RDONLY, "r+b": os.O_RDWR, "w+b": os.O_RDWR | os.O_CREAT}[mode]
+    fd = open_regular(path, flags)
+    if mode == "w+b":
+        os.ftruncate(fd, 0)  # truncated only once known to be a regular file, never through a link
+    return os.fdopen(fd, "rb" if mode == "rb" else "r+b")
+
+
+def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of a regular file (see `open_regular`) of at most `limit` bytes, the size checked before reading."""
+    with open_regular_file(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > limit:
+            raise UnsafeFileError(errno.EFBIG, f"{size:,} bytes, more than the {limit:,} allowed", str(path))
+        data = handle.read(limit + 1)
+    if len(data) > limit:  # grew while read
+        raise UnsafeFileError(errno.EFBIG, f"more than the {limit:,} bytes allowed", str(path))
+    return data
+
+
+def read_file_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of a file a user named (a link is followed), read once; `ValueError` with one phrase when it is
+    not a regular file, is larger than `limit`, or changed while it was read (its size or mtime moved)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"cannot read it ({exc.strerror or exc})") from None
+    before = os.fstat(fd)
+    if not stat.S_ISREG(before.st_mode) or before.st_size > limit:
+        os.close(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise ValueError(f"it is {_kind(before.st_mode)}, not a regular file")
+        raise ValueError(f"it is {before.st_size:,} bytes, more than the {limit:,} allowed")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1)
+        after = os.fstat(fd)
+    if len(data) > limit:
+        raise ValueError(f"it grew beyond the {limit:,} bytes allowed while it was read")
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or len(data) != after.st_size:
+        raise ValueError("it changed while it was read")
+    return data
+
+
+def read_text_file(path: str | os.PathLike[str], limit: int = 256 * 2**20) -> str:
+    """A user's text file (a path they named; ``.gz`` decompressed), or `ValueError` with one phrase saying why not.
+
+    The file must be regular (a FIFO or device is refused before reading; a link the user named is followed),
+    at most `limit` bytes (decompressed too), and UTF-8 text.
+    """
+    import gzip
+    import zlib
+
+    data = read_file_bytes(path, limit)
+    if str(path).lower().endswith(".gz"):
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as unzipped:
+                data = unzipped.read(limit + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ValueError(f"it is not a readable gzip file ({exc})") from None
+    if len(data) > limit:
+        raise ValueError(f"it holds more than the {limit:,} bytes allowed")
+    if b"\x00" in data:
+        raise ValueError("it is a binary file, not text (it holds NUL bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 @contextlib.contextmanager
@@ -87,7 +213,7 @@ def unwritable(directory: str | os.PathLike[str]) -> str | None:
 def sha256_file(path: str | os.PathLike[str], *, block: int = 16 * 2**20) -> str:
     """SHA-256 hex digest of a file, read in blocks (checkpoints and k-NN indexes can be gigabytes)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open(path, "rb") as handle:  # checkpoints in the Hugging Face cache are links into its blobs
         for chunk in iter(lambda: handle.read(block), b""):
             digest.update(chunk)
     return digest.hexdigest()

@@ -43,10 +43,22 @@ def safe_id(text: str) -> str:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """'auto' (or None) picks CUDA when available, else CPU."""
+    """'auto' (or None) picks CUDA when available, else CPU; a named device must exist (ExtractError otherwise)."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ExtractError(f"--device {str(device)[:40]!r} is not a device (auto, cpu, cuda or cuda:N)") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ExtractError(f"--device {device}: no CUDA device is available here (use cpu)")
+        if resolved.index is not None and resolved.index >= count:
+            raise ExtractError(
+                f"--device {device}: no such device ({count} CUDA device(s): cuda:0 to cuda:{count - 1})"
+            )
+    return resolved
 
 
 def _triple(key: str, value: Any, *, positive: bool) -> list[float]:

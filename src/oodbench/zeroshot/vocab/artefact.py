@@ -36,7 +36,7 @@ KINDS = {
     "custom": "custom",
 }
 NOUN, ADJECTIVE = "noun", "adjective"
-_FILE = re.compile(r"^v(\d{3,})-([0-9a-f]{12})\.json$")
+_FILE = re.compile(r"^v(\d{3,})-([0-9a-f]{12})\.json\Z")
 
 
 def _now() -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -13,6 +12,7 @@ from typing import Any
 from ...core.errors import ZeroShotError
 from ...text.classes import ClassList, normalize_label
 from ...text.templates import NEGMINING_ADJECTIVE_TEMPLATE, NEGMINING_NOUN_TEMPLATE
+from ...util.atomic import read_text_file
 from .artefact import ADJECTIVE, KINDS, NOUN, Vocabulary
 from .labels import IdFilter, dedupe
 from .lexicon import Lexicon, packaged_lexicon
@@ -46,7 +46,10 @@ def read_list_file(path: str | os.PathLike[str], what: str) -> tuple[Any, bool]:
     if not path.is_file():
         raise ZeroShotError(f"{what} {path} does not exist")
     compressed = path.suffix.lower() == ".gz"
-    text = gzip.decompress(path.read_bytes()).decode("utf-8") if compressed else path.read_text(encoding="utf-8")
+    try:
+        text = read_text_file(path)
+    except ValueError as exc:
+        raise ZeroShotError(f"{what} {path}: {exc}") from None
     if (path.with_suffix("") if compressed else path).suffix.lower() != ".json":
         return [line for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")], False
     try:
