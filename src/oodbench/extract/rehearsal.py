@@ -255,13 +255,18 @@ def _val_index() -> list[str]:
 
 
 def _by_group(files: Sequence[str], fraction: float) -> list[str]:
-    """The first files of each folder (group of equal parent) at `fraction`, in the given order."""
+    """The first files of each folder at `fraction`, kept in proportion over the folders (a running total, as for
+    train) and at least one file in all; in the given order."""
     if fraction >= 1:
         return list(files)
     groups: dict[str, list[str]] = {}
     for file in files:
         groups.setdefault(file.rsplit("/", 1)[0] if "/" in file else "", []).append(file)
-    return [f for members in groups.values() for f in members[: _keep(len(members), fraction)]]
+    sizes = np.asarray([len(members) for members in groups.values()])
+    running = np.floor(np.concatenate([[0], np.cumsum(sizes)]) * fraction).astype(np.int64)
+    kept = [m[:n] for m, n in zip(groups.values(), np.diff(running), strict=True)]
+    chosen = [f for members in kept for f in members]
+    return chosen or list(files[:1])
 
 
 def _fake_synsets(count: int, first: int) -> list[str]:
