@@ -154,3 +154,12 @@ def test_make_root_command(tmp_path) -> None:
     count = rehearsal.plan_root(lists=LISTS, sets=["ninco"], fraction=0.01).count()
     assert f"{count:,} files under" in result.output
     assert (tmp_path / "r" / "rehearsal.json").is_file()
+
+
+@needs_lists
+def test_a_small_fraction_keeps_every_clean_sub_sample() -> None:
+    """0.5 % of Places-clean's 153 images is none; each of the 11 sub-samples is a set, so each keeps a file."""
+    plan = rehearsal.plan_root(lists=LISTS, sets=["clean-ood"], fraction=0.005)
+    clean = [p for p in plan.sets if p.name.endswith("-clean")]
+    assert len(clean) == 11 and all(p.files for p in clean)
+    assert all(plan.texts[p.subset_list].strip() for p in clean if p.subset_list)

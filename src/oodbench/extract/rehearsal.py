@@ -254,9 +254,9 @@ def _val_index() -> list[str]:
         return list(json.loads(gzip.decompress(handle.read())))
 
 
-def _by_group(files: Sequence[str], fraction: float) -> list[str]:
+def _by_group(files: Sequence[str], fraction: float, *, each: bool = False) -> list[str]:
     """The first files of each folder at `fraction`, kept in proportion over the folders (a running total, as for
-    train) and at least one file in all; in the given order."""
+    train) and at least one file in all (`each`: in every folder); in the given order."""
     if fraction >= 1:
         return list(files)
     groups: dict[str, list[str]] = {}
@@ -264,7 +264,7 @@ def _by_group(files: Sequence[str], fraction: float) -> list[str]:
         groups.setdefault(file.rsplit("/", 1)[0] if "/" in file else "", []).append(file)
     sizes = np.asarray([len(members) for members in groups.values()])
     running = np.floor(np.concatenate([[0], np.cumsum(sizes)]) * fraction).astype(np.int64)
-    kept = [m[:n] for m, n in zip(groups.values(), np.diff(running), strict=True)]
+    kept = [m[: max(n, int(each))] for m, n in zip(groups.values(), np.diff(running), strict=True)]
     chosen = [f for members in kept for f in members]
     return chosen or list(files[:1])
 
@@ -336,7 +336,7 @@ def _ood_plan(name: str, lists: Path, fraction: float) -> SetPlan:
         files = [sub + e for e in entries]
     else:
         files = _made_up(name)
-    kept = _by_group(files, fraction)
+    kept = _by_group(files, fraction, each=name == "clean-ood")  # each of NINCO's 11 sub-samples is a set
     # SSB easy and hard both lie in imagenet21k_val, as ImageNet-21K-P ships them; their files do not overlap
     return SetPlan(name, f"ood/{folder}", kept, len(files))
 
