@@ -163,3 +163,10 @@ def test_a_small_fraction_keeps_every_clean_sub_sample() -> None:
     clean = [p for p in plan.sets if p.name.endswith("-clean")]
     assert len(clean) == 11 and all(p.files for p in clean)
     assert all(plan.texts[p.subset_list].strip() for p in clean if p.subset_list)
+
+
+def test_synsets_are_timms_class_order() -> None:
+    """make-root reads the 1000 synsets from the shipped val index (no torch import); they are timm's, in order."""
+    from oodbench.extract.datasets import imagenet_synsets
+
+    assert rehearsal._synsets() == list(imagenet_synsets())

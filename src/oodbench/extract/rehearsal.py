@@ -254,6 +254,12 @@ def _val_index() -> list[str]:
         return list(json.loads(gzip.decompress(handle.read())))
 
 
+def _synsets() -> list[str]:
+    """The 1000 ImageNet-1k synsets in class-index order (sorted), from the val index: no timm, hence no torch, is
+    imported, which keeps the writer processes small."""
+    return sorted({path.split("/")[1] for path in _val_index()})
+
+
 def _by_group(files: Sequence[str], fraction: float, *, each: bool = False) -> list[str]:
     """The first files of each folder at `fraction`, kept in proportion over the folders (a running total, as for
     train) and at least one file in all (`each`: in every folder); in the given order."""
@@ -286,9 +292,7 @@ def _made_up(name: str) -> list[str]:
         per = count // len(wnids)
         return [f"{w}/{w}_{k}.JPEG" for w in wnids for k in range(per)]
     if name == "imagenet-o":
-        from .datasets import imagenet_synsets
-
-        return [f"{w}/{w}_o{k:03d}.JPEG" for w in imagenet_synsets()[:200] for k in range(10)]
+        return [f"{w}/{w}_o{k:03d}.JPEG" for w in _synsets()[:200] for k in range(10)]
     if name == "textures":
         return [f"{c}/{c}_{k:04d}.jpg" for c in _DTD for k in range(1, 121)]
     if name == "places":
@@ -380,10 +384,8 @@ def plan_root(
             plans.append(SetPlan(name, "imagenet/val", _by_group(index, fraction), len(index)))
             texts.update(_fi_lists(plans[-1].files, fraction))
         elif name == "imagenet-1k-train":
-            from .datasets import imagenet_synsets
-
             counts = _train_counts(scale)
-            synsets = imagenet_synsets()
+            synsets = _synsets()
             files = [f"{w}/{w}_{k + 1}.JPEG" for w, n in zip(synsets, counts, strict=True) for k in range(n)]
             plans.append(SetPlan(name, "imagenet/train", files, TRAIN_COUNT))
         else:
