@@ -1,5 +1,5 @@
 """Defective files and full disks in extraction: a 16-bit PNG keeps its pixels, each unreadable file is one line
-naming it (once per pass, however many models skip it), and a disk that fills up mid-run is one ExtractError line,
+naming it (once per store and process, however many models and passes read it), and a disk that fills up mid-run is one ExtractError line,
 leaves no entry that reads as complete, and a rerun finishes byte-identical to a run that never failed."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_sixteen_bit_png_is_scaled_not_clipped(tmp_path) -> None:
     assert np.asarray(load_rgb(path))[0, :, 0].tolist() == [1, 2]
 
 
-def test_each_unreadable_file_is_one_line_per_pass(tmp_path, capsys) -> None:
+def test_each_unreadable_file_is_one_line(tmp_path, capsys) -> None:
     root = write_images(tmp_path / "d", {"a": 3, "b": 2}, corrupt=["a/bad.png", "b/empty.png"])
     (root / "b" / "empty.png").write_bytes(b"")
     dataset = image_folder(root)
@@ -56,6 +56,14 @@ def test_each_unreadable_file_is_one_line_per_pass(tmp_path, capsys) -> None:
     assert [len(r.skipped) for r in reports] == [2, 2]  # counted in each entry (meta.json)
     extract(store, members[0].backbone, dataset, dataset_id="d", model_id="r0", num_workers=0, progress=False)
     assert "skipped" not in capsys.readouterr().err  # complete: nothing read again, nothing said again
+    # another pass over the same files into the same store (the runner makes one per group of models): no line again
+    other = load_timm("test_resnet", pretrained=False, seed=2, image_size=32)
+    extract(store, other, dataset, dataset_id="d", model_id="r2", num_workers=0, progress=False)
+    err = capsys.readouterr().err
+    assert "d: skipped" not in err and "2 unreadable image(s) skipped (2 of them listed by an earlier pass)" in err
+    # another store is another run: its lines come again
+    extract(Store(tmp_path / "other"), other, dataset, dataset_id="d", model_id="r2", num_workers=0, progress=False)
+    assert capsys.readouterr().err.count("d: skipped") == 2
 
 
 def _no_space(path: object) -> OSError:

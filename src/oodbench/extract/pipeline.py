@@ -76,32 +76,45 @@ def check_model_id(store: Store, model_id: str, provenance: Mapping[str, Any]) -
 
 
 class SkipLines:
-    """One line on stderr per unreadable image of a pass (naming the file and what is wrong), however many models
-    skip it; `count` is how many were reported."""
+    """One line on stderr per unreadable image (naming the file and what is wrong), however many models skip it and
+    however many passes over its dataset a process makes into one store (the runner makes one per group of models);
+    `count` is how many this pass met, said again in its closing line."""
 
-    def __init__(self, dataset: ImageList, dataset_id: str, write: Callable[[str], Any] | None = None) -> None:
-        self.dataset, self.dataset_id = dataset, dataset_id
+    # (store root, file) pairs already reported by this process
+    reported: set[tuple[str, str]] = set()
+
+    def __init__(
+        self, dataset: ImageList, dataset_id: str, store: Store, write: Callable[[str], Any] | None = None
+    ) -> None:
+        self.dataset, self.dataset_id, self.store = dataset, dataset_id, str(store.root)
         self.write = write or sys.stderr.write
         self.seen: set[int] = set()
+        self.repeated = 0
 
     def __call__(self, item: Mapping[str, Any]) -> None:
         position = int(item["item"])
         if position in self.seen:
             return
         self.seen.add(position)
-        self.write(f"{self.dataset_id}: skipped {self.dataset.path(position)}: {item['error']}\n")
+        key = (self.store, str(self.dataset.path(position)))
+        if key in SkipLines.reported:
+            self.repeated += 1
+            return
+        SkipLines.reported.add(key)
+        self.write(f"{self.dataset_id}: skipped {key[1]}: {item['error']}\n")
 
     @property
     def count(self) -> int:
-        """Unreadable images reported so far."""
+        """Unreadable images this pass met."""
         return len(self.seen)
 
     def summary(self) -> None:
         """One closing line with the count, when any image was skipped."""
         if self.seen:
+            where = "each listed above" if not self.repeated else f"{self.repeated:,} of them listed by an earlier pass"
             self.write(
-                f"{self.dataset_id}: {len(self.seen):,} unreadable image(s) skipped, each listed above; every entry "
-                "records them in meta.json (skipped)\n"
+                f"{self.dataset_id}: {len(self.seen):,} unreadable image(s) skipped ({where}); every entry records them "
+                "in meta.json (skipped)\n"
             )
 
 
@@ -257,7 +270,7 @@ def extract(
     started = time.perf_counter()
     processed = 0
     assembler: _ShardAssembler | None = None
-    skips = SkipLines(dataset, dataset_id)
+    skips = SkipLines(dataset, dataset_id, store)
     if not writer.complete:
         pending = writer.pending_shards()
         tasks = plan_tasks(((k, writer.shard_rows(k)) for k in pending), batch_size)
@@ -468,7 +481,7 @@ def extract_group(
     active = [i for i, tasks in enumerate(member_tasks) if tasks]
     processed = [0] * len(members)
     stats = DecodeStats()
-    skips = SkipLines(dataset, dataset_id)
+    skips = SkipLines(dataset, dataset_id, store)
     if active:
         for i in active:
             members[i].backbone.to(target)
