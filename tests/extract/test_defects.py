@@ -5,6 +5,8 @@ leaves no entry that reads as complete, and a rerun finishes byte-identical to a
 from __future__ import annotations
 
 import errno
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,3 +146,45 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path, monkeypatch) ->
     backbone = load_timm("test_resnet", pretrained=False, image_size=32)
     with pytest.raises(PermissionError):
         extract(Store(tmp_path / "s"), backbone, image_folder(root), dataset_id="d", num_workers=0, progress=False)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files through /proc")
+def test_open_files_do_not_grow_with_the_batch_size(tmp_path) -> None:
+    """A tensor a loader worker hands over holds a file descriptor in the main process while it lives. Handed over
+    one per image and model, a shared-decode pass held 2 x 32 x (batches in flight) of them (72 here; with the Fi
+    config's passes of many models, 4 workers and batches of 64, past a 1,024-file limit). One tensor per transform
+    and decode batch: at most (2 prefetched + 1 in use + 1 partly consumed) batches x 2 transforms = 8, plus the
+    loader's own pipes and sockets (8 at most)."""
+    root = write_images(tmp_path / "d", {"a": 64, "b": 64})
+    peak = [0]
+
+    def counting(backbone):
+        infer = backbone.infer
+
+        def wrapped(pixels, amp=True):
+            peak[0] = max(peak[0], len(os.listdir("/proc/self/fd")))
+            return infer(pixels, amp=amp)
+
+        backbone.infer = wrapped
+        return backbone
+
+    members = [
+        GroupMember(counting(load_timm("test_resnet", pretrained=False, image_size=32)), "r0", 32),
+        GroupMember(counting(load_timm("test_efficientnet", pretrained=False, image_size=40)), "e0", 32),
+    ]
+    base = len(os.listdir("/proc/self/fd"))
+    store = Store(tmp_path / "s")
+    extract_group(store, members, image_folder(root), dataset_id="d", num_workers=1, progress=False, device="cpu")
+    assert peak[0] - base <= 16
+    alone = Store(tmp_path / "alone")  # the arrays are still those of a model extracted alone
+    extract(
+        alone,
+        members[1].backbone,
+        image_folder(root),
+        dataset_id="d",
+        model_id="e0",
+        batch_size=32,
+        num_workers=0,
+        progress=False,
+    )
+    assert store.read_array("e0", "d", "features").tobytes() == alone.read_array("e0", "d", "features").tobytes()

@@ -48,7 +48,7 @@ def test_every_table_a8_model_has_a_stand_in_of_its_family_and_route(model_id) -
     spec = FI.models[model_id]
     backbone = spec.kind_of.backbone(spec, "cpu")
     provenance = backbone.provenance()
-    assert provenance["checkpoint"].startswith("stand-in:seed=")
+    assert provenance["checkpoint"].startswith("stand-in:sha256:")
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8))
     pixels = torch.stack([backbone.transform(image)] * 2)
     assert pixels.shape[-2:] == (stand_ins.SIZE, stand_ins.SIZE)
@@ -82,3 +82,17 @@ def test_two_tags_of_one_architecture_get_different_weights() -> None:
     assert not torch.equal(first.model.head.weight, second.model.head.weight)
     again = a.kind_of.backbone(a, "cpu")
     assert torch.equal(first.model.head.weight, again.model.head.weight)  # seeded by the name: reproducible
+
+
+def test_the_checkpoint_is_the_digest_of_the_weights(monkeypatch) -> None:
+    """A stand-in whose architecture changes (here: one block more) records another checkpoint, so the runner
+    re-extracts its entries instead of adopting ones another stand-in made."""
+    from oodbench.extract.backbones.timm_backbone import load_timm
+
+    first = load_timm("vit_base_patch16_224.augreg_in1k").provenance()["checkpoint"]
+    assert first == load_timm("vit_base_patch16_224.augreg_in1k").provenance()["checkpoint"]
+    families = tuple(
+        (prefix, {**kw, "depth": 3} if prefix == "vit_" else kw) for prefix, kw in stand_ins._TIMM_FAMILIES
+    )
+    monkeypatch.setattr(stand_ins, "_TIMM_FAMILIES", families)
+    assert load_timm("vit_base_patch16_224.augreg_in1k").provenance()["checkpoint"] != first

@@ -144,7 +144,7 @@ def load_hf_clip(
     if stand_ins.enabled() and where == "hub":  # OODBENCH_STAND_INS: a tiny random model of the class
         model, processor = stand_ins.hf_clip_model(name)
         dev = resolve_device(device)
-        return HfClipBundle(model.to(dev).eval(), processor, name, stand_ins.checkpoint_of(name), dev)
+        return HfClipBundle(model.to(dev).eval(), processor, name, stand_ins.checkpoint_of(model), dev)
     try:
         processor = AutoProcessor.from_pretrained(source)
         model = AutoModel.from_pretrained(source)

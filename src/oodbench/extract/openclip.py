@@ -175,7 +175,7 @@ def load_openclip(
         # OODBENCH_STAND_INS: a tiny random model built from this architecture's config, never the hub's weights
         model, preprocess, tokenizer = stand_ins.open_clip_model(model_name, pretrained)
         dev = resolve_device(device)
-        checkpoint = stand_ins.checkpoint_of(f"{model_name}@{pretrained}")
+        checkpoint = stand_ins.checkpoint_of(model)
         return OpenClipBundle(model.to(dev).eval(), preprocess, tokenizer, model_name, pretrained, checkpoint, dev)
     if pretrained is None:
         checkpoint = f"random-init:seed={seed}"

@@ -4,8 +4,8 @@ With the variable set (to anything but ``0`` or empty), every model that would l
 tiny model of the same family and route, with random weights seeded by its name, and 32 px inputs:
 
 * a timm name (classifiers, and the frozen backbones of probes): the same architecture with a few narrow blocks
-  (ViT, DeiT III, EVA-02, DINOv2/v3, Swin V2, ConvNeXt (V2), XCiT, ResNet), or for EfficientNets and BiT's ResNetV2,
-  whose entry points fix their widths, timm's ``test_efficientnet`` and a narrow ``ResNetV2``. The pretrained
+  (ViT, DeiT III, EVA-02, DINOv2/v3, Swin V2, ConvNeXt (V2), XCiT), or for EfficientNets, ResNets and BiT's ResNetV2,
+  whose entry points fix their widths, timm's ``test_efficientnet`` and ``test_resnet`` and a narrow ``ResNetV2``. The pretrained
   config (mean, std, interpolation, crop) is the named tag's, so preprocessing takes the same route;
 * an open_clip name: its own config, narrowed (native ViT towers, or the timm tower it names: SigLIP / SigLIP2 /
   PE-Core with their attention-pooling head), with the named tag's mean, std, interpolation and resize mode, and
@@ -15,7 +15,7 @@ tiny model of the same family and route, with random weights seeded by its name,
 
 Nothing else of an experiment changes: the same config, datasets, detectors and stages run, so a rehearsal
 exercises the whole pipeline at real layouts and counts in minutes. The checkpoint in a stand-in's provenance is
-``stand-in:seed=N``, so its store entries are never taken for a real model's. Local checkpoint files are loaded
+``stand-in:sha256:<digest of its weights>``, so its store entries are never taken for a real model's. Local checkpoint files are loaded
 as usual. Not for results: the scores of random models mean nothing.
 """
 
@@ -46,7 +46,6 @@ _TIMM_FAMILIES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("swinv2_", {"embed_dim": 16, "depths": (1, 1), "num_heads": (1, 2), "window_size": 4, "patch_size": 4}),
     ("convnext", {"depths": (1, 1, 1, 1), "dims": (8, 16, 32, 64)}),
     ("xcit_", {"embed_dim": 32, "depth": 2, "num_heads": 2}),
-    ("resnet", {"layers": (1, 1, 1, 1), "base_width": 8, "stem_width": 8}),
     ("vit_", _VIT),
     ("deit3_", _VIT),
     ("eva02_", _VIT),
@@ -63,9 +62,15 @@ def seed_of(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "big")
 
 
-def checkpoint_of(name: str) -> str:
-    """What a stand-in's provenance records as its checkpoint."""
-    return f"stand-in:seed={seed_of(name)}"
+def checkpoint_of(model: torch.nn.Module) -> str:
+    """What a stand-in's provenance records as its checkpoint: the SHA-256 of its weights (names, shapes, bytes), so
+    an entry extracted by another stand-in (another oodbench's, or another seed) is never taken for this one's."""
+    digest = hashlib.sha256()
+    for key, value in model.state_dict().items():
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{key}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.numpy().tobytes() if tensor.dtype != torch.bfloat16 else tensor.float().numpy().tobytes())
+    return f"stand-in:sha256:{digest.hexdigest()}"
 
 
 # ----------------------------------------------------------------------------------------------- timm
@@ -80,14 +85,18 @@ def timm_model(name: str, *, num_classes: int | None = None) -> torch.nn.Module:
     if arch.startswith(("tf_efficientnet", "efficientnet")):
         same = {"pad_type": "same"} if arch.startswith("tf_") else {}
         model = timm.create_model("test_efficientnet", pretrained=False, num_classes=classes, **same)
+    elif arch.startswith("resnet") and not arch.startswith("resnetv2_"):
+        # timm's ResNet fixes its stage widths (64 to 2048 channels): 6x slower than its test model at 32 px
+        model = timm.create_model("test_resnet", pretrained=False, num_classes=classes)
     elif arch.startswith("resnetv2_"):
-        from timm.layers import StdConv2d
+        from timm.layers import GroupNormAct, StdConv2d
         from timm.models import ResNetV2
 
         model = ResNetV2(
             layers=(1, 1, 1, 1),
-            channels=(128, 128, 128, 128),  # group norm of 32 groups over bottlenecks of a quarter of these
-            stem_chs=32,
+            channels=(32, 64, 64, 128),  # bottlenecks of a quarter of these, in group norms of 8 groups (BiT: 32)
+            stem_chs=16,
+            norm_layer=partial(GroupNormAct, num_groups=8),
             stem_type="fixed",
             conv_layer=partial(StdConv2d, eps=1e-8),
             num_classes=classes,

@@ -380,7 +380,7 @@ def load_timm(
         model = stand_ins.timm_model(name, num_classes=num_classes)
         small = {k: v for k, v in overrides.items() if k != "input_size"}
         settings = {**common, "image_size": stand_ins.SIZE, "preprocessing": small}
-        return TimmBackbone(model, name=name, checkpoint=stand_ins.checkpoint_of(name), **settings)
+        return TimmBackbone(model, name=name, checkpoint=stand_ins.checkpoint_of(model), **settings)
     cached = _hub_weights(name)
     try:
         with prefer_cache(cached):
