@@ -136,6 +136,11 @@ CASES = [
     # datasets, probes, audit
     ("datasets-check-missing", ["datasets", "check", "--root", "{bad}/nope"]),
     ("datasets-check-file", ["datasets", "check", "--root", "{bad}/a-file"]),
+    ("rehearse-lists-missing", ["rehearse", "make-root", "{out}/r", "--lists", "{bad}/nope"]),
+    ("rehearse-lists-file", ["rehearse", "make-root", "{out}/r", "--lists", "{bad}/a-file"]),
+    ("rehearse-no-official-lists", ["rehearse", "make-root", "{out}/r", "--lists", "{bad}/a-folder"]),
+    ("rehearse-root-is-a-file", ["rehearse", "make-root", "{bad}/a-file/r", "--lists", "{bad}/a-folder"]),
+    ("rehearse-bad-scale", ["rehearse", "make-root", "{out}/r", "--lists", "{bad}/a-folder", "--scale", "nan"]),
     ("probe-missing-store", ["probe", "--store", "{bad}/nope", "--model-id", "toy", "--fit-dataset", "fit"]),
     (
         "probe-truncated-store",

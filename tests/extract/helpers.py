@@ -117,3 +117,22 @@ def write_tiny_aimv2(folder: Path, *, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Aimv2Model(Aimv2Config(vision_config=vision, text_config=text, projection_dim=16))
     return _save_with_processor(folder, model, tokenizer)
+
+
+def shared_folder() -> Path | None:
+    """`../shared` beside the repository (in a git worktree: beside its main checkout too), or None when absent."""
+    repo = Path(__file__).resolve().parents[2]
+    candidates = [repo.parent / "shared"]
+    marker = repo / ".git"
+    if marker.is_file():  # a worktree: ".git" reads "gitdir: <main>/.git/worktrees/<name>"
+        text = marker.read_text(encoding="utf-8").strip()
+        if text.startswith("gitdir:"):
+            candidates.append(Path(text[len("gitdir:") :].strip()).parents[2].parent / "shared")
+    return next((path for path in candidates if path.is_dir()), None)
+
+
+def shared_lists() -> Path | None:
+    """The official image lists in `../shared/data/imagelists`, or None when absent (a user's clone)."""
+    shared = shared_folder()
+    lists = shared / "data" / "imagelists" if shared is not None else None
+    return lists if lists is not None and lists.is_dir() else None

@@ -181,3 +181,22 @@ def test_fi_dry_run_reads_the_official_lists_from_the_lists_path(tmp_path: Path,
     assert "image list: official (NINCO, MIT): NINCO_OOD_classes.csv" in rows["ninco"]
     assert f"official list missing (not in {lists})" in rows["clean-ood"]
     assert "datasets.ninco.lists" not in result.output
+
+
+def test_a_modified_official_list_stops_the_run_before_any_work(tmp_path: Path) -> None:
+    """A lists-folder file whose SHA-256 is not the pinned one is an input problem of the plan (the dry run names it
+    and `oodbench run` refuses before extracting anything), not an error hours later when its set is read."""
+    from oodbench.cli.main import app
+
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "NINCO_OOD_classes.csv").write_bytes(b"image_location,class\r\nNINCO_OOD_classes/a/a_000.jpg,a\r\n")
+    args = ["run", str(FI), "--dry-run", "--summary", "--out", str(tmp_path / "w"), "--set", f"paths.lists={lists}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    problem = [line for line in result.output.splitlines() if "datasets.ninco.lists:" in line]
+    assert len(problem) == 1 and "is not github.com/j-cb/NINCO" in problem[0] and "SHA-256" in problem[0]
+    assert not any("datasets.clean-ood.lists:" in line for line in result.output.splitlines())  # its file is absent
+    run = CliRunner().invoke(app, args[:2] + args[4:] + ["--only", "extract"])
+    assert run.exit_code == 2 and "datasets.ninco.lists:" in run.output
+    assert not (tmp_path / "w" / "store").exists()

@@ -16,7 +16,7 @@ from ..core.errors import OodbenchError
 from ..core.store import Store
 from ..util.terminal import print_table
 
-__all__ = ["register", "extract_command", "probe_command", "datasets_app", "lists_app"]
+__all__ = ["register", "extract_command", "probe_command", "datasets_app", "lists_app", "rehearse_app"]
 
 console = Console(stderr=True)
 datasets_app = typer.Typer(
@@ -771,8 +771,46 @@ def lists_fetch(
     typer.echo(f"{len(results)} official image lists in {to}, checksums verified; use them with --lists {to}")
 
 
+rehearse_app = typer.Typer(
+    help="Rehearse the Fi-ImageNet-1k experiment on generated data at the real layouts and counts.",
+    no_args_is_help=True,
+)
+
+
+@rehearse_app.command("make-root")
+def rehearse_make_root(
+    root: Path = typer.Argument(..., help="The data root to write (created; resumed where files are present)."),
+    lists: Path = typer.Option(
+        ..., "--lists", help="Folder of the official image lists (`oodbench datasets lists fetch --to DIR`)."
+    ),
+    sets: list[str] = typer.Option(
+        [], "--sets", help="Only these sets (repeatable; default: all the Fi config reads)."
+    ),
+    scale: float = typer.Option(1.0, "--scale", help="Share of ImageNet-1k train (the fit set) to write, in (0, 1]."),
+    fraction: float = typer.Option(1.0, "--fraction", help="Share of every test set to write, in (0, 1]."),
+    workers: int | None = typer.Option(None, "--workers", help="Writer processes (default: the cores)."),
+) -> None:
+    """Write a data root holding every set the Fi config reads, with their real folders, file names and counts.
+
+    Each file is a tiny image whose pixels derive from its path, plus deliberate defects (truncated, CMYK, 16-bit,
+    EXIF-rotated, empty, HTML, unlisted files); rehearsal.json in the root lists them. docs/rehearsal.md shows the
+    run on it with stand-in models (OODBENCH_STAND_INS=1).
+
+    Example: oodbench rehearse make-root /data/rehearsal --lists /data/imagelists --scale 0.1
+    """
+    from .rehearsal import make_root
+
+    report = make_root(root, lists=lists, sets=sets or None, scale=scale, fraction=fraction, workers=workers)
+    typer.echo(
+        f"{report.files:,} files under {report.root} ({report.written:,} written, {report.present:,} already there, "
+        f"{report.bytes / 1e6:,.1f} MB) in {report.seconds:,.1f} s ({report.files_per_second:,.0f} files/s); "
+        f"what was written: {report.manifest}"
+    )
+
+
 def register(app: typer.Typer) -> None:
-    """Add `extract`, `probe` and the `datasets` group to the main CLI."""
+    """Add `extract`, `probe` and the `datasets` and `rehearse` groups to the main CLI."""
     app.command("extract")(extract_command)
     app.command("probe")(probe_command)
     app.add_typer(datasets_app, name="datasets")
+    app.add_typer(rehearse_app, name="rehearse")

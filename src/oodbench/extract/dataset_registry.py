@@ -39,6 +39,7 @@ __all__ = [
     "missing_list_files",
     "FETCH_HINT",
     "lists_folder_problem",
+    "list_problem",
 ]
 
 FETCH_HINT = "`oodbench datasets lists fetch --to DIR`, then --lists DIR"
@@ -383,6 +384,20 @@ def missing_list_files(name: str, lists: str | os.PathLike[str] | None) -> list[
     if spec is None:
         return []
     return [file for file in spec.files if list_path(file, lists) is None]
+
+
+def list_problem(name: str, lists: str | os.PathLike[str] | None) -> str | None:
+    """Why a set's official list files in the lists folder cannot be used (a SHA-256 that is not the pinned one), or
+    None; absent files are no problem here (the set is then every image under its folder). Checked before any work."""
+    spec = get(name).official_list
+    if spec is None or lists is None or lists_folder_problem(lists) is not None:
+        return None
+    for file in spec.files:
+        try:
+            read_list(file, lists)
+        except DataError as exc:
+            return str(exc)
+    return None
 
 
 def official_entries(name: str, lists: str | os.PathLike[str] | None) -> tuple[str, ...] | None:

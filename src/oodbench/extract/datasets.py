@@ -143,13 +143,29 @@ def load_rgb(path: str | os.PathLike[str] | io.BytesIO) -> Any:
             with Image.open(data) as image:
                 check_declared_size(image)
                 image.load()
-                return image.convert("RGB")
+                return to_rgb(image)
     except UnreadableImage:
         raise
     except Image.DecompressionBombError as exc:
         raise UnreadableImage(f"{exc} (a decompression bomb?); not decoded") from None
     except Exception as exc:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
         raise UnreadableImage(f"{type(exc).__name__}: {exc}") from exc
+
+
+# PIL's modes of 16-bit greyscale (PNG, TIFF); "I" is how some PIL versions open a 16-bit PNG.
+_SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
+
+
+def to_rgb(image: Any) -> Any:
+    """A decoded PIL image as RGB. 16-bit greyscale is scaled to 8 bits first (v / 257, rounded: 65535 → 255):
+    PIL's own conversion clips it at 255, which turns all but the darkest pixels white."""
+    if image.mode in _SIXTEEN_BIT:
+        from PIL import Image
+
+        values = np.clip(np.asarray(image, dtype=np.int64), 0, 65535)
+        grey = ((values + 128) // 257).astype(np.uint8)  # round(v / 257) for 0 <= v <= 65535
+        return Image.fromarray(grey, "L").convert("RGB")
+    return image.convert("RGB")
 
 
 def _is_image(name: str) -> bool:

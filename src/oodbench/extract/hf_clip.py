@@ -139,6 +139,12 @@ def load_hf_clip(
     except ImportError:
         raise ExtractError("the hf_clip kind needs transformers: pip install 'oodbench[hf]'") from None
     source = str(Path(name).expanduser()) if where == "local" else name
+    from . import stand_ins
+
+    if stand_ins.enabled() and where == "hub":  # OODBENCH_STAND_INS: a tiny random model of the class
+        model, processor = stand_ins.hf_clip_model(name)
+        dev = resolve_device(device)
+        return HfClipBundle(model.to(dev).eval(), processor, name, stand_ins.checkpoint_of(model), dev)
     try:
         processor = AutoProcessor.from_pretrained(source)
         model = AutoModel.from_pretrained(source)

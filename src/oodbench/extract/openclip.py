@@ -169,6 +169,14 @@ def load_openclip(
         warnings.warn(message, UserWarning, stacklevel=2)
     checkpoint: str
     cached = False
+    from . import stand_ins
+
+    if stand_ins.enabled() and not (pretrained is not None and os.path.isfile(str(pretrained))):
+        # OODBENCH_STAND_INS: a tiny random model built from this architecture's config, never the hub's weights
+        model, preprocess, tokenizer = stand_ins.open_clip_model(model_name, pretrained)
+        dev = resolve_device(device)
+        checkpoint = stand_ins.checkpoint_of(model)
+        return OpenClipBundle(model.to(dev).eval(), preprocess, tokenizer, model_name, pretrained, checkpoint, dev)
     if pretrained is None:
         checkpoint = f"random-init:seed={seed}"
     elif os.path.isfile(str(pretrained)):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +22,16 @@ from .backbones.base import Backbone
 from .datasets import ImageList
 from .engines.common import BatchResult, ItemLoader, plan_tasks
 
-__all__ = ["ExtractionReport", "GroupMember", "extract", "extract_group", "check_model_id", "ENGINES", "INLINE_ITEMS"]
+__all__ = [
+    "ExtractionReport",
+    "GroupMember",
+    "SkipLines",
+    "extract",
+    "extract_group",
+    "check_model_id",
+    "ENGINES",
+    "INLINE_ITEMS",
+]
 
 ENGINES = ("local", "ray")
 # Entries up to this many items also list their items inline in meta.json (items.txt is always written).
@@ -63,6 +75,67 @@ def check_model_id(store: Store, model_id: str, provenance: Mapping[str, Any]) -
                 )
 
 
+class SkipLines:
+    """One line on stderr per unreadable image (naming the file and what is wrong), however many models skip it and
+    however many passes over its dataset a process makes into one store (the runner makes one per group of models);
+    `count` is how many this pass met, said again in its closing line."""
+
+    # (store root, file) pairs already reported by this process
+    reported: set[tuple[str, str]] = set()
+
+    def __init__(
+        self, dataset: ImageList, dataset_id: str, store: Store, write: Callable[[str], Any] | None = None
+    ) -> None:
+        self.dataset, self.dataset_id, self.store = dataset, dataset_id, str(store.root)
+        self.write = write or sys.stderr.write
+        self.seen: set[int] = set()
+        self.repeated = 0
+
+    def __call__(self, item: Mapping[str, Any]) -> None:
+        position = int(item["item"])
+        if position in self.seen:
+            return
+        self.seen.add(position)
+        key = (self.store, str(self.dataset.path(position)))
+        if key in SkipLines.reported:
+            self.repeated += 1
+            return
+        SkipLines.reported.add(key)
+        self.write(f"{self.dataset_id}: skipped {key[1]}: {item['error']}\n")
+
+    @property
+    def count(self) -> int:
+        """Unreadable images this pass met."""
+        return len(self.seen)
+
+    def summary(self) -> None:
+        """One closing line with the count, when any image was skipped."""
+        if self.seen:
+            where = "each listed above" if not self.repeated else f"{self.repeated:,} of them listed by an earlier pass"
+            self.write(
+                f"{self.dataset_id}: {len(self.seen):,} unreadable image(s) skipped ({where}); every entry records them "
+                "in meta.json (skipped)\n"
+            )
+
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@contextlib.contextmanager
+def _disk_full(store: Store, what: str) -> Iterator[None]:
+    """A full disk (or quota) while writing becomes one ExtractError line; the store's shards and merge are atomic
+    (done markers and meta.json last), so nothing half-written is read as complete and a rerun resumes."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            raise
+        raise ExtractError(
+            f"no space left on the device while writing {what} into the store {store.root} ({exc.strerror}); "
+            "whole shards written so far are kept: free space and rerun to resume"
+        ) from None
+
+
 class _ShardAssembler:
     """Collects batch results per shard and writes a shard once all its batches are in (any arrival order)."""
 
@@ -72,9 +145,11 @@ class _ShardAssembler:
         expected: dict[int, int],
         labels: np.ndarray | None,
         fallback_spec: Callable[[], dict[str, tuple[tuple[int, ...], np.dtype]]],
+        on_skip: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.writer, self.expected, self.labels = writer, expected, labels
         self.fallback_spec = fallback_spec
+        self.on_skip = on_skip
         self.parts: dict[int, dict[int, BatchResult]] = {}
         self.spec: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
         self.deferred: list[int] = []
@@ -113,6 +188,9 @@ class _ShardAssembler:
             arrays["labels"] = self.labels[positions]
         skipped = [item for r in results for item in r.skipped]
         self.writer.write_shard(shard, arrays, skipped=skipped)
+        if self.on_skip is not None:
+            for item in skipped:
+                self.on_skip(item)
         self.skipped.extend(skipped)
         self.rows += len(positions)
         del self.parts[shard]
@@ -186,10 +264,13 @@ def extract(
         raise ExtractError(f"dataset {dataset_id} has no items")
     model_id = model_id or backbone.default_model_id()
     provenance = backbone.provenance()
-    writer, entry = _open_entry(store, model_id, dataset_id, provenance, dataset, shard_size)
+    where = f"{model_id}/{dataset_id}"
+    with _disk_full(store, where):
+        writer, entry = _open_entry(store, model_id, dataset_id, provenance, dataset, shard_size)
     started = time.perf_counter()
     processed = 0
     assembler: _ShardAssembler | None = None
+    skips = SkipLines(dataset, dataset_id, store)
     if not writer.complete:
         pending = writer.pending_shards()
         tasks = plan_tasks(((k, writer.shard_rows(k)) for k in pending), batch_size)
@@ -203,7 +284,7 @@ def extract(
             dummy = torch.zeros(1, *backbone.input_size())
             return {name: (value.shape[1:], value.dtype) for name, value in backbone.infer(dummy, amp=amp).items()}
 
-        assembler = _ShardAssembler(writer, expected, dataset.labels, fallback_spec)
+        assembler = _ShardAssembler(writer, expected, dataset.labels, fallback_spec, skips)
         item_loader = loader or ItemLoader(dataset, backbone.transform)
         done_items = len(dataset) - sum(len(task.positions) for task in tasks)
         bar, bar_task = _progress(len(dataset), done_items, progress, f"{model_id}/{dataset_id}")
@@ -221,7 +302,7 @@ def extract(
                 )
 
         note_shards()
-        with bar:
+        with bar, _disk_full(store, where):
             for result in _engine_results(
                 engine, backbone, item_loader, tasks, num_workers=num_workers, amp=amp, options=engine_options or {}
             ):
@@ -229,10 +310,12 @@ def extract(
                 processed += len(result.task.positions)
                 bar.update(bar_task, advance=len(result.task.positions))
                 note_shards()
-        assembler.finish()
-        _finalize(writer, dataset)
+            assembler.finish()
+            _finalize(writer, dataset)
+        skips.summary()
     seconds = time.perf_counter() - started
-    return _report(store, backbone, model_id, dataset_id, provenance, dataset, processed, seconds, entry, amp=amp)
+    with _disk_full(store, f"the head of {model_id}"):
+        return _report(store, backbone, model_id, dataset_id, provenance, dataset, processed, seconds, entry, amp=amp)
 
 
 def _open_entry(
@@ -394,10 +477,12 @@ def extract_group(
         provenances.append(provenance)
     for model_id, provenance in zip(ids, provenances, strict=True):  # validate every model before writing anything
         check_model_id(store, model_id, provenance)
-    opened = [
-        _open_entry(store, model_id, dataset_id, provenance, dataset, shard_size)
-        for model_id, provenance in zip(ids, provenances, strict=True)
-    ]
+    where = f"{', '.join(ids)}/{dataset_id}"
+    with _disk_full(store, where):
+        opened = [
+            _open_entry(store, model_id, dataset_id, provenance, dataset, shard_size)
+            for model_id, provenance in zip(ids, provenances, strict=True)
+        ]
     started = time.perf_counter()
     writers = [writer for writer, _ in opened]
     member_tasks = [
@@ -407,6 +492,7 @@ def extract_group(
     active = [i for i, tasks in enumerate(member_tasks) if tasks]
     processed = [0] * len(members)
     stats = DecodeStats()
+    skips = SkipLines(dataset, dataset_id, store)
     if active:
         for i in active:
             members[i].backbone.to(target)
@@ -421,13 +507,13 @@ def extract_group(
             for task in member_tasks[i]:
                 expected[task.shard] = expected.get(task.shard, 0) + 1
             assemblers[i] = _ShardAssembler(
-                writers[i], expected, dataset.labels, _fallback_spec(members[i].backbone, amp)
+                writers[i], expected, dataset.labels, _fallback_spec(members[i].backbone, amp), skips
             )
         loader = GroupLoader(dataset, [members[i].backbone.transform for i in active], mode)
         done_items = len(dataset) - sum(len(t.positions) for t in decode_tasks)
         names = ", ".join(ids[i] for i in active)
         bar, bar_task = _progress(len(dataset), done_items, progress, f"{names}/{dataset_id}")
-        with bar:
+        with bar, _disk_full(store, where):
             for local, result, decoded in iter_group_results(
                 [members[i].backbone for i in active],
                 loader,
@@ -444,14 +530,18 @@ def extract_group(
                     processed[active[local]] += len(result.task.positions)
                 if decoded:
                     bar.update(bar_task, advance=decoded)
-        for i in active:
-            assemblers[i].finish()
-            _finalize(writers[i], dataset)
+            for i in active:
+                assemblers[i].finish()
+                _finalize(writers[i], dataset)
+        skips.summary()
     seconds = time.perf_counter() - started
-    reports = [
-        _report(store, m.backbone, model_id, dataset_id, provenance, dataset, processed[i], seconds, entry, amp=amp)
-        for i, (m, model_id, provenance, (_, entry)) in enumerate(zip(members, ids, provenances, opened, strict=True))
-    ]
+    with _disk_full(store, f"the heads of {', '.join(ids)}"):
+        reports = [
+            _report(store, m.backbone, model_id, dataset_id, provenance, dataset, processed[i], seconds, entry, amp=amp)
+            for i, (m, model_id, provenance, (_, entry)) in enumerate(
+                zip(members, ids, provenances, opened, strict=True)
+            )
+        ]
     for report in reports:
         report.decode = stats.as_dict()
     return reports

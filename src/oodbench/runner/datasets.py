@@ -160,6 +160,12 @@ class Registry(DatasetKind):
             problem = lists_folder_problem(lists)
             if problem is not None:
                 problems[f"{spec.key_path}.lists"] = problem
+            elif given is None:  # a modified official list stops the run before any work, not when its set is read
+                from ..extract.dataset_registry import list_problem
+
+                problem = list_problem(spec.params["name"], lists)
+                if problem is not None:
+                    problems[f"{spec.key_path}.lists"] = problem
         return problems
 
     def open(self, spec: DatasetSpec) -> Any:

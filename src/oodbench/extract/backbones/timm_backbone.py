@@ -374,6 +374,13 @@ def load_timm(
         torch.manual_seed(seed)
         model = _create(name, pretrained=False, image_size=image_size, **kwargs)
         return TimmBackbone(model, name=name, checkpoint=f"random-init:seed={seed}", **common)
+    from .. import stand_ins
+
+    if stand_ins.enabled():  # OODBENCH_STAND_INS: a tiny random model of the family, never the hub's weights
+        model = stand_ins.timm_model(name, num_classes=num_classes)
+        small = {k: v for k, v in overrides.items() if k != "input_size"}
+        settings = {**common, "image_size": stand_ins.SIZE, "preprocessing": small}
+        return TimmBackbone(model, name=name, checkpoint=stand_ins.checkpoint_of(model), **settings)
     cached = _hub_weights(name)
     try:
         with prefer_cache(cached):

@@ -80,7 +80,34 @@ class _DecodeBatches(torch.utils.data.Dataset):
                     except UnreadableImage as exc:
                         done[first] = _skip(self.loader, position, exc)
                 prepared[m][position] = done[first]
-        return index, (prepared, unreadable)
+        return index, (_pack(prepared, self.loader.same_as), unreadable)
+
+
+def _pack(prepared: dict[int, _Prepared], same_as: Sequence[int]) -> tuple[dict[int, Any], dict[int, Any]]:
+    """One tensor per transform for a decode batch, instead of one per image and model: a tensor a worker hands over
+    holds a file descriptor in the main process until it is freed (torch's file_descriptor sharing), and per-image
+    tensors buffered for several models and batches in flight outrun a 1,024-file limit."""
+    packed: dict[int, Any] = {}
+    stacks: dict[int, torch.Tensor | None] = {}
+    for member, rows in prepared.items():
+        first = same_as[member]  # members with one transform hold the same tensors
+        positions = [p for p, row in rows.items() if not isinstance(row, dict)]
+        if first not in stacks:
+            stacks[first] = torch.stack([rows[p] for p in positions]) if positions else None
+        packed[member] = (first, positions, {p: row for p, row in rows.items() if isinstance(row, dict)})
+    return packed, stacks
+
+
+def _unpack(payload: tuple[dict[int, Any], dict[int, Any]]) -> dict[int, _Prepared]:
+    """Per member, {position: its row (a view of the batch's one tensor) or skip record}."""
+    packed, stacks = payload
+    prepared: dict[int, _Prepared] = {}
+    for member, (first, positions, skips) in packed.items():
+        rows: _Prepared = dict(skips)
+        if positions:
+            rows.update(zip(positions, stacks[first].unbind(0), strict=True))
+        prepared[member] = rows
+    return prepared
 
 
 def _skip(loader: GroupLoader, position: int, exc: Exception) -> dict[str, Any]:
@@ -173,7 +200,8 @@ def iter_group_results(
         if loader.mode == "device":
             payload = _device_prepare(payload, loader, members, tensor_steps, device, stats)
         else:
-            payload, unreadable = payload
+            packed, unreadable = payload
+            payload = _unpack(packed)
             stats.pil += len(task.positions) - unreadable
             stats.unreadable += unreadable
         decoded = len(task.positions)
