@@ -45,7 +45,8 @@ _Detectors = Annotated[
     typer.Option(
         "--detectors",
         "-d",
-        help="Comma-separated names; all (every registered one), paper (the paper's 21), -NAME leaves one out "
+        help="Comma-separated names; all (every registered one), paper (the paper's 21), peers (those OpenOOD or "
+        "pytorch-ood implement), -NAME leaves one out "
         "(all,-she,-openmax); "
         "default: all.",
     ),
