@@ -47,3 +47,26 @@ def test_spec_resolves_parameters_and_validates_once() -> None:
     ):
         with pytest.raises(OodbenchError, match=message):
             EvaluationSpec.build(["knn"], **kwargs)
+
+
+def test_peers_selects_the_detectors_whose_summary_names_a_peer() -> None:
+    from oodbench.detectors import get_class, origin
+    from oodbench.detectors.catalog import PEERS, also_in_items
+
+    everything = available()
+    # Each built-in's "also in" cell names only the peer libraries (remarks in parentheses aside): a misspelt
+    # peer would silently leave a detector out of `peers`.
+    for name in everything:
+        summary = get_class(name).summary
+        if origin(name).builtin and summary is not None:
+            assert set(also_in_items(summary.also_in)) <= set(PEERS), (name, summary.also_in)
+    peers = select_detectors("peers")
+    declared = [n for n in everything if get_class(n).summary and get_class(n).summary.also_in]
+    assert peers == declared
+    # Known rows of the table: neco and the ++ variants have no peer; ash_s is pytorch-ood's only, residual
+    # OpenOOD's only, mcm's entry carries a remark in parentheses.
+    assert {"msp", "knn", "ash_s", "residual", "mcm", "ash_b"} <= set(peers)
+    assert not {"neco", "maha++", "rmaha++", "cosine"} & set(peers)
+    assert select_detectors("peers,-she,neco") == [n for n in peers if n != "she"] + ["neco"]
+    assert select_detectors("all,-peers") == [n for n in everything if n not in peers]
+    assert also_in_items("pytorch-ood, OpenOOD (its `ash` postprocessor, at p=90)") == ["pytorch-ood", "OpenOOD"]

@@ -398,3 +398,58 @@ def test_the_checks_against_wrong_features_are_printed_before_extraction(folders
     lines = err.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("preprocessing of"))
     assert lines[first + 1].startswith("probe: top-1 of the first 16 images: ")
+
+
+def _named_args(folders, tmp_path, fit, id_set, *extra):
+    args = ["evaluate-model", "test_resnet", "--no-pretrained", "--image-size", str(SIZE), "--fit", fit, "--id", id_set]
+    return [*args, "--ood", f"photos={folders / 'photos'}", "--store", str(tmp_path / "store"), "--no-progress", *extra]
+
+
+def test_named_sets_are_cached_by_name_and_content(folders, tmp_path, capsys):
+    """--id NAME=DIR and --fit NAME=DIR: a second ID folder under another name extracts only itself; the same folder
+    under its name is reused; other files under a stored name are refused in one line naming a free name."""
+    other = tmp_path / "val-b"
+    _digits(other, 6, 18)  # the same file names as val (0/0.png …), other digits: only the content tells them apart
+    fit = f"train={folders / 'train'}"
+
+    def run(*args):
+        with pytest.raises(SystemExit) as exit_info:
+            main(_named_args(folders, tmp_path, *args, "-d", "msp,energy"))
+        captured = capsys.readouterr()
+        return exit_info.value.code, captured.out, captured.err
+
+    code, out, err = run(fit, f"imnet={folders / 'val'}")
+    assert code == 0, err
+    assert "extracted 70 images" in out  # 36 fit + 18 ID + 16 OOD
+    code, out, err = run(fit, f"imnet-b={other}")
+    assert code == 0, err
+    assert "extracted 18 images" in out  # only the new ID set: the fit and OOD sets are the store's
+    store = Store(tmp_path / "store")
+    (model,) = store.models()
+    assert set(store.datasets(model)) == {"train", "imnet", "imnet-b", "photos"}
+    code, out, err = run(fit, f"imnet={folders / 'val'}")
+    assert code == 0 and "extracted nothing: every set was in the store" in out
+    for args, option in (((fit, f"imnet={other}"), "--id"), ((f"train={other}", f"imnet={folders / 'val'}"), "--fit")):
+        code, out, err = run(*args)
+        lines = [line for line in err.splitlines() if not line.startswith("preprocessing of")]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+        name = "imnet" if option == "--id" else "train"
+        assert f"other images under the name {name!r}" in lines[0]
+        assert f"e.g. {option} {name}-2=DIR" in lines[0]
+    # A bare folder keeps its default name; the results name the sets as given.
+    code, out, err = run(str(folders / "train"), f"imnet={folders / 'val'}")
+    assert code == 0 and "extracted 36 images" in out and "Top-1 on imnet" in out
+    assert "fit" in Store(tmp_path / "store").datasets(model)
+    result = oodbench.evaluate_model(
+        "test_resnet",
+        pretrained=False,
+        image_size=SIZE,
+        fit={"train": folders / "train"},
+        id={"imnet-b": other},
+        ood={"photos": folders / "photos"},
+        store=tmp_path / "store",
+        detectors=["msp"],
+        progress=False,
+    )
+    assert result.extracted == {"train": 0, "imnet-b": 0, "photos": 0}
+    assert set(result.scores) == {"imnet-b", "photos"}

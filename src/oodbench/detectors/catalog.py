@@ -15,12 +15,26 @@ from typing import Any
 from .base import Detector, Requirements
 from .registry import available, get_class, origin
 
-__all__ = ["COLUMNS", "BEGIN", "END", "row", "markdown_table", "replace_table", "split_cells"]
+__all__ = [
+    "COLUMNS",
+    "BEGIN",
+    "END",
+    "PEERS",
+    "also_in_items",
+    "row",
+    "markdown_table",
+    "peer_detectors",
+    "peers",
+    "replace_table",
+    "split_cells",
+]
 
 COLUMNS = ("name", "method", "paper", "needs", "defaults (source)", "also in", "measured agreement")
 BEGIN = "<!-- detector-table -->"
 END = "<!-- /detector-table -->"
 _NONE = "—"
+# The peer libraries a summary's `also_in` names ("pytorch-ood, OpenOOD (a remark)"); `-d peers` selects by them.
+PEERS = ("OpenOOD", "pytorch-ood")
 
 
 def _value(value: Any) -> str:
@@ -90,6 +104,25 @@ def row(name: str) -> tuple[str, ...]:
         also_in,
         agreement,
     )
+
+
+def also_in_items(also_in: str) -> list[str]:
+    """The libraries an `also_in` text names, remarks in parentheses dropped: "pytorch-ood, OpenOOD (on …)" ->
+    ["pytorch-ood", "OpenOOD"]."""
+    plain = re.sub(r"\([^()]*\)", "", also_in)
+    return [item.strip() for item in plain.split(",") if item.strip()]
+
+
+def peers(name: str) -> tuple[str, ...]:
+    """The peer libraries (`PEERS`) that implement registered detector `name`, as its summary declares."""
+    summary = get_class(name).summary
+    named = also_in_items(summary.also_in) if summary is not None else []
+    return tuple(peer for peer in PEERS if peer in named)
+
+
+def peer_detectors(names: Iterable[str] | None = None) -> list[str]:
+    """The registered detectors (or those of `names`, in their order) that a peer library implements."""
+    return [name for name in (available() if names is None else names) if peers(name)]
 
 
 def _first_line(text: str | None) -> str:

@@ -91,7 +91,8 @@ def evaluate_command(
         None,
         "--detectors",
         "-d",
-        help="Comma-separated names; all (every registered one), paper (the paper's 21), -NAME leaves one out "
+        help="Comma-separated names; all (every registered one), paper (the paper's 21), peers (those OpenOOD or "
+        "pytorch-ood implement), -NAME leaves one out "
         "(all,-she,-openmax); "
         "default: all.",
     ),

@@ -27,6 +27,7 @@ from ..core.metrics import CONVENTIONS
 from ..core.names import suggest, unknown_parameter
 from ..core.oodgroups import DEFAULT_GROUPS, OodGroups, load_groups
 from ..core.papers import POST_HOC_POOL
+from ..detectors.catalog import peer_detectors
 from ..detectors.fitsize import SMALL_FIT_SET
 from ..detectors.shared import check_gram_dtype
 
@@ -43,8 +44,8 @@ def resolve_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def select_detectors(text: str | Sequence[str] | None, *, option: str = "detectors") -> list[str]:
-    """Detector names from a selection: names, ``all``, ``paper`` (the paper's 21 post-hoc detectors) and ``-NAME``
-    to leave one out.
+    """Detector names from a selection: names, ``all``, ``paper`` (the paper's 21 post-hoc detectors), ``peers``
+    (those OpenOOD or pytorch-ood implement, as each detector's summary declares) and ``-NAME`` to leave one out.
 
     ``"all,-she,-openmax"`` is every registered detector but two; a selection starting with ``-NAME`` starts from
     ``all``. Unknown names are all reported in one error (with a suggestion each).
@@ -53,7 +54,11 @@ def select_detectors(text: str | Sequence[str] | None, *, option: str = "detecto
         return list(detector_registry.available())
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t and t.strip()]
     available = detector_registry.available()
-    groups = {"all": lambda: list(available), "paper": lambda: [n for n in available if n in POST_HOC_POOL]}
+    groups = {
+        "all": lambda: list(available),
+        "paper": lambda: [n for n in available if n in POST_HOC_POOL],
+        "peers": lambda: peer_detectors(available),
+    }
     chosen: list[str] = []
     unknown: list[str] = []
     if items and items[0].startswith("-"):
@@ -75,7 +80,7 @@ def select_detectors(text: str | Sequence[str] | None, *, option: str = "detecto
     if unknown:
         raise DetectorError(
             f"{option}: unknown detector{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-            "(list them with `oodbench detectors`; all and paper select groups, -NAME leaves one out)"
+            "(list them with `oodbench detectors`; all, paper and peers select groups, -NAME leaves one out)"
         )
     if not chosen:
         raise DetectorError(f"{option}: the selection {text!r} leaves no detector to evaluate")

@@ -14,7 +14,7 @@ _Detectors = Annotated[
     typer.Option(
         "--detectors",
         "-d",
-        help="Detectors (detectors.include): comma-separated names, all, paper, -NAME leaves one out (all,-she).",
+        help="Detectors (detectors.include): comma-separated names, all, paper, peers, -NAME leaves one out (all,-she).",
     ),
 ]
 _Param = Annotated[

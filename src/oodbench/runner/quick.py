@@ -35,7 +35,9 @@ from ..util.progress import note_work, work_topics
 
 __all__ = ["ModelEvaluation", "ModuleBackbone", "evaluate_model", "as_backbone", "as_image_data"]
 
-FIT, ID = "fit", "id"  # store dataset ids of the fit set and the ID test set
+FIT, ID = "fit", "id"  # the default names (store dataset ids) of the fit set and the ID test set
+# The option that names a set of each role, for the line that refuses a name the store holds for other images.
+_NAMING = {"fit": ("--fit", "fit"), "id": ("--id", "id"), "ood": ("--ood", "ood")}
 # Items of a torch dataset whose bytes enter its fingerprint (evenly spaced, first and last included).
 FINGERPRINT_ITEMS = 8
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -262,18 +264,71 @@ def as_image_data(data: Any, *, name: str, labelled: bool, transform: Callable[[
     return _ImageData(images, loader, (lambda: _dataset_labels(dataset)) if labelled else None)
 
 
-def _entry_done(store: Store, model_id: str, dataset_id: str, provenance: Mapping[str, Any], item_hash: str) -> bool:
-    """True when the store already holds this exact entry, complete; a different one under the same id is an error."""
+def content_fingerprint(images: Any) -> str | None:
+    """SHA-256 of every item's relative path, size and modification time: the identity of image files on disk
+    (None for a torch dataset, whose items already carry a fingerprint of its data)."""
+    if images.source.get("format") == "torch dataset":
+        return None
+    digest = hashlib.sha256()
+    for position, item in enumerate(images.items):
+        try:
+            info = os.stat(images.path(position))
+            digest.update(f"{item}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+        except OSError:  # a missing file is reported by the extraction; here it is only a different content
+            digest.update(f"{item}\0missing\n".encode())
+    return digest.hexdigest()
+
+
+def _with_content(images: Any) -> Any:
+    """The image list with its content fingerprint in `source` (recorded in the store entry's meta.json)."""
+    from ..extract.datasets import ImageList
+
+    content = content_fingerprint(images)
+    if content is None:
+        return images
+    return ImageList(
+        images.root, images.items, images.labels, images.class_names, {**images.source, "content": content}
+    )
+
+
+def _entry_done(
+    store: Store, model_id: str, dataset_id: str, provenance: Mapping[str, Any], images: Any, role: str
+) -> bool:
+    """True when the store already holds this set under this name, complete; other images under the name, or the
+    name under other preprocessing, is one line saying what to do."""
     if not store.exists(model_id, dataset_id):
         return False
     meta = store.meta(model_id, dataset_id)
-    stored = meta.get("provenance")
-    if meta.get("item_hash") != item_hash or stored != _as_stored(provenance):
+    if meta.get("provenance") != _as_stored(provenance):
         raise DataError(
-            f"store {store.root} already holds a different {dataset_id!r} set for model {model_id} "
-            "(other images or preprocessing); use another store"
+            f"store {store.root} holds {dataset_id!r} for model {model_id} under other preprocessing, weights or "
+            "--net arrays; use another store"
+        )
+    described = meta.get("dataset") if isinstance(meta.get("dataset"), dict) else {}
+    content = images.source.get("content")
+    stored_content = described.get("content")  # absent in entries written by `oodbench extract`
+    if meta.get("item_hash") != images.item_hash() or (content and stored_content and content != stored_content):
+        option, keyword = _NAMING[role]
+        free = next(f"{dataset_id}-{n}" for n in range(2, 10**6) if not store.exists(model_id, f"{dataset_id}-{n}"))
+        where = f" (stored from {described['root']})" if described.get("root") else ""
+        raise DataError(
+            f"store {store.root} holds other images under the name {dataset_id!r} for model {model_id}{where}; "
+            f"name this set differently, e.g. {option} {free}=DIR ({keyword}={{{free!r}: ...}} in Python), "
+            "or use another store"
         )
     return bool(meta.get("complete"))
+
+
+def _named_set(value: Any, default: str, what: str) -> tuple[str, Any]:
+    """(name, data) of a fit or ID argument: a one-entry mapping ``{name: data}``, or the data under `default`."""
+    if isinstance(value, Mapping):
+        if len(value) != 1:
+            raise OodbenchError(f"{what}: give one set, as {{'name': data}}; got {len(value)} entries")
+        ((name, data),) = value.items()
+        if not isinstance(name, str) or not name.strip():
+            raise OodbenchError(f"{what}: the set's name must be a non-empty string; got {name!r}")
+        return name.strip(), data
+    return default, value
 
 
 def _as_stored(value: Mapping[str, Any]) -> Any:
@@ -318,8 +373,10 @@ def evaluate_model(
     `model`: a timm name (with `pretrained`/`checkpoint`), a timm module, a torch module with `forward(module,
     pixels) -> (features, logits)` (and optionally `head`, the final `nn.Linear`), or a `Backbone`. Data: an image
     folder (class sub-folders give labels), a file list, an `ImageList`, a torch dataset or a `DataLoader` (its
-    dataset). `image_size` overrides the input resolution. Without `store` a temporary store is used and deleted;
-    with one, the entries already there are reused (no forward pass: `result.extracted` counts what ran).
+    dataset). `fit` and `id` may be named, ``id={"imnet": data}`` (default names "fit" and "id"); every set is stored
+    under its name. `image_size` overrides the input resolution. Without `store` a temporary store is used and
+    deleted; with one, a set already there under its name, with the same files (paths, sizes, modification times),
+    is reused (no forward pass: `result.extracted` counts what ran); other files under a stored name are refused.
     `num_workers`: image decoding processes (None: one less than the cores available, at most 4).
 
     Before any image is read, every detector's parameters are checked against the fit set (its image count, the
@@ -328,13 +385,16 @@ def evaluate_model(
     A detector that fails leaves the others' results (`result.failed` says why).
     `convention`, `aupr`, `groups` (default with ``convention="openood"``: OpenOOD's near / far), `gram_dtype`,
     `strict` and `verify` are `oodbench evaluate`'s options (one `EvaluationSpec`, validated before any image is read);
-    a built `spec` (fit "fit", ID "id", the OOD sets' names) replaces `detectors`, `tpr` and those options.
+    a built `spec` (the fit, ID and OOD sets' names) replaces `detectors`, `tpr` and those options.
     The checks that guard against wrong features, as `oodbench extract` prints them (the preprocessing, a converted
     checkpoint's naming, a checkpoint's top-1 class names on the first ID images), are in `result.notes` and are
     handed line by line to `report` before any image is extracted.
     """
+    fit_name, fit = _named_set(fit, FIT, "fit")
+    id_name, id = _named_set(id, ID, "id")  # noqa: A001
     options = {"tpr": tpr, "small_fit_set": small_fit_set, "convention": convention, "aupr": aupr, "groups": groups}
-    spec = _checked_spec(ood, detectors, spec, **options, gram_dtype=gram_dtype, strict=strict, verify=verify)
+    options |= {"gram_dtype": gram_dtype, "strict": strict, "verify": verify}
+    spec = _checked_spec((fit_name, id_name), ood, detectors, spec, **options)
     backbone = as_backbone(
         model,
         pretrained=pretrained,
@@ -344,15 +404,16 @@ def evaluate_model(
         transform=transform,
         image_size=image_size,
     )
-    data = {FIT: (fit, True), ID: (id, True), **{name: (value, False) for name, value in ood.items()}}
+    data = {fit_name: (fit, "fit"), id_name: (id, "id"), **{name: (value, "ood") for name, value in ood.items()}}
     resolved = {
-        dataset_id: as_image_data(value, name=dataset_id, labelled=labelled, transform=backbone.transform)
-        for dataset_id, (value, labelled) in data.items()
+        dataset_id: as_image_data(value, name=dataset_id, labelled=role != "ood", transform=backbone.transform)
+        for dataset_id, (value, role) in data.items()
     }
-    _check_before_extraction(spec.detectors, backbone, resolved[FIT], spec.small_fit_set)
-    notes = model_checks(backbone, resolved[ID], probe=checkpoint is not None, report=report)
+    roles = {dataset_id: role for dataset_id, (_, role) in data.items()}
+    _check_before_extraction(spec.detectors, backbone, resolved[fit_name], spec.small_fit_set)
+    notes = model_checks(backbone, resolved[id_name], probe=checkpoint is not None, report=report)
     run = {"model_id": model_id, "out": out, "batch_size": batch_size, "num_workers": num_workers, "device": device}
-    result = _in_store(store, backbone, resolved, spec, amp=amp, progress=progress, **run)
+    result = _in_store(store, backbone, resolved, spec, roles=roles, amp=amp, progress=progress, **run)
     result.notes = notes
     return result
 
@@ -402,24 +463,28 @@ def model_checks(
 
 
 def _checked_spec(
+    names: tuple[str, str],
     ood: Mapping[str, Any],
     detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None,
     spec: EvaluationSpec | None,
     **options: Any,
 ) -> EvaluationSpec:
     """The evaluation's specification (`spec` as given, else built), once the arguments are checked (before any
-    image is read)."""
+    image is read); `names`: the fit and ID sets' names."""
+    fit, id_name = names
     if spec is not None:
-        if (spec.fit, spec.id, list(spec.ood)) != (FIT, ID, list(ood)):
-            raise OodbenchError(f"spec: expected fit {FIT!r}, ID {ID!r} and the OOD sets {list(ood)}")
+        if (spec.fit, spec.id, list(spec.ood)) != (fit, id_name, list(ood)):
+            raise OodbenchError(f"spec: expected fit {fit!r}, ID {id_name!r} and the OOD sets {list(ood)}")
         return spec
     if not ood:
         raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
-    clash = sorted({FIT, ID} & set(ood))
+    if fit == id_name:
+        raise OodbenchError(f"the fit and ID test sets are both named {fit!r}; name them differently")
+    clash = sorted({fit, id_name} & set(ood))
     if clash:
-        raise OodbenchError(f"OOD set names {clash} are reserved for the fit and ID test sets; rename them")
+        raise OodbenchError(f"OOD set names {clash} are those of the fit or ID test set; rename them")
     # Unknown names, bad parameters and options fail here, before any extraction.
-    return EvaluationSpec.build(detectors, fit=FIT, id=ID, ood=list(ood), **options)
+    return EvaluationSpec.build(detectors, fit=fit, id=id_name, ood=list(ood), **options)
 
 
 @contextlib.contextmanager
@@ -489,6 +554,7 @@ def _extract_and_evaluate(
     resolved: Mapping[str, _ImageData],
     spec: EvaluationSpec,
     *,
+    roles: Mapping[str, str],
     model_id: str | None,
     out: str | os.PathLike[str] | None,
     batch_size: int,
@@ -503,9 +569,15 @@ def _extract_and_evaluate(
     model_id = model_id or backbone.default_model_id()
     provenance = backbone.provenance()
     extracted: dict[str, int] = {}
+    listed = {dataset_id: _with_content(data.images) for dataset_id, data in resolved.items()}
+    # Every name is checked against the store before any set is extracted: a refused name costs no extraction.
+    done = {
+        dataset_id: _entry_done(store, model_id, dataset_id, provenance, images, roles[dataset_id])
+        for dataset_id, images in listed.items()
+    }
     for dataset_id, data in resolved.items():
-        images = data.images
-        if _entry_done(store, model_id, dataset_id, provenance, images.item_hash()):
+        images = listed[dataset_id]
+        if done[dataset_id]:
             extracted[dataset_id] = 0  # cached: the model is not run, the images are not read
             continue
         if data.labels is not None:

@@ -1,7 +1,9 @@
-"""`oodbench evaluate-model MODEL --fit DIR --id DIR --ood NAME=DIR`: extract (cached), fit, score in one command."""
+"""`oodbench evaluate-model MODEL --fit [NAME=]DIR --id [NAME=]DIR --ood NAME=DIR`: extract (cached by name and
+content), fit, score in one command."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -29,10 +31,32 @@ def _named(values: list[str]) -> dict[str, Path]:
     return named
 
 
+def _maybe_named(value: str, default: str) -> tuple[str, Path]:
+    """--fit / --id as NAME=DIR or a bare DIR (named `default`); a path that exists is a path, even with a '='."""
+    name, sep, path = value.partition("=")
+    if sep and name.strip() and path.strip() and "/" not in name and os.sep not in name and not Path(value).exists():
+        return name.strip(), Path(path.strip())
+    return default, Path(value)
+
+
 # The command's options, declared once here so that the command reads as what it does.
 _Model = Annotated[str, typer.Argument(help="timm model name, e.g. resnet50.a1_in1k.")]
-_Fit = Annotated[Path, typer.Option("--fit", help="ID fit images: a folder with one sub-folder per class.")]
-_IdData = Annotated[Path, typer.Option("--id", help="ID test images: a folder with one sub-folder per class.")]
+_Fit = Annotated[
+    str,
+    typer.Option(
+        "--fit",
+        help="ID fit images as [NAME=]DIR, a folder with one sub-folder per class (default name: fit); the store "
+        "keeps each set under its name.",
+    ),
+]
+_IdData = Annotated[
+    str,
+    typer.Option(
+        "--id",
+        help="ID test images as [NAME=]DIR, a folder with one sub-folder per class (default name: id); another "
+        "ID folder in the same store takes another name (--id imnet=DIR).",
+    ),
+]
 _Ood = Annotated[list[str], typer.Option("--ood", help="OOD images as NAME=DIR (repeat for several sets).")]
 _Store = Annotated[
     Path | None, typer.Option("--store", help="Feature store to extract into and reuse (default: a temporary one).")
@@ -45,7 +69,8 @@ _Detectors = Annotated[
     typer.Option(
         "--detectors",
         "-d",
-        help="Comma-separated names; all (every registered one), paper (the paper's 21), -NAME leaves one out "
+        help="Comma-separated names; all (every registered one), paper (the paper's 21), peers (those OpenOOD or "
+        "pytorch-ood implement), -NAME leaves one out "
         "(all,-she,-openmax); "
         "default: all.",
     ),
@@ -136,24 +161,26 @@ def evaluate_model_command(
 
     Example: oodbench evaluate-model resnet50.a1_in1k --fit data/train --id data/val --ood textures=data/dtd
 
-    Example: oodbench evaluate-model resnet50.a1_in1k --fit data/train --id data/val --ood inat=data/inat --store feats -d msp,energy,knn
+    Example: oodbench evaluate-model resnet50.a1_in1k --fit train=data/train --id imnet=data/val --ood inat=data/inat --store feats -d all,-she
     """
     from ..evaluation.cli import build_spec
     from .quick import evaluate_model
 
     workers = _workers(workers, num_workers)
     named = _named(ood)
-    reserved = sorted({"fit", "id"} & set(named))
+    fit_name, fit_dir = _maybe_named(fit, "fit")
+    id_name, id_dir = _maybe_named(id_data, "id")
+    reserved = sorted({fit_name, id_name} & set(named))
     if reserved:
-        raise typer.BadParameter(f"--ood: the names {reserved} are reserved for the fit and ID test sets; rename them")
+        raise typer.BadParameter(f"--ood: the names {reserved} are those of --fit or --id; rename them")
     options = {"tpr": tpr, "convention": convention, "aupr": aupr, "groups": groups, "gram_dtype": gram_dtype}
     options |= {"small_fit_set": small_fit_set, "strict": strict, "verify": verify}
     # One specification, validated here (a bad option is one line naming it, before any image is read).
-    spec = build_spec(detectors, param, fit="fit", id="id", ood=list(named), **options)
+    spec = build_spec(detectors, param, fit=fit_name, id=id_name, ood=list(named), **options)
     result = evaluate_model(
         model,
-        fit=fit,
-        id=id_data,
+        fit={fit_name: fit_dir},
+        id={id_name: id_dir},
         ood=named,
         store=store,
         out=out,
