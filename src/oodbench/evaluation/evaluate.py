@@ -328,6 +328,11 @@ def evaluate_spec(
         inputs.outputs(name)  # each opened, checked finite and against the head once, before any fit
     if len(fit_set) == 0:  # before the parameters are checked against its size
         raise OodbenchError(f"fit dataset {spec.fit!r} is empty")
+    for name in spec.ood:  # a metric of an empty set is no number: refused before any fit
+        if len(inputs.outputs(name)) == 0:
+            raise OodbenchError(f"OOD dataset {name!r} is empty")
+    if len(inputs.outputs(spec.id)) == 0:
+        raise OodbenchError(f"ID test dataset {spec.id!r} is empty")
     will_skip = {name for name, reason in unmet_reasons(inputs, spec).items() if reason}
     size = fit_set_size(fit_set, count_classes=spec.small_fit_set == "adapt")
     plan, adapted, left_out = fit_size_plan(spec.detectors, size, spec.small_fit_set, ignore=will_skip)
