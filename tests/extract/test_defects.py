@@ -188,3 +188,17 @@ def test_open_files_do_not_grow_with_the_batch_size(tmp_path) -> None:
         progress=False,
     )
     assert store.read_array("e0", "d", "features").tobytes() == alone.read_array("e0", "d", "features").tobytes()
+
+
+def test_an_unreadable_image_is_described_the_same_on_every_read(tmp_path):
+    """The reason is recorded in the store's meta.json: it names no in-memory object (whose repr holds an address)."""
+    from oodbench.extract.datasets import UnreadableImage, load_rgb
+
+    path = tmp_path / "zz.png"
+    path.write_bytes(b"<html>not an image</html>")
+    reasons = []
+    for _ in range(2):
+        with pytest.raises(UnreadableImage) as caught:
+            load_rgb(path)
+        reasons.append(str(caught.value))
+    assert reasons[0] == reasons[1] and "0x" not in reasons[0] and reasons[0].startswith("UnidentifiedImageError: ")

@@ -30,7 +30,10 @@ def test_two_runs_of_one_model_are_labelled_by_what_differs(two_runs, tmp_path) 
     content = build_report([base, other], FAST)
     table1 = next(t for t in content.tables() if t.key == "table1")
     labels = [row[0].text for row in table1.rows]
-    assert labels == ["toy-a [energy: temperature=1.0]", "toy-a [energy: temperature=2]"]  # run.json records resolved parameters
+    assert labels == [
+        "toy-a [energy: temperature=1.0]",
+        "toy-a [energy: temperature=2]",
+    ]  # run.json records resolved parameters
     detectors = {t.title: render_markdown(t) for t in content.tables() if t.key.startswith("detectors-")}
     assert len(detectors) == 2
     energy = {
@@ -38,7 +41,7 @@ def test_two_runs_of_one_model_are_labelled_by_what_differs(two_runs, tmp_path) 
         for title, text in detectors.items()
     }
     assert (
-        energy["toy-a [energy: (default)]: detectors × OOD sets"]
+        energy["toy-a [energy: temperature=1.0]: detectors × OOD sets"]
         != energy["toy-a [energy: temperature=2]: detectors × OOD sets"]
     )
     # Scores are still found under the real model name: subsampling and figures cover both runs.

@@ -149,7 +149,10 @@ def load_rgb(path: str | os.PathLike[str] | io.BytesIO) -> Any:
     except Image.DecompressionBombError as exc:
         raise UnreadableImage(f"{exc} (a decompression bomb?); not decoded") from None
     except Exception as exc:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
-        raise UnreadableImage(f"{type(exc).__name__}: {exc}") from exc
+        # PIL names the file object it read (an in-memory buffer here, whose repr holds an address): the message
+        # is recorded in the store's meta.json, so it must be the same on every run.
+        message = str(exc).replace(f" {data!r}", "")
+        raise UnreadableImage(f"{type(exc).__name__}: {message}") from exc
 
 
 # PIL's modes of 16-bit greyscale (PNG, TIFF); "I" is how some PIL versions open a 16-bit PNG.
