@@ -11,6 +11,7 @@ from rich.console import Console
 
 from ..core.errors import OodbenchError
 from ..util.cli_params import parse_params, refuse_inside
+from .options import Aupr, Convention, Csid, Detectors, GramDtype, Groups, Param, Plugin, SmallFitSet, Tpr, Verify
 
 if TYPE_CHECKING:
     from .spec import EvaluationSpec
@@ -87,65 +88,25 @@ def evaluate_command(
     fit: str = typer.Option(..., "--fit", help="Dataset id of the ID fit set (e.g. the train split)."),
     id_dataset: str = typer.Option(..., "--id", help="Dataset id of the ID test set."),
     ood: list[str] = typer.Option(..., "--ood", help="Dataset id of an OOD set (repeat for several)."),
-    detectors: str | None = typer.Option(
-        None,
-        "--detectors",
-        "-d",
-        help="Comma-separated names; all (every registered one), paper (the paper's 21), peers (those OpenOOD or "
-        "pytorch-ood implement), -NAME leaves one out "
-        "(all,-she,-openmax); "
-        "default: all.",
-    ),
-    param: list[str] | None = typer.Option(
-        None, "--param", "-p", help="Detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable)."
-    ),
+    detectors: Detectors = None,
+    param: Param = None,
     out: Path = typer.Option(
         Path("oodbench-run"), "--out", help="Run directory for results.parquet, scores, table.md, run.json."
     ),
-    tpr: float = typer.Option(0.95, help="ID acceptance rate of the FPR threshold."),
+    tpr: Tpr = 0.95,
     strict: bool = typer.Option(False, help="Fail (instead of skip) when a detector's requirements are not met."),
     progress: bool = typer.Option(True, help="Show progress bars."),
-    plugin: list[str] | None = typer.Option(
-        None, "--plugin", help="Import MODULE (or a .py file) to register its detectors (repeatable)."
-    ),
+    plugin: Plugin = None,
     save_detectors: Path | None = typer.Option(
         None, "--save-detectors", help="Keep each fitted detector in DIR/<name> (reload with `oodbench score`)."
     ),
-    gram_dtype: str = typer.Option(
-        "float64",
-        "--gram-dtype",
-        help="Precision of the Gram matrices the Gaussian-family fits share: float64, or float32 (about twice "
-        "the speed, within a proven bound; docs/detectors.md).",
-    ),
-    convention: str = typer.Option(
-        "oodbench",
-        "--convention",
-        help="Metric convention of the table: oodbench (ID positive), or openood (OOD-positive FPR@95 and "
-        "trapezoidal AUPR, as OpenOOD v1.5 and pytorch-ood; its rows are added as openood.*).",
-    ),
-    aupr: bool = typer.Option(False, "--aupr", help="Add AUPR-In and AUPR-Out to the table's cells."),
-    groups: str | None = typer.Option(
-        None,
-        "--groups",
-        help="OOD groups with group means: a groups TOML file or a shipped name (default with --convention "
-        "openood: openood-v1.5-imagenet, OpenOOD's near / far).",
-    ),
-    csid: list[str] | None = typer.Option(
-        None,
-        "--csid",
-        help="Covariate-shifted ID set (e.g. imagenet-v2; repeatable): scored, and counted as ID in a "
-        "full-spectrum table beside the standard one.",
-    ),
-    small_fit_set: str = typer.Option(
-        "fail",
-        "--small-fit-set",
-        help="fail (default: name every parameter the fit set is too small for) or adapt (scale those defaults).",
-    ),
-    verify: bool = typer.Option(
-        False,
-        "--verify",
-        help="Check every byte of the store entries against their checksums even if this run directory did already.",
-    ),
+    gram_dtype: GramDtype = "float64",
+    convention: Convention = "oodbench",
+    aupr: Aupr = False,
+    groups: Groups = None,
+    csid: Csid = None,
+    small_fit_set: SmallFitSet = "fail",
+    verify: Verify = False,
 ) -> None:
     """Fit detectors on the fit set, score ID test and OOD sets, write tidy results and a table.
 

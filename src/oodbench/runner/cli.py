@@ -8,62 +8,21 @@ from typing import Annotated, Any
 
 import typer
 
-# `oodbench evaluate`'s options, declared once here so that the command reads as what it does.
-_Detectors = Annotated[
-    str | None,
-    typer.Option(
-        "--detectors",
-        "-d",
-        help="Detectors (detectors.include): comma-separated names, all, paper, peers, -NAME leaves one out (all,-she).",
-    ),
-]
-_Param = Annotated[
-    list[str] | None,
-    typer.Option("--param", "-p", help="Detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable)."),
-]
-_Tpr = Annotated[float | None, typer.Option("--tpr", help="ID acceptance rate of the FPR threshold.")]
-_Convention = Annotated[
-    str | None,
-    typer.Option(
-        "--convention",
-        help="Metric convention of the tables: oodbench (ID positive) or openood (OOD-positive FPR@95 and "
-        "trapezoidal AUPR; its rows are added as openood.*).",
-    ),
-]
-_Aupr = Annotated[bool, typer.Option("--aupr", help="Add AUPR-In and AUPR-Out to the tables' cells.")]
-_Groups = Annotated[
-    str | None,
-    typer.Option(
-        "--groups",
-        help="OOD groups with group means: a groups TOML file or a shipped name (default with --convention "
-        "openood: openood-v1.5-imagenet).",
-    ),
-]
-_Csid = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--csid",
-        help="Covariate-shifted ID set (a dataset id of the file; repeatable): scored, and counted as ID in a "
-        "full-spectrum table.",
-    ),
-]
-_SmallFitSet = Annotated[
-    str | None,
-    typer.Option("--small-fit-set", help="fail (name every parameter the fit set is too small for) or adapt."),
-]
-_Strict = Annotated[
-    bool, typer.Option("--strict", help="Fail (instead of skip) when a detector's requirements are not met.")
-]
-_Verify = Annotated[
-    bool, typer.Option("--verify", help="Check every byte of the store entries against their checksums.")
-]
-_GramDtype = Annotated[
-    str | None, typer.Option("--gram-dtype", help="Precision of the shared Gram matrices: float64 or float32.")
-]
-_Plugin = Annotated[
-    list[str] | None,
-    typer.Option("--plugin", help="Import MODULE (or a .py file) to register its detectors (repeatable)."),
-]
+from ..evaluation.options import (
+    Aupr,
+    Convention,
+    Csid,
+    Detectors,
+    GramDtype,
+    Groups,
+    Param,
+    Plugin,
+    SmallFitSet,
+    Strict,
+    Tpr,
+    Verify,
+)
+
 _SaveDetectors = Annotated[
     bool,
     typer.Option("--save-detectors", help="Keep each fitted detector under <workdir>/detectors (detectors.save)."),
@@ -95,18 +54,18 @@ def run_command(
     summary: Annotated[bool, typer.Option("--summary", help="With --dry-run: stage totals only.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bars per stage.")] = True,
-    detectors: _Detectors = None,
-    param: _Param = None,
-    tpr: _Tpr = None,
-    convention: _Convention = None,
-    aupr: _Aupr = False,
-    groups: _Groups = None,
-    csid: _Csid = None,
-    small_fit_set: _SmallFitSet = None,
-    strict: _Strict = False,
-    verify: _Verify = False,
-    gram_dtype: _GramDtype = None,
-    plugin: _Plugin = None,
+    detectors: Detectors = None,
+    param: Param = None,
+    tpr: Tpr = None,
+    convention: Convention = None,
+    aupr: Aupr = False,
+    groups: Groups = None,
+    csid: Csid = None,
+    small_fit_set: SmallFitSet = None,
+    strict: Strict = False,
+    verify: Verify = False,
+    gram_dtype: GramDtype = None,
+    plugin: Plugin = None,
     save_detectors: _SaveDetectors = False,
 ) -> None:
     """Run an experiment: extract → fit → score → metrics → analysis → report, skipping what is already done.

@@ -11,6 +11,18 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..evaluation.cli import SOME_FAILED, print_accuracy, report_detectors
+from ..evaluation.options import (
+    Aupr,
+    Convention,
+    Detectors,
+    GramDtype,
+    Groups,
+    Param,
+    SmallFitSet,
+    Strict,
+    Tpr,
+    Verify,
+)
 
 if TYPE_CHECKING:
     from .quick import ModelEvaluation
@@ -64,20 +76,6 @@ _Store = Annotated[
 _Out = Annotated[
     Path | None, typer.Option("--out", help="Run directory for results.parquet, scores, table.md, run.json.")
 ]
-_Detectors = Annotated[
-    str | None,
-    typer.Option(
-        "--detectors",
-        "-d",
-        help="Comma-separated names; all (every registered one), paper (the paper's 21), peers (those OpenOOD or "
-        "pytorch-ood implement), -NAME leaves one out "
-        "(all,-she,-openmax); "
-        "default: all.",
-    ),
-]
-_Param = Annotated[
-    list[str] | None, typer.Option("--param", "-p", help="Detector parameter DETECTOR.PARAM=VALUE (repeatable).")
-]
 _Pretrained = Annotated[
     bool, typer.Option("--pretrained/--no-pretrained", help="Hub weights, or seeded random ones (tests).")
 ]
@@ -93,42 +91,6 @@ _Workers = Annotated[
 _NumWorkers = Annotated[int | None, typer.Option("--num-workers", min=0, hidden=True)]
 _Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:1 …")]
 _Progress = Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")]
-_SmallFitSet = Annotated[
-    str,
-    typer.Option(
-        "--small-fit-set",
-        help="fail or adapt: when the fit set is too small for a detector's default parameters (knn.k, "
-        "nnguide.alpha/k, vim.dim), fail before any extraction, naming each one, or adapt them to the fit set "
-        "(recorded in run.json).",
-    ),
-]
-_Tpr = Annotated[float, typer.Option("--tpr", help="ID acceptance rate of the FPR threshold.")]
-_Convention = Annotated[
-    str,
-    typer.Option(
-        "--convention",
-        help="Metric convention of the table: oodbench (ID positive), or openood (OOD-positive FPR@95 and "
-        "trapezoidal AUPR; its rows are added as openood.*).",
-    ),
-]
-_Aupr = Annotated[bool, typer.Option("--aupr", help="Add AUPR-In and AUPR-Out to the table's cells.")]
-_Groups = Annotated[
-    str | None,
-    typer.Option(
-        "--groups",
-        help="OOD groups with group means: a groups TOML file or a shipped name (default with --convention "
-        "openood: openood-v1.5-imagenet).",
-    ),
-]
-_GramDtype = Annotated[
-    str, typer.Option("--gram-dtype", help="Precision of the shared Gram matrices: float64 or float32.")
-]
-_Strict = Annotated[
-    bool, typer.Option("--strict", help="Fail (instead of skip) when a detector's requirements are not met.")
-]
-_Verify = Annotated[
-    bool, typer.Option("--verify", help="Check every byte of the store entries against their checksums.")
-]
 
 
 def evaluate_model_command(
@@ -138,8 +100,8 @@ def evaluate_model_command(
     ood: _Ood,
     store: _Store = None,
     out: _Out = None,
-    detectors: _Detectors = None,
-    param: _Param = None,
+    detectors: Detectors = None,
+    param: Param = None,
     pretrained: _Pretrained = True,
     checkpoint: _Checkpoint = None,
     image_size: _ImageSize = None,
@@ -148,14 +110,14 @@ def evaluate_model_command(
     num_workers: _NumWorkers = None,
     device: _Device = "auto",
     progress: _Progress = True,
-    small_fit_set: _SmallFitSet = "fail",
-    tpr: _Tpr = 0.95,
-    convention: _Convention = "oodbench",
-    aupr: _Aupr = False,
-    groups: _Groups = None,
-    gram_dtype: _GramDtype = "float64",
-    strict: _Strict = False,
-    verify: _Verify = False,
+    small_fit_set: SmallFitSet = "fail",
+    tpr: Tpr = 0.95,
+    convention: Convention = "oodbench",
+    aupr: Aupr = False,
+    groups: Groups = None,
+    gram_dtype: GramDtype = "float64",
+    strict: Strict = False,
+    verify: Verify = False,
 ) -> None:
     """Evaluate a timm model on image folders in one command: extract (cached in --store), fit, score, print.
 
