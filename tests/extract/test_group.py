@@ -297,3 +297,37 @@ def test_memory_estimate_and_first_fit_packing():
     resnet = load_timm("test_resnet", pretrained=False, image_size=32, nac_layers=["layer3:10"])
     found = footprint_of(resnet, 8)
     assert found == Footprint(sum(p.numel() for p in resnet.model.parameters()), (3, 32, 32), 8, gradients=True)
+
+
+def test_group_with_the_default_worker_count_runs(tmp_path, monkeypatch):
+    """`engine.workers` unset reaches the group engine as None: it takes the local engine's default, as `extract`."""
+    import oodbench.extract.engines.local as local
+
+    monkeypatch.setattr(local, "available_cores", lambda: 2)  # one loader worker, whatever this machine has
+    dataset = image_folder(write_jpegs(tmp_path, 6), labels=False)
+    resnet = load_timm("test_resnet.r160_in1k", pretrained=False)
+    store = Store(tmp_path / "store")
+    reports = extract_group(
+        store, [GroupMember(resnet, None, 4)], dataset, dataset_id="d", num_workers=None, progress=False
+    )
+    assert reports[0].num_rows == 6
+
+
+def test_model_threads_leave_the_loader_workers_their_cores(monkeypatch):
+    import torch
+
+    import oodbench.extract.engines.local as local
+
+    monkeypatch.setattr(local, "available_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with local.model_threads(torch.device("cpu"), 1) as threads:
+            assert threads == 1 and torch.get_num_threads() == 1  # two cores: one for the worker, one for the model
+        assert torch.get_num_threads() == 2
+        with local.model_threads(torch.device("cpu"), 0):
+            assert torch.get_num_threads() == 2  # no workers: the model keeps every thread
+        with local.model_threads(torch.device("cuda"), 1):
+            assert torch.get_num_threads() == 2  # a GPU model: the CPU threads are not its bottleneck
+    finally:
+        torch.set_num_threads(before)

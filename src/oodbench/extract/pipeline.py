@@ -434,7 +434,7 @@ def extract_group(
     *,
     dataset_id: str,
     shard_size: int = 4096,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     device: str = "auto",
     amp: bool = True,
     amp_dtype: str = "auto",

@@ -20,6 +20,7 @@ from ..backbones.base import Backbone, autocast_dtype
 from ..datasets import UnreadableImage
 from ..decode import GroupLoader, TensorPreprocess, decode_on_device
 from .common import BatchResult, BatchTask
+from .local import default_workers, model_threads
 
 __all__ = ["iter_group_results", "DecodeStats"]
 
@@ -169,15 +170,18 @@ def iter_group_results(
     decode_tasks: Sequence[BatchTask],
     member_tasks: Sequence[Sequence[BatchTask]],
     *,
-    num_workers: int = 4,
+    num_workers: int | None = None,
     amp: bool = True,
     amp_dtype: str = "auto",
     channels_last: bool = False,
     stats: DecodeStats | None = None,
 ) -> Iterator[tuple[int, BatchResult, int]]:
-    """Yield (member, result, images decoded since the last yield) as each member's planned batches complete."""
+    """Yield (member, result, images decoded since the last yield) as each member's planned batches complete
+    (`num_workers` None: `engines.local.default_workers`)."""
     if not decode_tasks:
         return
+    if num_workers is None:
+        num_workers = default_workers()
     stats = stats if stats is not None else DecodeStats()
     needs = [frozenset(task.shard for task in tasks) for tasks in member_tasks]
     device = backbones[0].device
@@ -194,34 +198,35 @@ def iter_group_results(
     )
     buffers: list[_Prepared] = [{} for _ in backbones]
     cursor = [0] * len(backbones)
-    for index, payload in data:
-        task = decode_tasks[index]
-        members = [m for m, shards in enumerate(needs) if task.shard in shards]
-        if loader.mode == "device":
-            payload = _device_prepare(payload, loader, members, tensor_steps, device, stats)
-        else:
-            packed, unreadable = payload
-            payload = _unpack(packed)
-            stats.pil += len(task.positions) - unreadable
-            stats.unreadable += unreadable
-        decoded = len(task.positions)
-        for m in members:
-            buffers[m].update(payload[m])
-            tasks = member_tasks[m]
-            while cursor[m] < len(tasks) and all(p in buffers[m] for p in tasks[cursor[m]].positions):
-                planned = tasks[cursor[m]]
-                rows = [buffers[m].pop(p) for p in planned.positions]
-                ok = [p for p, row in zip(planned.positions, rows, strict=True) if not isinstance(row, dict)]
-                skipped = [row for row in rows if isinstance(row, dict)]
-                arrays: dict[str, np.ndarray] = {}
-                if ok:
-                    pixels = torch.stack([row for row in rows if not isinstance(row, dict)])
-                    if channels_last:
-                        pixels = pixels.contiguous(memory_format=torch.channels_last)
-                    with autocast_dtype(amp_dtype):
-                        arrays = backbones[m].infer(pixels, amp=amp)
-                yield m, BatchResult(planned, np.asarray(ok, dtype=np.int64), arrays, skipped), decoded
-                decoded = 0
-                cursor[m] += 1
-        if decoded:
-            yield -1, BatchResult(task, np.zeros(0, np.int64), {}), decoded
+    with model_threads(device, num_workers):
+        for index, payload in data:
+            task = decode_tasks[index]
+            members = [m for m, shards in enumerate(needs) if task.shard in shards]
+            if loader.mode == "device":
+                payload = _device_prepare(payload, loader, members, tensor_steps, device, stats)
+            else:
+                packed, unreadable = payload
+                payload = _unpack(packed)
+                stats.pil += len(task.positions) - unreadable
+                stats.unreadable += unreadable
+            decoded = len(task.positions)
+            for m in members:
+                buffers[m].update(payload[m])
+                tasks = member_tasks[m]
+                while cursor[m] < len(tasks) and all(p in buffers[m] for p in tasks[cursor[m]].positions):
+                    planned = tasks[cursor[m]]
+                    rows = [buffers[m].pop(p) for p in planned.positions]
+                    ok = [p for p, row in zip(planned.positions, rows, strict=True) if not isinstance(row, dict)]
+                    skipped = [row for row in rows if isinstance(row, dict)]
+                    arrays: dict[str, np.ndarray] = {}
+                    if ok:
+                        pixels = torch.stack([row for row in rows if not isinstance(row, dict)])
+                        if channels_last:
+                            pixels = pixels.contiguous(memory_format=torch.channels_last)
+                        with autocast_dtype(amp_dtype):
+                            arrays = backbones[m].infer(pixels, amp=amp)
+                    yield m, BatchResult(planned, np.asarray(ok, dtype=np.int64), arrays, skipped), decoded
+                    decoded = 0
+                    cursor[m] += 1
+            if decoded:
+                yield -1, BatchResult(task, np.zeros(0, np.int64), {}), decoded

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ from ...util.cores import available_cores
 from ..backbones.base import Backbone
 from .common import BatchResult, BatchTask, load_batch
 
-__all__ = ["default_workers", "iter_results"]
+__all__ = ["default_workers", "iter_results", "model_threads"]
 
 
 class _Batches(torch.utils.data.Dataset):
@@ -40,6 +41,25 @@ def default_workers() -> int:
     return max(0, min(4, available_cores() - 1))
 
 
+@contextmanager
+def model_threads(device: torch.device, num_workers: int) -> Iterator[int]:
+    """Within the block, torch's intra-op threads in this process leave the loader workers their cores (CPU only).
+
+    On a CPU device the model's threads and the loader processes share the cores: two model threads beside one
+    worker on two cores spin against each other, which cut extraction on two cores from about 800 to 165 images/s
+    (docs/rehearsal.md). A GPU model needs few CPU threads either way, so only a CPU device is limited.
+    """
+    before = torch.get_num_threads()
+    wanted = max(1, available_cores() - num_workers) if device.type == "cpu" and num_workers > 0 else before
+    if wanted < before:
+        torch.set_num_threads(wanted)
+    try:
+        yield min(wanted, before)
+    finally:
+        if wanted < before:
+            torch.set_num_threads(before)
+
+
 def iter_results(
     backbone: Backbone,
     loader: Callable[[int], torch.Tensor],
@@ -64,6 +84,7 @@ def iter_results(
         prefetch_factor=2 if num_workers > 0 else None,
         persistent_workers=False,
     )
-    for index, pixels, ok, skipped in data:
-        arrays = backbone.infer(pixels, amp=amp) if pixels is not None else {}
-        yield BatchResult(tasks[index], np.asarray(ok, dtype=np.int64), arrays, skipped)
+    with model_threads(backbone.device, num_workers):
+        for index, pixels, ok, skipped in data:
+            arrays = backbone.infer(pixels, amp=amp) if pixels is not None else {}
+            yield BatchResult(tasks[index], np.asarray(ok, dtype=np.int64), arrays, skipped)
