@@ -67,6 +67,10 @@ def test_every_table_a8_model_has_a_stand_in_of_its_family_and_route(model_id) -
         for key in ("mean", "std", "interpolation", "crop_pct"):
             assert backbone.model.pretrained_cfg[key] == getattr(real, key), key
         assert ("logits" in arrays) is (spec.kind == "timm")
+        from oodbench.detectors.registry import create
+
+        # every detector of the config runs on a stand-in's features: NECO's dim is the widest default taken from D
+        assert arrays["features"].shape[1] >= create("neco").dim
     else:
         route, _ = spec.kind_of.patch_route(spec)
         assert provenance.get("patch_route") == route  # the same GL-MCM route as the real architecture

@@ -40,12 +40,15 @@ __all__ = ["ENV", "SIZE", "enabled", "seed_of", "checkpoint_of", "timm_model", "
 
 ENV = "OODBENCH_STAND_INS"
 SIZE = 32  # input resolution of every stand-in
-_VIT = {"patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
+# Every timm stand-in's feature width is at least 128: the widest hyper-parameter a detector of the Fi config
+# takes from D is NECO's dim = 100, and a stand-in must run every detector the real model runs.
+FEATURES = 128
+_VIT = {"patch_size": 8, "embed_dim": FEATURES, "depth": 2, "num_heads": 2}
 # Narrowing kwargs per timm family (architecture name prefix), first match wins.
 _TIMM_FAMILIES: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("swinv2_", {"embed_dim": 16, "depths": (1, 1), "num_heads": (1, 2), "window_size": 4, "patch_size": 4}),
-    ("convnext", {"depths": (1, 1, 1, 1), "dims": (8, 16, 32, 64)}),
-    ("xcit_", {"embed_dim": 32, "depth": 2, "num_heads": 2}),
+    ("swinv2_", {"embed_dim": FEATURES // 2, "depths": (1, 1), "num_heads": (1, 2), "window_size": 4, "patch_size": 4}),
+    ("convnext", {"depths": (1, 1, 1, 1), "dims": (8, 16, 32, FEATURES)}),
+    ("xcit_", {"embed_dim": FEATURES, "depth": 2, "num_heads": 2}),
     ("vit_", _VIT),
     ("deit3_", _VIT),
     ("eva02_", _VIT),
@@ -87,7 +90,7 @@ def timm_model(name: str, *, num_classes: int | None = None) -> torch.nn.Module:
         model = timm.create_model("test_efficientnet", pretrained=False, num_classes=classes, **same)
     elif arch.startswith("resnet") and not arch.startswith("resnetv2_"):
         # timm's ResNet fixes its stage widths (64 to 2048 channels): 6x slower than its test model at 32 px
-        model = timm.create_model("test_resnet", pretrained=False, num_classes=classes)
+        model = timm.create_model("test_resnet", pretrained=False, num_classes=classes, channels=(32, 48, 48, FEATURES))
     elif arch.startswith("resnetv2_"):
         from timm.layers import GroupNormAct, StdConv2d
         from timm.models import ResNetV2
