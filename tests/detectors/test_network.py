@@ -200,6 +200,31 @@ def test_a_missing_layer_is_named(fit):
         create("gram").fit(fit)
 
 
+def test_arrays_no_set_has_are_one_reason_naming_the_setting_that_extracts_them():
+    """No set holds any of a detector's arrays: one reason with the --net setting (its layers when not the default),
+    which `net_setting` reads back; some held: which set lacks which array; other reasons are kept beside it."""
+    from oodbench.detectors.network import net_setting
+
+    plain = {"features", "logits", "labels"}
+    tests = {"id": plain, "ood": plain}
+    expected = {
+        ("odin", ()): "odin",
+        ("rankfeat", ()): "rankfeat",
+        ("gram", ("layer3", "layer4")): "gram:layers=layer3+layer4",
+        ("mds_ensemble", ()): "mds",
+    }
+    for (name, layers), setting in expected.items():
+        detector = create(name, **({"layers": layers} if layers else {}))
+        (reason,) = detector.unmet(plain, tests, has_head=True)
+        assert reason == f"its arrays are not extracted (--net {setting})" and net_setting(reason) == setting
+    held = create("gram", layers=LAYERS).unmet(plain | {"extra.gram.a", "extra.gram.b"}, tests, has_head=True)
+    assert held == ["id lacks extra.gram.a, extra.gram.b", "ood lacks extra.gram.a, extra.gram.b"]
+    unlabelled = create("mds_ensemble").unmet({"features"}, tests, has_head=True)
+    assert unlabelled == ["its arrays are not extracted (--net mds)", "fit set lacks labels"]
+    assert net_setting("; ".join(unlabelled)) is None and net_setting("fit set lacks labels") is None
+    assert create("odin").unmet(plain, has_head=True) == []  # nothing to score: nothing lacking
+
+
 # ----------------------------------------------------------------------------------------------- pytorch-ood
 @pytest.fixture(scope="module")
 def tiny_resnet():

@@ -116,3 +116,20 @@ def test_store_fit_set_too_small_fails_before_any_fit_or_adapts(tmp_path, monkey
     assert info["adapted_parameters"] == result.adapted
     assert info["detectors"]["knn"] == {**ob.detectors.create("knn").get_params(), "k": 1}
     assert {row.detector for row in result.rows} == {"msp", "knn", "nnguide"}
+
+
+def test_network_time_detectors_without_their_arrays_are_one_skipped_line(tmp_path, capsys):
+    """A store without the network-time detectors' arrays: one line names the skipped ones and the extraction that
+    makes their arrays; a detector with another reason too (a fit set without labels) keeps its own line."""
+    store = toy_store(tmp_path, labels=False)
+    args = ["evaluate", "--store", str(store.root), "--model", "toy", "--fit", "fit", "--id", "id", "--ood", "ood"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "-d", "msp,odin,gram,mds_ensemble,maha", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert exit_info.value.code == 0
+    skipped = [line for line in capsys.readouterr().err.splitlines() if line.startswith("skipped")]
+    assert skipped == [
+        "skipped 2 network-time detectors (odin, gram): their arrays are not extracted; "
+        "extract them with `oodbench extract --net odin --net gram`",
+        "skipped mds_ensemble: its arrays are not extracted (--net mds); fit set lacks labels",
+        "skipped maha: fit set lacks labels",
+    ]

@@ -58,3 +58,21 @@ def test_bad_settings_name_the_key(tmp_path: Path, network: list[str], message: 
     with pytest.raises(ConfigError, match=message) as info:
         parse_config(mutate(timm_experiment(tmp_path), _set("models.0.network", network)))
     assert str(info.value).startswith("models[0].network:")
+
+
+def test_skipped_network_time_scores_are_one_line_naming_the_network_list() -> None:
+    """`oodbench run`'s skipped score units: one line for the network-time detectors whose arrays are not extracted
+    (with the model table's `network` list that extracts them), one for the other reasons."""
+    from oodbench.runner.cli import _skipped_lines
+
+    skipped = {
+        f"score:r50/{detector}/{dataset}": f"its arrays are not extracted (--net {setting})"
+        for detector, setting in (("odin", "odin"), ("gram", "gram:layers=layer3+layer4"))
+        for dataset in ("val", "ninco")
+    }
+    skipped["score:r50/maha/val"] = skipped["score:r50/maha/ninco"] = "fit set lacks labels"
+    assert _skipped_lines(skipped) == [
+        "skipped 2 network-time detectors (odin, gram): their arrays are not extracted; "
+        'add network = ["odin", "gram:layers=layer3+layer4"] to the model\'s table to extract them',
+        "2 score units skipped (requirements not met): fit set lacks labels",
+    ]

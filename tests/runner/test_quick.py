@@ -453,3 +453,87 @@ def test_named_sets_are_cached_by_name_and_content(folders, tmp_path, capsys):
     )
     assert result.extracted == {"train": 0, "imnet-b": 0, "photos": 0}
     assert set(result.scores) == {"imnet-b", "photos"}
+
+
+def test_csid_folders_are_extracted_scored_and_counted_as_id_as_evaluate_does(folders, tmp_path, capsys):
+    """--csid NAME=DIR: the folder is extracted under its name, scored, and joined to the ID side of a full-spectrum
+    table beside the standard one; the run is `oodbench evaluate --csid`'s on the same entries, file for file."""
+    shifted = tmp_path / "shifted"
+    _digits(shifted, 4, 18)
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path, "-d", "msp,energy", "--csid", f"shifted={shifted}"))
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    assert "extracted 82 images" in captured.out  # 36 fit + 18 ID + 12 covariate-shifted + 16 OOD
+    assert "Full-spectrum" in captured.out and "(shifted) count as ID" in captured.out
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["csid_datasets"] == ["shifted"] and info["ood_datasets"] == ["photos"]
+    store = Store(tmp_path / "store")
+    logits = store.read(info["model"], "shifted").logits
+    assert logits.shape[0] == 12
+    saved = reference.run_scores(tmp_path / "run", "shifted")
+    for name in ("msp", "energy"):
+        np.testing.assert_allclose(saved[name], getattr(reference, name)(logits), rtol=reference.SCORE_RTOL)
+    args = ["evaluate", "--store", str(tmp_path / "store"), "--model", info["model"], "--fit", "fit", "--id", "id"]
+    args += ["--ood", "photos", "--csid", "shifted", "-d", "msp,energy", "--out", str(tmp_path / "again")]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--no-progress"])
+    assert exit_info.value.code == 0
+    for name in ("table.md", "results.parquet", "scores/test_resnet/shifted.npz"):
+        assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
+    for bad, message in (("shifted", "expected NAME=DIR"), (f"photos={shifted}", "also given to --ood")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(_cli_args(folders, tmp_path, "-d", "msp", "--csid", bad))
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_net_extracts_the_network_time_detectors_arrays(folders, tmp_path, capsys):
+    """--net METHOD (as `oodbench extract --net`): the arrays are extracted with the features under the model id
+    plus their settings, and the detectors that read them run; their scores are the definitions' of those arrays."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path, "-d", "msp,odin,mds_ensemble", "--net", "odin:epsilon=0.002", "--net", "mds"))
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    assert "skipped" not in captured.err and "| odin " in captured.out and "| mds_ensemble " in captured.out
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["model"].startswith("test_resnet+net-odin.mds-")
+    store = Store(tmp_path / "store")
+    meta = store.meta(info["model"], "photos")
+    assert [spec["method"] for spec in meta["provenance"]["network"]] == ["odin", "mds"]
+    assert meta["provenance"]["network"][0]["epsilon"] == 0.002
+    for dataset in ("id", "photos"):
+        outputs = store.read(info["model"], dataset)
+        assert {"odin", "mds.layer1", "mds.layer2", "mds.layer3", "mds.layer4"} <= set(outputs.extras)
+        # ODIN's score is the largest softmax probability of the stored tempered logits f(x̃)/T.
+        expected = reference.msp(outputs.extras["odin"])
+        np.testing.assert_allclose(reference.run_scores(tmp_path / "run", dataset)["odin"], expected, rtol=1e-12)
+    # The same store keeps the entries without --net under the plain model id, beside these.
+    plain = _cli_args(folders, tmp_path, "-d", "msp")
+    plain[plain.index("--out") + 1] = str(tmp_path / "plain")
+    with pytest.raises(SystemExit) as exit_info:
+        main(plain)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 0, err
+    assert set(Store(tmp_path / "store").models()) == {"test_resnet", info["model"]}
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path / "bad", "-d", "msp", "--net", "odin:epsilon=-1"))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and "--net: odin epsilon must be" in err
+    with pytest.raises(OodbenchError, match="net: the network-time detectors' arrays are extracted from a timm"):
+        oodbench.evaluate_model(
+            torch.nn.Linear(4, 2), forward=lambda m, x: (x, m(x)), fit=[], id=[], ood={"x": []}, net=["odin"]
+        )
+
+
+def test_skipped_network_time_detectors_are_one_line_saying_how_to_extract_their_arrays(folders, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(_cli_args(folders, tmp_path, "-d", "msp,odin,rankfeat,gram,mds_ensemble"))
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    skipped = [line for line in captured.err.splitlines() if line.startswith("skipped")]
+    assert skipped == [
+        "skipped 4 network-time detectors (odin, rankfeat, gram, mds_ensemble): their arrays are not extracted; "
+        "add --net odin --net rankfeat --net gram --net mds to extract them"
+    ]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["skipped_detectors"]["gram"] == "its arrays are not extracted (--net gram)"

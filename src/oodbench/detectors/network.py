@@ -5,11 +5,16 @@ Their per-image arrays are computed during extraction (`oodbench.extract.posthoc
 score those arrays. A hyper-parameter that changes the forward pass (ODIN's T and ε, RankFeat's layer, GRAM's
 orders, the layers) belongs to the extraction, so sweeping it re-extracts; what is left here is fitted from the
 stored arrays.
+
+When no set has any of a detector's arrays, its one reason for being skipped is `NOT_EXTRACTED` with the ``--net``
+setting that extracts them (`net_setting` reads it back), so that front ends can say it once for all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -18,12 +23,12 @@ from ..core.numerics import logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ._gaussian import ClassGaussians, ScatterAccumulator, class_gaussians_state, pinv_sqrt, triangular_whitener
 from ._streaming import fit_chunks, gather_rows, sample_rows
-from .base import Detector, Paper, Requirements, Summary, _FitInfo
+from .base import Detector, Paper, Requirements, Summary, _array_names, _FitInfo
 from .logit import max_softmax
 from .registry import register
 from .state import Array, Keyed, Spec
 
-__all__ = ["ODIN", "RankFeat", "Gram", "MahalanobisEnsemble", "gram_deviation"]
+__all__ = ["NOT_EXTRACTED", "ODIN", "RankFeat", "Gram", "MahalanobisEnsemble", "gram_deviation", "net_setting"]
 
 _STAGES = ("layer1", "layer2", "layer3", "layer4")  # the four stages of a (timm / torchvision) ResNet
 # The most layers an ensemble declares state for: each layer's whitener ranks are free dimensions of their own.
@@ -50,9 +55,54 @@ def _rows(array: np.ndarray, rows: slice | np.ndarray) -> np.ndarray:
     return np.asarray(array[rows], dtype=np.float64) if isinstance(rows, slice) else gather_rows(array, rows)
 
 
+# The skip reason of a network-time detector none of whose arrays any set has: this, then "(--net SETTING)".
+NOT_EXTRACTED = "its arrays are not extracted"
+_NOT_EXTRACTED = re.compile(re.escape(NOT_EXTRACTED) + r" \(--net ([^\s()]+)\)")
+
+
+def net_setting(reason: str) -> str | None:
+    """The ``--net`` setting a skipped detector's reason asks for, when arrays not extracted are all its reason."""
+    match = _NOT_EXTRACTED.fullmatch(reason)
+    return match.group(1) if match else None
+
+
+class _NetworkTime(Detector):
+    """A detector over arrays the network computes at extraction (``--net METHOD``, METHOD its `net_method`)."""
+
+    net_method: ClassVar[str]
+
+    def net_setting(self) -> str:
+        """The ``--net`` value that extracts this instance's arrays: ``gram``, or ``gram:layers=layer3+layer4``."""
+        layers = getattr(self, "layers", None)
+        if layers is None or tuple(layers) == tuple(self.default_params()["layers"]):
+            return self.net_method
+        return f"{self.net_method}:layers={'+'.join(layers)}"
+
+    def unmet(
+        self,
+        fit: Outputs | Collection[str],
+        tests: Mapping[str, Outputs | Collection[str]] | None = None,
+        *,
+        has_head: bool,
+    ) -> list[str]:
+        """As `Detector.unmet`, but when no set has any of the arrays, one reason (`NOT_EXTRACTED`) says so and
+        names the setting that extracts them, instead of every array of every set."""
+        reasons = super().unmet(fit, tests, has_head=has_head)
+        requires = self.requirements()
+        extras = {name for name in requires.fit | requires.score if name.startswith("extra.")}
+        sets = [fit, *(tests or {}).values()]
+        if not reasons or any(extras & _array_names(arrays) for arrays in sets):
+            return reasons  # some are extracted: which set lacks which array is the useful reason
+        with_extras = {name: _array_names(arrays) | extras for name, arrays in (tests or {}).items()}
+        others = super().unmet(_array_names(fit) | extras, with_extras, has_head=has_head)
+        return [f"{NOT_EXTRACTED} (--net {self.net_setting()})", *others]
+
+
 @register("odin")
-class ODIN(Detector):
+class ODIN(_NetworkTime):
     """ODIN: maximum softmax probability of the tempered logits f(x̃)/T of the perturbed input (stored as extra.odin)."""
+
+    net_method = "odin"
 
     requires = Requirements.of(score=("extra.odin",))
     state = {}  # learns nothing: declared, so a saved file holds no state
@@ -81,8 +131,10 @@ class ODIN(Detector):
 
 
 @register("rankfeat")
-class RankFeat(Detector):
+class RankFeat(_NetworkTime):
     """RankFeat: energy of the logits after removing the rank-1 component of a layer's feature map (extras)."""
+
+    net_method = "rankfeat"
 
     requires = Requirements.of(score=("extra.rankfeat.layer4",))
     state = {}  # learns nothing: declared, so a saved file holds no state
@@ -136,8 +188,10 @@ def gram_deviation(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.
 
 
 @register("gram")
-class Gram(Detector):
+class Gram(_NetworkTime):
     """GRAM: total deviation of a layer's Gram-matrix statistics from the fit set's per-class ranges (extras)."""
+
+    net_method = "gram"
 
     requires = Requirements.of(
         fit=("logits",) + tuple(f"extra.gram.{layer}" for layer in _STAGES),
@@ -259,8 +313,10 @@ class Gram(Detector):
 
 
 @register("mds_ensemble")
-class MahalanobisEnsemble(Detector):
+class MahalanobisEnsemble(_NetworkTime):
     """Mahalanobis ensemble: Σ_l w_l · (−min_c squared Mahalanobis distance) over several layers' pooled maps."""
+
+    net_method = "mds"
 
     requires = Requirements.of(
         fit=("labels",) + tuple(f"extra.mds.{layer}" for layer in _STAGES),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "print_accuracy",
     "register",
     "report_detectors",
+    "skipped_lines",
 ]
 
 console = Console(stderr=True)
@@ -155,7 +157,7 @@ def evaluate_command(
         typer.echo(result.verification, err=True)
     sys.stdout.write(result.table_markdown)
     print_accuracy(result.accuracy)
-    report_detectors(result.skipped, result.failed, result.adapted)
+    report_detectors(result.skipped, result.failed, result.adapted, extract=_extract_with)
     typer.echo(f"results: {out / 'results.parquet'}  table: {out / 'table.md'}")
     if result.failed:
         raise typer.Exit(SOME_FAILED)
@@ -193,15 +195,48 @@ def print_accuracy(rows: list) -> None:
         typer.echo(describe_row(row))
 
 
-def report_detectors(skipped: dict[str, str], failed: dict[str, str], adapted: dict | None = None) -> None:
-    """On stderr: the parameters adapted to a small fit set, one line per skipped and per failed detector (the
-    caller exits `SOME_FAILED` for failures)."""
+def _extract_with(settings: Sequence[str], them: str) -> str:
+    """How `oodbench evaluate` gets a network-time detector's arrays: the store's entries extracted with --net."""
+    return f"extract {them} with `oodbench extract {' '.join(f'--net {s}' for s in settings)}`"
+
+
+def skipped_lines(
+    skipped: Mapping[str, str], extract: Callable[[Sequence[str], str], str] = _extract_with
+) -> list[str]:
+    """One line per skipped detector, but one line in all for the network-time detectors skipped only because
+    their arrays are not extracted: it names them and, through `extract` (given their --net settings and "it" or
+    "them"), how the front end extracts those arrays."""
+    from ..detectors.network import net_setting
+
+    settings = {name: setting for name, reason in skipped.items() if (setting := net_setting(reason)) is not None}
+    lines = []
+    if settings:
+        names = ", ".join(settings)
+        if len(settings) == 1:
+            said = f"skipped network-time detector {names}: its arrays are not extracted"
+        else:
+            said = f"skipped {len(settings)} network-time detectors ({names}): their arrays are not extracted"
+        them = "it" if len(settings) == 1 else "them"
+        lines.append(f"{said}; {extract(list(dict.fromkeys(settings.values())), them)}")
+    return lines + [f"skipped {name}: {reason}" for name, reason in skipped.items() if name not in settings]
+
+
+def report_detectors(
+    skipped: dict[str, str],
+    failed: dict[str, str],
+    adapted: dict | None = None,
+    *,
+    extract: Callable[[Sequence[str], str], str] = _extract_with,
+) -> None:
+    """On stderr: the parameters adapted to a small fit set, the skipped detectors (`skipped_lines`: `extract`
+    words how the front end extracts network-time arrays) and one line per failed detector (the caller exits
+    `SOME_FAILED` for failures)."""
     if adapted:
         from ..detectors.fitsize import describe_changes
 
         typer.secho(f"adapted to the small fit set: {describe_changes(adapted)}", err=True)
-    for name, reason in skipped.items():
-        typer.secho(f"skipped {name}: {reason}", fg=typer.colors.YELLOW, err=True)
+    for line in skipped_lines(skipped, extract):
+        typer.secho(line, fg=typer.colors.YELLOW, err=True)
     for name, reason in failed.items():
         typer.secho(f"failed {name}: {reason}", fg=typer.colors.RED, err=True)
     if failed:

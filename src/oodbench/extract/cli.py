@@ -239,7 +239,7 @@ def _load_backbone(opts: dict[str, Any], name: str, *, several: bool) -> tuple[A
     --pretrained TAG and --patches for open_clip) apply to the models of that kind and are ignored by the others.
     """
     from .nac import NacLayer
-    from .posthoc_net import NetSpec
+    from .posthoc_net import parse_specs
 
     nac_layers = [NacLayer.parse(spec) for spec in opts["nac"]]
     kind = _kind(name, opts["kind"])
@@ -265,7 +265,7 @@ def _load_backbone(opts: dict[str, Any], name: str, *, several: bool) -> tuple[A
             image_size=opts["image_size"],
             preprocessing=preprocessing_overrides(opts),
             convert=opts["convert"],
-            network=[NetSpec.parse(spec) for spec in opts["net"]],
+            network=parse_specs(opts["net"]),
         )
         bundle = None
     elif kind == "hf_clip":
@@ -320,7 +320,7 @@ def _run_extract(**opts: Any) -> None:
     from .dataset_registry import open_registered
     from .datasets import open_dataset
     from .pipeline import GroupMember, extract, extract_group
-    from .posthoc_net import NetSpec
+    from .posthoc_net import parse_specs
 
     if opts["image_list"] is not None and opts["dataset"] is None:
         raise OodbenchError("--list applies to --dataset NAME (a registered set); for --data give the list itself")
@@ -351,8 +351,7 @@ def _run_extract(**opts: Any) -> None:
         raise OodbenchError(f"--amp-dtype must be one of {', '.join(AMP_DTYPES)}; got {opts['amp_dtype']!r}")
     if opts["net"] and not any(_kind(name, opts["kind"]) == "timm" for name in names):
         raise OodbenchError("--net applies to supervised timm models only")
-    for spec in opts["net"]:
-        NetSpec.parse(spec)  # a bad setting fails before any model loads
+    parse_specs(opts["net"])  # a bad setting fails before any model loads
     store = Store(opts["store"])
     loaded: list[tuple[Any, Any]] = []
     with warnings.catch_warnings(record=True) as caught:

@@ -38,6 +38,7 @@ __all__ = [
     "METHODS",
     "network_arrays",
     "odin_logits",
+    "parse_specs",
     "rankfeat_logits",
     "remove_rank1",
     "gram_rows",
@@ -256,6 +257,12 @@ def network_arrays(
             for layer in spec.layers:
                 arrays[f"rankfeat.{layer}"] = rankfeat_logits(model, pixels, layer)
     return {f"extra.{name}": value.detach().float().cpu().numpy() for name, value in arrays.items()}
+
+
+def parse_specs(texts: Sequence[str]) -> tuple[NetSpec, ...]:
+    """The ``--net METHOD[:KEY=VALUE,...]`` values of a command or an experiment file, parsed and checked together
+    (`NetSpec.parse`, `check_specs`): the one reading of them, before any model loads."""
+    return check_specs([NetSpec.parse(text) for text in texts])
 
 
 def check_specs(specs: Sequence[NetSpec]) -> tuple[NetSpec, ...]:

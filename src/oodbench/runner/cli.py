@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -122,17 +124,33 @@ def _print_run(config: Any, report: Any) -> None:
         ran, cached = len(report.executed[stage]), len(report.cached[stage])
         if ran or cached:
             typer.echo(f"{stage:<9} ran {ran:>6}   cached {cached:>6}")
-    if report.skipped:
-        reasons = sorted(set(report.skipped.values()))
-        typer.secho(
-            f"{len(report.skipped)} score units skipped (requirements not met): {'; '.join(reasons)}",
-            fg=typer.colors.YELLOW,
-            err=True,
-        )
+    for line in _skipped_lines(report.skipped):
+        typer.secho(line, fg=typer.colors.YELLOW, err=True)
     if report.total_executed == 0:
         typer.echo("everything cached: nothing to do")
     for path in report.outputs:
         typer.echo(f"report: {path}")
+
+
+def _network_table(settings: Sequence[str], them: str) -> str:
+    """How an experiment gets a network-time detector's arrays: the model table's `network` list."""
+    return f"add network = [{', '.join(json.dumps(setting) for setting in settings)}] to the model's table to extract {them}"
+
+
+def _skipped_lines(skipped: Mapping[str, str]) -> list[str]:
+    """The skipped score units (unit id -> reason): one line for the network-time detectors whose arrays are not
+    extracted (`skipped_lines`), one for the rest with their distinct reasons."""
+    from ..detectors.network import net_setting
+    from ..evaluation.cli import skipped_lines
+
+    # A score unit's id is score:MODEL/DETECTOR/DATASET (names hold no slash).
+    network = {unit.split("/")[-2]: reason for unit, reason in skipped.items() if net_setting(reason)}
+    rest = {unit: reason for unit, reason in skipped.items() if not net_setting(reason)}
+    lines = skipped_lines(network, _network_table)
+    if rest:
+        reasons = "; ".join(sorted(set(rest.values())))
+        lines.append(f"{len(rest)} score units skipped (requirements not met): {reasons}")
+    return lines
 
 
 def evaluation_overrides(

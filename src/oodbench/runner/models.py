@@ -126,10 +126,10 @@ def _check_nac_layers(layers: list[str], key: str) -> list[str]:
 def _check_network(specs: list[str], key: str) -> list[str]:
     """Network-time detector specs (METHOD[:KEY=VALUE,...]), checked by the extractor's parser; they enter the
     model's identity, hence the extraction key: each setting of a sweep is its own cached extraction."""
-    from ..extract.posthoc_net import NetSpec, check_specs
+    from ..extract.posthoc_net import parse_specs
 
     try:
-        check_specs([NetSpec.parse(spec) for spec in specs])
+        parse_specs(specs)
     except (ExtractError, ValueError) as exc:
         raise ConfigError(f"{key}: {exc}") from None
     return specs

@@ -3,8 +3,11 @@
 ``evaluate_model(model, id=…, ood={…}, fit=…)`` is the store-backed counterpart of OpenOOD's ``Evaluator``: the
 model is a timm name, a timm module, any ``torch.nn.Module`` with a ``forward`` that says where the features and
 logits come from, or an extraction `Backbone`; the data are image folders, file lists, `ImageList`s, torch
-datasets or data loaders. With a named ``store`` the second call with the same model and data extracts nothing:
-each entry is identified by the model's provenance (name, weights hash, preprocessing) and the dataset's item hash.
+datasets or data loaders. Covariate-shifted ID sets (``csid={…}``) are extracted and scored too, and counted as ID
+in the full-spectrum table; ``net=["odin", …]`` extracts the arrays of the network-time detectors.
+
+With a named ``store`` the second call with the same model and data extracts nothing: each entry is identified by
+the model's provenance (name, weights hash, preprocessing) and the dataset's item hash.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ __all__ = ["ModelEvaluation", "ModuleBackbone", "evaluate_model", "as_backbone",
 
 FIT, ID = "fit", "id"  # the default names (store dataset ids) of the fit set and the ID test set
 # The option that names a set of each role, for the line that refuses a name the store holds for other images.
-_NAMING = {"fit": ("--fit", "fit"), "id": ("--id", "id"), "ood": ("--ood", "ood")}
+_NAMING = {"fit": ("--fit", "fit"), "id": ("--id", "id"), "csid": ("--csid", "csid"), "ood": ("--ood", "ood")}
 # Items of a torch dataset whose bytes enter its fingerprint (evenly spaced, first and last included).
 FINGERPRINT_ITEMS = 8
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -167,23 +170,43 @@ def as_backbone(
     head: Any = None,
     transform: Callable[[Any], Any] | None = None,
     image_size: int | None = None,
+    net: Sequence[Any] = (),
 ) -> Any:
-    """A `Backbone` from a timm name, a timm module, any torch module (with `forward`) or a `Backbone` as is."""
+    """A `Backbone` from a timm name, a timm module, any torch module (with `forward`) or a `Backbone` as is.
+
+    `net`: the network-time detectors' settings (``--net`` values or `NetSpec`s), for a timm name or module."""
+    timm_module = (
+        isinstance(model, torch.nn.Module)
+        and forward is None
+        and head is None
+        and hasattr(model, "get_classifier")
+        and hasattr(model, "pretrained_cfg")
+    )
+    if net and not (timm_module or isinstance(model, (str, os.PathLike))):
+        raise OodbenchError(
+            "net: the network-time detectors' arrays are extracted from a timm model (a timm name or module); "
+            f"got {type(model).__name__}"
+        )
     if isinstance(model, Backbone):
         return model
     if isinstance(model, (str, os.PathLike)):
         from ..extract.backbones.timm_backbone import load_timm
 
-        return load_timm(str(model), pretrained=pretrained, checkpoint=checkpoint, image_size=image_size)
+        return load_timm(str(model), pretrained=pretrained, checkpoint=checkpoint, image_size=image_size, network=net)
     if not isinstance(model, torch.nn.Module):
         raise OodbenchError(f"model must be a timm name, a torch.nn.Module or a Backbone; got {type(model).__name__}")
-    if forward is None and head is None and hasattr(model, "get_classifier") and hasattr(model, "pretrained_cfg"):
+    if timm_module:
         from ..extract.backbones.timm_backbone import TimmBackbone
 
         digest = state_hash(model)
         name = (model.pretrained_cfg or {}).get("architecture") or type(model).__name__
         return TimmBackbone(
-            model, name=name, checkpoint=f"sha256:{digest}", checkpoint_sha256=digest, image_size=image_size
+            model,
+            name=name,
+            checkpoint=f"sha256:{digest}",
+            checkpoint_sha256=digest,
+            image_size=image_size,
+            network=net,
         )
     if head is None and forward is None and hasattr(model, "get_classifier"):
         classifier = model.get_classifier()
@@ -342,6 +365,7 @@ def evaluate_model(
     id: Any,  # noqa: A002 - the name users know from the CLI (--id)
     ood: Mapping[str, Any],
     fit: Any,
+    csid: Mapping[str, Any] | None = None,
     store: str | os.PathLike[str] | None = None,
     detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None = None,
     out: str | os.PathLike[str] | None = None,
@@ -351,6 +375,7 @@ def evaluate_model(
     head: Any = None,
     transform: Callable[[Any], Any] | None = None,
     image_size: int | None = None,
+    net: Sequence[str] = (),
     model_id: str | None = None,
     batch_size: int = 64,
     num_workers: int | None = None,
@@ -374,9 +399,13 @@ def evaluate_model(
     pixels) -> (features, logits)` (and optionally `head`, the final `nn.Linear`), or a `Backbone`. Data: an image
     folder (class sub-folders give labels), a file list, an `ImageList`, a torch dataset or a `DataLoader` (its
     dataset). `fit` and `id` may be named, ``id={"imnet": data}`` (default names "fit" and "id"); every set is stored
-    under its name. `image_size` overrides the input resolution. Without `store` a temporary store is used and
-    deleted; with one, a set already there under its name, with the same files (paths, sizes, modification times),
-    is reused (no forward pass: `result.extracted` counts what ran); other files under a stored name are refused.
+    under its name. `csid` names covariate-shifted ID sets (``{"imagenet-v2": data}``): extracted, scored, and
+    counted as ID in a full-spectrum table beside the standard one. `image_size` overrides the input resolution.
+    `net`: the network-time detectors' settings, as ``oodbench extract --net`` takes them (``["odin", "mds"]``; a
+    timm model only), extracted with the features under the model id plus their digest (``resnet50+net-odin.mds-…``).
+    Without `store` a temporary store is used and deleted; with one, a set already there under its name, with the
+    same files (paths, sizes, modification times), is reused (no forward pass: `result.extracted` counts what ran);
+    other files under a stored name are refused.
     `num_workers`: image decoding processes (None: one less than the cores available, at most 4).
 
     Before any image is read, every detector's parameters are checked against the fit set (its image count, the
@@ -392,30 +421,32 @@ def evaluate_model(
     """
     fit_name, fit = _named_set(fit, FIT, "fit")
     id_name, id = _named_set(id, ID, "id")  # noqa: A001
+    csid = dict(csid or {})
     options = {"tpr": tpr, "small_fit_set": small_fit_set, "convention": convention, "aupr": aupr, "groups": groups}
     options |= {"gram_dtype": gram_dtype, "strict": strict, "verify": verify}
-    spec = _checked_spec((fit_name, id_name), ood, detectors, spec, **options)
-    backbone = as_backbone(
-        model,
-        pretrained=pretrained,
-        checkpoint=checkpoint,
-        forward=forward,
-        head=head,
-        transform=transform,
-        image_size=image_size,
-    )
-    data = {fit_name: (fit, "fit"), id_name: (id, "id"), **{name: (value, "ood") for name, value in ood.items()}}
-    resolved = {
-        dataset_id: as_image_data(value, name=dataset_id, labelled=role != "ood", transform=backbone.transform)
-        for dataset_id, (value, role) in data.items()
-    }
-    roles = {dataset_id: role for dataset_id, (_, role) in data.items()}
+    spec = _checked_spec((fit_name, id_name), ood, csid, detectors, spec, **options)
+    weights = {"pretrained": pretrained, "checkpoint": checkpoint, "forward": forward, "head": head}
+    net = [net] if isinstance(net, str) else list(net)
+    backbone = as_backbone(model, **weights, transform=transform, image_size=image_size, net=net)
+    sets = {fit_name: (fit, "fit"), id_name: (id, "id"), **{name: (value, "csid") for name, value in csid.items()}}
+    resolved, roles = _resolved(sets | {name: (value, "ood") for name, value in ood.items()}, backbone.transform)
     _check_before_extraction(spec.detectors, backbone, resolved[fit_name], spec.small_fit_set)
     notes = model_checks(backbone, resolved[id_name], probe=checkpoint is not None, report=report)
     run = {"model_id": model_id, "out": out, "batch_size": batch_size, "num_workers": num_workers, "device": device}
     result = _in_store(store, backbone, resolved, spec, roles=roles, amp=amp, progress=progress, **run)
     result.notes = notes
     return result
+
+
+def _resolved(
+    sets: Mapping[str, tuple[Any, str]], transform: Callable[[Any], Any]
+) -> tuple[dict[str, _ImageData], dict[str, str]]:
+    """Each set's data resolved ({name: (data, role)}; OOD sets unlabelled), and each set's role."""
+    resolved = {
+        name: as_image_data(value, name=name, labelled=role != "ood", transform=transform)
+        for name, (value, role) in sets.items()
+    }
+    return resolved, {name: role for name, (_, role) in sets.items()}
 
 
 def _in_store(
@@ -465,6 +496,7 @@ def model_checks(
 def _checked_spec(
     names: tuple[str, str],
     ood: Mapping[str, Any],
+    csid: Mapping[str, Any],
     detectors: Sequence[str] | Mapping[str, Mapping[str, Any]] | None,
     spec: EvaluationSpec | None,
     **options: Any,
@@ -473,18 +505,36 @@ def _checked_spec(
     image is read); `names`: the fit and ID sets' names."""
     fit, id_name = names
     if spec is not None:
-        if (spec.fit, spec.id, list(spec.ood)) != (fit, id_name, list(ood)):
-            raise OodbenchError(f"spec: expected fit {fit!r}, ID {id_name!r} and the OOD sets {list(ood)}")
+        if (spec.fit, spec.id, list(spec.csid), list(spec.ood)) != (fit, id_name, list(csid), list(ood)):
+            raise OodbenchError(
+                f"spec: expected fit {fit!r}, ID {id_name!r}, the covariate-shifted ID sets {list(csid)} and the "
+                f"OOD sets {list(ood)}"
+            )
         return spec
     if not ood:
         raise OodbenchError("no OOD sets given: pass ood={'name': data, ...}")
     if fit == id_name:
         raise OodbenchError(f"the fit and ID test sets are both named {fit!r}; name them differently")
-    clash = sorted({fit, id_name} & set(ood))
-    if clash:
-        raise OodbenchError(f"OOD set names {clash} are those of the fit or ID test set; rename them")
+    for what, sets in (("covariate-shifted ID", csid), ("OOD", ood)):
+        clash = sorted({fit, id_name} & set(sets))
+        if clash:
+            raise OodbenchError(f"{what} set names {clash} are those of the fit or ID test set; rename them")
+    both = sorted(set(csid) & set(ood))
+    if both:
+        raise OodbenchError(f"the names {both} are given both to covariate-shifted ID and to OOD sets; rename them")
     # Unknown names, bad parameters and options fail here, before any extraction.
-    return EvaluationSpec.build(detectors, fit=fit, id=id_name, ood=list(ood), **options)
+    return EvaluationSpec.build(detectors, fit=fit, id=id_name, ood=list(ood), csid=list(csid), **options)
+
+
+def _default_model_id(backbone: Any) -> str:
+    """The store's model id of a backbone; with network-time arrays (`net`), plus their methods and a digest of
+    their settings: such entries are another model's (their provenance differs), so one store keeps both."""
+    base = backbone.default_model_id()
+    network = getattr(backbone, "network", ())
+    if not network:
+        return base
+    settings = json.dumps([spec.as_dict() for spec in network], sort_keys=True).encode()
+    return f"{base}+net-{'.'.join(spec.method for spec in network)}-{hashlib.sha256(settings).hexdigest()[:8]}"
 
 
 @contextlib.contextmanager
@@ -516,6 +566,8 @@ def _fit_size(backbone: Any, fit: _ImageData) -> tuple[FitSize, bool | None]:
     arrays = {"features"}
     if head is not None:
         arrays.add("logits")
+    # The network-time detectors' arrays that `net` extracts with the features.
+    arrays |= {f"extra.{name}" for spec in getattr(backbone, "network", ()) for name in spec.extra_names()}
     if images.labels is not None or fit.labels is not None:
         arrays.add("labels")  # a torch dataset's labels are read at extraction; assume they exist
     known_head = True if head is not None or not isinstance(backbone, ModuleBackbone) else None
@@ -566,7 +618,7 @@ def _extract_and_evaluate(
     from ..extract.datasets import ImageList
     from ..extract.pipeline import extract
 
-    model_id = model_id or backbone.default_model_id()
+    model_id = model_id or _default_model_id(backbone)
     provenance = backbone.provenance()
     extracted: dict[str, int] = {}
     listed = {dataset_id: _with_content(data.images) for dataset_id, data in resolved.items()}

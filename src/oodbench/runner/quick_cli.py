@@ -1,10 +1,12 @@
 """`oodbench evaluate-model MODEL --fit [NAME=]DIR --id [NAME=]DIR --ood NAME=DIR`: extract (cached by name and
-content), fit, score in one command."""
+content), fit, score in one command; `oodbench evaluate`'s options, with --csid taking folders and --net the
+network-time detectors' arrays to extract."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -30,17 +32,29 @@ if TYPE_CHECKING:
 __all__ = ["SOME_FAILED", "evaluate_model_command", "register", "print_accuracy", "report_detectors"]
 
 
-def _named(values: list[str]) -> dict[str, Path]:
-    """--ood NAME=DIR pairs, in the order given."""
+def _named(values: list[str], option: str = "--ood", example: str = "textures=data/dtd") -> dict[str, Path]:
+    """--ood (or --csid) NAME=DIR pairs, in the order given."""
     named: dict[str, Path] = {}
     for value in values:
         name, sep, path = value.partition("=")
         if not sep or not name.strip() or not path.strip():
-            raise typer.BadParameter(f"--ood {value!r}: expected NAME=DIR (e.g. --ood textures=data/dtd)")
+            raise typer.BadParameter(f"{option} {value!r}: expected NAME=DIR (e.g. {option} {example})")
         if name.strip() in named:
-            raise typer.BadParameter(f"--ood: the name {name.strip()!r} is given twice")
+            raise typer.BadParameter(f"{option}: the name {name.strip()!r} is given twice")
         named[name.strip()] = Path(path.strip())
     return named
+
+
+def _net(values: Sequence[str]) -> list[str]:
+    """--net values, checked as `oodbench extract --net` checks them (before any model loads)."""
+    from ..core.errors import OodbenchError
+    from ..extract.posthoc_net import parse_specs
+
+    try:
+        parse_specs(values)
+    except OodbenchError as exc:
+        raise typer.BadParameter(f"--net: {exc}") from None
+    return list(values)
 
 
 def _maybe_named(value: str, default: str) -> tuple[str, Path]:
@@ -70,6 +84,22 @@ _IdData = Annotated[
     ),
 ]
 _Ood = Annotated[list[str], typer.Option("--ood", help="OOD images as NAME=DIR (repeat for several sets).")]
+_Csid = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--csid",
+        help="Covariate-shifted ID images as NAME=DIR (e.g. imagenet-v2=data/v2; repeatable): extracted and "
+        "scored, and counted as ID in a full-spectrum table beside the standard one.",
+    ),
+]
+_Net = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--net",
+        help="Also extract a network-time detector's arrays: METHOD[:KEY=VALUE,...] as `oodbench extract --net` "
+        "takes it (odin, rankfeat, gram, mds; repeatable), stored under the model id MODEL+net-….",
+    ),
+]
 _Store = Annotated[
     Path | None, typer.Option("--store", help="Feature store to extract into and reuse (default: a temporary one).")
 ]
@@ -98,10 +128,12 @@ def evaluate_model_command(
     fit: _Fit,
     id_data: _IdData,
     ood: _Ood,
+    csid: _Csid = None,
     store: _Store = None,
     out: _Out = None,
     detectors: Detectors = None,
     param: Param = None,
+    net: _Net = None,
     pretrained: _Pretrained = True,
     checkpoint: _Checkpoint = None,
     image_size: _ImageSize = None,
@@ -130,20 +162,27 @@ def evaluate_model_command(
 
     workers = _workers(workers, num_workers)
     named = _named(ood)
+    shifted = _named(csid or [], "--csid", "imagenet-v2=data/v2")
     fit_name, fit_dir = _maybe_named(fit, "fit")
     id_name, id_dir = _maybe_named(id_data, "id")
-    reserved = sorted({fit_name, id_name} & set(named))
-    if reserved:
-        raise typer.BadParameter(f"--ood: the names {reserved} are those of --fit or --id; rename them")
+    for option, sets in (("--csid", shifted), ("--ood", named)):
+        reserved = sorted({fit_name, id_name} & set(sets))
+        if reserved:
+            raise typer.BadParameter(f"{option}: the names {reserved} are those of --fit or --id; rename them")
+    both = sorted(set(shifted) & set(named))
+    if both:
+        raise typer.BadParameter(f"--csid: the names {both} are also given to --ood; rename them")
     options = {"tpr": tpr, "convention": convention, "aupr": aupr, "groups": groups, "gram_dtype": gram_dtype}
     options |= {"small_fit_set": small_fit_set, "strict": strict, "verify": verify}
     # One specification, validated here (a bad option is one line naming it, before any image is read).
-    spec = build_spec(detectors, param, fit=fit_name, id=id_name, ood=list(named), **options)
+    spec = build_spec(detectors, param, fit=fit_name, id=id_name, ood=list(named), csid=list(shifted), **options)
     result = evaluate_model(
         model,
         fit={fit_name: fit_dir},
         id={id_name: id_dir},
         ood=named,
+        csid=shifted,
+        net=_net(net or []),
         store=store,
         out=out,
         pretrained=pretrained,
@@ -169,11 +208,16 @@ def _workers(workers: int | None, num_workers: int | None) -> int | None:
     return num_workers
 
 
+def _add_net(settings: Sequence[str], them: str) -> str:
+    """How evaluate-model gets a network-time detector's arrays: --net on the same command."""
+    return f"add {' '.join(f'--net {setting}' for setting in settings)} to extract {them}"
+
+
 def _print_result(result: ModelEvaluation) -> None:
     """The detector table, the accuracy, skipped and failed detectors, what was extracted and where results are."""
     sys.stdout.write(result.table_markdown)
     print_accuracy(result.accuracy)
-    report_detectors(result.skipped, result.failed, result.adapted)
+    report_detectors(result.skipped, result.failed, result.adapted, extract=_add_net)
     ran = sum(result.extracted.values())
     typer.echo(f"extracted {ran} images" if ran else "extracted nothing: every set was in the store")
     if result.run_dir is not None:
