@@ -224,14 +224,18 @@ def one_run(
     kills: dict[str, int],
     rng: Any,
     reference: dict[str, Any] | None,
+    done: dict[str, Any] | None = None,
+    save: Any = None,
 ) -> dict[str, Any]:
     """All stages of one run; where `kills[stage]` > 0, SIGKILL the stage that many times at random moments."""
     log = work.parent / f"{name}.log"
     base = run_args(root, work, models_override(models))
     raw = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
     vlm = [m["id"] for m in raw["models"] if m["id"] in models and m["kind"] in ("open_clip", "hf_clip")]
-    record: dict[str, Any] = {"stages": {}}
+    record: dict[str, Any] = done if done is not None else {"stages": {}}
     for stage in STAGES:
+        if stage in record["stages"]:
+            continue  # finished in an earlier invocation of this script: its figures stand
         if stage == "score" and vlm:
             record["vocabularies"] = build_vocabularies(work, log=log, env=env)
         attempts = []
@@ -248,6 +252,8 @@ def one_run(
         if final["exit"] != 0:
             raise SystemExit(f"{name}: stage {stage} failed (exit {final['exit']}); see {log}")
         record["stages"][stage] = {"attempts": attempts, "disk_mb": disk_mb(work)}
+        if save is not None:
+            save(record)
     return record
 
 
@@ -348,10 +354,27 @@ def main() -> None:
     rng = random.Random(args.seed)
     for name in args.runs.split(","):
         kills = {} if name == "A" else {"extract": args.extract_kills, **{s: 1 for s in STAGES[1:]}}
-        results[name] = one_run(
-            name, args.work / name, root=root, models=models, env=env, kills=kills, rng=rng, reference=results.get("A")
+
+        def save(record: dict[str, Any], name: str = name) -> None:
+            results[name] = record
+            results_path.write_text(json.dumps(results, indent=1))
+
+        reference = results.get("A") if name != "A" else None
+        done = results.get(name)
+        save(
+            one_run(
+                name,
+                args.work / name,
+                root=root,
+                models=models,
+                env=env,
+                kills=kills,
+                rng=rng,
+                reference=reference,
+                done=done,
+                save=save,
+            )
         )
-        results_path.write_text(json.dumps(results, indent=1))
     if "A" in results and "B" in results:
         results["compare"] = compare(args.work / "A", args.work / "B")
         results["decode"] = decode_share(root, args.work / "A", models[0])
