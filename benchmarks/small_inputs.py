@@ -4,12 +4,14 @@ Per detector with a pytorch-ood counterpart (`benchmarks/detectors.py`'s adapter
 user waits for a fitted detector's scores, create + fit + score, oodbench's and pytorch-ood's timed in alternation
 in one process (so both see the same machine load), best of `--repeats` rounds. The ratio is pytorch-ood's time over
 oodbench's: at least 1 means oodbench is as fast. Fixed costs dominate at this size (validation, float64 copies,
-thread pools, index set-up), so this is where they show.
+thread pools, index set-up), so this is where they show. With `--alone`, each library's rounds run back to back
+instead (after two untimed calls): neither then finds the other's threads still spinning on the cores.
 
 Examples:
     .venv/bin/python benchmarks/small_inputs.py                          # 5,000 x 512 fit, C=100, 1,000 test rows
     .venv/bin/python benchmarks/small_inputs.py --detectors vim,react --repeats 9
     .venv/bin/python benchmarks/small_inputs.py --out small.json         # also small.md, the docs' table
+    .venv/bin/python benchmarks/small_inputs.py --detectors energy,mcm --alone --repeats 30
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5, help="rounds; each detector's best is kept (default 5)")
     parser.add_argument("--detectors", default="all", help="comma-separated names (default: all with a counterpart)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--alone", action="store_true", help="each library's rounds back to back, after two untimed calls each"
+    )
     parser.add_argument("--out", type=Path, help="write the figures as JSON, and the Markdown table next to it")
     args = parser.parse_args(argv)
 
@@ -109,12 +114,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         def run_ours(name: str = name) -> np.ndarray:
             return create(name, **params.get(name, {})).fit(fit, data.head).score(test)
 
+        def run_theirs(build: Any = build) -> np.ndarray:
+            return theirs(build, fit, data.head, test)
+
         ours_s, theirs_s = [], []
-        ours_scores = theirs_scores = None
-        for _ in range(args.repeats):  # alternate, so both see the same load
+        if args.alone:  # one library at a time: the other's thread pools are idle
+            for _ in range(2):
+                run_ours()
+            ours_s = [timed(run_ours)[1] for _ in range(args.repeats)]
+            ours_scores = run_ours()
+            for _ in range(2):
+                run_theirs()
+            theirs_s = [timed(run_theirs)[1] for _ in range(args.repeats)]
+            theirs_scores = run_theirs()
+        for _ in range(0 if args.alone else args.repeats):  # alternate, so both see the same load
             ours_scores, seconds = timed(run_ours)
             ours_s.append(seconds)
-            theirs_scores, seconds = timed(lambda build=build: theirs(build, fit, data.head, test))
+            theirs_scores, seconds = timed(run_theirs)
             theirs_s.append(seconds)
         row = {
             "ours_s": min(ours_s),

@@ -14,6 +14,7 @@ from oodbench.detectors import Detector, _gaussian, _streaming, available, creat
 from oodbench.detectors._gaussian import (
     ClassGaussians,
     ScatterAccumulator,
+    add_rows_by_class,
     pinv_sqrt,
     triangular_whitener,
     whiten_triangular,
@@ -287,11 +288,19 @@ def test_staged_rank_k_products_give_the_gram_of_every_row(monkeypatch, gram_dty
         assert (np.abs(accumulator.gram - expected) <= (beta + 1e-13) * scale).all()
 
 
+@pytest.mark.parametrize("path", ["numpy", "torch"])
 @pytest.mark.parametrize("order", ["shuffled", "sorted"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_class_sums_add_each_row_in_row_order(monkeypatch, order, dtype):
+def test_class_sums_add_each_row_in_row_order(monkeypatch, path, order, dtype):
     """Per-class sums are the row-order float64 sums np.add.at gives, bit for bit, across parts, calls and new classes."""
     monkeypatch.setattr(_gaussian, "_CLASS_SUM_ROWS", 7)  # many parts per call, and a short last one
+    monkeypatch.setattr(_gaussian, "_ORDERED_PART_VALUES", 7 * 6)
+    if path == "numpy":
+        import sys
+
+        monkeypatch.delitem(sys.modules, "torch", raising=False)
+    else:
+        monkeypatch.setattr(_gaussian, "NUMPY_CLASS_SUM_ROWS", 0)
     rng = np.random.default_rng(12)
     features = (rng.normal(size=(300, 6)) * 3 + 20).astype(dtype)
     labels = rng.integers(0, 9, 300)
@@ -309,6 +318,38 @@ def test_class_sums_add_each_row_in_row_order(monkeypatch, order, dtype):
         accumulator.class_sums + accumulator.class_counts[:, None] * accumulator.shift, expected
     )
     np.testing.assert_array_equal(accumulator.class_counts, np.bincount(labels, minlength=12))
+
+
+@pytest.mark.parametrize("step_values", [128, 0, 10**9])  # the default; every part by steps; every part by np.add.at
+@pytest.mark.parametrize("labels_kind", ["uniform", "sorted", "one large class", "one class"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_add_rows_by_class_is_np_add_at_bit_for_bit(monkeypatch, step_values, labels_kind, dtype):
+    """The vectorised ordered adds give np.add.at's float64 sums bit for bit: into running totals, on rows whose
+    magnitudes span 10^±26 (so that any other order of the additions rounds differently), in parts of any size."""
+    monkeypatch.setattr(_gaussian, "_STEP_VALUES", step_values)
+    rng = np.random.default_rng(3)
+    num_rows, dim, num_classes = 700, 5, 13
+    labels = {
+        "uniform": rng.integers(0, num_classes, num_rows),
+        "sorted": np.sort(rng.integers(0, num_classes, num_rows)),
+        "one large class": np.where(rng.random(num_rows) < 0.9, 4, rng.integers(0, num_classes, num_rows)),
+        "one class": np.full(num_rows, 7),
+    }[labels_kind]
+    rows = (rng.normal(size=(num_rows, dim)) * 10.0 ** rng.uniform(-26, 26, size=(num_rows, 1))).astype(dtype)
+    start = rng.normal(size=(num_classes, dim)) * 1e3  # totals of earlier rows
+    expected = start.copy()
+    np.add.at(expected, labels, rows.astype(np.float64))
+    backwards = start.copy()
+    np.add.at(backwards, labels[::-1], rows[::-1].astype(np.float64))
+    assert not np.array_equal(backwards, expected)  # the order matters on these rows: the check is not vacuous
+    for part_values in (1 << 22, 37 * dim, dim):  # one part, parts of 37 rows, a part per row
+        monkeypatch.setattr(_gaussian, "_ORDERED_PART_VALUES", part_values)
+        totals = start.copy()
+        add_rows_by_class(totals, rows, labels)
+        np.testing.assert_array_equal(totals, expected)
+    totals = start.copy()
+    add_rows_by_class(totals, rows[:0], labels[:0])  # no rows: nothing changes
+    np.testing.assert_array_equal(totals, start)
 
 
 def test_class_sums_without_torch_are_torchs_bit_for_bit(monkeypatch):

@@ -81,6 +81,23 @@ def test_softmax_scores_ignore_a_common_logit_shift(logits, shift):
     )
 
 
+@settings(max_examples=30, deadline=None)
+@given(logit_matrices, st.sampled_from([1.0, 0.5, 3.7, 1e-3]), st.sampled_from([np.float32, np.float64]))
+def test_energy_and_msp_are_the_float64_formulas_bit_for_bit(logits, temperature, dtype):
+    """The division skipped at T = 1 and msp's row maxima computed once change no bit of the scores."""
+    logits = logits.astype(dtype)
+    scaled = logits.astype(np.float64) / temperature
+    peak = scaled.max(axis=1)
+    lse = peak + np.log(np.exp(np.maximum(scaled - peak[:, None], -300.0)).sum(axis=1))
+    outputs = Outputs(np.zeros((logits.shape[0], 1)), logits)
+    np.testing.assert_array_equal(
+        create("energy", temperature=temperature).fit(outputs).score(outputs), temperature * lse
+    )
+    np.testing.assert_array_equal(
+        create("msp", temperature=temperature).fit(outputs).score(outputs), np.exp(peak - lse)
+    )
+
+
 def test_kl_matching_against_slow_reference():
     rng = np.random.default_rng(0)
     fit_logits = rng.normal(size=(60, 4)) * 3

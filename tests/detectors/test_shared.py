@@ -99,6 +99,20 @@ def test_provider_errors(problem, make):
         FitStatistics(unlabelled, ["class_sums"]).get("class_sums")
 
 
+def test_class_sums_alone_skip_the_sum_and_equal_the_shared_ones(problem):
+    """Class sums alone skip the pass that sums every row (no detector of theirs reads it), and hold the bits that a
+    pass which also sums the rows gives; the accumulator without sums refuses its mean rather than invent one."""
+    alone = FitStatistics(problem.fit, ["class_sums"]).get("class_sums")
+    shared = FitStatistics(problem.fit, ["class_sums", "mean"])
+    assert not alone.with_sum and shared.get("class_sums").with_sum
+    np.testing.assert_array_equal(alone.class_sums, shared.get("class_sums").class_sums)
+    np.testing.assert_array_equal(alone.class_counts, shared.get("class_sums").class_counts)
+    with pytest.raises(DetectorError, match="per-class sums only"):
+        _ = alone.mean
+    with pytest.raises(DetectorError, match="needs the sum"):
+        _gaussian.ScatterAccumulator(4, with_sum=False)  # a Gram about the shift needs the sum
+
+
 def test_unmet_detectors_declare_nothing(problem):
     unlabelled = Outputs(problem.fit.features, problem.fit.logits)
     stats = FitStatistics.for_detectors(unlabelled, [create("maha"), create("neco"), create("vim")], head=None)

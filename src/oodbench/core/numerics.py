@@ -8,10 +8,14 @@ import numpy as np
 _FLOOR = {np.dtype(np.float32): np.float32(-80.0), np.dtype(np.float64): -300.0}
 
 
-def logsumexp_in_place(logits: np.ndarray) -> np.ndarray:
-    """log Σ_c exp(logits[:, c]) per row (float64); overwrites `logits` (float32 or float64) with scratch values."""
+def logsumexp_in_place(logits: np.ndarray, peak: np.ndarray | None = None) -> np.ndarray:
+    """log Σ_c exp(logits[:, c]) per row (float64); overwrites `logits` (float32 or float64) with scratch values.
+
+    `peak`, when the caller has it, is logits.max(axis=1, keepdims=True) (the same values): not computed again.
+    """
     # Reusing the input's memory: at (rows x C) chunk sizes, fresh large temporaries cost page faults.
-    peak = logits.max(axis=1, keepdims=True)
+    if peak is None:
+        peak = logits.max(axis=1, keepdims=True)
     logits -= peak
     np.maximum(logits, _FLOOR[logits.dtype], out=logits)
     np.exp(logits, out=logits)
@@ -32,10 +36,20 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return shifted
 
 
+def scaled_with_peak(logits: np.ndarray, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """f / T as a fresh float64 array and its row maxima (keepdims), for logsumexp_in_place and its callers."""
+    if temperature == 1.0:  # f / 1 is exact: one float64 copy, no division pass
+        scaled = np.array(logits, dtype=np.float64)
+    else:  # converted and divided in one pass into a fresh float64 array
+        scaled = np.divide(logits, temperature, dtype=np.float64)
+    return scaled, scaled.max(axis=1, keepdims=True)
+
+
 def energy(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """Negative free energy T · log Σ exp(f / T) (higher = more ID)."""
-    # The division already makes a fresh float64 array: reduce it in place rather than copying it again.
-    return temperature * logsumexp_in_place(np.asarray(logits, dtype=np.float64) / temperature)
+    scaled, peak = scaled_with_peak(logits, temperature)
+    lse = logsumexp_in_place(scaled, peak)
+    return lse if temperature == 1.0 else temperature * lse  # 1 · x is exact
 
 
 def l2_normalize(features: np.ndarray, eps: float = 1e-12) -> np.ndarray:

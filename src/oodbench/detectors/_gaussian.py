@@ -32,9 +32,14 @@ GRAM_GROUP_ROWS = 16384
 SEARCH_ROWS = 1024
 # Rows per part of the per-class sums (a cache-sized float64 copy each).
 _CLASS_SUM_ROWS = 512
-# Up to this many rows in all, and while torch is not imported yet, class sums use np.add.at: 0.08 s for 5,000
-# rows at D = 512, where a first import of torch takes seconds.
+# Up to this many rows in all, and while torch is not imported yet, class sums are numpy's (`add_rows_by_class`):
+# 3 ms for 5,000 rows at D = 512 (np.add.at: 40 ms), where a first import of torch takes seconds.
 NUMPY_CLASS_SUM_ROWS = 20_000
+# Values (rows x D) per part of `add_rows_by_class`: its gathered copy of the part stays at most 32 MB.
+_ORDERED_PART_VALUES = 1 << 22
+# One step of `add_rows_by_class` (a numpy call, ~1 µs) costs about what np.add.at spends on this many values: with
+# fewer values per step (a fit set of a few large classes at a small D), np.add.at is the faster of the two.
+_STEP_VALUES = 128
 SEARCH_TILE_BYTES = 16 * 2**20
 
 
@@ -71,6 +76,44 @@ def check_gram_dtype(gram_dtype: str) -> str:
     return gram_dtype
 
 
+def add_rows_by_class(totals: np.ndarray, rows: np.ndarray, labels: np.ndarray) -> None:
+    """totals[labels[i]] += rows[i] for each row i in row order, in float64: np.add.at's sums bit for bit, vectorised."""
+    for part in iter_chunks(labels.shape[0], max(1, _ORDERED_PART_VALUES // max(1, totals.shape[1]))):
+        _add_part_by_class(totals, rows[part], labels[part])
+
+
+def _add_part_by_class(totals: np.ndarray, rows: np.ndarray, labels: np.ndarray) -> None:
+    """add_rows_by_class for one part: every class's r-th row added at step r, the classes side by side."""
+    # np.add.at adds value by value (40 ms for 5,000 rows at D = 512), and np.add.reduceat, like np.add.reduce along
+    # a 1-D axis, sums pairwise: other bits. Step r adds, for every class with more than r rows, its r-th row to its
+    # total: per class the same float64 additions in the same order as np.add.at, as one vectorised add per step.
+    # Classes sorted by decreasing size make the classes of a step a prefix of them, and their rows one contiguous
+    # slice of the gathered copy.
+    if labels.shape[0] == 0:
+        return
+    counts = np.bincount(labels, minlength=totals.shape[0])
+    by_size = np.argsort(-counts, kind="stable")[: np.count_nonzero(counts)]
+    sizes = counts[by_size]
+    if sizes[0] * _STEP_VALUES > labels.shape[0] * totals.shape[1]:  # few values per step: row by row is faster
+        np.add.at(totals, labels, np.asarray(rows, dtype=np.float64))
+        return
+    place = np.empty(totals.shape[0], dtype=np.intp)
+    place[by_size] = np.arange(by_size.shape[0])
+    grouped = np.argsort(place[labels], kind="stable")  # rows by class, in row order within each class
+    rank = np.arange(labels.shape[0]) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # position within its class
+    by_step = grouped[np.argsort(rank, kind="stable")]  # step 0's rows, then step 1's, each in class order
+    gathered = rows[by_step]  # as stored: the add below converts to float64 (exactly) as it goes
+    # Classes with more than r rows: a non-increasing count per step r.
+    active = sizes.shape[0] - np.searchsorted(sizes[::-1], np.arange(sizes[0]), side="right")
+    work = totals[by_size]
+    start = 0
+    for step_classes in active.tolist():
+        step = work[:step_classes]
+        np.add(step, gathered[start : start + step_classes], out=step)
+        start += step_classes
+    totals[by_size] = work
+
+
 def _mirror_upper(matrix: np.ndarray, block: int = 512) -> None:
     """Copy the upper triangle of a square matrix onto its lower triangle, in place, block by block."""
     for cols in iter_chunks(matrix.shape[0], block):
@@ -86,7 +129,8 @@ class ScatterAccumulator:
     With gram_dtype="float64" (the default) they accumulate in float64, one per cache-sized block of at most
     SYRK_ROWS rows. With "float32" they run at float32's speed (about twice float64's) on rows staged into products
     of at most GRAM_ROWS rows, accumulate in a float32 buffer for at most GRAM_GROUP_ROWS rows and are then added
-    into float64; `gram_error_bound()` bounds the result.
+    into float64; `gram_error_bound()` bounds the result. With with_sum=False (no Gram) it keeps the per-class sums
+    and the count only.
     """
 
     def __init__(
@@ -97,10 +141,14 @@ class ScatterAccumulator:
         by_class: bool = False,
         with_gram: bool = True,
         gram_dtype: str = "float64",
+        with_sum: bool = True,
     ) -> None:
         check_gram_dtype(gram_dtype)
+        if with_gram and not with_sum:
+            raise DetectorError("a Gram matrix about the shift needs the sum of the rows: with_sum=False needs no Gram")
         self.dim = dim
         self.with_gram = with_gram
+        self.with_sum = with_sum
         self.gram_dtype = gram_dtype
         # Accumulating (x - shift)(x - shift)^T instead of x x^T avoids the cancellation of E[xx^T] - mu mu^T when
         # the mean is large against the spread; by default the shift is the first chunk's mean.
@@ -138,7 +186,8 @@ class ScatterAccumulator:
             if self.shift is None:
                 self.shift = np.zeros(self.dim)
             self.count += block.shape[0]
-            self.sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
+            if self.with_sum:  # a pass over the block (1 ms for 5,000 x 512 rows): skipped where only class sums serve
+                self.sum += block.sum(axis=0, dtype=np.float64) - block.shape[0] * self.shift
             if self.by_class:
                 self.update_classes(block, labels)
             return
@@ -292,14 +341,15 @@ class ScatterAccumulator:
         # Each row is added into its class's float64 total, in row order (the sums np.add.at would give, bit for bit),
         # by torch's index_put_ with accumulate=True, part by cache-sized part (one float64 copy each). On one core
         # at D = 768 that took 0.15 s per 200,000 rows, against 0.35-0.45 s for a sparse one-hot product (which
-        # writes a fresh classes x D block per call and adds it into the totals again), 1.7 s for sort + reduceat
-        # and 1.6 s for np.add.at. Accumulating index_put_ runs on the calling thread; index_add_, as fast, wakes
-        # torch's thread pool, whose spinning threads then doubled the time of the BLAS's Gram products between.
+        # writes a fresh classes x D block per call and adds it into the totals again) and 1.6 s for np.add.at
+        # (sort + reduceat, 1.7 s, sums pairwise: other bits). Accumulating index_put_ runs on the calling thread;
+        # index_add_, as fast, wakes torch's thread pool, whose spinning threads then doubled the time of the BLAS's
+        # Gram products between.
         if int(self.class_counts.sum()) + rows.shape[0] <= NUMPY_CLASS_SUM_ROWS and "torch" not in sys.modules:
-            # A fit set of a few thousand rows: np.add.at (the same sums, bit for bit) costs less than importing torch
-            # (seconds); the rows beyond NUMPY_CLASS_SUM_ROWS of a larger one go through torch.
-            for part in iter_chunks(rows.shape[0], _CLASS_SUM_ROWS):
-                np.add.at(self._class_totals, labels[part], np.asarray(rows[part], dtype=np.float64))
+            # A fit set of a few thousand rows: numpy's ordered adds (the same sums, bit for bit) cost less than
+            # importing torch (seconds); once torch is imported its index_put_ is a little faster (2.2 ms against
+            # 2.8 ms for 5,000 rows at D = 512). The rows beyond NUMPY_CLASS_SUM_ROWS of a larger one go through torch.
+            add_rows_by_class(self._class_totals, rows, labels)
             self.class_counts += counts
             if subtract_shift:
                 self._uncentred_counts += counts
@@ -337,6 +387,8 @@ class ScatterAccumulator:
     @property
     def mean(self) -> np.ndarray:
         """Mean of all rows."""
+        if not self.with_sum:
+            raise DetectorError("this accumulator keeps per-class sums only (with_sum=False): it has no mean")
         return self.shift + self.sum / self.count
 
     def second_moment(self) -> np.ndarray:

@@ -54,6 +54,7 @@ STATISTICS = {
 _RAW = frozenset({"features", "features_by_class", "class_sums", "mean"})
 _RAW_GRAM = frozenset({"features", "features_by_class"})
 _RAW_CLASSES = frozenset({"features_by_class", "class_sums"})
+_RAW_SUM = _RAW - {"class_sums"}  # class sums alone need no sum of all rows
 _LOGITS = frozenset({"max_logit_sum", "prediction_templates"})
 _GRAM = _RAW_GRAM | {"normalized_by_class"}
 
@@ -132,7 +133,11 @@ class FitStatistics:
         raw = None
         if needs & _RAW:
             raw = ScatterAccumulator(
-                dim, by_class=bool(needs & _RAW_CLASSES), with_gram=bool(needs & _RAW_GRAM), gram_dtype=self.gram_dtype
+                dim,
+                by_class=bool(needs & _RAW_CLASSES),
+                with_gram=bool(needs & _RAW_GRAM),
+                gram_dtype=self.gram_dtype,
+                with_sum=bool(needs & _RAW_SUM),
             )
         normalized = None
         if "normalized_by_class" in needs:
