@@ -226,6 +226,7 @@ def one_run(
     reference: dict[str, Any] | None,
     done: dict[str, Any] | None = None,
     save: Any = None,
+    expect: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """All stages of one run; where `kills[stage]` > 0, SIGKILL the stage that many times at random moments."""
     log = work.parent / f"{name}.log"
@@ -233,6 +234,7 @@ def one_run(
     raw = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
     vlm = [m["id"] for m in raw["models"] if m["id"] in models and m["kind"] in ("open_clip", "hf_clip")]
     record: dict[str, Any] = done if done is not None else {"stages": {}}
+    expect = expect or {}
     for stage in STAGES:
         if stage in record["stages"]:
             continue  # finished in an earlier invocation of this script: its figures stand
@@ -240,7 +242,8 @@ def one_run(
             record["vocabularies"] = build_vocabularies(work, log=log, env=env)
         attempts = []
         for _ in range(kills.get(stage, 0)):
-            expected = reference["stages"][stage]["attempts"][-1]["seconds"] if reference else 60.0
+            known = reference and stage in reference["stages"]
+            expected = reference["stages"][stage]["attempts"][-1]["seconds"] if known else expect.get(stage, 60.0)
             moment = rng.uniform(0.1, 0.8) * expected
             attempt = run_command([*base, "--only", stage], log, env=env, kill_after=moment)
             attempt["kill_at"] = round(moment, 1)
@@ -334,13 +337,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     parser.add_argument("--extract-kills", type=int, default=2, help="kills in the extraction stage of run B")
     parser.add_argument("--runs", default="A,B", help="which runs to do (A: uninterrupted, B: killed)")
+    parser.add_argument(
+        "--expect",
+        default="",
+        help="STAGE=SECONDS,...: a stage's expected time where run A has not recorded it (B's kill moments)",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    results_path = args.work / "rehearsal-results.json"
+    # one results file per set of runs, so A and B may run at once, each in its own process
+    results_path = args.work / f"rehearsal-results-{args.runs.replace(',', '')}.json"
+    other = next(
+        (p for p in (args.work / "rehearsal-results-A.json", args.work / "rehearsal-results.json") if p.exists()),
+        args.work / "rehearsal-results-A.json",
+    )
+    expect = {k: float(v) for k, v in (item.split("=") for item in args.expect.split(",") if item)}
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
     env = {**os.environ, "OODBENCH_STAND_INS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src")}
     root = args.work / "root"
-    if "make_root" not in results:
+    if "make_root" not in results and not ("A" not in args.runs and (root / "rehearsal.json").exists()):
         make = [*oodbench(), "rehearse", "make-root", str(root), "--lists", str(args.lists), "--scale", str(args.scale)]
         if args.fraction:
             make += ["--fraction", str(args.fraction)]
@@ -360,6 +374,8 @@ def main() -> None:
             results_path.write_text(json.dumps(results, indent=1))
 
         reference = results.get("A") if name != "A" else None
+        if reference is None and name != "A" and other.exists():
+            reference = json.loads(other.read_text()).get("A")
         done = results.get(name)
         save(
             one_run(
@@ -373,6 +389,7 @@ def main() -> None:
                 reference=reference,
                 done=done,
                 save=save,
+                expect=expect,
             )
         )
     if "A" in results and "B" in results:

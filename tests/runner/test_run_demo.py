@@ -163,6 +163,8 @@ def test_changing_one_parameter_reruns_only_what_depends_on_it(demo_copy: Path) 
     }
     assert [u.id for u in plan.units if u.todo and u.status != "stale"] == ["fit:digits-cnn/knn"]
     _assert_detects_noise(demo_copy / "results.parquet")
+    with pytest.raises(OodbenchError, match=r"needs score:digits-cnn/knn/.*, which is out of date \(its parameters"):
+        run_experiment(demo_config(demo_copy), only="metrics", progress=False)  # ran, but with k=5: not "has not run"
 
 
 def test_only_checks_prerequisites(tmp_path: Path) -> None:

@@ -101,8 +101,14 @@ def check_runnable(plan: Plan, stages: Sequence[str]) -> None:
                 except KeyError:
                     continue
                 if upstream.todo and upstream.stage != stage and upstream.stage != "fit":
+                    # a stale unit did run, with other parameters, code or inputs than the plan's
+                    why = (
+                        "is out of date (its parameters, code or inputs changed)"
+                        if upstream.status == "stale"
+                        else ("has not run")
+                    )
                     raise OodbenchError(
-                        f"--only {stage}: {unit.id} needs {dep}, which has not run; "
+                        f"--only {stage}: {unit.id} needs {dep}, which {why}; "
                         f"run --only {upstream.stage} first (or run without --only)"
                     )
 
