@@ -274,8 +274,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _serve(project_dir, *options):
-    """`oodbench annotate serve` in its own process (the real uvicorn settings); yields its URL."""
+# Prepended to the server's command by `_serve(..., cheap_hashing=True)`: Argon2id at the test fixtures' minimal cost.
+_CHEAP_HASHING = (
+    "from argon2 import PasswordHasher; from oodbench.annotate import security; "
+    "security._HASHER = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1); "
+)
+
+
+def _serve(project_dir, *options, cheap_hashing: bool = False):
+    """`oodbench annotate serve` in its own process (the real uvicorn settings); yields its URL.
+
+    With `cheap_hashing`, the server hashes passwords at the test fixtures' minimal cost: for tests whose promise is
+    not about logging in, where each login's rehash to the full cost would take most of the test's time.
+    """
     import os
     import subprocess
     import sys
@@ -283,19 +294,20 @@ def _serve(project_dir, *options):
 
     httpx = pytest.importorskip("httpx")
     port = _free_port()
-    command = "from oodbench.cli import main; main()"
+    command = (_CHEAP_HASHING if cheap_hashing else "") + "from oodbench.cli import main; main()"
     args = ["annotate", "serve", str(project_dir), "--port", str(port), *options]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     server = subprocess.Popen([sys.executable, "-c", command, *args], env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            assert server.poll() is None, server.stderr.read()
-            time.sleep(0.2)
+    with httpx.Client(base_url=url, timeout=2, verify=False) as client:  # plain HTTP on loopback: no TLS set-up
+        while time.monotonic() < deadline:
+            try:
+                if client.get("/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert server.poll() is None, server.stderr.read()
+                time.sleep(0.1)
     return server, url
 
 

@@ -1,8 +1,18 @@
-"""Hostile files planted in an annotation project: the database and its journals are never reached through a link."""
+"""Hostile files planted in an annotation project: the database and its journals are never reached through a link.
+
+SQLite opens the `-wal`, `-shm` and `-journal` files again with every new connection, and a server opens new
+connections for as long as it runs: a file planted after the database was first opened is refused by the next
+connection. A FIFO planted as `-journal` blocked that connection for ever (SQLite opens a journal it finds to read
+its header), a link there failed with "database is locked", and a rollback journal copied from another database
+(a stale one) was played back by SQLite into the annotation database, replacing its content.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -32,6 +42,106 @@ def test_a_planted_database_file_is_refused(tmp_path, suffix, kind):
         AnnotationStore(f"sqlite:///{database}").create_schema()
     assert "\n" not in str(info.value) and str(planted) in str(info.value)
     assert victim.read_bytes() == VICTIM
+
+
+def _plant(planted, kind, victim) -> None:
+    if kind == "link-to-victim":
+        planted.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(planted)
+    else:
+        planted.mkdir()
+
+
+def _bounded(action, fifo):
+    """Run `action`; the exception it raised (None when it returned). A connection blocked on `fifo` is released."""
+    outcome = []
+
+    def target() -> None:
+        try:
+            action()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(30)  # a hang detector only: every case ends at once when the file is refused
+    if thread.is_alive():
+        if fifo is not None:
+            with open(fifo, "wb"):  # SQLite's blocked open of the FIFO for reading returns, then reads EOF
+                pass
+        thread.join(30)
+        pytest.fail(f"the connection blocked on {fifo}")
+    return outcome[0]
+
+
+@pytest.fixture
+def opened(tmp_path):
+    """An annotation database in use: its schema written and an account added, its connections then closed."""
+    database = tmp_path / "project" / "annotations.db"
+    database.parent.mkdir()
+    store = AnnotationStore(f"sqlite:///{database}")
+    store.create_schema()
+    store.add_user("ann1", "correct horse battery")
+    store.close()  # SQLite removes -wal and -shm with its last connection; the next connection opens them again
+    assert not database.with_name(database.name + "-wal").exists()
+    yield store, database
+    store.close()
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+@pytest.mark.parametrize("kind", ["link-to-victim", "fifo", "directory"])
+def test_a_database_file_planted_while_the_database_is_in_use_is_refused_by_the_next_connection(
+    tmp_path, opened, suffix, kind
+):
+    store, database = opened
+    victim = tmp_path / "victim.db"
+    victim.write_bytes(VICTIM)
+    planted = database.with_name(database.name + suffix)
+    _plant(planted, kind, victim)
+    refused = _bounded(store.users, planted if kind == "fifo" else None)
+    assert isinstance(refused, AnnotateError), repr(refused)
+    assert "\n" not in str(refused) and str(planted) in str(refused)
+    assert victim.read_bytes() == VICTIM
+
+
+@pytest.fixture(scope="module")
+def foreign_journal(tmp_path_factory) -> bytes:
+    """A hot rollback journal of another SQLite database: its writer was killed with SIGKILL mid-transaction, after
+    its pages spilled into that database (so SQLite would roll the journal back on the next open)."""
+    folder = tmp_path_factory.mktemp("other")
+    other = folder / "other.db"
+    code = (
+        "import os, signal, sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('PRAGMA journal_mode=DELETE'); c.execute('CREATE TABLE t(x)'); c.execute('PRAGMA cache_size=1')\n"
+        "c.execute('BEGIN')\n"
+        "for i in range(2000): c.execute('INSERT INTO t VALUES (?)', ('spilled' * 50,))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(other)], check=False)
+    journal = folder / "other.db-journal"
+    data = journal.read_bytes()
+    assert data[:8] == bytes.fromhex("d9d505f920a163d7"), "not a hot journal"  # the rollback journal's magic
+    return data
+
+
+@pytest.mark.parametrize("when", ["on opening", "on the next connection"])
+def test_a_rollback_journal_beside_the_database_is_refused_not_played_back(opened, foreign_journal, when):
+    """The database is in WAL mode and never writes a rollback journal: one found beside it is another database's
+    (or a stale one), and SQLite would copy its pages into the database. It is refused; the database is unchanged."""
+    store, database = opened
+    journal = database.with_name(database.name + "-journal")
+    journal.write_bytes(foreign_journal)
+    before = database.read_bytes()
+    action = store.users if when == "on the next connection" else lambda: AnnotationStore(f"sqlite:///{database}")
+    refused = _bounded(action, None)
+    assert isinstance(refused, AnnotateError), repr(refused)
+    assert "\n" not in str(refused) and str(journal) in str(refused)
+    assert database.read_bytes() == before
+    journal.unlink()
+    assert [user.name for user in store.users()] == ["ann1"]
 
 
 @pytest.mark.parametrize("kind", ["link-to-valid-answer", "fifo", "not-utf8", "nested"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from oodbench.cli.main import main
+from ..cli_once import main
 
 pytestmark = pytest.mark.hostile
 
@@ -23,6 +23,8 @@ def _files(tmp: Path) -> dict[str, Path]:
         "badgz": tmp / "broken.txt.gz",
         "gzbinary": tmp / "binary.txt.gz",
         "fifo": tmp / "pipe.txt",
+        "hugeseed": tmp / "huge-seed.toml",
+        "negativeseed": tmp / "negative-seed.toml",
     }
     files["binary"].write_bytes(bytes(range(256)) * 8)
     files["nul"].write_bytes(b"dog\x00cat\n")
@@ -30,7 +32,15 @@ def _files(tmp: Path) -> dict[str, Path]:
     files["badgz"].write_bytes(b"\x1f\x8b\x08\x00garbage")
     files["gzbinary"].write_bytes(gzip.compress(bytes(range(256))))
     os.mkfifo(files["fifo"])
+    demo = (ROOT / "configs" / "demo.toml").read_text()
+    assert "\nseed = 0\n" in demo
+    files["hugeseed"].write_text(demo.replace("\nseed = 0\n", f"\nseed = {10**30}\n"))
+    files["negativeseed"].write_text(demo.replace("\nseed = 0\n", "\nseed = -1\n"))
     return files
+
+
+def _run_set(assignment: str) -> list[str]:
+    return ["run", str(ROOT / "configs" / "demo.toml"), "--set", assignment]
 
 
 CASES = {
@@ -99,6 +109,17 @@ CASES = {
         "--set",
         "experiment.seed=" + "9" * 4301,
     ],
+    # Seeds beyond 0 .. 2^31 - 1 that Python parses: refused when the experiment is read, before any work (they
+    # used to reach scikit-learn inside the demo model's training: an unexpected error, exit status 1).
+    "run --set seed 2**31": _run_set(f"experiment.seed={2**31}"),
+    "run --set seed 10**30": _run_set(f"experiment.seed={10**30}"),
+    "run --set seed -1": _run_set("experiment.seed=-1"),
+    "run --set seed of 4000 digits": _run_set("experiment.seed=" + "9" * 4000),
+    "run --set analysis.intervals.seed 2**63": _run_set(f"analysis.intervals.seed={2**63}"),
+    "run --set analysis.subsample.seed 2**64": _run_set(f"analysis.subsample.seed={2**64}"),
+    "run --set models[0].seed 10**30": _run_set(f"models.0.seed={10**30}"),
+    "run with seed 10**30 in the file": ["run", "{hugeseed}"],
+    "run with seed -1 in the file": ["run", "{negativeseed}"],
     **{
         f"probe --device {device}": [
             "probe",
@@ -120,6 +141,7 @@ CASES = {
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, case):
     monkeypatch.chdir(tmp_path)  # nothing may be written, least of all into the working directory
     files = _files(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
     argv = [arg.format(tmp=tmp_path, **files) for arg in CASES[case]]
     with pytest.raises(SystemExit) as info:
         main(argv)
@@ -127,4 +149,5 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, case):
     lines = [line for line in err.splitlines() if line.strip()]
     assert info.value.code == 2, err
     assert "Traceback" not in err and "unexpected" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and len(lines[0]) <= 500, err
+    assert sorted(tmp_path.rglob("*")) == before  # refused before any work

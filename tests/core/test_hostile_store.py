@@ -38,6 +38,20 @@ def _toy_store(root: Path) -> Store:
     return store
 
 
+@pytest.fixture(scope="module")
+def toy_template(tmp_path_factory) -> Path:
+    """One toy store written through `Store`, which each case copies (writing it costs more than the case)."""
+    root = tmp_path_factory.mktemp("template") / "store"
+    _toy_store(root)
+    return root
+
+
+def _copy_of(template: Path, root: Path) -> Store:
+    """A fresh store with the template's files (regular files and folders only, times kept)."""
+    shutil.copytree(template, root, symlinks=True)
+    return Store(root)
+
+
 def _plant(path: Path, kind: str, victim: Path) -> None:
     """Replace `path` with a hostile object of `kind` (`link-to-copy` links to a copy of the file it replaces)."""
     original = path.read_bytes() if path.is_file() else VICTIM
@@ -106,8 +120,8 @@ READ_TARGETS = {
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("target", sorted(READ_TARGETS))
-def test_a_planted_file_is_never_read(tmp_path, target, kind):
-    store = _toy_store(tmp_path / "store")
+def test_a_planted_file_is_never_read(tmp_path, toy_template, target, kind):
+    store = _copy_of(toy_template, tmp_path / "store")
     victim = tmp_path / "victim.txt"
     victim.write_bytes(VICTIM)
     relative, read = READ_TARGETS[target]
@@ -139,8 +153,8 @@ WRITE_TARGETS = {
 
 @pytest.mark.parametrize("kind", ("link-to-victim", "link-to-dev-zero", "fifo", "directory", "link-loop"))
 @pytest.mark.parametrize("target", sorted(WRITE_TARGETS))
-def test_a_planted_lock_file_is_never_opened(tmp_path, target, kind):
-    store = _toy_store(tmp_path / "store")
+def test_a_planted_lock_file_is_never_opened(tmp_path, toy_template, target, kind):
+    store = _copy_of(toy_template, tmp_path / "store")
     victim = tmp_path / "victim.txt"
     victim.write_bytes(VICTIM)
     relative, write = WRITE_TARGETS[target]

@@ -9,13 +9,13 @@ import warnings
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from oodbench.core.errors import DetectorError
 from oodbench.core.outputs import Outputs
 from oodbench.core.store import Store
 from oodbench.detectors import create, load, save
 
+from ..cli_once import invoke
 from .hostile.cases import PROVENANCE, fit_data
 
 pytestmark = pytest.mark.hostile
@@ -81,8 +81,6 @@ def test_a_forged_radius_is_one_line_without_warnings(tmp_path, radius):
 
 
 def test_score_prints_one_line_for_a_tiny_temperature(tmp_path):
-    from oodbench.cli.main import app
-
     fit, head = fit_data()
     save(create("energy", temperature=5e-324).fit(fit, head), tmp_path / "energy", provenance=PROVENANCE)
     store = Store(tmp_path / "store")
@@ -92,6 +90,6 @@ def test_score_prints_one_line_for_a_tiny_temperature(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         args = ["score", "--detector", str(tmp_path / "energy"), "--store", str(store.root), "--dataset", "new"]
-        result = CliRunner().invoke(app, [*args, "--model", "tiny"])
+        result = invoke([*args, "--model", "tiny"])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]

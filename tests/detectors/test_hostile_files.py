@@ -13,12 +13,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from oodbench.core.errors import DetectorError
 from oodbench.core.store import Store
 from oodbench.detectors import artefact, create, load, save
 
+from ..cli_once import invoke
 from .hostile.cases import PROVENANCE, fit_data
 
 pytestmark = pytest.mark.hostile
@@ -92,13 +92,11 @@ def test_a_saved_detector_file_that_is_not_a_regular_file_inside_the_folder_is_r
 
 @pytest.mark.parametrize("kind", ("fifo", "link-to-dev-zero"))
 def test_score_refuses_a_state_that_is_a_fifo_or_a_device_with_exit_2(saved, tmp_path, kind):
-    from oodbench.cli.main import app
-
     folder = tmp_path / "det"
     shutil.copytree(saved / "maha", folder)
     path = _plant(folder, artefact.ARRAYS_FILE, kind)
     args = ["score", "--detector", str(folder), "--store", str(saved / "store"), "--dataset", "new", "--model", "tiny"]
-    result = _bounded(lambda: CliRunner().invoke(app, args), path if kind == "fifo" else None)
+    result = _bounded(lambda: invoke(args), path if kind == "fifo" else None)
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
 
 

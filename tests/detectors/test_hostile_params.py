@@ -8,12 +8,12 @@ import json
 import shutil
 
 import pytest
-from typer.testing import CliRunner
 
 from oodbench.core.errors import DetectorError
 from oodbench.core.store import Store
 from oodbench.detectors import create, load, save
 
+from ..cli_once import invoke
 from .hostile.cases import PROVENANCE, SOURCES, fit_data
 
 pytestmark = pytest.mark.hostile
@@ -37,8 +37,6 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("value", HUGE, ids=str)
 @pytest.mark.parametrize("param", ["nprobe", "k", "nlist", "seed"])
 def test_a_saved_ivf_knn_with_a_huge_integer_parameter_is_refused(saved, tmp_path, param, value):
-    from oodbench.cli.main import app
-
     folder = tmp_path / "det"
     shutil.copytree(saved / "knn_ivf", folder)
     meta = json.loads((folder / "detector.json").read_text())
@@ -48,7 +46,7 @@ def test_a_saved_ivf_knn_with_a_huge_integer_parameter_is_refused(saved, tmp_pat
         load(folder)
     assert "\n" not in str(info.value) and param in str(info.value)
     args = ["score", "--detector", str(folder), "--store", str(saved / "store"), "--dataset", "new", "--model", "tiny"]
-    result = CliRunner().invoke(app, args)
+    result = invoke(args)
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
 
 

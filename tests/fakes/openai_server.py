@@ -78,7 +78,8 @@ class FakeOpenAIServer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll interval: `close()` waits for the serving loop's next poll (0.5 s by default, per test).
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     @classmethod

@@ -157,7 +157,15 @@ class AssignmentRow(Base):
 _APPEND_ONLY = ("events", "label_matches")
 
 
-def _sqlite_setup(engine: sa.Engine) -> None:
+def _sqlite_setup(engine: sa.Engine, path: Path | None) -> None:
+    if path is not None:
+
+        @event.listens_for(engine, "do_connect")
+        def _before_connect(*_args: Any) -> None:
+            # SQLite opens the database's journals again with every connection, and the pool opens connections for
+            # as long as the process runs: what was planted beside the database since the last one is refused here.
+            _check_database_files(path)
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # let the "begin" hook below issue BEGIN itself
@@ -185,13 +193,41 @@ def _create_private(path: Path) -> None:
         pass
     except OSError as exc:
         raise AnnotateError(f"cannot create the database file {path}: {exc.strerror}") from None
-    # SQLite follows links: the database and its journals must be regular files, not links planted in the project.
-    for file in (path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal"))):
-        if os.path.lexists(file):
-            try:
-                os.close(open_regular(file))
-            except OSError as exc:
-                raise AnnotateError(f"refusing the database file {file}: {exc.strerror or exc}") from None
+    _check_database_files(path)
+
+
+# Bytes 18 and 19 of an SQLite database header: the file format versions, 2 for a database in WAL mode.
+_WAL_FORMAT = b"\x02\x02"
+
+
+def _check_database_files(path: Path) -> None:
+    """Refuse, in one line, a database or journal that SQLite must not open (checked before every connection).
+
+    SQLite follows a link to the database, and opens a FIFO it finds as the rollback journal to read it, which
+    blocks for ever: the database and its -wal, -shm and -journal files must be regular files, not links. The
+    database is in WAL mode and never writes a rollback journal, so a non-empty -journal beside it is another
+    database's or a stale one, which SQLite would play back into it, page by page: it is refused too.
+    """
+    header = b""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        file = path.with_name(path.name + suffix)
+        if not os.path.lexists(file):
+            continue
+        try:
+            fd = open_regular(file)
+        except OSError as exc:
+            raise AnnotateError(f"refusing the database file {file}: {exc.strerror or exc}") from None
+        try:
+            if suffix == "":
+                header = os.pread(fd, 2, 18)
+            elif suffix == "-journal" and header == _WAL_FORMAT and os.fstat(fd).st_size > 0:
+                raise AnnotateError(
+                    f"refusing the database file {file}: a rollback journal beside a database in WAL mode, which "
+                    "writes none (another database's, or a stale one); SQLite would copy its pages into the "
+                    "database: move it away if the database is the one to keep"
+                )
+        finally:
+            os.close(fd)
 
 
 def _append_only_triggers(conn: sa.Connection) -> None:
@@ -319,14 +355,15 @@ class AnnotationStore:
         except sa.exc.ArgumentError as exc:
             raise AnnotateError(f"invalid database URL {url!r}: {exc}") from None
         is_sqlite = parsed.get_backend_name() == "sqlite"
-        if is_sqlite and parsed.database and parsed.database != ":memory:":
-            _create_private(Path(parsed.database))
+        path = Path(parsed.database) if is_sqlite and parsed.database and parsed.database != ":memory:" else None
+        if path is not None:
+            _create_private(path)
         options: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}} if is_sqlite else {}
         self.engine = sa.create_engine(url, future=True, **options)
         self.is_sqlite = is_sqlite
         self._write_lock = threading.Lock() if is_sqlite else nullcontext()
         if is_sqlite:
-            _sqlite_setup(self.engine)
+            _sqlite_setup(self.engine, path)
 
     # -- schema ---------------------------------------------------------------------------------
     def create_schema(self) -> None:

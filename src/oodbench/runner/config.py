@@ -32,7 +32,7 @@ from ..core.names import check_name, unknown_parameter
 from ..evaluation.spec import EvaluationSpec
 from .kinds import DatasetSpec, ModelSpec
 from .registry import KINDS, KindRegistry
-from .schema import PositiveInt, StrList, Table, as_mapping, suggest, validate
+from .schema import PositiveInt, Seed, StrList, Table, as_mapping, suggest, validate
 
 __all__ = [
     "ExperimentConfig",
@@ -143,7 +143,7 @@ class _Experiment(Table):
     name: str | None = None
     workdir: str | None = None
     store: str | None = None
-    seed: int = 0
+    seed: Seed = 0
     tpr: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
 
 
@@ -179,7 +179,7 @@ class _Detectors(Table):
 class _Subsample(Table):
     n: Any = "auto"  # "auto", a positive integer, or a list of them (checked below)
     draws: PositiveInt = 1000
-    seed: int = 0
+    seed: Seed = 0
 
 
 INTERVAL_METHODS = ("wilson", "clopper-pearson", "delong", "percentile", "bca")
@@ -192,7 +192,7 @@ class _Intervals(Table):
     ] = list(INTERVAL_METHODS)
     resamples: PositiveInt = 2000
     confidence: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
-    seed: int = 0
+    seed: Seed = 0
 
 
 class _Analysis(Table):

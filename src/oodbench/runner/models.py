@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import ConfigError, ExtractError
 from ..core.names import check_name
 from .kinds import DatasetSpec, ModelKind, ModelSpec, RunContext, register_model_kind
-from .schema import PositiveInt, StrList, Table, suggest
+from .schema import PositiveInt, Seed, StrList, Table, suggest
 
 if TYPE_CHECKING:
     from ..core.store import Store
@@ -43,7 +43,7 @@ class DemoDigits(ModelKind):
         id: str = "digits-cnn"
         kind: str
         epochs: PositiveInt = 40
-        seed: int | None = None
+        seed: Seed | None = None
 
     def parse(self, table: Any, key: str, *, seed: int) -> tuple[str, dict[str, Any]]:
         if table.id != "digits-cnn":

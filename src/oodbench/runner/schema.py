@@ -15,8 +15,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from ..core.errors import ConfigError
 from ..core.names import suggest
+from ..detectors.base import SEED_MAX
 
-__all__ = ["Table", "StrList", "PositiveInt", "suggest", "validate", "join_key", "as_mapping"]
+__all__ = ["Table", "StrList", "PositiveInt", "Seed", "suggest", "validate", "join_key", "as_mapping"]
 
 T = TypeVar("T", bound="Table")
 
@@ -34,6 +35,9 @@ def _one_or_many(value: Any) -> Any:
 
 StrList = Annotated[list[Annotated[str, Field(min_length=1)]], BeforeValidator(_one_or_many)]
 PositiveInt = Annotated[int, Field(ge=1)]
+# A seed, bounded as the detectors' seeds are (0 to 2^31 - 1): every library it reaches (numpy, torch, scikit-learn)
+# takes it, and a huge one is refused when the file is read, not by a library after work has begun.
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 
 
 def join_key(prefix: str, *parts: str | int) -> str:
@@ -78,6 +82,12 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None
     return None
 
 
+def _shown(value: Any) -> str:
+    """A value as a message shows it: its repr, cut to its start and its length when long (thousands of digits)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
 def _message(model: type[BaseModel], error: Mapping[str, Any], prefix: str) -> str:
     loc = tuple(error["loc"])
     key = join_key(prefix, *loc)
@@ -89,26 +99,28 @@ def _message(model: type[BaseModel], error: Mapping[str, Any], prefix: str) -> s
     if kind == "missing":
         return f"{key}: missing (required)"
     if kind in _EXPECTED:
-        got = "a boolean" if isinstance(value, bool) else f"{type(value).__name__} {value!r}"
+        got = "a boolean" if isinstance(value, bool) else f"{type(value).__name__} {_shown(value)}"
         return f"{key}: expected {_EXPECTED[kind]}, got {got}"
     ctx = error.get("ctx") or {}
     if kind == "greater_than_equal":
-        return f"{key}: must be >= {ctx['ge']}; got {value!r}"
+        return f"{key}: must be >= {ctx['ge']}; got {_shown(value)}"
     if kind in ("greater_than", "less_than", "less_than_equal"):
         bound = {"greater_than": ">", "less_than": "<", "less_than_equal": "<="}[kind]
         limit = ctx.get({"greater_than": "gt", "less_than": "lt", "less_than_equal": "le"}[kind])
-        return f"{key}: must be {bound} {limit}; got {value!r}"
+        return f"{key}: must be {bound} {limit}; got {_shown(value)}"
     if kind == "too_short":
         return f"{key}: must not be empty"
     if kind == "string_too_short":
-        return f"{key}: expected a non-empty string, got {value!r}"
+        return f"{key}: expected a non-empty string, got {_shown(value)}"
     if kind == "literal_error":
         options = str(ctx.get("expected", ""))
-        return f"{key}: unknown value {value!r}{suggest(str(value), _literal_options(options))} (expected {options})"
+        return (
+            f"{key}: unknown value {_shown(value)}{suggest(str(value), _literal_options(options))} (expected {options})"
+        )
     message = str(error["msg"])
     if kind == "value_error":  # raised by a field validator: its own sentence
         message = message.removeprefix("Value error, ")
-    return f"{key}: {message[0].lower()}{message[1:]}; got {value!r}"
+    return f"{key}: {message[0].lower()}{message[1:]}; got {_shown(value)}"
 
 
 def _literal_options(expected: str) -> list[str]:
