@@ -96,6 +96,9 @@ CASES = {
     ],
     "audit battery --seed -1": ["audit", "battery", "--synthetic", "--seed", "-1"],
     "audit battery --seed 2**40": ["audit", "battery", "--synthetic", "--seed", str(2**40)],
+    "extract --seed 2**31": ["extract", "--seed", str(2**31)],
+    "probe --seed -1": ["probe", "--seed", "-1"],
+    "vocab build siblings --seed 10**20": ["zeroshot", "vocab", "build", "siblings", "--seed", str(10**20)],
     "audit battery --folds 1": ["audit", "battery", "--synthetic", "--folds", "1"],
     "run --set seed of 5000 digits": [
         "run",
@@ -151,3 +154,5 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, case):
     assert "Traceback" not in err and "unexpected" not in err, err
     assert len(lines) == 1 and lines[0].startswith("error: ") and len(lines[0]) <= 500, err
     assert sorted(tmp_path.rglob("*")) == before  # refused before any work
+    if "seed" in case:
+        assert "seed" in lines[0], err  # refused for the seed, not for some other argument

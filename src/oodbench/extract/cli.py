@@ -143,7 +143,7 @@ def extract_command(
     num_classes: int | None = typer.Option(
         None, "--num-classes", help="timm: classes of the head (default: from the checkpoint)."
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of random initialisation."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**31 - 1, help="Seed of random initialisation."),
     image_size: int | None = typer.Option(
         None, "--image-size", help="timm: override the input resolution (default: the model's)."
     ),
@@ -529,7 +529,7 @@ def probe_command(
         "auto", "--method", help="auto | lbfgs (full batch in memory) | streamed (full batch, chunked) | minibatch."
     ),
     val_fraction: float = typer.Option(0.1, "--val-fraction", help="Held-out share of every class for early stopping."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the split and of mini-batch order."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**31 - 1, help="Seed of the split and of mini-batch order."),
     weight_decay: float | None = typer.Option(
         None, "--weight-decay", help="L2 penalty on the standardised weights (default: chosen on the held-out rows)."
     ),

@@ -370,7 +370,7 @@ def build_siblings(
     per_class: int = typer.Option(20, "--per-class", help="Siblings asked for per class and generation."),
     generations: int = typer.Option(1, "--generations", help="Independent generations to merge per class."),
     k: int = typer.Option(20, "--k", help="Siblings kept per class (seeded random order)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the per-class order."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**31 - 1, help="Seed of the per-class order."),
     context: str | None = typer.Option(None, "--context", help="Where the classes come from, e.g. 'ImageNet-1k'."),
     name: str = typer.Option("siblings", "--name"),
     llm_base_url: str | None = typer.Option(
