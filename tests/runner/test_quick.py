@@ -537,3 +537,47 @@ def test_skipped_network_time_detectors_are_one_line_saying_how_to_extract_their
     ]
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["skipped_detectors"]["gram"] == "its arrays are not extracted (--net gram)"
+
+
+def test_plugin_detectors_and_saved_detectors_on_the_quick_path(folders, tmp_path, capsys, request):
+    """--plugin registers a file's detector for this run; --save-detectors keeps each fit, reloadable by `score`."""
+    import sys
+
+    from oodbench.detectors import registry
+
+    from .test_plugins import PLUGIN
+
+    saved_registry, modules = registry._snapshot(), set(sys.modules)
+    request.addfinalizer(lambda: registry._restore(saved_registry))  # the plugin stays out of later tests
+    request.addfinalizer(lambda: [sys.modules.pop(m) for m in set(sys.modules) - modules])
+    plugin = tmp_path / "quick_norm_plugin.py"
+    plugin.write_text(PLUGIN.format(suffix="").replace('"neg_norm"', '"quick_neg_norm"'))
+    saved = tmp_path / "saved"
+    args = _cli_args(folders, tmp_path, "-d", "msp,quick_neg_norm", "--plugin", str(plugin))
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--save-detectors", str(saved)])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "quick_neg_norm" in out and "msp" in out
+    assert sorted(p.name for p in saved.iterdir()) == ["msp", "quick_neg_norm"]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    with pytest.raises(SystemExit) as exit_info:  # the saved fit scores the stored ID set as the run did
+        main(
+            [
+                "score",
+                "--detector",
+                str(saved / "msp"),
+                "--store",
+                str(tmp_path / "store"),
+                "--model",
+                info["model"],
+                "--dataset",
+                "id",
+                "--out",
+                str(tmp_path / "rescored"),
+            ]
+        )
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    run_scores = reference.run_scores(tmp_path / "run", "id")
+    np.testing.assert_array_equal(np.load(tmp_path / "rescored" / "id.npy"), run_scores["msp"])
+    assert np.isfinite(run_scores["quick_neg_norm"]).all()

@@ -12,7 +12,20 @@ from rich.console import Console
 
 from ..core.errors import OodbenchError
 from ..util.cli_params import parse_params, refuse_inside
-from .options import Aupr, Convention, Csid, Detectors, GramDtype, Groups, Param, Plugin, SmallFitSet, Tpr, Verify
+from .options import (
+    Aupr,
+    Convention,
+    Csid,
+    Detectors,
+    GramDtype,
+    Groups,
+    Param,
+    Plugin,
+    SaveDetectors,
+    SmallFitSet,
+    Tpr,
+    Verify,
+)
 
 if TYPE_CHECKING:
     from .spec import EvaluationSpec
@@ -99,9 +112,7 @@ def evaluate_command(
     strict: bool = typer.Option(False, help="Fail (instead of skip) when a detector's requirements are not met."),
     progress: bool = typer.Option(True, help="Show progress bars."),
     plugin: Plugin = None,
-    save_detectors: Path | None = typer.Option(
-        None, "--save-detectors", help="Keep each fitted detector in DIR/<name> (reload with `oodbench score`)."
-    ),
+    save_detectors: SaveDetectors = None,
     gram_dtype: GramDtype = "float64",
     convention: Convention = "oodbench",
     aupr: Aupr = False,

@@ -6,6 +6,7 @@ says"), the option's name and help are the same everywhere. Every one of them be
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,6 +20,7 @@ __all__ = [
     "Groups",
     "Param",
     "Plugin",
+    "SaveDetectors",
     "SmallFitSet",
     "Strict",
     "Tpr",
@@ -93,4 +95,8 @@ Verify = Annotated[
 Plugin = Annotated[
     list[str] | None,
     typer.Option("--plugin", help="Import MODULE (or a .py file) to register its detectors (repeatable)."),
+]
+SaveDetectors = Annotated[
+    Path | None,
+    typer.Option("--save-detectors", help="Keep each fitted detector in DIR/<name> (reload with `oodbench score`)."),
 ]

@@ -391,6 +391,7 @@ def evaluate_model(
     strict: bool = False,
     verify: bool = False,
     spec: EvaluationSpec | None = None,
+    save_detectors: str | os.PathLike[str] | None = None,
     report: Callable[[str], None] | None = None,
 ) -> ModelEvaluation:
     """Extract `fit`, `id` and every `ood` set with `model` into `store`, fit the detectors, score, return results.
@@ -433,6 +434,7 @@ def evaluate_model(
     _check_before_extraction(spec.detectors, backbone, resolved[fit_name], spec.small_fit_set)
     notes = model_checks(backbone, resolved[id_name], probe=checkpoint is not None, report=report)
     run = {"model_id": model_id, "out": out, "batch_size": batch_size, "num_workers": num_workers, "device": device}
+    run["save_detectors"] = save_detectors
     result = _in_store(store, backbone, resolved, spec, roles=roles, amp=amp, progress=progress, **run)
     result.notes = notes
     return result
@@ -614,6 +616,7 @@ def _extract_and_evaluate(
     device: str,
     amp: bool,
     progress: bool,
+    save_detectors: str | os.PathLike[str] | None = None,
 ) -> ModelEvaluation:
     from ..extract.datasets import ImageList
     from ..extract.pipeline import extract
@@ -648,7 +651,7 @@ def _extract_and_evaluate(
             loader=data.loader,
         )
         extracted[dataset_id] = report.processed
-    evaluation = evaluate_spec(store, model_id, spec, out_dir=out, progress=progress)
+    evaluation = evaluate_spec(store, model_id, spec, out_dir=out, progress=progress, save_detectors=save_detectors)
     return ModelEvaluation(
         rows=evaluation.rows,
         scores=evaluation.scores,

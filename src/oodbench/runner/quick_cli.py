@@ -20,11 +20,14 @@ from ..evaluation.options import (
     GramDtype,
     Groups,
     Param,
+    Plugin,
+    SaveDetectors,
     SmallFitSet,
     Strict,
     Tpr,
     Verify,
 )
+from ..util.cli_params import refuse_inside
 
 if TYPE_CHECKING:
     from .quick import ModelEvaluation
@@ -150,6 +153,8 @@ def evaluate_model_command(
     gram_dtype: GramDtype = "float64",
     strict: Strict = False,
     verify: Verify = False,
+    plugin: Plugin = None,
+    save_detectors: SaveDetectors = None,
 ) -> None:
     """Evaluate a timm model on image folders in one command: extract (cached in --store), fit, score, print.
 
@@ -157,9 +162,15 @@ def evaluate_model_command(
 
     Example: oodbench evaluate-model resnet50.a1_in1k --fit train=data/train --id imnet=data/val --ood inat=data/inat --store feats -d all,-she
     """
+    from .. import detectors as registry
+    from ..detectors.cli import warn_plugin_failures
     from ..evaluation.cli import build_spec
     from .quick import evaluate_model
 
+    registry.load_plugins(plugin or ())  # before the specification: its detector names must be known
+    warn_plugin_failures()
+    if store is not None:
+        refuse_inside(("--save-detectors", save_detectors), ("--store", store))
     workers = _workers(workers, num_workers)
     named = _named(ood)
     shifted = _named(csid or [], "--csid", "imagenet-v2=data/v2")
@@ -193,6 +204,7 @@ def evaluate_model_command(
         device=device,
         progress=progress,
         spec=spec,
+        save_detectors=save_detectors,
         report=lambda line: typer.echo(line, err=True),
     )
     _print_result(result)
