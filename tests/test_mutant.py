@@ -15,6 +15,7 @@ detector, a metric or a table that reports wrong numbers.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -299,7 +300,10 @@ def _key_ignores_parameters(patch: pytest.MonkeyPatch) -> None:
 def _key_ignores_defaults(patch: pytest.MonkeyPatch) -> None:
     def make(original: Callable) -> Callable:
         def as_given(inputs, datasets, name, resolved, *rest):
-            defaults = ob.detectors.get_class(name).default_params()
+            # read the constructor as it stands now: default_params() caches per constructor, and the check edits
+            # a default in-process (a real edit changes the code between processes)
+            init = ob.detectors.get_class(name).__init__
+            defaults = {k: p.default for k, p in inspect.signature(init).parameters.items() if k != "self"}
             given = {k: v for k, v in resolved.items() if defaults.get(k) != v}  # the parameters as written
             return original(inputs, datasets, name, given, *rest)
 

@@ -172,17 +172,7 @@ def evaluate_model_command(
     if store is not None:
         refuse_inside(("--save-detectors", save_detectors), ("--store", store))
     workers = _workers(workers, num_workers)
-    named = _named(ood)
-    shifted = _named(csid or [], "--csid", "imagenet-v2=data/v2")
-    fit_name, fit_dir = _maybe_named(fit, "fit")
-    id_name, id_dir = _maybe_named(id_data, "id")
-    for option, sets in (("--csid", shifted), ("--ood", named)):
-        reserved = sorted({fit_name, id_name} & set(sets))
-        if reserved:
-            raise typer.BadParameter(f"{option}: the names {reserved} are those of --fit or --id; rename them")
-    both = sorted(set(shifted) & set(named))
-    if both:
-        raise typer.BadParameter(f"--csid: the names {both} are also given to --ood; rename them")
+    (fit_name, fit_dir), (id_name, id_dir), shifted, named = _sets(fit, id_data, csid or [], ood)
     options = {"tpr": tpr, "convention": convention, "aupr": aupr, "groups": groups, "gram_dtype": gram_dtype}
     options |= {"small_fit_set": small_fit_set, "strict": strict, "verify": verify}
     # One specification, validated here (a bad option is one line naming it, before any image is read).
@@ -208,6 +198,24 @@ def evaluate_model_command(
         report=lambda line: typer.echo(line, err=True),
     )
     _print_result(result)
+
+
+def _sets(
+    fit: str, id_data: str, csid: list[str], ood: list[str]
+) -> tuple[tuple[str, Path], tuple[str, Path], dict[str, Path], dict[str, Path]]:
+    """The named sets of the command line: (fit name, dir), (id name, dir), {csid name: dir}, {ood name: dir}."""
+    named = _named(ood)
+    shifted = _named(csid, "--csid", "imagenet-v2=data/v2")
+    fit_name, fit_dir = _maybe_named(fit, "fit")
+    id_name, id_dir = _maybe_named(id_data, "id")
+    for option, sets in (("--csid", shifted), ("--ood", named)):
+        reserved = sorted({fit_name, id_name} & set(sets))
+        if reserved:
+            raise typer.BadParameter(f"{option}: the names {reserved} are those of --fit or --id; rename them")
+    both = sorted(set(shifted) & set(named))
+    if both:
+        raise typer.BadParameter(f"--csid: the names {both} are also given to --ood; rename them")
+    return (fit_name, fit_dir), (id_name, id_dir), shifted, named
 
 
 def _workers(workers: int | None, num_workers: int | None) -> int | None:
