@@ -227,6 +227,7 @@ def one_run(
     done: dict[str, Any] | None = None,
     save: Any = None,
     expect: dict[str, float] | None = None,
+    until: str = STAGES[-1],
 ) -> dict[str, Any]:
     """All stages of one run; where `kills[stage]` > 0, SIGKILL the stage that many times at random moments."""
     log = work.parent / f"{name}.log"
@@ -235,7 +236,7 @@ def one_run(
     vlm = [m["id"] for m in raw["models"] if m["id"] in models and m["kind"] in ("open_clip", "hf_clip")]
     record: dict[str, Any] = done if done is not None else {"stages": {}}
     expect = expect or {}
-    for stage in STAGES:
+    for stage in STAGES[: STAGES.index(until) + 1]:
         if stage in record["stages"]:
             continue  # finished in an earlier invocation of this script: its figures stand
         if stage == "score" and vlm:
@@ -337,6 +338,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     parser.add_argument("--extract-kills", type=int, default=2, help="kills in the extraction stage of run B")
     parser.add_argument("--runs", default="A,B", help="which runs to do (A: uninterrupted, B: killed)")
+    parser.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage (resume later)")
     parser.add_argument(
         "--expect",
         default="",
@@ -390,6 +392,7 @@ def main() -> None:
                 done=done,
                 save=save,
                 expect=expect,
+                until=args.until,
             )
         )
     if "A" in results and "B" in results:

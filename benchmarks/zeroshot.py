@@ -100,9 +100,20 @@ def main() -> None:
     rng = np.random.default_rng(0)
     images = unit(rng, args.images, args.dim)
     ids, negatives, outliers = (unit(rng, n, args.dim) for n in (args.ids, args.negatives, args.outliers))
+    sweep = [(np.arange(args.negatives * share // 10), 1, 0) for share in (1, 2, 5, 10)]
     cases = {
         "neglabel": (
             lambda: S.neglabel_scores(images, ids, negatives, groups=args.groups),
+            np.concatenate([ids, negatives]),
+        ),
+        # An M sweep (prefixes of 1/10, 1/5, 1/2 and all of the negatives): one pass over the vocabulary for its
+        # four columns, against one call per column; both against the products of the vocabulary once.
+        "neglabel M sweep, one pass": (
+            lambda: S.neglabel_sweep(images, ids, negatives, sweep),
+            np.concatenate([ids, negatives]),
+        ),
+        "neglabel M sweep, per column": (
+            lambda: [S.neglabel_scores(images, ids, negatives[rows]) for rows, _, _ in sweep],
             np.concatenate([ids, negatives]),
         ),
         "eoe": (lambda: S.eoe_scores(images, ids, outliers), np.concatenate([ids, outliers])),

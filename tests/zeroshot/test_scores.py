@@ -412,3 +412,74 @@ def test_gen_selects_its_top_m_on_the_cosines_as_on_the_logits(seed, top_m, ties
     via_cosines = S._scores_from_logits(z.copy(), ["gen"], 0.1, top_m, cosines=cosines.copy(), tau=S.TAU)["gen"]
     via_logits = S._scores_from_logits(z.copy(), ["gen"], 0.1, top_m)["gen"]
     np.testing.assert_allclose(via_cosines, via_logits, rtol=top_m * 2.0**-52, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------- NegLabel sweeps
+def _exact_neglabel(images, ids, negatives, rows, groups=1, seed=0, tau=S.TAU):
+    """float64 NegLabel of the negatives `rows`, groups as `neglabel_groups` draws them, in logs (no underflow)."""
+    from scipy.special import expit as sigmoid
+    from scipy.special import logsumexp as lse
+
+    lse_id = lse(unit(images) @ unit(ids).T / tau, axis=1)
+    z = unit(images) @ unit(negatives[rows]).T / tau
+    parts = S.neglabel_groups(len(rows), groups, seed)
+    return np.mean([sigmoid(lse_id - lse(z[:, part], axis=1)) for part in parts], axis=0)
+
+
+@pytest.mark.parametrize("dense_columns", [128, 0])  # the dense 0/1 product, and the sparse one
+@pytest.mark.parametrize("tau", [S.TAU, 0.1])  # shifted logits below float32's range (float64 exp), and within it
+def test_neglabel_sweep_matches_a_float64_reference_per_run(random_set, tiny_blocks, monkeypatch, dense_columns, tau):
+    monkeypatch.setattr(S, "_DENSE_GROUP_COLUMNS", dense_columns)
+    images, ids, negatives = random_set
+    # At τ = 0.01 some rows span more than float32's exponent range below their maximum (those blocks take the
+    # float64 exponential); at τ = 0.1 no row can (2/τ = 20), so every block takes the float32 one.
+    spread = np.ptp(unit(images) @ unit(negatives).T / tau, axis=1).max()
+    assert (spread > 87.4) == (tau == S.TAU)
+    prefix = list(range(20))
+    runs = [(prefix, 1, 0), (list(range(53)), 1, 0), (prefix[:7], 1, 0), (list(range(50, 10, -3)), 4, 3), ([], 1, 0)]
+    got = S.neglabel_sweep(images, ids, negatives, runs, tau=tau, chunk_bytes=tiny_blocks)
+    # Each share expit(lse_ID − lse_g) moves by ≤ 2·lse in log (lse_error; the sweep's float64 exponentials are
+    # within it); e^x − 1 ≤ 1.01x at these sizes.
+    share = 1.01 * 2 * lse_error(12, tau, len(ids) + len(negatives))
+    for (rows, groups, seed), values in zip(runs[:-1], got, strict=False):
+        exact = _exact_neglabel(images, ids, negatives, rows, groups, seed, tau)
+        np.testing.assert_allclose(values, exact, rtol=share)
+        # and within 4·lse of the one-run path (each within 2·lse of the exact share)
+        one_run = S.neglabel_scores(images, ids, negatives[rows], tau=tau, groups=groups, seed=seed)
+        np.testing.assert_allclose(values, one_run, rtol=2 * share)
+    assert np.array_equal(got[-1], np.ones(len(images)))  # no negatives: every share is 1, as neglabel_scores gives
+
+
+def test_neglabel_sweep_keeps_a_group_far_below_another_runs_maximum():
+    # One run's label sits on the image (z = +100), the other run's labels and the ID labels opposite it (z ≈ −100):
+    # their terms are e^-200 of the row's maximum, below float32's range but not float64's, so the far run's share
+    # is still the exact one (about 0.5 here, not 1 from an underflowed sum).
+    image = np.array([[1.0, 0.0, 0.0]], dtype=np.float32)
+    ids = np.array([[-1.0, 0.05, 0.0], [-1.0, 0.0, 0.05]], dtype=np.float32)
+    negatives = np.array([[1.0, 0.0, 0.0], [-1.0, 0.04, 0.0], [-1.0, 0.0, 0.06]], dtype=np.float32)
+    near, far = S.neglabel_sweep(image, ids, negatives, [([0], 1, 0), ([1, 2], 1, 0)])
+    exact = _exact_neglabel(image, ids, negatives, [1, 2])
+    assert 0.3 < exact[0] < 0.7
+    np.testing.assert_allclose(far, exact, rtol=1e-4)  # z moves by ≤ logit_error(3, τ) ≈ 2e-5 in float32
+    np.testing.assert_allclose(near, _exact_neglabel(image, ids, negatives, [0]), rtol=1e-4)
+
+
+def test_neglabel_sweep_at_a_tiny_tau_is_the_per_run_path(random_set):
+    # Below τ = 2.02/700 a far term could underflow float64 after the shift: each run goes through neglabel_scores.
+    images, ids, negatives = random_set
+    runs = [(list(range(10)), 1, 0), (list(range(5, 40)), 3, 1)]
+    got = S.neglabel_sweep(images, ids, negatives, runs, tau=0.002)
+    for (rows, groups, seed), values in zip(runs, got, strict=True):
+        assert np.array_equal(
+            values, S.neglabel_scores(images, ids, negatives[rows], tau=0.002, groups=groups, seed=seed)
+        )
+
+
+def test_neglabel_sweep_refuses_bad_runs(random_set):
+    images, ids, negatives = random_set
+    with pytest.raises(ZeroShotError, match="run 1: a row index lies outside the 53 negative labels"):
+        S.neglabel_sweep(images, ids, negatives, [([0], 1, 0), ([53], 1, 0)])
+    with pytest.raises(ZeroShotError, match="run 0: a negative label is listed twice"):
+        S.neglabel_sweep(images, ids, negatives, [([4, 4], 1, 0)])
+    with pytest.raises(ZeroShotError, match="cannot split 2 negative labels into 3 groups"):
+        S.neglabel_sweep(images, ids, negatives, [([1, 2], 3, 0)])

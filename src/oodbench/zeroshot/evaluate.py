@@ -32,7 +32,7 @@ from ..core.store import Store
 from ..text.classes import ClassList
 from ..text.templates import SEED_TEMPLATES
 from ..util.progress import progress_bar
-from .scores import LOGIT_SCORES, SCORES, get_score, glmcm_scores, logit_scores
+from .scores import LOGIT_SCORES, SCORES, get_score, glmcm_scores, logit_scores, neglabel_sweep
 from .text import EmbedFn, embed_labels
 from .vocab.artefact import KINDS, Vocabulary
 from .vocab.labels import IdFilter
@@ -302,6 +302,9 @@ def evaluate_zeroshot(
                     }
                 )
             bar.advance(task)
+        # NegLabel runs of one vocabulary and τ (its sweep points) share one pass: each label's similarities are
+        # computed once, not once per run that holds it.
+        sweeps: dict[tuple[str, float], dict[str, list[int]]] = {}
         for detector, run in plan.runs.items():
             bar.update(task, description=detector)
             labels, dropped = id_filter.keep(run.labels())
@@ -312,7 +315,13 @@ def evaluate_zeroshot(
                     f"and their WordNet synonyms ({len(run.labels())} labels, {len(dropped)} of them ID names)"
                 )
             detectors[detector].update(num_labels=len(labels), dropped_id_labels=len(dropped))
-            if not from_cache(detector):
+            if from_cache(detector):
+                bar.advance(task)
+            elif run.score == "neglabel":
+                vocab_text(run, [])  # embeds the vocabulary's labels once
+                rows = [label_rows[run.vocab.name][label] for label in labels]
+                sweeps.setdefault((run.vocab.name, detectors[detector]["params"]["tau"]), {})[detector] = rows
+            else:
                 matrix = vocab_text(run, labels)
                 compute = get_score(run.score).compute
                 finish(
@@ -323,7 +332,18 @@ def evaluate_zeroshot(
                         }
                     }
                 )
-            bar.advance(task)
+                bar.advance(task)
+        for (name, tau_value), members in sweeps.items():
+            bar.update(task, description=f"neglabel@{name} ({len(members)} columns)")
+            runs = [
+                (rows, detectors[d]["params"]["groups"], detectors[d]["params"]["seed"]) for d, rows in members.items()
+            ]
+            per_dataset = {
+                ds: neglabel_sweep(out.features, id_text(), texts[name], runs, tau=tau_value)
+                for ds, out in datasets.items()
+            }
+            finish({d: {ds: per_dataset[ds][i] for ds in datasets} for i, d in enumerate(members)})
+            bar.advance(task, len(members))
 
     rows: list[ResultRow] = []
     for detector in detectors:

@@ -47,6 +47,7 @@ __all__ = [
     "logit_scores",
     "glmcm_scores",
     "neglabel_scores",
+    "neglabel_sweep",
     "eoe_scores",
     "neglabel_groups",
     "unit_rows",
@@ -459,6 +460,130 @@ def neglabel_scores(
             shares = expit(lse_id[:, None] - _group_lse(hs, grouped, sizes))
             out[chunk.start + tile.start : chunk.start + tile.stop] = shares.mean(axis=1)
     return out
+
+
+# Above 2/τ ≈ 700 a term exp(z − max) of a far group could underflow float64 (e^-745); such τ take the per-run path.
+_SWEEP_MAX_RANGE = 700.0
+# exp(x) of a float32 x at or above this is a normal float32 (its full relative precision): ln(2^-126) ≈ −87.34.
+_FLOAT32_EXP_FLOOR = -87.0
+# Group columns up to which a dense 0/1 product sums a label block (BLAS); beyond, a sparse one (cost ∝ members).
+_DENSE_GROUP_COLUMNS = 128
+
+
+def neglabel_sweep(
+    images: np.ndarray,
+    id_text: np.ndarray,
+    vocab_text: np.ndarray,
+    runs: Sequence[tuple[Sequence[int], int, int]],
+    *,
+    tau: float = TAU,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> list[np.ndarray]:
+    """NegLabel for several negative sets drawn from the rows of one label matrix, in one pass over the images.
+
+    `runs` holds (row indices into `vocab_text`, groups, seed) per run (a vocabulary's sweep points: M prefixes,
+    k siblings per class, its union): each is `neglabel_scores(images, id_text, vocab_text[rows], groups=, seed=)`.
+    Every image's similarities to each label are computed and exponentiated once, whatever the number of runs that
+    hold the label, and each run's group sums are one product with a 0/1 membership matrix.
+    """
+    images = _check_images(images)
+    texts = _check_texts("ID label embeddings", id_text, images.shape[1])
+    vocab = _check_texts("negative label embeddings", vocab_text, images.shape[1], allow_empty=True)
+    tau = _check_tau(tau)
+    members, group_counts = _sweep_members(vocab.shape[0], runs)
+    used = np.unique(np.concatenate([rows for rows in members if rows.size] or [np.zeros(0, np.int64)]))
+    if 2.02 / tau > _SWEEP_MAX_RANGE or used.size == 0:
+        given = np.asarray(vocab_text)
+        return [
+            neglabel_scores(images, id_text, given[rows], tau=tau, groups=g, seed=seed, chunk_bytes=chunk_bytes)
+            for rows, (_, g, seed) in zip(members, runs, strict=True)
+        ]
+    labels = vocab[used]
+    position = np.full(vocab.shape[0], -1, dtype=np.int64)
+    position[used] = np.arange(used.size)
+    membership, average, empty = _sweep_matrices(members, runs, group_counts, position, used.size)
+    out = np.empty((images.shape[0], len(runs)))
+    width = _block_width(texts.shape[0] + labels.shape[0], images.shape[1]) + membership.shape[1]
+    for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
+        block = np.asarray(images[chunk])
+        for tile in tiles:
+            hs = _scaled(_image_tile(block, tile, chunk.start), tau)
+            lse_id, _ = _streaming_lse(hs, texts)
+            peak, sums = _streaming_member_sums(hs, labels, membership)
+            with np.errstate(divide="ignore"):  # the column of a run with no negatives sums to 0: its share is 1
+                shares = expit(lse_id[:, None] - (peak[:, None] + np.log(sums)))
+            out[chunk.start + tile.start : chunk.start + tile.stop] = shares @ average
+    out[:, empty] = 1.0
+    return [out[:, r].copy() for r in range(len(runs))]
+
+
+def _sweep_members(
+    num_labels: int, runs: Sequence[tuple[Sequence[int], int, int]]
+) -> tuple[list[np.ndarray], list[int]]:
+    """Each run's rows (checked to lie in the label matrix, without repeats) and its number of groups."""
+    members, counts = [], []
+    for number, (rows, groups, seed) in enumerate(runs):
+        array = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if array.size and (array.min() < 0 or array.max() >= num_labels):
+            raise ZeroShotError(f"run {number}: a row index lies outside the {num_labels} negative labels")
+        if np.unique(array).size != array.size:
+            raise ZeroShotError(f"run {number}: a negative label is listed twice")
+        neglabel_groups(array.size, groups, seed)  # validates `groups`
+        members.append(array)
+        counts.append(int(groups))
+    return members, counts
+
+
+def _sweep_matrices(
+    members: list[np.ndarray],
+    runs: Sequence[tuple[Sequence[int], int, int]],
+    counts: list[int],
+    position: np.ndarray,
+    num_used: int,
+) -> tuple[Any, np.ndarray, list[int]]:
+    """(labels × group columns) 0/1 membership, (group columns × runs) averaging matrix, runs with no negatives."""
+    from scipy import sparse
+
+    label_of, column_of, empty = [], [], []
+    column = 0
+    average = np.zeros((sum(counts), len(runs)))
+    for number, (rows, (_, groups, seed)) in enumerate(zip(members, runs, strict=True)):
+        if rows.size == 0:
+            empty.append(number)
+        for g, part in enumerate(neglabel_groups(rows.size, groups, seed)):
+            label_of.append(position[rows[part]])
+            column_of.append(np.full(part.size, column + g, dtype=np.int64))
+        average[column : column + groups, number] = 1.0 / groups
+        column += groups
+    shape = (num_used, column)
+    matrix = sparse.csr_array(
+        (np.ones(sum(a.size for a in label_of)), (np.concatenate(label_of), np.concatenate(column_of))), shape=shape
+    )
+    return (matrix.toarray() if column <= _DENSE_GROUP_COLUMNS else matrix), average, empty
+
+
+def _streaming_member_sums(hs: np.ndarray, labels: np.ndarray, membership: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(max_l z_l, Σ_l exp(z_l − max) · membership[l, j]) per row over all labels, one label block at a time.
+
+    One maximum serves every group, so a term may lie far below it: a block whose shifted logits all stay above
+    float32's smallest normal exponent is exponentiated in float32 (as `_streaming_lse` does), any other in float64,
+    where every term, down to e^-(2/τ), is representable for 2/τ < `_SWEEP_MAX_RANGE`. Sums are float64.
+    """
+    peak = np.full(hs.shape[0], -np.inf)
+    sums = np.zeros((hs.shape[0], membership.shape[1]))
+    for cols in iter_chunks(labels.shape[0], LABEL_BLOCK):
+        z = hs @ labels[cols].T
+        new_peak = np.maximum(peak, z.max(axis=1))
+        z -= new_peak.astype(np.float32)[:, None]
+        if z.min() >= _FLOAT32_EXP_FLOOR:
+            terms = np.exp(z, out=z).astype(np.float64)
+        else:
+            terms = np.exp(z.astype(np.float64))
+        sums *= np.exp(peak - new_peak)[:, None]
+        part = membership[cols]
+        sums += terms @ part if isinstance(part, np.ndarray) else (part.T @ terms.T).T
+        peak = new_peak
+    return peak, sums
 
 
 def eoe_scores(
