@@ -122,6 +122,42 @@ def test_text_embeddings_are_cached_per_labels_and_templates(bundle, tmp_path):
     assert isinstance(info.value, ExtractError)
 
 
+def test_a_long_label_list_is_cached_in_shards_and_an_interrupted_call_resumes(bundle, tmp_path, monkeypatch):
+    import oodbench.extract.openclip as openclip
+
+    monkeypatch.setattr(openclip, "TEXT_SHARD", 4)  # 4 labels a shard (4,096 in use): 11 labels are 3 shards
+    labels = [f"thing {i}" for i in range(11)]
+    whole = cached_text_embeddings(Store(tmp_path / "a"), "tiny", labels, model_bundle=bundle, batch_size=16)
+
+    encoded: list[list[str]] = []
+    original = openclip.text_embeddings
+
+    def killed_after_one_shard(model_bundle, block, *args, **kwargs):
+        if encoded:
+            raise KeyboardInterrupt  # as a kill would stop it: the first shard is on disk, the rest is not
+        encoded.append(list(block))
+        return original(model_bundle, block, *args, **kwargs)
+
+    store = Store(tmp_path / "b")
+    monkeypatch.setattr(openclip, "text_embeddings", killed_after_one_shard)
+    with pytest.raises(KeyboardInterrupt):
+        cached_text_embeddings(store, "tiny", labels, model_bundle=bundle, batch_size=16)
+    assert encoded == [labels[:4]] and not store.exists("tiny", text_dataset_id(labels))
+
+    def counted(model_bundle, block, *args, **kwargs):
+        encoded.append(list(block))
+        return original(model_bundle, block, *args, **kwargs)
+
+    monkeypatch.setattr(openclip, "text_embeddings", counted)
+    lines: list[str] = []
+    resumed = cached_text_embeddings(store, "tiny", labels, model_bundle=bundle, batch_size=16, report=lines.append)
+    assert encoded[1:] == [labels[4:8], labels[8:]]  # the first shard was kept, not encoded again
+    assert lines[-1].startswith("text embeddings tiny/text-") and "11 / 11 labels (2 of 2 shards this run" in lines[-1]
+    # 16 texts a forward pass are 2 labels × 8 templates: shards of 4 labels hold whole passes, so the bytes agree
+    assert resumed.tobytes() == whole.tobytes()
+    assert store.meta("tiny", text_dataset_id(labels))["num_shards"] == 3
+
+
 def test_quickgelu_mismatch_is_detected(tiny_clip):
     assert "QuickGELU mismatch" in quickgelu_mismatch("ViT-B-16", "openai")
     assert "ViT-B-16-quickgelu" in quickgelu_mismatch("ViT-B-16", "openai")

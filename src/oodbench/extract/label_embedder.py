@@ -21,12 +21,18 @@ EmbedFn = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 
 
 def store_embedder(
-    store: Any, model_id: str, *, model_bundle: Any = None, load_bundle: Callable[[], Any] | None = None
+    store: Any,
+    model_id: str,
+    *,
+    model_bundle: Any = None,
+    load_bundle: Callable[[], Any] | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> EmbedFn:
     """Embedding function over the store's cached text embeddings of `model_id`; encodes and caches what is missing.
 
     The open_clip model is needed only for label lists not cached yet; it is `model_bundle`, or made on first need
-    by `load_bundle` (see `bundle_loader`). Without either, a missing list raises with instructions.
+    by `load_bundle` (see `bundle_loader`). Without either, a missing list raises with instructions. `report` gets
+    a line per shard of a long list being encoded.
     """
     from .openclip import TextEmbeddingsMissing, cached_text_embeddings
 
@@ -35,12 +41,16 @@ def store_embedder(
     def embed(labels: Sequence[str], templates: Sequence[str]) -> np.ndarray:
         labels, templates = list(labels), list(templates)
         try:
-            return cached_text_embeddings(store, model_id, labels, templates, model_bundle=state["bundle"])
+            return cached_text_embeddings(
+                store, model_id, labels, templates, model_bundle=state["bundle"], report=report
+            )
         except TextEmbeddingsMissing:
             if state["bundle"] is not None or load_bundle is None:
                 raise
             state["bundle"] = load_bundle()
-            return cached_text_embeddings(store, model_id, labels, templates, model_bundle=state["bundle"])
+            return cached_text_embeddings(
+                store, model_id, labels, templates, model_bundle=state["bundle"], report=report
+            )
 
     return embed
 

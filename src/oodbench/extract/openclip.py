@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ __all__ = [
     "image_and_patch_embeddings",
     "supports_patches",
 ]
+
+# Labels per shard of a cached text-embedding entry (see `cached_text_embeddings`).
+TEXT_SHARD = 4096
 
 
 class TextEmbeddingsMissing(ExtractError):
@@ -290,8 +294,12 @@ def cached_text_embeddings(
     model_bundle: OpenClipBundle | HfClipBundle | None = None,
     *,
     batch_size: int = 256,
+    report: Callable[[str], None] | None = None,
 ) -> np.ndarray:
-    """Template-averaged label embeddings from the store, computing and caching them when a model is given."""
+    """Template-averaged label embeddings from the store, computing and caching them when a model is given.
+
+    They are written in shards of `TEXT_SHARD` labels as they are encoded, so an interrupted call resumes where it
+    stopped; `report` gets one line per shard when there are several."""
     from .pipeline import check_model_id  # local import: pipeline imports this module's neighbours
 
     labels, templates = _check_labels(labels, templates)
@@ -312,12 +320,23 @@ def cached_text_embeddings(
         )
     provenance = model_bundle.provenance()
     check_model_id(store, model_id, provenance)
-    embeddings = text_embeddings(model_bundle, labels, templates, batch_size=batch_size)
+    # Shards of TEXT_SHARD labels, each written as it is encoded: a killed run keeps what it encoded (a WordNet pool
+    # of 79,403 labels × 8 templates is hours on a CPU). 4,096 is a multiple of the labels per forward pass at the
+    # default batch (256 texts / 8 templates), so a resumed entry's batches, and bytes, are an uninterrupted one's.
     writer = store.writer(
-        model_id, dataset_id, provenance=provenance, num_items=len(labels), shard_size=len(labels), item_hash=dataset_id
+        model_id, dataset_id, provenance=provenance, num_items=len(labels), shard_size=TEXT_SHARD, item_hash=dataset_id
     )
-    if writer.pending_shards():
-        writer.write_shard(0, {"features": embeddings, "index": np.arange(len(labels), dtype=np.int64)})
+    pending = writer.pending_shards()
+    started = time.monotonic()
+    for done, shard in enumerate(pending, start=1):
+        rows = writer.shard_rows(shard)
+        block = text_embeddings(model_bundle, labels[rows], templates, batch_size=batch_size)
+        writer.write_shard(shard, {"features": block, "index": np.arange(rows.start, rows.stop, dtype=np.int64)})
+        if report is not None and len(pending) > 1:
+            report(
+                f"text embeddings {model_id}/{dataset_id}: {rows.stop:,} / {len(labels):,} labels "
+                f"({done} of {len(pending)} shards this run, {time.monotonic() - started:.0f} s)"
+            )
     writer.finalize(
         extra_meta={
             "labels": labels,
@@ -325,4 +344,4 @@ def cached_text_embeddings(
             "text_embeddings": "per-template l2-normalised, averaged, renormalised",
         }
     )
-    return embeddings
+    return np.asarray(store.read(model_id, dataset_id).features, dtype=np.float32)

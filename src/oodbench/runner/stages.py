@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -467,7 +468,13 @@ def run_zeroshot_unit(ctx: Context, unit: ZeroShotUnit) -> None:
     model = config.models[unit.model]
 
     classes = load_classes(spec.classes)
-    embed = store_embedder(store, model.store_id, load_bundle=model.kind_of.text_model(ctx, model))
+    # A long label list (the WordNet pool) is encoded in shards; a line per shard says how far it is.
+    embed = store_embedder(
+        store,
+        model.store_id,
+        load_bundle=model.kind_of.text_model(ctx, model),
+        report=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     refs, problems = load_ref_vocabularies(config)
     if problems:
         key, problem = next(iter(problems.items()))
