@@ -223,13 +223,14 @@ def one_run(
     env: dict[str, str],
     kills: dict[str, int],
     rng: Any,
-    reference: dict[str, Any] | None,
+    reference: Any,
     done: dict[str, Any] | None = None,
     save: Any = None,
     expect: dict[str, float] | None = None,
     until: str = STAGES[-1],
 ) -> dict[str, Any]:
-    """All stages of one run; where `kills[stage]` > 0, SIGKILL the stage that many times at random moments."""
+    """All stages of one run; where `kills[stage]` > 0, SIGKILL the stage that many times at random moments (drawn
+    over run A's time for the stage, read from `reference()` when the stage starts, else `expect` or 60 s)."""
     log = work.parent / f"{name}.log"
     base = run_args(root, work, models_override(models))
     raw = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
@@ -243,8 +244,9 @@ def one_run(
             record["vocabularies"] = build_vocabularies(work, log=log, env=env)
         attempts = []
         for _ in range(kills.get(stage, 0)):
-            known = reference and stage in reference["stages"]
-            expected = reference["stages"][stage]["attempts"][-1]["seconds"] if known else expect.get(stage, 60.0)
+            uninterrupted = reference()  # run A's record as it stands now (it may be running beside this one)
+            known = uninterrupted and stage in uninterrupted["stages"]
+            expected = uninterrupted["stages"][stage]["attempts"][-1]["seconds"] if known else expect.get(stage, 60.0)
             moment = rng.uniform(0.1, 0.8) * expected
             attempt = run_command([*base, "--only", stage], log, env=env, kill_after=moment)
             attempt["kill_at"] = round(moment, 1)
@@ -375,9 +377,13 @@ def main() -> None:
             results[name] = record
             results_path.write_text(json.dumps(results, indent=1))
 
-        reference = results.get("A") if name != "A" else None
-        if reference is None and name != "A" and other.exists():
-            reference = json.loads(other.read_text()).get("A")
+        def reference(name: str = name) -> dict[str, Any] | None:
+            if name == "A":
+                return None
+            if "A" in results:
+                return results["A"]
+            return json.loads(other.read_text()).get("A") if other.exists() else None
+
         done = results.get(name)
         save(
             one_run(
