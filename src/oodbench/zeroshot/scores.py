@@ -490,7 +490,7 @@ def neglabel_sweep(
     texts = _check_texts("ID label embeddings", id_text, images.shape[1])
     vocab = _check_texts("negative label embeddings", vocab_text, images.shape[1], allow_empty=True)
     tau = _check_tau(tau)
-    members, group_counts = _sweep_members(vocab.shape[0], runs)
+    members, parts = _sweep_members(vocab.shape[0], runs)
     used = np.unique(np.concatenate([rows for rows in members if rows.size] or [np.zeros(0, np.int64)]))
     if 2.02 / tau > _SWEEP_MAX_RANGE or used.size == 0:
         given = np.asarray(vocab_text)
@@ -501,7 +501,7 @@ def neglabel_sweep(
     labels = vocab[used]
     position = np.full(vocab.shape[0], -1, dtype=np.int64)
     position[used] = np.arange(used.size)
-    membership, average, empty = _sweep_matrices(members, runs, group_counts, position, used.size)
+    membership, average = _sweep_matrices(members, parts, position, used.size)
     out = np.empty((images.shape[0], len(runs)))
     width = _block_width(texts.shape[0] + labels.shape[0], images.shape[1]) + membership.shape[1]
     for chunk, tiles in _chunks_of_tiles(images.shape[0], width, chunk_bytes):
@@ -510,56 +510,49 @@ def neglabel_sweep(
             hs = _scaled(_image_tile(block, tile, chunk.start), tau)
             lse_id, _ = _streaming_lse(hs, texts)
             peak, sums = _streaming_member_sums(hs, labels, membership)
-            with np.errstate(divide="ignore"):  # the column of a run with no negatives sums to 0: its share is 1
+            # A run with no negatives has group columns that sum to 0: log 0 = −inf, so its share is exactly 1.
+            with np.errstate(divide="ignore"):
                 shares = expit(lse_id[:, None] - (peak[:, None] + np.log(sums)))
             out[chunk.start + tile.start : chunk.start + tile.stop] = shares @ average
-    out[:, empty] = 1.0
     return [out[:, r].copy() for r in range(len(runs))]
 
 
 def _sweep_members(
     num_labels: int, runs: Sequence[tuple[Sequence[int], int, int]]
-) -> tuple[list[np.ndarray], list[int]]:
-    """Each run's rows (checked to lie in the label matrix, without repeats) and its number of groups."""
-    members, counts = [], []
+) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+    """Each run's rows (checked to lie in the label matrix, without repeats) and its groups (`neglabel_groups`)."""
+    members, parts = [], []
     for number, (rows, groups, seed) in enumerate(runs):
         array = np.asarray(rows, dtype=np.int64).reshape(-1)
         if array.size and (array.min() < 0 or array.max() >= num_labels):
             raise ZeroShotError(f"run {number}: a row index lies outside the {num_labels} negative labels")
         if np.unique(array).size != array.size:
             raise ZeroShotError(f"run {number}: a negative label is listed twice")
-        neglabel_groups(array.size, groups, seed)  # validates `groups`
         members.append(array)
-        counts.append(int(groups))
-    return members, counts
+        parts.append(neglabel_groups(array.size, groups, seed))  # validates `groups`
+    return members, parts
 
 
 def _sweep_matrices(
-    members: list[np.ndarray],
-    runs: Sequence[tuple[Sequence[int], int, int]],
-    counts: list[int],
-    position: np.ndarray,
-    num_used: int,
-) -> tuple[Any, np.ndarray, list[int]]:
-    """(labels × group columns) 0/1 membership, (group columns × runs) averaging matrix, runs with no negatives."""
+    members: list[np.ndarray], parts: list[list[np.ndarray]], position: np.ndarray, num_used: int
+) -> tuple[Any, np.ndarray]:
+    """(labels × group columns) 0/1 membership and (group columns × runs) averaging matrix."""
     from scipy import sparse
 
-    label_of, column_of, empty = [], [], []
+    label_of, column_of = [], []
+    average = np.zeros((sum(len(groups) for groups in parts), len(members)))
     column = 0
-    average = np.zeros((sum(counts), len(runs)))
-    for number, (rows, (_, groups, seed)) in enumerate(zip(members, runs, strict=True)):
-        if rows.size == 0:
-            empty.append(number)
-        for g, part in enumerate(neglabel_groups(rows.size, groups, seed)):
+    for number, (rows, groups) in enumerate(zip(members, parts, strict=True)):
+        for part in groups:
             label_of.append(position[rows[part]])
-            column_of.append(np.full(part.size, column + g, dtype=np.int64))
-        average[column : column + groups, number] = 1.0 / groups
-        column += groups
-    shape = (num_used, column)
+            column_of.append(np.full(part.size, column, dtype=np.int64))
+            average[column, number] = 1.0 / len(groups)
+            column += 1
     matrix = sparse.csr_array(
-        (np.ones(sum(a.size for a in label_of)), (np.concatenate(label_of), np.concatenate(column_of))), shape=shape
+        (np.ones(sum(a.size for a in label_of)), (np.concatenate(label_of), np.concatenate(column_of))),
+        shape=(num_used, column),
     )
-    return (matrix.toarray() if column <= _DENSE_GROUP_COLUMNS else matrix), average, empty
+    return (matrix.toarray() if column <= _DENSE_GROUP_COLUMNS else matrix), average
 
 
 def _streaming_member_sums(hs: np.ndarray, labels: np.ndarray, membership: Any) -> tuple[np.ndarray, np.ndarray]:
