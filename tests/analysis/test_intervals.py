@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from oodbench.analysis import intervals
 from oodbench.analysis.intervals import (
-    _replicates_from_counts,
     acceleration,
     bootstrap,
     bootstrap_replicates,
+    bootstrap_replicates_many,
     clopper_pearson_interval,
     fpr_interval,
     jackknife_values,
@@ -90,22 +91,62 @@ def test_required_count_agrees_with_the_metric_threshold() -> None:
             assert np.sort(ids)[::-1][k - 1] == metrics.threshold_at_tpr(ids, tpr)
 
 
-def test_replicates_equal_metrics_on_materialised_resamples() -> None:
+def _replicates_for_counts(ids: np.ndarray, ood: np.ndarray, w: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
+    """Replicates of one pair for given counts (ID in descending order, OOD ascending), as the block loop runs."""
+    ranks = intervals._ranks(ids, ood)
+    id_totals, ood_totals = intervals._cumulative(w), intervals._cumulative(v)
+    positions = intervals._positions(id_totals, required_count(0.95, ids.size))
+    return intervals._replicates_from_counts(ranks, w, v, id_totals, ood_totals, positions, ("fpr95", "auroc"))
+
+
+@pytest.mark.parametrize(("n_id", "n_ood"), [(37, 29), (29, 37)])  # AUROC summed over the OOD side, then the ID side
+def test_replicates_equal_metrics_on_materialised_resamples(n_id: int, n_ood: int) -> None:
     rng = np.random.default_rng(2)
-    ids = rng.integers(0, 12, 37).astype(float)  # heavy ties
-    ood = rng.integers(-3, 9, 29).astype(float)
+    ids = rng.integers(0, 12, n_id).astype(float)  # heavy ties
+    ood = rng.integers(-3, 9, n_ood).astype(float)
     ids_desc, ood_asc = np.sort(ids)[::-1], np.sort(ood)
     draws = 60
-    w = np.stack([np.bincount(rng.integers(0, 37, 37), minlength=37) for _ in range(draws)])
-    v = np.stack([np.bincount(rng.integers(0, 29, 29), minlength=29) for _ in range(draws)])
-    got = _replicates_from_counts(
-        ids_desc, ood_asc, 0.95, ("fpr95", "auroc"), draws, None, budget_bytes=4096, id_counts=w, ood_counts=v
-    )
+    w = np.stack([np.bincount(rng.integers(0, n_id, n_id), minlength=n_id) for _ in range(draws)]).astype(np.int32)
+    v = np.stack([np.bincount(rng.integers(0, n_ood, n_ood), minlength=n_ood) for _ in range(draws)]).astype(np.int32)
+    got = _replicates_for_counts(ids, ood, w, v)
     for b in range(draws):
         resampled_ids = np.repeat(ids_desc, w[b])
         resampled_ood = np.repeat(ood_asc, v[b])
         assert got["fpr95"][b] == metrics.fpr_at_tpr(resampled_ids, resampled_ood)
         assert got["auroc"][b] == pytest.approx(metrics.auroc(resampled_ids, resampled_ood), abs=1e-15)
+
+
+def test_replicates_without_ties_and_with_int64_products_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(12)
+    ids, ood = rng.normal(1, 1, 53), rng.normal(0, 1, 31)  # no ID score equals an OOD score: one gather, doubled
+    assert intervals._ranks(ids, ood).loose is None
+    w = np.stack([np.bincount(rng.integers(0, 53, 53), minlength=53) for _ in range(40)]).astype(np.int32)
+    v = np.stack([np.bincount(rng.integers(0, 31, 31), minlength=31) for _ in range(40)]).astype(np.int32)
+    narrow = _replicates_for_counts(ids, ood, w, v)
+    monkeypatch.setattr(intervals, "INT32_PRODUCT_LIMIT", 0)  # every product in int64
+    wide = _replicates_for_counts(ids, ood, w, v)
+    for b in range(40):
+        expected = metrics.auroc(np.repeat(np.sort(ids)[::-1], w[b]), np.repeat(np.sort(ood), v[b]))
+        assert narrow["auroc"][b] == wide["auroc"][b] == pytest.approx(expected, abs=1e-15)
+
+
+def test_many_pairs_give_each_pair_its_own_replicates_whatever_the_block_size() -> None:
+    rng = np.random.default_rng(13)
+    ids = {n: rng.normal(1, 1, n) for n in (40, 57)}
+    pairs = [
+        (ids[n] + shift, rng.integers(-2, 3, m).astype(float))  # ties within and across the sets
+        for n in (40, 57)
+        for m in (25, 25, 31, 90)
+        for shift in (0.0, 0.5)
+    ]
+    alone = [bootstrap_replicates(a, b, resamples=70, seed=5) for a, b in pairs]
+    for budget in (1, 3000, 10**8):  # one resample per block, a few, all of them
+        together = bootstrap_replicates_many(pairs, resamples=70, seed=5, budget_bytes=budget)
+        for mine, reference in zip(together, alone, strict=True):
+            for name in ("fpr95", "auroc"):
+                np.testing.assert_array_equal(mine[name], reference[name])
+    other_seed = bootstrap_replicates(*pairs[0], resamples=70, seed=6)
+    assert not np.array_equal(other_seed["auroc"], alone[0]["auroc"])
 
 
 @pytest.mark.parametrize("metric", ["fpr95", "auroc"])

@@ -4,7 +4,9 @@
   Wilson's score interval and the exact Clopper–Pearson interval.
 - The stratified bootstrap resamples ID and OOD independently (with replacement), so the threshold moves too.
   A resample is represented by its multiplicity counts over the sorted scores: a replicate of FPR@95 or AUROC is
-  then a cumulative sum and a gather, vectorised over blocks of replicates, never a sort per replicate.
+  then a cumulative sum and a gather, vectorised over blocks of replicates, never a sort per replicate. Counts
+  are drawn per side from a stream keyed by (seed, side, size), so the pairs of a run that share a side's size
+  share its draws: a run's bootstrap costs one draw per side and size, and a gather per pair.
   Intervals: percentile, and BCa (bias-corrected and accelerated) with the two-sample jackknife acceleration
   of Efron & Tibshirani (1993, §14.3), which for these statistics is itself closed-form.
 """
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from scipy import special, stats
@@ -22,6 +26,7 @@ from scipy import special, stats
 from ..core import metrics
 from ..core.errors import AnalysisError
 from ..util.chunking import DEFAULT_CHUNK_BYTES
+from ..util.cores import available_cores
 from .records import plain_dict
 
 __all__ = [
@@ -31,14 +36,18 @@ __all__ = [
     "clopper_pearson_interval",
     "fpr_interval",
     "bootstrap_replicates",
+    "bootstrap_replicates_many",
     "jackknife_values",
     "percentile_interval",
     "bca_interval",
     "bootstrap",
+    "bootstrap_many",
     "BOOTSTRAP_METRICS",
 ]
 
 BOOTSTRAP_METRICS = ("fpr95", "auroc")
+# The largest count × running total multiplied in int32 (past it the products are taken in int64).
+INT32_PRODUCT_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -130,10 +139,219 @@ def required_count(tpr: float, n: int) -> int:
     return metrics.required_count(float(tpr), n)
 
 
-def _multiplicities(rng: np.random.Generator, rows: int, size: int) -> np.ndarray:
-    """(rows, size) counts of a with-replacement resample of `size` items, one resample per row."""
-    picks = rng.integers(0, size, size=(rows, size)) + (np.arange(rows) * size)[:, None]
-    return np.bincount(picks.ravel(), minlength=rows * size).reshape(rows, size)
+def _stream(seed: int, side: str, size: int) -> np.random.Generator:
+    """The resampling stream of one side ("id" or "ood") of `size` scores.
+
+    Every pair whose side has this size draws the same counts, so a run's pairs share their draws (and a pair's
+    replicates never depend on which other pairs are resampled with it).
+    """
+    return np.random.default_rng([int(seed), zlib.crc32(b"stratified-bootstrap"), zlib.crc32(side.encode()), size])
+
+
+def _draw_counts(rng: np.random.Generator, rows: int, size: int) -> np.ndarray:
+    """(rows, size) multiplicity counts of `rows` with-replacement resamples of `size` items, as int32."""
+    counts = np.empty((rows, size), dtype=np.int32)
+    for row in range(rows):  # one call per resample: the stream is the same whatever the block size
+        counts[row] = np.bincount(rng.integers(0, size, size), minlength=size)
+    return counts
+
+
+def _cumulative(counts: np.ndarray) -> np.ndarray:
+    """(rows, size + 1) running totals with a leading 0: column j is the weight of the first j items."""
+    total = np.zeros((counts.shape[0], counts.shape[1] + 1), dtype=np.int32 if counts.shape[1] < 2**31 else np.int64)
+    np.cumsum(counts, axis=1, out=total[:, 1:])
+    return total
+
+
+@dataclass(frozen=True)
+class _Ranks:
+    """One pair's rank structure: all a replicate needs besides the resample's counts.
+
+    ID scores are indexed in descending order, OOD scores in ascending order, so each side's counts are indexed
+    by rank and the two sides' running totals answer "how much resampled weight lies above / below a score".
+    """
+
+    n: int
+    m: int
+    below: np.ndarray  # (n,) int32: how many OOD scores lie strictly below each ID score
+    gather_ood: bool  # AUROC sums over the OOD side (m <= n) or over the ID side
+    strict: np.ndarray  # indices into the other side's running totals: "strictly beyond" each score
+    loose: np.ndarray | None  # "beyond or equal"; None where no ID score equals an OOD score
+
+    @property
+    def nbytes(self) -> int:
+        return self.below.nbytes + self.strict.nbytes + (0 if self.loose is None else self.loose.nbytes)
+
+
+def _ranks(ids: np.ndarray, ood: np.ndarray) -> _Ranks:
+    """The rank structure of one (ID, OOD) pair of score arrays."""
+    ids_asc, ood_asc = np.sort(ids), np.sort(ood)
+    ids_desc = ids_asc[::-1]
+    n, m = ids.shape[0], ood.shape[0]
+    below = np.searchsorted(ood_asc, ids_desc, side="left")
+    if m <= n:
+        # Weight of the resampled ID scores above (and at or above) each OOD score: the ID running totals at the
+        # count of ID scores above it, since ID counts are in descending order.
+        strict = n - np.searchsorted(ids_asc, ood_asc, side="right")
+        loose = n - np.searchsorted(ids_asc, ood_asc, side="left")
+    else:
+        strict, loose = below, np.searchsorted(ood_asc, ids_desc, side="right")
+    tied = not np.array_equal(strict, loose)
+    return _Ranks(n, m, below.astype(np.int32), m <= n, strict.astype(np.intp), loose.astype(np.intp) if tied else None)
+
+
+def _replicates_from_counts(
+    ranks: _Ranks,
+    id_counts: np.ndarray,
+    ood_counts: np.ndarray,
+    id_totals: np.ndarray,
+    ood_totals: np.ndarray,
+    positions: np.ndarray | None,
+    metric_names: Sequence[str],
+) -> dict[str, np.ndarray]:
+    """One pair's replicates for a block of resamples given as counts (ID descending, OOD ascending) and their
+    running totals; `positions` are the ranks of each resample's threshold (the k-th largest resampled ID score)."""
+    n, m = ranks.n, ranks.m
+    out: dict[str, np.ndarray] = {}
+    if "fpr95" in metric_names:
+        assert positions is not None
+        rows = np.arange(id_counts.shape[0])
+        # OOD weight strictly below the threshold is rejected; the rest of the m resampled OOD scores is accepted.
+        rejected = ood_totals[rows, ranks.below[positions]]
+        out["fpr95"] = (m - rejected) / m
+    if "auroc" in metric_names:
+        weights, totals = (ood_counts, id_totals) if ranks.gather_ood else (id_counts, ood_totals)
+        beyond = totals[:, ranks.strict]
+        if ranks.loose is None:
+            scale = 2
+        else:
+            beyond += totals[:, ranks.loose]
+            scale = 1
+        # Exact integers: wins count twice and ties once. int32 products suffice while they cannot overflow.
+        largest = int(weights.max(initial=0)) * 2 * (n if ranks.gather_ood else m)
+        if largest > INT32_PRODUCT_LIMIT:
+            weights = weights.astype(np.int64)
+        wins_twice = (weights * beyond).sum(axis=1, dtype=np.int64) * scale
+        out["auroc"] = wins_twice / (2.0 * n * m)
+    return out
+
+
+def _positions(id_totals: np.ndarray, k: int) -> np.ndarray:
+    """Rank (0-based, descending) of each resample's k-th largest ID score: the first rank whose total reaches k."""
+    return np.count_nonzero(id_totals[:, 1:] < k, axis=1)
+
+
+def _block_rows(n: int, m: int, resamples: int, budget_bytes: int, workers: int = 1) -> int:
+    """Resamples per block: counts and running totals of both sides and each worker's AUROC gather fit the budget."""
+    per_row = 8 * (n + 1) + 8 * (m + 1) + workers * 16 * min(n, m)
+    return max(1, min(resamples, budget_bytes // per_row))
+
+
+def bootstrap_replicates_many(
+    pairs: Sequence[tuple[object, object]],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    tpr: float = 0.95,
+    metric_names: Sequence[str] = BOOTSTRAP_METRICS,
+    budget_bytes: int = DEFAULT_CHUNK_BYTES,
+    advance: Callable[[float], None] | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """Replicates of many (ID scores, OOD scores) pairs, each exactly as `bootstrap_replicates` gives it alone.
+
+    Pairs that share an ID (or OOD) size share that side's draws, so a run's detectors and OOD sets cost one
+    draw per side and size, and each pair only its gathers. `advance(share)` reports progress in pairs.
+    """
+    unknown = sorted(set(metric_names) - set(BOOTSTRAP_METRICS))
+    if unknown:
+        raise AnalysisError(f"cannot bootstrap {unknown}; available: {', '.join(BOOTSTRAP_METRICS)}")
+    resamples = int(resamples)
+    if resamples < 2:
+        raise AnalysisError(f"resamples must be at least 2; got {resamples}")
+    checked = [(metrics.as_scores("id_scores", ids), metrics.as_scores("ood_scores", ood)) for ids, ood in pairs]
+    out: list[dict[str, np.ndarray]] = [{name: np.empty(resamples) for name in metric_names} for _ in checked]
+    by_n: dict[int, list[int]] = {}
+    for index, (ids, _) in enumerate(checked):
+        by_n.setdefault(ids.shape[0], []).append(index)
+    for n, members in by_n.items():
+        members.sort(key=lambda i: checked[i][1].shape[0])  # a chunk then holds few OOD sizes, each drawn once
+        for chunk in _pair_chunks(members, checked, budget_bytes):
+            ranks = {i: _ranks(*checked[i]) for i in chunk}
+            _fill_chunk(n, chunk, ranks, out, resamples, seed, tpr, metric_names, budget_bytes, advance)
+    return out
+
+
+def _pair_chunks(
+    members: list[int], checked: Sequence[tuple[np.ndarray, np.ndarray]], budget_bytes: int
+) -> list[list[int]]:
+    """Consecutive groups of pairs whose rank structures fit the budget (at least one pair each)."""
+    chunks: list[list[int]] = [[]]
+    used = 0
+    for index in members:
+        n, m = checked[index][0].shape[0], checked[index][1].shape[0]
+        size = 4 * n + 16 * min(n, m)
+        if chunks[-1] and used + size > budget_bytes:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(index)
+        used += size
+    return chunks
+
+
+def _fill_chunk(
+    n: int,
+    chunk: list[int],
+    ranks: dict[int, _Ranks],
+    out: list[dict[str, np.ndarray]],
+    resamples: int,
+    seed: int,
+    tpr: float,
+    metric_names: Sequence[str],
+    budget_bytes: int,
+    advance: Callable[[float], None] | None,
+) -> None:
+    """Replicates of one chunk of pairs with ID size n, block by block of resamples."""
+    by_m: dict[int, list[int]] = {}
+    for index in chunk:
+        by_m.setdefault(ranks[index].m, []).append(index)
+    k = required_count(tpr, n)
+    id_stream = _stream(seed, "id", n)
+    ood_streams = {m: _stream(seed, "ood", m) for m in by_m}
+    # Pairs are independent and their replicates exact integers over n·m: threads give the same values, and
+    # numpy releases the GIL in the gathers and sums that dominate.
+    workers = max(1, min(available_cores(), max(len(v) for v in by_m.values())))
+    rows = _block_rows(n, max(by_m), resamples, budget_bytes, workers)
+    with ThreadPoolExecutor(workers) as pool:
+        for start in range(0, resamples, rows):
+            stop = min(resamples, start + rows)
+            id_counts = _draw_counts(id_stream, stop - start, n)
+            id_totals = _cumulative(id_counts)
+            positions = _positions(id_totals, k) if "fpr95" in metric_names else None
+            for m, indices in by_m.items():
+                ood_counts = _draw_counts(ood_streams[m], stop - start, m)
+                ood_totals = _cumulative(ood_counts)
+
+                block = (id_counts, ood_counts, id_totals, ood_totals, positions)
+                fill = partial(
+                    _fill_pair, ranks=ranks, block=block, out=out, span=slice(start, stop), names=metric_names
+                )
+                list(pool.map(fill, indices))
+                if advance is not None:
+                    advance(len(indices) * (stop - start) / resamples)
+
+
+def _fill_pair(
+    index: int,
+    *,
+    ranks: dict[int, _Ranks],
+    block: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None],
+    out: list[dict[str, np.ndarray]],
+    span: slice,
+    names: Sequence[str],
+) -> None:
+    """Write one pair's replicates of one block of resamples into its output arrays."""
+    for name, values in _replicates_from_counts(ranks[index], *block, names).items():
+        out[index][name][span] = values
 
 
 def bootstrap_replicates(
@@ -147,52 +365,14 @@ def bootstrap_replicates(
     budget_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> dict[str, np.ndarray]:
     """{metric: (resamples,) values} of FPR@95 and/or AUROC on stratified bootstrap resamples of ID and OOD."""
-    unknown = sorted(set(metric_names) - set(BOOTSTRAP_METRICS))
-    if unknown:
-        raise AnalysisError(f"cannot bootstrap {unknown}; available: {', '.join(BOOTSTRAP_METRICS)}")
-    if int(resamples) < 2:
-        raise AnalysisError(f"resamples must be at least 2; got {resamples}")
-    ids_desc = np.sort(metrics.as_scores("id_scores", id_scores))[::-1]
-    ood_asc = np.sort(metrics.as_scores("ood_scores", ood_scores))
-    rng = np.random.default_rng([int(seed), zlib.crc32(b"stratified-bootstrap")])
-    return _replicates_from_counts(ids_desc, ood_asc, tpr, metric_names, int(resamples), rng, budget_bytes)
-
-
-def _replicates_from_counts(
-    ids_desc: np.ndarray,
-    ood_asc: np.ndarray,
-    tpr: float,
-    metric_names: Sequence[str],
-    resamples: int,
-    rng: np.random.Generator | None,
-    budget_bytes: int = DEFAULT_CHUNK_BYTES,
-    id_counts: np.ndarray | None = None,
-    ood_counts: np.ndarray | None = None,
-) -> dict[str, np.ndarray]:
-    """Replicates for resamples given as multiplicity counts (drawn here unless passed, for testing)."""
-    n, m = ids_desc.shape[0], ood_asc.shape[0]
-    k = required_count(tpr, n)
-    # Position in the ascending OOD order of each ID value: #OOD < x and #OOD <= x.
-    below = np.searchsorted(ood_asc, ids_desc, side="left")
-    not_above = np.searchsorted(ood_asc, ids_desc, side="right")
-    out = {name: np.empty(resamples) for name in metric_names}
-    rows = max(1, min(resamples, budget_bytes // (8 * 3 * (n + m + 1))))
-    for start in range(0, resamples, rows):
-        stop = min(resamples, start + rows)
-        w = id_counts[start:stop] if id_counts is not None else _multiplicities(rng, stop - start, n)
-        v = ood_counts[start:stop] if ood_counts is not None else _multiplicities(rng, stop - start, m)
-        # cum_ood[b, j] = weighted count of the j smallest OOD scores in resample b.
-        cum_ood = np.zeros((stop - start, m + 1), dtype=np.int64)
-        np.cumsum(v, axis=1, out=cum_ood[:, 1:])
-        if "fpr95" in out:
-            # The k-th largest resampled ID score is the first (descending) position where the count reaches k.
-            position = np.argmax(np.cumsum(w, axis=1) >= k, axis=1)
-            rejected = np.take_along_axis(cum_ood, below[position][:, None], axis=1)[:, 0]
-            out["fpr95"][start:stop] = (m - rejected) / m
-        if "auroc" in out:
-            wins_twice = (w * (cum_ood[:, below] + cum_ood[:, not_above])).sum(axis=1)
-            out["auroc"][start:stop] = wins_twice / (2.0 * n * m)
-    return out
+    return bootstrap_replicates_many(
+        [(id_scores, ood_scores)],
+        resamples=resamples,
+        seed=seed,
+        tpr=tpr,
+        metric_names=metric_names,
+        budget_bytes=budget_bytes,
+    )[0]
 
 
 def jackknife_values(
@@ -301,6 +481,35 @@ class BootstrapResult:
         }
 
 
+def bootstrap_many(
+    pairs: Sequence[tuple[object, object]],
+    *,
+    metric_names: Sequence[str] = BOOTSTRAP_METRICS,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    tpr: float = 0.95,
+    advance: Callable[[float], None] | None = None,
+) -> list[dict[str, BootstrapResult]]:
+    """`bootstrap` of many (ID scores, OOD scores) pairs, sharing each side's draws (see `bootstrap_replicates_many`)."""
+    _check_confidence(confidence)
+    checked = [(metrics.as_scores("id_scores", ids), metrics.as_scores("ood_scores", ood)) for ids, ood in pairs]
+    all_replicates = bootstrap_replicates_many(
+        checked, resamples=resamples, seed=seed, tpr=tpr, metric_names=metric_names, advance=advance
+    )
+    found = []
+    for (ids, ood), replicates in zip(checked, all_replicates, strict=True):
+        results = {}
+        for name in metric_names:
+            estimate = metrics.fpr_at_tpr(ids, ood, tpr) if name == "fpr95" else metrics.auroc(ids, ood)
+            jack = jackknife_values(ids, ood, name, tpr=tpr)
+            bca, z0, a = bca_interval(replicates[name], estimate, jack, confidence)
+            percentile = percentile_interval(replicates[name], estimate, confidence)
+            results[name] = BootstrapResult(name, estimate, replicates[name], percentile, bca, z0, a)
+        found.append(results)
+    return found
+
+
 def bootstrap(
     id_scores: object,
     ood_scores: object,
@@ -312,19 +521,14 @@ def bootstrap(
     tpr: float = 0.95,
 ) -> dict[str, BootstrapResult]:
     """Stratified bootstrap (ID and OOD resampled separately) of FPR@95 and AUROC with percentile and BCa intervals."""
-    _check_confidence(confidence)
-    ids = metrics.as_scores("id_scores", id_scores)
-    ood = metrics.as_scores("ood_scores", ood_scores)
-    replicates = bootstrap_replicates(ids, ood, resamples=resamples, seed=seed, tpr=tpr, metric_names=metric_names)
-    results = {}
-    for name in metric_names:
-        estimate = metrics.fpr_at_tpr(ids, ood, tpr) if name == "fpr95" else metrics.auroc(ids, ood)
-        jack = jackknife_values(ids, ood, name, tpr=tpr)
-        bca, z0, a = bca_interval(replicates[name], estimate, jack, confidence)
-        results[name] = BootstrapResult(
-            name, estimate, replicates[name], percentile_interval(replicates[name], estimate, confidence), bca, z0, a
-        )
-    return results
+    return bootstrap_many(
+        [(id_scores, ood_scores)],
+        metric_names=metric_names,
+        resamples=resamples,
+        confidence=confidence,
+        seed=seed,
+        tpr=tpr,
+    )[0]
 
 
 def normal_interval(

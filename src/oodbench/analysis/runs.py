@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -11,13 +11,15 @@ from ..core.errors import AnalysisError
 from ..core.metrics import check_convention
 from ..util.progress import progress_bar
 from .delong import DeLongResult, delong_interval, delong_test
-from .intervals import Interval, bootstrap, fpr_interval
+from .intervals import Interval, bootstrap_many, fpr_interval
 from .rundata import RunData
 
 __all__ = [
     "IntervalRecord",
+    "IntervalRequest",
     "INTERVAL_METHODS",
     "interval_record",
+    "interval_records",
     "intervals_for_run",
     "compare_in_run",
     "best_detectors",
@@ -68,6 +70,73 @@ def best_detectors(
     )[:count]
 
 
+@dataclass(frozen=True)
+class IntervalRequest:
+    """One pair of score arrays to put intervals on, with the names its record carries."""
+
+    model: str
+    id_dataset: str
+    ood_dataset: str
+    detector: str
+    id_scores: object
+    ood_scores: object
+
+
+def interval_records(
+    requests: Sequence[IntervalRequest],
+    *,
+    methods: Sequence[str] = INTERVAL_METHODS,
+    resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    tpr: float = 0.95,
+    advance: Callable[[float], None] | None = None,
+) -> list[IntervalRecord]:
+    """Intervals of many detectors' FPR@95 and AUROC, each as `interval_record` gives it alone.
+
+    The bootstrap runs once over all requests, so requests that share an ID or OOD set size share its draws.
+    `advance(share)` reports progress in requests.
+    """
+    unknown = sorted(set(methods) - set(INTERVAL_METHODS))
+    if unknown:
+        raise AnalysisError(f"unknown interval methods {unknown}; available: {', '.join(INTERVAL_METHODS)}")
+    boot_methods = [m for m in ("percentile", "bca") if m in methods]
+    pairs = [(r.id_scores, r.ood_scores) for r in requests]
+    boots = (
+        bootstrap_many(pairs, resamples=resamples, confidence=confidence, seed=seed, tpr=tpr, advance=advance)
+        if boot_methods
+        else [None] * len(requests)
+    )
+    records = []
+    for request, boot in zip(requests, boots, strict=True):
+        found: dict[str, Interval] = {}
+        for method in ("wilson", "clopper-pearson"):
+            if method in methods:
+                found[f"fpr95/{method}"] = fpr_interval(
+                    request.id_scores, request.ood_scores, tpr=tpr, confidence=confidence, method=method
+                )
+        for method in boot_methods:
+            found[f"fpr95/{method}"] = getattr(boot["fpr95"], method)
+        if "delong" in methods:
+            found["auroc/delong"] = delong_interval(request.id_scores, request.ood_scores, confidence)
+        for method in boot_methods:
+            found[f"auroc/{method}"] = getattr(boot["auroc"], method)
+        records.append(
+            IntervalRecord(
+                request.model,
+                request.id_dataset,
+                request.ood_dataset,
+                request.detector,
+                int(np.asarray(request.id_scores).shape[0]),
+                int(np.asarray(request.ood_scores).shape[0]),
+                found,
+            )
+        )
+        if advance is not None and not boot_methods:
+            advance(1.0)
+    return records
+
+
 def interval_record(
     model: str,
     id_dataset: str,
@@ -83,34 +152,10 @@ def interval_record(
     tpr: float = 0.95,
 ) -> IntervalRecord:
     """Intervals of one detector's FPR@95 and AUROC on one (ID, OOD) pair of score arrays."""
-    unknown = sorted(set(methods) - set(INTERVAL_METHODS))
-    if unknown:
-        raise AnalysisError(f"unknown interval methods {unknown}; available: {', '.join(INTERVAL_METHODS)}")
-    found: dict[str, Interval] = {}
-    for method in ("wilson", "clopper-pearson"):
-        if method in methods:
-            found[f"fpr95/{method}"] = fpr_interval(
-                id_scores, ood_scores, tpr=tpr, confidence=confidence, method=method
-            )
-    boot_methods = [m for m in ("percentile", "bca") if m in methods]
-    if boot_methods:
-        boot = bootstrap(id_scores, ood_scores, resamples=resamples, confidence=confidence, seed=seed, tpr=tpr)
-        for method in boot_methods:
-            found[f"fpr95/{method}"] = getattr(boot["fpr95"], method)
-    if "delong" in methods:
-        found["auroc/delong"] = delong_interval(id_scores, ood_scores, confidence)
-    if boot_methods:
-        for method in boot_methods:
-            found[f"auroc/{method}"] = getattr(boot["auroc"], method)
-    return IntervalRecord(
-        model,
-        id_dataset,
-        ood_dataset,
-        detector,
-        int(np.asarray(id_scores).shape[0]),
-        int(np.asarray(ood_scores).shape[0]),
-        found,
-    )
+    request = IntervalRequest(model, id_dataset, ood_dataset, detector, id_scores, ood_scores)
+    return interval_records([request], methods=methods, resamples=resamples, confidence=confidence, seed=seed, tpr=tpr)[
+        0
+    ]
 
 
 def intervals_for_run(
@@ -133,34 +178,27 @@ def intervals_for_run(
     exactly ID-positive FPR@95 of that problem and AUROC is the same number in both (tests/core/test_metrics_openood.py).
     """
     swap = check_convention(convention) == "openood"
-    plans = run.ood_plans(ood_datasets)
-    loaded = [(plan, run.paired_scores(*plan, detectors=detectors)) for plan in plans]
-    total = sum(len(ids) for _, (ids, _) in loaded)
-    records = []
+    requests = []
+    for model, id_dataset, ood in run.ood_plans(ood_datasets):
+        id_scores, ood_scores = run.paired_scores(model, id_dataset, ood, detectors=detectors)
+        for name in id_scores:
+            first, second = id_scores[name], ood_scores[name]
+            if swap:
+                first, second = -np.asarray(second, dtype=np.float64), -np.asarray(first, dtype=np.float64)
+            requests.append(IntervalRequest(model, id_dataset, ood, name, first, second))
     with progress_bar(progress) as bar:
-        task = bar.add_task("intervals", total=total)
-        for (model, id_dataset, ood), (id_scores, ood_scores) in loaded:
-            for name in id_scores:
-                first, second = id_scores[name], ood_scores[name]
-                if swap:
-                    first, second = -np.asarray(second, dtype=np.float64), -np.asarray(first, dtype=np.float64)
-                record = interval_record(
-                    model,
-                    id_dataset,
-                    ood,
-                    name,
-                    first,
-                    second,
-                    methods=methods,
-                    resamples=resamples,
-                    confidence=confidence,
-                    seed=seed,
-                    tpr=tpr,
-                )
-                if swap:
-                    record = replace(record, n_id=record.n_ood, n_ood=record.n_id)
-                records.append(record)
-                bar.advance(task)
+        task = bar.add_task("intervals", total=len(requests))
+        records = interval_records(
+            requests,
+            methods=methods,
+            resamples=resamples,
+            confidence=confidence,
+            seed=seed,
+            tpr=tpr,
+            advance=lambda share: bar.advance(task, share),
+        )
+    if swap:
+        records = [replace(r, n_id=r.n_ood, n_ood=r.n_id) for r in records]
     return records
 
 

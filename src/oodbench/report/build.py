@@ -26,7 +26,7 @@ from ..analysis.published import (
     top1_fpr_points,
 )
 from ..analysis.rundata import RunData, check_distinct, load_run
-from ..analysis.runs import IntervalRecord, best_detectors, interval_record
+from ..analysis.runs import IntervalRecord, IntervalRequest, best_detectors, interval_records
 from ..analysis.spread import spread_vs_noise
 from ..analysis.subsample import (
     AcceptanceBits,
@@ -586,7 +586,7 @@ def _add_score_sections(
             replace(item, best=(item.ranked("fpr95") or [curve[0].best])[0])
             for item, curve in zip(items, curves, strict=True)
         ]
-        intervals = [_interval(item, options, lambda: bar.advance(task)) for item in items]
+        intervals = _intervals(items, options, lambda share: bar.advance(task, share))
     content.notes.extend(notes)
     content.subsample.extend(summaries)
     content.intervals.extend(intervals)
@@ -709,22 +709,24 @@ def _subsampling_section(
     return section
 
 
-def _interval(item: _ScoredOod, options: ReportOptions, advance: Callable[[], None]) -> IntervalRecord:
-    """Bootstrap intervals of the set's best detector."""
-    record = interval_record(
-        item.model,
-        item.id_dataset,
-        item.ood,
-        item.best,
-        item.id_scores[item.best],
-        item.ood_scores[item.best],
+def _intervals(
+    items: Sequence[_ScoredOod], options: ReportOptions, advance: Callable[[float], None]
+) -> list[IntervalRecord]:
+    """Bootstrap intervals of each set's best detector, in one bootstrap (the sets share their ID draws)."""
+    requests = [
+        IntervalRequest(
+            item.model, item.id_dataset, item.ood, item.best, item.id_scores[item.best], item.ood_scores[item.best]
+        )
+        for item in items
+    ]
+    return interval_records(
+        requests,
         resamples=options.resamples,
         confidence=options.confidence,
         seed=options.seed,
         tpr=options.tpr,
+        advance=advance,
     )
-    advance()
-    return record
 
 
 def _delong(item: _ScoredOod, options: ReportOptions) -> tuple[str, str, DeLongResult] | None:
