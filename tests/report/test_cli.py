@@ -147,3 +147,24 @@ def test_report_defaults_to_a_folder_inside_the_run(cli, two_runs, tmp_path) -> 
     both = runner.invoke(cli, ["report", str(run), str(two_runs[1]), "--format", "md", *FAST])
     assert both.exit_code == 2 and "2 runs: give --out for their joint report" in both.stderr
     assert not (tmp_path / "runs" / "report").exists()
+
+
+def test_a_report_written_again_removes_what_a_killed_write_left(cli, two_runs, tmp_path) -> None:
+    """SIGKILL during an atomic write leaves its temporary; the next report over the folder removes it."""
+    import os
+
+    out = tmp_path / "out"
+    args = ["report", *map(str, two_runs), "--out", str(out), "--format", "md", "--figure-format", "png", *FAST]
+    assert runner.invoke(cli, args).exit_code == 0
+    figure = next((out / "figures").glob("fig1-*.png"))
+    killed = [out / ".report.md.k1ll3d.tmp", figure.parent / f".{figure.name}.x9y8z7.tmp"]
+    others = [out / ".notes.txt.abc.tmp", out / "report.md.bak"]  # not the temporary of a file the report writes
+    for path in (*killed, *others):
+        path.write_bytes(b"half")
+        os.utime(path, (1, 1))  # written long before the next report starts
+    fresh = out / ".report.md.inflight.tmp"  # a write that began after the report started: left alone
+    fresh.write_bytes(b"writing")
+    os.utime(fresh, (4e9, 4e9))
+    assert runner.invoke(cli, args).exit_code == 0
+    assert not any(p.exists() for p in killed)
+    assert all(p.exists() for p in (*others, fresh))

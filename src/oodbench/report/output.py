@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import csv
+import glob
 import io
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -88,6 +90,7 @@ def write_report(
     """Write every table in each format, every figure once per figure format, and one report per format."""
     formats = parse_formats(list(formats))
     out = Path(out_dir)
+    started = time.time()
     written: dict[str, list[Path]] = {"tables": [], "figures": [], "reports": []}
     renderers = {"md": render_markdown, "tex": render_latex, "html": render_html}
     for table in content.tables():
@@ -129,4 +132,20 @@ def write_report(
 
         atomic_write_text(out / "report.html", render_html_document(content, embedded))
         written["reports"].append(out / "report.html")
+    _remove_stale_temporaries([p for paths in written.values() for p in paths], started)
     return written
+
+
+def _remove_stale_temporaries(paths: Sequence[Path], started: float) -> None:
+    """Delete what a killed earlier write of these files left: their atomic-write temporaries from before `started`.
+
+    A temporary is never read as the file (the rename never happened); this only keeps the folder clean. One made
+    after `started` may belong to a write in progress elsewhere and is left.
+    """
+    for path in paths:
+        for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            try:
+                if stale.is_file() and not stale.is_symlink() and stale.stat().st_mtime < started:
+                    stale.unlink()
+            except FileNotFoundError:  # removed by another writer meanwhile
+                pass
