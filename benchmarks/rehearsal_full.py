@@ -401,7 +401,8 @@ def main() -> None:
                 until=args.until,
             )
         )
-    if "A" in results and "B" in results:
+    finished_a = results.get("A") or (json.loads(other.read_text()).get("A") if other.exists() else None)
+    if finished_a and "B" in results:  # run A may have been recorded by its own invocation
         results["compare"] = compare(args.work / "A", args.work / "B")
         results["decode"] = decode_share(root, args.work / "A", models[0])
         htmls = sorted((args.work / "A").rglob("report.html"))
