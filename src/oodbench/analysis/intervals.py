@@ -178,10 +178,6 @@ class _Ranks:
     strict: np.ndarray  # indices into the other side's running totals: "strictly beyond" each score
     loose: np.ndarray | None  # "beyond or equal"; None where no ID score equals an OOD score
 
-    @property
-    def nbytes(self) -> int:
-        return self.below.nbytes + self.strict.nbytes + (0 if self.loose is None else self.loose.nbytes)
-
 
 def _ranks(ids: np.ndarray, ood: np.ndarray) -> _Ranks:
     """The rank structure of one (ID, OOD) pair of score arrays."""
@@ -262,13 +258,26 @@ def bootstrap_replicates_many(
     Pairs that share an ID (or OOD) size share that side's draws, so a run's detectors and OOD sets cost one
     draw per side and size, and each pair only its gathers. `advance(share)` reports progress in pairs.
     """
+    checked = [(metrics.as_scores("id_scores", ids), metrics.as_scores("ood_scores", ood)) for ids, ood in pairs]
+    return _replicates_many(checked, resamples, seed, tpr, metric_names, budget_bytes, advance)
+
+
+def _replicates_many(
+    checked: Sequence[tuple[np.ndarray, np.ndarray]],
+    resamples: int,
+    seed: int,
+    tpr: float,
+    metric_names: Sequence[str],
+    budget_bytes: int = DEFAULT_CHUNK_BYTES,
+    advance: Callable[[float], None] | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """`bootstrap_replicates_many` on score arrays already checked by `metrics.as_scores`."""
     unknown = sorted(set(metric_names) - set(BOOTSTRAP_METRICS))
     if unknown:
         raise AnalysisError(f"cannot bootstrap {unknown}; available: {', '.join(BOOTSTRAP_METRICS)}")
     resamples = int(resamples)
     if resamples < 2:
         raise AnalysisError(f"resamples must be at least 2; got {resamples}")
-    checked = [(metrics.as_scores("id_scores", ids), metrics.as_scores("ood_scores", ood)) for ids, ood in pairs]
     out: list[dict[str, np.ndarray]] = [{name: np.empty(resamples) for name in metric_names} for _ in checked]
     by_n: dict[int, list[int]] = {}
     for index, (ids, _) in enumerate(checked):
@@ -494,9 +503,7 @@ def bootstrap_many(
     """`bootstrap` of many (ID scores, OOD scores) pairs, sharing each side's draws (see `bootstrap_replicates_many`)."""
     _check_confidence(confidence)
     checked = [(metrics.as_scores("id_scores", ids), metrics.as_scores("ood_scores", ood)) for ids, ood in pairs]
-    all_replicates = bootstrap_replicates_many(
-        checked, resamples=resamples, seed=seed, tpr=tpr, metric_names=metric_names, advance=advance
-    )
+    all_replicates = _replicates_many(checked, resamples, seed, tpr, metric_names, advance=advance)
     found = []
     for (ids, ood), replicates in zip(checked, all_replicates, strict=True):
         results = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import glob
 import io
 import os
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from ..core.errors import AnalysisError
 from ..core.tabular import Table, render_markdown
-from ..util.atomic import atomic_write_text
+from ..util.atomic import atomic_write_text, remove_stale_temporaries
 from .build import FigureItem, ReportContent
 from .figures import save_figure
 from .html import render_html
@@ -132,20 +131,5 @@ def write_report(
 
         atomic_write_text(out / "report.html", render_html_document(content, embedded))
         written["reports"].append(out / "report.html")
-    _remove_stale_temporaries([p for paths in written.values() for p in paths], started)
+    remove_stale_temporaries([p for paths in written.values() for p in paths], started)
     return written
-
-
-def _remove_stale_temporaries(paths: Sequence[Path], started: float) -> None:
-    """Delete what a killed earlier write of these files left: their atomic-write temporaries from before `started`.
-
-    A temporary is never read as the file (the rename never happened); this only keeps the folder clean. One made
-    after `started` may belong to a write in progress elsewhere and is left.
-    """
-    for path in paths:
-        for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-            try:
-                if stale.is_file() and not stale.is_symlink() and stale.stat().st_mtime < started:
-                    stale.unlink()
-            except FileNotFoundError:  # removed by another writer meanwhile
-                pass

@@ -16,7 +16,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,32 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_stale_temporaries(paths: Sequence[str | os.PathLike[str]], before: float) -> None:
+    """Delete the temporaries that killed `atomic_path` writes of these files left, if made before `before`.
+
+    A temporary is never read as the file (its rename never happened); this only keeps folders clean. One made at
+    or after `before` may belong to a write in progress elsewhere and is left. One scan per folder.
+    """
+    by_folder: dict[Path, set[str]] = {}
+    for path in map(Path, paths):
+        by_folder.setdefault(path.parent, set()).add(path.name)
+    for folder, names in by_folder.items():
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            # atomic_path's naming: "." + the file's name + "." + mkstemp's random part + ".tmp"
+            if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+                continue
+            target = entry.name[1:-4].rpartition(".")[0]
+            try:
+                if target in names and entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < before:
+                    os.unlink(entry.path)
+            except FileNotFoundError:  # removed by another writer meanwhile
+                pass
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
