@@ -47,8 +47,8 @@ from oodbench.detectors.feature import (  # noqa: E402
     _ivf_lists,
     _normalize_in_place,
     _RunningKth,
-    _unit_float32,
     ivf_kth_similarity,
+    unit_float32,
 )
 
 
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     exact = configs["flat"]
     exact_auroc = auroc(exact["scores"][is_id], exact["scores"][~is_id])
     exact_fpr = fpr_at_tpr(exact["scores"][is_id], exact["scores"][~is_id])
-    queries = _unit_float32(test.features)
+    queries = unit_float32(test.features)
     report = {"fit_rows": args.fit, "d": args.d, "k": args.k, "queries": len(is_id), "configs": {}}
     for name, config in configs.items():
         detector, scores = config["detector"], config["scores"]

@@ -207,3 +207,17 @@ def test_fit_target_times_every_part_of_the_floor_in_every_round(detector_bench,
     )
     assert report["ratio_to_floor"] == pytest.approx(min(report["together_float32_s"]) / floor["total"])
     assert detector_bench.gram_passes(["maha", "vim"]) == 1 and detector_bench.gram_passes(["maha++"]) == 1
+
+
+def test_the_flat_search_benchmark_checks_its_values_against_faiss(tmp_path):
+    pytest.importorskip("faiss")
+    spec = importlib.util.spec_from_file_location("flat_search_bench", SCRIPT.with_name("flat_search.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "flat.json"
+    report = module.main(
+        ["--bank", "300", "--d", "16", "--queries", "40", "--k", "7", "--repeats", "1", "--out", str(out)]
+    )
+    assert report["largest_difference"] <= report["bound"] == pytest.approx(2 * 16 * 2.0**-24 / (1 - 16 * 2.0**-24))
+    assert set(report["seconds"]) == {"faiss", "oodbench", "floor"}
+    assert json.loads(out.read_text())["config"]["k"] == 7

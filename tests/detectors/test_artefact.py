@@ -424,7 +424,7 @@ def test_an_ivf_knn_saved_without_its_centre_loads_and_probes_uncentred(problem,
 
     from safetensors.numpy import load_file, save_file
 
-    from oodbench.detectors.feature import _ivf_lists, _unit_float32, ivf_kth_similarity
+    from oodbench.detectors.feature import _ivf_lists, ivf_kth_similarity, unit_float32
 
     detector = create("knn", k=5, index="ivf", nlist=4, nprobe=2).fit(problem.fit)
     path = save(detector, tmp_path / "ivf")
@@ -439,7 +439,7 @@ def test_an_ivf_knn_saved_without_its_centre_loads_and_probes_uncentred(problem,
     (path / "detector.json").write_text(json.dumps(meta))
     loaded = load(path)
     assert loaded.centre_ is None
-    queries = _unit_float32(problem.test.features)  # as knn normalises them; probing with these very rows
+    queries = unit_float32(problem.test.features)  # as knn normalises them; probing with these very rows
     centroids, lists = _ivf_lists(loaded.index_)
     kth, _ = ivf_kth_similarity(queries, centroids, lists, 2, 5)
     np.testing.assert_array_equal(loaded.score(problem.test), -np.sqrt(np.maximum(2.0 - 2.0 * kth, 0.0)))

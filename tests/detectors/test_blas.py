@@ -140,21 +140,3 @@ def test_a_small_fit_runs_on_one_blas_thread_and_scoring_keeps_the_blas_threads(
     monkeypatch.setattr(_blas, "SMALL_WORK", 50 * 4 * 4)  # this fit set is no longer small
     Records().fit(data).score(data)
     assert seen == {"fit": threads, "score": threads}
-
-
-def test_a_search_in_a_small_index_runs_on_one_faiss_thread():
-    """The choice follows the index's size only (never the queries'), and faiss's thread count comes back after."""
-    faiss = pytest.importorskip("faiss")
-    from oodbench.detectors._blas import SMALL_INDEX, faiss_threads_for
-
-    threads = faiss.omp_get_max_threads()
-    if threads < 2:
-        pytest.skip("faiss runs one thread here: nothing to limit")
-    small, large = faiss.IndexFlatIP(8), faiss.IndexFlatIP(8)
-    small.add(np.ones((SMALL_INDEX // 8, 8), dtype=np.float32))
-    large.add(np.ones((SMALL_INDEX // 8 + 1, 8), dtype=np.float32))
-    with faiss_threads_for(small):
-        assert faiss.omp_get_max_threads() == 1
-    assert faiss.omp_get_max_threads() == threads
-    with faiss_threads_for(large):
-        assert faiss.omp_get_max_threads() == threads

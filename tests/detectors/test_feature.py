@@ -15,7 +15,13 @@ from sklearn.preprocessing import StandardScaler
 from oodbench.core.errors import DetectorError
 from oodbench.core.outputs import Head, Outputs
 from oodbench.detectors import create
-from oodbench.detectors.feature import _ivf_lists, default_nlist, ivf_kth_similarity
+from oodbench.detectors.feature import (
+    _ivf_lists,
+    default_nlist,
+    flat_search,
+    flat_top_similarities,
+    ivf_kth_similarity,
+)
 
 
 def _rows(outputs: Outputs) -> np.ndarray:
@@ -570,3 +576,85 @@ def test_the_search_uses_as_many_threads_as_the_blas_may():
     with threadpool_limits(1, user_api="blas"):
         assert feature.blas_threads() == 1
     assert 1 <= feature.blas_threads() <= feature.available_cores()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    size=st.integers(1, 60),
+    block=st.integers(1, 70),
+    k_share=st.floats(0.0, 1.0),
+)
+def test_the_exact_search_returns_exactly_the_brute_force_top_k(seed, size, block, k_share):
+    """Blocks of the bank (one block, or several merged by the running top k) give a brute-force sort's k largest.
+
+    Integer entries in [-2, 2] (D <= 6) make every product an exact small integer whatever the summation order,
+    so the comparison is exact and ties are many; k runs from 1 to the whole bank, blocks from one row to more
+    than the bank.
+    """
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(seed)
+    dim, rows = int(rng.integers(1, 7)), int(rng.integers(1, 30))
+    bank = rng.integers(-2, 3, (size, dim)).astype(np.float32)
+    queries = rng.integers(-2, 3, (rows, dim)).astype(np.float32)
+    k = 1 + int(k_share * (size - 1))
+    original = feature.FLAT_BLOCK_ROWS
+    feature.FLAT_BLOCK_ROWS = block
+    try:
+        top = flat_top_similarities(queries, bank, k)
+    finally:
+        feature.FLAT_BLOCK_ROWS = original
+    expected = np.sort(queries @ bank.T, axis=1)[:, size - k :]
+    np.testing.assert_array_equal(np.sort(top, axis=1), expected)
+
+
+def test_the_exact_search_refuses_more_neighbours_than_rows():
+    with pytest.raises(DetectorError, match="k=4 exceeds the 3 rows"):
+        flat_top_similarities(np.ones((2, 2), np.float32), np.ones((3, 2), np.float32), 4)
+
+
+def test_the_exact_search_agrees_with_faiss_within_the_products_rounding(monkeypatch):
+    """The k largest of faiss's own exact search and of the blocked BLAS products, on unit rows: each product of D
+    terms is within gamma_D = D u / (1 - D u) (u = 2^-24) of the exact one in either computation, so they differ by
+    at most 2 gamma_D, and so does each order statistic. Several blocks and parts across threads included."""
+    faiss = pytest.importorskip("faiss")
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(3)
+    dim, k = 48, 25
+    bank = rng.standard_normal((700, dim)).astype(np.float32)
+    queries = rng.standard_normal((90, dim)).astype(np.float32)
+    bank /= np.linalg.norm(bank, axis=1, keepdims=True)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    index = faiss.IndexFlatIP(dim)
+    index.add(bank)
+    expected, _ = index.search(queries, k)  # descending
+    gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
+    monkeypatch.setattr(feature, "FLAT_BLOCK_ROWS", 128)  # six blocks
+    monkeypatch.setattr(feature, "FLAT_PART_WORK", 20 * 700 * dim)  # parts of 20 queries or more
+    monkeypatch.setattr(feature, "blas_threads", lambda: 3)  # three parts, whatever this machine has
+    top = -np.sort(-flat_search(queries, index, k), axis=1)
+    assert np.abs(top.astype(np.float64) - expected).max() <= 2 * gamma
+
+
+def test_the_exact_search_splits_the_queries_across_the_cores_as_one_search(monkeypatch):
+    """Parts of the queries on threads give one search's values (integer rows: exact whatever the BLAS's order)."""
+    faiss = pytest.importorskip("faiss")
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(5)
+    bank = rng.integers(-3, 4, (300, 8)).astype(np.float32)
+    queries = rng.integers(-3, 4, (100, 8)).astype(np.float32)
+    index = faiss.IndexFlatIP(8)
+    index.add(bank)
+    monkeypatch.setattr(feature, "FLAT_PART_WORK", 10**12)  # one search over every query
+    whole = np.sort(flat_search(queries, index, 7), axis=1)
+    calls = []
+    original = feature.flat_top_similarities
+    monkeypatch.setattr(feature, "flat_top_similarities", lambda q, b, k: calls.append(len(q)) or original(q, b, k))
+    monkeypatch.setattr(feature, "FLAT_PART_WORK", 30 * 300 * 8)  # parts of at least 30 queries
+    monkeypatch.setattr(feature, "blas_threads", lambda: 3)
+    parts = np.sort(flat_search(queries, index, 7), axis=1)
+    assert sorted(calls) == [33, 33, 34]
+    np.testing.assert_array_equal(parts, whole)

@@ -146,26 +146,3 @@ def threads_for(work: int) -> Iterator[None]:
         return
     with one_blas_thread():
         yield
-
-
-# An exact faiss search in an index of at most this many values (rows × D) runs on one OpenMP thread: 8,192 rows at
-# D = 512. faiss's threads cost more than they save there, and whole seconds where other processes hold the cores
-# (1,000 queries in a 50-row bank at D = 512 on the shared 2-core machine: 4 ms on one thread, 32 ms on two). The
-# choice follows the index, never the number of queries, so a row's score does not depend on the rows beside it.
-SMALL_INDEX = 1 << 22
-
-
-@contextlib.contextmanager
-def faiss_threads_for(index: Any) -> Iterator[None]:
-    """faiss's searches in `index` on one OpenMP thread when it holds at most SMALL_INDEX values; restored after."""
-    import faiss
-
-    if index.ntotal * index.d > SMALL_INDEX or faiss.omp_get_max_threads() == 1:
-        yield
-        return
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        yield
-    finally:
-        faiss.omp_set_num_threads(threads)

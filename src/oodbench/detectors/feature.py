@@ -14,7 +14,7 @@ from ..core.numerics import l2_normalize, logsumexp_in_place
 from ..core.outputs import Head, Outputs
 from ..util.chunking import DEFAULT_CHUNK_BYTES
 from ..util.cores import available_cores
-from ._blas import blas_threads, faiss_threads_for, one_blas_thread
+from ._blas import blas_threads, one_blas_thread
 from ._gaussian import CLASS_GAUSSIANS_STATE, ClassGaussians, symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, Summary, _FitInfo
@@ -155,7 +155,7 @@ def _normalize_in_place(block: np.ndarray) -> np.ndarray:
     return block
 
 
-def _unit_float32(rows: np.ndarray) -> np.ndarray:
+def unit_float32(rows: np.ndarray) -> np.ndarray:
     """ℓ2-normalised rows as a new contiguous float32 array, the form faiss searches."""
     return _normalize_in_place(np.array(rows, dtype=np.float32, order="C"))
 
@@ -217,6 +217,11 @@ class _RunningKth:
         self.pending = np.full((rows, width), -np.inf, dtype=np.float32)  # unfilled slots stay -inf
         self.fill = np.zeros(rows, dtype=np.int64)
 
+    def hold(self, top: np.ndarray) -> None:
+        """Start from k values per query already known to be among its values (e.g. the k largest of a first block)."""
+        self.top = np.ascontiguousarray(top, dtype=np.float32)
+        self.kth = self.top.min(axis=1)
+
     def _merge(self, rows: np.ndarray, extra: np.ndarray | None = None) -> None:
         """Merge the pending values of `rows` (and `extra` values, one row each) into their k held values."""
         parts = [self.top[rows], self.pending[rows]] + ([] if extra is None else [extra])
@@ -251,11 +256,16 @@ class _RunningKth:
             self.pending.reshape(-1)[np.repeat(first, count) + np.arange(len(entering))] = entering
             self.fill[who] = fill + count
 
-    def result(self) -> np.ndarray:
-        """Each query's k-th largest value over all blocks (-inf where fewer than k were fed), as float64."""
+    def finish(self) -> np.ndarray:
+        """Each query's k largest values over all blocks (rows x k, float32, in no order; -inf fills a short row)."""
         waiting = np.flatnonzero(self.fill)
         for begin in range(0, len(waiting), 1024):  # bounded: 1,024 rows of k + width values at a time
             self._merge(waiting[begin : begin + 1024])
+        return self.top
+
+    def result(self) -> np.ndarray:
+        """Each query's k-th largest value over all blocks (-inf where fewer than k were fed), as float64."""
+        self.finish()
         return self.kth.astype(np.float64)
 
 
@@ -307,25 +317,81 @@ def ivf_kth_similarity(
 # Fewest queries per thread of a parallel IVF search: below this the per-list products get too narrow to pay.
 ROWS_PER_SEARCH_THREAD = 512
 
+# Bank rows per product of an exact search: wide enough to run at the GEMM rate, few enough that a chunk's block of
+# products stays small beside its rows (4,096 float32 values a query).
+FLAT_BLOCK_ROWS = 4096
+# Fewest multiply-adds in one thread's part of an exact search (a few milliseconds on one core): a smaller search,
+# such as 1,000 queries in NNGuide's bank of 50 rows, costs less on the calling thread than a thread's start.
+FLAT_PART_WORK = 1 << 27
+
+
+def flat_vectors(index: Any) -> np.ndarray:
+    """The vectors of a faiss IndexFlat (rows x D, float32) as a view of its storage: no copy."""
+    import faiss
+
+    return faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d).reshape(index.ntotal, index.d)
+
+
+def flat_top_similarities(queries: np.ndarray, bank: np.ndarray, k: int) -> np.ndarray:
+    """Each query's k largest inner products with the rows of `bank`, exactly (rows x k, float32, in no order).
+
+    What an exact faiss IndexFlatIP search returns, computed as BLAS products of the queries with blocks of
+    FLAT_BLOCK_ROWS bank rows: faiss's own search ran 4.5 times slower than numpy's product and one partition on
+    one core (1,000 queries in 5,000 rows at D = 512: 130 ms against 29 ms; docs/detectors.md). A bank of one
+    block is one product and one partition; in a larger one the first block's k largest start each query's running
+    top k (`_RunningKth`), which the later blocks' products above its k-th enter. Both are float32 products of D
+    terms, as faiss's, so the values agree with its to their rounding.
+    """
+    rows, size = queries.shape[0], bank.shape[0]
+    if k > size:
+        raise DetectorError(f"k={k} exceeds the {size} rows searched")
+    first = max(FLAT_BLOCK_ROWS, k)  # at least k rows, whose k largest products start the running top k
+    top = np.partition(queries @ bank[:first].T, min(first, size) - k, axis=1)[:, min(first, size) - k :]
+    if size <= first:
+        return top
+    running = _RunningKth(rows, k, 2 * k)
+    running.hold(top)
+    everyone = np.arange(rows)
+    for start in range(first, size, FLAT_BLOCK_ROWS):
+        running.add(everyone, queries @ bank[start : start + FLAT_BLOCK_ROWS].T)
+    return running.finish()
+
+
+def flat_search(queries: np.ndarray, index: Any, k: int) -> np.ndarray:
+    """flat_top_similarities of the queries in a faiss IndexFlat's vectors, the queries split across the cores.
+
+    Each part runs its products on one BLAS thread (as the IVF search): parts give the same values as one search
+    up to the float32 rounding of the products, which the BLAS may order otherwise for another number of rows.
+    """
+    bank = flat_vectors(index)
+    threads = blas_threads()  # read before the limit below, which would report one thread
+    min_rows = -(-FLAT_PART_WORK // max(1, bank.shape[0] * bank.shape[1]))
+    with one_blas_thread():
+        (top,) = across_cores(
+            lambda part: (flat_top_similarities(queries[part], bank, k),), len(queries), threads, min_rows
+        )
+    return top
+
 
 def across_cores(
-    search: Callable[[slice], tuple[np.ndarray, np.ndarray]], rows: int, threads: int
-) -> tuple[np.ndarray, np.ndarray]:
+    search: Callable[[slice], tuple[np.ndarray, ...]], rows: int, threads: int, min_rows: int | None = None
+) -> tuple[np.ndarray, ...]:
     """`search` over contiguous parts of `rows` queries, on up to `threads` threads; the parts' results in row order.
 
     The IVF search's per-list products run on one BLAS thread each (ivf_kth_similarity), so one search uses one
     core. Queries are independent, so parts give the results of one search over all rows up to the float32
     rounding of the products: the BLAS may sum a product in another order for another number of rows (OpenBLAS
     0.3.31 does, from one row up), never by more than that rounding. numpy releases the GIL in its products and
-    partitions, so threads suffice. `threads` is read by the caller before it limits the BLAS to one thread.
+    partitions, so threads suffice. `threads` is read by the caller before it limits the BLAS to one thread; each
+    part holds at least `min_rows` queries (default ROWS_PER_SEARCH_THREAD).
     """
-    workers = max(1, min(threads, rows // ROWS_PER_SEARCH_THREAD))
+    workers = max(1, min(threads, rows // (ROWS_PER_SEARCH_THREAD if min_rows is None else max(1, min_rows))))
     if workers == 1:
         return search(slice(0, rows))
     bounds = np.linspace(0, rows, workers + 1).astype(int)
     with ThreadPoolExecutor(workers) as pool:
         parts = list(pool.map(search, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]))
-    return np.concatenate([kth for kth, _ in parts]), np.concatenate([probed for _, probed in parts])
+    return tuple(np.concatenate(results) for results in zip(*parts, strict=True))
 
 
 def default_nlist(num_rows: int, k: int) -> int:
@@ -345,7 +411,7 @@ def default_nlist(num_rows: int, k: int) -> int:
 
 @register("knn")
 class KNN(Detector):
-    """Negative distance to the K-th nearest ℓ2-normalised fit feature (faiss; exact by default, IVF when asked)."""
+    """Negative distance to the K-th nearest ℓ2-normalised fit feature (exact by default, IVF when asked)."""
 
     requires = Requirements.of(fit=("features",), score=("features",))
     paper = Paper(
@@ -353,14 +419,14 @@ class KNN(Detector):
         "ICML 2022",
         "https://arxiv.org/abs/2204.06507",
         "k=1000: the paper's ImageNet setting (alpha = 100% of the training set); index='flat' is exact "
-        "(faiss IndexFlatIP on unit vectors, distance = sqrt(2 - 2 cos)); index='ivf' is approximate "
+        "(every inner product of the unit vectors, as BLAS products; distance = sqrt(2 - 2 cos)); index='ivf' is approximate "
         "(faiss IndexIVFFlat: lists by spherical k-means of the centred normalised rows, nlist default N/k "
         "clipped to [sqrt(N), 4 sqrt(N)], k-means on 64 rows per list with 10 iterations, "
         "nprobe=32 lists searched per query, searched list by list as BLAS products). The index holds the "
         "fit set in RAM as float32 (N x D x 4 bytes)",
     )
     summary = Summary(
-        "−‖ẑ − ẑ_(K)‖, the K-th nearest normalised fit feature (faiss)",
+        "−‖ẑ − ẑ_(K)‖, the K-th nearest normalised fit feature",
         defaults='k: the paper\'s ImageNet setting, 100% of the training set; index "flat" is exact, "ivf" approximate (faiss IVF lists searched as BLAS products); nlist None: N/k within [√N, 4√N]',
         also_in="pytorch-ood, OpenOOD",
     )
@@ -432,7 +498,7 @@ class KNN(Detector):
         index.cp.niter = 10
         index.cp.max_points_per_centroid = 64
         index.cp.seed = int(self.seed)
-        sample = _unit_float32(
+        sample = unit_float32(
             gather_rows(fit_set.features, sample_rows(num_rows, min(num_rows, 64 * nlist), self.seed))
         )
         # The lists come from the centred rows: unit features share a large common direction (post-ReLU features
@@ -446,18 +512,16 @@ class KNN(Detector):
         index.nprobe = self.nprobe
         self.nlist_ = nlist
         for rows in fit_chunks(num_rows, dim, "knn: index"):
-            unit = _unit_float32(fit_set.features[rows])
+            unit = unit_float32(fit_set.features[rows])
             _, lists = index.quantizer.search(_normalize_in_place(unit - self.centre_), 1)
             lists = np.ascontiguousarray(lists.ravel(), dtype=np.int64)
             index.add_core(len(unit), faiss.swig_ptr(unit), None, faiss.swig_ptr(lists))
         self.index_ = index
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        queries = _unit_float32(chunk.features)
+        queries = unit_float32(chunk.features)
         if self.index == "flat":
-            with faiss_threads_for(self.index_):
-                similarities, _ = self.index_.search(queries, self.k)
-            kth = similarities[:, -1].astype(np.float64)
+            kth = flat_search(queries, self.index_, self.k).min(axis=1).astype(np.float64)
         else:
             centroids, lists = _ivf_lists(self.index_)
             probe_with = queries if self.centre_ is None else _normalize_in_place(queries - self.centre_)
@@ -487,7 +551,9 @@ class KNN(Detector):
 
     def _row_width(self, test: Outputs) -> int:
         if self.index == "flat":
-            return 2 * test.num_features + 2 * self.k
+            # The normalised float32 row, its products with a block of the bank and their partitioned copy, the
+            # running top k and its buffer of 2k (float32: half a value each).
+            return (test.num_features + 2 * min(int(self.index_.ntotal), FLAT_BLOCK_ROWS) + 3 * self.k) // 2 + 1
         # The normalised float32 row, its centred copy that chooses the lists and its gathered copy, the coarse
         # products, the running top k and its buffer of 2k entering values (float32: half a value each); the per-list
         # products and their merge are bounded by the largest list, not per row.

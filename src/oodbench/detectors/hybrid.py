@@ -10,10 +10,10 @@ import numpy as np
 from ..core.errors import DetectorError
 from ..core.numerics import energy, l2_normalize
 from ..core.outputs import Head, Outputs
-from ._blas import faiss_threads_for
 from ._gaussian import symmetric_eigh
 from ._streaming import fit_chunks, gather_rows, sample_rows
 from .base import Detector, Paper, Requirements, Summary, _FitInfo
+from .feature import FLAT_BLOCK_ROWS, flat_search, unit_float32
 from .fitsize import FitSize
 from .registry import register
 from .shared import FitStatistics, statistics_for
@@ -179,7 +179,7 @@ class NNGuide(Detector):
         "ICCV 2023",
         "https://arxiv.org/abs/2309.14888",
         "k=100, alpha=0.01: OpenOOD v1.5's nnguide.yml (the paper's bank is a 1% subset of the training set); "
-        "the bank is a seeded uniform random alpha-fraction of the fit set; exact inner-product search (faiss)",
+        "the bank is a seeded uniform random alpha-fraction of the fit set; exact inner-product search (BLAS products)",
     )
     summary = Summary(
         "energy(f)·mean top-K ⟨ẑ, bank⟩, bank = ẑ_j·energy_j for a random α of the fit set",
@@ -237,10 +237,12 @@ class NNGuide(Detector):
         self.index_.add(np.ascontiguousarray(bank, dtype=np.float32))
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
-        queries = np.ascontiguousarray(l2_normalize(np.asarray(chunk.features, dtype=np.float64)), dtype=np.float32)
-        with faiss_threads_for(self.index_):
-            similarities, _ = self.index_.search(queries, self.k)
-        return energy(chunk.logits) * similarities.astype(np.float64).mean(axis=1)
+        queries = unit_float32(chunk.features)  # normalised as knn's queries: in float32, one pass, no float64 copy
+        # The k largest in descending order, as faiss returns them: their float64 mean is then summed in one order.
+        top = -np.sort(-flat_search(queries, self.index_, self.k), axis=1)
+        return energy(chunk.logits) * top.astype(np.float64).mean(axis=1)
 
     def _row_width(self, test: Outputs) -> int:
-        return 2 * test.num_features + 2 * self.k + int(test.num_classes or 0)
+        # The float64 unit row and its float32 copy, a block of products and their partition, the top k twice.
+        bank = min(int(self.index_.ntotal), FLAT_BLOCK_ROWS)
+        return 2 * test.num_features + bank + 2 * self.k + int(test.num_classes or 0)
