@@ -551,9 +551,10 @@ class KNN(Detector):
 
     def _row_width(self, test: Outputs) -> int:
         if self.index == "flat":
-            # The normalised float32 row, its products with a block of the bank and their partitioned copy, the
-            # running top k and its buffer of 2k (float32: half a value each).
-            return (test.num_features + 2 * min(int(self.index_.ntotal), FLAT_BLOCK_ROWS) + 3 * self.k) // 2 + 1
+            # The normalised float32 row, its products with a block of the bank (the first block holds at least k
+            # rows) and their partitioned copy, the running top k and its buffer of 2k (float32: half a value each).
+            block = min(int(self.index_.ntotal), max(FLAT_BLOCK_ROWS, self.k))
+            return (test.num_features + 2 * block + 3 * self.k) // 2 + 1
         # The normalised float32 row, its centred copy that chooses the lists and its gathered copy, the coarse
         # products, the running top k and its buffer of 2k entering values (float32: half a value each); the per-list
         # products and their merge are bounded by the largest list, not per row.

@@ -243,6 +243,8 @@ class NNGuide(Detector):
         return energy(chunk.logits) * top.astype(np.float64).mean(axis=1)
 
     def _row_width(self, test: Outputs) -> int:
-        # The float64 unit row and its float32 copy, a block of products and their partition, the top k twice.
-        bank = min(int(self.index_.ntotal), FLAT_BLOCK_ROWS)
-        return 2 * test.num_features + bank + 2 * self.k + int(test.num_classes or 0)
+        # The float32 unit row, a block of products and their partition (float32: half a value each; the first block
+        # holds at least k rows), the top k with its negated and sorted copies and their float64 form, and the
+        # float64 logits of the energy.
+        bank = min(int(self.index_.ntotal), max(FLAT_BLOCK_ROWS, self.k))
+        return (test.num_features + 1) // 2 + bank + 3 * self.k + int(test.num_classes or 0)
