@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -99,4 +98,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main() and 0)
+    main()

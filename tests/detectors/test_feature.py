@@ -557,7 +557,9 @@ def test_knn_ivf_search_runs_one_search_per_blas_thread(problem, monkeypatch):
     seen = []
     original = feature.across_cores
     monkeypatch.setattr(
-        feature, "across_cores", lambda search, rows, threads: seen.append(threads) or original(search, rows, threads)
+        feature,
+        "across_cores",
+        lambda search, rows, threads, *rest: seen.append(threads) or original(search, rows, threads, *rest),
     )
     with feature.one_blas_thread():
         detector.score(problem.test)

@@ -345,9 +345,9 @@ def flat_top_similarities(queries: np.ndarray, bank: np.ndarray, k: int) -> np.n
     rows, size = queries.shape[0], bank.shape[0]
     if k > size:
         raise DetectorError(f"k={k} exceeds the {size} rows searched")
-    first = max(FLAT_BLOCK_ROWS, k)  # at least k rows, whose k largest products start the running top k
-    top = np.partition(queries @ bank[:first].T, min(first, size) - k, axis=1)[:, min(first, size) - k :]
-    if size <= first:
+    first = min(max(FLAT_BLOCK_ROWS, k), size)  # at least k rows, whose k largest products start the running top k
+    top = np.partition(queries @ bank[:first].T, first - k, axis=1)[:, first - k :]
+    if first == size:
         return top
     running = _RunningKth(rows, k, 2 * k)
     running.hold(top)
@@ -364,13 +364,25 @@ def flat_search(queries: np.ndarray, index: Any, k: int) -> np.ndarray:
     up to the float32 rounding of the products, which the BLAS may order otherwise for another number of rows.
     """
     bank = flat_vectors(index)
-    threads = blas_threads()  # read before the limit below, which would report one thread
     min_rows = -(-FLAT_PART_WORK // max(1, bank.shape[0] * bank.shape[1]))
-    with one_blas_thread():
-        (top,) = across_cores(
-            lambda part: (flat_top_similarities(queries[part], bank, k),), len(queries), threads, min_rows
-        )
+    (top,) = searches_across_cores(
+        lambda part: (flat_top_similarities(queries[part], bank, k),), len(queries), min_rows
+    )
     return top
+
+
+def searches_across_cores(
+    search: Callable[[slice], tuple[np.ndarray, ...]], rows: int, min_rows: int | None = None
+) -> tuple[np.ndarray, ...]:
+    """across_cores on as many threads as the BLAS may use, each part's products on one BLAS thread.
+
+    One limit for the whole parallel section: a limit entered and left inside each thread would give the BLAS its
+    threads back while another part still runs. The number of threads is read before that limit, which would
+    otherwise report one thread.
+    """
+    threads = blas_threads()
+    with one_blas_thread():
+        return across_cores(search, rows, threads, min_rows)
 
 
 def across_cores(
@@ -530,12 +542,7 @@ class KNN(Detector):
             def search(part: slice) -> tuple[np.ndarray, np.ndarray]:
                 return ivf_kth_similarity(queries[part], centroids, lists, nprobe, self.k, probe_with=probe_with[part])
 
-            # One BLAS thread per search for the whole parallel section: a limit entered and left inside each
-            # thread would give the BLAS its threads back while the other search still runs. The number of
-            # searches is read before that limit, which would otherwise report one thread.
-            threads = blas_threads()
-            with one_blas_thread():
-                kth, probed = across_cores(search, len(queries), threads)
+            kth, probed = searches_across_cores(search, len(queries))
             if (probed < self.k).any():
                 raise DetectorError(
                     f"knn: the IVF index found fewer than k={self.k} neighbours for some rows (as few as "
