@@ -375,7 +375,7 @@ def test_a_run_equal_to_the_paper_reproduces_every_cell_of_every_table(paper_run
 
 def test_the_best_of_pools_are_the_papers_21_and_7() -> None:
     # Sec. 4.1 ("OOD Detectors"): the 21 post-hoc detectors, five logit-based, four activation- and weight-based, ten
-    # feature-based and two hybrid; Sec. 3.3: MCM, MaxLogit, Energy, GEN, Entropy, Margin and GL-MCM for the VLMs
+    # feature-based and two hybrid; Sec. 4.1: MCM, MaxLogit, Energy, GEN, Entropy, Margin and GL-MCM for the VLMs
     # (Table 1's caption: "the 7 logit-based detectors"). The experiment file runs exactly these.
     experiment = tomllib.loads((Path(__file__).parents[2] / "configs" / "fi-imagenet-1k.toml").read_text("utf-8"))
     assert len(POST_HOC_POOL) == 21 and set(experiment["detectors"]["include"]) == POST_HOC_POOL

@@ -116,6 +116,17 @@ def test_bad_inputs_raise(bad, message):
         metrics.fpr_at_tpr(np.ones(3), bad)
 
 
+def test_integers_beyond_float64_are_refused():
+    # 2**60 + 1 and 2**60 are distinct integers but the same float64: comparing them as floats would tie them.
+    with pytest.raises(MetricError, match="2\\*\\*53"):
+        metrics.auroc(np.array([2**60 + 1]), np.array([2**60]))
+    with pytest.raises(MetricError, match="2\\*\\*53"):
+        metrics.fpr_at_tpr(np.array([1, 2]), np.array([-(2**60)], dtype=np.int64))
+    # Up to 2**53 every integer is exact in float64, so those are compared as given.
+    assert metrics.auroc(np.array([2**53]), np.array([2**53 - 1])) == 1.0
+    assert metrics.auroc(np.array([3], dtype=np.uint64), np.array([2], dtype=np.uint64)) == 1.0
+
+
 def test_bad_tpr():
     with pytest.raises(MetricError, match="tpr"):
         metrics.fpr_at_tpr(np.ones(3), np.ones(3), tpr=0.0)

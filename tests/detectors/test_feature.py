@@ -385,6 +385,14 @@ def test_fdbd_rejects_identical_head_rows():
         create("fdbd").fit(Outputs(np.eye(3, dtype=np.float32)), head)
 
 
+def test_maha_names_singleton_classes_as_a_cause_of_a_zero_covariance():
+    # Three distinct rows, one class each: every row is its class mean, so the within-class covariance is zero
+    # although the features differ; the message must name that cause, not only identical features.
+    fit = Outputs(np.eye(3, dtype=np.float32), labels=np.arange(3))
+    with pytest.raises(DetectorError, match="every class holds a single row"):
+        create("maha").fit(fit)
+
+
 def test_mcm_temperature_must_be_positive():
     with pytest.raises(DetectorError, match="temperature"):
         create("mcm", temperature=0.0)

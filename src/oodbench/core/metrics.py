@@ -69,6 +69,10 @@ def as_scores(name: str, scores: object) -> np.ndarray:
         raise MetricError(f"{name} is empty: a metric needs at least one score")
     if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer) or array.dtype == bool):
         raise MetricError(f"{name} must be numeric; got dtype {array.dtype}")
+    # float64 holds every integer of magnitude up to 2**53 exactly; beyond it two distinct scores could compare equal.
+    wide_integers = np.issubdtype(array.dtype, np.integer) and array.dtype.itemsize > 4
+    if wide_integers and ((array > 2**53) | (array < -(2**53))).any():
+        raise MetricError(f"{name} holds integers beyond 2**53, which float64 cannot compare exactly; pass floats")
     array = array.astype(np.float64, copy=False)
     if not np.isfinite(array).all():
         raise MetricError(f"{name} contains NaN or inf ({int((~np.isfinite(array)).sum())} values)")

@@ -18,7 +18,7 @@ class Paper:
 
 
 # Sec. 4.1 ("OOD Detectors") and Table 1's caption: a best-of cell is the best of the 21 post-hoc detectors for a
-# supervised model and of the 7 logit-based scores for a VLM (Sec. 3.3), in oodbench's names. Other detectors a run
+# supervised model and of the 7 logit-based scores for a VLM (Sec. 4.1), in oodbench's names. Other detectors a run
 # holds (pytorch-ood's and OpenOOD's further post-hoc detectors, vocabulary scores) are outside the paper's pools.
 POST_HOC_POOL = frozenset(
     ("msp", "maxlogit", "kl_matching", "energy", "gen", "react", "ash_s", "scale", "dice", "maha", "rmaha", "maha++")

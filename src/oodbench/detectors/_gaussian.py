@@ -460,7 +460,10 @@ def pinv_sqrt(covariance: np.ndarray, rtol: float | None = None) -> np.ndarray:
     rtol = covariance.shape[0] * np.finfo(np.float64).eps if rtol is None else rtol
     keep = values > rtol * max(values[0], 0.0)
     if not keep.any():
-        raise DetectorError("the covariance matrix is zero: all fit features are identical")
+        raise DetectorError(
+            "the covariance matrix is zero: no fit row differs from its mean (the rows are identical, "
+            "or every class holds a single row)"
+        )
     return vectors[:, keep] / np.sqrt(values[keep])
 
 
