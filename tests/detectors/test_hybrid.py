@@ -142,6 +142,36 @@ def test_vim_needs_head_and_a_valid_dim(problem):
         create("vim", dim=0)
 
 
+def _vim_fit_set(variances: np.ndarray, rows: int = 400, classes: int = 5, seed: int = 5):
+    """Rows about the origin of a bias-free head (u = 0) with the given variance per direction, and the head."""
+    rng = np.random.default_rng(seed)
+    basis = np.linalg.qr(rng.normal(size=(len(variances), len(variances))))[0]
+    features = ((rng.normal(size=(rows, len(variances))) * np.sqrt(variances)) @ basis.T + basis[:, 0] * 3.0).astype(
+        np.float32
+    )
+    head = Head(rng.normal(size=(classes, len(variances))).astype(np.float32), np.zeros(classes, np.float32))
+    return Outputs(features, head.logits(features), np.arange(rows) % classes), head
+
+
+@pytest.mark.parametrize("dim", [4, 8])  # 4: the residual as ‖x‖² − ‖x V‖² in float64; 8: projected in float32
+def test_vim_refuses_fit_features_spanning_no_more_than_dim_directions(dim):
+    # Rank 3 about the origin: the residual off any 4 or 8 principal directions is zero but for rounding, so alpha
+    # (mean max-logit / mean residual) would be set by rounding, and differ with the order of the fit rows.
+    fit, head = _vim_fit_set(np.array([4.0, 2.0, 1.0] + [0.0] * 13))
+    with pytest.raises(
+        DetectorError, match=r"vim: .*within its rounding error: they span at most 3 of the 16 .*dim < 3"
+    ):
+        create("vim", dim=dim).fit(fit, head)
+
+
+def test_vim_fits_a_small_but_real_residual():
+    # The 8 residual directions carry 1e-6 of the top variance: far above the rounding of a float64 moment (~1e-13
+    # of its trace) and of the float32 projections (γ_16 of the squared norm), so alpha is defined and the fit runs.
+    fit, head = _vim_fit_set(np.array([4.0, 3.0, 2.0, 1.5, 1.0, 0.8, 0.6, 0.5] + [4e-6] * 8))
+    detector = create("vim", dim=8).fit(fit, head)
+    assert np.isfinite(detector.alpha_) and detector.alpha_ > 0
+
+
 @pytest.mark.parametrize("params", [{"alpha": 0.0}, {"alpha": 1.5}, {"k": 0}, {"seed": -1}])
 def test_nnguide_bad_parameters(params):
     with pytest.raises(DetectorError):

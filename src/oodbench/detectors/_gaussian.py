@@ -400,6 +400,19 @@ class ScatterAccumulator:
         centred_mean = self.sum / self.count
         return self.gram / self.count - np.outer(centred_mean, centred_mean)
 
+    def moment_error_bound(self, moment: np.ndarray, gram_dtype: str | None = None) -> float:
+        """A bound on the spectral norm of `moment`'s rounding error (moment = moment_about(p)) for a Gram built in
+        `gram_dtype` (default: this accumulator's): an eigenvalue below it cannot be told from zero."""
+        # Weyl: each eigenvalue moves by at most ‖E‖₂ ≤ ‖E‖_F. The Gram's entries err by at most β·sqrt(G_jj G_ll)
+        # (gram_error_bound for float32 products; γ_N for float64 sums of N terms), so ‖E_G‖_F ≤ β·tr(G). The sum
+        # S, the outer products and the division add float64 roundings of terms bounded by tr(G)/N + tr(moment)
+        # (|shift − p|² is at most twice that), covered by 4·γ_(N+8).
+        self._flush()
+        float32 = (gram_dtype or self.gram_dtype) == "float32"
+        beta = gram_error_bound(self.gram_depth, self.gram_groups) if float32 else 0.0
+        beta += 4.0 * _gamma(self.count + 8, _U64)
+        return beta * (float(np.trace(self.gram)) / self.count + float(np.trace(moment)))
+
     def moment_about(self, point: np.ndarray) -> np.ndarray:
         """E[(x − point)(x − point)ᵀ] (divide by N), from the Gram about the shift without a second pass."""
         # Σ(x − p)(x − p)ᵀ = G + S dᵀ + d Sᵀ + N d dᵀ with d = shift − p and S = Σ(x − shift): sums of terms, no

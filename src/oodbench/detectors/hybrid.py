@@ -63,16 +63,21 @@ class _ResidualSpace(Detector):
             "residual_basis_": Array("float64", ("D", fit.num_features - dim)),
         }
 
-    def _fit_residual_space(self, fit_set: Outputs, head: Head) -> tuple[FitStatistics, np.ndarray]:
-        """Set dim_, origin_ and residual_basis_; return the fit statistics and every eigenvector (largest first)."""
+    def _fit_residual_space(self, fit_set: Outputs, head: Head) -> tuple[FitStatistics, np.ndarray, float]:
+        """Set dim_, origin_ and residual_basis_; return the fit statistics, every eigenvector (largest first) and
+        the rank of the moment about the origin (its eigenvalues above their rounding bound)."""
         self.dim_ = self._principal_dim(fit_set.num_features)
         weight = np.asarray(head.weight, dtype=np.float64)
         self.origin_ = -_min_norm_solution(weight, np.asarray(head.bias, dtype=np.float64))
         stats = statistics_for(self, fit_set)
         # (1/N) sum (z - u)(z - u)^T from the Gram about the accumulator's shift (no second pass, no cancellation).
-        _, vectors = symmetric_eigh(stats.get("features").moment_about(self.origin_))
+        features = stats.get("features")
+        moment = features.moment_about(self.origin_)
+        values, vectors = symmetric_eigh(moment)
         self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_ :])  # the D − dim least-variance directions
-        return stats, vectors
+        # The rank a float64 moment would certify (what vim's check below holds a fit to, in either precision).
+        rank = int(np.count_nonzero(values > features.moment_error_bound(moment, "float64")))
+        return stats, vectors, rank
 
 
 @register("vim")
@@ -122,9 +127,9 @@ class ViM(_ResidualSpace):
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         num_features = fit_set.num_features
-        stats, vectors = self._fit_residual_space(fit_set, head)
+        stats, vectors, rank = self._fit_residual_space(fit_set, head)
         max_logit_sum = stats.get("max_logit_sum")
-        residual_sum = 0.0
+        residual_sum = squared_sum = 0.0
         # alpha is a ratio of means, so its residual norms need no float64 answers; they need the basis, hence this
         # second pass. Of the two ways to get them, take the cheaper: the D − dim residual directions in float32
         # (relative error ~1e-6), or ‖x‖² − ‖x V_dim‖² with the dim principal directions, in float64 (half float32's
@@ -152,14 +157,41 @@ class ViM(_ResidualSpace):
                 squared = np.einsum("nd,nd->n", block, block).astype(np.float64) - np.einsum(
                     "nk,nk->n", projected, projected
                 ).astype(np.float64)
-                norms = np.sqrt(np.maximum(squared, 0.0))
+                squared = np.maximum(squared, 0.0)
             else:
-                norms = np.linalg.norm(projected, axis=1)
-            residual_sum += float(norms.sum(dtype=np.float64))
-        mean_residual = residual_sum / len(fit_set)
-        if mean_residual == 0.0:
-            raise DetectorError("vim: the fit features have no residual off the principal subspace; lower dim")
-        self.alpha_ = (max_logit_sum / len(fit_set)) / mean_residual
+                squared = np.einsum("nk,nk->n", projected, projected).astype(np.float64)
+            squared_sum += float(squared.sum())
+            residual_sum += float(np.sqrt(squared).sum())
+        self._check_residual(squared_sum / len(fit_set), stats, rank, basis.dtype)
+        self.alpha_ = (max_logit_sum / len(fit_set)) / (residual_sum / len(fit_set))
+
+    def _check_residual(self, mean_squared: float, stats: FitStatistics, rank: int, dtype: np.dtype) -> None:
+        """Refuse a fit set whose residual off the principal subspace is within rounding of zero (alpha undefined)."""
+        features = stats.get("features")
+        moment = features.moment_about(self.origin_)
+        total = float(np.trace(moment))  # the mean squared norm of z − u
+        depth, kept = moment.shape[0], moment.shape[0] - self.dim_
+        unit = float(np.finfo(dtype).eps) / 2.0
+        gamma = depth * unit / (1.0 - depth * unit)
+        # What the computed mean squared residual may hold when the exact one is zero:
+        # - its own rounding: ‖x‖² − ‖x V‖² errs by up to 2γ_D(‖x‖² + ‖x V‖²) ≤ 4γ_D‖x‖²; a projection on the D − dim
+        #   residual directions by up to γ_D‖x‖ + 2u‖x‖ per coordinate (products; basis and origin rounded), squared;
+        # - the basis's: with the moment's error E, data of rank <= dim leaves at most 2(D − dim)‖E‖ of mean squared
+        #   norm in the computed residual directions (Weyl: each of their eigenvalues is at most ‖E‖; minus tr(P E P)).
+        #   ‖E‖ is a float64 moment's: a float32 Gram's bound (~1e-4 of the trace) would refuse real features.
+        if 2 * self.dim_ < kept:
+            own = 4.0 * gamma * total
+        else:
+            own = kept * (gamma + 2.0 * unit) ** 2 * total
+        resolution = own + 2.0 * kept * features.moment_error_bound(moment, "float64")
+        if mean_squared > resolution:
+            return
+        hint = f"use dim < {rank}" if rank >= 2 else "no dim in [1, D) leaves them a residual"
+        raise DetectorError(
+            f"vim: the fit features' mean squared residual off their {self.dim_} principal directions "
+            f"({mean_squared:.3g} of {total:.3g}) is within its rounding error: they span at most {rank} of the "
+            f"{depth} directions about the head's origin, so alpha would be rounding noise; {hint}"
+        )
 
     def _residual_norm(self, block: np.ndarray) -> np.ndarray:
         return np.linalg.norm((block - self.origin_) @ self.residual_basis_, axis=1)
