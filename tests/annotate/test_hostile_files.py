@@ -175,3 +175,80 @@ def test_an_image_that_is_a_fifo_is_one_line(tmp_path):
     os.mkfifo(image)
     with pytest.raises(AnnotateError, match="not a regular file"):
         describer.describe(image, ["tent"])
+
+
+# -- the project's own files: project.json, classes.json, secret.key, examples.json ---------------------------------
+PROJECT_FILES = ["project.json", "classes.json", "secret.key", "examples.json"]
+
+
+def _project(tmp_path):
+    """A project folder with every file the app reads (examples.json written by hand: no example root is needed)."""
+    from oodbench.annotate.project import Project
+    from oodbench.text.classes import ClassList
+
+    images = tmp_path / "images"
+    images.mkdir()
+    project = Project.create(tmp_path / "project", images, ClassList(("tent", "kite"), None, "test"))
+    project.close()
+    (project.dir / "examples.json").write_text('{"0": ["tent/a.png"]}')
+    return project.dir
+
+
+def _read_project(directory) -> None:
+    """Everything `annotate status` and `annotate serve` read from the project folder."""
+    from oodbench.annotate.project import Project
+
+    project = Project.open(directory)
+    try:
+        assert project.secret and project.examples is not None
+    finally:
+        project.close()
+
+
+def _plant_project_file(planted, kind, outside) -> None:
+    outside.write_bytes(planted.read_bytes())  # a valid copy outside the project
+    planted.unlink()
+    if kind == "link-to-valid-copy":
+        planted.symlink_to(outside)
+    elif kind == "link-to-dev-zero":
+        planted.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(planted)
+    elif kind == "directory":
+        planted.mkdir()
+    else:  # larger than any file of this kind may be (sparse: nothing is written)
+        with open(planted, "wb") as handle:
+            handle.truncate(5000 if planted.name == "secret.key" else 64 * 2**20 + 1)
+
+
+def test_the_intact_project_reads(tmp_path):
+    _read_project(_project(tmp_path))
+
+
+@pytest.mark.parametrize("name", PROJECT_FILES)
+@pytest.mark.parametrize("kind", ["link-to-valid-copy", "link-to-dev-zero", "fifo", "directory", "too-large"])
+def test_a_planted_project_file_is_refused(tmp_path, name, kind):
+    """A link (even to a valid copy), a FIFO, a directory or an oversized file in place of a project file is one
+    AnnotateError line naming it; a FIFO never blocks (a reader that did block is released, and the test fails)."""
+    directory = _project(tmp_path)
+    planted = directory / name
+    _plant_project_file(planted, kind, tmp_path / f"outside-{name}")
+    refused = _bounded(lambda: _read_project(directory), planted if kind == "fifo" else None)
+    assert isinstance(refused, AnnotateError), repr(refused)
+    assert "\n" not in str(refused) and str(planted) in str(refused)
+
+
+@pytest.mark.parametrize(("name", "command"), [("classes.json", ["status"]), ("secret.key", ["serve", "--port", "0"])])
+def test_the_cli_refuses_a_fifo_project_file_at_once(tmp_path, name, command):
+    """`annotate status` with a FIFO classes.json and `annotate serve` with a FIFO secret.key hung for ever."""
+    directory = _project(tmp_path)
+    (directory / name).unlink()
+    os.mkfifo(directory / name)
+    args = [sys.executable, "-m", "oodbench", "annotate", command[0], str(directory), *command[1:]]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`oodbench annotate {command[0]}` blocked on the FIFO {name}")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert name in lines[0] and "FIFO" in lines[0]

@@ -17,6 +17,7 @@ from oodbench.cli.main import main
 from oodbench.core import pack as pack_module
 from oodbench.core.errors import StoreError
 from oodbench.core.pack import PackStore, export_pack, import_pack
+from oodbench.core.rundir import RunDir
 
 MODEL = "digits-cnn"
 
@@ -269,8 +270,10 @@ def test_verify_finds_a_flipped_byte_and_ls_marks_entries_not_here(demo_pack, tm
     victim.write_bytes(bytes(data))
     code, out, err = _run(["pack", "verify", str(pack), "--no-progress"], capsys)
     assert code == 2 and "digits-id-test/arrays.safetensors" in out and "1 files damaged" in _one_error_line(err)
-    with pytest.raises(StoreError, match="damaged"):
-        Store(pack).read(MODEL, "digits-id-test")  # checked before first use
+    with pytest.raises(StoreError, match=r"damaged.*pack again \(`oodbench pack verify`"):
+        Store(pack).read(MODEL, "digits-id-test")  # checked before first use, with a pack's remedy
+    with pytest.raises(StoreError, match=r"damaged.*pack again \(`oodbench pack verify`"):
+        RunDir(tmp_path / "run").verify_store(Store(pack, verify=False), MODEL, ["digits-id-test"])
     shutil.rmtree(pack / MODEL / "lfw-faces")
     code, out, err = _run(["pack", "ls", str(pack)], capsys)
     assert code == 0 and "lfw-faces: 200 rows" in out and "not pulled" in out

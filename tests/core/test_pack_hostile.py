@@ -130,3 +130,27 @@ def test_a_hostile_pack_is_refused_in_one_line_and_writes_nothing(case, good_pac
     assert not (tmp_path / "store").exists() and not (tmp_path / "run").exists()
     after = {str(p): p.lstat().st_mtime_ns for p in tmp_path.rglob("*")}
     assert after == before  # nothing written, nothing changed
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new folder", "empty folder"])
+def test_an_export_that_meets_a_damaged_entry_writes_nothing(existing, good_pack, tmp_path, capsys):
+    store = tmp_path / "store"
+    shutil.copytree(good_pack.parent / "store", store)
+    victim = store / "toy" / "test" / "features.npy"  # exported after toy/fit, which is intact
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    dest = tmp_path / "out" / "pack"
+    if existing:
+        dest.mkdir(parents=True)
+    with pytest.raises(SystemExit) as code:
+        main(["pack", "export", "--store", str(store), "--to", str(dest), "--no-progress"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code.value.code == 2 and len(lines) == 1 and "nothing exported" in lines[0], err
+    assert "toy/test" in lines[0] and "Traceback" not in err
+    if existing:
+        assert dest.is_dir() and not any(dest.iterdir())  # the folder named stays, empty
+        assert sorted(p.name for p in dest.parent.iterdir()) == ["pack"]  # no hidden partial folder beside it
+    else:
+        assert not (tmp_path / "out").exists()  # not even the folders it would have created

@@ -217,3 +217,21 @@ def test_a_head_meta_that_is_not_an_object_is_one_line(tmp_path):
     (tmp_path / "toy" / "head" / "meta.json").write_text('"weight"')
     with pytest.raises(StoreError, match="must hold a JSON object, not a str"):
         store.read_head("toy")
+
+
+def test_a_folder_that_holds_no_store_entry_is_not_listed_or_verified_as_a_store(tmp_path, capsys):
+    # An image tree (class folders of PNGs) passed as --store: listing its folders as models, or "all intact" after
+    # checking nothing, would tell the user a wrong folder is a store.
+    photos = tmp_path / "photos"
+    for name in ("train/cat", "train/dog", "val/cat"):
+        (photos / name).mkdir(parents=True)
+        (photos / name / "1.png").write_bytes(b"\x89PNG")
+    for command in ("ls", "verify"):
+        code, out, err = _run(["store", command, "--store", str(photos)], capsys)
+        assert code == 2 and "not a feature store" in err and len(err.strip().splitlines()) == 1, (out, err)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, _ = _run(["store", "ls", "--store", str(empty)], capsys)
+    assert code == 0 and "no models in this store" in out
+    code, _, err = _run(["store", "verify", "--store", str(empty)], capsys)
+    assert code == 2 and "nothing to verify" in err

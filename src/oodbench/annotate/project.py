@@ -24,7 +24,7 @@ import numpy as np
 
 from ..core.errors import AnnotateError
 from ..text.classes import ClassList
-from ..util.atomic import atomic_path
+from ..util.atomic import atomic_path, read_regular, read_text_file
 from .db import AnnotationStore, ImageInfo
 from .evidence import (
     IMAGE_SUFFIXES,
@@ -42,6 +42,10 @@ from .importers import Candidate, Import, merge_candidates
 PROJECT_FILE = "project.json"
 DB_URL_ENV = "OODBENCH_ANNOTATE_DB_URL"
 DEFAULT_ROOT = "images"
+# Size limits of the project's own files, checked before reading (a class list of ImageNet-21k is about 1 MB).
+JSON_LIMIT = 64 * 2**20
+SECRET_LIMIT = 4096
+ITEMS_LIMIT = 2**30
 NOT_YET = {
     "vlm": absent("no VLM embeddings given yet (oodbench annotate evidence PROJECT --image-embeddings …)"),
     "llm": absent("no LLM description yet (oodbench annotate describe PROJECT)"),
@@ -54,6 +58,31 @@ def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
         tmp.write_text(text, encoding="utf-8")
         if mode is not None:
             os.chmod(tmp, mode)
+
+
+def read_project_file(path: Path, limit: int = JSON_LIMIT) -> str:
+    """The UTF-8 text of a file of the project folder: a regular file reached without a link, at most `limit` bytes.
+
+    A project folder can come from someone else: a link is never followed, a FIFO never blocks the app and a
+    device is never read (see `read_regular`); each is one AnnotateError line.
+    """
+    try:
+        data = read_regular(path, limit)
+    except OSError as exc:
+        raise AnnotateError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AnnotateError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def read_project_json(path: Path) -> Any:
+    """The JSON content of a file of the project folder (see `read_project_file`); AnnotateError when malformed."""
+    text = read_project_file(path)
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise AnnotateError(f"{path} is not valid JSON: {exc}"[:500]) from None
 
 
 def safe_join(root: Path, relpath: str) -> Path | None:
@@ -148,15 +177,22 @@ class Project:
         """Open an existing project folder."""
         directory = Path(directory).absolute()
         config_path = directory / PROJECT_FILE
-        if not config_path.is_file():
+        if not os.path.lexists(config_path):  # anything planted there is judged (and refused) by the read below
             raise AnnotateError(
                 f"{directory} is not an annotation project (no {PROJECT_FILE}); run `oodbench annotate init`"
             )
+        config_data = read_project_json(config_path)
+        classes_path = directory / "classes.json"
+        classes_data = read_project_json(classes_path)
+        if not isinstance(config_data, dict):
+            raise AnnotateError(f"{config_path} must hold a JSON object, not {type(config_data).__name__}")
+        if not isinstance(classes_data, dict):
+            raise AnnotateError(f"{classes_path} must hold a JSON object, not {type(classes_data).__name__}")
         try:
-            config = ProjectConfig.from_json(json.loads(config_path.read_text(encoding="utf-8")), config_path)
-            classes = ClassList.from_json(json.loads((directory / "classes.json").read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, OSError, KeyError) as exc:
-            raise AnnotateError(f"{directory}: damaged project files ({exc})") from None
+            config = ProjectConfig.from_json(config_data, config_path)
+            classes = ClassList.from_json(classes_data)
+        except (KeyError, TypeError, ValueError) as exc:  # ClassListError is a ValueError
+            raise AnnotateError(f"{directory}: damaged project files ({exc})"[:500]) from None
         return cls(directory, config, classes)
 
     @property
@@ -167,7 +203,11 @@ class Project:
     @property
     def secret(self) -> str:
         """The project's signing secret."""
-        return (self.dir / "secret.key").read_text(encoding="utf-8").strip()
+        path = self.dir / "secret.key"
+        secret = read_project_file(path, SECRET_LIMIT).strip()
+        if not secret:
+            raise AnnotateError(f"{path} is empty; delete it and run `oodbench annotate init` again to create one")
+        return secret
 
     @property
     def llm_cache(self) -> Path:
@@ -211,9 +251,15 @@ class Project:
         """Example image paths per class, relative to the example root."""
         if self._examples is None:
             path = self.dir / "examples.json"
-            self._examples = (
-                {int(k): v for k, v in json.loads(path.read_text(encoding="utf-8")).items()} if path.is_file() else {}
-            )
+            data = read_project_json(path) if os.path.lexists(path) else {}
+            if not isinstance(data, dict) or not all(
+                isinstance(v, list) and all(isinstance(p, str) for p in v) for v in data.values()
+            ):
+                raise AnnotateError(f"{path} must map class indices to lists of image paths")
+            try:
+                self._examples = {int(k): v for k, v in data.items()}
+            except ValueError:
+                raise AnnotateError(f"{path} must map class indices to lists of image paths") from None
         return self._examples
 
     def example_file(self, class_index: int, number: int) -> Path | None:
@@ -385,9 +431,13 @@ def describe_images(
 def read_keys(path: str | Path) -> list[str]:
     """Image keys, one per line (the rows of an embedding file)."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise AnnotateError(f"keys file not found: {path}")
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = read_text_file(path)  # a file the user named: a link is followed, a FIFO is refused
+    except ValueError as why:
+        raise AnnotateError(f"keys file {path}: {why}") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def store_evidence_inputs(
@@ -405,11 +455,11 @@ def store_evidence_inputs(
     store = Store(store_root)
     try:
         if not store.exists(model_id, dataset_id):
-            raise AnnotateError(f"{store_root} has no entry {model_id}/{dataset_id}; see `oodbench store list`")
+            raise AnnotateError(f"{store_root} has no entry {model_id}/{dataset_id}; see `oodbench store ls`")
         items_file = store.entry_path(model_id, dataset_id) / "items.txt"
-        if not items_file.is_file():
+        if not os.path.lexists(items_file):
             raise AnnotateError(f"{model_id}/{dataset_id} records no item list (items.txt): rows cannot be matched")
-        items = items_file.read_text(encoding="utf-8").splitlines()
+        items = read_project_file(items_file, ITEMS_LIMIT).splitlines()
         index = np.asarray(store.read_array(model_id, dataset_id, "index"))
         features = store.read_array(model_id, dataset_id, "features")
         head = store.read_head(model_id).weight if store.has_head(model_id) else None

@@ -28,6 +28,7 @@ def store_ls(store: Path = typer.Option(..., "--store", help="Feature store root
     root = _open_store(store)
     if not root.models():
         typer.echo(f"{store}: no models in this store")
+    _refuse_foreign_folders(root, store)
     unreadable = []
     for model_id in root.models():
         head = " (head)" if root.has_head(model_id) else ""
@@ -80,6 +81,9 @@ def store_verify(
     if dataset and model is None:
         raise typer.BadParameter("--dataset needs --model (the model whose dataset to check)")
     models = root.models()
+    if not models:
+        raise StoreError(f"--store {store}: nothing to verify: it holds no models")
+    _refuse_foreign_folders(root, store)
     if model is not None and model not in models:
         raise StoreError(f"--model {model!r}: no such model in {store} (models: {', '.join(models) or 'none'})")
     targets = []
@@ -136,6 +140,19 @@ def nbytes_text(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes} B"
+
+
+def _refuse_foreign_folders(root: Any, store: Path) -> None:
+    """Refuse a folder that holds folders but no store entry or head in any of them (an image tree, say)."""
+    from .errors import StoreError
+
+    models = root.models()
+    if models and not any(root.datasets(m) or root.has_head(m) for m in models):
+        shown = ", ".join(models[:3]) + (", ..." if len(models) > 3 else "")
+        raise StoreError(
+            f"--store {store}: not a feature store: none of its folders ({shown}) holds an entry "
+            "(<model>/<dataset>/meta.json) or a head"
+        )
 
 
 def _open_store(store: Path) -> Any:

@@ -24,6 +24,7 @@ file's SHA-256 is checked before its arrays are used (`PackStore`) or written (`
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -604,6 +605,7 @@ class PackStore(Store):
         raise StoreError(f"{self.root} is a pack (read-only); import it into a store to write (`oodbench pack import`)")
 
     writer = write_outputs = delete = write_head = lock_path = _read_only  # type: ignore[assignment]
+    damage_remedy = "pull or export the pack again (`oodbench pack verify` lists every damaged file)"
 
     def models(self) -> list[str]:
         """Model ids with at least one entry (or head) present in the folder."""
@@ -648,7 +650,9 @@ class PackStore(Store):
             return
         result = self.verify(model_id, dataset_id)
         if result.problems:
-            raise StoreError(f"pack entry {model_id}/{dataset_id} is damaged: {result.problems[0]}")
+            raise StoreError(
+                f"pack entry {model_id}/{dataset_id} is damaged: {result.problems[0]}; {self.damage_remedy}"
+            )
 
     def meta(self, model_id: str, dataset_id: str) -> dict[str, Any]:
         """The entry's store meta.json (as the pack carries it), checked; a float16 pack's arrays as stored."""
@@ -893,9 +897,9 @@ def export_pack(
 ) -> PackSummary:
     """Write the store entries `entries` (and each model's head) as a pack at `dest` (streamed; bounded memory).
 
-    Every source byte is checked against the store's recorded row checksums as it is read; each pack file is
-    written under a temporary name and renamed; the manifest and dataset card come last, so a folder without a
-    manifest is never a pack. `dest` must not hold a pack already.
+    Every source byte is checked against the store's recorded row checksums as it is read. The pack is written
+    into a hidden sibling folder that takes `dest`'s place only once complete (manifest and dataset card last)
+    and is removed on any failure, so a failed export leaves nothing at `dest`. `dest` must be new or empty.
     """
     import time
 
@@ -904,8 +908,10 @@ def export_pack(
     dest = Path(dest)
     if (dest / MANIFEST).exists():
         raise StoreError(f"{dest} already holds a pack; choose another destination or delete it")
-    if dest.exists() and not dest.is_dir():
+    if (dest.exists() or dest.is_symlink()) and not dest.is_dir():
         raise StoreError(f"{dest} exists and is not a directory")
+    if dest.is_dir() and any(os.scandir(dest)):
+        raise StoreError(f"{dest} is not empty; a pack is written to a new or empty folder")
     selected = sorted(dict.fromkeys(entries))
     if not selected:
         raise StoreError("nothing to export: name at least one entry")
@@ -943,96 +949,128 @@ def export_pack(
                     f"{model_id}: its entries disagree on {field_name} ({model[key]!r} vs {provenance.get(field_name)!r}); "
                     "a pack holds one network per model id"
                 )
-    started = time.perf_counter()
-    summary = PackSummary()
-    files: dict[str, dict[str, Any]] = {}
-    for model_id, dataset_id in selected:
-        meta = metas[(model_id, dataset_id)]
-        source_dir = store.entry_path(model_id, dataset_id)
-        sources = {name: store.read_array(model_id, dataset_id, name) for name in meta["arrays"]}
-        stored = {name: _stored_dtype(name, sources[name].dtype, float16) for name in sources}
-        items = (source_dir / ITEMS_FILE).is_file()
-        base = f"{model_id}/{dataset_id}"
-        digests: dict[str, Any] = {}
-        files[f"{base}/{ARRAYS_FILE}"] = _write_file_atomic(
-            dest / base / ARRAYS_FILE,
-            lambda w, s=sources, t=stored, b=base, m=meta, o=digests: _export_arrays(
-                w,
-                s,
-                t,
-                {"format": PACK_FORMAT, "entry": b},
-                b,
-                {n: spec["sha256"] for n, spec in m["arrays"].items()},
-                m["checksum_rows"],
-                advance,
-                o,
-            ),
-        )
-        for name in [META_FILE, *([ITEMS_FILE] if items else [])]:
-            files[f"{base}/{name}"] = _copy_file(source_dir / name, dest / base / name)
-        models[model_id]["datasets"][dataset_id] = {
-            "rows": meta["num_rows"],
-            "image_list_sha256": meta.get("item_hash"),
-            "items": items,
-            "checksum_rows": list(meta["checksum_rows"]),
-            "header_sha256": digests["header_sha256"],
-            "arrays": {
-                n: {**_array_record(spec, stored[n]), "sha256": digests["sha256"][n]}
-                for n, spec in meta["arrays"].items()
-            },
-        }
-        summary.entries.append(base)
-    if heads:
-        for model_id in sorted(models):
-            if not store.has_head(model_id):
-                continue
-            head_meta = store.head_meta(model_id)
-            specs = Store._head_specs(model_id, head_meta)
-            if specs is None:
-                raise StoreError(f"the head of {model_id} records no checksums; extract it again to export it")
-            head = store.read_head(model_id)
-            sources = {"weight": np.asarray(head.weight), "bias": np.asarray(head.bias)}
-            base = f"{model_id}/{HEAD}"
-            digests = {}
-            # Its recorded checksums (one per array) are checked as it is copied, as an entry's rows are.
+    # Nothing is written at `dest` until the whole pack is: a checksum that fails midway leaves no file there.
+    missing = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    place = Path(os.path.realpath(dest))  # the folder named may be a link: build beside its target (one file system)
+    building = place.parent / f".{place.name}.{os.getpid()}.partial"
+    try:
+        place.parent.mkdir(parents=True, exist_ok=True)
+        _discard(building)
+        building.mkdir()
+    except OSError as exc:
+        raise StoreError(f"cannot write the pack {dest}: {exc.strerror or exc}") from None
+    try:
+        started = time.perf_counter()
+        summary = PackSummary()
+        files: dict[str, dict[str, Any]] = {}
+        for model_id, dataset_id in selected:
+            meta = metas[(model_id, dataset_id)]
+            source_dir = store.entry_path(model_id, dataset_id)
+            sources = {name: store.read_array(model_id, dataset_id, name) for name in meta["arrays"]}
+            stored = {name: _stored_dtype(name, sources[name].dtype, float16) for name in sources}
+            items = (source_dir / ITEMS_FILE).is_file()
+            base = f"{model_id}/{dataset_id}"
+            digests: dict[str, Any] = {}
             files[f"{base}/{ARRAYS_FILE}"] = _write_file_atomic(
-                dest / base / ARRAYS_FILE,
-                lambda w, s=sources, b=base, o=digests, c=specs: _export_arrays(
+                building / base / ARRAYS_FILE,
+                lambda w, s=sources, t=stored, b=base, m=meta, o=digests: _export_arrays(
                     w,
                     s,
-                    {n: a.dtype for n, a in s.items()},
+                    t,
                     {"format": PACK_FORMAT, "entry": b},
                     b,
-                    {n: c[n]["sha256"] for n in s},
-                    [int(s["weight"].shape[0])],
+                    {n: spec["sha256"] for n, spec in m["arrays"].items()},
+                    m["checksum_rows"],
                     advance,
                     o,
                 ),
             )
-            files[f"{base}/{META_FILE}"] = _copy_file(store.root / model_id / HEAD / META_FILE, dest / base / META_FILE)
-            models[model_id]["head"] = {
-                "checksum_rows": [int(sources["weight"].shape[0])],
+            for name in [META_FILE, *([ITEMS_FILE] if items else [])]:
+                files[f"{base}/{name}"] = _copy_file(source_dir / name, building / base / name)
+            models[model_id]["datasets"][dataset_id] = {
+                "rows": meta["num_rows"],
+                "image_list_sha256": meta.get("item_hash"),
+                "items": items,
+                "checksum_rows": list(meta["checksum_rows"]),
                 "header_sha256": digests["header_sha256"],
                 "arrays": {
-                    n: {**_array_record(specs[n], np.dtype(specs[n]["dtype"])), "sha256": digests["sha256"][n]}
-                    for n in specs
+                    n: {**_array_record(spec, stored[n]), "sha256": digests["sha256"][n]}
+                    for n, spec in meta["arrays"].items()
                 },
             }
             summary.entries.append(base)
-    manifest = {
-        "format": PACK_FORMAT,
-        "format_version": PACK_VERSION,
-        "oodbench_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "float16": float16,
-        "title": title or f"oodbench feature pack: {', '.join(sorted(models))}",
-        "license": license,
-        "models": models,
-        "files": dict(sorted(files.items())),
-    }
-    _check_manifest(json.loads(json.dumps(manifest)), "the manifest being written")
-    atomic_write_text(dest / CARD, dataset_card(manifest))
-    atomic_write_text(dest / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        if heads:
+            for model_id in sorted(models):
+                if not store.has_head(model_id):
+                    continue
+                head_meta = store.head_meta(model_id)
+                specs = Store._head_specs(model_id, head_meta)
+                if specs is None:
+                    raise StoreError(f"the head of {model_id} records no checksums; extract it again to export it")
+                head = store.read_head(model_id)
+                sources = {"weight": np.asarray(head.weight), "bias": np.asarray(head.bias)}
+                base = f"{model_id}/{HEAD}"
+                digests = {}
+                # Its recorded checksums (one per array) are checked as it is copied, as an entry's rows are.
+                files[f"{base}/{ARRAYS_FILE}"] = _write_file_atomic(
+                    building / base / ARRAYS_FILE,
+                    lambda w, s=sources, b=base, o=digests, c=specs: _export_arrays(
+                        w,
+                        s,
+                        {n: a.dtype for n, a in s.items()},
+                        {"format": PACK_FORMAT, "entry": b},
+                        b,
+                        {n: c[n]["sha256"] for n in s},
+                        [int(s["weight"].shape[0])],
+                        advance,
+                        o,
+                    ),
+                )
+                files[f"{base}/{META_FILE}"] = _copy_file(
+                    store.root / model_id / HEAD / META_FILE, building / base / META_FILE
+                )
+                models[model_id]["head"] = {
+                    "checksum_rows": [int(sources["weight"].shape[0])],
+                    "header_sha256": digests["header_sha256"],
+                    "arrays": {
+                        n: {**_array_record(specs[n], np.dtype(specs[n]["dtype"])), "sha256": digests["sha256"][n]}
+                        for n in specs
+                    },
+                }
+                summary.entries.append(base)
+        manifest = {
+            "format": PACK_FORMAT,
+            "format_version": PACK_VERSION,
+            "oodbench_version": __version__,
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "float16": float16,
+            "title": title or f"oodbench feature pack: {', '.join(sorted(models))}",
+            "license": license,
+            "models": models,
+            "files": dict(sorted(files.items())),
+        }
+        _check_manifest(json.loads(json.dumps(manifest)), "the manifest being written")
+        atomic_write_text(building / CARD, dataset_card(manifest))
+        atomic_write_text(building / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        moved: list[str] = []
+        try:
+            if dest.is_dir():  # an empty folder named (even the current one) stays: the files move in, manifest last
+                for name in sorted(os.listdir(building), key=lambda name: name == MANIFEST):
+                    os.replace(building / name, dest / name)
+                    moved.append(name)
+                building.rmdir()
+            else:
+                os.replace(building, dest)
+        except OSError as exc:
+            for name in moved:
+                _discard(dest / name)
+            raise StoreError(f"cannot write the pack {dest}: {exc.strerror or exc}; nothing exported") from None
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        for parent in missing:  # deepest first; only folders this export created, and only when empty
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        raise
     summary.nbytes = sum(record["size"] for record in files.values())
     summary.seconds = time.perf_counter() - started
     return summary
@@ -1206,18 +1244,20 @@ def _selection(pack: Pack, models: Sequence[str], datasets: Sequence[str]) -> li
     return selected
 
 
-def _stage_entry(
-    pack: Pack, model_id: str, dataset_id: str, target: Path, advance: Callable[[int], None] | None
-) -> None:
-    """Copy one entry (or head) from the pack into `target` as store files, hashing every pack byte on the way.
+@dataclass(frozen=True)
+class _EntryPlan:
+    """One pack entry (or head) as the store will hold it: its meta.json bytes, arrays and row checksums."""
 
-    Each chunk of rows is hashed as it is copied (chunks in parallel, on all cores) against the manifest's
-    SHA-256, which must be the entry's own row checksum in its meta.json. Writes under `target`'s temporary twin
-    and renames it once everything matched: a staged folder is complete and verified, so a rerun keeps it.
-    """
-    temporary = target.parent / f".{target.name}.partial"
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
+    meta_bytes: bytes
+    specs: dict[str, Any]
+    checks: dict[str, list[str]]
+    rows: list[int]
+    files: list[str]
+    where: str
+
+
+def _entry_plan(pack: Pack, model_id: str, dataset_id: str) -> _EntryPlan:
+    """The entry's carried meta.json checked against the manifest (SHA-256, ids, row checksums, arrays)."""
     head = dataset_id == HEAD
     meta_bytes = pack.read_small(f"{model_id}/{dataset_id}/{META_FILE}")
     if hashlib.sha256(meta_bytes).hexdigest() != pack.files[f"{model_id}/{dataset_id}/{META_FILE}"]["sha256"]:
@@ -1244,6 +1284,116 @@ def _stage_entry(
     # The manifest's chunk checksums must be the entry's own row checksums: one hash of each byte checks both.
     if record["checksum_rows"] != rows_of or any(record["arrays"][n]["sha256"] != checks[n] for n in checks):
         raise StoreError(f"{where}: its row checksums disagree with the manifest's")
+    if set(record["arrays"]) != set(specs):
+        raise StoreError(f"{where}: lists {sorted(specs)} but the manifest lists {sorted(record['arrays'])}")
+    for name, spec in specs.items():
+        wanted = record["arrays"][name]
+        if np.dtype(spec["dtype"]) != np.dtype(wanted["stored"]) or list(spec["shape"]) != list(wanted["shape"]):
+            raise StoreError(f"{where}: {name} is recorded as {spec['dtype']} {spec['shape']} but stored otherwise")
+        header = _npy_header(np.dtype(spec["dtype"]), tuple(spec["shape"]))
+        if spec.get("header_sha256") is not None and hashlib.sha256(header).hexdigest() != spec["header_sha256"]:
+            raise StoreError(f"{where}: the .npy header of {name} cannot be rebuilt byte for byte")
+    items = not head and pack.models[model_id]["datasets"][dataset_id]["items"]
+    files = [META_FILE, *([ITEMS_FILE] if items else [])]
+    return _EntryPlan(meta_bytes, specs, checks, list(rows_of), files, where)
+
+
+def _real_directory(path: Path) -> None:
+    """Make `path` a real directory of its own: anything else there (a link, a file) is removed, never followed."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISDIR(info.st_mode):
+        os.unlink(path)  # a link is removed itself, its target untouched
+        info = None
+    if info is None:
+        os.mkdir(path)
+
+
+def _discard(path: Path) -> None:
+    """Remove a staged entry: a directory with everything in it (links inside removed, never followed), or a link."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)  # fd-based on Linux: removes links found inside without following them
+    else:
+        os.unlink(path)
+
+
+def _staged_matches(
+    pack: Pack, model_id: str, dataset_id: str, staged: Path, advance: Callable[[int], None] | None
+) -> bool:
+    """True when `staged` is a real directory holding exactly the entry the pack's manifest describes, byte for byte.
+
+    A staged folder is left by an interrupted import, of this pack or of another: it is kept only when its file
+    names are exactly the entry's, each file is a regular file, meta.json and items.txt have the manifest's
+    SHA-256, and each .npy file is the rebuilt header followed by rows whose chunks have the manifest's SHA-256s.
+    """
+    plan = _entry_plan(pack, model_id, dataset_id)
+    try:
+        if not stat.S_ISDIR(os.lstat(staged).st_mode):
+            return False
+        names = set(os.listdir(staged))
+    except OSError:
+        return False
+    if names != {*plan.files, *(f"{name}.npy" for name in plan.specs)}:
+        return False
+    tasks: list[tuple[int, int, int, str]] = []  # fd, offset, length, expected digest
+    fds: list[int] = []
+    try:
+        for name in plan.files:
+            relative = f"{model_id}/{dataset_id}/{name}"
+            data = _read_bounded(staged, name, pack.files[relative]["size"], limit=max(MAX_JSON_BYTES, 2**31))
+            if hashlib.sha256(data).hexdigest() != pack.files[relative]["sha256"]:
+                return False
+        for name, spec in plan.specs.items():
+            dtype, shape = np.dtype(spec["dtype"]), tuple(int(n) for n in spec["shape"])
+            header = _npy_header(dtype, shape)
+            row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+            fd, size = _open_regular(staged, f"{name}.npy")
+            fds.append(fd)
+            if size != len(header) + row_bytes * shape[0] or os.pread(fd, len(header), 0) != header:
+                return False
+            first = 0
+            for count, expected in zip(plan.rows, plan.checks[name], strict=True):
+                tasks.append((fd, len(header) + first * row_bytes, count * row_bytes, expected))
+                first += count
+
+        def check(task: tuple[int, int, int, str]) -> bool:
+            fd, start, length, expected = task
+            try:
+                return _sha256_range(fd, start, length, advance) == expected
+            except (OSError, StoreError):
+                return False
+
+        tasks.sort(key=lambda task: -task[2])
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(tasks), os.cpu_count() or 1))) as pool:
+            return all(pool.map(check, tasks))
+    except (OSError, StoreError):
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _stage_entry(
+    pack: Pack, model_id: str, dataset_id: str, target: Path, advance: Callable[[int], None] | None
+) -> None:
+    """Copy one entry (or head) from the pack into `target` as store files, hashing every pack byte on the way.
+
+    Each chunk of rows is hashed as it is copied (chunks in parallel, on all cores) against the manifest's
+    SHA-256, which must be the entry's own row checksum in its meta.json. Writes under `target`'s temporary twin
+    and renames it once everything matched; `target` must not exist (the caller discards a stale one).
+    """
+    temporary = target.parent / f".{target.name}.partial"
+    _discard(temporary)
+    temporary.mkdir()
+    plan = _entry_plan(pack, model_id, dataset_id)
+    meta_bytes, specs, checks, rows_of, where = plan.meta_bytes, plan.specs, plan.checks, plan.rows, plan.where
+    record = pack.models[model_id]["head"] if dataset_id == HEAD else pack.models[model_id]["datasets"][dataset_id]
     opened = pack.open_arrays(model_id, dataset_id)
     relative = f"{model_id}/{dataset_id}/{ARRAYS_FILE}"
     tasks: list[tuple[str, int, int, int, str]] = []  # array, pack offset, length, .npy offset, expected digest
@@ -1257,8 +1407,6 @@ def _stage_entry(
             if tensor.dtype != np.dtype(spec["dtype"]) or list(tensor.shape) != list(spec["shape"]):
                 raise StoreError(f"{where}: {name} is recorded as {spec['dtype']} {spec['shape']} but stored otherwise")
             header = _npy_header(tensor.dtype, tensor.shape)
-            if spec.get("header_sha256") is not None and hashlib.sha256(header).hexdigest() != spec["header_sha256"]:
-                raise StoreError(f"{where}: the .npy header of {name} cannot be rebuilt byte for byte")
             with open(temporary / f"{name}.npy", "wb") as out:
                 out.write(header)
                 out.truncate(len(header) + tensor.end - tensor.start)
@@ -1305,12 +1453,7 @@ def _stage_entry(
                 os.close(fd)
     finally:
         os.close(opened.fd)
-    files = (
-        [META_FILE]
-        if head
-        else [META_FILE, *([ITEMS_FILE] if pack.models[model_id]["datasets"][dataset_id]["items"] else [])]
-    )
-    for name in files:
+    for name in plan.files:
         data = meta_bytes if name == META_FILE else pack.read_small(f"{model_id}/{dataset_id}/{name}")
         if hashlib.sha256(data).hexdigest() != pack.files[f"{model_id}/{dataset_id}/{name}"]["sha256"]:
             raise StoreError(f"{pack.root}/{model_id}/{dataset_id}/{name}: its SHA-256 differs from the manifest's")
@@ -1333,7 +1476,9 @@ def import_pack(
     already there must be this very entry; a model whose weights, preprocessing or image lists differ is
     refused unless `allow_different`); then copy every entry into a hidden staging folder of the store while
     hashing it against the manifest and the entry's own row checksums; then move the entries in, each under its
-    write lock. A rerun after an interruption keeps the staged entries and skips the imported ones.
+    write lock; staging and moving hold the store's import lock. A rerun after an interruption keeps a staged
+    entry only when it is byte for byte the entry this manifest describes (others are discarded and staged
+    again), and skips the imported ones.
     """
     import time
 
@@ -1375,20 +1520,36 @@ def import_pack(
             continue
         todo.append((model_id, dataset_id))
     staging = store.root / _STAGING
-    for model_id, dataset_id in todo:  # copy while verifying, into the hidden staging folder
-        staged = staging / model_id / dataset_id
-        if not staged.is_dir():
-            _stage_entry(pack, model_id, dataset_id, staged, advance)
-        summary.nbytes += sum(pack.files[name]["size"] for name in pack.files_of(model_id, dataset_id))
-    for model_id, dataset_id in todo:  # everything verified: move the entries in
-        target = store.root / model_id / dataset_id
-        lock = store.root / model_id / (".head.lock" if dataset_id == HEAD else f".{dataset_id}.lock")
-        with _locked(lock, f"store entry {model_id}/{dataset_id}", 0.0):
-            if target.exists():
-                raise StoreError(f"{store.root} gained {model_id}/{dataset_id} during the import; delete it and rerun")
-            os.replace(staging / model_id / dataset_id, target)
-        summary.entries.append(f"{model_id}/{dataset_id}")
-    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        store.root.mkdir(parents=True, exist_ok=True)
+        _real_directory(staging)
+    except OSError as exc:
+        raise StoreError(f"cannot create the staging folder {staging}: {exc.strerror or exc}") from None
+    # One import at a time stages into a store: another cannot discard or move what this one verified.
+    with _locked(staging / ".lock", f"the import staging folder {staging}", 0.0):
+        for model_id, dataset_id in todo:  # copy while verifying, into the hidden staging folder
+            staged = staging / model_id / dataset_id
+            try:
+                _real_directory(staging / model_id)
+                # A staged folder may come from an interrupted import of another pack: kept only when it is
+                # byte for byte this entry, otherwise discarded and staged again.
+                if not _staged_matches(pack, model_id, dataset_id, staged, advance):
+                    _discard(staged)
+                    _stage_entry(pack, model_id, dataset_id, staged, advance)
+            except OSError as exc:
+                raise StoreError(f"cannot stage {model_id}/{dataset_id} in {staging}: {exc.strerror or exc}") from None
+            summary.nbytes += sum(pack.files[name]["size"] for name in pack.files_of(model_id, dataset_id))
+        for model_id, dataset_id in todo:  # everything verified: move the entries in
+            target = store.root / model_id / dataset_id
+            lock = store.root / model_id / (".head.lock" if dataset_id == HEAD else f".{dataset_id}.lock")
+            with _locked(lock, f"store entry {model_id}/{dataset_id}", 0.0):
+                if target.exists():
+                    raise StoreError(
+                        f"{store.root} gained {model_id}/{dataset_id} during the import; delete it and rerun"
+                    )
+                os.replace(staging / model_id / dataset_id, target)
+            summary.entries.append(f"{model_id}/{dataset_id}")
+        shutil.rmtree(staging, ignore_errors=True)
     summary.seconds = time.perf_counter() - started
     return summary
 

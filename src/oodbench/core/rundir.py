@@ -187,7 +187,7 @@ class RunDir:
                 raise StoreError(
                     f"store entry {result.entry} is damaged: {result.problems[0]}"
                     + (f" (and {len(result.problems) - 1} more)" if len(result.problems) > 1 else "")
-                    + "; extract it again (`oodbench store verify` lists every damaged array)"
+                    + f"; {store.damage_remedy}"
                 )
         seconds = time.perf_counter() - started
         for key in todo:
@@ -214,7 +214,9 @@ class RunDir:
     # ------------------------------------------------------------------ scores
     def has_scores(self, model: str, dataset: str) -> bool:
         """Whether per-image scores of (model, dataset) were saved."""
-        return self.score_path(model, dataset).is_file()
+        # Anything planted there counts, so that loading refuses a link, a FIFO or a directory in one line
+        # rather than the run skipping (or silently recomputing over) it.
+        return os.path.lexists(self.score_path(model, dataset))
 
     def load_scores(self, model: str, dataset: str) -> dict[str, np.ndarray]:
         """{detector: per-image scores} of one (model, dataset)."""

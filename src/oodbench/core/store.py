@@ -35,11 +35,13 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import platform
 import shlex
 import shutil
 import socket
+import stat
 import sys
 import threading
 import time
@@ -144,6 +146,63 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
+# ----------------------------------------------------------------------------------------------- folders
+def _real_folder(root: Path, names: Iterable[str]) -> Path:
+    """`root`/`names`, each of its folders below `root` checked (lstat, no link followed) to be a real directory.
+
+    The root itself may be reached through links (where the user keeps the store is their choice); below it,
+    a symbolic link or a file in a folder's place is refused with a StoreError naming it. Missing folders pass.
+    """
+    path = root
+    checking = True
+    for name in names:
+        path = path / name
+        if not checking:
+            continue
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            checking = False  # nothing below a missing folder exists
+            continue
+        except OSError as exc:
+            raise StoreError(f"cannot read the store folder {path} ({exc.strerror or exc})") from None
+        if stat.S_ISLNK(mode):
+            raise StoreError(f"{path} is a symbolic link; no link inside a store is followed (make it a real folder)")
+        if not stat.S_ISDIR(mode):
+            raise StoreError(f"{path} is not a directory, where a store keeps a folder")
+    return path
+
+
+def _remove_folder(parent: Path, name: str) -> None:
+    """Delete the folder `parent`/`name` and all it holds, following no link; a link in its place is refused.
+
+    `parent` is opened without following a link and the folder is removed relative to that descriptor, so a folder
+    swapped for a link after it was checked is not followed either; links inside are removed, never followed.
+    """
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreError(
+            f"cannot delete {parent / name}: cannot open {parent} as a real directory ({exc.strerror or exc})"
+        ) from None
+    try:
+        try:
+            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(mode):
+            raise StoreError(f"{parent / name} is a symbolic link; not deleted (no link inside a store is followed)")
+        if not stat.S_ISDIR(mode):
+            raise StoreError(f"{parent / name} is not a directory; not deleted")
+        shutil.rmtree(name, dir_fd=fd)  # fd-based on Linux: never follows a link inside the tree
+    except OSError as exc:
+        raise StoreError(f"cannot delete {parent / name} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
@@ -163,7 +222,8 @@ def _command_line() -> str | None:
 
 # ----------------------------------------------------------------------------------------------- checksums
 def _row_bytes(spec: Mapping[str, Any]) -> int:
-    return np.dtype(spec["dtype"]).itemsize * int(np.prod(spec["shape"][1:], dtype=np.int64))
+    # Python integers: a forged shape such as (2**33, 2**31) must not wrap around to a small size
+    return np.dtype(spec["dtype"]).itemsize * math.prod(spec["shape"][1:])
 
 
 def _data_digest(array: np.ndarray) -> str:
@@ -180,6 +240,36 @@ def _content_digest(arrays: Mapping[str, np.ndarray]) -> str:
         digest.update(json.dumps([name, str(array.dtype), list(array.shape)]).encode())
         digest.update(_data_digest(array).encode())
     return digest.hexdigest()
+
+
+def _plain_dtype(dtype: np.dtype) -> bool:
+    """True for what a store holds: booleans, integers and floats of at most 8 bytes, in native byte order."""
+    return dtype.kind in "biuf" and dtype.itemsize <= 8 and dtype.isnative and dtype.names is None
+
+
+def _storable(array: np.ndarray, name: str) -> np.ndarray:
+    """`array` as the store writes it (C order, native byte order); StoreError for a dtype it does not keep."""
+    if array.dtype.kind in "biuf" and not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if not _plain_dtype(array.dtype):
+        raise StoreError(
+            f"array {name!r} has dtype {str(array.dtype)[:60]}; the store keeps booleans, integers and floats only"
+        )
+    return np.ascontiguousarray(array)
+
+
+def _layout_problem(shape: tuple[int, ...], fortran: bool, dtype: np.dtype, offset: int, size: int) -> str | None:
+    """Why an .npy header does not describe a plain array filling this file exactly (None when it does)."""
+    if not _plain_dtype(dtype):
+        return f"its dtype {str(dtype)[:60]} is not a boolean, integer or float type in native byte order"
+    if fortran and len(shape) > 1:
+        return f"it holds a Fortran-ordered array of shape {shape}; a store writes C order"
+    expected = offset + dtype.itemsize * math.prod(shape)  # Python integers: no overflow on forged shapes
+    if size != expected:
+        return (
+            f"{size:,} bytes on disk but its header's shape {shape} and dtype need {expected:,} (truncated or forged)"
+        )
+    return None
 
 
 def _npy_header(handle: Any, path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int]:
@@ -261,7 +351,7 @@ def _check_npy(
 
 # ----------------------------------------------------------------------------------------------- metadata checks
 def _check_spec(name: str, spec: object, where: str, chunks: int | None) -> dict[str, Any]:
-    """One array's record in meta.json: shape (non-negative ints), a plain dtype, optional checksums."""
+    """One array's record in meta.json: shape (non-negative ints), a plain numeric dtype, optional checksums."""
     if not isinstance(spec, dict):
         raise StoreError(f"{where}: the record of array {name!r} is not a JSON object")
     shape = spec.get("shape")
@@ -271,12 +361,16 @@ def _check_spec(name: str, spec: object, where: str, chunks: int | None) -> dict
         and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
     ):
         raise StoreError(f"{where}: array {name!r} has an invalid shape {shape!r}")
+    text = spec.get("dtype")
     try:
-        dtype = np.dtype(spec.get("dtype"))
-    except (TypeError, ValueError):
-        raise StoreError(f"{where}: array {name!r} has an invalid dtype {spec.get('dtype')!r}") from None
-    if dtype.hasobject or spec.get("dtype") is None:
-        raise StoreError(f"{where}: array {name!r} has an invalid dtype {spec.get('dtype')!r}")
+        dtype = np.dtype(text) if isinstance(text, str) else None
+    except Exception:  # numpy parses dtype strings with its own grammar: any of its errors
+        dtype = None
+    if dtype is None or not _plain_dtype(dtype):
+        raise StoreError(
+            f"{where}: array {name!r} has an invalid dtype {str(text)[:60]!r} (a store holds booleans, integers and "
+            "floats in native byte order)"
+        )
     digests = spec.get("sha256")
     if digests is not None and not (
         isinstance(digests, list) and len(digests) == chunks and all(isinstance(d, str) for d in digests)
@@ -399,44 +493,62 @@ def _live_holder(path: Path) -> dict[str, Any] | None:
 
 def _flock(path: Path, what: str, wait: float | None) -> int:
     """An fd of `path` holding an exclusive flock; waits up to `wait` seconds (None: for ever), then StoreError."""
-    import fcntl
-
     deadline = None if wait is None else time.monotonic() + max(0.0, wait)
     while True:
+        # The lock file is opened in its folder's descriptor, taken without following a link: a model folder
+        # planted as a link to a folder elsewhere never gets a lock file created in it.
+        _real_folder(path.parent.parent, (path.parent.name,))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o666)  # a planted link is refused, never truncated
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:  # ELOOP: a link put in the folder's place after the check
+            raise StoreError(f"cannot write {what}: cannot open its lock file {path} ({exc.strerror or exc})") from None
+        try:
+            fd = _try_flock(path, folder, what)
+        finally:
+            os.close(folder)
+        if fd is not None:
+            return fd
+        if deadline is not None and time.monotonic() >= deadline:
+            holder = _describe_holder(_holder(path))
+            if holder == "this process":
+                holder += " (in another thread)"
+            waited = f" (waited {wait:g} s)" if wait else ""
+            raise StoreError(
+                f"{what} is being written by {holder}{waited}; wait for it to finish or stop it, then rerun"
+            )
+        time.sleep(0.05)
+
+
+def _try_flock(path: Path, folder: int, what: str) -> int | None:
+    """One try of `_flock` in the open folder `folder`: the fd holding the lock, or None when another holds it."""
+    import fcntl
+
+    while True:
+        try:
+            fd = open_regular(path.name, os.O_RDWR | os.O_CREAT, 0o666, dir_fd=folder)  # a link is never truncated
         except OSError as exc:
             raise StoreError(f"cannot write {what}: cannot open its lock file {path} ({exc.strerror or exc})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            if deadline is not None and time.monotonic() >= deadline:
-                holder = _describe_holder(_holder(path))
-                if holder == "this process":
-                    holder += " (in another thread)"
-                waited = f" (waited {wait:g} s)" if wait else ""
-                raise StoreError(
-                    f"{what} is being written by {holder}{waited}; wait for it to finish or stop it, then rerun"
-                ) from None
-            time.sleep(0.05)
-            continue
+            return None
         except OSError as exc:  # e.g. a network filesystem without locks (ENOLCK)
             os.close(fd)
             raise StoreError(f"cannot write {what}: cannot lock {path} ({exc.strerror or exc})") from None
         # The lock file could have been deleted by hand between open and flock: lock the file now at `path`.
         try:
-            same = os.path.samestat(os.fstat(fd), os.lstat(path))
+            same = os.path.samestat(os.fstat(fd), os.stat(path.name, dir_fd=folder, follow_symlinks=False))
         except FileNotFoundError:
             same = False
-        if not same:
-            os.close(fd)
-            continue
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now(), "command": _command_line()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
-        return fd
+        if same:
+            break
+        os.close(fd)
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now(), "command": _command_line()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+    return fd
 
 
 def _acquire(path: Path, what: str, wait: float | None) -> tuple[_HeldLock, int]:
@@ -514,6 +626,9 @@ class Store:
     over it (`oodbench.core.pack`), so whatever reads a store reads a pack without importing it.
     """
 
+    # What to do about a damaged entry: a pack's says how to get its files again.
+    damage_remedy = "extract it again (`oodbench store verify` lists every damaged array)"
+
     def __new__(cls, root: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Store:
         if cls is Store and root is not None:
             from .pack import PackStore, is_pack
@@ -530,22 +645,30 @@ class Store:
 
     # ----------------------------------------------------------------- paths and listing
     def entry_path(self, model_id: str, dataset_id: str) -> Path:
-        """Directory of one (model, dataset) entry."""
-        return self.root / _check_name("model id", model_id) / _check_name("dataset id", dataset_id)
+        """Directory of one (model, dataset) entry; StoreError when it or its model folder is a link, not a folder."""
+        return _real_folder(self.root, (_check_name("model id", model_id), _check_name("dataset id", dataset_id)))
 
     def lock_path(self, model_id: str, dataset_id: str) -> Path:
         """The entry's lock file: beside the entry, so deleting the entry never deletes a held lock."""
-        return self.root / _check_name("model id", model_id) / f".{_check_name('dataset id', dataset_id)}.lock"
+        return self._model_path(model_id) / f".{_check_name('dataset id', dataset_id)}.lock"
+
+    def _model_path(self, model_id: str) -> Path:
+        """The model's folder, refused when it is a link or not a folder (see `_real_folder`)."""
+        return _real_folder(self.root, (_check_name("model id", model_id),))
+
+    def _head_path(self, model_id: str) -> Path:
+        """The model's head folder, refused when it or the model's folder is a link or not a folder."""
+        return _real_folder(self.root, (_check_name("model id", model_id), "head"))
 
     def models(self) -> list[str]:
-        """Model ids present in the store."""
+        """Model ids present in the store (a link among them is listed, and refused when it is read)."""
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def datasets(self, model_id: str) -> list[str]:
-        """Dataset ids with a meta.json under a model (complete or not)."""
-        model_dir = self.root / _check_name("model id", model_id)
+        """Dataset ids with a meta.json under a model (complete or not); StoreError for a linked model folder."""
+        model_dir = self._model_path(model_id)
         if not model_dir.is_dir():
             return []
         return sorted(p.name for p in model_dir.iterdir() if (p / "meta.json").is_file() and p.name != "head")
@@ -581,7 +704,7 @@ class Store:
     def describe_incomplete(self, model_id: str, dataset_id: str) -> str:
         """What an unfinished entry holds, whether it is being written now, and how to finish it (one line)."""
         meta = self.meta(model_id, dataset_id)
-        shard_dir = self.entry_path(model_id, dataset_id) / "shards"
+        shard_dir = _real_folder(self.entry_path(model_id, dataset_id), ("shards",))
         num_shards, num_items = meta["num_shards"], meta["num_items"]
         merge = shard_dir / _MERGE_STATE
         if merge.is_file():
@@ -686,13 +809,27 @@ class Store:
         return self.entry_path(model_id, dataset_id)
 
     def delete(self, model_id: str, dataset_id: str, *, wait: float | None = 0.0) -> None:
-        """Remove an entry if present (under its write lock: never while another process writes it)."""
+        """Remove an entry if present (under its write lock: never while another process writes it; no link followed)."""
         path = self.entry_path(model_id, dataset_id)
-        if not path.exists():
+        if not os.path.lexists(path):
             return
         with _locked(self.lock_path(model_id, dataset_id), f"store entry {model_id}/{dataset_id}", wait):
-            if path.exists():
-                shutil.rmtree(path)
+            _remove_folder(self.entry_path(model_id, dataset_id).parent, dataset_id)  # checked again, under the lock
+
+    def delete_head(self, model_id: str) -> None:
+        """Remove the model's head if present (under the head's lock; no link followed)."""
+        model_dir = self._model_path(model_id)
+        if not os.path.lexists(model_dir / "head"):
+            return
+        with _locked(model_dir / ".head.lock", f"the head of {model_id}", 600.0):
+            _remove_folder(self._model_path(model_id), "head")  # checked again, under the lock
+
+    def delete_model(self, model_id: str) -> None:
+        """Remove every entry and the head of a model, each under its lock, then its folder (no link followed)."""
+        for dataset_id in self.datasets(model_id):
+            self.delete(model_id, dataset_id)
+        self.delete_head(model_id)
+        _remove_folder(self.root, _check_name("model id", model_id))
 
     # ----------------------------------------------------------------- reading
     def read(
@@ -793,14 +930,11 @@ class Store:
             raise StoreError(f"store entry {model_id}/{dataset_id} is damaged: {problems[0]}")
         return _load_npy(path, mmap)
 
-    @staticmethod
-    def _raise_damage(result: Verification) -> None:
+    @classmethod
+    def _raise_damage(cls, result: Verification) -> None:
         if result.problems:
             more = f" (and {len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
-            raise StoreError(
-                f"store entry {result.entry} is damaged: {result.problems[0]}{more}; extract it again "
-                "(`oodbench store verify` lists every damaged array)"
-            )
+            raise StoreError(f"store entry {result.entry} is damaged: {result.problems[0]}{more}; {cls.damage_remedy}")
 
     # ----------------------------------------------------------------- verification
     def verify(self, model_id: str, dataset_id: str, *, advance: Callable[[int], None] | None = None) -> Verification:
@@ -820,7 +954,7 @@ class Store:
         for name, spec in meta["arrays"].items():
             path = self.entry_path(model_id, dataset_id) / f"{name}.npy"
             result.problems += _check_npy(path, spec, meta.get("checksum_rows"), full=True, advance=advance)
-            result.nbytes += path.stat().st_size if path.is_file() else 0
+            result.nbytes += _file_size(path)
         return result
 
     def file_stamps(self, model_id: str, dataset_id: str) -> list[list[Any]]:
@@ -829,7 +963,7 @@ class Store:
         Cheap to take: a run directory records them with a verification, so that a file changed since (a flipped
         byte changes the modification time) is verified again.
         """
-        folder = self.root / _check_name("model id", model_id) / _check_name("dataset id", dataset_id)
+        folder = _real_folder(self.root, (_check_name("model id", model_id), _check_name("dataset id", dataset_id)))
         stamps: list[list[Any]] = []
         for path in sorted(folder.glob("*.npy")):
             try:
@@ -842,7 +976,7 @@ class Store:
 
     def verify_head(self, model_id: str, *, advance: Callable[[int], None] | None = None) -> Verification:
         """Check every byte of the model's stored head against its recorded checksums (`advance` as in `verify`)."""
-        path = self.root / _check_name("model id", model_id) / "head"
+        path = self._head_path(model_id)
         meta = _read_json(path / "meta.json")
         result = Verification(f"{model_id}/head")
         specs = self._head_specs(model_id, meta)
@@ -856,18 +990,19 @@ class Store:
                     result.problems.append(f"{file.name}: {exc}")
             else:
                 result.problems += _check_npy(file, specs[name], [specs[name]["shape"][0]], full=True, advance=advance)
-            result.nbytes += file.stat().st_size if file.is_file() else 0
+            result.nbytes += _file_size(file)
         return result
 
     # ----------------------------------------------------------------- heads
     def write_head(self, model_id: str, head: Head, *, provenance: Mapping[str, Any]) -> Path:
         """Store the model's linear head (weight, bias) with its provenance and checksums (under the head's lock)."""
-        path = self.root / _check_name("model id", model_id) / "head"
+        path = self._head_path(model_id)
         arrays: dict[str, Any] = {}
         # Head writes take milliseconds: wait for another writer of the same head rather than fail.
         with _locked(path.parent / ".head.lock", f"the head of {model_id}", 600.0):
+            path = self._head_path(model_id)  # checked again under the lock: a link put there meanwhile is refused
             for name, value in (("weight", head.weight), ("bias", head.bias)):
-                array = np.ascontiguousarray(value)
+                array = _storable(np.asarray(value), name)
                 atomic_save_npy(path / f"{name}.npy", array)
                 arrays[name] = {
                     "shape": list(array.shape),
@@ -891,12 +1026,13 @@ class Store:
         return path
 
     def has_head(self, model_id: str) -> bool:
-        """True when a head is stored for the model."""
-        return (self.root / _check_name("model id", model_id) / "head" / "meta.json").is_file()
+        """True when a head is stored for the model (a head folder that is a link counts: reading it is refused)."""
+        head = self._model_path(model_id) / "head"
+        return head.is_symlink() or (head / "meta.json").is_file()
 
     def read_head(self, model_id: str, *, verify: bool = False) -> Head:
         """The model's stored head (sizes, headers, shapes and dtypes checked; every byte with `verify`)."""
-        path = self.root / _check_name("model id", model_id) / "head"
+        path = self._head_path(model_id)
         meta = _read_json(path / "meta.json")
         if meta.get("model_id") != model_id:
             raise StoreError(f"{path} holds the head of {meta.get('model_id')!r}, not {model_id!r}")
@@ -929,7 +1065,7 @@ class Store:
 
     def head_meta(self, model_id: str) -> dict[str, Any]:
         """The stored head's meta.json."""
-        return _read_json(self.root / _check_name("model id", model_id) / "head" / "meta.json")
+        return _read_json(self._head_path(model_id) / "meta.json")
 
     # ----------------------------------------------------------------- provenance
     def check_compatible(self, *entries: tuple[str, str]) -> None:
@@ -956,20 +1092,40 @@ def _get(mapping: object, key: str) -> Any:
 
 
 def _load_npy(path: Path, mmap: bool) -> np.ndarray:
-    """An .npy array of a regular file reached without a link (memory-mapped read-only with `mmap`), no pickles."""
+    """An .npy array of a regular file reached without a link (memory-mapped read-only with `mmap`), no pickles.
+
+    The header is checked against the opened file before anything is allocated or mapped (plain numeric dtype,
+    C order, a size of exactly header + data), so a header declaring terabytes in a small file is one StoreError.
+    """
     try:
         with open_regular_file(path) as handle:
-            if not mmap:
-                return np.lib.format.read_array(handle, allow_pickle=False)
             shape, fortran, dtype, offset = _npy_header(handle, path)
-            if dtype.hasobject:
-                raise StoreError(f"cannot read {path}: it holds Python objects")
-            if not shape or 0 in shape:
-                handle.seek(0)
-                return np.lib.format.read_array(handle, allow_pickle=False)  # mmap cannot map zero bytes
-            return np.memmap(handle, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+            problem = _layout_problem(shape, fortran, dtype, offset, os.fstat(handle.fileno()).st_size)
+            if problem is not None:
+                raise StoreError(f"cannot read {path}: {problem}")
+            if mmap and shape and 0 not in shape:  # mmap cannot map zero bytes
+                return np.memmap(handle, dtype=dtype, mode="r", offset=offset, shape=shape)
+            array = np.empty(shape, dtype)  # no larger than the file, checked above
+            view = memoryview(array.reshape(-1).view(np.uint8))
+            handle.seek(offset)
+            filled = 0
+            while filled < len(view):
+                got = handle.readinto(view[filled:])
+                if not got:
+                    raise StoreError(f"cannot read {path}: it was truncated while it was read")
+                filled += got
+            return array
     except (OSError, ValueError) as exc:
         raise StoreError(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from exc
+
+
+def _file_size(path: Path) -> int:
+    """The size of a regular file (0 for anything else: a link is not followed)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return 0
+    return info.st_size if stat.S_ISREG(info.st_mode) else 0
 
 
 def _header_digest(path: Path) -> str:
@@ -1005,6 +1161,7 @@ class EntryWriter:
             raise StoreError(f"num_items must be >= 0; got {num_items}")
         if shard_size <= 0:
             raise StoreError(f"shard_size must be positive; got {shard_size}")
+        self._held: _HeldLock | None = None
         self.store, self.model_id, self.dataset_id = store, model_id, dataset_id
         self.path = store.entry_path(model_id, dataset_id)
         self.shard_dir = self.path / "shards"
@@ -1022,11 +1179,11 @@ class EntryWriter:
             "num_shards": self.num_shards,
             "complete": False,
         }
-        self._held: _HeldLock | None = None
         self._held, self._token = _acquire(store.lock_path(model_id, dataset_id), f"store entry {self}", wait)
         try:
-            if replace and self.path.exists():
-                shutil.rmtree(self.path)
+            self._check_folders()
+            if replace:
+                _remove_folder(self.path.parent, dataset_id)
             meta_path = self.path / "meta.json"
             if meta_path.is_file():
                 existing = store.meta(model_id, dataset_id)
@@ -1084,6 +1241,13 @@ class EntryWriter:
                 )
             yield
 
+    def _check_folders(self) -> None:
+        """Refuse (StoreError) when the model, entry or shard folder is a link or not a folder: none is followed.
+
+        Called under the entry's lock before each act that reads or writes in them.
+        """
+        _real_folder(self.store.root, (self.model_id, self.dataset_id, "shards"))
+
     # ----------------------------------------------------------------- shards
     @property
     def complete(self) -> bool:
@@ -1123,6 +1287,7 @@ class EntryWriter:
 
     def completed_shards(self) -> set[int]:
         """Shards whose marker and files are all present and of the recorded size."""
+        self._check_folders()
         if self.complete or self._merge_file.is_file():
             # Once finalize has drawn up its plan every shard is written (and may already be released).
             return set(range(self.num_shards))
@@ -1138,6 +1303,7 @@ class EntryWriter:
     ) -> None:
         """Atomically write one shard (each array's checksum recorded): every array file first, the marker last."""
         with self._holding():
+            self._check_folders()
             if self.complete or self._merge_file.is_file():
                 raise StoreError(f"store entry {self} is already finalized (or finalizing)")
             rows = self.shard_rows(shard)
@@ -1147,17 +1313,17 @@ class EntryWriter:
             if n > rows.stop - rows.start:
                 raise StoreError(f"shard {shard} covers {rows.stop - rows.start} items but got {n} rows")
             record: dict[str, Any] = {"rows": n, "arrays": {}, "skipped": list(skipped)}
-            for name, value in arrays.items():
+            checked: dict[str, np.ndarray] = {}
+            for name, value in arrays.items():  # every array checked before the first file is written
                 if name != "features" and not name.startswith(_EXTRA) and name not in ("logits", "labels", "index"):
                     raise StoreError(
                         f"unknown array name {name!r}: use features, logits, labels, index or extra.<name>"
                     )
                 _check_array_name(name, f"store entry {self}")
-                array = np.ascontiguousarray(value)
-                if array.shape[:1] != (n,):
-                    raise StoreError(f"array {name!r} has {array.shape[:1]} rows but features has {n}")
-                if array.dtype.hasobject:
-                    raise StoreError(f"array {name!r} holds Python objects; the store keeps numeric arrays only")
+                checked[name] = _storable(np.asarray(value), name)
+                if checked[name].shape[:1] != (n,):
+                    raise StoreError(f"array {name!r} has {checked[name].shape[:1]} rows but features has {n}")
+            for name, array in checked.items():
                 nbytes = atomic_save_npy(self.shard_dir / f"{name}.{shard:05d}.npy", array)
                 record["arrays"][name] = {
                     "shape": list(array.shape),
@@ -1177,8 +1343,10 @@ class EntryWriter:
         Each shard's rows are checked against the checksum recorded when it was written as they are copied.
         """
         with self._holding():
+            self._check_folders()
             if self.complete:
-                shutil.rmtree(self.shard_dir, ignore_errors=True)  # what a finalize killed after completing left
+                with contextlib.suppress(StoreError):  # what a finalize killed after completing left
+                    _remove_folder(self.path, "shards")
             else:
                 self._finalize(extra_meta)
         self.close()
@@ -1219,7 +1387,8 @@ class EntryWriter:
         _merge_step("merged")
         atomic_write_json(self.path / "meta.json", self.meta)
         _merge_step("completed")
-        shutil.rmtree(self.shard_dir, ignore_errors=True)
+        with contextlib.suppress(StoreError):
+            _remove_folder(self.path, "shards")
 
     @property
     def _merge_file(self) -> Path:

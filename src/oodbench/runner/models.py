@@ -7,7 +7,6 @@ Names are checked against the timm and open_clip registries (no weights are touc
 from __future__ import annotations
 
 import functools
-import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -334,9 +333,7 @@ class Probe(ModelKind):
         if stale:
             for dataset in datasets:
                 store.delete(spec.id, dataset)
-            head_dir = store.root / spec.id / "head"
-            if head_dir.exists():
-                shutil.rmtree(head_dir)
+            store.delete_head(spec.id)
         run_probe(
             store,
             spec.store_id,

@@ -9,7 +9,6 @@ between model and dataset kinds is asked of the kind objects (`runner/kinds.py`)
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -141,9 +140,7 @@ def reset_changed_models(ctx: Context, units: Iterable[ExtractStageUnit]) -> lis
         }
     )
     for model_id in reset:
-        path = store.root / model_id
-        if path.is_dir():
-            shutil.rmtree(path)
+        store.delete_model(model_id)
     return reset
 
 

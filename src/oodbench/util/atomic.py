@@ -44,19 +44,22 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o666) -> int:
+def open_regular(
+    path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o666, *, dir_fd: int | None = None
+) -> int:
     """A descriptor of `path` when it is a regular file; a final symbolic link is never followed.
 
     The file is opened with ``O_NOFOLLOW`` and ``O_NONBLOCK`` (so that opening a FIFO cannot block) and checked
     with ``fstat`` on the opened descriptor, which no later rename can change; then made blocking again.
+    With `dir_fd`, `path` is relative to that open directory (which a later rename of a folder cannot change).
     Raises `UnsafeFileError` (an `OSError` whose ``strerror`` says what the path is) for anything else.
     """
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno == errno.ELOOP or (exc.errno == errno.ENXIO and os.path.exists(path)):
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENXIO and _exists(path, dir_fd)):
             try:
-                kind = _kind(os.lstat(path).st_mode)
+                kind = _kind(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
             except OSError:
                 kind = "not a regular file"
             raise UnsafeFileError(errno.ELOOP, f"{kind}, not followed or opened", str(path)) from None
@@ -70,6 +73,14 @@ def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: i
         os.close(fd)
         raise
     return fd
+
+
+def _exists(path: str | os.PathLike[str], dir_fd: int | None) -> bool:
+    try:
+        os.stat(path, dir_fd=dir_fd)
+    except OSError:
+        return False
+    return True
 
 
 def open_regular_file(path: str | os.PathLike[str], mode: str = "rb") -> Any:
