@@ -168,3 +168,16 @@ def test_a_report_written_again_removes_what_a_killed_write_left(cli, two_runs, 
     assert runner.invoke(cli, args).exit_code == 0
     assert not any(p.exists() for p in killed)
     assert all(p.exists() for p in (*others, fresh))
+
+
+def test_an_unknown_plot_detector_is_refused_before_any_work(cli, two_runs, tmp_path) -> None:
+    # It used to drop every ROC curve and histogram silently (rc 0).
+    out = tmp_path / "o"
+    result = runner.invoke(cli, ["report", str(two_runs[0]), "--out", str(out), "--plot-detector", "enrgy", *FAST])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'enrgy'" in lines[0] and "did you mean 'energy'" in lines[0]
+    assert "msp" in lines[0]  # the run's detectors are listed
+    assert not out.exists()
+    result = runner.invoke(cli, ["report", str(two_runs[0]), "--out", str(out), "--plot-detector", "nosuch", *FAST])
+    assert result.exit_code == 2 and "'nosuch'" in result.stderr and not out.exists()

@@ -98,7 +98,8 @@ def _expected_keys(config: Any) -> dict[str, str]:
         assert gram_key(registry.get_class(detector), config.gram_dtype) is None  # float64: no precision part
         keys[f"fit:{model.id}/{detector}"] = fit
         for name in [config.id_test, *config.ood]:
-            score = keys[f"score:{model.id}/{detector}/{name}"] = content_key("score", fit, entry[name], config.tpr)
+            # Scores do not depend on tpr: it enters the metrics' key only.
+            score = keys[f"score:{model.id}/{detector}/{name}"] = content_key("score", fit, entry[name])
             score_keys.append(score)
     metrics = keys[f"metrics:{model.id}"] = content_key("metrics", sorted(score_keys), config.tpr)
     results = keys["metrics:all"] = content_key("results", [metrics])

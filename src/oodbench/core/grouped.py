@@ -10,11 +10,12 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from .errors import AnalysisError
-from .metrics import CONVENTION_NOTES, check_convention
+from .metrics import DEFAULT_TPR, convention_note, relabel_fpr
 from .oodgroups import OodGroups
 from .tabular import MISSING, Cell, MetricRow, Table, detector_table, percent, render_markdown
 
@@ -26,6 +27,7 @@ __all__ = [
     "openood_label",
     "OPENOOD_CSV_COLUMNS",
     "run_tables_markdown",
+    "relabel_table",
 ]
 
 OPENOOD_CSV_COLUMNS = ("FPR@95", "AUROC", "AUPR_IN", "AUPR_OUT", "ACC")
@@ -52,6 +54,19 @@ def group_columns(groups: OodGroups | None, ood_datasets: Sequence[str]) -> tupl
             )
     columns.extend(("other" if columns else "", o, (o,)) for o in arrangement.ungrouped)
     return columns, notes
+
+
+def relabel_table(table: Table, tpr: float) -> Table:
+    """`table` with every FPR@95 label, note and header restated at `tpr` (the same table at 0.95)."""
+    if tpr == DEFAULT_TPR:
+        return table
+    return replace(
+        table,
+        title=relabel_fpr(table.title, tpr),
+        columns=tuple(relabel_fpr(c, tpr) for c in table.columns),
+        groups=tuple((relabel_fpr(label, tpr), span) for label, span in table.groups),
+        notes=tuple(relabel_fpr(n, tpr) for n in table.notes),
+    )
 
 
 def _values(rows: Sequence[MetricRow]) -> dict[tuple[str, str, str], float]:
@@ -90,9 +105,10 @@ def group_table(
     aupr: bool = False,
     key: str = "groups",
     title: str = "Detectors × OOD groups",
+    tpr: float = DEFAULT_TPR,
 ) -> Table:
     """Detectors × OOD sets in groups with each group's mean: cells FPR@95 / AUROC (and AUPR-In / AUPR-Out) in %;
-    the lowest FPR@95 per column in bold."""
+    the lowest FPR@95 per column in bold (labels state `tpr`, the rate the rows' FPR was taken at)."""
     values = _values(rows)
     detectors = list(detectors) if detectors is not None else list(dict.fromkeys(r.detector for r in rows))
     oods = list(ood_datasets) if ood_datasets is not None else list(dict.fromkeys(r.ood_dataset for r in rows))
@@ -119,14 +135,15 @@ def group_table(
     lead = f"Cells: {what} (%); a group's mean is the mean over its sets, as OpenOOD v1.5 reports it"
     if groups is not None:
         lead += f"; groups: {groups.title} ({groups.source})"
-    return Table(
+    table = Table(
         key,
         title,
         ("detector",) + tuple(label for _, label, _ in columns),
         tuple(body),
         groups=_header_groups(columns, 1),
-        notes=(lead + ".", *notes, CONVENTION_NOTES[check_convention(convention)]),
+        notes=(lead + ".", *notes, convention_note(convention)),
     )
+    return relabel_table(table, tpr)
 
 
 def full_spectrum_table(
@@ -140,9 +157,10 @@ def full_spectrum_table(
     convention: str,
     key: str = "full-spectrum",
     title: str = "Full-spectrum and standard setting",
+    tpr: float = DEFAULT_TPR,
 ) -> Table:
     """Per OOD set and group mean, the standard setting's FPR@95 / AUROC beside the full-spectrum one's (the
-    covariate-shifted sets counted as ID, as OpenOOD v1.5's FSOOD results)."""
+    covariate-shifted sets counted as ID, as OpenOOD v1.5's FSOOD results); labels state `tpr`."""
     std_values, fs_values = _values(standard), _values(full)
     detectors = list(detectors) if detectors is not None else list(dict.fromkeys(r.detector for r in standard))
     oods = list(ood_datasets) if ood_datasets is not None else list(dict.fromkeys(r.ood_dataset for r in standard))
@@ -160,7 +178,7 @@ def full_spectrum_table(
             line.append(Cell(MISSING) if fpr is None or auc is None else Cell(f"{percent(fpr)} / {percent(auc)}"))
         body.append(tuple(line))
     shift = ", ".join(csid_datasets)
-    return Table(
+    table = Table(
         key,
         title,
         ("detector",) + tuple(setting for _, setting, _ in doubled),
@@ -171,17 +189,24 @@ def full_spectrum_table(
             f"sets ({shift}) count as ID too, their images joined to the ID test set's, as OpenOOD v1.5's "
             "full-spectrum (FSOOD) results.",
             *notes,
-            CONVENTION_NOTES[check_convention(convention)],
+            convention_note(convention),
         ),
     )
+    return relabel_table(table, tpr)
 
 
 def openood_csv(
-    rows: Sequence[MetricRow], groups: OodGroups | None, detector: str, accuracy: float | None = None
+    rows: Sequence[MetricRow],
+    groups: OodGroups | None,
+    detector: str,
+    accuracy: float | None = None,
+    *,
+    tpr: float = DEFAULT_TPR,
 ) -> str:
     """One detector's results in the layout of OpenOOD v1.5's ``eval_ood`` CSV: a row per OOD set of a group,
     then the group's mean named ``<group>ood`` (``nearood``, ``farood``), ungrouped sets last; columns FPR@95,
-    AUROC, AUPR_IN, AUPR_OUT, ACC in %, two decimals. ACC is the ID top-1 accuracy, empty when unknown.
+    AUROC, AUPR_IN, AUPR_OUT, ACC in %, two decimals. ACC is the ID top-1 accuracy, empty when unknown. At a `tpr`
+    other than 0.95 the first column says its rate (``FPR@80``): OpenOOD's own files are always FPR@95.
 
     Rows carry OpenOOD's labels (`openood_label`): ``ssb_hard``, ``openimage_o``, whatever name the store uses."""
     values = _values(rows)
@@ -190,7 +215,7 @@ def openood_csv(
         raise AnalysisError(f"no rows of detector {detector!r} to export")
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(("", *OPENOOD_CSV_COLUMNS))
+    writer.writerow(("", relabel_fpr(OPENOOD_CSV_COLUMNS[0], tpr), *OPENOOD_CSV_COLUMNS[1:]))
     acc = "" if accuracy is None else f"{100 * accuracy:.2f}"
 
     def line(name: str, sets: Sequence[str]) -> None:
@@ -223,16 +248,17 @@ def run_tables_markdown(
     tpr: float = 0.95,
 ) -> str:
     """``table.md`` of an evaluation: the detector table in `convention`, then (with `groups`) the grouped table
-    and (with covariate-shifted sets and their `scores`) the full-spectrum table."""
+    and (with covariate-shifted sets and their `scores`) the full-spectrum table; every label states `tpr`.
+
+    `rows` name the FPR ``fpr95`` whatever `tpr` (as `metrics.evaluate` returns it)."""
     from .results import convention_rows, full_spectrum_rows
 
     view = convention_rows(rows, convention)  # type: ignore[arg-type]
-    parts = [
-        render_markdown(detector_table(view, detectors, ood_datasets, convention=convention, aupr=aupr), title=False)
-    ]
+    table = detector_table(view, detectors, ood_datasets, convention=convention, aupr=aupr)
+    parts = [render_markdown(relabel_table(table, tpr), title=False)]
     if groups is not None and groups.arrange(list(ood_datasets)).present():
         table = group_table(
-            view, groups, detectors=detectors, ood_datasets=ood_datasets, convention=convention, aupr=aupr
+            view, groups, detectors=detectors, ood_datasets=ood_datasets, convention=convention, aupr=aupr, tpr=tpr
         )
         parts.append(render_markdown(table))
     if csid_datasets and scores is not None and view:
@@ -241,7 +267,14 @@ def run_tables_markdown(
             first.model, first.id_dataset, csid_datasets, ood_datasets, detectors, scores, tpr, convention
         )
         table = full_spectrum_table(
-            view, full, groups, csid_datasets, detectors=detectors, ood_datasets=ood_datasets, convention=convention
+            view,
+            full,
+            groups,
+            csid_datasets,
+            detectors=detectors,
+            ood_datasets=ood_datasets,
+            convention=convention,
+            tpr=tpr,
         )
         parts.append(render_markdown(table))
     return "\n".join(parts)

@@ -18,11 +18,17 @@ same number in both conventions (the area under a ROC curve does not change when
 scores change sign); and AUPR-In/Out as the trapezoidal area under the precision-recall curve
 (``aupr_trapezoid``), not average precision. Its rows are stored under ``openood.<metric>``
 (`convention_metric`), so results of the two conventions never mix.
+
+``fpr95`` names the FPR metric inside a computation whatever its ``tpr`` (the tables read it by that name); a
+result file states the rate it used: its rows are named by `fpr_metric` (``fpr95`` at the default 0.95,
+``fpr80`` at 0.8) and every label by `fpr_label` (``FPR@80``), so no number at another rate reads as FPR@95.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -47,6 +53,14 @@ __all__ = [
     "check_convention",
     "convention_metric",
     "CONVENTION_NOTES",
+    "DEFAULT_TPR",
+    "tpr_percent",
+    "fpr_metric",
+    "fpr_label",
+    "tpr_of_metric",
+    "stated_tpr",
+    "relabel_fpr",
+    "convention_note",
 ]
 
 METRIC_NAMES = ("fpr95", "auroc", "aupr_in", "aupr_out")
@@ -58,6 +72,61 @@ CONVENTION_NOTES = {
     "openood": "Convention openood (OpenOOD v1.5, pytorch-ood): OOD is the positive class; FPR@95 is the share of ID "
     "flagged as OOD at the threshold that flags 95% of OOD; AUPR is the trapezoidal area under the PR curve.",
 }
+
+DEFAULT_TPR = 0.95  # the FPR@95 of the literature; a run at another rate says so in its names and labels
+_FPR_METRIC = re.compile(r"fpr(\d+(?:\.\d+)?)")
+
+
+def tpr_percent(tpr: float) -> str:
+    """The rate in percent as labels write it: ``95`` for 0.95, ``80`` for 0.8, ``97.5`` for 0.975."""
+    return f"{round(100 * _check_rate(tpr), 6):g}"
+
+
+def fpr_metric(tpr: float) -> str:
+    """The stored name of the FPR metric at `tpr`: ``fpr95`` at 0.95 (the default), ``fpr80`` at 0.8."""
+    return f"fpr{tpr_percent(tpr)}"
+
+
+def fpr_label(tpr: float) -> str:
+    """The displayed name of the FPR metric at `tpr`: ``FPR@95``, ``FPR@80``."""
+    return f"FPR@{tpr_percent(tpr)}"
+
+
+def tpr_of_metric(name: str) -> float | None:
+    """The rate a stored FPR name states (``fpr80`` -> 0.8, ``openood.fpr80`` too); None for any other metric."""
+    prefix = next((f"{c}." for c in CONVENTIONS[1:] if name.startswith(f"{c}.")), "")
+    match = _FPR_METRIC.fullmatch(name[len(prefix) :])
+    if match is None:
+        return None
+    rate = float(match.group(1)) / 100
+    return rate if 0.0 < rate <= 1.0 else None
+
+
+def stated_tpr(names: Iterable[str]) -> float | None:
+    """The one rate the FPR names among `names` state (`tpr_of_metric`); None without an FPR name.
+
+    Raises MetricError when they state several (results of evaluations at different rates mixed)."""
+    rates = {rate for name in names if (rate := tpr_of_metric(name)) is not None}
+    if len(rates) > 1:
+        raise MetricError(f"FPRs at several rates mixed: {', '.join(fpr_label(r) for r in sorted(rates))}")
+    return rates.pop() if rates else None
+
+
+# The phrases of a label or note that state the FPR's rate: "FPR@95", "95% of (the) ID/OOD", "95% TPR".
+_RATE_PHRASES = re.compile(r"FPR@95\b|\b95%(?= of (?:the )?(?:ID|OOD)\b| TPR\b)")
+
+
+def relabel_fpr(text: str, tpr: float) -> str:
+    """`text` written for FPR@95 restated at `tpr` (identity at 0.95); confidence levels ("95% CI") are kept."""
+    pct = tpr_percent(tpr)
+    if pct == "95":
+        return text
+    return _RATE_PHRASES.sub(lambda m: f"FPR@{pct}" if m.group(0).startswith("FPR") else f"{pct}%", text)
+
+
+def convention_note(convention: str, tpr: float = DEFAULT_TPR) -> str:
+    """The convention's note for a table of FPR values at `tpr` (`CONVENTION_NOTES` at 0.95)."""
+    return relabel_fpr(CONVENTION_NOTES[check_convention(convention)], tpr)
 
 
 def as_scores(name: str, scores: object) -> np.ndarray:

@@ -85,8 +85,12 @@ def new_plugin(
 
     Example: oodbench detectors new my_detector && pip install -e oodbench-my-detector
     """
+    from . import registry
     from .scaffold import identifiers, scaffold
 
+    if name in registry.available():  # the plugin, once installed, would clash with it ("registered twice")
+        where = registry.origin(name).describe()
+        raise OodbenchError(f"detector name {name!r} is already registered ({where}); choose another name")
     root = scaffold(name, out, force=force)
     ids = identifiers(name)
     typer.echo(f"wrote {root}: detector {ids['cls']} in src/{ids['package']}/detector.py")
@@ -180,8 +184,11 @@ def score_command(
             f"{name}: {len(scores)} rows scored by {fitted.name} (fit on {fit_on}); score quartiles "
             f"{quartiles[0]:.4g} / {quartiles[1]:.4g} / {quartiles[2]:.4g}\n"
         )
-    if out is not None:
-        typer.echo(f"scores: {out}/<dataset>.npy and .csv")
+    if out is None:
+        typer.echo("nothing written: pass --out DIR to keep the scores", err=True)
+        return
+    for name in results:
+        typer.echo(f"scores: {out / f'{name}.npy'} (float64, row order) and {out / f'{name}.csv'} (item_index, score)")
 
 
 def register(main: typer.Typer) -> None:

@@ -25,6 +25,7 @@ from .options import (
     SmallFitSet,
     Tpr,
     Verify,
+    joined_selection,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ __all__ = [
     "SOME_FAILED",
     "accuracy_command",
     "build_spec",
+    "check_output_dir",
     "evaluate_command",
     "print_accuracy",
     "register",
@@ -151,6 +153,10 @@ def evaluate_command(
         strict=strict,
         verify=verify,
     )
+    # Where results and kept detectors go is checked before any work (a pack's pull included), not after the
+    # detectors ran.
+    check_output_dir("--out", out)
+    check_output_dir("--save-detectors", save_detectors)
     if pack is not None:  # the options are checked before a repository's entries are pulled
         from ..core.packhub import resolve_pack
 
@@ -160,9 +166,6 @@ def evaluate_command(
         raise typer.BadParameter(f"--store {store}: {'not a directory' if store.exists() else 'no such directory'}")
     refuse_inside(("--out", out), ("--store", store))
     refuse_inside(("--save-detectors", save_detectors), ("--store", store))
-    from ..core.rundir import RunDir
-
-    RunDir(out).check_writable("--out")  # before any work, not after the detectors ran
     result = evaluate_spec(store, model, spec, out_dir=out, progress=progress, save_detectors=save_detectors)
     if result.verification:
         typer.echo(result.verification, err=True)
@@ -174,12 +177,24 @@ def evaluate_command(
         raise typer.Exit(SOME_FAILED)
 
 
-def build_spec(detectors: str | None, param: list[str] | None, **options: Any) -> EvaluationSpec:
+def check_output_dir(option: str, directory: Path | None) -> None:
+    """Refuse, naming `option`, an output directory that cannot be created or written (a file, a read-only place);
+    creates nothing."""
+    from ..util.atomic import unwritable
+
+    problem = None if directory is None else unwritable(directory)
+    if problem is not None:
+        raise OodbenchError(f"{option}: {problem}")
+
+
+def build_spec(detectors: str | list[str] | None, param: list[str] | None, **options: Any) -> EvaluationSpec:
     """The evaluation's `EvaluationSpec` from command-line options (-d selection, -p DETECTOR.PARAM=VALUE and the
     rest by name), validated once; a problem is one line naming the option (exit status 2)."""
     from ..core.errors import DetectorError
     from .spec import EvaluationSpec, select_detectors
 
+    if isinstance(detectors, list):
+        detectors = joined_selection(detectors)
     try:
         names = select_detectors(detectors, option="--detectors")
         overrides = parse_params(param)
@@ -188,11 +203,19 @@ def build_spec(detectors: str | None, param: list[str] | None, **options: Any) -
             raise DetectorError(f"--param names detectors that are not evaluated: {', '.join(unknown)}")
         return EvaluationSpec.build({name: overrides.get(name, {}) for name in names}, **options)
     except OodbenchError as exc:
-        text = str(exc)
-        field, sep, rest = text.partition(": ")
-        if sep and field in options:  # the spec names its field; the command line names the option
-            text = f"--{field.replace('_', '-')}: {rest}"
-        raise typer.BadParameter(text) from None
+        raise typer.BadParameter(_as_option(str(exc), options)) from None
+
+
+def _as_option(text: str, options: Mapping[str, Any]) -> str:
+    """A spec error naming its field ("gram_dtype: …", or "gram_dtype must …" from a detector's check) as the
+    command line names the option ("--gram-dtype: …"); other errors as they are."""
+    field, sep, rest = text.partition(": ")
+    if not (sep and field in options):
+        field, sep, rest = text.partition(" must ")
+        rest = f"must {rest}"
+    if sep and field in options:
+        return f"--{field.replace('_', '-')}: {rest}"
+    return text
 
 
 SOME_FAILED = 3  # exit status of a run whose other detectors' results are written but some detectors failed

@@ -10,9 +10,10 @@
   every detector of an `EvaluationSpec` (one shared pass over the fit set for their statistics);
 - `score_key`: the content key of a detector's saved scores: its resolved parameters, its code version and the
   inputs' checksums;
-- `result_tables`: the tidy rows and the table of the finished detectors;
+- `result_tables`: the tidy rows and the table of the finished detectors (the FPR named by its rate: `fpr95` at
+  the default 0.95, `fpr80` at 0.8);
 - `RunWriter`: the one writer of an evaluation's run directory (scores as each detector finishes, then rows,
-  table and run.json).
+  table and run.json, which records the FPR's rate as ``tpr``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import hashlib
 import inspect
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from .. import __version__
 from .. import detectors as detector_registry
 from ..core.errors import DetectorError, OodbenchError, StoreError
 from ..core.grouped import run_tables_markdown
+from ..core.metrics import CONVENTIONS, DEFAULT_TPR, fpr_metric, stated_tpr
 from ..core.outputs import Head, Outputs
 from ..core.results import ResultRow, metric_rows
 from ..core.rundir import RunDir
@@ -47,6 +50,7 @@ __all__ = [
     "evaluate_inputs",
     "fit_and_score",
     "result_tables",
+    "rows_at_tpr",
     "score_key",
 ]
 
@@ -309,7 +313,8 @@ def evaluate_inputs(
 def result_tables(
     model: str, spec: EvaluationSpec, ran: Sequence[str], scores: Mapping[str, Mapping[str, np.ndarray]]
 ) -> tuple[list[ResultRow], str]:
-    """The tidy rows (oodbench's convention and the spec's) and the table.md text of the detectors that ran."""
+    """The tidy rows (oodbench's convention and the spec's, the FPR named by `spec.tpr`: `rows_at_tpr`) and the
+    table.md text of the detectors that ran."""
     rows = metric_rows(model, spec.id, list(spec.ood), list(ran), scores, spec.tpr, spec.conventions)
     table = run_tables_markdown(
         rows,
@@ -322,19 +327,47 @@ def result_tables(
         scores=scores,
         tpr=spec.tpr,
     )
-    return rows, table
+    return rows_at_tpr(rows, spec.tpr), table
+
+
+def _fpr_names(tpr: float) -> dict[str, str]:
+    # The FPR in each convention: its name in a computation (fpr95) -> its stored name at `tpr`.
+    plain, stored = "fpr95", fpr_metric(tpr)
+    return {plain: stored, **{f"{c}.{plain}": f"{c}.{stored}" for c in CONVENTIONS[1:]}}
+
+
+def rows_at_tpr(rows: Iterable[ResultRow], tpr: float) -> list[ResultRow]:
+    """Rows with the FPR renamed to state the rate it was taken at (``fpr95`` -> ``fpr80`` at 0.8; the same rows
+    at 0.95), so that a result file never calls an FPR at another rate FPR@95."""
+    names = _fpr_names(tpr)
+    return [replace(r, metric=names[r.metric]) if r.metric in names else r for r in rows]
 
 
 # ----------------------------------------------------------------------------------------------- run directory
 class RunWriter:
     """The one writer of an evaluation's run directory: each detector's scores as it finishes (with its key in
-    run.json, so an interrupted run resumes), then every score, the rows, the table and the final run.json."""
+    run.json, so an interrupted run resumes), then every score, the rows, the table and the final run.json.
+
+    run.json records ``tpr``, the ID acceptance rate of the FPR threshold: `tpr` when given, else (at `finish`) the
+    rate the rows' FPR names state (`result_tables` names them so)."""
 
     def __init__(
-        self, run_dir: RunDir, model: str, describe: Callable[..., dict[str, Any]], *, topic: str = "detectors"
+        self,
+        run_dir: RunDir,
+        model: str,
+        describe: Callable[..., dict[str, Any]],
+        *,
+        topic: str = "detectors",
+        tpr: float | None = None,
     ) -> None:
-        self.run_dir, self.model, self.describe, self.topic = run_dir, model, describe, topic
+        self.run_dir, self.model, self.describe, self.topic, self.tpr = run_dir, model, describe, topic, tpr
         self.done: dict[str, str] = {}
+
+    def _info(self, score_keys: Mapping[str, str], **status: Any) -> dict[str, Any]:
+        info = dict(self.describe(score_keys, **status))
+        if self.tpr is not None:
+            info["tpr"] = float(self.tpr)  # what the report reads to label the FPR (and its tables agree on)
+        return info
 
     def resume(self, datasets: Sequence[str], keys: Mapping[str, str]) -> Scores:
         """The saved scores whose recorded key still matches (`RunDir.resume`)."""
@@ -346,7 +379,7 @@ class RunWriter:
         for dataset, values in per_dataset.items():
             self.run_dir.save_scores(self.model, dataset, {name: values})
         self.done[name] = key
-        self.run_dir.write_info(self.describe(self.done, complete=False))
+        self.run_dir.write_info(self._info(self.done, complete=False))
         note_work(self.topic, finished=f"detectors {', '.join(self.done)}", kept=f"their scores in {self.run_dir.path}")
 
     def finish(
@@ -358,5 +391,8 @@ class RunWriter:
         **status: Any,
     ) -> None:
         """Every dataset's scores, the rows and the table, then run.json with the finished detectors' keys."""
+        if self.tpr is None:
+            # Front ends that do not pass the rate: the rows' FPR names state it (the default when they hold none).
+            self.tpr = stated_tpr(r.metric for r in rows) or DEFAULT_TPR
         self.run_dir.write_results(self.model, rows, scores, table)
-        self.run_dir.write_info(self.describe(score_keys, **status))
+        self.run_dir.write_info(self._info(score_keys, **status))

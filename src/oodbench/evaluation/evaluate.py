@@ -361,7 +361,7 @@ def evaluate_spec(
         info.update(run_info or {})
         return info
 
-    writer = RunWriter(run_dir, model_id, describe) if run_dir is not None else None
+    writer = RunWriter(run_dir, model_id, describe, tpr=spec.tpr) if run_dir is not None else None
     cached = writer.resume(spec.scored, keys) if writer is not None else {}
 
     keep = Path(save_detectors) if save_detectors is not None else None

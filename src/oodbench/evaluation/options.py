@@ -28,14 +28,22 @@ __all__ = [
 ]
 
 Detectors = Annotated[
-    str | None,
+    list[str] | None,
     typer.Option(
         "--detectors",
         "-d",
         help="Comma-separated names; all (every registered one), paper (the paper's 21), peers (those OpenOOD or "
-        "pytorch-ood implement), -NAME leaves one out (all,-she,-openmax); default: all.",
+        "pytorch-ood implement), -NAME leaves one out (all,-she,-openmax); repeated, the lists are joined; "
+        "default: all.",
     ),
 ]
+
+
+def joined_selection(detectors: list[str] | None) -> str | None:
+    """The -d values as one comma-separated selection: `-d msp -d energy` selects both, as `-d msp,energy`."""
+    return ",".join(detectors) if detectors else None
+
+
 Param = Annotated[
     list[str] | None,
     typer.Option("--param", "-p", help="Detector hyper-parameter DETECTOR.PARAM=VALUE (repeatable)."),

@@ -154,8 +154,8 @@ class EvaluationSpec:
         if convention not in CONVENTIONS:
             raise OodbenchError(f"convention: must be one of {', '.join(CONVENTIONS)}; got {convention!r}")
         if small_fit_set not in SMALL_FIT_SET:
-            raise DetectorError(f"small_fit_set must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
-        check_gram_dtype(gram_dtype)
+            raise DetectorError(f"small_fit_set: must be one of {', '.join(SMALL_FIT_SET)}; got {small_fit_set!r}")
+        check_gram_dtype(gram_dtype)  # says "gram_dtype must …"; front ends name their option (build_spec)
         if require_ood and not ood:
             raise OodbenchError("no OOD datasets given: pass at least one --ood")
         names = [fit, id, *csid, *ood]

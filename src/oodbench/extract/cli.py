@@ -16,7 +16,16 @@ from ..core.errors import OodbenchError
 from ..core.store import Store
 from ..util.terminal import print_table
 
-__all__ = ["register", "extract_command", "probe_command", "datasets_app", "lists_app", "rehearse_app"]
+__all__ = [
+    "MIN_IMAGE_SIZE",
+    "check_image_size",
+    "datasets_app",
+    "extract_command",
+    "lists_app",
+    "probe_command",
+    "register",
+    "rehearse_app",
+]
 
 console = Console(stderr=True)
 datasets_app = typer.Typer(
@@ -81,6 +90,22 @@ def _kind(model: str, kind: str) -> str:
 
     known = [*timm.list_models(), *sorted(_open_clip_names())]
     raise OodbenchError(f"unknown model {model!r}: neither timm nor open_clip knows it{suggest(base, known)}")
+
+
+# The smallest --image-size taken: 32 pixels, the total stride of timm's common classifiers (ResNets, ConvNeXt,
+# EfficientNet; a ViT's patches are 8 to 32 pixels). Below it a ConvNeXt's last stage sees less than one pixel and
+# fails inside the forward pass, after the store entry is started (0 and negative sizes fail the same way).
+MIN_IMAGE_SIZE = 32
+
+
+def check_image_size(image_size: int | None) -> int | None:
+    """--image-size as given, or a BadParameter naming it when it is below `MIN_IMAGE_SIZE` pixels."""
+    if image_size is not None and image_size < MIN_IMAGE_SIZE:
+        raise typer.BadParameter(
+            f"--image-size: must be at least {MIN_IMAGE_SIZE} pixels (the total stride of common timm classifiers); "
+            f"got {image_size}"
+        )
+    return image_size
 
 
 def _dataset_id_from(path: Path) -> str:
@@ -328,6 +353,7 @@ def _run_extract(**opts: Any) -> None:
         raise OodbenchError("--lists applies to --dataset NAME (a registered set)")
     if opts["lists"] is not None and not opts["lists"].is_dir():
         raise OodbenchError(f"--lists {opts['lists']} is not a folder; fill one with `oodbench datasets lists fetch`")
+    check_image_size(opts["image_size"])  # before a model loads or the store entry starts
     names = list(opts["model"])
     several = len(names) > 1
     if len(set(names)) != len(names):

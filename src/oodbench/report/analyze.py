@@ -48,6 +48,24 @@ def _convention(convention: str) -> str:
     return convention
 
 
+FIGURE_FORMATS = ("png", "pdf", "svg")  # what report.figures.save_figure writes
+
+
+def _figure_format(figure: Path | None) -> str | None:
+    """--figure's format, from its suffix (none: png); a BadParameter before any work when it is not one drawn."""
+    if figure is None:
+        return None
+    fmt = figure.suffix.lstrip(".").lower() or "png"
+    if fmt not in FIGURE_FORMATS:
+        raise typer.BadParameter(f"--figure {figure}: unsupported format {fmt!r}; end it in .png, .pdf or .svg")
+    from ..util.atomic import unwritable
+
+    problem = unwritable(figure.parent)
+    if problem is not None:
+        raise typer.BadParameter(f"--figure {figure}: {problem}")
+    return fmt
+
+
 def _write_json(target: Path, payload: dict[str, object]) -> None:
     atomic_write_json(target, payload)
     typer.echo(f"wrote {target}", err=True)
@@ -63,7 +81,9 @@ def subsample_command(
     dataset: Datasets = None,
     detector: Detectors = None,
     out: Annotated[Path | None, typer.Option(help="JSON output (default RUN_DIR/analysis/subsample.json).")] = None,
-    figure: Annotated[Path | None, typer.Option(help="Also draw Fig. A4 over the --n list (.png or .pdf).")] = None,
+    figure: Annotated[
+        Path | None, typer.Option(help="Also draw Fig. A4 over the --n list (.png, .pdf or .svg).")
+    ] = None,
     quiet: Quiet = False,
     convention: Convention = "oodbench",
 ) -> None:
@@ -77,6 +97,7 @@ def subsample_command(
             "--convention: the subsampling study (Table A6) is defined in the oodbench convention only: its "
             "threshold accepts 95% of the ID test set, which no OOD subsample changes"
         )
+    fmt = _figure_format(figure)  # before the study runs and its JSON is written
     from ..analysis.rundata import load_run
     from ..analysis.spread import spread_vs_noise
     from ..analysis.subsample import subsample_run
@@ -123,21 +144,20 @@ def subsample_command(
         raise typer.BadParameter(f"--n: every size ({', '.join(requested)}) exceeds every OOD set")
     target = out or run_dir / "analysis" / "subsample.json"
     _write_json(target, {"run": str(run_dir), "draws": draws, "seed": seed, "tpr": tpr, "results": results})
-    if figure is not None:
-        _write_curves(per_n, figure)
+    if figure is not None and fmt is not None:
+        _write_curves(per_n, figure, fmt)
 
 
-def _write_curves(per_n: list[list], figure: Path) -> None:
-    """Fig. A4 over the studied sizes (one curve per model and OOD set), as FIGURE (its suffix names the format)."""
+def _write_curves(per_n: list[list], figure: Path, fmt: str) -> None:
+    """Fig. A4 over the studied sizes (one curve per model and OOD set), as FIGURE in format `fmt`."""
     from .figures import fig_subsample_curves, save_figure
 
     curves: dict[str, list] = {}
     for studies in per_n:
         for study in studies:
             curves.setdefault(f"{study.model}/{study.ood_dataset}", []).append(study)
-    fmt = figure.suffix.lstrip(".").lower() or "png"
-    save_figure(fig_subsample_curves(curves), figure.parent, figure.stem, [fmt])
-    typer.echo(f"wrote {figure}", err=True)
+    (path,) = save_figure(fig_subsample_curves(curves), figure.parent, figure.stem, [fmt])
+    typer.echo(f"wrote {path}", err=True)  # FIGURE without a suffix is written as FIGURE.png
 
 
 @app.command("ci")

@@ -37,7 +37,10 @@ from ..analysis.subsample import (
     subsample_curve,
     subsample_fpr,
 )
-from ..core.errors import AnalysisError
+from ..core.errors import AnalysisError, MetricError
+from ..core.grouped import relabel_table
+from ..core.metrics import DEFAULT_TPR, fpr_label, relabel_fpr, stated_tpr, tpr_of_metric
+from ..core.names import suggest
 from ..core.oodgroups import OodGroups
 from ..core.results import ResultRow, convention_rows
 from ..core.tabular import Table
@@ -90,7 +93,8 @@ class ReportOptions:
     curve_draws: int = 300
     resamples: int = 1000  # bootstrap resamples for the interval table
     confidence: float = 0.95
-    tpr: float = 0.95
+    # The ID acceptance rate of the FPR threshold; None: the one the runs were evaluated at (run.json's tpr).
+    tpr: float | None = None
     plot_detectors: tuple[str, ...] | None = None  # ROC/histograms; default: the 3 best by mean FPR@95
     score_figures: bool = True  # ROC curves and score histograms per (model, OOD set)
     vocabularies: Mapping[str, Any] | None = None
@@ -102,6 +106,11 @@ class ReportOptions:
     aupr: bool = False  # AUPR-In / AUPR-Out in the per-model and group tables
     groups: str | None = None  # OOD groups file or shipped name; default with openood: OpenOOD v1.5's near / far
     csid: tuple[str, ...] = ()  # covariate-shifted ID sets (default: each run's run.json csid_datasets)
+
+    @property
+    def rate(self) -> float:
+        """The FPR's ID acceptance rate: `tpr`, which `build_report` sets to the runs' (0.95 while unset)."""
+        return DEFAULT_TPR if self.tpr is None else float(self.tpr)
 
 
 @dataclass
@@ -173,9 +182,13 @@ def build_report(
     options = options or ReportOptions()
     groups = _checked_groups(options)
     runs = _loaded_runs(run_dirs)
+    # Every number, label and computed table of the report is at the runs' own rate, so they agree on one FPR.
+    options = replace(options, tpr=_report_tpr(runs, options))
+    _check_plot_detectors(runs, options)
+    runs = [replace(run, rows=_plain_fpr_rows(run.rows)) for run in runs]
     supervised, zeroshot = split_rows(runs)
     supervised = convention_rows(supervised, "oodbench")  # the score sections' rows; tables use `shown`
-    shown = rows_in_convention(runs, supervised, options.convention, options.tpr)
+    shown = rows_in_convention(runs, supervised, options.convention, options.rate)
     content = ReportContent(options.title, [], [str(run.path) for run in runs])
     vocabularies, conflicts = merge_vocabularies(runs, options.vocabularies)
     content.notes.extend(conflicts)
@@ -193,8 +206,99 @@ def build_report(
     if options.against:
         _add_published_section(content, runs, options.against, accuracy)
     content.sections.append(_provenance_section(runs))
+    _relabel(content, options.rate)
     _unique_names(content)
     return content
+
+
+def run_tpr(run: RunData) -> float:
+    """The ID acceptance rate of a run's FPR: run.json's ``tpr``, else the rate its rows' FPR names state (``fpr80``),
+    else 0.95 (runs written before run.json recorded it, and result files named ``fpr95``)."""
+    try:
+        stated = stated_tpr(r.metric for r in run.rows)
+    except MetricError as exc:
+        raise AnalysisError(f"{run.path}: {exc}") from None
+    recorded = run.info.get("tpr")
+    if recorded is None:
+        return stated if stated is not None else DEFAULT_TPR
+    if isinstance(recorded, bool) or not isinstance(recorded, (int, float)) or not 0.0 < recorded <= 1.0:
+        raise AnalysisError(f"{run.path}/run.json: tpr must be a rate in (0, 1]; got {recorded!r}")
+    if stated is not None and stated != float(recorded):
+        raise AnalysisError(
+            f"{run.path}: run.json records tpr {recorded} but its results hold {fpr_label(stated)}; the run is damaged"
+        )
+    return float(recorded)
+
+
+def _report_tpr(runs: Sequence[RunData], options: ReportOptions) -> float:
+    """The one rate of the runs' FPR (options.tpr, when given, must be it); runs at different rates refused."""
+    rates = {run.path: run_tpr(run) for run in runs}
+    distinct = sorted(set(rates.values()))
+    if len(distinct) > 1:
+        listed = ", ".join(f"{path} {fpr_label(rate)}" for path, rate in rates.items())
+        raise AnalysisError(
+            f"the runs' FPRs are taken at different ID acceptance rates ({listed}); one report shows one rate: "
+            "report them apart, or evaluate them at the same --tpr"
+        )
+    rate = distinct[0]
+    if options.tpr is not None and float(options.tpr) != rate:
+        raise AnalysisError(
+            f"tpr {options.tpr}: the runs were evaluated at tpr {rate:g} ({fpr_label(rate)}); a report at another "
+            "rate would show two thresholds under one name (leave tpr unset to use the runs')"
+        )
+    if options.against and rate != DEFAULT_TPR:
+        raise AnalysisError(
+            f"--against {options.against}: the published numbers are FPR@95 and the runs' are {fpr_label(rate)} "
+            f"(evaluated at tpr {rate:g}); evaluate at --tpr 0.95 to compare"
+        )
+    return rate
+
+
+def _plain_fpr_rows(rows: Sequence[ResultRow]) -> list[ResultRow]:
+    """Rows with the FPR under the name the tables read (``fpr80`` -> ``fpr95``, ``openood.fpr80`` too); the
+    report states the rate in every label instead (`_relabel`)."""
+    plain = []
+    for row in rows:
+        if tpr_of_metric(row.metric) is not None and not row.metric.endswith("fpr95"):
+            prefix = row.metric.rpartition("fpr")[0]  # "" or a convention's "openood."
+            row = replace(row, metric=f"{prefix}fpr95")
+        plain.append(row)
+    return plain
+
+
+def _check_plot_detectors(runs: Sequence[RunData], options: ReportOptions) -> None:
+    """Refuse a --plot-detector the runs do not hold (its ROC curves and histograms would silently vanish)."""
+    if not options.plot_detectors:
+        return
+    known = list(
+        dict.fromkeys(
+            r.detector
+            for run in runs
+            if not run.is_zeroshot
+            for r in run.rows
+            if tables.parse_vocabulary_score(r.detector) is None
+        )
+    )
+    for name in options.plot_detectors:
+        if name not in known:
+            raise AnalysisError(
+                f"--plot-detector: no detector {name!r} in the runs{suggest(name, known)} "
+                f"(their detectors: {', '.join(known) or 'none'})"
+            )
+
+
+def _relabel(content: ReportContent, tpr: float) -> None:
+    """Every title, text, caption and table label restated at `tpr` (FPR@80, "accepts 80% of ID"); none at 0.95."""
+    if tpr == DEFAULT_TPR:
+        return
+    content.notes = [relabel_fpr(note, tpr) for note in content.notes]
+    for section in content.sections:
+        section.title, section.text = relabel_fpr(section.title, tpr), relabel_fpr(section.text, tpr)
+        for index, item in enumerate(section.items):
+            if isinstance(item, Table):
+                section.items[index] = relabel_table(item, tpr)
+            else:
+                item.caption = relabel_fpr(item.caption, tpr)
 
 
 def _checked_groups(options: ReportOptions) -> OodGroups | None:
@@ -285,7 +389,7 @@ def _model_section(shown: Sequence[ResultRow], pair: tuple[str, str], options: R
     figure = FigureItem(
         f"fig1-{slug(model)}",
         f"Best detector per OOD set for {model} (paper Fig. 1)",
-        lambda: figures.fig_best_detectors(shown, model, id_dataset),
+        lambda: figures.fig_best_detectors(shown, model, id_dataset, tpr=options.rate),
     )
     return Section(
         f"model-{slug(model)}-{slug(id_dataset)}", f"Model {model} (ID: {id_dataset})", "", [detectors, figure]
@@ -346,7 +450,7 @@ def _add_layout_sections(
                     list(grouped),
                 )
             )
-    full, full_rows = full_spectrum_tables(runs, shown, pairs, groups, options.convention, options.tpr, options.csid)
+    full, full_rows = full_spectrum_tables(runs, shown, pairs, groups, options.convention, options.rate, options.csid)
     if full:
         content.sections.append(
             Section(
@@ -358,7 +462,7 @@ def _add_layout_sections(
             )
         )
     if options.convention == "openood":
-        content.exports.update(openood_exports(shown, full_rows, groups, accuracy))
+        content.exports.update(openood_exports(shown, full_rows, groups, accuracy, options.rate))
 
 
 def _add_published_section(
@@ -631,7 +735,7 @@ def _scored_oods(
             id_scores, ood_scores = run.paired_scores(pair[0], pair[1], ood)
             id_scores = {d: s for d, s in id_scores.items() if tables.parse_vocabulary_score(d) is None}
             ood_scores = {d: ood_scores[d] for d in id_scores}
-            bits = acceptance_bits(id_scores, ood_scores, options.tpr, thresholds.setdefault(pair, {}))
+            bits = acceptance_bits(id_scores, ood_scores, options.rate, thresholds.setdefault(pair, {}))
             items.append(_ScoredOod(run, pair[0], pair[1], ood, id_scores, ood_scores, bits))
     return items
 
@@ -651,7 +755,7 @@ def _subsample_studies(
                 n,
                 draws=options.draws,
                 seed=options.seed,
-                tpr=options.tpr,
+                tpr=options.rate,
                 model=item.model,
                 id_dataset=item.id_dataset,
                 ood_dataset=item.ood,
@@ -668,7 +772,7 @@ def _subsample_studies(
                 sizes,
                 draws=options.curve_draws,
                 seed=options.seed,
-                tpr=options.tpr,
+                tpr=options.rate,
                 model=item.model,
                 id_dataset=item.id_dataset,
                 ood_dataset=item.ood,
@@ -703,7 +807,7 @@ def _subsampling_section(
                 f"figA4-{slug(model)}",
                 f"FPR@95 over subset size n, {model} "
                 f"({options.curve_draws} draws per n; band: mean ± 2σ; dashed: full ± 2·SE) (paper Fig. A4)",
-                lambda c=per_ood, m=model: figures.fig_subsample_curves(c, m),
+                lambda c=per_ood, m=model: figures.fig_subsample_curves(c, m, tpr=options.rate),
             )
         )
     return section
@@ -724,7 +828,7 @@ def _intervals(
         resamples=options.resamples,
         confidence=options.confidence,
         seed=options.seed,
-        tpr=options.tpr,
+        tpr=options.rate,
         advance=advance,
     )
 
@@ -777,7 +881,7 @@ def _class_section(items: Sequence[_ScoredOod], options: ReportOptions) -> Secti
         if labelled is None:
             continue
         acceptance = class_acceptance(
-            item.id_scores[item.best], item.ood_scores[item.best], labelled[0], labelled[1], tpr=options.tpr
+            item.id_scores[item.best], item.ood_scores[item.best], labelled[0], labelled[1], tpr=options.rate
         )
         section.items.append(
             tables.table_class_acceptance(
@@ -808,7 +912,7 @@ def _score_figure_section(
             FigureItem(
                 f"roc-{stem}",
                 f"ROC curves, {label}",
-                lambda i=ids, o=oods, t=label: figures.fig_roc(i, o, t, options.tpr),
+                lambda i=ids, o=oods, t=label: figures.fig_roc(i, o, t, options.rate),
             )
         )
         section.items.append(
@@ -816,7 +920,7 @@ def _score_figure_section(
                 f"hist-{stem}",
                 f"Score histograms, {label}",
                 lambda i=ids, o=oods, t=label, lab=(item.id_dataset, item.ood): figures.fig_score_histograms(
-                    i, o, t, options.tpr, labels=lab
+                    i, o, t, options.rate, labels=lab
                 ),
             )
         )

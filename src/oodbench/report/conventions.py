@@ -11,7 +11,7 @@ from ..analysis.published import Accuracy
 from ..analysis.rundata import RunData
 from ..core.errors import AnalysisError
 from ..core.grouped import full_spectrum_table, group_table, openood_csv
-from ..core.metrics import CONVENTION_NOTES, CONVENTIONS, check_convention, evaluate
+from ..core.metrics import CONVENTION_NOTES, CONVENTIONS, DEFAULT_TPR, check_convention, evaluate
 from ..core.oodgroups import DEFAULT_GROUPS, OodGroups, load_groups
 from ..core.results import ResultRow, convention_rows, full_spectrum_rows, rows_from_metrics
 from ..core.tabular import Table
@@ -169,6 +169,7 @@ def full_spectrum_tables(
                 detectors=detectors,
                 ood_datasets=oods,
                 convention=convention,
+                tpr=tpr,
                 key=f"full-spectrum-{_slug(pair[0])}-{_slug(pair[1])}",
                 title=f"{pair[0]} (ID: {pair[1]}): full-spectrum beside standard",
             )
@@ -181,9 +182,11 @@ def openood_exports(
     full_rows: Mapping[tuple[str, str], Sequence[ResultRow]],
     groups: OodGroups | None,
     accuracy: Sequence[Accuracy],
+    tpr: float = DEFAULT_TPR,
 ) -> dict[str, str]:
     """OpenOOD's results layout: ``openood/<model>/ood/<detector>.csv`` (and ``fsood/`` for full-spectrum rows),
-    one CSV per detector as OpenOOD's eval scripts save them; ACC is the ID top-1 on original labels."""
+    one CSV per detector as OpenOOD's eval scripts save them; ACC is the ID top-1 on original labels; the FPR
+    column states `tpr`."""
     exports: dict[str, str] = {}
     top1 = {(a.model, a.dataset): a.top1 for a in accuracy if a.labels == "original"}
     for (model, id_dataset), setting, selected in [
@@ -197,5 +200,5 @@ def openood_exports(
         acc = top1.get((model, id_dataset)) if setting == "ood" else None
         for detector in dict.fromkeys(r.detector for r in selected):
             key = f"openood/{_slug(model)}/{setting}/{_slug(detector)}.csv"
-            exports[key] = openood_csv([r for r in selected if r.detector == detector], groups, detector, acc)
+            exports[key] = openood_csv([r for r in selected if r.detector == detector], groups, detector, acc, tpr=tpr)
     return exports

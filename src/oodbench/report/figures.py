@@ -88,9 +88,14 @@ def _grid_shape(count: int, max_columns: int = 3) -> tuple[int, int]:
 
 
 def fig_best_detectors(
-    rows: Sequence[ResultRow], model: str, id_dataset: str | None = None, ood_datasets: Sequence[str] | None = None
+    rows: Sequence[ResultRow],
+    model: str,
+    id_dataset: str | None = None,
+    ood_datasets: Sequence[str] | None = None,
+    tpr: float = metrics.DEFAULT_TPR,
 ) -> Figure:
-    """Fig. 1: the best detector's FPR@95 and AUROC on each OOD set (benchmark) for one model, bars labelled by name."""
+    """Fig. 1: the best detector's FPR@95 and AUROC on each OOD set (benchmark) for one model, bars labelled by name
+    (the rows' ``fpr95`` taken at `tpr`, which its title states)."""
     grid = ResultGrid(supervised_rows(rows))
     pair = grid.model_pair(model, id_dataset)
     oods = [o for o in (ood_datasets or grid.oods) if o in grid.values[pair]]
@@ -98,7 +103,8 @@ def fig_best_detectors(
         raise AnalysisError(f"no OOD results for {model!r}")
     figure = _figure(max(6.0, 1.1 * len(oods) + 2.5), 3.6)
     axes = figure.subplots(1, 2)
-    for ax, metric, title in ((axes[0], "fpr95", "FPR@95 (%) ↓"), (axes[1], "auroc", "AUROC (%) ↑")):
+    fpr_title = f"{metrics.fpr_label(tpr)} (%) ↓"
+    for ax, metric, title in ((axes[0], "fpr95", fpr_title), (axes[1], "auroc", "AUROC (%) ↑")):
         bests = [grid.best(pair, [o], metric) for o in oods]
         heights = [100 * b[1] if b else np.nan for b in bests]
         present = [h for h in heights if h == h]
@@ -138,8 +144,12 @@ def fig_best_detectors(
     return _finish(figure)
 
 
-def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: str | None = None) -> Figure:
-    """Fig. A4: the best detector's FPR@95 over n (mean ± 2σ of the draws, full set ± 2·closed-form SE), one panel per OOD set."""
+def fig_subsample_curves(
+    curves: Mapping[str, Sequence[SubsampleStudy]], title: str | None = None, tpr: float = metrics.DEFAULT_TPR
+) -> Figure:
+    """Fig. A4: the best detector's FPR@95 over n (mean ± 2σ of the draws, full set ± 2·closed-form SE), one panel per
+    OOD set; labels state `tpr`, the rate the studies' threshold accepts."""
+    fpr = metrics.fpr_label(tpr)
     if not curves:
         raise AnalysisError("no subsampling curves to plot")
     rows, columns = _grid_shape(len(curves))
@@ -178,7 +188,8 @@ def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: 
             ax.text(
                 0.5,
                 0.5,
-                "FPR@95 is 0 in every draw and on the full set:\nno OOD image is accepted at 95% TPR",
+                f"{fpr} is 0 in every draw and on the full set:\n"
+                f"no OOD image is accepted at {metrics.tpr_percent(tpr)}% TPR",
                 transform=ax.transAxes,
                 ha="center",
                 va="center",
@@ -187,7 +198,7 @@ def fig_subsample_curves(curves: Mapping[str, Sequence[SubsampleStudy]], title: 
             )
         ax.set_title(f"{name} ({summaries[0].detector}, N={summaries[0].n_total})", fontsize=9)
         ax.set_xlabel("n (OOD images drawn)", fontsize=8)
-        ax.set_ylabel("FPR@95 (%)", fontsize=8)
+        ax.set_ylabel(f"{fpr} (%)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in axes[len(curves) :]:
@@ -208,7 +219,8 @@ def _check_detectors(id_scores: Mapping[str, object], ood_scores: Mapping[str, o
 def fig_roc(
     id_scores: Mapping[str, object], ood_scores: Mapping[str, object], title: str = "", tpr: float = 0.95
 ) -> Figure:
-    """ROC curves (ID positive: x = OOD accepted, y = ID accepted), each detector's FPR@95 point marked.
+    """ROC curves (ID positive: x = OOD accepted, y = ID accepted), each detector's FPR@95 point marked (FPR@80 and
+    its point at `tpr` 0.8: the legend states the rate).
 
     Two panels: the full [0, 1] square, and the same curves on a log-FPR axis from half an OOD image (1 / 2n) to 1,
     where curves that hug the corner of the square come apart.
@@ -220,7 +232,7 @@ def fig_roc(
     for index, name in enumerate(names):
         fpr, tpr_values, thresholds = roc_curve(id_scores[name], ood_scores[name])
         color = _COLORS[index % len(_COLORS)]
-        fpr95 = metrics.fpr_at_tpr(id_scores[name], ood_scores[name], tpr)
+        fpr_value = metrics.fpr_at_tpr(id_scores[name], ood_scores[name], tpr)
         auc = metrics.auroc(id_scores[name], ood_scores[name])
         n_ood = metrics.as_scores("ood_scores", ood_scores[name]).shape[0]
         floor = 0.5 / n_ood  # FPR = 0 has no place on a log axis: drawn at half an image
@@ -229,7 +241,7 @@ def fig_roc(
         lowest = min(lowest, float(tpr_values[positive[0]]) if positive.size else 1.0)
         # The operating point: the curve's vertex at the FPR@95 threshold (an ID score, so always a vertex).
         point = int(np.flatnonzero(thresholds == metrics.threshold_at_tpr(id_scores[name], tpr))[0])
-        label = f"{name}: AUROC {100 * auc:.1f}, FPR@95 {100 * fpr95:.1f}"
+        label = f"{name}: AUROC {100 * auc:.1f}, {metrics.fpr_label(tpr)} {100 * fpr_value:.1f}"
         for ax, xs in ((linear, fpr), (logarithmic, np.maximum(fpr, floor))):
             ax.plot(xs, tpr_values, color=color, linewidth=1.3, label=label)
             ax.plot([xs[point]], [tpr_values[point]], "o", color=color, markersize=4)

@@ -23,6 +23,7 @@ from ..evaluation.options import (
     Strict,
     Tpr,
     Verify,
+    joined_selection,
 )
 
 _SaveDetectors = Annotated[
@@ -82,8 +83,9 @@ def run_command(
     from .executor import run_experiment
     from .plan import build_plan, format_plan, plan_json
 
+    check_run_options(only=only, dry_run=dry_run, summary=summary, as_json=as_json)
     options = evaluation_overrides(
-        detectors=detectors,
+        detectors=joined_selection(detectors),
         param=param,
         tpr=tpr,
         convention=convention,
@@ -109,17 +111,30 @@ def run_command(
     _print_run(config, report)
 
 
+def check_run_options(*, only: str | None, dry_run: bool, summary: bool, as_json: bool) -> None:
+    """Refuse, before reading the file, options that would be ignored or a stage `--only` cannot run."""
+    from ..core.errors import ConfigError
+    from .executor import check_only
+
+    for flag, given in (("--json", as_json), ("--summary", summary)):
+        if given and not dry_run:
+            raise ConfigError(f"{flag} needs --dry-run (it formats the plan; a run prints its tables)")
+    check_only(only)
+
+
 def _print_run(config: Any, report: Any) -> None:
     """The results first: each model's detector table (from its run directory); then what ran, skipped, the report."""
+    from ..core.metrics import fpr_label
     from ..core.rundir import RunDir
     from .plan import STAGES, layout
 
     positive = "OOD positive, OpenOOD's convention" if config.evaluation.convention == "openood" else "ID positive"
+    fpr = fpr_label(config.tpr)
     for model_id in [m.id for m in config.classifiers] + list(config.zeroshot.models if config.zeroshot else ()):
         table = RunDir(layout(config).run_dir(model_id)).table_path
         if table.is_file():
             typer.echo(f"## {model_id}\n\n{table.read_text(encoding='utf-8').strip()}\n")
-            typer.echo(f"cells: FPR@95 / AUROC in % ({positive}; lower FPR and higher AUROC are better)\n")
+            typer.echo(f"cells: {fpr} / AUROC in % ({positive}; lower FPR and higher AUROC are better)\n")
     for stage in STAGES:
         ran, cached = len(report.executed[stage]), len(report.cached[stage])
         if ran or cached:

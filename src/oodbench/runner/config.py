@@ -20,7 +20,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -89,6 +89,8 @@ class ExperimentConfig:
     gram_dtype: str = "float64"
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
     skipped_models: tuple[tuple[ModelSpec, str], ...] = ()  # declared but not run (a needed checkpoint), with why
+    # Detectors the file gives parameters for that the selection leaves out: their parameters do not apply.
+    unused_params: tuple[str, ...] = ()
     # What each classifier's evaluation computes, built once from the file (`evaluation.spec`): the detectors as
     # given and resolved, fit / ID / covariate-shifted ID / OOD sets, tpr, convention, groups, AUPR, precision.
     evaluation: EvaluationSpec = field(repr=False, default=None)  # type: ignore[assignment]
@@ -144,7 +146,7 @@ class _Experiment(Table):
     workdir: str | None = None
     store: str | None = None
     seed: Seed = 0
-    tpr: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.95
+    tpr: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95  # (0, 1], as `oodbench evaluate --tpr` (EvaluationSpec)
 
 
 class _Id(Table):
@@ -393,8 +395,12 @@ def _load_plugins(plugins: Sequence[str], path: Path | None) -> tuple[str, ...]:
     return tuple(resolved)
 
 
-def _parse_detectors(raw: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """({detector: resolved parameters}, {detector: parameters as given}) of the detectors evaluated."""
+def _parse_detectors(
+    raw: Mapping[str, Any], overridden: Collection[str] = ()
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], tuple[str, ...]]:
+    """({detector: resolved parameters}, {detector: parameters as given}) of the detectors evaluated, and the
+    detectors whose parameters do not apply because the selection leaves them out; `overridden` names the
+    detectors whose parameters were given on the command line (an error when not selected, as in `evaluate`)."""
     from .. import detectors as registry
     from ..core.errors import DetectorError
 
@@ -427,15 +433,20 @@ def _parse_detectors(raw: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]],
     if len(set(names)) != len(names):
         raise ConfigError(f"detectors.include: lists a detector twice: {names}")
     chosen = [n for n in names if n not in table.exclude]
+    unused: list[str] = []
     for name, params in table.params.items():
         key = f"detectors.params.{name}"
         if name not in available:
             raise ConfigError(f"{key}: unknown detector {name!r}{suggest(name, available)}")
-        if name not in chosen:
-            raise ConfigError(f"{key}: parameters for {name!r}, which is not evaluated (not included, or excluded)")
+        if name not in chosen and name in overridden:
+            raise ConfigError(f"{key}: parameters for {name!r}, which {_selection(table)} leaves out")
         unknown_param = unknown_parameter(name, params, registry.get_class(name).param_names())
         if unknown_param is not None:
             raise ConfigError(f"{key}.{unknown_param[0]}: {unknown_param[1]}")
+        if name not in chosen:
+            # A file's parameters are how a detector runs when it runs: a narrower selection (-d, or an edited
+            # include) just leaves them unused, without deleting settings the next selection may need.
+            unused.append(name)
     resolved: dict[str, dict[str, Any]] = {}
     for name in chosen:
         try:
@@ -446,7 +457,27 @@ def _parse_detectors(raw: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]],
         resolved[name] = json.loads(json.dumps(detector.get_params(), default=str))
     if not resolved:
         raise ConfigError("detectors: no detector left to evaluate (include/exclude remove them all)")
-    return resolved, {name: dict(table.params.get(name, {})) for name in chosen}
+    return resolved, {name: dict(table.params.get(name, {})) for name in chosen}, tuple(unused)
+
+
+def _selection(table: _Detectors) -> str:
+    """The detector selection as written (e.g. ``detectors.include = "msp"``), for an error message."""
+    text = f"the selection detectors.include = {json.dumps(table.include)}"
+    return text + (f", exclude = {json.dumps(table.exclude)}" if table.exclude else "")
+
+
+def _overridden_params(raw: Mapping[str, Any], overrides: Sequence[str]) -> set[str]:
+    """The detectors whose parameters `overrides` set (``detectors.params.knn.k=5``, or the whole table)."""
+    names: set[str] = set()
+    detectors = raw.get("detectors")
+    params = detectors.get("params") if isinstance(detectors, Mapping) else None
+    for item in overrides:
+        parts = re.sub(r"\[(\d+)\]", r".\1", item.partition("=")[0].strip()).split(".")
+        if parts[:2] == ["detectors", "params"] and len(parts) > 2:
+            names.add(parts[2])
+        elif parts in (["detectors"], ["detectors", "params"]) and isinstance(params, Mapping):
+            names.update(params)
+    return names
 
 
 # ----------------------------------------------------------------------------------------------- zero-shot
@@ -614,8 +645,10 @@ def parse_config(
     path: Path | None = None,
     workdir: str | os.PathLike[str] | None = None,
     kinds: KindRegistry | None = None,
+    overridden_params: Collection[str] = (),
 ) -> ExperimentConfig:
-    """Validate a parsed TOML document; `workdir` overrides ``experiment.workdir``; `kinds` defaults to `KINDS`."""
+    """Validate a parsed TOML document; `workdir` overrides ``experiment.workdir``; `kinds` defaults to `KINDS`;
+    `overridden_params` names the detectors whose parameters come from the command line (`load_config`)."""
     kinds = KINDS if kinds is None else kinds
     top = validate(_File, raw, "")
     variables = _path_variables(top.paths)
@@ -626,7 +659,7 @@ def parse_config(
     models, skipped = _parse_models(top.models, variables, experiment.seed, kinds)
     datasets, id_table, ood = _parse_datasets(top, variables, models, store, kinds)
     plugins = _load_plugins(top.plugins, path)
-    detectors, given = _parse_detectors(top.detectors)
+    detectors, given, unused_params = _parse_detectors(top.detectors, overridden_params)
     detector_table = validate(_Detectors, top.detectors, "detectors")
     evaluation = _parse_evaluation(top, variables, given, id_table, ood, experiment.tpr, detector_table.gram_dtype)
     zeroshot = _parse_zeroshot(top.zeroshot, models, variables)
@@ -655,6 +688,7 @@ def parse_config(
         gram_dtype=detector_table.gram_dtype,
         raw=dict(raw),
         skipped_models=skipped,
+        unused_params=unused_params,
         evaluation=evaluation,
     )
 
@@ -719,7 +753,8 @@ def load_config(
     if plugins:
         listed = raw.get("plugins", [])
         raw["plugins"] = [*(listed if isinstance(listed, list) else [listed]), *plugins]
-    return parse_config(raw, path=path, workdir=workdir, kinds=kinds)
+    overridden = _overridden_params(raw, overrides)
+    return parse_config(raw, path=path, workdir=workdir, kinds=kinds, overridden_params=overridden)
 
 
 def missing_roots(config: ExperimentConfig, dataset_ids: Iterable[str] | None = None) -> dict[str, str]:

@@ -336,6 +336,18 @@ class _Ray:
 
 
 # ----------------------------------------------------------------------------------------------- the run
+def check_only(only: str | None) -> None:
+    """Refuse an `--only` stage that cannot run alone: the stages listed are exactly those that can."""
+    if only == "fit":
+        raise ConfigError(
+            "--only fit: fitted detectors are not stored (k-NN keeps the whole fit set), so fitting runs "
+            "with the scoring it serves; use --only score"
+        )
+    if only is not None and only not in STAGES:
+        alone = [stage for stage in STAGES if stage != "fit"]
+        raise ConfigError(f"--only: unknown stage {only!r}; stages: {', '.join(alone)}")
+
+
 def run_experiment(
     config: ExperimentConfig,
     *,
@@ -349,13 +361,7 @@ def run_experiment(
     """Run every pending unit of the experiment (or of one stage) and report what ran and what was cached."""
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown engine {engine!r}; use {' or '.join(ENGINES)}")
-    if only is not None and only not in STAGES:
-        raise ConfigError(f"--only: unknown stage {only!r}; stages: {', '.join(STAGES)}")
-    if only == "fit":
-        raise ConfigError(
-            "--only fit: fitted detectors are not stored (k-NN keeps the whole fit set), so fitting runs "
-            "with the scoring it serves; use --only score"
-        )
+    check_only(only)
     stages = STAGES if only is None else (only,)
     check_outputs(config)
     plan = build_plan(config)

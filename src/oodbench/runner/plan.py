@@ -406,7 +406,8 @@ def _plan_scores(
     for dataset in config.scored:
         unit = ScoreUnit(
             label=f"{model.id}/{detector}/{dataset}",
-            key=content_key("score", fit_unit.key, keys.entries[(model.id, dataset)], config.tpr),
+            # Per-image scores do not depend on the threshold's TPR: it enters the metrics' keys, not these.
+            key=content_key("score", fit_unit.key, keys.entries[(model.id, dataset)]),
             model=model.id,
             detector=detector,
             dataset=dataset,
@@ -683,8 +684,11 @@ def format_plan(plan: Plan, *, units: bool = True) -> str:
         f"{len(config.detectors)} detectors"
         + (f", {len(config.zeroshot.models)} zero-shot VLMs" if config.zeroshot else ""),
         f"work directory {plan.layout.workdir}   store {plan.layout.store}",
-        "",
     ]
+    if config.unused_params:
+        unused = ", ".join(config.unused_params)
+        lines.append(f"detectors.params not applied (the selection leaves these detectors out): {unused}")
+    lines.append("")
     lines += _format_inputs(config)
     lines += _format_zeroshot(plan)
     lines += _format_totals(plan)
@@ -821,6 +825,7 @@ def plan_json(plan: Plan) -> str:
             ],
             "summary": plan.summary(),
             "problems": plan.problems,
+            "unused_params": list(plan.config.unused_params),
             "units": [
                 {
                     "id": u.id,

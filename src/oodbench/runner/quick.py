@@ -53,6 +53,7 @@ class ModelEvaluation(EvaluationResult):
     store: Path | None = None  # None when a temporary store was used (deleted on return)
     model_id: str = ""
     extracted: dict[str, int] = field(default_factory=dict)  # dataset id -> images run through the model now
+    unreadable: dict[str, int] = field(default_factory=dict)  # dataset id -> of those, unreadable: no row stored
     notes: list[str] = field(default_factory=list)  # the preprocessing, checkpoint conversion, probe top-1 lines
 
 
@@ -624,6 +625,7 @@ def _extract_and_evaluate(
     model_id = model_id or _default_model_id(backbone)
     provenance = backbone.provenance()
     extracted: dict[str, int] = {}
+    unreadable: dict[str, int] = {}
     listed = {dataset_id: _with_content(data.images) for dataset_id, data in resolved.items()}
     # Every name is checked against the store before any set is extracted: a refused name costs no extraction.
     done = {
@@ -651,6 +653,7 @@ def _extract_and_evaluate(
             loader=data.loader,
         )
         extracted[dataset_id] = report.processed
+        unreadable[dataset_id] = len(report.skipped)  # each has its line already; counted again in the summary
     evaluation = evaluate_spec(store, model_id, spec, out_dir=out, progress=progress, save_detectors=save_detectors)
     return ModelEvaluation(
         rows=evaluation.rows,
@@ -663,4 +666,5 @@ def _extract_and_evaluate(
         accuracy=evaluation.accuracy,
         model_id=model_id,
         extracted=extracted,
+        unreadable=unreadable,
     )

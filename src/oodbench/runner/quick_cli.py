@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..evaluation.cli import SOME_FAILED, print_accuracy, report_detectors
+from ..evaluation.cli import SOME_FAILED, check_output_dir, print_accuracy, report_detectors
 from ..evaluation.options import (
     Aupr,
     Convention,
@@ -113,7 +113,9 @@ _Pretrained = Annotated[
     bool, typer.Option("--pretrained/--no-pretrained", help="Hub weights, or seeded random ones (tests).")
 ]
 _Checkpoint = Annotated[Path | None, typer.Option("--checkpoint", help="Local state dict file.")]
-_ImageSize = Annotated[int | None, typer.Option("--image-size", help="Override the input resolution.")]
+_ImageSize = Annotated[
+    int | None, typer.Option("--image-size", help="Override the input resolution (pixels, at least 32).")
+]
 _BatchSize = Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")]
 _Workers = Annotated[
     int | None,
@@ -165,11 +167,13 @@ def evaluate_model_command(
     from .. import detectors as registry
     from ..detectors.cli import warn_plugin_failures
     from ..evaluation.cli import build_spec
-    from .quick import evaluate_model
+    from ..extract.cli import check_image_size
 
+    check_image_size(image_size)
     registry.load_plugins(plugin or ())  # before the specification: its detector names must be known
     warn_plugin_failures()
     if store is not None:
+        refuse_inside(("--out", out), ("--store", store))
         refuse_inside(("--save-detectors", save_detectors), ("--store", store))
     workers = _workers(workers, num_workers)
     (fit_name, fit_dir), (id_name, id_dir), shifted, named = _sets(fit, id_data, csid or [], ood)
@@ -177,6 +181,11 @@ def evaluate_model_command(
     options |= {"small_fit_set": small_fit_set, "strict": strict, "verify": verify}
     # One specification, validated here (a bad option is one line naming it, before any image is read).
     spec = build_spec(detectors, param, fit=fit_name, id=id_name, ood=list(named), csid=list(shifted), **options)
+    # Where results and kept detectors go is checked before any image is read, not after the detectors ran.
+    check_output_dir("--out", out)
+    check_output_dir("--save-detectors", save_detectors)
+    from .quick import evaluate_model
+
     result = evaluate_model(
         model,
         fit={fit_name: fit_dir},
@@ -238,10 +247,15 @@ def _print_result(result: ModelEvaluation) -> None:
     sys.stdout.write(result.table_markdown)
     print_accuracy(result.accuracy)
     report_detectors(result.skipped, result.failed, result.adapted, extract=_add_net)
-    ran = sum(result.extracted.values())
-    typer.echo(f"extracted {ran} images" if ran else "extracted nothing: every set was in the store")
+    ran, unreadable = sum(result.extracted.values()), sum(result.unreadable.values())
+    if not ran:
+        typer.echo("extracted nothing: every set was in the store")
+    elif unreadable:
+        typer.echo(f"read {ran} images: extracted {ran - unreadable}, {unreadable} unreadable (no row in the store)")
+    else:
+        typer.echo(f"extracted {ran} images")
     if result.run_dir is not None:
-        typer.echo(f"results: {result.run_dir / 'results.parquet'}")
+        typer.echo(f"results: {result.run_dir / 'results.parquet'}  table: {result.run_dir / 'table.md'}")
     if result.failed:
         raise typer.Exit(SOME_FAILED)
 

@@ -589,7 +589,8 @@ def run_metrics_unit(ctx: Context, unit: MetricsUnit, score_units: Sequence[Scor
         return {**description, "runner": runner, "display": config.models[model_id].display_name}
 
     run_dir = RunDir(lay.run_dir(model_id))
-    RunWriter(run_dir, model_id, describe).finish(rows, scores, table, score_keys, complete=True, skipped=skipped)
+    writer = RunWriter(run_dir, model_id, describe, tpr=config.tpr)
+    writer.finish(rows, scores, table, score_keys, complete=True, skipped=skipped)
     _record_accuracy_and_name(ctx, config.models[model_id], run_dir)
     ledger.write("metrics", unit.label, unit.key, rows=len(rows), skipped=skipped)
 
