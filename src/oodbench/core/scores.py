@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import RunDirError
+from .errors import RunDirError, StoreError
+from .store import npy_header
 
 __all__ = ["save_scores", "load_scores", "score_path", "list_scores"]
 
@@ -139,16 +140,11 @@ def _member_array(archive: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, sh
         raise RunDirError(f"{shown}: member {name!r} declares more bytes than the file holds")
     with archive.open(info) as member:
         try:
-            version = np.lib.format.read_magic(member)
-            if version == (1, 0):
-                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(member)
-            elif version == (2, 0):
-                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(member)
-            else:
-                raise ValueError(f"unsupported .npy version {version}")
-        except Exception as exc:  # numpy parses headers with tokenize and literal_eval: any of their errors
-            raise RunDirError(f"{shown}: member {name!r} is not a readable .npy array ({exc})"[:500]) from None
-        header = member.tell()
+            shape, _fortran, dtype, header = npy_header(member, f"{shown}: member {name!r}")
+        except StoreError as exc:
+            raise RunDirError(
+                f"{shown}: member {name!r} is not a readable .npy array ({exc.__cause__})"[:500]
+            ) from None
         if dtype.kind not in "fiu" or dtype.fields is not None or dtype.subdtype is not None:
             raise RunDirError(f"{shown}: member {name!r} has dtype {dtype}; scores are plain numbers")
         if len(shape) != 1 or shape[0] < 0:

@@ -272,7 +272,7 @@ def _layout_problem(shape: tuple[int, ...], fortran: bool, dtype: np.dtype, offs
     return None
 
 
-def _npy_header(handle: Any, path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+def npy_header(handle: Any, path: Path | str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
     """(shape, fortran_order, dtype, data offset) of an open .npy file; StoreError when it is not one."""
     try:
         version = np.lib.format.read_magic(handle)
@@ -307,7 +307,7 @@ def _check_npy(
         return [f"{path.name}: cannot open ({exc.strerror or exc})"]
     with handle:
         try:
-            shape, fortran, dtype, offset = _npy_header(handle, path)
+            shape, fortran, dtype, offset = npy_header(handle, path)
         except StoreError as exc:
             return [f"{path.name}: no readable .npy header ({exc.__cause__ or exc})"]
         want_shape, want_dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
@@ -1099,7 +1099,7 @@ def _load_npy(path: Path, mmap: bool) -> np.ndarray:
     """
     try:
         with open_regular_file(path) as handle:
-            shape, fortran, dtype, offset = _npy_header(handle, path)
+            shape, fortran, dtype, offset = npy_header(handle, path)
             problem = _layout_problem(shape, fortran, dtype, offset, os.fstat(handle.fileno()).st_size)
             if problem is not None:
                 raise StoreError(f"cannot read {path}: {problem}")
@@ -1131,7 +1131,7 @@ def _file_size(path: Path) -> int:
 def _header_digest(path: Path) -> str:
     """SHA-256 of an .npy file's header (magic, version, shape and dtype record, padding)."""
     with open_regular_file(path) as handle:
-        *_, offset = _npy_header(handle, path)
+        *_, offset = npy_header(handle, path)
         handle.seek(0)
         return hashlib.sha256(handle.read(offset)).hexdigest()
 
