@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
         configs[name] = {"detector": detector, "fit_s": time.perf_counter() - start, "score_s": float("inf")}
 
     add("flat")
+    add("flat, exact=False", exact=False)  # the float32 product's distance, as faiss and the peers
     for nlist in (int(v) for v in args.nlist.split(",")):
         base = None
         for nprobe in (int(v) for v in args.nprobe.split(",")):

@@ -58,7 +58,7 @@ def test_the_cell_count_check_catches_a_shifted_row():
 
 def test_rows_come_from_the_class_declarations():
     knn = dict(zip(COLUMNS, row("knn"), strict=True))
-    assert knn["defaults (source)"].startswith('k=1000, index="flat", nlist=None, nprobe=32, seed=0 — ')
+    assert knn["defaults (source)"].startswith('k=1000, index="flat", nlist=None, nprobe=32, seed=0, exact=True — ')
     assert knn["defaults (source)"].count("nlist") == 2  # the value, and where its default comes from: one place
     assert knn["needs"] == "fit: features; score: features" and knn["also in"] == "pytorch-ood, OpenOOD"
     assert get_class("knn").paper.url in knn["paper"]

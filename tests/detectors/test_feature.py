@@ -619,6 +619,132 @@ def test_the_exact_search_returns_exactly_the_brute_force_top_k(seed, size, bloc
     np.testing.assert_array_equal(np.sort(top, axis=1), expected)
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(1, 60), block=st.integers(1, 70), k_share=st.floats(0, 1))
+def test_the_indexed_search_returns_the_bank_rows_of_its_values(seed, size, block, k_share):
+    """flat_top_candidates: the same k largest values as a brute-force sort, each with the distinct bank row it came
+    from (integer rows: every product exact, ties many)."""
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(seed)
+    dim, rows = int(rng.integers(1, 7)), int(rng.integers(1, 30))
+    bank = rng.integers(-2, 3, (size, dim)).astype(np.float32)
+    queries = rng.integers(-2, 3, (rows, dim)).astype(np.float32)
+    k = 1 + int(k_share * (size - 1))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(feature, "FLAT_BLOCK_ROWS", block)
+        values, ids = feature.flat_top_candidates(queries, bank, k)
+    products = queries @ bank.T
+    np.testing.assert_array_equal(np.take_along_axis(products, ids, axis=1), values)
+    np.testing.assert_array_equal(np.sort(values, axis=1), np.sort(products, axis=1)[:, size - k :])
+    assert all(len(set(line)) == k for line in ids.tolist())
+
+
+def _knn_problem(rng, dim, size, zero_rows, zero_query):
+    """Raw fit and test features full of what breaks a float32 search: exact duplicates (ties), copies of the test
+    rows in the bank (distance 0), copies moved by 1e-7 (distances at the products' rounding), zero rows."""
+    base = rng.standard_normal((max(2, size // 3), dim)).astype(np.float32)
+    bank = base[rng.integers(0, len(base), size)].copy()
+    moved = rng.random(size) < 0.3
+    bank[moved] += (1e-7 * rng.standard_normal((int(moved.sum()), dim))).astype(np.float32)
+    if zero_rows:
+        bank[rng.integers(0, size, zero_rows)] = 0.0
+    test = np.concatenate([bank[rng.integers(0, size, 6)], base[:2] + np.float32(1e-6), rng.standard_normal((3, dim))])
+    test = test.astype(np.float32)
+    if zero_query:
+        test[0] = 0.0
+    return bank, test
+
+
+def _brute_force_kth_distance(queries, bank, k):
+    """The k-th smallest ‖q − b‖ over every bank row, each in float64 from the float32 rows."""
+    difference = queries.astype(np.float64)[:, None, :] - bank.astype(np.float64)[None, :, :]
+    squared = np.einsum("qnd,qnd->qn", difference, difference)
+    return np.sqrt(np.sort(squared, axis=1)[:, k - 1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    size=st.integers(2, 70),
+    k_share=st.floats(0, 1),
+    block=st.integers(1, 80),
+    zero_rows=st.integers(0, 2),
+    zero_query=st.booleans(),
+)
+def test_knn_flat_scores_the_exact_kth_distance_whatever_the_rows_scored_with_it(
+    seed, size, k_share, block, zero_rows, zero_query
+):
+    """knn (flat) against a float64 brute force on the very rows it searches (the stored unit rows, the queries
+    normalised as it does): the k-th nearest distance to float64 rounding (each ‖q − b‖² a sum of D exact squares
+    of float64 differences, within γ_D(2⁻⁵³) of exact in any order), 0 for a test row that repeats a fit row, and
+    the same scored in one batch or row by row. Blocks from one row up, ties that overflow the candidates, zero
+    rows and a zero query included."""
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(seed)
+    dim = int(rng.integers(2, 25))
+    k = 1 + int(k_share * (size - 1))
+    bank, test = _knn_problem(rng, dim, size, zero_rows, zero_query)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(feature, "FLAT_BLOCK_ROWS", block)
+        detector = create("knn", k=k).fit(Outputs(bank))
+        scores = detector.score(Outputs(test))
+        alone = np.concatenate([detector.score(Outputs(test[i : i + 1])) for i in range(len(test))])
+    expected = _brute_force_kth_distance(feature.unit_float32(test), feature.flat_vectors(detector.index_), k)
+    bound = 4 * dim * 2.0**-53
+    np.testing.assert_allclose(-scores, expected, rtol=bound, atol=0)
+    np.testing.assert_allclose(alone, scores, rtol=bound, atol=0)
+    if k == 1:  # the first six test rows repeat fit rows (unless a zero row took their place)
+        repeats = np.array([np.any(np.all(row == bank, axis=1)) and row.any() for row in test[:6]])
+        assert (scores[:6][repeats] == 0.0).all()
+
+
+def test_knn_searches_again_when_the_rows_within_rounding_of_the_kth_outnumber_its_candidates(monkeypatch):
+    """60 copies of one row tie at the k-th product (k = 5): more than the k + 16 candidates kept, so which of
+    them the float32 search kept says nothing; the queries whose rounding band may reach beyond their candidates
+    are searched again with more, and the distance is still the brute force's."""
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(11)
+    near = rng.standard_normal(16).astype(np.float32)
+    bank = np.concatenate([np.repeat(near[None], 60, axis=0), rng.standard_normal((240, 16)).astype(np.float32)])
+    test = np.stack([near + np.float32(1e-3), near, rng.standard_normal(16).astype(np.float32)])
+    searches = []
+    original = feature.exact_kth_distance
+
+    def counted(*args, **kwargs):
+        found, overflow = original(*args, **kwargs)
+        searches.append((len(found), int(overflow.sum())))
+        return found, overflow
+
+    monkeypatch.setattr(feature, "exact_kth_distance", counted)
+    detector = create("knn", k=5).fit(Outputs(bank))
+    scores = detector.score(Outputs(test))
+    assert searches[0] == (3, 2) and searches[1][0] == 2  # the two queries by the copies, searched again
+    expected = _brute_force_kth_distance(feature.unit_float32(test), feature.flat_vectors(detector.index_), 5)
+    np.testing.assert_allclose(-scores, expected, rtol=4 * 16 * 2.0**-53, atol=0)
+    assert scores[1] == 0.0
+
+
+def test_knn_exact_false_is_the_float32_products_distance_as_the_peers():
+    """exact=False: sqrt(2 - 2 s_k) of the float32 k-th product (faiss's and the peers' distance), within the
+    products' rounding of the exact one: |d² − (2 − 2 s_k)| <= 2γ_D + the norms' deviation from 1."""
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(4)
+    bank, test = rng.standard_normal((300, 32)).astype(np.float32), rng.standard_normal((20, 32)).astype(np.float32)
+    fast = create("knn", k=7, exact=False).fit(Outputs(bank))
+    queries = feature.unit_float32(test)
+    kth = feature.flat_search(queries, fast.index_, 7).min(axis=1).astype(np.float64)
+    np.testing.assert_array_equal(fast.score(Outputs(test)), -np.sqrt(np.maximum(2.0 - 2.0 * kth, 0.0)))
+    exact = create("knn", k=7).fit(Outputs(bank)).score(Outputs(test))
+    gamma = 32 * 2.0**-24 / (1 - 32 * 2.0**-24)
+    assert np.abs(fast.score(Outputs(test)) ** 2 - exact**2).max() <= 4 * gamma
+    with pytest.raises(DetectorError, match="exact must be"):
+        create("knn", exact="yes")
+
+
 def test_the_exact_search_refuses_more_neighbours_than_rows():
     with pytest.raises(DetectorError, match="k=4 exceeds the 3 rows"):
         flat_top_similarities(np.ones((2, 2), np.float32), np.ones((3, 2), np.float32), 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -210,31 +211,44 @@ class _RunningKth:
     the one of the last merge: a lower bound of the current k-th, so the argument above still holds).
     """
 
-    def __init__(self, rows: int, k: int, width: int) -> None:
-        self.k, self.width = k, width
+    def __init__(self, rows: int, k: int, width: int, indexed: bool = False) -> None:
+        self.k, self.width, self.indexed = k, width, indexed
         self.top = np.full((rows, k), -np.inf, dtype=np.float32)
         self.kth = np.full(rows, -np.inf, dtype=np.float32)
         self.pending = np.full((rows, width), -np.inf, dtype=np.float32)  # unfilled slots stay -inf
         self.fill = np.zeros(rows, dtype=np.int64)
+        # With `indexed`, the column (bank row) of every held and pending value, -1 for an unfilled slot.
+        self.top_ids = np.full((rows, k), -1, dtype=np.int64) if indexed else None
+        self.pending_ids = np.full((rows, width), -1, dtype=np.int64) if indexed else None
 
-    def hold(self, top: np.ndarray) -> None:
+    def hold(self, top: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Start from k values per query already known to be among its values (e.g. the k largest of a first block)."""
         self.top = np.ascontiguousarray(top, dtype=np.float32)
         self.kth = self.top.min(axis=1)
+        if self.indexed:
+            self.top_ids = np.ascontiguousarray(ids, dtype=np.int64)
 
-    def _merge(self, rows: np.ndarray, extra: np.ndarray | None = None) -> None:
+    def _merge(self, rows: np.ndarray, extra: np.ndarray | None = None, extra_ids: np.ndarray | None = None) -> None:
         """Merge the pending values of `rows` (and `extra` values, one row each) into their k held values."""
         parts = [self.top[rows], self.pending[rows]] + ([] if extra is None else [extra])
         merged = np.concatenate(parts, axis=1)
         cut = merged.shape[1] - self.k
-        top = np.partition(merged, cut, axis=1)[:, cut:]
+        if self.indexed:
+            ids = [self.top_ids[rows], self.pending_ids[rows]] + ([] if extra is None else [extra_ids])
+            keep = np.argpartition(merged, cut, axis=1)[:, cut:]
+            top = np.take_along_axis(merged, keep, axis=1)
+            self.top_ids[rows] = np.take_along_axis(np.concatenate(ids, axis=1), keep, axis=1)
+            self.pending_ids[rows] = -1
+        else:
+            top = np.partition(merged, cut, axis=1)[:, cut:]
         self.top[rows] = top
         self.kth[rows] = top.min(axis=1)
         self.pending[rows] = -np.inf
         self.fill[rows] = 0
 
-    def add(self, who: np.ndarray, values: np.ndarray) -> None:
-        """Feed `values[i]` to query `who[i]` (the queries in `who` are distinct)."""
+    def add(self, who: np.ndarray, values: np.ndarray, offset: int = 0) -> None:
+        """Feed `values[i]` to query `who[i]` (the queries in `who` are distinct); value j of a line is the one of
+        column (bank row) `offset` + j."""
         above = values > self.kth[who][:, None]
         count = np.count_nonzero(above, axis=1)
         full = self.fill[who] + count > self.width
@@ -244,7 +258,8 @@ class _RunningKth:
             count[full] = np.count_nonzero(above[full], axis=1)
             wide = count > self.width  # more entering values than the buffer holds (a first, large list)
             if wide.any():
-                self._merge(who[wide], values[wide])
+                columns = np.broadcast_to(offset + np.arange(values.shape[1]), (int(wide.sum()), values.shape[1]))
+                self._merge(who[wide], values[wide], columns if self.indexed else None)
                 above[wide] = False
                 count[wide] = 0
         entering = values[above]  # row-major: line by line, each line's entering values in order
@@ -253,11 +268,15 @@ class _RunningKth:
             # who[i] * width + fill + (n - start[i]) for the n-th entering value overall.
             fill = self.fill[who]
             first = who * self.width + fill - (np.cumsum(count) - count)
-            self.pending.reshape(-1)[np.repeat(first, count) + np.arange(len(entering))] = entering
+            slots = np.repeat(first, count) + np.arange(len(entering))
+            self.pending.reshape(-1)[slots] = entering
+            if self.indexed:
+                self.pending_ids.reshape(-1)[slots] = offset + np.nonzero(above)[1]
             self.fill[who] = fill + count
 
     def finish(self) -> np.ndarray:
-        """Each query's k largest values over all blocks (rows x k, float32, in no order; -inf fills a short row)."""
+        """Each query's k largest values over all blocks (rows x k, float32, in no order; -inf fills a short row);
+        with `indexed`, their columns are then in `top_ids`."""
         waiting = np.flatnonzero(self.fill)
         for begin in range(0, len(waiting), 1024):  # bounded: 1,024 rows of k + width values at a time
             self._merge(waiting[begin : begin + 1024])
@@ -342,19 +361,36 @@ def flat_top_similarities(queries: np.ndarray, bank: np.ndarray, k: int) -> np.n
     top k (`_RunningKth`), which the later blocks' products above its k-th enter. Both are float32 products of D
     terms, as faiss's, so the values agree with its to their rounding.
     """
+    return _flat_top(queries, bank, k, indexed=False)[0]
+
+
+def flat_top_candidates(queries: np.ndarray, bank: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """flat_top_similarities with the bank row of each value: (values, rows), both rows x k, in no order."""
+    values, ids = _flat_top(queries, bank, k, indexed=True)
+    return values, ids
+
+
+def _flat_top(queries: np.ndarray, bank: np.ndarray, k: int, indexed: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The k largest products of each query with the bank (and, `indexed`, their bank rows)."""
     rows, size = queries.shape[0], bank.shape[0]
     if k > size:
         raise DetectorError(f"k={k} exceeds the {size} rows searched")
     first = min(max(FLAT_BLOCK_ROWS, k), size)  # at least k rows, whose k largest products start the running top k
-    top = np.partition(queries @ bank[:first].T, first - k, axis=1)[:, first - k :]
+    products = queries @ bank[:first].T
+    if indexed:
+        ids = np.argpartition(products, first - k, axis=1)[:, first - k :]
+        top = np.take_along_axis(products, ids, axis=1)
+    else:
+        ids, top = None, np.partition(products, first - k, axis=1)[:, first - k :]
+    del products
     if first == size:
-        return top
-    running = _RunningKth(rows, k, 2 * k)
-    running.hold(top)
+        return top, ids
+    running = _RunningKth(rows, k, 2 * k, indexed=indexed)
+    running.hold(top, ids)
     everyone = np.arange(rows)
     for start in range(first, size, FLAT_BLOCK_ROWS):
-        running.add(everyone, queries @ bank[start : start + FLAT_BLOCK_ROWS].T)
-    return running.finish()
+        running.add(everyone, queries @ bank[start : start + FLAT_BLOCK_ROWS].T, offset=start)
+    return running.finish(), running.top_ids
 
 
 def flat_search(queries: np.ndarray, index: Any, k: int) -> np.ndarray:
@@ -369,6 +405,98 @@ def flat_search(queries: np.ndarray, index: Any, k: int) -> np.ndarray:
         lambda part: (flat_top_similarities(queries[part], bank, k),), len(queries), min_rows
     )
     return top
+
+
+def flat_search_candidates(queries: np.ndarray, index: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """flat_top_candidates of the queries in a faiss IndexFlat's vectors, split across the cores as flat_search."""
+    bank = flat_vectors(index)
+    min_rows = -(-FLAT_PART_WORK // max(1, bank.shape[0] * bank.shape[1]))
+    values, ids = searches_across_cores(
+        lambda part: flat_top_candidates(queries[part], bank, k), len(queries), min_rows
+    )
+    return values, ids
+
+
+@dataclass(frozen=True)
+class BankNorms:
+    """Squared norms of a search bank's rows in float64, and what the exact k-th distance needs of them."""
+
+    squared: np.ndarray  # (N,) float64
+    low: float  # least squared norm of a non-zero row (1 when there is none)
+    high: float  # largest squared norm of any row
+    zero_rows: int  # rows that are all zero
+
+    @classmethod
+    def of(cls, bank: np.ndarray) -> BankNorms:
+        """The norms of `bank` (N x D float32), computed in float64 in blocks of at most 2^24 values."""
+        rows, dim = bank.shape
+        squared = np.empty(rows, dtype=np.float64)
+        step = max(1, (1 << 24) // max(1, dim))
+        for start in range(0, rows, step):
+            block = bank[start : start + step].astype(np.float64)
+            squared[start : start + step] = np.einsum("nd,nd->n", block, block)
+        nonzero = squared[squared > 0]
+        low = float(nonzero.min()) if len(nonzero) else 1.0
+        high = float(squared.max()) if rows else 0.0
+        return cls(squared, low, high, int(rows - len(nonzero)))
+
+
+def exact_kth_distance(
+    queries: np.ndarray, bank: np.ndarray, values: np.ndarray, ids: np.ndarray, k: int, norms: BankNorms
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's k-th smallest Euclidean distance to the bank rows, in float64, from its float32 candidates.
+
+    `values`/`ids` hold, per query, the w >= k largest float32 products and their rows (flat_top_candidates). With
+    a_j = q·b_j exact and s_j its float32 product, |s_j − a_j| <= δ = γ_D·sqrt(|q|²·max|b|²) (D roundings of
+    float32 terms, Cauchy–Schwarz), and ‖q − b_j‖² = |q|² + |b_j|² − 2a_j. Let t be the k-th largest s and
+    Δ = 2δ + (max|b|² − min|b|²)/2 over the non-zero rows. Then (1) the k rows at or above t are all within
+    U = |q|² + max|b|² − 2t + 2δ, so the k-th distance is at most U, and a non-zero row with s < t − Δ lies beyond
+    U: it cannot change the k-th; (2) without zero rows, a row with s >= t + Δ is no farther than any row with
+    s <= t, of which there are at least N − k + 1, so it is among the k nearest and only their count m matters.
+    The k-th distance is thus the (k − m)-th smallest of the exact distances to the rows with t − Δ <= s < t + Δ
+    (all rows with s >= t − Δ, and each zero row at |q|, when the bank has zero rows): computed as ‖q − b_j‖ in
+    float64 from the float32 rows, exact to float64 rounding, the same whichever rows are scored with it, and 0 for
+    a query that repeats a bank row. Returns the distances and a mask of the queries whose rows with s >= t − Δ may
+    reach beyond their w candidates (w < N and the least candidate >= t − Δ): search those again with more.
+    """
+    rows, dim = queries.shape
+    size, width = bank.shape[0], values.shape[1]
+    unit32 = 2.0**-24
+    gamma = dim * unit32 / (1.0 - dim * unit32)
+    q64 = queries.astype(np.float64)
+    query_norms = np.einsum("nd,nd->n", q64, q64)
+    kth = np.partition(values, width - k, axis=1)[:, width - k].astype(np.float64)
+    delta = gamma * np.sqrt(query_norms * norms.high)
+    # The slack covers the float64 rounding of the norms, of these bounds and of the distances (~D·2⁻⁵³ relative).
+    band = (2.0 * delta + (norms.high - norms.low) / 2.0) * (1.0 + 1e-6) + 1e-12 * (query_norms + norms.high)
+    band = np.maximum(band, 1e-300)  # a zero query: all its products are 0 exactly; handled below
+    lowest = values.min(axis=1).astype(np.float64)
+    overflow = (width < size) & (lowest >= kth - band) & (query_norms > 0)
+    floor = kth - band
+    refine = values.astype(np.float64) >= floor[:, None]
+    sure = np.zeros(rows, dtype=np.int64)
+    if norms.zero_rows == 0:
+        above = values.astype(np.float64) >= (kth + band)[:, None]
+        sure = np.count_nonzero(above, axis=1)
+        refine &= ~above
+    else:
+        refine &= norms.squared[ids] > 0  # zero rows enter below, each at |q|
+    squared = np.full(values.shape, np.inf)
+    who, slot = np.nonzero(refine)
+    step = max(1, (1 << 22) // max(1, dim))
+    for start in range(0, len(who), step):
+        q, s = who[start : start + step], slot[start : start + step]
+        difference = q64[q] - bank[ids[q, s]].astype(np.float64)
+        squared[q, s] = np.einsum("nd,nd->n", difference, difference)
+    if norms.zero_rows:
+        zeros = np.repeat(query_norms[:, None], min(norms.zero_rows, k), axis=1)
+        squared = np.concatenate([squared, zeros], axis=1)
+    squared.sort(axis=1)
+    result = squared[np.arange(rows), k - sure - 1]
+    empty = query_norms == 0  # a zero query is at |b_j| from every row: the k-th smallest bank norm
+    if empty.any():
+        result[empty] = np.partition(norms.squared, k - 1)[k - 1]
+    return np.sqrt(result), overflow
 
 
 def searches_across_cores(
@@ -431,7 +559,9 @@ class KNN(Detector):
         "ICML 2022",
         "https://arxiv.org/abs/2204.06507",
         "k=1000: the paper's ImageNet setting (alpha = 100% of the training set); index='flat' is exact "
-        "(every inner product of the unit vectors, as BLAS products; distance = sqrt(2 - 2 cos)); index='ivf' is approximate "
+        "(every inner product of the unit vectors as float32 BLAS products; with exact=True the k-th distance "
+        "||q - b|| in float64 among the rows within the products' rounding of the k-th, exact=False "
+        "sqrt(2 - 2 cos) of the float32 k-th product, as faiss and the peers); index='ivf' is approximate "
         "(faiss IndexIVFFlat: lists by spherical k-means of the centred normalised rows, nlist default N/k "
         "clipped to [sqrt(N), 4 sqrt(N)], k-means on 64 rows per list with 10 iterations, "
         "nprobe=32 lists searched per query, searched list by list as BLAS products). The index holds the "
@@ -439,15 +569,22 @@ class KNN(Detector):
     )
     summary = Summary(
         "−‖ẑ − ẑ_(K)‖, the K-th nearest normalised fit feature",
-        defaults='k: the paper\'s ImageNet setting, 100% of the training set; index "flat" is exact, "ivf" approximate (faiss IVF lists searched as BLAS products); nlist None: N/k within [√N, 4√N]',
+        defaults='k: the paper\'s ImageNet setting, 100% of the training set; index "flat" is exact, "ivf" approximate (faiss IVF lists searched as BLAS products); nlist None: N/k within [√N, 4√N]; exact: the k-th distance in float64 (False: from the float32 product, as the peers)',
         also_in="pytorch-ood, OpenOOD",
     )
 
     def __init__(
-        self, k: int = 1000, index: str = "flat", nlist: int | None = None, nprobe: int = 32, seed: int = 0
+        self,
+        k: int = 1000,
+        index: str = "flat",
+        nlist: int | None = None,
+        nprobe: int = 32,
+        seed: int = 0,
+        exact: bool = True,
     ) -> None:
         self.k = k
         self.index = index
+        self.exact = exact
         self.nlist = nlist
         self.nprobe = nprobe
         self.seed = seed
@@ -532,6 +669,8 @@ class KNN(Detector):
 
     def _score_chunk(self, chunk: Outputs) -> np.ndarray:
         queries = unit_float32(chunk.features)
+        if self.index == "flat" and self.exact:
+            return -self._exact_distances(queries)
         if self.index == "flat":
             kth = flat_search(queries, self.index_, self.k).min(axis=1).astype(np.float64)
         else:
@@ -551,6 +690,22 @@ class KNN(Detector):
         # Unit vectors: ||a - b||^2 = 2 - 2 cos(a, b); clamp the float32 round-off below zero.
         return -np.sqrt(np.maximum(2.0 - 2.0 * kth, 0.0))
 
+    def _exact_distances(self, queries: np.ndarray) -> np.ndarray:
+        """The k-th nearest distance of each query in the flat index, exactly (exact_kth_distance)."""
+        bank = flat_vectors(self.index_)
+        norms = getattr(self, "_bank_norms", None)
+        if norms is None or len(norms.squared) != len(bank):
+            norms = self._bank_norms = BankNorms.of(bank)  # once per fitted or loaded detector; derived, not state
+        size, distances = len(bank), np.empty(len(queries))
+        # A few more candidates than k: the rows within the float32 rounding of the k-th then fit among them.
+        width, todo = min(size, self.k + max(self.k // 4, 16)), np.arange(len(queries))
+        while len(todo):
+            values, ids = flat_search_candidates(queries[todo], self.index_, width)
+            found, overflow = exact_kth_distance(queries[todo], bank, values, ids, self.k, norms)
+            distances[todo[~overflow]] = found[~overflow]
+            todo, width = todo[overflow], min(size, 4 * width)
+        return distances
+
     # The IVF search multiplies the queries of a chunk that probe one list with its vectors: about
     # rows x nprobe / nlist queries per product, which needs wide chunks to run at the GEMM rate; a chunk is
     # split across the cores (across_cores), so it is wider again by their number.
@@ -561,7 +716,9 @@ class KNN(Detector):
             # The normalised float32 row, its products with a block of the bank (the first block holds at least k
             # rows) and their partitioned copy, the running top k and its buffer of 2k (float32: half a value each).
             block = min(int(self.index_.ntotal), max(FLAT_BLOCK_ROWS, self.k))
-            return (test.num_features + 2 * block + 3 * self.k) // 2 + 1
+            # The candidates (w ~ 1.25k): float32 values and their float64 copies, int64 rows, float64 distances.
+            width = min(int(self.index_.ntotal), self.k + max(self.k // 4, 16))
+            return (test.num_features + 2 * block + 3 * width) // 2 + 4 * width + 2 * test.num_features + 1
         # The normalised float32 row, its centred copy that chooses the lists and its gathered copy, the coarse
         # products, the running top k and its buffer of 2k entering values (float32: half a value each); the per-list
         # products and their merge are bounded by the largest list, not per row.
