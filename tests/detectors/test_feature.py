@@ -745,6 +745,18 @@ def test_knn_exact_false_is_the_float32_products_distance_as_the_peers():
         create("knn", exact="yes")
 
 
+def test_knn_refuses_an_index_whose_rows_are_not_unit_vectors():
+    """The exact distance's band is as wide as the rows' norms spread: an index of other rows (a forged saved file)
+    is refused in one line rather than searched with ever more candidates."""
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(2)
+    detector = create("knn", k=3).fit(Outputs(rng.standard_normal((50, 8)).astype(np.float32)))
+    feature.flat_vectors(detector.index_)[7] *= 2.0  # the index's own storage
+    with pytest.raises(DetectorError, match="not unit vectors"):
+        detector.score(Outputs(rng.standard_normal((4, 8)).astype(np.float32)))
+
+
 def test_the_exact_search_refuses_more_neighbours_than_rows():
     with pytest.raises(DetectorError, match="k=4 exceeds the 3 rows"):
         flat_top_similarities(np.ones((2, 2), np.float32), np.ones((3, 2), np.float32), 4)

@@ -696,6 +696,15 @@ class KNN(Detector):
         norms = getattr(self, "_bank_norms", None)
         if norms is None or len(norms.squared) != len(bank):
             norms = self._bank_norms = BankNorms.of(bank)  # once per fitted or loaded detector; derived, not state
+            # knn's rows are float32 unit vectors (or zero): |b|² within a few γ_(D+4) of 1. A loaded index of other
+            # rows would widen every band (and the candidates kept) by their spread, so it is refused.
+            unit = 2.0**-24
+            spread = 4.0 * (bank.shape[1] + 4) * unit / (1.0 - (bank.shape[1] + 4) * unit)
+            if norms.high > 1.0 + spread or norms.low < 1.0 - spread:
+                raise DetectorError(
+                    f"knn: the flat index's rows are not unit vectors (squared norms {norms.low:.6g} to "
+                    f"{norms.high:.6g}); it was not built by knn's fit"
+                )
         size, distances = len(bank), np.empty(len(queries))
         # A few more candidates than k: the rows within the float32 rounding of the k-th then fit among them.
         width, todo = min(size, self.k + max(self.k // 4, 16)), np.arange(len(queries))
