@@ -745,6 +745,21 @@ def test_knn_exact_false_is_the_float32_products_distance_as_the_peers():
         create("knn", exact="yes")
 
 
+@pytest.mark.parametrize("scale", [1e-14, 1e-40, 1e20])
+def test_knn_normalises_tiny_and_huge_fit_rows_to_unit_length(scale):
+    """A fit row of norm 4e-14, of subnormal entries or of entries whose float32 squares overflow is stored as a unit
+    vector (norms taken in float64), so the exact search accepts its own index and scores the row's copy 0."""
+    from oodbench.detectors import feature
+
+    rng = np.random.default_rng(0)
+    fit = rng.standard_normal((200, 16)).astype(np.float32)
+    fit[0] *= np.float32(scale)
+    detector = create("knn", k=1).fit(Outputs(fit))
+    stored = feature.flat_vectors(detector.index_).astype(np.float64)
+    assert abs(np.sum(stored[0] ** 2) - 1.0) <= 4 * 20 * 2.0**-24
+    assert detector.score(Outputs(fit[:1]))[0] == 0.0
+
+
 def test_knn_refuses_an_index_whose_rows_are_not_unit_vectors():
     """The exact distance's band is as wide as the rows' norms spread: an index of other rows (a forged saved file)
     is refused in one line rather than searched with ever more candidates."""

@@ -151,8 +151,11 @@ class RelativeMahalanobisPlusPlus(_MahalanobisFamily):
 
 def _normalize_in_place(block: np.ndarray) -> np.ndarray:
     """Scale float32 rows to unit ℓ2 norm in place (all-zero rows stay zero)."""
-    norms = np.sqrt(np.einsum("nd,nd->n", block, block))
-    block /= np.maximum(norms, np.float32(1e-12))[:, None]
+    # Norms in float64: a float32 sum of squares underflows for tiny rows (entries of 1e-25) and overflows for large
+    # ones (1e20), which would leave a row neither unit nor zero; every non-zero row becomes unit (each entry
+    # divided in float64 and rounded once).
+    norms = np.sqrt(np.einsum("nd,nd->n", block, block, dtype=np.float64))
+    np.divide(block, np.where(norms > 0, norms, 1.0)[:, None], out=block, casting="same_kind")
     return block
 
 
