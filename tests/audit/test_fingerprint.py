@@ -57,6 +57,18 @@ def test_oracle_rejects_too_few_rows_and_mismatched_widths():
         AuditConfig(folds=1)
 
 
+def test_a_pool_parameter_or_logit_detector_that_would_drop_a_detector_is_refused_up_front():
+    # A misspelt parameter used to fail the member's fit, which left it out of the pool (and out of the firing
+    # rule) with only a footnote; an unknown logit detector vanished the same way.
+    with pytest.raises(AuditError, match="pool_params for knn: knn has no parameter bogus"):
+        AuditConfig(pool_params={"knn": {"bogus": 3}})
+    with pytest.raises(AuditError, match="pool_params for maha: maha has no parameter k"):
+        AuditConfig(pool_params={"maha": {"k": 3}})
+    with pytest.raises(AuditError, match="logit detectors not registered: bogus"):
+        AuditConfig(logit_detectors=("msp", "bogus"))
+    assert AuditConfig(pool_params={"knn": {"k": 10}}).pool_params["knn"]["k"] == 10
+
+
 def test_rule_fires_on_a_constructed_leak_and_not_on_its_clean_twin():
     world = Pentagon(seed=0)
     config = fast_config()

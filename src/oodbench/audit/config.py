@@ -89,6 +89,24 @@ class AuditConfig:
         unknown = sorted(set(self.pool_params) - set(self.pool or DEFAULT_POOL))
         if unknown:
             raise AuditError(f"pool_params names detectors outside the pool: {', '.join(unknown)}")
+        self._check_detectors()
+
+    def _check_detectors(self) -> None:
+        """Refuse, before any work, a pool parameter a detector does not take and an unknown logit detector: either
+        would otherwise drop that detector from the audit (and a pool member from the firing rule)."""
+        from .. import detectors
+        from ..core.errors import DetectorError
+
+        registered = set(detectors.available())
+        for name, params in self.pool_params.items():
+            if name in registered:
+                try:
+                    detectors.create(name, **dict(params))
+                except DetectorError as exc:
+                    raise AuditError(f"pool_params for {name}: {exc}") from None
+        unknown = sorted(set(self.logit_detectors) - registered)
+        if unknown:
+            raise AuditError(f"logit detectors not registered: {', '.join(unknown)}")
 
     @property
     def recovery_threshold(self) -> float:
