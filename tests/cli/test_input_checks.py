@@ -254,3 +254,15 @@ def test_repeated_detector_options_are_joined_not_overridden(
     assert code == 0, err
     table = (out / "table.md").read_text(encoding="utf-8")
     assert "msp" in table and "energy" in table
+
+
+# -------------------------------------------------------------------------------- accuracy's ReaL default
+def test_accuracy_scores_top1_and_says_why_real_is_skipped_on_an_entry_without_its_images(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The entry records no item list, so ReaL's per-image labels cannot be matched: by default that is said and the
+    # original labels' Top-1 still printed; asked for with --real, it is one error line.
+    argv = ["accuracy", "--store", store, "--model-id", "toy", "--dataset", "id"]
+    code, out, err = run(argv, capsys)
+    assert code == 0 and "ReaL labels not scored" in err and "top1=" in out, (out, err)
+    refused([*argv, "--real"], capsys, "records no item list")

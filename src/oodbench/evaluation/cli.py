@@ -54,7 +54,11 @@ def accuracy_command(
     labels: list[str] = typer.Option(
         [], "--labels", help="Re-annotation NAME=FILE (ReaL's JSON format or {image: [classes]}), repeatable."
     ),
-    real: bool = typer.Option(True, "--real/--no-real", help="Also score timm's ImageNet-ReaL labels."),
+    real: bool | None = typer.Option(
+        None,
+        "--real/--no-real",
+        help="Also score timm's ImageNet-ReaL labels (default: when the entry records its images, which ReaL matches).",
+    ),
     zero_shot: bool = typer.Option(
         False, "--zero-shot", help="VLM: predict from image embeddings and the cached class text embeddings."
     ),
@@ -65,10 +69,24 @@ def accuracy_command(
     Example: oodbench accuracy --store store --model-id resnet50.a1_in1k --dataset imagenet-1k-val --run-dir runs/r50
     """
     from ..core.store import Store
-    from .accuracy import class_text_embeddings, load_multilabels, real_labels_path, record_accuracy
+    from .accuracy import (
+        AccuracyError,
+        class_text_embeddings,
+        entry_items,
+        load_multilabels,
+        real_labels_path,
+        record_accuracy,
+    )
 
     try:
         sources = {}
+        if real is None:  # by default ReaL is scored where it can be matched, and its absence said otherwise
+            try:
+                entry_items(Store(store), model_id, dataset)
+                real = True
+            except AccuracyError as exc:
+                console.print(f"[yellow]ReaL labels not scored: {exc}[/yellow]")
+                real = False
         if real:
             sources["real"] = load_multilabels(real_labels_path())
         for spec in labels:
