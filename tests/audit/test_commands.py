@@ -120,6 +120,11 @@ def test_fingerprint_command_errors_are_clean(cli, pentagon_store, tmp_path):
         "class4=x",
     )
     assert result.exit_code != 0 and "DATASET=CLASS" in result.output
+    # A class the fit set does not hold: excluding it removes no fit row, so the contrast would test nothing.
+    fingerprint = ["fingerprint", "--store", str(pentagon_store.root), "--model", "toy", "--fit", "fit", "--id", "id"]
+    result = cli(*fingerprint, "--ood", "class4", "--suspect", "class4=99", "--out", str(tmp_path / "absent"))
+    assert result.exit_code == 2 and "classes 99 have no row in the fit set fit" in result.output
+    assert not (tmp_path / "absent").exists()
 
 
 def test_overlap_and_suites_commands(cli, pentagon_store):

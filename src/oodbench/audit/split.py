@@ -136,6 +136,15 @@ def audit_store(
     entries = [(model_id, d) for d in (fit_dataset, id_dataset, *ood_datasets)]
     store.check_compatible(*entries)
     fit_set = store.read(model_id, fit_dataset)
+    if suspects and fit_set.labels is not None:
+        present = set(np.unique(fit_set.labels).tolist())
+        for dataset, classes in suspects.items():
+            absent = sorted(set(int(c) for c in classes) - present)
+            if absent:  # excluding them would remove no fit row: the contrast would test nothing
+                raise AuditError(
+                    f"suspects for {dataset}: classes {', '.join(map(str, absent))} have no row in the fit set "
+                    f"{fit_dataset} (its classes: {min(present)}-{max(present)})"
+                )
     id_test = store.read(model_id, id_dataset)
     head = store.read_head(model_id) if store.has_head(model_id) else None
     state = prepare_pool(fit_set, id_test, head, config)
