@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from oodbench.annotate.db import AnnotationStore
 from oodbench.core.errors import AnnotateError
+
+from ..hostile import bounded
 
 pytestmark = pytest.mark.hostile
 
@@ -53,29 +54,6 @@ def _plant(planted, kind, victim) -> None:
         planted.mkdir()
 
 
-def _bounded(action, fifo):
-    """Run `action`; the exception it raised (None when it returned). A connection blocked on `fifo` is released."""
-    outcome = []
-
-    def target() -> None:
-        try:
-            action()
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(30)  # a hang detector only: every case ends at once when the file is refused
-    if thread.is_alive():
-        if fifo is not None:
-            with open(fifo, "wb"):  # SQLite's blocked open of the FIFO for reading returns, then reads EOF
-                pass
-        thread.join(30)
-        pytest.fail(f"the connection blocked on {fifo}")
-    return outcome[0]
-
-
 @pytest.fixture
 def opened(tmp_path):
     """An annotation database in use: its schema written and an account added, its connections then closed."""
@@ -100,7 +78,7 @@ def test_a_database_file_planted_while_the_database_is_in_use_is_refused_by_the_
     victim.write_bytes(VICTIM)
     planted = database.with_name(database.name + suffix)
     _plant(planted, kind, victim)
-    refused = _bounded(store.users, planted if kind == "fifo" else None)
+    refused = bounded(store.users, planted if kind == "fifo" else None)
     assert isinstance(refused, AnnotateError), repr(refused)
     assert "\n" not in str(refused) and str(planted) in str(refused)
     assert victim.read_bytes() == VICTIM
@@ -136,7 +114,7 @@ def test_a_rollback_journal_beside_the_database_is_refused_not_played_back(opene
     journal.write_bytes(foreign_journal)
     before = database.read_bytes()
     action = store.users if when == "on the next connection" else lambda: AnnotationStore(f"sqlite:///{database}")
-    refused = _bounded(action, None)
+    refused = bounded(action, None)
     assert isinstance(refused, AnnotateError), repr(refused)
     assert "\n" not in str(refused) and str(journal) in str(refused)
     assert database.read_bytes() == before
@@ -233,7 +211,7 @@ def test_a_planted_project_file_is_refused(tmp_path, name, kind):
     directory = _project(tmp_path)
     planted = directory / name
     _plant_project_file(planted, kind, tmp_path / f"outside-{name}")
-    refused = _bounded(lambda: _read_project(directory), planted if kind == "fifo" else None)
+    refused = bounded(lambda: _read_project(directory), planted if kind == "fifo" else None)
     assert isinstance(refused, AnnotateError), repr(refused)
     assert "\n" not in str(refused) and str(planted) in str(refused)
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,8 @@ import pytest
 
 from oodbench import Head, Outputs, Store
 from oodbench.core.errors import StoreError
+
+from ..hostile import bounded
 
 pytestmark = pytest.mark.hostile
 
@@ -75,29 +75,6 @@ def _plant(path: Path, kind: str, victim: Path) -> None:
         other.symlink_to(path.name)
 
 
-def _bounded(action: Callable[[], object], fifo: Path | None) -> BaseException | None:
-    """Run `action`; the exception it raised (None when it returned). A read blocked on `fifo` is released."""
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            action()
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(60)  # a hang detector only: every case ends at once when the file is refused
-    if thread.is_alive():
-        if fifo is not None:
-            with open(fifo, "wb"):  # a blocked open of the FIFO for reading returns, then reads EOF
-                pass
-        thread.join(60)
-        pytest.fail(f"the operation blocked on {fifo}")
-    return outcome[0]
-
-
 def _assert_refused(exc: BaseException | None, victim: Path) -> None:
     assert isinstance(exc, StoreError), f"expected a StoreError, got {exc!r}"
     assert "\n" not in str(exc), str(exc)
@@ -127,7 +104,7 @@ def test_a_planted_file_is_never_read(tmp_path, toy_template, target, kind):
     relative, read = READ_TARGETS[target]
     path = store.root / relative
     _plant(path, kind, victim)
-    _assert_refused(_bounded(lambda: read(store), path if kind == "fifo" else None), victim)
+    _assert_refused(bounded(lambda: read(store), path if kind == "fifo" else None), victim)
 
 
 WRITE_TARGETS = {
@@ -159,7 +136,7 @@ def test_a_planted_lock_file_is_never_opened(tmp_path, toy_template, target, kin
     victim.write_bytes(VICTIM)
     relative, write = WRITE_TARGETS[target]
     _plant(store.root / relative, kind, victim)
-    exc = _bounded(lambda: write(store), None)
+    exc = bounded(lambda: write(store), None)
     _assert_refused(exc, victim)
     assert "lock" in str(exc)
     assert store.entry_path("toy", "fit").is_dir()  # delete and overwrite did nothing
@@ -174,7 +151,7 @@ def test_a_planted_partial_file_is_never_written_by_finalize(tmp_path, kind):
     for shard in range(2):
         writer.write_shard(shard, {"features": np.full((2, 4), shard, np.float32)})
     _plant(store.entry_path("toy", "ds") / ".features.npy.partial", kind, victim)
-    _assert_refused(_bounded(writer.finalize, None), victim)
+    _assert_refused(bounded(writer.finalize, None), victim)
     writer.close()
 
 

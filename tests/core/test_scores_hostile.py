@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 import zipfile
 
 import numpy as np
@@ -21,6 +20,8 @@ from oodbench.cli.main import app
 from oodbench.core.errors import RunDirError
 from oodbench.core.rundir import RunDir
 from oodbench.core.scores import load_scores, save_scores, score_path
+
+from ..hostile import bounded
 
 pytestmark = pytest.mark.hostile
 
@@ -64,29 +65,6 @@ HOSTILE_FILES = {
 }
 
 
-def _bounded(action, fifo=None):
-    """The exception `action` raised (None when it returned); a reader blocked on `fifo` is released, then fails."""
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            action()
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(30)  # a hang detector only: a refused file ends at once
-    if thread.is_alive():
-        if fifo is not None:
-            with open(fifo, "wb"):  # the blocked open for reading returns, then reads EOF
-                pass
-        thread.join(30)
-        pytest.fail(f"reading the scores blocked on {fifo}")
-    return outcome[0]
-
-
 def _one_line_refusal(exc) -> str:
     assert isinstance(exc, RunDirError), repr(exc)
     assert "\n" not in str(exc)
@@ -113,11 +91,11 @@ def test_a_hostile_score_file_is_one_line(tmp_path, case):
     path = score_path(tmp_path / "run", "m", "d")
     path.parent.mkdir(parents=True)
     HOSTILE_FILES[case](path)
-    refused = _bounded(lambda: load_scores(tmp_path / "run", "m", "d"))
+    refused = bounded(lambda: load_scores(tmp_path / "run", "m", "d"))
     assert str(path) in _one_line_refusal(refused)
     # Saving more scores into it (a resumed run merges them) is refused the same way, and leaves the file alone.
     before = path.read_bytes()
-    refused = _bounded(lambda: save_scores(tmp_path / "run", "m", "d", {"knn": np.ones(4)}))
+    refused = bounded(lambda: save_scores(tmp_path / "run", "m", "d", {"knn": np.ones(4)}))
     assert str(path) in _one_line_refusal(refused) and path.read_bytes() == before
 
 
@@ -138,7 +116,7 @@ def test_a_planted_score_file_is_refused(tmp_path, kind):
     else:
         path.symlink_to(path)
     assert RunDir(run).has_scores("m", "d")  # listed, so that loading refuses it rather than skipping it
-    refused = _bounded(lambda: load_scores(run, "m", "d"), path if kind == "fifo" else None)
+    refused = bounded(lambda: load_scores(run, "m", "d"), path if kind == "fifo" else None)
     assert str(path) in _one_line_refusal(refused)
 
 
@@ -154,7 +132,7 @@ def test_a_planted_score_folder_is_refused_before_writing(tmp_path, folder, kind
         planted.symlink_to(outside)
     else:
         planted.write_text("not a folder")
-    refused = _bounded(lambda: save_scores(run, "m", "d", {"msp": np.arange(3.0)}))
+    refused = bounded(lambda: save_scores(run, "m", "d", {"msp": np.arange(3.0)}))
     assert str(planted) in _one_line_refusal(refused)
     assert list(outside.rglob("*")) == []  # nothing was written through the link
     if kind == "link-to-folder":  # a copy of valid scores there is not read either
@@ -165,7 +143,7 @@ def test_a_planted_score_folder_is_refused_before_writing(tmp_path, folder, kind
             target.parent.mkdir(parents=True, exist_ok=True)
             if item.is_file():
                 target.write_bytes(item.read_bytes())
-        assert str(planted) in _one_line_refusal(_bounded(lambda: load_scores(run, "m", "d")))
+        assert str(planted) in _one_line_refusal(bounded(lambda: load_scores(run, "m", "d")))
 
 
 def test_a_run_directory_given_as_a_link_is_used(tmp_path):

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +24,7 @@ from oodbench.zeroshot.vocab import artefact
 from oodbench.zeroshot.vocab.artefact import VocabStore, Vocabulary
 
 from ..cli_once import main
+from ..hostile import bounded
 
 pytestmark = pytest.mark.hostile
 
@@ -36,30 +36,6 @@ def _store(root: Path, name: str = "myv") -> tuple[VocabStore, Path]:
     store = VocabStore(root)
     vocab = store.save(Vocabulary(name, "custom", list(LABELS), params={"k": 2}, provenance={"source": "test"}))
     return store, root / name / f"v001-{vocab.hash[:12]}.json"
-
-
-def _bounded(action: Callable[[], object], fifo: Path | None = None) -> BaseException | None:
-    """Run `action` in a thread; the exception it raised (None when it returned). A read blocked on `fifo` is
-    released (the test then fails) so that a regression fails rather than hangs."""
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            action()
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(30)
-    if thread.is_alive():
-        if fifo is not None:
-            with open(fifo, "wb"):  # a blocked open of the FIFO for reading returns, then reads EOF
-                pass
-        thread.join(30)
-        pytest.fail(f"the operation blocked on {fifo}")
-    return outcome[0]
 
 
 def _refused(exc: BaseException | None, *words: str) -> str:
@@ -128,7 +104,7 @@ def test_a_fifo_artefact_is_refused_by_the_api(tmp_path, action):
         "save": lambda: store.save(Vocabulary("myv", "custom", list(LABELS), params={"k": 2})),
         "load_many all": lambda: store.load_many(["all"]),
     }[action]
-    _refused(_bounded(run, path), "FIFO")
+    _refused(bounded(run, path), "FIFO")
 
 
 # ----------------------------------------------------------------------------------------------- 2. names as paths
@@ -166,7 +142,7 @@ def test_load_refuses_names_outside_the_name_rule(tmp_path, ref):
     for folder in (tmp_path / "outsidev" / "secretv", tmp_path / "x", tmp_path / "vd" / "a" / "b"):
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, folder / path.name)
-    _refused(_bounded(lambda: store.load(ref)), "not a valid name")
+    _refused(bounded(lambda: store.load(ref)), "not a valid name")
 
 
 def test_a_config_ref_cannot_leave_the_vocab_store(tmp_path):
@@ -185,7 +161,7 @@ def test_a_config_ref_cannot_leave_the_vocab_store(tmp_path):
 def test_save_refuses_a_name_changed_after_construction(tmp_path):
     vocab = Vocabulary("myv", "custom", list(LABELS))
     vocab.name = "../escaped"
-    _refused(_bounded(lambda: VocabStore(tmp_path / "vd").save(vocab)), "not a valid name")
+    _refused(bounded(lambda: VocabStore(tmp_path / "vd").save(vocab)), "not a valid name")
     assert not (tmp_path / "escaped").exists()
 
 
@@ -221,7 +197,7 @@ def test_an_artefact_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     victim.write_text('{"precious": true}\n')
     _plant(path, kind, victim)
     for action in (lambda: store.load("myv"), store.summaries):
-        message = _refused(_bounded(action))
+        message = _refused(bounded(action))
         assert "myv" in message, message
     assert victim.read_text() == '{"precious": true}\n'
 
@@ -242,8 +218,8 @@ def test_a_name_folder_that_is_a_link_is_refused(tmp_path, capsys, monkeypatch, 
         (tmp_path / "vd" / name).symlink_to(elsewhere)
     store = VocabStore(tmp_path / "vd")
     for action in (lambda: store.load(name), store.summaries, store.names, lambda: store.load_many(["all"])):
-        _refused(_bounded(action), "symbolic link")
-    _refused(_bounded(lambda: store.save(Vocabulary(name, "custom", ["new label"]))), "symbolic link")
+        _refused(bounded(action), "symbolic link")
+    _refused(bounded(lambda: store.save(Vocabulary(name, "custom", ["new label"]))), "symbolic link")
     assert sorted(p.name for p in elsewhere.iterdir()) == [path.name]  # nothing written through the link
     for argv in (["list"], ["show", name]):
         code, out, err = _cli(capsys, "zeroshot", "vocab", *argv, "--vocab-dir", "vd")
@@ -260,13 +236,13 @@ def test_the_vocab_dir_itself_may_be_a_link(tmp_path):
 def test_a_named_json_path_that_is_a_fifo_is_refused(tmp_path):
     fifo = tmp_path / "named.json"
     os.mkfifo(fifo)
-    _refused(_bounded(lambda: VocabStore(tmp_path / "vd").load(str(fifo)), fifo), "FIFO")
+    _refused(bounded(lambda: VocabStore(tmp_path / "vd").load(str(fifo)), fifo), "FIFO")
 
 
 def test_size_is_checked_before_reading(tmp_path, monkeypatch):
     store, path = _store(tmp_path / "vd")
     monkeypatch.setattr(artefact, "MAX_BYTES", 64)
-    _refused(_bounded(lambda: store.load("myv")), "more than the 64 allowed")
+    _refused(bounded(lambda: store.load("myv")), "more than the 64 allowed")
 
 
 # ----------------------------------------------------------------------------------------------- 3. not UTF-8
@@ -370,7 +346,7 @@ def test_every_field_is_checked(tmp_path, change):
     store, path = _store(tmp_path / "vd")
     path.write_text(json.dumps(_damage(json.loads(path.read_text()), change)))
     for action in (lambda: store.load("myv"), store.summaries):
-        _refused(_bounded(action))
+        _refused(bounded(action))
 
 
 RAW = {
@@ -391,7 +367,7 @@ def test_non_finite_deep_or_malformed_json_is_one_line(tmp_path, case):
     data.pop("params" if "params" in RAW[case] else "provenance", None)
     text = json.dumps(data)
     path.write_text(text[:-1] + ", " + RAW[case] + "}")
-    _refused(_bounded(lambda: store.load("myv")))
+    _refused(bounded(lambda: store.load("myv")))
 
 
 def test_the_file_name_hash_is_checked_when_the_hash_field_is_removed(tmp_path):
@@ -401,7 +377,7 @@ def test_the_file_name_hash_is_checked_when_the_hash_field_is_removed(tmp_path):
     data["labels"] = ["smuggled"]
     data["size"] = 1
     path.write_text(json.dumps(data))
-    _refused(_bounded(lambda: store.load("myv")), "does not match its file name")
+    _refused(bounded(lambda: store.load("myv")), "does not match its file name")
 
 
 def test_damaged_labels_on_the_cli_are_one_line(tmp_path, capsys, monkeypatch):
