@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..util.atomic import UnsafeFileError, open_regular
 from .errors import RunDirError, StoreError
 from .store import npy_header
 
@@ -109,25 +110,13 @@ def _model_folder(run_dir: str | os.PathLike[str], model: str, *, create: bool) 
 def _open_score_file(folder: int, name: str, shown: Path) -> int | None:
     """A descriptor of the regular file `name` in `folder` (never through a link, never blocking); None if absent."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+        return open_regular(name, dir_fd=folder)
     except FileNotFoundError:
         return None
+    except UnsafeFileError as exc:
+        raise RunDirError(f"{shown} is {exc.strerror}; refused") from None
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link (ELOOP) or a socket (ENXIO)
-            try:
-                link = stat.S_ISLNK(os.lstat(name, dir_fd=folder).st_mode)
-            except OSError:
-                link = False
-            kind = "a symbolic link, not followed" if link else "not a regular file"
-            raise RunDirError(f"{shown} is {kind}; refused") from None
         raise RunDirError(f"cannot read {shown}: {(exc.strerror or str(exc)).lower()}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a directory" if stat.S_ISDIR(info.st_mode) else "a device"
-        raise RunDirError(f"{shown} is {kind}, not a regular file; refused")
-    os.set_blocking(fd, True)
-    return fd
 
 
 def _member_array(archive: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, shown: Path) -> np.ndarray:

@@ -30,7 +30,8 @@ class UnsafeFileError(OSError):
     """A path that is a symbolic link, a FIFO, a device or a directory where a regular file belongs."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What an st_mode is, in words: 'a directory', 'a FIFO (named pipe)', ... ('not a regular file' otherwise)."""
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -59,7 +60,7 @@ def open_regular(
     except OSError as exc:
         if exc.errno == errno.ELOOP or (exc.errno == errno.ENXIO and _exists(path, dir_fd)):
             try:
-                kind = _kind(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+                kind = file_kind(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
             except OSError:
                 kind = "not a regular file"
             raise UnsafeFileError(errno.ELOOP, f"{kind}, not followed or opened", str(path)) from None
@@ -67,7 +68,7 @@ def open_regular(
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UnsafeFileError(errno.EINVAL, f"{_kind(info.st_mode)}, not a regular file", str(path))
+            raise UnsafeFileError(errno.EINVAL, f"{file_kind(info.st_mode)}, not a regular file", str(path))
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -115,7 +116,7 @@ def read_file_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
     if not stat.S_ISREG(before.st_mode) or before.st_size > limit:
         os.close(fd)
         if not stat.S_ISREG(before.st_mode):
-            raise ValueError(f"it is {_kind(before.st_mode)}, not a regular file")
+            raise ValueError(f"it is {file_kind(before.st_mode)}, not a regular file")
         raise ValueError(f"it is {before.st_size:,} bytes, more than the {limit:,} allowed")
     os.set_blocking(fd, True)
     with os.fdopen(fd, "rb") as handle:

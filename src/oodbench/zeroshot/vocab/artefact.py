@@ -29,7 +29,7 @@ from typing import Any
 
 from ...core.errors import ZeroShotError
 from ...core.names import check_name, is_name
-from ...util.atomic import atomic_write_text, read_file_bytes
+from ...util.atomic import atomic_write_text, file_kind, open_regular, read_file_bytes
 from ...util.schema import Int, ListOf, MapOf, Nullable, Record, SchemaError, Str, validate
 from .labels import dedupe
 
@@ -263,21 +263,6 @@ def _parse(data: bytes, origin: str) -> Any:
         raise ZeroShotError(f"cannot read vocabulary {origin}: not valid JSON ({exc})"[:400]) from None
 
 
-def _what(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISREG, "a regular file"),
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 class VocabStore:
     """A directory of versioned vocabulary artefacts."""
 
@@ -303,7 +288,7 @@ class VocabStore:
             raise ZeroShotError(f"cannot read vocabulary folder {path}: {exc.strerror or exc}") from None
         if not stat.S_ISDIR(info.st_mode):
             raise ZeroShotError(
-                f"vocabulary folder {path} is {_what(info.st_mode)}, not a directory; it is not followed or read"
+                f"vocabulary folder {path} is {file_kind(info.st_mode)}, not a directory; it is not followed or read"
             )
         try:
             return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -371,30 +356,16 @@ class VocabStore:
         folder = self._folder(name)
         if folder is None:
             raise ZeroShotError(f"cannot read vocabulary {path}: its folder is gone")
-        try:
-            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+        try:  # a regular file, never through a link, checked on the opened descriptor
+            fd = open_regular(file, dir_fd=folder)
         except OSError as exc:
-            what = exc.strerror or str(exc)
-            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link (never followed), a socket
-                try:
-                    what = f"{_what(os.lstat(file, dir_fd=folder).st_mode)}, not followed or opened"
-                except OSError:
-                    what = "not a regular file, not followed or opened"
-            raise ZeroShotError(f"cannot read vocabulary {path}: {what}") from None
+            raise ZeroShotError(f"cannot read vocabulary {path}: {exc.strerror or exc}") from None
         finally:
             os.close(folder)
-        try:  # checked on the opened descriptor, before a byte is read
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise ZeroShotError(f"cannot read vocabulary {path}: {_what(info.st_mode)}, not a regular file")
-            if info.st_size > MAX_BYTES:
-                raise ZeroShotError(
-                    f"cannot read vocabulary {path}: {info.st_size:,} bytes, more than the {MAX_BYTES:,} allowed"
-                )
-            os.set_blocking(fd, True)
-        except BaseException:
+        size = os.fstat(fd).st_size
+        if size > MAX_BYTES:
             os.close(fd)
-            raise
+            raise ZeroShotError(f"cannot read vocabulary {path}: {size:,} bytes, more than the {MAX_BYTES:,} allowed")
         with os.fdopen(fd, "rb") as handle:
             try:
                 data = handle.read(MAX_BYTES + 1)
