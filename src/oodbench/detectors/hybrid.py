@@ -63,9 +63,11 @@ class _ResidualSpace(Detector):
             "residual_basis_": Array("float64", ("D", fit.num_features - dim)),
         }
 
-    def _fit_residual_space(self, fit_set: Outputs, head: Head) -> tuple[FitStatistics, np.ndarray, float]:
-        """Set dim_, origin_ and residual_basis_; return the fit statistics, every eigenvector (largest first) and
-        the rank of the moment about the origin (its eigenvalues above their rounding bound)."""
+    def _fit_residual_space(
+        self, fit_set: Outputs, head: Head
+    ) -> tuple[FitStatistics, np.ndarray, np.ndarray, np.ndarray]:
+        """Set dim_, origin_ and residual_basis_; return the fit statistics, the moment about the origin and its
+        eigenvalues and eigenvectors (largest first)."""
         self.dim_ = self._principal_dim(fit_set.num_features)
         weight = np.asarray(head.weight, dtype=np.float64)
         self.origin_ = -_min_norm_solution(weight, np.asarray(head.bias, dtype=np.float64))
@@ -75,9 +77,7 @@ class _ResidualSpace(Detector):
         moment = features.moment_about(self.origin_)
         values, vectors = symmetric_eigh(moment)
         self.residual_basis_ = np.ascontiguousarray(vectors[:, self.dim_ :])  # the D − dim least-variance directions
-        # The rank a float64 moment would certify (what vim's check below holds a fit to, in either precision).
-        rank = int(np.count_nonzero(values > features.moment_error_bound(moment, "float64")))
-        return stats, vectors, rank
+        return stats, moment, values, vectors
 
 
 @register("vim")
@@ -127,7 +127,7 @@ class ViM(_ResidualSpace):
 
     def _fit(self, fit_set: Outputs, head: Head | None) -> None:
         num_features = fit_set.num_features
-        stats, vectors, rank = self._fit_residual_space(fit_set, head)
+        stats, moment, values, vectors = self._fit_residual_space(fit_set, head)
         max_logit_sum = stats.get("max_logit_sum")
         residual_sum = squared_sum = 0.0
         # alpha is a ratio of means, so its residual norms need no float64 answers; they need the basis, hence this
@@ -162,13 +162,14 @@ class ViM(_ResidualSpace):
                 squared = np.einsum("nk,nk->n", projected, projected).astype(np.float64)
             squared_sum += float(squared.sum())
             residual_sum += float(np.sqrt(squared).sum())
-        self._check_residual(squared_sum / len(fit_set), stats, rank, basis.dtype)
+        self._check_residual(squared_sum / len(fit_set), stats, moment, values, basis.dtype)
         self.alpha_ = (max_logit_sum / len(fit_set)) / (residual_sum / len(fit_set))
 
-    def _check_residual(self, mean_squared: float, stats: FitStatistics, rank: int, dtype: np.dtype) -> None:
+    def _check_residual(
+        self, mean_squared: float, stats: FitStatistics, moment: np.ndarray, values: np.ndarray, dtype: np.dtype
+    ) -> None:
         """Refuse a fit set whose residual off the principal subspace is within rounding of zero (alpha undefined)."""
-        features = stats.get("features")
-        moment = features.moment_about(self.origin_)
+        noise = stats.get("features").moment_error_bound(moment, "float64")
         total = float(np.trace(moment))  # the mean squared norm of z − u
         depth, kept = moment.shape[0], moment.shape[0] - self.dim_
         unit = float(np.finfo(dtype).eps) / 2.0
@@ -183,9 +184,9 @@ class ViM(_ResidualSpace):
             own = 4.0 * gamma * total
         else:
             own = kept * (gamma + 2.0 * unit) ** 2 * total
-        resolution = own + 2.0 * kept * features.moment_error_bound(moment, "float64")
-        if mean_squared > resolution:
+        if mean_squared > own + 2.0 * kept * noise:
             return
+        rank = int(np.count_nonzero(values > noise))  # the directions a float64 moment certifies
         hint = f"use dim < {rank}" if rank >= 2 else "no dim in [1, D) leaves them a residual"
         raise DetectorError(
             f"vim: the fit features' mean squared residual off their {self.dim_} principal directions "
