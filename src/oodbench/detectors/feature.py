@@ -402,22 +402,23 @@ def flat_search(queries: np.ndarray, index: Any, k: int) -> np.ndarray:
     Each part runs its products on one BLAS thread (as the IVF search): parts give the same values as one search
     up to the float32 rounding of the products, which the BLAS may order otherwise for another number of rows.
     """
-    bank = flat_vectors(index)
-    min_rows = -(-FLAT_PART_WORK // max(1, bank.shape[0] * bank.shape[1]))
-    (top,) = searches_across_cores(
-        lambda part: (flat_top_similarities(queries[part], bank, k),), len(queries), min_rows
-    )
+    (top,) = _flat_parts(queries, index, lambda part, bank: (flat_top_similarities(queries[part], bank, k),))
     return top
 
 
 def flat_search_candidates(queries: np.ndarray, index: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
     """flat_top_candidates of the queries in a faiss IndexFlat's vectors, split across the cores as flat_search."""
+    values, ids = _flat_parts(queries, index, lambda part, bank: flat_top_candidates(queries[part], bank, k))
+    return values, ids
+
+
+def _flat_parts(
+    queries: np.ndarray, index: Any, search: Callable[[slice, np.ndarray], tuple[np.ndarray, ...]]
+) -> tuple[np.ndarray, ...]:
+    """`search`(part, bank) over parts of the queries on the cores, each part holding FLAT_PART_WORK multiply-adds."""
     bank = flat_vectors(index)
     min_rows = -(-FLAT_PART_WORK // max(1, bank.shape[0] * bank.shape[1]))
-    values, ids = searches_across_cores(
-        lambda part: flat_top_candidates(queries[part], bank, k), len(queries), min_rows
-    )
-    return values, ids
+    return searches_across_cores(lambda part: search(part, bank), len(queries), min_rows)
 
 
 @dataclass(frozen=True)
